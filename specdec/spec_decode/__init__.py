@@ -1,0 +1,36 @@
+"""Drafters, by method name. The runner looks the method up here and never branches on it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from specdec.spec_decode.base import DraftInput, DraftOutput, DraftRequest, Proposer
+from specdec.spec_decode.draft_model import DraftModelProposer
+from specdec.spec_decode.ngram import NgramProposer
+
+if TYPE_CHECKING:
+    from specdec.config import SpeculativeConfig
+    from specdec.model.llama import LlamaModel
+
+
+def _ngram(cfg: SpeculativeConfig, target: LlamaModel, load_draft, max_num_seqs: int, max_len: int) -> Proposer:
+    return NgramProposer(cfg.prompt_lookup_min, cfg.prompt_lookup_max)
+
+
+def _draft_model(cfg: SpeculativeConfig, target: LlamaModel, load_draft, max_num_seqs: int, max_len: int) -> Proposer:
+    return DraftModelProposer(load_draft(cfg), max_num_seqs, max_len)
+
+
+def _layer_skip(cfg: SpeculativeConfig, target: LlamaModel, load_draft, max_num_seqs: int, max_len: int) -> Proposer:
+    layers = min(cfg.num_draft_layers, target.cfg.num_layers)
+    return DraftModelProposer(target, max_num_seqs, max_len, num_layers=layers)
+
+
+PROPOSERS: dict[str, Callable[..., Proposer]] = {
+    "ngram": _ngram,
+    "draft_model": _draft_model,
+    "layer_skip": _layer_skip,
+}
+
+__all__ = ["PROPOSERS", "DraftInput", "DraftOutput", "DraftRequest", "Proposer"]

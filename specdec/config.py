@@ -1,0 +1,152 @@
+"""Engine configuration, validated on creation."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+# Methods that exist today, and those coming in later work (a clear error until then).
+SUPPORTED_METHODS = ("ngram", "draft_model", "layer_skip")
+PLANNED_METHODS = ("suffix", "eagle", "eagle3", "medusa", "mtp")
+DEFAULT_LAYER_SKIP_LAYERS = 8
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the key and what is allowed."""
+
+
+@dataclass
+class SpeculativeConfig:
+    """vLLM's ``speculative_config`` keys."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 5
+    model: str | None = None
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 4
+    draft_tensor_parallel_size: int = 1
+    disable_by_batch_size: int | None = None
+    num_draft_layers: int = DEFAULT_LAYER_SKIP_LAYERS
+    draft_quantization: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.method in PLANNED_METHODS:
+            raise ConfigError(
+                f"speculative_config.method '{self.method}' is not yet supported; "
+                f"supported: {', '.join(SUPPORTED_METHODS)}"
+            )
+        if self.method not in SUPPORTED_METHODS:
+            raise ConfigError(
+                f"unknown speculative_config.method '{self.method}'; "
+                f"allowed: {', '.join(SUPPORTED_METHODS + PLANNED_METHODS)}"
+            )
+        _check_int(self.num_speculative_tokens, "num_speculative_tokens", 1)
+        _check_int(self.prompt_lookup_min, "prompt_lookup_min", 1)
+        _check_int(self.prompt_lookup_max, "prompt_lookup_max", 1)
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ConfigError(
+                f"speculative_config.prompt_lookup_min ({self.prompt_lookup_min}) must be <= "
+                f"prompt_lookup_max ({self.prompt_lookup_max})"
+            )
+        if self.draft_tensor_parallel_size != 1:
+            raise ConfigError("speculative_config.draft_tensor_parallel_size must be 1")
+        if self.disable_by_batch_size is not None:
+            _check_int(self.disable_by_batch_size, "disable_by_batch_size", 1)
+        _check_int(self.num_draft_layers, "num_draft_layers", 1)
+        if self.method == "draft_model" and not self.model:
+            raise ConfigError("speculative_config.model is required for method 'draft_model'")
+
+    @classmethod
+    def from_any(cls, value: SpeculativeConfig | dict[str, Any] | str | None) -> SpeculativeConfig | None:
+        """Accept a config, a dict of vLLM keys, or a JSON string."""
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"speculative_config is not valid JSON: {e}") from e
+        if not isinstance(value, dict):
+            raise ConfigError("speculative_config must be a JSON object")
+        return cls.from_dict(value)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SpeculativeConfig:
+        d = dict(d)
+        allowed = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - allowed)
+        if unknown:
+            raise ConfigError(
+                f"unknown speculative_config key(s) {', '.join(unknown)}; allowed: "
+                + ", ".join(sorted(allowed))
+            )
+        if "method" not in d:
+            d["method"] = _infer_method(d.get("model"))
+        if d.get("model") == "[ngram]":
+            d["model"] = None
+        return cls(**d)
+
+    @classmethod
+    def from_legacy(
+        cls,
+        speculative_model: str | None,
+        num_speculative_tokens: int | None,
+        ngram_prompt_lookup_max: int | None = None,
+        ngram_prompt_lookup_min: int | None = None,
+    ) -> SpeculativeConfig | None:
+        """The older spellings: ``speculative_model="[ngram]"`` or a draft model path."""
+        if speculative_model is None:
+            return None
+        d: dict[str, Any] = {"model": speculative_model}
+        if num_speculative_tokens is not None:
+            d["num_speculative_tokens"] = num_speculative_tokens
+        if ngram_prompt_lookup_max is not None:
+            d["prompt_lookup_max"] = ngram_prompt_lookup_max
+        if ngram_prompt_lookup_min is not None:
+            d["prompt_lookup_min"] = ngram_prompt_lookup_min
+        return cls.from_dict(d)
+
+
+def _infer_method(model: str | None) -> str:
+    if model is None or model in ("[ngram]", "ngram"):
+        return "ngram"
+    if model in ("[layer_skip]", "layer_skip"):
+        return "layer_skip"
+    return "draft_model"
+
+
+def _check_int(value: Any, key: str, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"speculative_config.{key} must be an integer >= {minimum}, got {value!r}")
+
+
+@dataclass
+class EngineConfig:
+    model: str
+    dtype: str = "float32"
+    device: str = "cpu"
+    kernels: str = "auto"  # "auto" | "native" | "torch"
+    quantization: str = "auto"  # "auto" (the file's own) | "fp32" | "q8_0" | "q4_0" | "q4_1"
+    max_model_len: int | None = None
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 512
+    seed: int = 0
+    speculative: SpeculativeConfig | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16", "float16", "auto"):
+            raise ConfigError(f"dtype must be one of float32, bfloat16, float16, got '{self.dtype}'")
+        if self.kernels not in ("auto", "native", "torch"):
+            raise ConfigError(f"kernels must be one of auto, native, torch, got '{self.kernels}'")
+        if self.quantization not in ("auto", "fp32", "q8_0", "q4_0", "q4_1"):
+            raise ConfigError(
+                f"quantization must be one of auto, fp32, q8_0, q4_0, q4_1, got '{self.quantization}'"
+            )
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 16:
+            raise ConfigError(f"max_num_batched_tokens must be >= 16, got {self.max_num_batched_tokens}")
+        if self.max_model_len is not None and self.max_model_len < 16:
+            raise ConfigError(f"max_model_len must be >= 16, got {self.max_model_len}")

@@ -1,0 +1,299 @@
+"""The engine: add_request / abort_request / step()."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterable
+
+import torch
+
+from specdec.config import ConfigError, EngineConfig, SpeculativeConfig
+from specdec.engine.detokenizer import IncrementalDetokenizer
+from specdec.engine.request import Request
+from specdec.engine.scheduler import Scheduler
+from specdec.kernels import get_ops
+from specdec.model.llama import LlamaModel
+from specdec.model.loader import load_checkpoint
+from specdec.model.registry import resolve_model_path
+from specdec.model.tokenizer import Tokenizer
+from specdec.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from specdec.sample.rejection_sampler import PenaltyState, VerifyResult
+from specdec.sampling_params import SamplingParams
+from specdec.spec_decode import PROPOSERS, DraftInput, DraftRequest, Proposer
+from specdec.spec_decode.metrics import SpecDecodeStats
+from specdec.worker.model_runner import ModelRunner
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": torch.float32}
+DEFAULT_MAX_MODEL_LEN = 4096
+
+
+def load_model(
+    model: str, device: torch.device, dtype: torch.dtype, kernels: str, quantization: str, max_len: int | None
+) -> tuple[LlamaModel, Tokenizer]:
+    path = resolve_model_path(model)
+    ckpt = load_checkpoint(path)
+    if ckpt.gguf_metadata is not None:
+        tokenizer = Tokenizer.from_gguf_metadata(ckpt.gguf_metadata)
+    else:
+        tokenizer = Tokenizer.from_hf_folder(path)
+    if dtype != torch.float32 and kernels == "native":
+        raise ConfigError("native kernels run float32 only; use --kernels torch for bfloat16/float16")
+    ops = get_ops("torch" if dtype != torch.float32 else kernels, device)
+    limit = ckpt.arch.max_position_embeddings
+    max_len = min(max_len or DEFAULT_MAX_MODEL_LEN, limit) if max_len is None else max_len
+    if max_len > limit:
+        raise ConfigError(f"max_model_len {max_len} exceeds the model's context length {limit}")
+    return LlamaModel(ckpt, ops, device, dtype, quantization, max_len), tokenizer
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = torch.device(config.device)
+        dtype = _DTYPES[config.dtype]
+        self.model, self.tokenizer = load_model(
+            config.model, self.device, dtype, config.kernels, config.quantization, config.max_model_len
+        )
+        self.max_model_len = self.model.max_len
+        self.kv = self.model.make_kv_cache(config.max_num_seqs, self.max_model_len)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len)
+        self.generator = torch.Generator(self.device).manual_seed(config.seed)
+        self.runner = ModelRunner(self.model, self.kv, self.generator)
+        self.spec: SpeculativeConfig | None = config.speculative
+        self.proposer: Proposer | None = None
+        if self.spec is not None:
+            self.proposer = PROPOSERS[self.spec.method](
+                self.spec, self.model, self._load_draft, config.max_num_seqs, self.max_model_len
+            )
+        self.requests: dict[str, Request] = {}
+        self.spec_stats = SpecDecodeStats()
+        self.num_prompt_tokens = 0
+        self.num_generation_tokens = 0
+        self._ids = itertools.count()
+
+    def _load_draft(self, spec: SpeculativeConfig) -> LlamaModel:
+        draft, draft_tok = load_model(
+            spec.model, self.device, self.model.dtype, self.config.kernels,
+            spec.draft_quantization or self.config.quantization, self.max_model_len,
+        )  # fmt: skip
+        if draft.cfg.vocab_size != self.model.cfg.vocab_size or draft_tok.vocab_size != self.tokenizer.vocab_size:
+            raise ConfigError(
+                f"speculative_config.model: the draft's vocabulary ({draft.cfg.vocab_size}) differs from "
+                f"the target's ({self.model.cfg.vocab_size}); draft and target must share a tokenizer"
+            )
+        return draft
+
+    # ---- requests ------------------------------------------------------------------------
+    def add_request(
+        self,
+        prompt: str | list[int],
+        sampling: SamplingParams | None = None,
+        req_id: str | None = None,
+    ) -> str:
+        sampling = sampling or SamplingParams()
+        req_id = req_id or f"req-{next(self._ids)}"
+        if req_id in self.requests:
+            raise ValueError(f"request id {req_id!r} is already in use")
+        text = prompt if isinstance(prompt, str) else None
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        self._check_prompt(ids)
+        req = Request(
+            req_id=req_id,
+            prompt=text,
+            prompt_token_ids=ids,
+            sampling=sampling,
+            detokenizer=IncrementalDetokenizer(self.tokenizer, ids, sampling.skip_special_tokens),
+            metrics=RequestMetrics(arrival_time=time.monotonic()),
+        )
+        if sampling.seed is not None:
+            req.generator = torch.Generator(self.device).manual_seed(sampling.seed)
+        if sampling.has_penalties:
+            vocab = self.model.cfg.vocab_size
+            mask = torch.zeros(vocab, dtype=torch.bool, device=self.device)
+            mask[torch.tensor(ids, device=self.device)] = True
+            req.penalty = PenaltyState(mask, torch.zeros(vocab, device=self.device))
+        self.requests[req_id] = req
+        self.scheduler.add(req)
+        if self.proposer is not None:
+            self.proposer.add_request(req_id)
+        self.num_prompt_tokens += len(ids)
+        return req_id
+
+    def _check_prompt(self, ids: list[int]) -> None:
+        if not ids:
+            raise ValueError("prompt is empty")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(ids)} tokens, at or beyond max_model_len {self.max_model_len}"
+            )
+        vocab = self.model.cfg.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+
+    def abort_request(self, req_id: str) -> None:
+        req = self.requests.get(req_id)
+        if req is None or req.is_finished:
+            return
+        req.finish_reason = "abort"
+        self._finish(req)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    # ---- the step --------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run the target once, verify, commit, propose; return what changed."""
+        sched = self.scheduler.schedule()
+        if not sched.scheduled:
+            return []
+        out = self.runner.execute_model(sched)
+        changed: list[Request] = []
+        for s, result in zip(sched.scheduled, out.results):
+            req = s.req
+            if result is None:
+                req.num_computed_tokens += len(s.token_ids)
+                continue
+            req.num_computed_tokens += len(s.token_ids) - s.num_drafts + result.num_accepted
+            req.spec_stats.observe(s.num_drafts, result.num_accepted)
+            self.spec_stats.observe(s.num_drafts, result.num_accepted)
+            req.draft_token_ids, req.draft_probs = [], None
+            self._commit(req, result)
+            changed.append(req)
+        self._propose()
+        return [self._make_output(r) for r in changed]
+
+    def _commit(self, req: Request, result: VerifyResult) -> None:
+        """Append tokens one by one, stopping at EOS / stop ids / stop strings / length."""
+        now = time.monotonic()
+        if req.metrics.first_token_time is None:
+            req.metrics.first_token_time = now
+        sp = req.sampling
+        for i, tok in enumerate(result.token_ids):
+            req.output_token_ids.append(tok)
+            self.num_generation_tokens += 1
+            if result.logprobs is not None:
+                req.output_logprobs.append(result.logprobs[i])
+            if req.penalty is not None:
+                req.penalty.output_counts[tok] += 1
+            delta = req.detokenizer.add_tokens([tok])
+            req.output_text += delta
+            if self._check_stop(req, tok, delta):
+                self._finish(req)
+                return
+
+    def _check_stop(self, req: Request, tok: int, delta: str) -> bool:
+        sp = req.sampling
+        n_out = len(req.output_token_ids)
+        if n_out >= sp.min_tokens:
+            if not sp.ignore_eos and tok in self.tokenizer.eog_token_ids:
+                req.finish_reason, req.stop_reason = "stop", None
+                return True
+            if tok in sp.stop_token_ids:
+                req.finish_reason, req.stop_reason = "stop", tok
+                return True
+            if sp.stop and delta and self._check_stop_strings(req, len(delta)):
+                return True
+        if sp.max_tokens is not None and n_out >= sp.max_tokens:
+            req.finish_reason = "length"
+            return True
+        if req.num_tokens >= self.max_model_len:
+            req.finish_reason = "length"
+            return True
+        return False
+
+    def _check_stop_strings(self, req: Request, new_chars: int) -> bool:
+        text = req.output_text
+        longest = max(len(s) for s in req.sampling.stop)
+        search_from = max(0, len(text) - new_chars - longest + 1)
+        for stop in req.sampling.stop:
+            idx = text.find(stop, search_from)
+            if idx != -1:
+                end = idx + len(stop) if req.sampling.include_stop_str_in_output else idx
+                req.output_text = text[:end]
+                req.finish_reason, req.stop_reason = "stop", stop
+                return True
+        return False
+
+    def _finish(self, req: Request) -> None:
+        req.metrics.finished_time = time.monotonic()
+        self.scheduler.finish(req)
+        if self.proposer is not None:
+            self.proposer.remove_request(req.req_id)
+
+    def _propose(self) -> None:
+        if self.proposer is None or self.spec is None:
+            return
+        limit = self.spec.disable_by_batch_size
+        if limit is not None and len(self.scheduler.running) > limit:
+            return
+        reqs = [r for r in self.scheduler.running if not r.is_prefilling]
+        if not reqs:
+            return
+        k = self.spec.num_speculative_tokens
+        inp = DraftInput([
+            DraftRequest(
+                r.req_id,
+                r.all_token_ids,
+                min(k, self.scheduler.max_drafts(r, k)),
+                r.sampling,
+                r.generator if r.generator is not None else self.generator,
+            )
+            for r in reqs
+        ])  # fmt: skip
+        out = self.proposer.propose(inp)
+        for i, r in enumerate(reqs):
+            r.draft_token_ids = list(out.draft_token_ids[i])
+            r.draft_probs = out.draft_probs[i] if out.draft_probs else None
+
+    # ---- outputs -----------------------------------------------------------------------------
+    def _make_output(self, req: Request) -> RequestOutput:
+        finished = req.is_finished
+        text = req.output_text
+        if not finished and req.sampling.stop:
+            # NOTE: hold back what could be the start of a stop string.
+            hold = max(len(s) for s in req.sampling.stop) - 1
+            text = text[: max(req.num_streamed_chars, len(text) - hold)]
+        delta_text = text[req.num_streamed_chars :]
+        req.num_streamed_chars = len(text)
+        delta_ids = req.output_token_ids[req.num_streamed_tokens :]
+        req.num_streamed_tokens = len(req.output_token_ids)
+        completion = CompletionOutput(
+            index=0,
+            text=req.output_text if finished else text,
+            token_ids=list(req.output_token_ids),
+            finish_reason=req.finish_reason,
+            stop_reason=req.stop_reason,
+            logprobs=list(req.output_logprobs) if req.sampling.logprobs is not None else None,
+        )
+        if finished:
+            self.requests.pop(req.req_id, None)
+        return RequestOutput(
+            request_id=req.req_id,
+            prompt=req.prompt,
+            prompt_token_ids=req.prompt_token_ids,
+            outputs=[completion],
+            finished=finished,
+            spec_decode_stats=req.spec_stats,
+            metrics=req.metrics,
+            delta_text=delta_text,
+            delta_token_ids=delta_ids,
+        )
+
+    def abort_output(self, req_id: str) -> RequestOutput | None:
+        req = self.requests.get(req_id)
+        if req is None:
+            return None
+        self.abort_request(req_id)
+        return self._make_output(req)
+
+    def generate_all(self, prompts: Iterable[tuple[str | list[int], SamplingParams]]) -> list[str]:
+        return [self.add_request(p, sp) for p, sp in prompts]

@@ -1,0 +1,62 @@
+"""A request's state as it moves through the engine."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec.engine.detokenizer import IncrementalDetokenizer
+from specdec.outputs import RequestMetrics
+from specdec.sample.rejection_sampler import PenaltyState
+from specdec.sampling_params import SamplingParams
+from specdec.spec_decode.metrics import SpecDecodeStats
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Request:
+    req_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    detokenizer: IncrementalDetokenizer
+    metrics: RequestMetrics
+    generator: torch.Generator | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    slot: int | None = None
+    num_computed_tokens: int = 0  # tokens whose KV is in the target cache
+    draft_token_ids: list[int] = field(default_factory=list)
+    draft_probs: torch.Tensor | None = None  # [k, V] or None (point-mass drafts)
+    spec_stats: SpecDecodeStats = field(default_factory=SpecDecodeStats)
+    output_text: str = ""  # text after stop-string truncation
+    num_streamed_chars: int = 0
+    num_streamed_tokens: int = 0
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    penalty: PenaltyState | None = None
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED
+
+    @property
+    def is_prefilling(self) -> bool:
+        """More than the last sampled token is missing from the KV cache."""
+        return self.num_tokens - self.num_computed_tokens > 1 or not self.output_token_ids

@@ -1,0 +1,122 @@
+"""LLM: the offline entry point, shaped like vLLM's."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm import tqdm
+
+from specdec.config import EngineConfig, SpeculativeConfig
+from specdec.engine.llm_engine import LLMEngine
+from specdec.model.registry import DEFAULT_MODEL
+from specdec.outputs import RequestOutput
+from specdec.sampling_params import SamplingParams
+from specdec.spec_decode.metrics import SpecDecodeStats
+
+Prompt = str | list[int] | dict[str, Any]
+Message = dict[str, str]
+
+
+class LLM:
+    """``LLM("smollm2-135m", speculative_config={...}).generate(prompts, SamplingParams(...))``."""
+
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL,
+        speculative_config: SpeculativeConfig | dict[str, Any] | str | None = None,
+        *,
+        speculative_model: str | None = None,
+        num_speculative_tokens: int | None = None,
+        ngram_prompt_lookup_max: int | None = None,
+        ngram_prompt_lookup_min: int | None = None,
+        dtype: str = "float32",
+        device: str = "cpu",
+        kernels: str = "auto",
+        quantization: str = "auto",
+        max_model_len: int | None = None,
+        max_num_seqs: int = 8,
+        max_num_batched_tokens: int = 512,
+        seed: int = 0,
+    ) -> None:
+        spec = SpeculativeConfig.from_any(speculative_config)
+        if spec is None:
+            spec = SpeculativeConfig.from_legacy(
+                speculative_model, num_speculative_tokens, ngram_prompt_lookup_max, ngram_prompt_lookup_min
+            )
+        self.engine = LLMEngine(
+            EngineConfig(
+                model=model,
+                dtype=dtype,
+                device=device,
+                kernels=kernels,
+                quantization=quantization,
+                max_model_len=max_model_len,
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens,
+                seed=seed,
+                speculative=spec,
+            )
+        )
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def spec_decode_stats(self) -> SpecDecodeStats:
+        """Acceptance statistics over everything this LLM generated."""
+        return self.engine.spec_stats
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Generate for one prompt or a batch (strings, token id lists or {"prompt_token_ids": ...})."""
+        if isinstance(prompts, (str, dict)) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompts = list(prompts)  # type: ignore[arg-type]
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params or SamplingParams()] * len(prompts)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
+        ids = []
+        for p, sp in zip(prompts, params):
+            if isinstance(p, dict):
+                p = p.get("prompt_token_ids") or p.get("prompt")
+            ids.append(self.engine.add_request(p, sp))
+        return self._run(ids, use_tqdm)
+
+    def chat(
+        self,
+        messages: list[Message] | list[list[Message]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Apply the model's chat template to one conversation or a list of them, then generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        tok = self.engine.tokenizer
+        prompts: list[Prompt] = [
+            tok.apply_chat_template(c, add_generation_prompt=add_generation_prompt, tokenize=True)
+            for c in conversations  # type: ignore[union-attr]
+        ]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _run(self, req_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        done: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(req_ids), desc="Processed prompts", disable=not use_tqdm)
+        try:
+            while self.engine.has_unfinished_requests():
+                for out in self.engine.step():
+                    if out.finished:
+                        done[out.request_id] = out
+                        bar.update(1)
+        finally:
+            bar.close()
+        return [done[i] for i in req_ids if i in done]

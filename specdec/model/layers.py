@@ -1,0 +1,128 @@
+"""Building blocks shared by the model families: linear layers and rotary embeddings.
+
+Every linear layer goes through :class:`Linear`, the single entry point where the kernel
+backend (native C++ or torch) is chosen.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from specdec.kernels import QTYPES, KernelOps, PackedWeight, pack_weight, quantize_weight
+from specdec.model.loader import RawTensor
+
+QUANTIZATION_CHOICES = ("auto", "fp32", "q8_0", "q4_0", "q4_1")
+
+
+class Linear:
+    """y = x W^T (+ b) through the kernel backend."""
+
+    def __init__(self, weight: PackedWeight, bias: torch.Tensor | None, ops: KernelOps) -> None:
+        self.weight = weight
+        self.bias = bias
+        self.ops = ops
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.out_features
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
+        return self.ops.linear(x, self.weight, self.bias)
+
+
+def _target_qtype(raw: RawTensor, quantization: str, native: bool) -> str:
+    if not native or quantization == "fp32":
+        return "f32"
+    if quantization != "auto":
+        return quantization
+    if raw.qtype in QTYPES:
+        return raw.qtype
+    # NOTE: formats without a native kernel (k-quants, Q5_x) go to Q8_0: near-lossless.
+    return "q8_0" if raw.is_quantized else "f32"
+
+
+def pack_linear(
+    raws: list[RawTensor],
+    quantization: str,
+    ops: KernelOps,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> PackedWeight:
+    """Pack one weight, or several fused along the output dimension (q|k|v, gate|up)."""
+    native = ops.name == "native"
+    targets = {_target_qtype(r, quantization, native) for r in raws}
+    in_features = raws[0].shape[1]
+    out_features = sum(r.shape[0] for r in raws)
+    if len(targets) == 1 and all(r.qtype == next(iter(targets)) for r in raws) and raws[0].is_quantized:
+        data = np.concatenate([r.data.reshape(r.shape[0], -1) for r in raws], axis=0)
+        return pack_weight(raws[0].qtype, torch.from_numpy(np.ascontiguousarray(data)), out_features, in_features)
+    w = torch.cat([r.to_float() for r in raws], dim=0)  # [N, K]
+    target = "f32" if len(targets) > 1 and "f32" in targets else max(targets)
+    if target == "f32":
+        if not native:
+            return pack_weight("f32", w.to(device=device, dtype=dtype), out_features, in_features)
+        return pack_weight("f32", w.contiguous(), out_features, in_features)
+    return quantize_weight(w, target)
+
+
+def make_linear(
+    raws: list[RawTensor],
+    biases: list[RawTensor | None],
+    quantization: str,
+    ops: KernelOps,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> Linear:
+    weight = pack_linear(raws, quantization, ops, dtype, device)
+    bias = None
+    if any(b is not None for b in biases):
+        parts = [
+            b.to_float() if b is not None else torch.zeros(r.shape[0])
+            for r, b in zip(raws, biases)
+        ]
+        bias = torch.cat(parts).to(device=device, dtype=dtype)
+    return Linear(weight, bias, ops)
+
+
+def rope_inv_freq(
+    head_dim: int, theta: float, scaling: dict[str, Any] | None, freq_factors: torch.Tensor | None
+) -> torch.Tensor:  # [head_dim // 2] float32
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if freq_factors is not None:
+        return inv_freq / freq_factors.float()
+    if scaling and scaling.get("rope_type", scaling.get("type")) == "llama3":
+        factor = float(scaling["factor"])
+        low = float(scaling.get("low_freq_factor", 1.0))
+        high = float(scaling.get("high_freq_factor", 4.0))
+        old_len = float(scaling["original_max_position_embeddings"])
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        inv_freq = torch.where(medium, smoothed, scaled)
+    return inv_freq
+
+
+class Rotary:
+    """Half-split (NeoX / Hugging Face) rotary embedding with cos/sin tables per position."""
+
+    def __init__(self, inv_freq: torch.Tensor, max_len: int, dtype: torch.dtype, device: torch.device):
+        pos = torch.arange(max_len, dtype=torch.float32)
+        freqs = torch.outer(pos, inv_freq)  # [max_len, D/2]
+        emb = torch.cat([freqs, freqs], dim=-1)  # [max_len, D]
+        self.cos = emb.cos().to(device=device, dtype=dtype)
+        self.sin = emb.sin().to(device=device, dtype=dtype)
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # x [T, H, D]; positions [T]
+        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D]
+        sin = self.sin[positions].unsqueeze(1)
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin

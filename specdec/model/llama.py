@@ -1,0 +1,214 @@
+"""Decoder-only transformer for the Llama family (Llama 2/3, SmolLM2, Mistral, Qwen2).
+
+Tokens of all sequences in a step are flattened into one ``[num_tokens, hidden]`` batch for the
+linear layers; attention runs per sequence against that sequence's KV slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from specdec.kernels import KernelOps
+from specdec.kv_cache.pool import KVCache
+from specdec.model.arch import ArchConfig
+from specdec.model.layers import Linear, Rotary, make_linear, rope_inv_freq
+from specdec.model.loader import LoadedCheckpoint, RawTensor
+
+
+@dataclass
+class SeqBatch:
+    """Where each sequence's tokens sit in the flattened batch and in the KV pool."""
+
+    slots: list[int]  # KV slot per sequence
+    start_pos: list[int]  # position of each sequence's first new token (= its cached length)
+    num_tokens: list[int]  # new tokens per sequence, contiguous in that order
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor  # [H]
+    qkv: Linear
+    o_proj: Linear
+    post_attn_norm: torch.Tensor  # [H]
+    gate_up: Linear
+    down: Linear
+    q_norm: torch.Tensor | None = None  # [D] (Gemma 3)
+    k_norm: torch.Tensor | None = None  # [D] (Gemma 3)
+    post_attn_out_norm: torch.Tensor | None = None  # [H] (Gemma 3)
+    post_ffw_norm: torch.Tensor | None = None  # [H] (Gemma 3)
+
+
+class LlamaModel:
+    """``forward(input_ids, positions, batch, kv) -> hidden``; ``compute_logits(hidden) -> logits``."""
+
+    def __init__(
+        self,
+        ckpt: LoadedCheckpoint,
+        ops: KernelOps,
+        device: torch.device,
+        dtype: torch.dtype = torch.float32,
+        quantization: str = "auto",
+        max_len: int = 2048,
+    ) -> None:
+        self.cfg: ArchConfig = ckpt.arch
+        self.ops = ops
+        self.device = device
+        self.dtype = dtype
+        self.max_len = max_len
+        t = ckpt.tensors
+        self._embed_raw: RawTensor = t["embed_tokens"]
+        self._embed_dense: torch.Tensor | None = None
+        if not self._embed_raw.is_quantized or device.type != "cpu":
+            self._embed_dense = self._embed_raw.to_float().to(device=device, dtype=dtype)
+        self.layers = [self._load_layer(t, i, quantization) for i in range(self.cfg.num_layers)]
+        self.norm = self._vec(t["norm"])
+        head = t["embed_tokens"] if self.cfg.tie_word_embeddings else t["lm_head"]
+        self.lm_head = make_linear([head], [None], quantization, ops, dtype, device)
+        freq_factors = t["rope_freqs"].to_float() if "rope_freqs" in t else None
+        self._rotary: dict[float, Rotary] = {}
+        for theta in {self.cfg.layer_rope_theta(i) for i in range(self.cfg.num_layers)}:
+            inv = rope_inv_freq(self.cfg.head_dim, theta, self.cfg.rope_scaling, freq_factors)
+            self._rotary[theta] = Rotary(inv, max_len, dtype, device)
+
+    # ---- loading -------------------------------------------------------------------------
+    def _vec(self, raw: RawTensor) -> torch.Tensor:
+        return raw.to_float().to(device=self.device, dtype=self.dtype)
+
+    def _load_layer(self, t: dict[str, RawTensor], i: int, quantization: str) -> LayerWeights:
+        p = f"layers.{i}."
+
+        def lin(names: list[str]) -> Linear:
+            raws = [t[p + n] for n in names]
+            biases = [t.get(p + n + ".bias") for n in names]
+            return make_linear(raws, biases, quantization, self.ops, self.dtype, self.device)
+
+        post_attn = "post_attention_layernorm" if self.cfg.is_gemma else "pre_feedforward_layernorm"
+        layer = LayerWeights(
+            input_norm=self._vec(t[p + "input_layernorm"]),
+            qkv=lin(["q_proj", "k_proj", "v_proj"]),
+            o_proj=lin(["o_proj"]),
+            post_attn_norm=self._vec(t[p + post_attn]),
+            gate_up=lin(["gate_proj", "up_proj"]),
+            down=lin(["down_proj"]),
+        )
+        if self.cfg.is_gemma:
+            layer.q_norm = self._vec(t[p + "q_norm"])
+            layer.k_norm = self._vec(t[p + "k_norm"])
+            layer.post_attn_out_norm = layer.post_attn_norm
+            layer.post_attn_norm = self._vec(t[p + "pre_feedforward_layernorm"])
+            layer.post_ffw_norm = self._vec(t[p + "post_feedforward_layernorm"])
+        return layer
+
+    # ---- forward -------------------------------------------------------------------------
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, H]
+        if self._embed_dense is not None:
+            x = self._embed_dense[input_ids.to(self.device)]
+        else:
+            ids = input_ids.cpu().numpy().astype(np.int64)
+            x = self._embed_raw.rows(ids).to(device=self.device, dtype=self.dtype)
+        if self.cfg.is_gemma:
+            x = x * torch.tensor(self.cfg.hidden_size**0.5, dtype=self.dtype)
+        return x
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T] int64
+        positions: torch.Tensor,  # [T] int64
+        batch: SeqBatch,
+        kv: KVCache,
+        num_layers: int | None = None,
+    ) -> torch.Tensor:  # [T, H] hidden states after the final norm
+        x = self.embed(input_ids)
+        positions = positions.to(self.device)
+        for i, layer in enumerate(self.layers[: num_layers or len(self.layers)]):
+            x = self._layer(i, layer, x, positions, batch, kv)
+        return self.ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [R, H] -> [R, V] float32
+        logits = self.lm_head(hidden).float()
+        cap = self.cfg.final_logit_softcapping
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def _layer(
+        self,
+        i: int,
+        layer: LayerWeights,
+        x: torch.Tensor,  # [T, H]
+        positions: torch.Tensor,  # [T]
+        batch: SeqBatch,
+        kv: KVCache,
+    ) -> torch.Tensor:  # [T, H]
+        cfg = self.cfg
+        eps = cfg.rms_norm_eps
+        h = self.ops.rms_norm(x, layer.input_norm, eps)
+        attn = self._attention(i, layer, h, positions, batch, kv)
+        attn = layer.o_proj(attn)
+        if layer.post_attn_out_norm is not None:
+            attn = self.ops.rms_norm(attn, layer.post_attn_out_norm, eps)
+        x = x + attn
+        h = self.ops.rms_norm(x, layer.post_attn_norm, eps)
+        gate, up = layer.gate_up(h).split(cfg.intermediate_size, dim=-1)
+        act = F.gelu(gate, approximate="tanh") if cfg.is_gemma else F.silu(gate)
+        mlp = layer.down(act * up)
+        if layer.post_ffw_norm is not None:
+            mlp = self.ops.rms_norm(mlp, layer.post_ffw_norm, eps)
+        return x + mlp
+
+    def _attention(
+        self,
+        i: int,
+        layer: LayerWeights,
+        h: torch.Tensor,  # [T, H]
+        positions: torch.Tensor,  # [T]
+        batch: SeqBatch,
+        kv: KVCache,
+    ) -> torch.Tensor:  # [T, num_heads * D]
+        cfg = self.cfg
+        T, D = h.shape[0], cfg.head_dim
+        nq, nkv = cfg.num_heads * D, cfg.num_kv_heads * D
+        qkv = layer.qkv(h)
+        q = qkv[:, :nq].reshape(T, cfg.num_heads, D)
+        k = qkv[:, nq : nq + nkv].reshape(T, cfg.num_kv_heads, D)
+        v = qkv[:, nq + nkv :].reshape(T, cfg.num_kv_heads, D)
+        if layer.q_norm is not None:
+            q = self.ops.rms_norm(q.reshape(-1, D), layer.q_norm, cfg.rms_norm_eps).view(T, -1, D)
+            k = self.ops.rms_norm(k.reshape(-1, D), layer.k_norm, cfg.rms_norm_eps).view(T, -1, D)
+        rotary = self._rotary[cfg.layer_rope_theta(i)]
+        q = rotary(q, positions)
+        k = rotary(k, positions)
+        out = torch.empty_like(q)
+        offset = 0
+        window = cfg.layer_window(i)
+        for slot, start, n in zip(batch.slots, batch.start_pos, batch.num_tokens):
+            k_cache = kv.k[i, slot]  # [Hkv, max_len, D]
+            v_cache = kv.v[i, slot]
+            k_cache[:, start : start + n] = k[offset : offset + n].transpose(0, 1)
+            v_cache[:, start : start + n] = v[offset : offset + n].transpose(0, 1)
+            out[offset : offset + n] = self.ops.attention(
+                q[offset : offset + n].contiguous(),
+                k_cache,
+                v_cache,
+                start,
+                cfg.attn_scale,
+                window,
+                cfg.attn_logit_softcapping,
+            )
+            offset += n
+        return out.reshape(T, cfg.num_heads * D)
+
+    def make_kv_cache(self, num_slots: int, max_len: int, num_layers: int | None = None) -> KVCache:
+        return KVCache(
+            num_layers or self.cfg.num_layers,
+            num_slots,
+            self.cfg.num_kv_heads,
+            max_len,
+            self.cfg.head_dim,
+            self.dtype,
+            self.device,
+        )

@@ -1,0 +1,50 @@
+"""The one interface every drafter implements."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec.sampling_params import SamplingParams
+
+
+@dataclass
+class DraftRequest:
+    req_id: str
+    token_ids: list[int]  # prompt + output so far (the last one is not yet in the target's KV)
+    max_num_drafts: int  # cap for this step (0 = do not draft)
+    sampling: SamplingParams
+    generator: torch.Generator | None = None
+
+
+@dataclass
+class DraftInput:
+    requests: list[DraftRequest]
+    hidden_states: list[torch.Tensor] | None = None  # only for drafters with needs_hidden_states
+
+
+@dataclass
+class DraftOutput:
+    draft_token_ids: list[list[int]]  # per request; empty = do not speculate this step
+    draft_probs: list[torch.Tensor | None] = field(default_factory=list)  # per request [k, V] or None
+
+
+class Proposer(ABC):
+    """Proposes draft tokens; the target verifies them.
+
+    Drafts returned without ``q`` are point masses (n-gram, greedy model drafts): verification
+    against ``p`` alone is still exact.
+    """
+
+    needs_hidden_states: bool = False
+
+    @abstractmethod
+    def propose(self, inp: DraftInput) -> DraftOutput: ...
+
+    def add_request(self, req_id: str) -> None:  # noqa: B027 (optional hook)
+        """A request starts; stateful drafters set up per-request state."""
+
+    def remove_request(self, req_id: str) -> None:  # noqa: B027 (optional hook)
+        """A request ends (finished, aborted or preempted)."""

@@ -1,0 +1,117 @@
+"""Drafting with a model: a separate small model (``draft_model``) or the target's own first
+layers (``layer_skip``, self-speculation sharing the target's weights).
+
+The drafter keeps its own KV cache per request. Before drafting it rolls the cache back to the
+longest prefix it shares with the request's tokens (rejected drafts fall away, no copy) and
+catches up on whatever is new, then runs k autoregressive steps for all requests in one batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec.model.llama import LlamaModel, SeqBatch
+from specdec.sample.ops import processed_logits
+from specdec.spec_decode.base import DraftInput, DraftOutput, DraftRequest, Proposer
+
+
+@dataclass
+class _DraftState:
+    slot: int
+    cached: list[int] = field(default_factory=list)  # tokens whose KV the drafter holds
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class DraftModelProposer(Proposer):
+    def __init__(self, model: LlamaModel, max_num_seqs: int, max_len: int, num_layers: int | None = None) -> None:
+        self.model = model
+        self.num_layers = num_layers
+        self.kv = model.make_kv_cache(max_num_seqs, max_len, num_layers)
+        self.max_len = max_len
+        self.states: dict[str, _DraftState] = {}
+
+    def add_request(self, req_id: str) -> None:
+        self.states[req_id] = _DraftState(self.kv.allocate())
+
+    def remove_request(self, req_id: str) -> None:
+        state = self.states.pop(req_id, None)
+        if state is not None:
+            self.kv.free(state.slot)
+
+    def propose(self, inp: DraftInput) -> DraftOutput:
+        active = [
+            r for r in inp.requests if r.max_num_drafts > 0 and len(r.token_ids) + r.max_num_drafts <= self.max_len
+        ]
+        drafts: dict[str, list[int]] = {r.req_id: [] for r in active}
+        probs: dict[str, list[torch.Tensor]] = {r.req_id: [] for r in active}
+        feed = {r.req_id: self._catch_up(r) for r in active}
+        for step in range(max((r.max_num_drafts for r in active), default=0)):
+            live = [r for r in active if len(drafts[r.req_id]) < r.max_num_drafts]
+            if not live:
+                break
+            logits = self._forward(live, [feed[r.req_id] for r in live])  # [len(live), V]
+            for row, r in enumerate(live):
+                token, q = self._draw(logits[row : row + 1], r)
+                drafts[r.req_id].append(token)
+                if q is not None:
+                    probs[r.req_id].append(q)
+                feed[r.req_id] = [token]
+            del step
+        out_ids, out_probs = [], []
+        for r in inp.requests:
+            ids = drafts.get(r.req_id, [])
+            out_ids.append(ids)
+            qs = probs.get(r.req_id, [])
+            out_probs.append(torch.cat(qs, dim=0) if qs and len(qs) == len(ids) else None)
+        for r in active:
+            # The last draft was never fed: the cache holds the tokens plus all drafts but the last.
+            self.states[r.req_id].cached = list(r.token_ids) + drafts[r.req_id][:-1]
+        return DraftOutput(out_ids, out_probs)
+
+    def _catch_up(self, r: DraftRequest) -> list[int]:
+        """Roll the draft cache back to the shared prefix; return the tokens still to feed."""
+        state = self.states[r.req_id]
+        keep = _common_prefix(state.cached, r.token_ids)
+        keep = min(keep, len(r.token_ids) - 1)  # always feed at least the last token
+        state.cached = state.cached[:keep]
+        return list(r.token_ids[keep:])
+
+    def _forward(self, reqs: list[DraftRequest], feeds: list[list[int]]) -> torch.Tensor:
+        slots, starts, counts, ids, pos = [], [], [], [], []
+        for r, tokens in zip(reqs, feeds):
+            state = self.states[r.req_id]
+            start = len(state.cached)
+            slots.append(state.slot)
+            starts.append(start)
+            counts.append(len(tokens))
+            ids.extend(tokens)
+            pos.extend(range(start, start + len(tokens)))
+            state.cached.extend(tokens)
+        device = self.model.device
+        hidden = self.model.forward(
+            torch.tensor(ids, dtype=torch.long, device=device),
+            torch.tensor(pos, dtype=torch.long, device=device),
+            SeqBatch(slots, starts, counts),
+            self.kv,
+            num_layers=self.num_layers,
+        )
+        last_rows = torch.tensor([sum(counts[: i + 1]) - 1 for i in range(len(counts))], device=device)
+        return self.model.compute_logits(hidden[last_rows])
+
+    def _draw(self, logits: torch.Tensor, r: DraftRequest) -> tuple[int, torch.Tensor | None]:
+        # logits [1, V]. Greedy requests get point-mass drafts; random ones sample from q, which
+        # sees the same temperature / top-k / top-p / min-p transform as the target.
+        if r.sampling.is_greedy:
+            return int(logits.argmax(dim=-1).item()), None
+        q = processed_logits(logits, r.sampling, None, None).softmax(dim=-1)  # [1, V]
+        token = int(torch.multinomial(q[0], 1, generator=r.generator).item())
+        return token, q
