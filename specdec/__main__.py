@@ -1,0 +1,5 @@
+import sys
+
+from specdec.entrypoints.cli import main
+
+sys.exit(main())

@@ -1,0 +1,185 @@
+"""The ``specdec`` command: generate (and, as they land, serve and bench)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from specdec.config import ConfigError, SpeculativeConfig
+from specdec.model.arch import UnsupportedModelError
+from specdec.model.registry import DEFAULT_MODEL, ModelNotFoundError
+
+DEFAULT_PROMPT = (
+    "Rewrite this function so the variable `total` is called `running_sum`, and change nothing else:\n\n"
+    "def mean(values):\n"
+    "    total = 0\n"
+    "    for v in values:\n"
+    "        total += v\n"
+    "    if not values:\n"
+    "        return 0.0\n"
+    "    return total / len(values)\n"
+)
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", "-m", default=DEFAULT_MODEL, help="alias, .gguf file or Hugging Face folder")
+    p.add_argument("--speculative-config", default=None, help="JSON, vLLM's keys")
+    p.add_argument("--model-draft", "-md", default=None, help="draft model (llama.cpp style)")
+    p.add_argument("--draft", type=int, default=None, help="drafts per step with -md (llama.cpp style)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "auto"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--kernels", default="auto", choices=["auto", "native", "torch"])
+    p.add_argument("--quantization", default="auto", choices=["auto", "fp32", "q8_0", "q4_0", "q4_1"])
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=8)
+    p.add_argument("--max-num-batched-tokens", type=int, default=512)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def speculative_from_args(args: argparse.Namespace) -> SpeculativeConfig | None:
+    if args.speculative_config and args.model_draft:
+        raise ConfigError("use either --speculative-config or -md/--model-draft, not both")
+    if args.model_draft:
+        d = {"method": "draft_model", "model": args.model_draft}
+        if args.draft is not None:
+            d["num_speculative_tokens"] = args.draft
+        return SpeculativeConfig.from_dict(d)
+    if args.draft is not None:
+        raise ConfigError("--draft needs -md/--model-draft")
+    return SpeculativeConfig.from_any(args.speculative_config)
+
+
+def build_llm(args: argparse.Namespace, spec: SpeculativeConfig | None):
+    from specdec.llm import LLM
+
+    return LLM(
+        args.model,
+        speculative_config=spec,
+        dtype=args.dtype,
+        device=args.device,
+        kernels=args.kernels,
+        quantization=args.quantization,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        seed=args.seed,
+    )
+
+
+def _generate_parser(sub) -> None:
+    p = sub.add_parser("generate", help="generate text for one prompt, streaming to stdout")
+    add_engine_args(p)
+    p.add_argument("--prompt", "-p", default=DEFAULT_PROMPT)
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--max-tokens", "-n", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--sampling-seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=None)
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--compare-plain", action="store_true", help="also run plain decoding; print the speedup")
+    p.add_argument("--quiet", action="store_true", help="print only the summary")
+    p.set_defaults(func=cmd_generate)
+
+
+def _run_one(llm, prompt_ids: list[int], sp, stream: bool) -> tuple[object, float]:
+    engine = llm.engine
+    start = time.perf_counter()
+    req_id = engine.add_request(prompt_ids, sp)
+    final = None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.request_id != req_id:
+                continue
+            if stream and out.delta_text:
+                sys.stdout.write(out.delta_text)
+                sys.stdout.flush()
+            if out.finished:
+                final = out
+    elapsed = time.perf_counter() - start
+    if stream:
+        sys.stdout.write("\n")
+    return final, elapsed
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from specdec.sampling_params import SamplingParams
+
+    spec = speculative_from_args(args)
+    sp = SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.sampling_seed,
+        stop=args.stop,
+        ignore_eos=args.ignore_eos,
+    )
+    llm = build_llm(args, spec)
+    tok = llm.get_tokenizer()
+    if args.chat:
+        prompt_ids = tok.apply_chat_template(
+            [{"role": "user", "content": args.prompt}], add_generation_prompt=True, tokenize=True
+        )
+    else:
+        prompt_ids = tok.encode(args.prompt)
+    _run_one(llm, prompt_ids[:8], SamplingParams(max_tokens=4, temperature=0.0), stream=False)  # warm-up
+    llm.engine.spec_stats.__init__()
+    plain = None
+    if args.compare_plain and spec is not None:
+        proposer, llm.engine.proposer = llm.engine.proposer, None
+        plain, plain_time = _run_one(llm, prompt_ids, sp, stream=False)
+        llm.engine.proposer = proposer
+    out, elapsed = _run_one(llm, prompt_ids, sp, stream=not args.quiet)
+    n = len(out.outputs[0].token_ids)
+    label = f"speculative ({spec.method}, k={spec.num_speculative_tokens})" if spec else "plain"
+    print(f"--- {label}: {n} tokens in {elapsed:.2f} s = {n / elapsed:.1f} tokens/s "
+          f"(prompt {len(prompt_ids)} tokens, finish: {out.outputs[0].finish_reason})")  # fmt: skip
+    if spec is not None:
+        st = out.spec_decode_stats
+        rates = ", ".join(f"{r:.2f}" for r in st.acceptance_rate_per_pos())
+        print(f"--- acceptance: mean length {st.mean_acceptance_length:.2f}, rate {st.acceptance_rate:.2f}, "
+              f"drafts {st.num_drafts}, per position [{rates}]")  # fmt: skip
+    if plain is not None:
+        pn = len(plain.outputs[0].token_ids)
+        same = plain.outputs[0].token_ids == out.outputs[0].token_ids
+        print(f"--- plain: {pn} tokens in {plain_time:.2f} s = {pn / plain_time:.1f} tokens/s; "
+              f"speedup {(n / elapsed) / (pn / plain_time):.2f}x; "
+              f"output identical to plain: {'yes' if same else 'NO'}")  # fmt: skip
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="specdec", description="speculative decoding inference engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _generate_parser(sub)
+    try:
+        from specdec.entrypoints.openai.api_server import add_serve_parser
+    except ImportError:
+        add_serve_parser = None
+    if add_serve_parser is not None:
+        add_serve_parser(sub)
+    try:
+        from specdec.bench.cli import add_bench_parser
+    except ImportError:
+        add_bench_parser = None
+    if add_bench_parser is not None:
+        add_bench_parser(sub)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ConfigError, ModelNotFoundError, UnsupportedModelError, ValueError) as e:
+        print(f"specdec: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
