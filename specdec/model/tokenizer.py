@@ -1,0 +1,746 @@
+"""Tokenizers built from GGUF metadata or a Hugging Face folder, and chat templates.
+
+A GGUF file carries no `tokenizer.json`: it stores the vocabulary, merges, scores and token types
+under llama.cpp's key names. We rebuild a `tokenizers.Tokenizer` from them so that token ids match
+what Hugging Face transformers produces when it loads the same file
+(`AutoTokenizer.from_pretrained(folder, gguf_file=name)`), which is our reference:
+
+* `tokenizer.ggml.model == "gpt2"`: byte-level BPE. The vocabulary is respelled into the GPT-2
+  byte alphabet where needed, the merges come from the file, and the split regex is picked from
+  `tokenizer.ggml.pre` (names transformers does not know, like "smollm" or "default", get the
+  plain GPT-2 byte-level pre-tokenizer, as transformers does).
+* `tokenizer.ggml.model == "llama"`: SentencePiece BPE with byte fallback. When the file has no
+  merges they are recovered from the vocabulary. Gemma files get Gemma's pipeline (no prefix space,
+  spaces replaced by "\u2581", merges ordered by token position).
+
+Control tokens (type 3) become special added tokens and user-defined tokens (type 4) plain added
+tokens, so that they are matched whole in text.
+
+Chat templates are rendered with jinja2 the way transformers renders them.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+import jinja2.parser
+import tokenizers
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
+
+__all__ = ["ChatTemplateError", "Tokenizer", "bytes_to_unicode"]
+
+# llama.cpp token types (`llama_token_type` / gguf.TokenType).
+TOKEN_TYPE_NORMAL = 1
+TOKEN_TYPE_UNKNOWN = 2
+TOKEN_TYPE_CONTROL = 3
+TOKEN_TYPE_USER_DEFINED = 4
+TOKEN_TYPE_UNUSED = 5
+TOKEN_TYPE_BYTE = 6
+
+SPM_SPACE = "\u2581"  # SentencePiece's visible space, "▁"
+
+# Split regexes for byte-level BPE, by `tokenizer.ggml.pre`. These are the regexes the models were
+# trained with (and the ones transformers' GGUF loader uses); any other name falls back to GPT-2's
+# built-in regex inside `pre_tokenizers.ByteLevel`.
+_SPLIT_LLAMA3 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_SPLIT_QWEN2 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_SPLIT_QWEN35 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_UPPER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]"
+_LOWER = r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
+_SPLIT_TEKKEN = (
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+"
+    rf"|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_CONTRACTIONS = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+_SPLIT_GPT4O = (
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+{_CONTRACTIONS}"
+    rf"|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*{_CONTRACTIONS}"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_PRE_TOKENIZER_SPLITS: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "llama3",
+            "llama-v3",
+            "llama-bpe",
+            "falcon3",
+            "falcon-h1",
+            "pixtral",
+            "midm-2.0",
+            "lfm2",
+            "jina-v5-nano",
+            "dbrx",
+            "smaug-bpe",
+        ),
+        _SPLIT_LLAMA3,
+    ),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez"), _SPLIT_QWEN2),
+    "qwen35": _SPLIT_QWEN35,
+    "tekken": _SPLIT_TEKKEN,
+    **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"), _SPLIT_GPT4O),
+}
+
+_GEMMA_ARCHITECTURES = frozenset({"gemma", "gemma2", "gemma3"})
+
+# Token texts llama.cpp treats as end of generation (llama-vocab.cpp), whatever the file says.
+_EOG_TOKEN_NAMES = (
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<turn|>",
+    "<|tool_response>",
+)
+# Fill-in-the-middle tokens llama.cpp also stops on (the first one found of each kind).
+_FIM_PAD_NAMES = ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]")
+_FIM_REP_NAMES = ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>")
+_FIM_SEP_NAMES = ("<|file_sep|>",)
+
+
+class ChatTemplateError(ValueError):
+    """The chat template is missing or failed to render (e.g. it called `raise_exception`)."""
+
+
+@functools.cache
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's map from each byte to a printable character (the byte-level BPE alphabet).
+
+    Printable Latin-1 bytes stand for themselves; the other 68 bytes (controls, space, ...) are
+    given the code points 256, 257, ... in byte order.
+    """
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("\xa1"), ord("\xac") + 1),
+        *range(ord("\xae"), ord("\xff") + 1),
+    ]
+    kept = set(printable)
+    mapping: dict[int, str] = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in kept:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return dict(sorted(mapping.items()))
+
+
+# --------------------------------------------------------------------------------------------
+# Building a `tokenizers.Tokenizer` from GGUF metadata
+# --------------------------------------------------------------------------------------------
+
+
+def _parse_merges(merges: Iterable[str]) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for merge in merges:
+        left, sep, right = merge.partition(" ")
+        if not sep:
+            raise ValueError(f"malformed merge {merge!r} in tokenizer.ggml.merges")
+        out.append((left, right))
+    return out
+
+
+def _merges_from_vocab(
+    tokens: Sequence[str], ranks: Sequence[float], vocab: dict[str, int]
+) -> list[tuple[str, str]]:
+    """Recover BPE merges from a vocabulary that lists none (SentencePiece GGUFs).
+
+    Every token that can be cut into two tokens of the vocabulary yields one merge per cut. Merges
+    are ordered by their token's rank (higher first), then by longer left part, then longer right
+    part, then by token order: the order transformers' `generate_merges` produces.
+    """
+    rank_of: dict[str, float] = {}
+    for token, rank in zip(tokens, ranks):
+        rank_of[token] = rank  # later duplicates win, keeping the first position (dict semantics)
+    known = set(vocab)
+    candidates: list[tuple[float, int, int, str, str]] = []
+    extend = candidates.extend
+    for token, rank in rank_of.items():
+        n = len(token)
+        # Longest left part first: the tie-breaker within one token.
+        extend(
+            [
+                (rank, cut, n - cut, token[:cut], token[cut:])
+                for cut in range(n - 1, 0, -1)
+                if token[:cut] in known and token[cut:] in known
+            ]
+        )
+    # Stable sort, descending on (rank, len(left), len(right)); ties keep token order.
+    candidates.sort(key=lambda c: (c[0], c[1], c[2]), reverse=True)
+    return [(c[3], c[4]) for c in candidates]
+
+
+def _gemma_merges(tokens: Sequence[str], vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """Merges for Gemma: ranked by token position in the file (its scores do not follow the merge
+    order). Same result as `_merges_from_vocab(tokens, [-i ...])` without the sort."""
+    known = set(vocab)
+    out: list[tuple[str, str]] = []
+    extend = out.extend
+    for token in dict.fromkeys(tokens):  # tokens are unique in real files; skip any repeat
+        n = len(token)
+        if n > 1:
+            # Longest left part first: the tie-breaker within one token.
+            extend(
+                [
+                    (token[:cut], token[cut:])
+                    for cut in range(n - 1, 0, -1)
+                    if token[:cut] in known and token[cut:] in known
+                ]
+            )
+    return out
+
+
+def _byte_level_bpe(tokens: Sequence[str], merges: Sequence[str], pre: str | None) -> Any:
+    alphabet = set(bytes_to_unicode().values())
+    spell = bytes_to_unicode()
+    vocab: dict[str, int] = {}
+    for index, token in enumerate(tokens):
+        if not alphabet.issuperset(token):
+            token = "".join(spell[b] for b in token.encode("utf-8"))
+        vocab[token] = index
+    tok = tokenizers.Tokenizer(
+        models.BPE(
+            vocab=vocab,
+            merges=_parse_merges(merges),
+            dropout=None,
+            continuing_subword_prefix="",
+            end_of_word_suffix="",
+            fuse_unk=False,
+        )
+    )
+    split = _PRE_TOKENIZER_SPLITS.get(pre or "")
+    if split is None:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def _sentencepiece_bpe(
+    tokens: Sequence[str],
+    scores: Sequence[float] | None,
+    merges: Sequence[str] | None,
+    architecture: str,
+    unk_token: str | None,
+) -> Any:
+    spm_decoder = [decoders.Replace(SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if architecture in _GEMMA_ARCHITECTURES:
+        # Gemma files store tokens made of 2+ spaces with real spaces; the model looks them up
+        # spelled with "▁" (its normalizer turns every space into "▁").
+        tokens = [SPM_SPACE * len(t) if " " in t and not t.strip() else t for t in tokens]
+        vocab = {token: index for index, token in enumerate(tokens)}
+        pairs = _parse_merges(merges) if merges else _gemma_merges(tokens, vocab)
+        tok = tokenizers.Tokenizer(
+            models.BPE(
+                vocab=vocab,
+                merges=pairs,
+                fuse_unk=True,
+                unk_token=unk_token or "<unk>",
+                dropout=None,
+                byte_fallback=True,
+            )
+        )
+        tok.normalizer = normalizers.Replace(" ", SPM_SPACE)
+        # A no-op after the normalizer (there are no spaces left), kept to mirror the reference.
+        tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+        tok.decoder = decoders.Sequence(spm_decoder)
+        return tok
+
+    vocab = {token: index for index, token in enumerate(tokens)}
+    if merges:
+        pairs = _parse_merges(merges)
+    else:
+        if scores is None:
+            raise ValueError("SentencePiece GGUF has neither merges nor scores")
+        pairs = _merges_from_vocab(tokens, scores, vocab)
+    tok = tokenizers.Tokenizer(
+        models.BPE(vocab=vocab, merges=pairs, fuse_unk=True, byte_fallback=True, dropout=None)
+    )
+    if architecture == "phi3":
+        # Phi-3 prepends "▁" with a normalizer instead of Metaspace (differs on leading spaces).
+        tok.normalizer = normalizers.Sequence(
+            [normalizers.Prepend(SPM_SPACE), normalizers.Replace(" ", SPM_SPACE)]
+        )
+        tok.decoder = decoders.Sequence([*spm_decoder, decoders.Strip(" ", 1, 0)])
+        return tok
+    # transformers' LlamaTokenizer: a prefix space on the first word only. It does so whatever
+    # `tokenizer.ggml.add_space_prefix` says; we follow it for parity.
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement=SPM_SPACE, prepend_scheme="first", split=False
+    )
+    tok.decoder = decoders.Sequence([*spm_decoder, decoders.Strip(" ", 1, 0)])
+    return tok
+
+
+def _template_post_processor(
+    bos: tuple[str, int] | None, eos: tuple[str, int] | None
+) -> processors.TemplateProcessing:
+    """BOS/EOS around the text, as transformers' `update_post_processor` sets it up."""
+    b = f"{bos[0]}:0 " if bos else ""
+    e = f" {eos[0]}:0" if eos else ""
+    single = f"{b}$A:0{e}"
+    b1 = f" {bos[0]}:1" if bos else ""
+    e1 = f" {eos[0]}:1" if eos else ""
+    pair = f"{single}{b1} $B:1{e1}"
+    specials = [t for t in (bos, eos) if t is not None]
+    return processors.TemplateProcessing(single=single, pair=pair, special_tokens=specials)
+
+
+def _token_id(value: Any) -> int | None:
+    if value is None:
+        return None
+    value = int(value)
+    return value if value >= 0 else None
+
+
+def _end_of_generation_ids(
+    hf: Any, explicit: Iterable[int | None], fim_ids: dict[str, int | None]
+) -> frozenset[int]:
+    """Ids that end generation, the way llama.cpp collects them: EOS/EOT/EOM, the fill-in-the-middle
+    pad/repo/separator tokens, and every token whose text is a known end-of-turn marker."""
+    eog: set[int] = set()
+    for kind, names in (("pad", _FIM_PAD_NAMES), ("rep", _FIM_REP_NAMES), ("sep", _FIM_SEP_NAMES)):
+        found = fim_ids.get(kind)
+        if found is None:
+            present = [i for i in (hf.token_to_id(n) for n in names) if i is not None]
+            found = min(present) if present else None
+        if found is not None:
+            eog.add(found)
+    by_name: dict[str, int] = {}
+    for name in _EOG_TOKEN_NAMES:
+        index = hf.token_to_id(name)
+        if index is not None:
+            by_name[name] = index
+            eog.add(index)
+    eog.update(i for i in explicit if i is not None)
+    # llama.cpp's workarounds: gpt-oss / solar-open use "<|end|>" mid-answer, gemma4 uses "</s>".
+    if "<|end|>" in by_name and (
+        {"<|return|>", "<|call|>"} <= by_name.keys() or {"<|calls|>", "<|flush|>"} <= by_name.keys()
+    ):
+        eog.discard(by_name["<|end|>"])
+    if "<|tool_response>" in by_name and "</s>" in by_name:
+        eog.discard(by_name["</s>"])
+    return frozenset(eog)
+
+
+# --------------------------------------------------------------------------------------------
+# Chat templates
+# --------------------------------------------------------------------------------------------
+
+
+class _GenerationBlock(jinja2.ext.Extension):
+    """Accept `{% generation %}...{% endgeneration %}` (used to mark assistant text for training
+    masks) and render its body unchanged."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> list[jinja2.nodes.Node]:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # Unlike jinja's own `tojson`, no HTML escaping: templates emit JSON for the model to read.
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
+@functools.lru_cache(maxsize=32)
+def _compile_chat_template(source: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[_GenerationBlock, jinja2.ext.loopcontrols],
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(source)
+
+
+_REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
+
+
+def _prepare_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Copy the messages, dropping None values (as transformers does: templates handle a missing
+    key better than a literal None) and mirroring reasoning text under the names templates read."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        if not isinstance(message, dict):
+            raise TypeError(f"chat messages must be dicts, got {type(message).__name__}")
+        msg = {k: v for k, v in message.items() if v is not None}
+        reasoning = next((msg[k] for k in _REASONING_KEYS if k in msg), None)
+        if reasoning is not None:
+            msg = {"thinking": reasoning, **msg, "reasoning_content": reasoning}
+        out.append(msg)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The tokenizer
+# --------------------------------------------------------------------------------------------
+
+
+class Tokenizer:
+    """A `tokenizers.Tokenizer` plus what generation needs: special ids, EOG ids, chat template."""
+
+    def __init__(
+        self,
+        hf: Any,
+        *,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+        unk_token: str | None = None,
+        pad_token: str | None = None,
+        chat_template: str | None = None,
+        extra_eog_token_ids: Iterable[int] = (),
+        fim_token_ids: dict[str, int | None] | None = None,
+    ) -> None:
+        """Wrap `hf`, whose post-processor already decides whether BOS/EOS are added."""
+        self._hf = hf
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.unk_token = unk_token
+        self.pad_token = pad_token
+        self.bos_token_id: int | None = self._id_of(bos_token)
+        self.eos_token_id: int | None = self._id_of(eos_token)
+        self.unk_token_id: int | None = self._id_of(unk_token)
+        self.pad_token_id: int | None = self._id_of(pad_token)
+        self.chat_template: str | None = chat_template
+        self.eog_token_ids: frozenset[int] = _end_of_generation_ids(
+            hf, [self.eos_token_id, *extra_eog_token_ids], fim_token_ids or {}
+        )
+        # SentencePiece byte-fallback tokens "<0x00>".."<0xFF>" (none in byte-level vocabularies).
+        byte_ids = (hf.token_to_id(f"<0x{b:02X}>") for b in range(256))
+        self.byte_fallback_token_ids: frozenset[int] = frozenset(
+            i for i in byte_ids if i is not None
+        )
+        probe = hf.encode("", add_special_tokens=True).ids
+        self.add_bos_token: bool = bool(probe) and probe[0] == self.bos_token_id
+        rest = probe[1:] if self.add_bos_token else probe
+        self.add_eos_token: bool = bool(rest) and rest[-1] == self.eos_token_id
+
+    def _id_of(self, token: str | None) -> int | None:
+        return None if token is None else self._hf.token_to_id(token)
+
+    # ---- construction ------------------------------------------------------------------------
+
+    @classmethod
+    def from_gguf_metadata(cls, metadata: dict[str, Any]) -> Tokenizer:
+        """Build the tokenizer a GGUF file describes (see `gguf_file.gguf_metadata`)."""
+        kind = metadata.get("tokenizer.ggml.model")
+        tokens: list[str] = list(metadata.get("tokenizer.ggml.tokens") or [])
+        if not tokens:
+            raise ValueError("GGUF metadata has no tokenizer.ggml.tokens")
+        token_types: list[int] = list(metadata.get("tokenizer.ggml.token_type") or [])
+        merges = metadata.get("tokenizer.ggml.merges")
+        architecture = str(metadata.get("general.architecture", ""))
+
+        def token_at(key: str) -> str | None:
+            index = _token_id(metadata.get(f"tokenizer.ggml.{key}"))
+            return tokens[index] if index is not None and index < len(tokens) else None
+
+        bos, eos = token_at("bos_token_id"), token_at("eos_token_id")
+        unk, pad = token_at("unknown_token_id"), token_at("padding_token_id")
+
+        if kind == "gpt2":
+            hf = _byte_level_bpe(tokens, merges or [], metadata.get("tokenizer.ggml.pre"))
+            add_bos_default = False
+        elif kind == "llama":
+            hf = _sentencepiece_bpe(
+                tokens, metadata.get("tokenizer.ggml.scores"), merges, architecture, unk
+            )
+            # llama.cpp adds BOS to a SentencePiece vocabulary unless told otherwise.
+            add_bos_default = True
+        else:
+            raise ValueError(
+                f"unsupported GGUF tokenizer {kind!r} (supported: 'gpt2' byte-level BPE, "
+                "'llama' SentencePiece)"
+            )
+
+        byte_level = kind == "gpt2"
+        alphabet = set(bytes_to_unicode().values()) if byte_level else None
+        vocab = hf.get_vocab(with_added_tokens=False)
+        control = [
+            AddedToken(t, normalized=False, special=True)
+            for t, ty in zip(tokens, token_types)
+            if ty == TOKEN_TYPE_CONTROL and (alphabet is None or alphabet.issuperset(t))
+        ]
+        if control:
+            hf.add_special_tokens(control)
+        user_defined = [
+            AddedToken(t, normalized=False, special=False)
+            for t, ty in zip(tokens, token_types)
+            if ty == TOKEN_TYPE_USER_DEFINED and t in vocab
+        ]
+        if user_defined:
+            hf.add_tokens(user_defined)
+        _add_named_specials(hf, (bos, eos, unk, pad))
+
+        add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", add_bos_default))
+        add_eos = bool(metadata.get("tokenizer.ggml.add_eos_token", False))
+        hf.post_processor = _template_post_processor(
+            (bos, hf.token_to_id(bos)) if add_bos and bos is not None else None,
+            (eos, hf.token_to_id(eos)) if add_eos and eos is not None else None,
+        )
+        extra_eog = [
+            _token_id(metadata.get(f"tokenizer.ggml.{k}")) for k in ("eot_token_id", "eom_token_id")
+        ]
+        fim = {
+            kind_: _token_id(metadata.get(f"tokenizer.ggml.fim_{kind_}_token_id"))
+            for kind_ in ("pad", "rep", "sep")
+        }
+        template = metadata.get("tokenizer.chat_template")
+        return cls(
+            hf,
+            bos_token=bos,
+            eos_token=eos,
+            unk_token=unk,
+            pad_token=pad,
+            chat_template=str(template) if template else None,
+            extra_eog_token_ids=[i for i in extra_eog if i is not None],
+            fim_token_ids=fim,
+        )
+
+    @classmethod
+    def from_gguf_file(cls, path: str | Path) -> Tokenizer:
+        """Read a GGUF file's metadata and build its tokenizer."""
+        from specdec.model.gguf_file import gguf_metadata, read_gguf
+
+        return cls.from_gguf_metadata(gguf_metadata(read_gguf(path)))
+
+    @classmethod
+    def from_hf_folder(cls, path: str | Path) -> Tokenizer:
+        """Load `tokenizer.json`, with `tokenizer_config.json` (special tokens, add_bos/add_eos,
+        chat template) and `generation_config.json` (extra EOS ids) when present."""
+        folder = Path(path)
+        if folder.is_file():
+            folder = folder.parent
+        tokenizer_file = folder / "tokenizer.json"
+        if not tokenizer_file.is_file():
+            raise FileNotFoundError(f"{tokenizer_file} not found")
+        hf = tokenizers.Tokenizer.from_file(str(tokenizer_file))
+        config = _read_json(folder / "tokenizer_config.json")
+        special_map = _read_json(folder / "special_tokens_map.json")
+
+        def special(name: str) -> str | None:
+            value = config.get(name, special_map.get(name))
+            if isinstance(value, dict):
+                value = value.get("content")
+            return value if isinstance(value, str) else None
+
+        bos, eos = special("bos_token"), special("eos_token")
+        unk, pad = special("unk_token"), special("pad_token")
+        _add_named_specials(hf, (bos, eos, unk, pad))
+        # As in transformers: an explicit add_bos_token/add_eos_token (or no post-processor at
+        # all) rebuilds the post-processor; otherwise tokenizer.json's own one is kept.
+        if "add_bos_token" in config or "add_eos_token" in config or hf.post_processor is None:
+            add_bos = bool(config.get("add_bos_token", False)) and bos is not None
+            add_eos = bool(config.get("add_eos_token", False)) and eos is not None
+            hf.post_processor = _template_post_processor(
+                (bos, hf.token_to_id(bos)) if add_bos and bos is not None else None,
+                (eos, hf.token_to_id(eos)) if add_eos and eos is not None else None,
+            )
+
+        extra_eog: list[int] = []
+        for source in (_read_json(folder / "generation_config.json"),):
+            value = source.get("eos_token_id")
+            values = value if isinstance(value, list) else [value]
+            extra_eog.extend(int(v) for v in values if isinstance(v, int))
+        return cls(
+            hf,
+            bos_token=bos,
+            eos_token=eos,
+            unk_token=unk,
+            pad_token=pad,
+            chat_template=_hf_chat_template(folder, config),
+            extra_eog_token_ids=extra_eog,
+        )
+
+    # ---- encoding / decoding ---------------------------------------------------------------
+
+    @property
+    def hf(self) -> Any:
+        """The underlying `tokenizers.Tokenizer`."""
+        return self._hf
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, added tokens included."""
+        return self._hf.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`; with `add_special_tokens`, BOS/EOS as the model's config says."""
+        return self._hf.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_batch(
+        self, texts: Sequence[str], add_special_tokens: bool = True
+    ) -> list[list[int]]:
+        """`encode` for several texts at once (parallel in Rust)."""
+        encs = self._hf.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+        return [e.ids for e in encs]
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of `token_ids`; incomplete UTF-8 at either end shows as U+FFFD."""
+        return self._hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def convert_ids_to_tokens(self, ids: int | Sequence[int]) -> list[str]:
+        """Vocabulary strings of the ids (as spelled in the vocab, e.g. "Ġthe" or "▁the")."""
+        if isinstance(ids, int):
+            ids = [ids]
+        out: list[str] = []
+        for i in ids:
+            token = self._hf.id_to_token(int(i))
+            if token is None:
+                raise IndexError(f"token id {i} out of range (vocab size {self.vocab_size})")
+            out.append(token)
+        return out
+
+    def token_to_id(self, token: str) -> int | None:
+        """Id of a vocabulary string, or None."""
+        return self._hf.token_to_id(token)
+
+    @property
+    def special_tokens_map(self) -> dict[str, str]:
+        """The named special tokens (bos/eos/unk/pad) that are set, as template variables."""
+        named = {
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            "unk_token": self.unk_token,
+            "pad_token": self.pad_token,
+        }
+        return {k: v for k, v in named.items() if v is not None}
+
+    # ---- chat ------------------------------------------------------------------------------
+
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, str]],
+        add_generation_prompt: bool = True,
+        tokenize: bool = False,
+        **extra: Any,
+    ) -> str | list[int]:
+        """Render `messages` with the model's chat template, as transformers does.
+
+        `extra` becomes template variables (e.g. `tools=[...]`, `enable_thinking=False`); a
+        `chat_template=` entry overrides the model's template. With `tokenize=True` the rendered
+        text is encoded without adding special tokens: the template writes BOS itself if the model
+        wants one.
+        """
+        template = extra.pop("chat_template", None) or self.chat_template
+        if not template:
+            raise ChatTemplateError(
+                "model has no chat template (tokenizer.chat_template is missing, as in base "
+                "models): send a plain-text completion prompt instead, or pass chat_template="
+            )
+        if not messages:
+            raise ValueError("cannot apply a chat template to an empty conversation")
+        variables: dict[str, Any] = {
+            "tools": None,
+            "documents": None,
+            **self.special_tokens_map,
+            **extra,
+        }
+        try:
+            rendered = _compile_chat_template(template).render(
+                messages=_prepare_messages(messages),
+                add_generation_prompt=add_generation_prompt,
+                **variables,
+            )
+        except jinja2.exceptions.TemplateError as e:
+            raise ChatTemplateError(f"chat template error: {e}") from e
+        if tokenize:
+            return self.encode(rendered, add_special_tokens=False)
+        return rendered
+
+    def __repr__(self) -> str:
+        return (
+            f"Tokenizer(vocab_size={self.vocab_size}, bos={self.bos_token!r}, "
+            f"eos={self.eos_token!r}, eog={sorted(self.eog_token_ids)}, "
+            f"chat_template={'yes' if self.chat_template else 'no'})"
+        )
+
+
+def _add_named_specials(hf: Any, named: Iterable[str | None]) -> None:
+    """Make sure the named special tokens exist as added tokens (special unless already added)."""
+    present = {t.content for t in hf.get_added_tokens_decoder().values()}
+    missing: list[AddedToken] = []
+    for token in named:
+        if token is not None and token not in present:
+            missing.append(AddedToken(token, normalized=False, special=True))
+            present.add(token)
+    if missing:
+        hf.add_special_tokens(missing)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    return data if isinstance(data, dict) else {}
+
+
+def _hf_chat_template(folder: Path, config: dict[str, Any]) -> str | None:
+    """The default chat template: chat_template.jinja, chat_template.json or tokenizer_config."""
+    jinja_file = folder / "chat_template.jinja"
+    if jinja_file.is_file():
+        return jinja_file.read_text(encoding="utf-8")
+    value = _read_json(folder / "chat_template.json").get("chat_template")
+    if value is None:
+        value = config.get("chat_template")
+    if isinstance(value, list):  # named templates: [{"name": ..., "template": ...}]
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        value = named.get("default")
+    return value if isinstance(value, str) else None
