@@ -86,7 +86,10 @@ class RawTensor:
             arr = np.asarray(self.data, dtype=np.float32)
         else:
             arr = gguf.quants.dequantize(self.data, QTYPE_TO_GGML[self.qtype])
-        return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32).reshape(self.shape))
+        arr = np.ascontiguousarray(arr, dtype=np.float32).reshape(self.shape)
+        if not arr.flags.writeable:
+            arr = arr.copy()  # NOTE: GGUF data is a read-only memory map
+        return torch.from_numpy(arr)
 
     def rows(self, index: np.ndarray) -> torch.Tensor:
         """Dequantize only some rows (embedding lookups): [len(index), shape[1]] float32."""
