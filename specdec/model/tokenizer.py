@@ -461,6 +461,10 @@ class Tokenizer:
         self.eog_token_ids: frozenset[int] = _end_of_generation_ids(
             hf, [self.eos_token_id, *extra_eog_token_ids], fim_token_ids or {}
         )
+        # Added tokens marked special: what `decode(..., skip_special_tokens=True)` drops.
+        self.special_token_ids: frozenset[int] = frozenset(
+            i for i, t in hf.get_added_tokens_decoder().items() if t.special
+        )
         # SentencePiece byte-fallback tokens "<0x00>".."<0xFF>" (none in byte-level vocabularies).
         byte_ids = (hf.token_to_id(f"<0x{b:02X}>") for b in range(256))
         self.byte_fallback_token_ids: frozenset[int] = frozenset(
