@@ -194,6 +194,9 @@ def load_hf_folder(path: Path) -> LoadedCheckpoint:
                 if name is None:
                     continue
                 t = f.get_tensor(key).to(torch.float32)
+                if not arch.is_gemma and name.endswith("post_attention_layernorm"):
+                    # NOTE: Llama's "post attention" norm is the MLP's input norm (GGUF: ffn_norm).
+                    name = name.replace("post_attention_layernorm", "pre_feedforward_layernorm")
                 if arch.is_gemma and name.endswith("norm"):
                     t = t + 1.0  # NOTE: Gemma scales by (1 + w); store it like GGUF does.
                 tensors[name] = RawTensor("f32", t.numpy(), tuple(t.shape))

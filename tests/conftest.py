@@ -1,0 +1,131 @@
+"""Shared fixtures: tiny random-weight models saved as Hugging Face folders, real model paths."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "bench" / "data"
+
+
+def _byte_tokenizer_json(folder: Path) -> int:
+    """A byte-level BPE tokenizer with a few merges and chat special tokens; returns vocab size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from specdec.model.tokenizer import bytes_to_unicode
+
+    chars = list(bytes_to_unicode().values())
+    vocab = {c: i for i, c in enumerate(chars)}
+    merges = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a")]
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    tok.save(str(folder / "tokenizer.json"))
+    template = (
+        "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
+        " + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    )
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token": "<|endoftext|>",
+                "eos_token": "<|im_end|>",
+                "add_bos_token": False,
+                "chat_template": template,
+            }
+        )
+    )
+    return tok.get_vocab_size()
+
+
+def make_tiny_model(folder: Path, arch: str = "llama", seed: int = 0, num_layers: int = 2, **overrides) -> Path:
+    """Random weights in a Hugging Face folder (config.json + model.safetensors + tokenizer)."""
+    import transformers
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = _byte_tokenizer_json(folder)
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        initializer_range=0.3,
+        bos_token_id=vocab - 3,
+        eos_token_id=vocab - 1,
+    )
+    common.update(overrides)
+    torch.manual_seed(seed)
+    if arch == "gemma3":
+        cfg = transformers.Gemma3TextConfig(
+            **common, head_dim=32, sliding_window=16, query_pre_attn_scalar=32, tie_word_embeddings=True
+        )
+        model = transformers.Gemma3ForCausalLM(cfg)
+    elif arch == "qwen2":
+        cfg = transformers.Qwen2Config(**common, tie_word_embeddings=False)
+        model = transformers.Qwen2ForCausalLM(cfg)
+    else:
+        cfg = transformers.LlamaConfig(**common, tie_word_embeddings=True)
+        model = transformers.LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+            elif p.ndim == 1:  # biases
+                p.copy_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(str(folder), safe_serialization=True)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_llama"), "llama", seed=0, num_layers=4)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(tmp_path_factory) -> Path:
+    """A different tiny model with the same tokenizer, as a draft for tiny_llama."""
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_draft"), "llama", seed=1, num_layers=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_gemma"), "gemma3", seed=2, num_layers=6)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_qwen2"), "qwen2", seed=3, num_layers=2)
+
+
+def bench_prompts(n: int | None = None) -> list[dict]:
+    """The prompt fixture copied from ../shared/bench/data (works without shared/)."""
+    rows = [json.loads(line) for line in (FIXTURES / "bench_prompts.jsonl").read_text().splitlines() if line]
+    return rows[:n] if n else rows
+
+
+def shared_prompts(n_per_file: int) -> list[dict]:
+    """Prompts from ../shared/bench/data when present, else the copied fixture."""
+    if not SHARED_DATA.is_dir():
+        return bench_prompts()
+    rows = []
+    for name in ("stdlib_edit.jsonl", "humaneval.jsonl", "mt_bench.jsonl", "gsm8k_test.jsonl"):
+        lines = (SHARED_DATA / name).read_text().splitlines()
+        rows.extend(json.loads(line) for line in lines[:n_per_file])
+    return rows
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _threads() -> None:
+    torch.set_num_threads(int(os.environ.get("SPECDEC_TEST_THREADS", "2")))
