@@ -39,9 +39,6 @@ class DraftModelProposer(Proposer):
         self.max_len = max_len
         self.states: dict[str, _DraftState] = {}
 
-    def add_request(self, req_id: str) -> None:
-        self.states[req_id] = _DraftState(self.kv.allocate())
-
     def remove_request(self, req_id: str) -> None:
         state = self.states.pop(req_id, None)
         if state is not None:
@@ -79,7 +76,9 @@ class DraftModelProposer(Proposer):
 
     def _catch_up(self, r: DraftRequest) -> list[int]:
         """Roll the draft cache back to the shared prefix; return the tokens still to feed."""
-        state = self.states[r.req_id]
+        state = self.states.get(r.req_id)
+        if state is None:  # NOTE: slots are taken on first draft: only running requests draft.
+            state = self.states[r.req_id] = _DraftState(self.kv.allocate())
         keep = _common_prefix(state.cached, r.token_ids)
         keep = min(keep, len(r.token_ids) - 1)  # always feed at least the last token
         state.cached = state.cached[:keep]
