@@ -36,6 +36,8 @@ import tokenizers
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 
+from specdec.model.gguf_file import gguf_metadata, read_gguf
+
 __all__ = ["ChatTemplateError", "Tokenizer", "bytes_to_unicode"]
 
 # llama.cpp token types (`llama_token_type` / gguf.TokenType).
@@ -220,7 +222,9 @@ def _gemma_merges(tokens: Sequence[str], vocab: dict[str, int]) -> list[tuple[st
     return out
 
 
-def _byte_level_bpe(tokens: Sequence[str], merges: Sequence[str], pre: str | None) -> Any:
+def _byte_level_bpe(
+    tokens: Sequence[str], merges: Sequence[str], pre: str | None
+) -> tokenizers.Tokenizer:
     alphabet = set(bytes_to_unicode().values())
     spell = bytes_to_unicode()
     vocab: dict[str, int] = {}
@@ -258,7 +262,7 @@ def _sentencepiece_bpe(
     merges: Sequence[str] | None,
     architecture: str,
     unk_token: str | None,
-) -> Any:
+) -> tokenizers.Tokenizer:
     spm_decoder = [decoders.Replace(SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
     if architecture in _GEMMA_ARCHITECTURES:
         # Gemma files store tokens made of 2+ spaces with real spaces; the model looks them up
@@ -318,7 +322,7 @@ def _template_post_processor(
     b1 = f" {bos[0]}:1" if bos else ""
     e1 = f" {eos[0]}:1" if eos else ""
     pair = f"{single}{b1} $B:1{e1}"
-    specials = [t for t in (bos, eos) if t is not None]
+    specials = list(dict.fromkeys(t for t in (bos, eos) if t is not None))
     return processors.TemplateProcessing(single=single, pair=pair, special_tokens=specials)
 
 
@@ -330,7 +334,7 @@ def _token_id(value: Any) -> int | None:
 
 
 def _end_of_generation_ids(
-    hf: Any, explicit: Iterable[int | None], fim_ids: dict[str, int | None]
+    hf: tokenizers.Tokenizer, explicit: Iterable[int | None], fim_ids: dict[str, int | None]
 ) -> frozenset[int]:
     """Ids that end generation, the way llama.cpp collects them: EOS/EOT/EOM, the fill-in-the-middle
     pad/repo/separator tokens, and every token whose text is a known end-of-turn marker."""
@@ -437,7 +441,7 @@ class Tokenizer:
 
     def __init__(
         self,
-        hf: Any,
+        hf: tokenizers.Tokenizer,
         *,
         bos_token: str | None = None,
         eos_token: str | None = None,
@@ -560,8 +564,6 @@ class Tokenizer:
     @classmethod
     def from_gguf_file(cls, path: str | Path) -> Tokenizer:
         """Read a GGUF file's metadata and build its tokenizer."""
-        from specdec.model.gguf_file import gguf_metadata, read_gguf
-
         return cls.from_gguf_metadata(gguf_metadata(read_gguf(path)))
 
     @classmethod
@@ -597,11 +599,11 @@ class Tokenizer:
                 (eos, hf.token_to_id(eos)) if add_eos and eos is not None else None,
             )
 
-        extra_eog: list[int] = []
-        for source in (_read_json(folder / "generation_config.json"),):
-            value = source.get("eos_token_id")
-            values = value if isinstance(value, list) else [value]
-            extra_eog.extend(int(v) for v in values if isinstance(v, int))
+        # generation_config.json may list several EOS ids (e.g. Llama 3: <|end_of_text|>,
+        # <|eom_id|>, <|eot_id|>); generation stops on any of them.
+        value = _read_json(folder / "generation_config.json").get("eos_token_id")
+        values = value if isinstance(value, list) else [value]
+        extra_eog = [int(v) for v in values if isinstance(v, int)]
         return cls(
             hf,
             bos_token=bos,
@@ -615,7 +617,7 @@ class Tokenizer:
     # ---- encoding / decoding ---------------------------------------------------------------
 
     @property
-    def hf(self) -> Any:
+    def hf(self) -> tokenizers.Tokenizer:
         """The underlying `tokenizers.Tokenizer`."""
         return self._hf
 
@@ -716,7 +718,7 @@ class Tokenizer:
         )
 
 
-def _add_named_specials(hf: Any, named: Iterable[str | None]) -> None:
+def _add_named_specials(hf: tokenizers.Tokenizer, named: Iterable[str | None]) -> None:
     """Make sure the named special tokens exist as added tokens (special unless already added)."""
     present = {t.content for t in hf.get_added_tokens_decoder().values()}
     missing: list[AddedToken] = []
