@@ -187,6 +187,8 @@ class LLMEngine:
             delta = req.detokenizer.add_tokens([tok])
             req.output_text += delta
             if self._check_stop(req, tok, delta):
+                if not isinstance(req.stop_reason, str):
+                    req.output_text += req.detokenizer.finalize()  # flush held-back bytes
                 self._finish(req)
                 return
 
