@@ -1,0 +1,427 @@
+"""Kernel library: weight-only linear layers (f32 and GGUF block formats), RMS norm, attention.
+
+Two implementations of one interface (:class:`KernelOps`):
+
+* :class:`NativeOps` -- the C++ extension ``specdec.kernels._C`` (AVX2/FMA/F16C kernels picked at
+  runtime, portable C++ otherwise).  Every op is *batch-invariant*: row ``r`` of an ``M``-row call
+  is bit-identical to the same row computed alone, whatever ``M`` and the thread count.  That is
+  what lets speculative verification (several rows) and plain decoding (one row) agree exactly.
+* :class:`TorchOps` -- plain PyTorch, works on any device (CUDA included).  Not batch-invariant;
+  meant for GPUs, debugging and as a reference.
+
+Use :func:`get_ops` to pick one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+try:
+    from . import _C  # type: ignore[attr-defined]
+
+    _IMPORT_ERROR: BaseException | None = None
+except Exception as exc:  # extension not built, or built against another torch
+    _C = None
+    _IMPORT_ERROR = exc
+
+__all__ = [
+    "QTYPES",
+    "KernelOps",
+    "NativeOps",
+    "PackedWeight",
+    "TorchOps",
+    "cpu_features",
+    "get_ops",
+    "native_available",
+    "native_isa",
+    "pack_weight",
+    "quantize_weight",
+    "set_native_isa",
+]
+
+QTYPES = ("f32", "q8_0", "q4_0", "q4_1")
+
+BLOCK_SIZE = 32  # elements per GGUF block for every quantized QTYPE
+BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
+_QT_CODE = {"f32": 0, "q8_0": 1, "q4_0": 2, "q4_1": 3}
+
+
+def native_available() -> bool:
+    """True when the C++ extension was built and imports."""
+    return _C is not None
+
+
+def native_unavailable_reason() -> str | None:
+    """Why the extension is missing (None when it is available)."""
+    if _C is not None:
+        return None
+    return f"{type(_IMPORT_ERROR).__name__}: {_IMPORT_ERROR}"
+
+
+def cpu_features() -> dict[str, bool]:
+    """CPU features as detected at runtime: avx2, fma, f16c (and avx512f, informational)."""
+    if _C is not None:
+        return {k: bool(v) for k, v in _C.cpu_features().items()}
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    return {name: name in flags for name in ("avx2", "fma", "f16c", "avx512f")}
+
+
+def native_isa() -> str | None:
+    """Which native kernels run: 'avx2' or 'portable' (None without the extension)."""
+    return _C.isa() if _C is not None else None
+
+
+def set_native_isa(isa: str) -> None:
+    """Force the native kernels process-wide: 'auto', 'avx2' or 'portable' (tests, benchmarks).
+
+    The environment variable SPECDEC_KERNELS_ISA sets the initial choice the same way.
+    """
+    if _C is None:
+        raise RuntimeError(f"native kernels unavailable ({native_unavailable_reason()})")
+    _C.set_isa(isa)
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights
+
+
+def _row_bytes(qtype: str, in_features: int) -> int:
+    if qtype == "f32":
+        return in_features * 4
+    return in_features // BLOCK_SIZE * BLOCK_BYTES[qtype]
+
+
+@dataclass(eq=False)
+class PackedWeight:
+    """Weight of a linear layer, ``[out_features, in_features]``, in kernel-ready storage.
+
+    ``data`` is float32 ``[N, K]`` for ``f32`` and, for the GGUF block formats, uint8
+    ``[N, row_bytes]`` holding each row's GGUF blocks unchanged (32 elements per block; q8_0:
+    f16 scale + 32 int8; q4_0: f16 scale + 16 bytes of nibbles, value (q - 8) * d; q4_1: f16 d,
+    f16 m + nibbles, value q * d + m; low nibbles are elements 0-15 of a block, high 16-31).
+    """
+
+    qtype: str
+    out_features: int
+    in_features: int
+    data: torch.Tensor
+    # Float copies made by TorchOps for quantized weights, one per device (lazily).
+    _float_cache: dict[str, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
+
+    @property
+    def qtype_code(self) -> int:
+        return _QT_CODE[self.qtype]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of kernel storage (what one pass over the weight reads)."""
+        return self.data.numel() * self.data.element_size()
+
+    def dequantize(self) -> torch.Tensor:
+        """The weight as float32 ``[N, K]`` on ``data``'s device (equal to gguf's dequantize)."""
+        if self.qtype == "f32":
+            return self.data
+        return _dequantize(self.qtype, self.data, self.out_features, self.in_features)
+
+    def float_weight(self, device: torch.device | str) -> torch.Tensor:
+        """Float32 ``[N, K]`` on ``device``, made once and cached (used by TorchOps)."""
+        device = torch.device(device)
+        if self.qtype == "f32" and self.data.device == device:
+            return self.data
+        key = str(device)
+        cached = self._float_cache.get(key)
+        if cached is None:
+            cached = _dequantize(
+                self.qtype, self.data.to(device), self.out_features, self.in_features
+            )
+            self._float_cache[key] = cached
+        return cached
+
+
+def _dequantize(qtype: str, data: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    if qtype == "f32":
+        return data.reshape(n, k).to(torch.float32)
+    nb = k // BLOCK_SIZE
+    blocks = data.reshape(n, nb, BLOCK_BYTES[qtype])
+
+    def f16(lo: int) -> torch.Tensor:
+        return blocks[..., lo : lo + 2].contiguous().view(torch.float16).to(torch.float32)
+
+    if qtype == "q8_0":
+        q = blocks[..., 2:].contiguous().view(torch.int8).to(torch.float32)
+        return (q * f16(0)).reshape(n, k)
+    qs = blocks[..., 4:] if qtype == "q4_1" else blocks[..., 2:]
+    nibbles = torch.cat([qs & 0x0F, qs >> 4], dim=-1)  # elements 0-15, then 16-31
+    if qtype == "q4_0":
+        q = (nibbles.to(torch.int8) - 8).to(torch.float32)
+        return (f16(0) * q).reshape(n, k)
+    q = nibbles.to(torch.float32)
+    return (f16(0) * q + f16(2)).reshape(n, k)
+
+
+def pack_weight(
+    qtype: str, data: torch.Tensor, out_features: int, in_features: int
+) -> PackedWeight:
+    """Wrap a weight for the kernels.
+
+    ``qtype == "f32"``: ``data`` is float32 ``[N, K]``.  Quantized types: ``data`` holds the raw
+    GGUF block bytes of each row, uint8 ``[N, row_bytes]`` (e.g.
+    ``torch.from_numpy(reader_tensor.data)``); it stays quantized, no float copy is made.
+    """
+    if qtype not in QTYPES:
+        raise ValueError(f"unknown qtype {qtype!r}; expected one of {QTYPES}")
+    if isinstance(data, np.ndarray):
+        data = torch.from_numpy(np.ascontiguousarray(data))
+    n, k = int(out_features), int(in_features)
+    if qtype == "f32":
+        if data.dtype != torch.float32:
+            raise TypeError(f"f32 weight must be float32, got {data.dtype}")
+        if data.numel() != n * k:
+            raise ValueError(f"f32 weight has {data.numel()} elements, expected {n}x{k}")
+        return PackedWeight(qtype, n, k, data.reshape(n, k).contiguous())
+    if k % BLOCK_SIZE:
+        raise ValueError(f"{qtype} needs in_features divisible by {BLOCK_SIZE}, got {k}")
+    if data.dtype != torch.uint8:
+        raise TypeError(f"{qtype} weight must be uint8 GGUF block bytes, got {data.dtype}")
+    rb = _row_bytes(qtype, k)
+    if data.numel() != n * rb:
+        raise ValueError(
+            f"{qtype} weight has {data.numel()} bytes, expected {n} rows x {rb} bytes ({n}x{k})"
+        )
+    return PackedWeight(qtype, n, k, data.reshape(n, rb).contiguous())
+
+
+def _roundf(x: torch.Tensor) -> torch.Tensor:
+    # Round half away from zero, exactly as gguf.quants.np_roundf.
+    a = x.abs()
+    fl = torch.floor(a)
+    return torch.sign(x) * (fl + torch.floor(2 * (a - fl)))
+
+
+def _quantize_blocks(qtype: str, b: torch.Tensor) -> torch.Tensor:
+    """float32 [nb, 32] -> uint8 [nb, block_bytes], the same float32 steps as gguf.quants."""
+    zero = torch.zeros((), dtype=torch.float32, device=b.device)
+    if qtype == "q8_0":
+        d = b.abs().amax(dim=-1, keepdim=True) / 127
+        inv = torch.where(d == 0, zero, 1 / d)
+        qs = _roundf(b * inv).to(torch.int8).view(torch.uint8)
+        return torch.cat([d.to(torch.float16).view(torch.uint8), qs], dim=-1)
+    if qtype == "q4_0":
+        imax = b.abs().argmax(dim=-1, keepdim=True)
+        mx = torch.gather(b, -1, imax)
+        d = mx / -8
+        inv = torch.where(d == 0, zero, 1 / d)
+        qs = torch.trunc(b * inv + 8.5).to(torch.uint8).clamp(0, 15)
+        head = [d.to(torch.float16).view(torch.uint8)]
+    elif qtype == "q4_1":
+        mx = b.amax(dim=-1, keepdim=True)
+        mn = b.amin(dim=-1, keepdim=True)
+        d = (mx - mn) / 15
+        inv = torch.where(d == 0, zero, 1 / d)
+        qs = torch.trunc((b - mn) * inv + 0.5).to(torch.uint8).clamp(0, 15)
+        head = [d.to(torch.float16).view(torch.uint8), mn.to(torch.float16).view(torch.uint8)]
+    else:
+        raise ValueError(f"cannot quantize to {qtype!r}")
+    packed = qs[:, :16] | (qs[:, 16:] << 4)
+    return torch.cat([*head, packed], dim=-1)
+
+
+def quantize_weight(w: torch.Tensor, qtype: str) -> PackedWeight:
+    """Quantize a float ``[N, K]`` weight to any QTYPE (GGUF block formats, gguf's rounding)."""
+    if qtype not in QTYPES:
+        raise ValueError(f"unknown qtype {qtype!r}; expected one of {QTYPES}")
+    if w.dim() != 2:
+        raise ValueError(f"weight must be 2-D [N, K], got shape {tuple(w.shape)}")
+    n, k = w.shape
+    w = w.detach().to(torch.float32)
+    if qtype == "f32":
+        return pack_weight("f32", w.contiguous(), n, k)
+    if k % BLOCK_SIZE:
+        raise ValueError(f"{qtype} needs in_features divisible by {BLOCK_SIZE}, got {k}")
+    rb = _row_bytes(qtype, k)
+    out = torch.empty((n, rb), dtype=torch.uint8, device=w.device)
+    rows = max(1, (1 << 20) // k)  # bound the temporaries
+    for r0 in range(0, n, rows):
+        chunk = w[r0 : r0 + rows].reshape(-1, BLOCK_SIZE)
+        out[r0 : r0 + rows] = _quantize_blocks(qtype, chunk).reshape(-1, rb)
+    return pack_weight(qtype, out, n, k)
+
+
+# ---------------------------------------------------------------------------------------------
+# Ops
+
+
+class KernelOps:
+    """Interface of the kernel implementations.  See :func:`get_ops`."""
+
+    name: str = "abstract"
+
+    def linear(
+        self, x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``x [M, K]`` float32 -> ``x @ W.T (+ bias)``, ``[M, N]``."""
+        raise NotImplementedError
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """``x * rsqrt(mean(x^2, -1) + eps) * weight`` over the last dimension."""
+        raise NotImplementedError
+
+    def attention(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        start_pos: int,
+        scale: float,
+        sliding_window: int = 0,
+        softcap: float = 0.0,
+    ) -> torch.Tensor:
+        """Causal attention of one sequence's ``T`` new rows over its KV cache.
+
+        ``q [T, H, D]`` holds positions ``start_pos .. start_pos + T - 1``; ``k_cache`` and
+        ``v_cache`` are ``[Hkv, L, D]`` with entries ``0 .. start_pos + T - 1`` valid (the new
+        tokens included).  Row ``t`` attends keys ``j <= start_pos + t`` (and, with
+        ``sliding_window > 0``, only ``start_pos + t - j < sliding_window``).  Query head ``h``
+        uses kv head ``h // (H // Hkv)``.  ``softcap > 0`` maps scaled scores ``s`` to
+        ``softcap * tanh(s / softcap)`` before the softmax.  Returns ``[T, H, D]``.
+        """
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class NativeOps(KernelOps):
+    """C++ kernels (CPU, float32).  Batch-invariant: rows never depend on the other rows."""
+
+    name = "native"
+
+    def __init__(self) -> None:
+        if _C is None:
+            raise RuntimeError(
+                f"native kernels unavailable ({native_unavailable_reason()}); build them with "
+                "`pip install --no-build-isolation -e .`"
+            )
+        self._C = _C
+
+    @property
+    def isa(self) -> str:
+        return self._C.isa()
+
+    def linear(
+        self, x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if x.dim() == 2:
+            return self._C.linear(x, w.data, _QT_CODE[w.qtype], w.out_features, w.in_features, bias)
+        lead = x.shape[:-1]
+        y = self._C.linear(
+            x.reshape(-1, x.shape[-1]),
+            w.data,
+            _QT_CODE[w.qtype],
+            w.out_features,
+            w.in_features,
+            bias,
+        )
+        return y.reshape(*lead, w.out_features)
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return self._C.rms_norm(x, weight, float(eps))
+
+    def attention(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        start_pos: int,
+        scale: float,
+        sliding_window: int = 0,
+        softcap: float = 0.0,
+    ) -> torch.Tensor:
+        return self._C.attention(
+            q, k_cache, v_cache, int(start_pos), float(scale), int(sliding_window), float(softcap)
+        )
+
+
+class TorchOps(KernelOps):
+    """Pure PyTorch ops; run on the device of their inputs (CPU or CUDA).
+
+    Quantized weights are dequantized once, lazily, to a float copy cached on the PackedWeight
+    (per device), then used with ``F.linear``: this path is for CUDA and for debugging, not for
+    speed or memory on CPU.  Results are not batch-invariant.
+    """
+
+    name = "torch"
+
+    def linear(
+        self, x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return F.linear(x, w.float_weight(x.device), bias)
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        x = x.to(torch.float32)
+        return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
+
+    def attention(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        start_pos: int,
+        scale: float,
+        sliding_window: int = 0,
+        softcap: float = 0.0,
+    ) -> torch.Tensor:
+        t, h, d = q.shape
+        hkv = k_cache.shape[0]
+        g = h // hkv
+        n = start_pos + t
+        device = q.device
+        k = k_cache[:, :n]  # [Hkv, n, D]
+        v = v_cache[:, :n]
+        qg = q.reshape(t, hkv, g, d).permute(1, 2, 0, 3)  # [Hkv, g, T, D]
+        scores = torch.matmul(qg, k.transpose(1, 2).unsqueeze(1)) * scale  # [Hkv, g, T, n]
+        if softcap > 0:
+            scores = softcap * torch.tanh(scores / softcap)
+        pos = torch.arange(start_pos, n, device=device).unsqueeze(1)  # [T, 1]
+        j = torch.arange(n, device=device).unsqueeze(0)  # [1, n]
+        allowed = j <= pos
+        if sliding_window > 0:
+            allowed = allowed & (pos - j < sliding_window)
+        scores = scores.masked_fill(~allowed, -math.inf)
+        p = torch.softmax(scores, dim=-1)
+        out = torch.matmul(p, v.unsqueeze(1))  # [Hkv, g, T, D]
+        return out.permute(2, 0, 1, 3).reshape(t, h, d)
+
+
+_OPS: dict[str, KernelOps] = {}
+
+
+def get_ops(name: str = "auto", device: torch.device | str = "cpu") -> KernelOps:
+    """Pick kernels: "auto" (native on CPU when built, else torch), "torch" or "native"."""
+    dev = torch.device(device)
+    if name == "auto":
+        name = "native" if dev.type == "cpu" and _C is not None else "torch"
+    if name == "torch":
+        if "torch" not in _OPS:
+            _OPS["torch"] = TorchOps()
+        return _OPS["torch"]
+    if name == "native":
+        if dev.type != "cpu":
+            raise RuntimeError(f"native kernels run on the CPU only, not on {dev}; use 'torch'")
+        if "native" not in _OPS:
+            _OPS["native"] = NativeOps()
+        return _OPS["native"]
+    raise ValueError(f"unknown kernel ops {name!r}; expected 'auto', 'torch' or 'native'")

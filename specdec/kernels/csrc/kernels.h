@@ -1,0 +1,53 @@
+// Raw-pointer kernel interface shared by the ISA-specific translation units.
+//
+// kernels_avx2.cpp is compiled with -mavx2 -mfma -mf16c and kernels_portable.cpp without; ops.cpp
+// (the torch binding, compiled without ISA flags) picks one table at runtime.  Nothing in this
+// header generates code, so no inline function compiled with AVX2 flags can leak into the portable
+// path through the linker.
+//
+// Every kernel computes each output element with a fixed sequence of floating-point operations
+// that depends only on that element's own inputs (its activation row, its weight row, its cache
+// entries), never on how many rows are in the call, on the tile it lands in, or on threading.
+// That is what makes the results batch-invariant.
+#pragma once
+
+#include <stdint.h>
+
+namespace specdec {
+
+enum QType : int { QT_F32 = 0, QT_Q8_0 = 1, QT_Q4_0 = 2, QT_Q4_1 = 3 };
+
+// Rows of activations processed together; each weight block is read once per chunk.
+constexpr int64_t kChunkRows = 16;
+// Largest number of weight rows a linear kernel dequantizes into its scratch buffer at once.
+constexpr int64_t kMaxScratchRows = 8;
+
+struct KernelTable {
+    const char* name;
+
+    // y[m * N + n] = dot(x[m, :], W[n, :]) (+ bias[n]) for m in [0, M), n in [n0, n1).
+    // x: float32 [M, K] contiguous.  w: f32 rows ([N, K] floats) or GGUF blocks, w_row_bytes per
+    // row.  scratch: at least kMaxScratchRows * K floats, private to the calling thread.
+    void (*linear_rows)(int qtype, const float* x, int64_t M, int64_t K, const uint8_t* w,
+                        int64_t w_row_bytes, const float* bias, float* y, int64_t N, int64_t n0,
+                        int64_t n1, float* scratch);
+
+    // y[m, :] = x[m, :] * (1 / sqrt(mean(x[m, :]^2) + eps)) * w, rows [m0, m1), contiguous [M, K].
+    void (*rms_norm_rows)(const float* x, const float* w, float* y, int64_t K, float eps,
+                          int64_t m0, int64_t m1);
+
+    // One query row of one head: softmax(scale * q.k_j) over keys j in [lo, hi] (inclusive),
+    // then sum_j p_j v_j.  Key j lives at k + j * k_stride (D floats, contiguous), value at
+    // v + j * v_stride.  softcap > 0 applies softcap * tanh(s / softcap) to the scaled score.
+    // scratch: at least (hi - lo + 1) + 8 floats.
+    void (*attention_row)(const float* q, const float* k, int64_t k_stride, const float* v,
+                          int64_t v_stride, int64_t lo, int64_t hi, int64_t D, float scale,
+                          float softcap, float* out, float* scratch);
+};
+
+const KernelTable* portable_table();
+#ifdef SPECDEC_HAVE_AVX2
+const KernelTable* avx2_table();
+#endif
+
+}  // namespace specdec

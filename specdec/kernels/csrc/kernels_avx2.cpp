@@ -1,0 +1,412 @@
+// AVX2 + FMA + F16C kernels.  Compiled on its own with -mavx2 -mfma -mf16c -O3 -ffp-contract=off;
+// only called after ops.cpp has checked the CPU supports those instruction sets.
+//
+// Deliberately uses no C++ standard library templates or inline library code that other
+// translation units could also instantiate: everything here has internal linkage except the
+// table accessor, so the linker cannot hand AVX2 code to the portable path.
+//
+// Reduction order (what makes every kernel batch-invariant): a dot product of length K is one
+// 8-lane float accumulator updated with FMA over k = 0, 8, 16, ... in order (a masked partial
+// vector last when K % 8 != 0), then the fixed horizontal sum hsum8().  Tiles of several rows
+// and columns only run several such independent chains side by side.
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels.h"
+
+namespace specdec {
+namespace {
+
+inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+alignas(32) const int32_t kMaskTable[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+
+// Mask with the first r lanes set (0 <= r <= 8).
+inline __m256i lane_mask(int64_t r) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kMaskTable + 8 - r));
+}
+
+// Software prefetch distance along the weight stream.  Tiles touch only 1-8 weight rows at a
+// time, too few concurrent misses for the hardware prefetchers to reach full bandwidth; measured
+// best around 8 KiB on the development machine (4 KiB and 16 KiB within noise of it).
+constexpr int64_t kPrefetchBytes = 8192;
+
+inline void prefetch(const void* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
+
+inline float load_f16(const uint8_t* p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+// ---------------------------------------------------------------------------------------------
+// GGUF block decoding: one 32-element block -> 4 vectors holding elements 0-7, 8-15, 16-23, 24-31.
+// The values equal gguf.quants.dequantize exactly (same float32 operations).
+
+template <int QT>
+struct Block;
+
+template <>
+struct Block<QT_Q8_0> {
+    static constexpr int64_t kBytes = 34;  // f16 d, 32 x int8
+    static inline void decode(const uint8_t* b, __m256 out[4]) {
+        const __m256 d = _mm256_set1_ps(load_f16(b));
+        for (int i = 0; i < 4; ++i) {
+            __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * i));
+            out[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+        }
+    }
+};
+
+// Nibble bytes 0-7 / 8-15 zero-extended to 32-bit lanes: the low nibbles are elements 0-7 / 8-15
+// and the high nibbles (lane >> 4) elements 16-23 / 24-31.
+inline void nibbles_i32(const uint8_t* qs, __m256i out[4]) {
+    const __m256i m4 = _mm256_set1_epi32(0x0F);
+    const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs)));
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 8)));
+    out[0] = _mm256_and_si256(a, m4);
+    out[1] = _mm256_and_si256(b, m4);
+    out[2] = _mm256_srli_epi32(a, 4);
+    out[3] = _mm256_srli_epi32(b, 4);
+}
+
+template <>
+struct Block<QT_Q4_0> {
+    static constexpr int64_t kBytes = 18;  // f16 d, 16 bytes of nibbles; value (q - 8) * d
+    static inline void decode(const uint8_t* b, __m256 out[4]) {
+        // fma(q, d, -8d) rounds the exact (q - 8) * d once (-8d is exact): same as (q - 8) * d.
+        const float df = load_f16(b);
+        const __m256 d = _mm256_set1_ps(df);
+        const __m256 c = _mm256_set1_ps(-8.0f * df);
+        __m256i q[4];
+        nibbles_i32(b + 2, q);
+        for (int i = 0; i < 4; ++i) out[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[i]), d, c);
+    }
+};
+
+template <>
+struct Block<QT_Q4_1> {
+    static constexpr int64_t kBytes = 20;  // f16 d, f16 m, 16 bytes of nibbles; value q * d + m
+    static inline void decode(const uint8_t* b, __m256 out[4]) {
+        const __m256 d = _mm256_set1_ps(load_f16(b));
+        const __m256 m = _mm256_set1_ps(load_f16(b + 2));
+        __m256i q[4];
+        nibbles_i32(b + 4, q);
+        // Two roundings, like gguf's (d * q) + m.
+        for (int i = 0; i < 4; ++i) out[i] = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q[i]), d), m);
+    }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Linear layers.
+
+template <int MR, int NR>
+inline void store_tile(__m256 (&acc)[MR][NR], float* y, int64_t ldy, const float* bias) {
+    for (int m = 0; m < MR; ++m) {
+        for (int n = 0; n < NR; ++n) {
+            float s = hsum8(acc[m][n]);
+            if (bias) s += bias[n];
+            y[m * ldy + n] = s;
+        }
+    }
+}
+
+// MR activation rows (stride K) x NR float weight rows (stride ldw).
+template <int MR, int NR, bool kPrefetch = true>
+inline void f32_tile(const float* x, int64_t K, const float* w, int64_t ldw, float* y,
+                     int64_t ldy, const float* bias) {
+    __m256 acc[MR][NR];
+    for (int m = 0; m < MR; ++m)
+        for (int n = 0; n < NR; ++n) acc[m][n] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 xv[MR];
+        for (int m = 0; m < MR; ++m) xv[m] = _mm256_loadu_ps(x + m * K + k);
+        for (int n = 0; n < NR; ++n) {
+            const __m256 wv = _mm256_loadu_ps(w + n * ldw + k);
+            if (kPrefetch) prefetch(reinterpret_cast<const char*>(w + n * ldw + k) + kPrefetchBytes);
+            for (int m = 0; m < MR; ++m) acc[m][n] = _mm256_fmadd_ps(wv, xv[m], acc[m][n]);
+        }
+    }
+    if (k < K) {
+        const __m256i mask = lane_mask(K - k);
+        __m256 xv[MR];
+        for (int m = 0; m < MR; ++m) xv[m] = _mm256_maskload_ps(x + m * K + k, mask);
+        for (int n = 0; n < NR; ++n) {
+            const __m256 wv = _mm256_maskload_ps(w + n * ldw + k, mask);
+            for (int m = 0; m < MR; ++m) acc[m][n] = _mm256_fmadd_ps(wv, xv[m], acc[m][n]);
+        }
+    }
+    store_tile<MR, NR>(acc, y, ldy, bias);
+}
+
+// MR activation rows x NR quantized weight rows, decoding each block in registers once for the
+// MR rows.  Same FMA sequence per output as f32_tile on the decoded weights.
+template <int QT, int MR, int NR>
+inline void quant_tile(const float* x, int64_t K, const uint8_t* w, int64_t ldw, float* y,
+                       int64_t ldy, const float* bias) {
+    using B = Block<QT>;
+    __m256 acc[MR][NR];
+    for (int m = 0; m < MR; ++m)
+        for (int n = 0; n < NR; ++n) acc[m][n] = _mm256_setzero_ps();
+    const int64_t nb = K / 32;
+    for (int64_t b = 0; b < nb; ++b) {
+        for (int n = 0; n < NR; ++n) {
+            __m256 wv[4];
+            B::decode(w + n * ldw + b * B::kBytes, wv);
+            prefetch(w + n * ldw + b * B::kBytes + kPrefetchBytes);
+            for (int j = 0; j < 4; ++j) {
+                for (int m = 0; m < MR; ++m) {
+                    acc[m][n] =
+                        _mm256_fmadd_ps(wv[j], _mm256_loadu_ps(x + m * K + b * 32 + 8 * j), acc[m][n]);
+                }
+            }
+        }
+    }
+    store_tile<MR, NR>(acc, y, ldy, bias);
+}
+
+// All rows of a chunk (mc <= kChunkRows) against float weight rows [n0, n1) (stride ldw).
+// Weight tiles of NR rows stay in L1 while the chunk's activation rows stream past in MR-row tiles.
+template <int NR, bool PF = true, int MR = 4>
+inline void f32_rows(const float* x, int64_t mc, int64_t K, const float* w, int64_t ldw,
+                     const float* bias, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+    static_assert(MR >= 1 && MR <= 4, "the remainder switch below handles up to 3 rows");
+    int64_t n = n0;
+    for (; n + NR <= n1; n += NR) {
+        const float* wn = w + (n - n0) * ldw;
+        const float* bn = bias ? bias + n : nullptr;
+        int64_t m = 0;
+        for (; m + MR <= mc; m += MR) f32_tile<MR, NR, PF>(x + m * K, K, wn, ldw, y + m * ldy + n, ldy, bn);
+        switch (mc - m) {
+            case 3: f32_tile<3, NR, PF>(x + m * K, K, wn, ldw, y + m * ldy + n, ldy, bn); break;
+            case 2: f32_tile<2, NR, PF>(x + m * K, K, wn, ldw, y + m * ldy + n, ldy, bn); break;
+            case 1: f32_tile<1, NR, PF>(x + m * K, K, wn, ldw, y + m * ldy + n, ldy, bn); break;
+            default: break;
+        }
+    }
+    for (; n < n1; ++n) {
+        const float* wn = w + (n - n0) * ldw;
+        const float* bn = bias ? bias + n : nullptr;
+        int64_t m = 0;
+        for (; m + MR <= mc; m += MR) f32_tile<MR, 1, PF>(x + m * K, K, wn, ldw, y + m * ldy + n, ldy, bn);
+        for (; m < mc; ++m) f32_tile<1, 1, PF>(x + m * K, K, wn, ldw, y + m * ldy + n, ldy, bn);
+    }
+}
+
+// Small chunks of a quantized weight: decode in registers, all mc rows at once.
+template <int QT, int MR, int NR>
+inline void quant_rows_direct(const float* x, int64_t K, const uint8_t* w, int64_t ldw,
+                              const float* bias, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+    int64_t n = n0;
+    for (; n + NR <= n1; n += NR)
+        quant_tile<QT, MR, NR>(x, K, w + n * ldw, ldw, y + n, ldy, bias ? bias + n : nullptr);
+    for (; n < n1; ++n)
+        quant_tile<QT, MR, 1>(x, K, w + n * ldw, ldw, y + n, ldy, bias ? bias + n : nullptr);
+}
+
+// Larger chunks: decode a few weight rows into scratch (L1) and run the float tiles over them.
+template <int QT>
+inline void quant_rows_scratch(const float* x, int64_t mc, int64_t K, const uint8_t* w,
+                               int64_t ldw, const float* bias, float* y, int64_t ldy, int64_t n0,
+                               int64_t n1, float* scratch) {
+    using B = Block<QT>;
+    constexpr int NR = 3;
+    constexpr int64_t kRows = 6;  // rows decoded per pass (<= kMaxScratchRows), multiple of NR
+    const int64_t nb = K / 32;
+    for (int64_t r0 = n0; r0 < n1; r0 += kRows) {
+        const int64_t r1 = r0 + kRows < n1 ? r0 + kRows : n1;
+        for (int64_t r = r0; r < r1; ++r) {
+            const uint8_t* src = w + r * ldw;
+            float* dst = scratch + (r - r0) * K;
+            for (int64_t b = 0; b < nb; ++b) {
+                __m256 wv[4];
+                B::decode(src + b * B::kBytes, wv);
+                prefetch(src + b * B::kBytes + kPrefetchBytes);
+                for (int j = 0; j < 4; ++j) _mm256_storeu_ps(dst + b * 32 + 8 * j, wv[j]);
+            }
+        }
+        f32_rows<NR, false>(x, mc, K, scratch, K, bias, y, ldy, r0, r1);
+    }
+}
+
+template <int QT>
+void quant_chunk(const float* x, int64_t mc, int64_t K, const uint8_t* w, int64_t ldw,
+                 const float* bias, float* y, int64_t ldy, int64_t n0, int64_t n1, float* scratch) {
+    switch (mc) {
+        case 1: quant_rows_direct<QT, 1, 4>(x, K, w, ldw, bias, y, ldy, n0, n1); return;
+        case 2: quant_rows_direct<QT, 2, 4>(x, K, w, ldw, bias, y, ldy, n0, n1); return;
+        case 3: quant_rows_direct<QT, 3, 2>(x, K, w, ldw, bias, y, ldy, n0, n1); return;
+        case 4: quant_rows_direct<QT, 4, 2>(x, K, w, ldw, bias, y, ldy, n0, n1); return;
+        default: quant_rows_scratch<QT>(x, mc, K, w, ldw, bias, y, ldy, n0, n1, scratch); return;
+    }
+}
+
+void f32_chunk(const float* x, int64_t mc, int64_t K, const float* w, const float* bias, float* y,
+               int64_t ldy, int64_t n0, int64_t n1) {
+    const float* wn = w + n0 * K;
+    switch (mc) {
+        case 1: f32_rows<8>(x, mc, K, wn, K, bias, y, ldy, n0, n1); return;
+        case 2: f32_rows<4>(x, mc, K, wn, K, bias, y, ldy, n0, n1); return;
+        default: f32_rows<3>(x, mc, K, wn, K, bias, y, ldy, n0, n1); return;  // 4x3 tiles
+    }
+}
+
+void linear_rows(int qtype, const float* x, int64_t M, int64_t K, const uint8_t* w,
+                 int64_t w_row_bytes, const float* bias, float* y, int64_t N, int64_t n0,
+                 int64_t n1, float* scratch) {
+    for (int64_t m0 = 0; m0 < M; m0 += kChunkRows) {
+        const int64_t mc = M - m0 < kChunkRows ? M - m0 : kChunkRows;
+        const float* xc = x + m0 * K;
+        float* yc = y + m0 * N;
+        switch (qtype) {
+            case QT_F32:
+                f32_chunk(xc, mc, K, reinterpret_cast<const float*>(w), bias, yc, N, n0, n1);
+                break;
+            case QT_Q8_0: quant_chunk<QT_Q8_0>(xc, mc, K, w, w_row_bytes, bias, yc, N, n0, n1, scratch); break;
+            case QT_Q4_0: quant_chunk<QT_Q4_0>(xc, mc, K, w, w_row_bytes, bias, yc, N, n0, n1, scratch); break;
+            case QT_Q4_1: quant_chunk<QT_Q4_1>(xc, mc, K, w, w_row_bytes, bias, yc, N, n0, n1, scratch); break;
+            default: break;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// RMS norm.
+
+void rms_norm_rows(const float* x, const float* w, float* y, int64_t K, float eps, int64_t m0,
+                   int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+        const float* xr = x + m * K;
+        float* yr = y + m * K;
+        __m256 acc = _mm256_setzero_ps();
+        int64_t k = 0;
+        for (; k + 8 <= K; k += 8) {
+            const __m256 v = _mm256_loadu_ps(xr + k);
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        const int64_t rem = K - k;
+        const __m256i mask = lane_mask(rem);
+        if (rem) {
+            const __m256 v = _mm256_maskload_ps(xr + k, mask);
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        const float mean = hsum8(acc) / static_cast<float>(K);
+        const __m256 r = _mm256_set1_ps(1.0f / sqrtf(mean + eps));
+        for (k = 0; k + 8 <= K; k += 8) {
+            const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(xr + k), r);
+            _mm256_storeu_ps(yr + k, _mm256_mul_ps(v, _mm256_loadu_ps(w + k)));
+        }
+        if (rem) {
+            const __m256 v = _mm256_mul_ps(_mm256_maskload_ps(xr + k, mask), r);
+            _mm256_maskstore_ps(yr + k, mask, _mm256_mul_ps(v, _mm256_maskload_ps(w + k, mask)));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention for one query row.
+
+// exp(x) for x <= 0 (softmax after max subtraction); Cephes-style range reduction + polynomial.
+inline __m256 exp256(__m256 x) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
+    x = _mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f));
+    __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
+    fx = _mm256_floor_ps(fx);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    const __m256 z = _mm256_mul_ps(x, x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, z, x);
+    y = _mm256_add_ps(y, one);
+    __m256i e = _mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127));
+    e = _mm256_slli_epi32(e, 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+inline float dot(const float* a, const float* b, int64_t D) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t d = 0;
+    for (; d + 8 <= D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
+    if (d < D) {
+        const __m256i mask = lane_mask(D - d);
+        acc = _mm256_fmadd_ps(_mm256_maskload_ps(a + d, mask), _mm256_maskload_ps(b + d, mask), acc);
+    }
+    return hsum8(acc);
+}
+
+// out[0 : W) = sum_j p[j] * v[j], for a column slice of width W (8-lane vectors NV).
+template <int NV>
+inline void weighted_sum(const float* p, int64_t n, const float* v, int64_t v_stride, float inv_sum,
+                         float* out) {
+    __m256 acc[NV];
+    for (int i = 0; i < NV; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) {
+        const __m256 pj = _mm256_broadcast_ss(p + j);
+        const float* vj = v + j * v_stride;
+        for (int i = 0; i < NV; ++i) acc[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * i), acc[i]);
+    }
+    const __m256 s = _mm256_set1_ps(inv_sum);
+    for (int i = 0; i < NV; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(acc[i], s));
+}
+
+void attention_row(const float* q, const float* k, int64_t k_stride, const float* v,
+                   int64_t v_stride, int64_t lo, int64_t hi, int64_t D, float scale, float softcap,
+                   float* out, float* scratch) {
+    const int64_t n = hi - lo + 1;
+    float* s = scratch;
+    const float* kb = k + lo * k_stride;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) {
+        float sj = dot(q, kb + j * k_stride, D) * scale;
+        if (softcap > 0.0f) sj = softcap * tanhf(sj / softcap);
+        s[j] = sj;
+        mx = sj > mx ? sj : mx;
+    }
+    const __m256 vmx = _mm256_set1_ps(mx);
+    __m256 sum = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), vmx));
+        _mm256_storeu_ps(s + j, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    if (j < n) {
+        const __m256i mask = lane_mask(n - j);
+        const __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_maskload_ps(s + j, mask), vmx)),
+                                       _mm256_castsi256_ps(mask));
+        _mm256_maskstore_ps(s + j, mask, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    const float inv = 1.0f / hsum8(sum);
+    const float* vb = v + lo * v_stride;
+    int64_t d = 0;
+    for (; d + 64 <= D; d += 64) weighted_sum<8>(s, n, vb + d, v_stride, inv, out + d);
+    for (; d + 8 <= D; d += 8) weighted_sum<1>(s, n, vb + d, v_stride, inv, out + d);
+    for (; d < D; ++d) {  // D % 8 columns: scalar, same order over j
+        float acc = 0.0f;
+        for (int64_t jj = 0; jj < n; ++jj) acc = fmaf(s[jj], vb[jj * v_stride + d], acc);
+        out[d] = acc * inv;
+    }
+}
+
+const KernelTable kTable = {"avx2", linear_rows, rms_norm_rows, attention_row};
+
+}  // namespace
+
+const KernelTable* avx2_table() { return &kTable; }
+
+}  // namespace specdec

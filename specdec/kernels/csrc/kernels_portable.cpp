@@ -1,0 +1,157 @@
+// Portable kernels: plain C++ the compiler may auto-vectorise, compiled without ISA flags and with
+// -ffp-contract=off.  Used when the CPU lacks AVX2/FMA/F16C (or when forced for testing).
+//
+// Same batch-invariance rule as the AVX2 path: a dot product is 8 lane accumulators over
+// k = 0, 8, 16, ... (multiply then add, two roundings), then a fixed horizontal sum.  Results
+// differ from the AVX2 path (no fused multiply-add) but not between batch sizes.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels.h"
+
+namespace specdec {
+namespace {
+
+float f16_to_f32(uint16_t h) {
+    const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1Fu;
+    uint32_t mant = h & 0x3FFu;
+    uint32_t bits;
+    if (exp == 0x1Fu) {
+        bits = sign | 0x7F800000u | (mant << 13);  // inf / nan
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112u) << 23) | (mant << 13);
+    } else if (mant == 0) {
+        bits = sign;
+    } else {  // subnormal half -> normal float
+        exp = 113;
+        while ((mant & 0x400u) == 0) {
+            mant <<= 1;
+            --exp;
+        }
+        mant &= 0x3FFu;
+        bits = sign | (exp << 23) | (mant << 13);
+    }
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+inline float load_f16(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return f16_to_f32(h);
+}
+
+inline float hsum8(const float* a) {
+    const float s0 = a[0] + a[4], s1 = a[1] + a[5], s2 = a[2] + a[6], s3 = a[3] + a[7];
+    return (s0 + s2) + (s1 + s3);
+}
+
+inline float dot(const float* a, const float* b, int64_t K) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8)
+        for (int l = 0; l < 8; ++l) acc[l] += a[k + l] * b[k + l];
+    for (int l = 0; k + l < K; ++l) acc[l] += a[k + l] * b[k + l];
+    return hsum8(acc);
+}
+
+// Decode one GGUF row of K elements into floats (the same float32 operations as gguf.quants).
+void decode_row(int qtype, const uint8_t* row, int64_t K, float* out) {
+    const int64_t nb = K / 32;
+    for (int64_t b = 0; b < nb; ++b) {
+        float* o = out + b * 32;
+        if (qtype == QT_Q8_0) {
+            const uint8_t* blk = row + b * 34;
+            const float d = load_f16(blk);
+            for (int i = 0; i < 32; ++i) o[i] = static_cast<float>(static_cast<int8_t>(blk[2 + i])) * d;
+        } else if (qtype == QT_Q4_0) {
+            const uint8_t* blk = row + b * 18;
+            const float d = load_f16(blk);
+            for (int i = 0; i < 16; ++i) {
+                o[i] = static_cast<float>((blk[2 + i] & 0x0F) - 8) * d;
+                o[i + 16] = static_cast<float>((blk[2 + i] >> 4) - 8) * d;
+            }
+        } else {  // QT_Q4_1
+            const uint8_t* blk = row + b * 20;
+            const float d = load_f16(blk);
+            const float m = load_f16(blk + 2);
+            for (int i = 0; i < 16; ++i) {
+                o[i] = static_cast<float>(blk[4 + i] & 0x0F) * d + m;
+                o[i + 16] = static_cast<float>(blk[4 + i] >> 4) * d + m;
+            }
+        }
+    }
+}
+
+void linear_rows(int qtype, const float* x, int64_t M, int64_t K, const uint8_t* w,
+                 int64_t w_row_bytes, const float* bias, float* y, int64_t N, int64_t n0,
+                 int64_t n1, float* scratch) {
+    for (int64_t m0 = 0; m0 < M; m0 += kChunkRows) {
+        const int64_t mc = M - m0 < kChunkRows ? M - m0 : kChunkRows;
+        for (int64_t n = n0; n < n1; ++n) {
+            const float* wr;
+            if (qtype == QT_F32) {
+                wr = reinterpret_cast<const float*>(w) + n * K;
+            } else {
+                decode_row(qtype, w + n * w_row_bytes, K, scratch);
+                wr = scratch;
+            }
+            for (int64_t m = m0; m < m0 + mc; ++m) {
+                float s = dot(x + m * K, wr, K);
+                if (bias) s += bias[n];
+                y[m * N + n] = s;
+            }
+        }
+    }
+}
+
+void rms_norm_rows(const float* x, const float* w, float* y, int64_t K, float eps, int64_t m0,
+                   int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+        const float* xr = x + m * K;
+        float* yr = y + m * K;
+        const float mean = dot(xr, xr, K) / static_cast<float>(K);
+        const float r = 1.0f / std::sqrt(mean + eps);
+        for (int64_t k = 0; k < K; ++k) yr[k] = (xr[k] * r) * w[k];
+    }
+}
+
+void attention_row(const float* q, const float* k, int64_t k_stride, const float* v,
+                   int64_t v_stride, int64_t lo, int64_t hi, int64_t D, float scale, float softcap,
+                   float* out, float* scratch) {
+    const int64_t n = hi - lo + 1;
+    float* s = scratch;
+    const float* kb = k + lo * k_stride;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) {
+        float sj = dot(q, kb + j * k_stride, D) * scale;
+        if (softcap > 0.0f) sj = softcap * std::tanh(sj / softcap);
+        s[j] = sj;
+        mx = sj > mx ? sj : mx;
+    }
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; ++j) {
+        s[j] = std::exp(s[j] - mx);
+        sum += s[j];
+    }
+    const float inv = 1.0f / sum;
+    const float* vb = v + lo * v_stride;
+    for (int64_t d = 0; d < D; ++d) out[d] = 0.0f;
+    for (int64_t j = 0; j < n; ++j) {
+        const float p = s[j];
+        const float* vj = vb + j * v_stride;
+        for (int64_t d = 0; d < D; ++d) out[d] += p * vj[d];
+    }
+    for (int64_t d = 0; d < D; ++d) out[d] *= inv;
+}
+
+const KernelTable kTable = {"portable", linear_rows, rms_norm_rows, attention_row};
+
+}  // namespace
+
+const KernelTable* portable_table() { return &kTable; }
+
+}  // namespace specdec

@@ -1,0 +1,247 @@
+// Torch binding of the native kernels: argument checks, runtime ISA choice and threading.
+//
+// Threading splits the independent outputs (weight rows for linear, rows for rms_norm, (row, head)
+// pairs for attention) with at::parallel_for, so it never changes an output's arithmetic.
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "kernels.h"
+
+namespace specdec {
+namespace {
+
+bool cpu_has(const char* feature) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    const std::string f(feature);
+    if (f == "avx2") return __builtin_cpu_supports("avx2");
+    if (f == "fma") return __builtin_cpu_supports("fma");
+    if (f == "f16c") return __builtin_cpu_supports("f16c");
+    if (f == "avx512f") return __builtin_cpu_supports("avx512f");
+    return false;
+#else
+    (void)feature;
+    return false;
+#endif
+}
+
+bool avx2_usable() {
+#ifdef SPECDEC_HAVE_AVX2
+    return cpu_has("avx2") && cpu_has("fma") && cpu_has("f16c");
+#else
+    return false;
+#endif
+}
+
+const KernelTable* table_for(const std::string& isa) {
+    if (isa == "portable") return portable_table();
+    if (isa == "avx2") {
+#ifdef SPECDEC_HAVE_AVX2
+        TORCH_CHECK(avx2_usable(), "specdec kernels: this CPU lacks AVX2/FMA/F16C");
+        return avx2_table();
+#else
+        TORCH_CHECK(false, "specdec kernels: built without the AVX2 translation unit");
+#endif
+    }
+    TORCH_CHECK(isa == "auto", "specdec kernels: unknown ISA '", isa, "' (auto, avx2, portable)");
+#ifdef SPECDEC_HAVE_AVX2
+    if (avx2_usable()) return avx2_table();
+#endif
+    return portable_table();
+}
+
+const KernelTable* initial_table() {
+    const char* env = std::getenv("SPECDEC_KERNELS_ISA");
+    try {
+        return table_for(env && *env ? std::string(env) : std::string("auto"));
+    } catch (const std::exception&) {
+        return table_for("auto");  // a bad value must not make the module unimportable
+    }
+}
+
+const KernelTable* g_table = initial_table();
+
+int64_t block_bytes(int64_t qtype) {
+    switch (qtype) {
+        case QT_Q8_0: return 34;
+        case QT_Q4_0: return 18;
+        case QT_Q4_1: return 20;
+        default: return 0;
+    }
+}
+
+void check_float_cpu(const torch::Tensor& t, const char* name) {
+    TORCH_CHECK(t.device().is_cpu(), "specdec native ", name, ": expected a CPU tensor, got ", t.device());
+    TORCH_CHECK(t.scalar_type() == torch::kFloat32, "specdec native ", name,
+                ": expected float32, got ", t.scalar_type());
+}
+
+// Thread-private scratch buffer, grown on demand.
+float* scratch(int64_t n) {
+    thread_local std::vector<float> buf;
+    if (static_cast<int64_t>(buf.size()) < n) buf.resize(static_cast<size_t>(n));
+    return buf.data();
+}
+
+// Minimum multiply-adds per parallel task; below that a task is not worth a thread.
+constexpr int64_t kMinTaskWork = 1 << 16;
+
+torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K,
+                     c10::optional<torch::Tensor> bias) {
+    check_float_cpu(x, "linear x");
+    TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "specdec native linear: x must be [M, ", K, "], got ",
+                x.sizes());
+    TORCH_CHECK(w.device().is_cpu() && w.is_contiguous(), "specdec native linear: weight must be contiguous on CPU");
+    int64_t row_bytes;
+    if (qtype == QT_F32) {
+        TORCH_CHECK(w.scalar_type() == torch::kFloat32 && w.numel() == N * K,
+                    "specdec native linear: f32 weight must be float32 [N, K]");
+        row_bytes = K * 4;
+    } else {
+        const int64_t bb = block_bytes(qtype);
+        TORCH_CHECK(bb > 0, "specdec native linear: unknown qtype ", qtype);
+        TORCH_CHECK(K % 32 == 0, "specdec native linear: quantized K must be a multiple of 32");
+        row_bytes = K / 32 * bb;
+        TORCH_CHECK(w.scalar_type() == torch::kUInt8 && w.numel() == N * row_bytes,
+                    "specdec native linear: quantized weight must be uint8 [N, ", row_bytes, "]");
+    }
+    const float* bias_ptr = nullptr;
+    torch::Tensor b;
+    if (bias.has_value() && bias->defined()) {
+        b = bias->contiguous();
+        check_float_cpu(b, "linear bias");
+        TORCH_CHECK(b.numel() == N, "specdec native linear: bias must have ", N, " elements");
+        bias_ptr = b.data_ptr<float>();
+    }
+    x = x.contiguous();
+    const int64_t M = x.size(0);
+    auto y = torch::empty({M, N}, x.options());
+    if (M == 0 || N == 0) return y;
+    const float* xp = x.data_ptr<float>();
+    const uint8_t* wp = static_cast<const uint8_t*>(w.data_ptr());
+    float* yp = y.data_ptr<float>();
+    const KernelTable* tab = g_table;
+    constexpr int64_t kUnit = 24;  // rows per scheduling unit (a multiple of every tile width)
+    const int64_t units = (N + kUnit - 1) / kUnit;
+    const int64_t unit_work = kUnit * K * std::min<int64_t>(M, kChunkRows);
+    const int64_t grain = std::max<int64_t>(1, kMinTaskWork / std::max<int64_t>(unit_work, 1));
+    at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
+        float* s = qtype == QT_F32 ? nullptr : scratch(kMaxScratchRows * K);
+        tab->linear_rows(static_cast<int>(qtype), xp, M, K, wp, row_bytes, bias_ptr, yp, N,
+                         u0 * kUnit, std::min(u1 * kUnit, N), s);
+    });
+    return y;
+}
+
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+    check_float_cpu(x, "rms_norm x");
+    check_float_cpu(weight, "rms_norm weight");
+    const int64_t K = x.size(-1);
+    TORCH_CHECK(weight.numel() == K, "specdec native rms_norm: weight must have ", K, " elements");
+    x = x.contiguous();
+    weight = weight.contiguous();
+    auto y = torch::empty_like(x);
+    const int64_t M = K ? x.numel() / K : 0;
+    if (M == 0) return y;
+    const float* xp = x.data_ptr<float>();
+    const float* wp = weight.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    const KernelTable* tab = g_table;
+    const int64_t grain = std::max<int64_t>(1, (kMinTaskWork / 4) / K);
+    const float feps = static_cast<float>(eps);
+    at::parallel_for(0, M, grain, [&](int64_t m0, int64_t m1) {
+        tab->rms_norm_rows(xp, wp, yp, K, feps, m0, m1);
+    });
+    return y;
+}
+
+torch::Tensor attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                        int64_t start_pos, double scale, int64_t sliding_window, double softcap) {
+    check_float_cpu(q, "attention q");
+    check_float_cpu(k_cache, "attention k_cache");
+    check_float_cpu(v_cache, "attention v_cache");
+    TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && v_cache.dim() == 3,
+                "specdec native attention: q [T, H, D], k_cache/v_cache [Hkv, L, D]");
+    const int64_t T = q.size(0), H = q.size(1), D = q.size(2);
+    const int64_t Hkv = k_cache.size(0), L = k_cache.size(1);
+    TORCH_CHECK(k_cache.size(2) == D && v_cache.size(0) == Hkv && v_cache.size(1) == L && v_cache.size(2) == D,
+                "specdec native attention: shape mismatch q ", q.sizes(), " k ", k_cache.sizes(), " v ",
+                v_cache.sizes());
+    TORCH_CHECK(Hkv > 0 && H % Hkv == 0, "specdec native attention: H (", H, ") not a multiple of Hkv (", Hkv, ")");
+    TORCH_CHECK(start_pos >= 0 && start_pos + T <= L, "specdec native attention: start_pos + T (",
+                start_pos + T, ") exceeds cache length ", L);
+    if (q.stride(2) != 1) q = q.contiguous();
+    if (k_cache.stride(2) != 1) k_cache = k_cache.contiguous();
+    if (v_cache.stride(2) != 1) v_cache = v_cache.contiguous();
+    auto out = torch::empty({T, H, D}, q.options().memory_format(at::MemoryFormat::Contiguous));
+    if (T == 0 || H == 0) return out;
+    const float* qp = q.data_ptr<float>();
+    const float* kp = k_cache.data_ptr<float>();
+    const float* vp = v_cache.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    const int64_t qs0 = q.stride(0), qs1 = q.stride(1);
+    const int64_t ks0 = k_cache.stride(0), ks1 = k_cache.stride(1);
+    const int64_t vs0 = v_cache.stride(0), vs1 = v_cache.stride(1);
+    const int64_t group = H / Hkv;
+    const KernelTable* tab = g_table;
+    const float fscale = static_cast<float>(scale), fcap = static_cast<float>(softcap);
+    int64_t span = start_pos + T;
+    if (sliding_window > 0) span = std::min(span, sliding_window);
+    const int64_t grain = std::max<int64_t>(1, kMinTaskWork / std::max<int64_t>(span * D * 2, 1));
+    at::parallel_for(0, T * H, grain, [&](int64_t i0, int64_t i1) {
+        float* s = scratch(start_pos + T + 16);
+        for (int64_t i = i0; i < i1; ++i) {
+            const int64_t t = i / H, h = i % H, hk = h / group;
+            const int64_t pos = start_pos + t;
+            const int64_t lo = sliding_window > 0 ? std::max<int64_t>(0, pos - sliding_window + 1) : 0;
+            tab->attention_row(qp + t * qs0 + h * qs1, kp + hk * ks0, ks1, vp + hk * vs0, vs1, lo, pos,
+                               D, fscale, fcap, op + (t * H + h) * D, s);
+        }
+    });
+    return out;
+}
+
+py::dict cpu_features() {
+    py::dict d;
+    for (const char* f : {"avx2", "fma", "f16c", "avx512f"}) d[f] = cpu_has(f);
+    return d;
+}
+
+void set_isa(const std::string& isa) { g_table = table_for(isa); }
+std::string isa() { return g_table->name; }
+bool has_avx2_build() {
+#ifdef SPECDEC_HAVE_AVX2
+    return true;
+#else
+    return false;
+#endif
+}
+
+}  // namespace
+}  // namespace specdec
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    using namespace specdec;
+    m.doc() = "specdec native CPU kernels (batch-invariant linear, rms_norm, attention)";
+    const auto nogil = py::call_guard<py::gil_scoped_release>();
+    m.def("linear", &linear, "y = x @ W.T (+ bias) for f32 / GGUF-block weights", py::arg("x"),
+          py::arg("w"), py::arg("qtype"), py::arg("n"), py::arg("k"), py::arg("bias") = py::none(),
+          nogil);
+    m.def("rms_norm", &rms_norm, py::arg("x"), py::arg("weight"), py::arg("eps"), nogil);
+    m.def("attention", &attention, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"),
+          py::arg("start_pos"), py::arg("scale"), py::arg("sliding_window") = 0,
+          py::arg("softcap") = 0.0, nogil);
+    m.def("cpu_features", &cpu_features);
+    m.def("set_isa", &set_isa, "Select 'auto', 'avx2' or 'portable' kernels (process-wide)");
+    m.def("isa", &isa, "Name of the kernels in use");
+    m.def("has_avx2_build", &has_avx2_build);
+    m.attr("QT_F32") = static_cast<int>(QT_F32);
+    m.attr("QT_Q8_0") = static_cast<int>(QT_Q8_0);
+    m.attr("QT_Q4_0") = static_cast<int>(QT_Q4_0);
+    m.attr("QT_Q4_1") = static_cast<int>(QT_Q4_1);
+}
