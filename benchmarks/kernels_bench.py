@@ -1,0 +1,115 @@
+"""Benchmark of the native linear kernels against torch's fp32 F.linear (not a test).
+
+Shapes are SmolLM2-135M's linear layers (hidden 576, 3 kv heads x 64, MLP 1536, vocab 49152).
+Weights are "cold" by default: several copies are cycled so the working set exceeds the L3
+cache, as in a real forward pass where each layer's weight comes from memory.  GB/s is the
+weight storage read per call divided by the call time.
+
+    .venv/bin/python benchmarks/kernels_bench.py                    # everything, 2 threads
+    .venv/bin/python benchmarks/kernels_bench.py --qtypes q4_1 --ms 1 4 --shapes 576x576
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from specdec import kernels
+
+SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)]
+# Calls per SmolLM2-135M forward: 30 layers x (q, o: 576x576; k, v: 192x576; gate, up: 1536x576;
+# down: 576x1536) + the output layer.
+STEP_CALLS = {(576, 576): 60, (192, 576): 60, (1536, 576): 60, (576, 1536): 30, (49152, 576): 1}
+
+
+def _time(fn, args_list, min_time: float, min_iters: int) -> float:
+    """Median seconds per call over ~min_time, cycling through args_list."""
+    for a in args_list[:2]:
+        fn(*a)
+    samples: list[float] = []
+    start = time.perf_counter()
+    i = 0
+    while i < min_iters or time.perf_counter() - start < min_time:
+        a = args_list[i % len(args_list)]
+        t0 = time.perf_counter()
+        fn(*a)
+        samples.append(time.perf_counter() - t0)
+        i += 1
+    return statistics.median(samples)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ms", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--qtypes", nargs="+", default=list(kernels.QTYPES))
+    ap.add_argument("--shapes", nargs="+", default=[f"{n}x{k}" for n, k in SHAPES], help="NxK")
+    ap.add_argument("--isa", default="auto", help="native kernels: auto, avx2, portable")
+    ap.add_argument("--hot", action="store_true", help="reuse one weight copy (cache-resident)")
+    ap.add_argument("--min-time", type=float, default=0.3, help="seconds per measurement")
+    ap.add_argument("--json", help="also write the results to this file")
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    if not kernels.native_available():
+        raise SystemExit(f"native kernels unavailable: {kernels.native_unavailable_reason()}")
+    kernels.set_native_isa(args.isa)
+    ops = kernels.get_ops("native")
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes]
+    print(
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, native isa {kernels.native_isa()}, "
+        f"cpu {kernels.cpu_features()}, weights {'hot' if args.hot else 'cold'}"
+    )
+    results = []
+    step_ms: dict[str, dict[int, float]] = {}
+    for n, k in shapes:
+        w = torch.randn(n, k) * 0.05
+        print(f"\n== {n}x{k} ==  " + "  ".join(f"M={m:<2d} ms   GB/s" for m in args.ms))
+        for label in ["torch_f32", *args.qtypes]:
+            qtype = "f32" if label == "torch_f32" else label
+            packed = kernels.quantize_weight(w, qtype)
+            copies = 1 if args.hot else max(1, min(16, (96 << 20) // packed.nbytes + 1))
+            ws = [packed] + [
+                kernels.PackedWeight(qtype, n, k, packed.data.clone()) for _ in range(copies - 1)
+            ]
+            cells = []
+            for m in args.ms:
+                x = torch.randn(m, k)
+                if label == "torch_f32":
+                    sec = _time(F.linear, [(x, p.data) for p in ws], args.min_time, 5)
+                else:
+                    sec = _time(ops.linear, [(x, p) for p in ws], args.min_time, 5)
+                gbs = packed.nbytes / sec / 1e9
+                cells.append(f"{sec * 1e3:7.3f} {gbs:6.1f}")
+                results.append(
+                    {"shape": [n, k], "impl": label, "m": m, "ms": sec * 1e3, "gbps": gbs}
+                )
+                if (n, k) in STEP_CALLS:
+                    step_ms.setdefault(label, {}).setdefault(m, 0.0)
+                    step_ms[label][m] += STEP_CALLS[(n, k)] * sec * 1e3
+            print(f"{label:>10s}  " + "  ".join(cells))
+            del ws
+    if all(s in STEP_CALLS for s in shapes) and len(shapes) == len(STEP_CALLS):
+        print("\nAll linear layers of one SmolLM2-135M forward (ms, same qtype everywhere):")
+        print(" " * 10 + "  " + "  ".join(f"M={m:<5d}" for m in args.ms))
+        for label, per_m in step_ms.items():
+            print(f"{label:>10s}  " + "  ".join(f"{per_m[m]:7.2f}" for m in args.ms))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {"threads": args.threads, "isa": kernels.native_isa(), "results": results},
+                f,
+                indent=1,
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,344 @@
+"""Tests of specdec.kernels: formats, accuracy, batch invariance, torch/native agreement.
+
+The native tests run once per available instruction set ("avx2" when the CPU and the build have
+it, "portable" always).  Without the extension they skip locally but FAIL under CI (CI=... set),
+since CI builds it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as GT
+
+from specdec import kernels as K
+
+QUANT = ("q8_0", "q4_0", "q4_1")
+GGML_TYPE = {"q8_0": GT.Q8_0, "q4_0": GT.Q4_0, "q4_1": GT.Q4_1}
+BATCH_SIZES = (1, 2, 3, 4, 5, 8, 13, 16, 17, 33)
+IN_CI = bool(os.environ.get("CI"))
+
+
+def _require_native() -> None:
+    if not K.native_available():
+        msg = f"native kernels not built: {K.native_unavailable_reason()}"
+        if IN_CI:
+            pytest.fail(msg)
+        pytest.skip(msg)
+
+
+def _isas() -> list[str]:
+    isas = ["portable"]
+    feats = K.cpu_features()
+    if K.native_available() and K._C.has_avx2_build():
+        if feats["avx2"] and feats["fma"] and feats["f16c"]:
+            isas.insert(0, "avx2")
+    return isas
+
+
+@pytest.fixture(params=_isas())
+def native(request):
+    _require_native()
+    K.set_native_isa(request.param)
+    try:
+        yield K.get_ops("native")
+    finally:
+        K.set_native_isa("auto")
+
+
+def _weight(qtype: str, n: int, k: int, seed: int = 0) -> K.PackedWeight:
+    g = torch.Generator().manual_seed(seed)
+    return K.quantize_weight(torch.randn(n, k, generator=g) * 0.1, qtype)
+
+
+def _randn(*shape: int, seed: int = 1) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+# ---------------------------------------------------------------------------------------------
+# Formats
+
+
+def _tricky_matrix(n: int, k: int) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    w[0, :32] = 0.0  # all-zero block
+    w[1, :32] = 0.25  # constant block
+    w[2, :32] = rng.standard_normal(32).astype(np.float32)
+    w[2, 3], w[2, 9] = 3.0, -3.0  # |max| tie between signs
+    w[3, :] *= 1e-5  # tiny scales: f16 subnormals
+    w[4, :32] = np.arange(32, dtype=np.float32) - 15.5  # exact half-way points
+    return w
+
+
+@pytest.mark.parametrize("qtype", QUANT)
+def test_quantize_weight_matches_gguf_bytes(qtype):
+    w = _tricky_matrix(24, 96)
+    ours = K.quantize_weight(torch.from_numpy(w), qtype)
+    ref = gguf.quants.quantize(w, GGML_TYPE[qtype])
+    assert ours.data.dtype == torch.uint8
+    assert ours.data.shape == ref.shape
+    np.testing.assert_array_equal(ours.data.numpy(), ref)
+
+
+@pytest.mark.parametrize("qtype", QUANT)
+def test_pack_gguf_bytes_dequantize_matches_gguf(qtype):
+    w = _tricky_matrix(20, 128)
+    raw = gguf.quants.quantize(w, GGML_TYPE[qtype])
+    packed = K.pack_weight(qtype, torch.from_numpy(raw), 20, 128)
+    assert (packed.qtype, packed.out_features, packed.in_features) == (qtype, 20, 128)
+    assert packed.nbytes == raw.nbytes  # stays quantized
+    ref = gguf.quants.dequantize(raw, GGML_TYPE[qtype])
+    np.testing.assert_array_equal(packed.dequantize().numpy(), ref)
+
+
+def test_pack_f32_and_errors():
+    w = _randn(6, 10)
+    p = K.pack_weight("f32", w, 6, 10)
+    assert p.nbytes == 6 * 10 * 4 and torch.equal(p.dequantize(), w)
+    assert K.quantize_weight(w, "f32").qtype == "f32"
+    with pytest.raises(ValueError):
+        K.pack_weight("q5_k", w, 6, 10)
+    with pytest.raises(ValueError):
+        K.pack_weight("q8_0", torch.zeros(6, 34, dtype=torch.uint8), 6, 40)  # K % 32
+    with pytest.raises(ValueError):
+        K.pack_weight("q8_0", torch.zeros(6, 33, dtype=torch.uint8), 6, 32)  # wrong size
+    with pytest.raises(TypeError):
+        K.pack_weight("f32", w.double(), 6, 10)
+
+
+# ---------------------------------------------------------------------------------------------
+# Linear
+
+
+@pytest.mark.parametrize("qtype", K.QTYPES)
+def test_native_decode_is_exact(native, qtype):
+    # Multiplying by the identity must give back gguf's dequantized values bit for bit.
+    w = K.quantize_weight(torch.from_numpy(_tricky_matrix(13, 64)), qtype)
+    y = native.linear(torch.eye(64), w)
+    assert torch.equal(y, w.dequantize().T)
+
+
+@pytest.mark.parametrize("qtype", K.QTYPES)
+@pytest.mark.parametrize("n,k", [(70, 96), (24, 256)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_native_linear_accuracy(native, qtype, n, k, with_bias):
+    if qtype == "f32" and k == 96:
+        k = 100  # f32 also covers K % 8 != 0
+    w = _weight(qtype, n, k)
+    x = _randn(21, k)
+    bias = _randn(n, seed=3) if with_bias else None
+    y = native.linear(x, w, bias)
+    wd = w.dequantize().double()
+    ref = x.double() @ wd.T + (bias.double() if with_bias else 0.0)
+    scale = x.double().abs() @ wd.abs().T + 1e-30  # error bound scale of a float32 dot product
+    rel = ((y.double() - ref).abs() / scale).max().item()
+    assert y.shape == (21, n) and y.dtype == torch.float32
+    assert rel < 2e-6, rel
+
+
+@pytest.mark.parametrize("qtype", K.QTYPES)
+def test_native_linear_batch_invariant(native, qtype):
+    n, k = 75, (100 if qtype == "f32" else 96)
+    w = _weight(qtype, n, k)
+    bias = _randn(n, seed=5)
+    x = _randn(40, k)
+    single = torch.cat([native.linear(x[i : i + 1], w, bias) for i in range(40)])
+    for m in BATCH_SIZES:
+        for off in {0, 40 - m, (40 - m) // 2}:
+            y = native.linear(x[off : off + m], w, bias)
+            assert torch.equal(y, single[off : off + m]), (m, off)
+
+
+@pytest.mark.parametrize("qtype", K.QTYPES)
+def test_native_linear_thread_invariant(native, qtype):
+    # Large enough to be split across threads; results must not depend on the split.
+    w = _weight(qtype, 600, 256)
+    x = _randn(20, 256)
+    prev = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = [native.linear(x[:m], w) for m in (1, 3, 20)]
+        torch.set_num_threads(2)
+        two = [native.linear(x[:m], w) for m in (1, 3, 20)]
+    finally:
+        torch.set_num_threads(prev)
+    for a, b in zip(one, two):
+        assert torch.equal(a, b)
+    assert torch.equal(two[2][:3], two[1]) and torch.equal(two[2][:1], two[0])
+
+
+def test_native_linear_shapes_and_errors(native):
+    w = _weight("q4_0", 8, 64)
+    assert native.linear(_randn(2, 3, 64), w).shape == (2, 3, 8)
+    with pytest.raises(RuntimeError):
+        native.linear(_randn(2, 32), w)
+    with pytest.raises(RuntimeError):
+        native.linear(_randn(2, 64).double(), w)
+
+
+# ---------------------------------------------------------------------------------------------
+# RMS norm
+
+
+@pytest.mark.parametrize("k", [64, 100])
+def test_native_rms_norm(native, k):
+    x = _randn(40, k) * 3
+    wt = _randn(k, seed=2)
+    eps = 1e-5
+    y = native.rms_norm(x, wt, eps)
+    xd = x.double()
+    ref = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * wt.double()
+    torch.testing.assert_close(y.double(), ref, rtol=2e-6, atol=1e-6)
+    single = torch.cat([native.rms_norm(x[i : i + 1], wt, eps) for i in range(40)])
+    for m in BATCH_SIZES:
+        for off in {0, 40 - m}:
+            assert torch.equal(native.rms_norm(x[off : off + m], wt, eps), single[off : off + m])
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention
+
+
+def _attention_ref(q, kc, vc, start_pos, scale, window=0, softcap=0.0):
+    q, kc, vc = q.double(), kc.double(), vc.double()
+    t_rows, h, d = q.shape
+    g = h // kc.shape[0]
+    out = torch.zeros(t_rows, h, d, dtype=torch.float64)
+    for t in range(t_rows):
+        pos = start_pos + t
+        lo = max(0, pos - window + 1) if window > 0 else 0
+        for hh in range(h):
+            k = kc[hh // g, lo : pos + 1]
+            s = (k @ q[t, hh]) * scale
+            if softcap > 0:
+                s = softcap * torch.tanh(s / softcap)
+            out[t, hh] = torch.softmax(s, 0) @ vc[hh // g, lo : pos + 1]
+    return out
+
+
+ATTN_CASES = [  # (H, Hkv, D, window, softcap)
+    (9, 3, 64, 0, 0.0),  # GQA, like SmolLM2
+    (4, 4, 32, 0, 0.0),  # MHA
+    (4, 1, 20, 0, 0.0),  # MQA, D % 8 != 0
+    (6, 2, 64, 7, 0.0),  # sliding window
+    (4, 2, 64, 0, 5.0),  # softcap
+    (4, 2, 72, 11, 30.0),  # both, D not a multiple of 64
+]
+
+
+@pytest.mark.parametrize("h,hkv,d,window,softcap", ATTN_CASES)
+def test_native_attention(native, h, hkv, d, window, softcap):
+    seq, start = 60, 20
+    kc = _randn(hkv, seq, d, seed=11)
+    vc = _randn(hkv, seq, d, seed=12)
+    q = _randn(40, h, d, seed=13) * 2
+    scale = d**-0.5
+    # Accuracy against float64.
+    out = native.attention(q[:33], kc, vc, start, scale, window, softcap)
+    ref = _attention_ref(q[:33], kc, vc, start, scale, window, softcap)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    # Batch invariance: row t of a T-row call == that row alone at its position.
+    single = torch.cat(
+        [
+            native.attention(q[t : t + 1], kc, vc, start + t, scale, window, softcap)
+            for t in range(40)
+        ]
+    )
+    for t_rows in BATCH_SIZES:
+        for off in {0, 40 - t_rows}:
+            got = native.attention(
+                q[off : off + t_rows], kc, vc, start + off, scale, window, softcap
+            )
+            assert torch.equal(got, single[off : off + t_rows]), (t_rows, off)
+
+
+def test_native_attention_strided_views(native):
+    hkv, seq, d, h = 2, 30, 64, 6
+    pool_k = _randn(hkv, 3, seq, d, seed=21)  # [Hkv, slots, L, D]: a slot is a strided view
+    pool_v = _randn(hkv, 3, seq, d, seed=22)
+    qkv = _randn(5, h * d + 2 * hkv * d, seed=23)  # q as a strided slice of a fused projection
+    q = qkv[:, : h * d].reshape(5, h, d)
+    kc, vc = pool_k[:, 1], pool_v[:, 1]
+    assert not kc.is_contiguous() and not q.is_contiguous()
+    got = native.attention(q, kc, vc, 10, 0.125)
+    want = native.attention(q.contiguous(), kc.contiguous(), vc.contiguous(), 10, 0.125)
+    assert torch.equal(got, want)
+    with pytest.raises(RuntimeError):
+        native.attention(q, kc, vc, 26, 0.125)  # start_pos + T > L
+
+
+# ---------------------------------------------------------------------------------------------
+# Torch ops and selection
+
+
+@pytest.mark.parametrize("qtype", K.QTYPES)
+def test_torch_and_native_agree(native, qtype):
+    torch_ops = K.get_ops("torch")
+    w = _weight(qtype, 48, 128)
+    x = _randn(5, 128)
+    bias = _randn(48, seed=4)
+    torch.testing.assert_close(
+        native.linear(x, w, bias), torch_ops.linear(x, w, bias), rtol=1e-4, atol=1e-5
+    )
+    wt = _randn(128, seed=6)
+    torch.testing.assert_close(
+        native.rms_norm(x, wt, 1e-6), torch_ops.rms_norm(x, wt, 1e-6), rtol=1e-5, atol=1e-6
+    )
+    kc, vc = _randn(2, 16, 32, seed=7), _randn(2, 16, 32, seed=8)
+    q = _randn(3, 4, 32, seed=9)
+    for window, cap in [(0, 0.0), (4, 0.0), (0, 20.0)]:
+        torch.testing.assert_close(
+            native.attention(q, kc, vc, 9, 0.2, window, cap),
+            torch_ops.attention(q, kc, vc, 9, 0.2, window, cap),
+            rtol=1e-5,
+            atol=1e-5,
+        )
+
+
+def test_torch_ops_reference_and_cache():
+    ops = K.get_ops("torch")
+    assert ops.name == "torch"
+    w = _weight("q4_1", 16, 64)
+    x = _randn(3, 64)
+    torch.testing.assert_close(ops.linear(x, w), x @ w.dequantize().T)
+    assert w.float_weight("cpu") is w.float_weight("cpu")  # dequantized once
+    kc, vc = _randn(3, 12, 16, seed=7), _randn(3, 12, 16, seed=8)
+    q = _randn(4, 6, 16, seed=9)
+    ref = _attention_ref(q, kc, vc, 5, 0.25, 3, 10.0)
+    torch.testing.assert_close(
+        ops.attention(q, kc, vc, 5, 0.25, 3, 10.0).double(), ref, rtol=1e-5, atol=1e-6
+    )
+
+
+def test_get_ops_selection():
+    assert isinstance(K.get_ops("torch"), K.TorchOps)
+    assert isinstance(K.get_ops("auto", "cuda"), K.TorchOps)
+    with pytest.raises(ValueError):
+        K.get_ops("bogus")
+    with pytest.raises(RuntimeError):
+        K.get_ops("native", "cuda")
+    feats = K.cpu_features()
+    assert {"avx2", "fma", "f16c"} <= set(feats) and all(
+        isinstance(v, bool) for v in feats.values()
+    )
+    if K.native_available():
+        assert K.get_ops("auto").name == "native"
+        assert K.get_ops("native").name == "native"
+    else:
+        assert K.get_ops("auto").name == "torch"
+        with pytest.raises(RuntimeError, match="native kernels unavailable"):
+            K.get_ops("native")
+
+
+def test_native_built_in_ci():
+    _require_native()
+    feats = K.cpu_features()
+    if feats["avx2"] and feats["fma"] and feats["f16c"]:
+        assert K._C.has_avx2_build(), "x86 CPU with AVX2 but the AVX2 kernels were not built"
+        if not os.environ.get("SPECDEC_KERNELS_ISA"):
+            assert K.native_isa() == "avx2"
