@@ -1,0 +1,459 @@
+"""Request and response bodies of the OpenAI-compatible API (with vLLM's sampling extras).
+
+Unknown fields are accepted and reported (``ignored_fields``), as vLLM does, except those that
+would silently change the result (tools, guided decoding, beam search, ...): those are rejected by
+``check_supported``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from specdec.sampling_params import SamplingParams
+
+# Fields we do not implement whose presence changes the output: reject rather than ignore.
+_UNSUPPORTED: dict[str, str] = {
+    "use_beam_search": "beam search is not supported",
+    "prompt_logprobs": "prompt_logprobs is not supported",
+    "guided_json": "guided decoding is not supported",
+    "guided_regex": "guided decoding is not supported",
+    "guided_choice": "guided decoding is not supported",
+    "guided_grammar": "guided decoding is not supported",
+    "structured_outputs": "structured outputs are not supported",
+    "allowed_token_ids": "allowed_token_ids is not supported",
+    "bad_words": "bad_words is not supported",
+    "logits_processors": "logits processors are not supported",
+    "functions": "function calling is not supported",
+    "function_call": "function calling is not supported",
+    "audio": "audio output is not supported",
+    "prediction": "predicted outputs are not supported",
+    "continue_final_message": "continue_final_message is not supported",
+}
+
+NonNegFloat = Annotated[float, Field(ge=0)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+TopP = Annotated[float, Field(gt=0.0, le=1.0)]
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+class RequestError(ValueError):
+    """A request the server refuses: HTTP ``status`` with an OpenAI-style error body."""
+
+    def __init__(
+        self,
+        message: str,
+        param: str | None = None,
+        status: int = 400,
+        code: str | None = "invalid_value",
+        type: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.status = status
+        self.code = code
+        self.type = type
+
+    def body(self) -> dict[str, Any]:
+        return ErrorResponse(
+            error=ErrorInfo(message=self.message, type=self.type, param=self.param, code=self.code)
+        ).model_dump()
+
+
+def _loc_to_param(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("str", "int", "list[int]", "list[str]", "list[list[int]]") or "[" in str(
+            part
+        ):
+            continue  # union-branch labels pydantic adds to the location
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def validation_error(e: ValidationError) -> RequestError:
+    """The first problem of a pydantic error, as a 400 naming the field."""
+    errors = e.errors(include_url=False)
+    err = errors[0]
+    loc = tuple(err.get("loc", ()))
+    param = _loc_to_param(loc) or None
+    kind = err.get("type", "")
+    code = (
+        "invalid_type" if kind.endswith("_type") or kind.endswith("_parsing") else "invalid_value"
+    )
+    if kind == "missing":
+        code = "missing_required_parameter"
+    message = f"{param}: {err.get('msg')}" if param else str(err.get("msg"))
+    # A union field fails once per branch: name the branches instead of the first one's complaint.
+    branches = [
+        x["loc"][len(loc) - 1]
+        for x in errors
+        if len(x["loc"]) >= len(loc) and x["loc"][: len(loc) - 1] == loc[:-1]
+    ]
+    if len(loc) >= 2 and isinstance(loc[-1], str) and len(set(branches)) > 1:
+        param = _loc_to_param(loc[:-1]) or None
+        message = f"{param}: invalid type or value, expected one of: {', '.join(dict.fromkeys(map(str, branches)))}"
+    return RequestError(message, param=param, code=code)
+
+
+class OpenAIBaseModel(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    @property
+    def ignored_fields(self) -> list[str]:
+        return sorted(self.model_extra or {})
+
+    def check_supported(self) -> None:
+        for key, message in _UNSUPPORTED.items():
+            value = (self.model_extra or {}).get(key)
+            if value not in (None, False, [], {}, ""):
+                raise RequestError(message, param=key, code="unsupported_parameter")
+
+
+class StreamOptions(OpenAIBaseModel):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _SamplingRequest(OpenAIBaseModel):
+    """The sampling fields both endpoints share."""
+
+    model: str | None = None
+    n: int = 1
+    temperature: NonNegFloat | None = None
+    top_p: TopP | None = None
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # vLLM's extras
+    top_k: int | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
+    ignore_eos: bool = False
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    min_tokens: Annotated[int, Field(ge=0)] = 0
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    echo: bool = False
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.n != 1:
+            raise RequestError(
+                f"n must be 1 (got {self.n}): parallel sampling is not supported", "n"
+            )
+        if self.logit_bias:
+            raise RequestError(
+                "logit_bias is not supported", "logit_bias", code="unsupported_parameter"
+            )
+        if self.echo:
+            raise RequestError("echo is not supported", "echo", code="unsupported_parameter")
+        if self.stream_options is not None and not self.stream:
+            raise RequestError(
+                "stream_options is only allowed when stream is true", "stream_options"
+            )
+        if self.top_k is not None and self.top_k < -1:
+            raise RequestError(
+                f"top_k must be -1 (off), 0 (off) or >= 1, got {self.top_k}", "top_k"
+            )
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def _sampling(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        """SamplingParams for this request (``max_tokens`` already resolved against the context)."""
+        try:
+            return SamplingParams(
+                temperature=1.0 if self.temperature is None else self.temperature,
+                top_p=1.0 if self.top_p is None else self.top_p,
+                top_k=-1 if self.top_k is None else self.top_k,
+                min_p=self.min_p or 0.0,
+                presence_penalty=self.presence_penalty,
+                frequency_penalty=self.frequency_penalty,
+                repetition_penalty=1.0
+                if self.repetition_penalty is None
+                else self.repetition_penalty,
+                seed=self.seed,
+                stop=self.stop,
+                stop_token_ids=list(self.stop_token_ids or []),
+                max_tokens=max_tokens,
+                min_tokens=self.min_tokens,
+                ignore_eos=self.ignore_eos,
+                logprobs=logprobs,
+                include_stop_str_in_output=self.include_stop_str_in_output,
+                skip_special_tokens=self.skip_special_tokens,
+            )
+        except ValueError as e:  # messages start with the field name
+            field = str(e).split(" ", 1)[0]
+            raise RequestError(str(e), field if field in type(self).model_fields else None) from e
+
+
+# ---- /v1/completions ------------------------------------------------------------------------
+
+
+class CompletionRequest(_SamplingRequest):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: PositiveInt | None = 16
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.best_of not in (None, 1):
+            raise RequestError("best_of must be 1", "best_of", code="unsupported_parameter")
+        if self.suffix:
+            raise RequestError("suffix is not supported", "suffix", code="unsupported_parameter")
+        if self.logprobs:
+            raise RequestError(
+                "logprobs must be 0: only the chosen tokens' log-probabilities are available",
+                "logprobs",
+                code="unsupported_parameter",
+            )
+
+    def single_prompt(self) -> str | list[int]:
+        """The one prompt (a one-element batch is unwrapped; larger batches are refused)."""
+        p = self.prompt
+        if isinstance(p, list) and p and not isinstance(p[0], int):
+            if len(p) != 1:
+                raise RequestError(
+                    f"batched prompts are not supported (got {len(p)}); send one prompt per request",
+                    "prompt",
+                )
+            p = p[0]  # type: ignore[assignment]
+        if not p:
+            raise RequestError("prompt is empty", "prompt")
+        return p  # type: ignore[return-value]
+
+    def to_sampling_params(self, max_tokens: int) -> SamplingParams:
+        return self._sampling(max_tokens, self.logprobs)
+
+
+# ---- /v1/chat/completions -------------------------------------------------------------------
+
+
+class ContentPart(OpenAIBaseModel):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(OpenAIBaseModel):
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+    def to_template_dict(self, index: int) -> dict[str, Any]:
+        content = self.content
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                if part.type != "text" or part.text is None:
+                    raise RequestError(
+                        f"content part type '{part.type}' is not supported; only text",
+                        f"messages[{index}].content[{j}].type",
+                    )
+                texts.append(part.text)
+            content = "".join(texts)
+        msg: dict[str, Any] = {**(self.model_extra or {}), "role": self.role, "content": content}
+        if self.name is not None:
+            msg["name"] = self.name
+        return msg
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: PositiveInt | None = None
+    max_completion_tokens: PositiveInt | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    # vLLM's chat extras
+    add_generation_prompt: bool = True
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.tools:
+            raise RequestError(
+                "tool calling is not supported", "tools", code="unsupported_parameter"
+            )
+        if self.tool_choice not in (None, "none", "auto"):
+            raise RequestError(
+                "tool calling is not supported", "tool_choice", code="unsupported_parameter"
+            )
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise RequestError(
+                "response_format other than text is not supported",
+                "response_format",
+                code="unsupported_parameter",
+            )
+        if self.top_logprobs:
+            raise RequestError(
+                "top_logprobs must be 0: only the chosen tokens' log-probabilities are available",
+                "top_logprobs",
+                code="unsupported_parameter",
+            )
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return (
+            self.max_completion_tokens
+            if self.max_completion_tokens is not None
+            else self.max_tokens
+        )
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        return [m.to_template_dict(i) for i, m in enumerate(self.messages)]
+
+    def to_sampling_params(self, max_tokens: int) -> SamplingParams:
+        return self._sampling(max_tokens, 0 if self.logprobs else None)
+
+
+# ---- responses --------------------------------------------------------------------------------
+
+
+def random_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo
+
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatTokenLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ChatChoiceLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None = None
+
+
+class ChatResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatCompletionChoice(BaseModel):
+    index: int = 0
+    message: ChatResponseMessage
+    logprobs: ChatChoiceLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatCompletionChoice]
+    usage: UsageInfo
+    spec_decode: dict[str, Any] | None = None
+
+
+class DeltaMessage(BaseModel):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChatStreamChoice(BaseModel):
+    index: int = 0
+    delta: DeltaMessage
+    logprobs: ChatChoiceLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatStreamChoice]
+    usage: UsageInfo | None = None
+    spec_decode: dict[str, Any] | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+    spec_decode: dict[str, Any] | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=now)
+    owned_by: str = "specdec"
+    root: str | None = None
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+def dump_chunk(chunk: BaseModel) -> str:
+    """One SSE event; ``usage`` and ``spec_decode`` appear only where set."""
+    d = chunk.model_dump()
+    for key in ("usage", "spec_decode"):
+        if d.get(key) is None:
+            d.pop(key, None)
+    return f"data: {json.dumps(d, ensure_ascii=False, separators=(',', ':'))}\n\n"
