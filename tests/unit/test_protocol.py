@@ -1,0 +1,162 @@
+"""OpenAI request/response models: validation errors name the field, unsupported fields are refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from specdec.entrypoints.openai.protocol import (
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatStreamChoice,
+    CompletionRequest,
+    DeltaMessage,
+    RequestError,
+    UsageInfo,
+    dump_chunk,
+    validation_error,
+)
+
+CHAT = [{"role": "user", "content": "hi"}]
+
+
+def _error(model, body: dict) -> RequestError:
+    with pytest.raises(ValidationError) as e:
+        model.model_validate(body)
+    return validation_error(e.value)
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({"messages": CHAT, "temperature": -1}, "temperature", "invalid_value"),
+        ({"messages": CHAT, "temperature": "warm"}, "temperature", "invalid_type"),
+        ({"messages": CHAT, "top_p": 0}, "top_p", "invalid_value"),
+        ({"messages": CHAT, "max_tokens": 0}, "max_tokens", "invalid_value"),
+        ({"messages": []}, "messages", "invalid_value"),
+        ({}, "messages", "missing_required_parameter"),
+        (
+            {"messages": [{"role": "user"}, {"content": "x"}]},
+            "messages[1].role",
+            "missing_required_parameter",
+        ),
+        ({"messages": CHAT, "stop": [1, 2]}, "stop", "invalid_type"),
+        (
+            {"messages": CHAT, "stream_options": {"include_usage": "x"}},
+            "stream_options.include_usage",
+            "invalid_type",
+        ),
+    ],
+)
+def test_validation_error_names_the_field(body: dict, param: str, code: str) -> None:
+    err = _error(ChatCompletionRequest, body)
+    assert (err.param, err.code, err.status) == (param, code, 400)
+    assert err.message.startswith(param)
+    assert err.body()["error"]["param"] == param
+
+
+def test_union_errors_list_the_accepted_shapes() -> None:
+    err = _error(CompletionRequest, {"prompt": 3.5})
+    assert err.param == "prompt" and "str" in err.message and "list[int]" in err.message
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"n": 3}, "n"),
+        ({"logit_bias": {"1": 5}}, "logit_bias"),
+        ({"echo": True}, "echo"),
+        ({"use_beam_search": True}, "use_beam_search"),
+        ({"guided_regex": "a+"}, "guided_regex"),
+        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"top_logprobs": 2, "logprobs": True}, "top_logprobs"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"top_k": -7}, "top_k"),
+    ],
+)
+def test_unsupported_fields_are_refused(body: dict, param: str) -> None:
+    req = ChatCompletionRequest.model_validate({"messages": CHAT, **body})
+    with pytest.raises(RequestError) as e:
+        req.check_supported()
+    assert e.value.param == param and e.value.status == 400
+
+
+def test_harmless_unknown_fields_are_ignored_and_listed() -> None:
+    req = ChatCompletionRequest.model_validate(
+        {
+            "messages": CHAT,
+            "frobnicate": 1,
+            "use_beam_search": False,
+            "response_format": {"type": "text"},
+        }
+    )
+    req.check_supported()
+    assert req.ignored_fields == ["frobnicate", "use_beam_search"]
+
+
+def test_sampling_params_mapping() -> None:
+    req = ChatCompletionRequest.model_validate(
+        {"messages": CHAT, "seed": 5, "stop": "END", "top_k": 0, "logprobs": True, "ignore_eos": True,
+         "max_completion_tokens": 9, "max_tokens": 100, "stop_token_ids": [7], "repetition_penalty": 1.2}
+    )  # fmt: skip
+    assert req.requested_max_tokens == 9
+    sp = req.to_sampling_params(9)
+    assert (sp.temperature, sp.top_p, sp.top_k, sp.seed, sp.stop) == (1.0, 1.0, -1, 5, ["END"])
+    assert (sp.max_tokens, sp.logprobs, sp.ignore_eos, sp.stop_token_ids) == (9, 0, True, [7])
+    assert sp.repetition_penalty == 1.2 and sp.has_penalties
+    plain = CompletionRequest.model_validate({"prompt": "x", "temperature": 0})
+    sp = plain.to_sampling_params(16)
+    assert sp.is_greedy and sp.logprobs is None and sp.max_tokens == 16
+    assert plain.max_tokens == 16  # vLLM's (and OpenAI's) completions default
+
+
+def test_prompt_shapes() -> None:
+    assert CompletionRequest.model_validate({"prompt": ["one"]}).single_prompt() == "one"
+    assert CompletionRequest.model_validate({"prompt": [[1, 2]]}).single_prompt() == [1, 2]
+    assert CompletionRequest.model_validate({"prompt": [3, 4]}).single_prompt() == [3, 4]
+    for prompt in (["a", "b"], "", []):
+        with pytest.raises(RequestError) as e:
+            CompletionRequest.model_validate({"prompt": prompt}).single_prompt()
+        assert e.value.param == "prompt"
+
+
+def test_chat_content_parts() -> None:
+    req = ChatCompletionRequest.model_validate(
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                      {"role": "assistant", "content": None, "reasoning_content": "hmm"}]}
+    )  # fmt: skip
+    msgs = req.template_messages()
+    assert msgs[0] == {"role": "user", "content": "ab"}
+    assert msgs[1]["reasoning_content"] == "hmm" and msgs[1]["content"] is None
+    bad = ChatCompletionRequest.model_validate(
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
+            ]
+        }
+    )
+    with pytest.raises(RequestError) as e:
+        bad.template_messages()
+    assert e.value.param == "messages[0].content[0].type"
+
+
+def test_dump_chunk() -> None:
+    chunk = ChatCompletionChunk(
+        id="c1", created=1, model="m", choices=[ChatStreamChoice(delta=DeltaMessage(content="hé"))]
+    )
+    event = dump_chunk(chunk)
+    assert event.startswith("data: ") and event.endswith("\n\n")
+    d = json.loads(event[6:])
+    assert "usage" not in d and "spec_decode" not in d
+    assert d["choices"][0] == {
+        "index": 0, "delta": {"role": None, "content": "hé"}, "logprobs": None,
+        "finish_reason": None, "stop_reason": None,
+    }  # fmt: skip
+    chunk.usage = UsageInfo(prompt_tokens=1, completion_tokens=2, total_tokens=3)
+    chunk.spec_decode = {"num_drafts": 0}
+    d = json.loads(dump_chunk(chunk)[6:])
+    assert d["usage"]["total_tokens"] == 3 and d["spec_decode"] == {"num_drafts": 0}
