@@ -1,0 +1,1 @@
+"""The benchmark harness behind ``specdec bench`` (latency over prompt sets, forward cost)."""

@@ -1,0 +1,123 @@
+"""``specdec bench forward-cost``: the price of verifying N tokens at once.
+
+Times one target forward over N new tokens with ``context`` tokens already in the KV cache,
+logits for all N rows included (as verification needs), for each N. The median over repeats is
+reported in ms and as a ratio to N = 1: speculation pays when the accepted tokens per step exceed
+that ratio.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DEFAULT_NS = (1, 2, 3, 4, 6, 8, 12, 16)
+
+
+@dataclass
+class ForwardCostOptions:
+    model: str
+    kernels: str = "auto"
+    quantization: str = "auto"
+    context: int = 200
+    ns: tuple[int, ...] = DEFAULT_NS
+    repeats: int = 10
+    warmup: int = 2
+    seed: int = 0
+    json_path: str | None = None
+
+
+def measure_forward_cost(
+    model, context: int, ns: list[int], repeats: int, warmup: int, seed: int = 0
+) -> list[dict]:
+    """Median ms of ``forward`` + ``compute_logits`` over N rows, per N (N = 1 always measured)."""
+    from specdec.model.llama import SeqBatch
+
+    ns = sorted(set(ns) | {1})
+    max_len = context + max(ns) + 1
+    if max_len > model.max_len:
+        raise ValueError(
+            f"context {context} + N {max(ns)} exceeds the model's max_len {model.max_len}"
+        )
+    gen = torch.Generator().manual_seed(seed)
+    vocab = model.cfg.vocab_size
+    kv = model.make_kv_cache(1, max_len)
+    with torch.inference_mode():
+        prompt = torch.randint(0, vocab, (context,), generator=gen)
+        model.forward(prompt, torch.arange(context), SeqBatch([0], [0], [context]), kv)
+        rows = []
+        for n in ns:
+            ids = torch.randint(0, vocab, (n,), generator=gen)
+            pos = torch.arange(context, context + n)
+            batch = SeqBatch([0], [context], [n])
+            times = []
+            for i in range(warmup + repeats):
+                start = time.perf_counter()
+                logits = model.compute_logits(model.forward(ids, pos, batch, kv))  # [n, vocab]
+                float(logits[-1, 0])  # NOTE: make sure the work is done before the clock stops
+                if i >= warmup:
+                    times.append(time.perf_counter() - start)
+            rows.append(
+                {
+                    "n": n,
+                    "ms": 1000.0 * statistics.median(times),
+                    "ms_all": [1000.0 * t for t in times],
+                }
+            )
+    base = rows[0]["ms"]
+    for r in rows:
+        r["ratio"] = r["ms"] / base
+        r["ms_per_token"] = r["ms"] / r["n"]
+    return rows
+
+
+def format_forward_cost(rows: list[dict], title: str) -> str:
+    """A markdown table shaped like ANCHORS.md's (N across, ms and ratio down)."""
+    ns = [str(r["n"]) for r in rows]
+    lines = [
+        f"| {title} | " + " | ".join(ns) + " |",
+        "|---|" + "---|" * len(ns),
+        "| ms | " + " | ".join(f"{r['ms']:.1f}" for r in rows) + " |",
+        "| ratio to N=1 | " + " | ".join(f"{r['ratio']:.2f}" for r in rows) + " |",
+        "| ms per token | " + " | ".join(f"{r['ms_per_token']:.1f}" for r in rows) + " |",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def run_forward_cost(opts: ForwardCostOptions) -> dict[str, Any]:
+    from specdec.bench import report
+    from specdec.llm import LLM
+    from specdec.model.registry import resolve_model_path
+
+    max_len = max(16, opts.context + max(opts.ns) + 1)
+    llm = LLM(
+        opts.model,
+        kernels=opts.kernels,
+        quantization=opts.quantization,
+        max_model_len=max_len,
+        max_num_seqs=1,
+    )
+    model = llm.engine.model
+    rows = measure_forward_cost(
+        model, opts.context, list(opts.ns), opts.repeats, opts.warmup, opts.seed
+    )
+    title = f"N (context {opts.context}, kernels {opts.kernels}, quantization {opts.quantization})"
+    print(format_forward_cost(rows, title))
+    settings = {k: v for k, v in asdict(opts).items() if k != "json_path"}
+    model_path = str(resolve_model_path(opts.model))
+    payload = {
+        "schema": "specdec.bench.forward_cost/1",
+        "environment": report.collect_environment(opts.model, model_path, {"settings": settings}),
+        "rows": rows,
+    }
+    if opts.json_path:
+        path = Path(opts.json_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        report.write_json(path, payload)
+        print(f"wrote {path}")
+    return payload

@@ -1,0 +1,248 @@
+"""``specdec bench latency``: the same prompts through every configuration, one request at a time.
+
+Each configuration is loaded once, runs one warm-up request (excluded), then every prompt in order
+with the same sampling. Our ``plain`` runs first (added when missing) and is the reference for
+speedups and, under greedy sampling, for exactness: any speculative output that differs from
+plain's is a FAILURE (printed, recorded in results.json, exit code 1).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import gc
+import sys
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from specdec.bench import aggregate, report
+from specdec.bench.configs import BenchConfig, parse_configs
+from specdec.bench.dataset import DEFAULT_CODE_PREFIX, BenchItem, PromptBuilder, load_items
+from specdec.bench.runners import (
+    AnchorUnavailable,
+    EngineArgs,
+    GenParams,
+    HFRunner,
+    LlamaCppRunner,
+    SpecdecRunner,
+    run_item,
+)
+
+WARMUP_MAX_TOKENS = 32
+DEFAULT_ANCHOR_CTX = 4096
+
+
+@dataclass
+class LatencyOptions:
+    model: str
+    datasets: list[str]
+    configs: list[str]
+    categories: list[str] | None = None
+    num_prompts: int | None = None
+    max_tokens: int = 256
+    temperature: float = 0.0
+    seed: int = 0
+    ignore_eos: bool = False
+    chat: bool | None = None  # None: chat when the model has a chat template
+    code_prefix: str = DEFAULT_CODE_PREFIX
+    kernels: str = "auto"
+    quantization: str = "auto"
+    max_model_len: int | None = None
+    output_dir: str | None = None
+    plots: bool = True
+    progress: bool = True
+
+
+@dataclass
+class LatencyResult:
+    exit_code: int
+    output_dir: Path
+    payload: dict[str, Any]
+    failures: list[str] = field(default_factory=list)
+
+
+def default_output_dir() -> Path:
+    return Path("bench_out") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def _validate_models(configs: list[BenchConfig]) -> None:
+    """Fail before any measurement when a draft/assistant model cannot be found."""
+    from specdec.model.registry import resolve_model_path
+
+    for c in configs:
+        key = "model" if c.backend == "specdec" else "assistant_model"
+        if key in c.options:
+            resolve_model_path(str(c.options[key]))
+
+
+def _warn(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _loud(lines: list[str]) -> None:
+    bar = "!" * 78
+    _warn("\n".join([bar, *(f"!! {line}" for line in lines), bar]))
+
+
+class _Run:
+    """State of one benchmark run; ``execute`` does the work."""
+
+    def __init__(self, opts: LatencyOptions) -> None:
+        from specdec.model.registry import resolve_model_path
+
+        self.opts = opts
+        self.configs = parse_configs(opts.configs)
+        self.reference = self.configs[0].label
+        _validate_models(self.configs)
+        self.items: list[BenchItem] = load_items(opts.datasets, opts.categories, opts.num_prompts)
+        self.model_path = resolve_model_path(opts.model)
+        self.params = GenParams(opts.max_tokens, opts.temperature, opts.seed, opts.ignore_eos)
+        self.engine = EngineArgs(
+            opts.model, opts.kernels, opts.quantization, opts.max_model_len, opts.seed
+        )
+        self.records: list[dict] = []
+        self.config_errors: dict[str, str] = {}
+        self.skipped: dict[str, str] = {}
+        self.builder: PromptBuilder | None = None
+        self.eog: set[int] = set()
+        self.hf_cache: dict[str, Any] = {}
+
+    def _make_runner(self, cfg: BenchConfig):
+        if cfg.backend == "specdec":
+            return SpecdecRunner(cfg, self.engine)
+        if cfg.backend == "hf":
+            return HFRunner(cfg, self.model_path, self.eog, self.hf_cache)
+        n_ctx = self.opts.max_model_len or DEFAULT_ANCHOR_CTX
+        return LlamaCppRunner(cfg, self.model_path, self.eog, n_ctx, self.opts.seed)
+
+    def _init_builder(self, runner: SpecdecRunner) -> None:
+        tok = runner.tokenizer
+        chat = self.opts.chat
+        if chat is None:
+            chat = tok.chat_template is not None
+            print(
+                f"prompts: {'chat template' if chat else 'raw text (the model has no chat template)'}"
+            )
+        self.builder = PromptBuilder(tok, chat, self.opts.code_prefix)
+        self.eog = set(tok.eog_token_ids)
+
+    def run_config(self, cfg: BenchConfig) -> None:
+        try:
+            runner = self._make_runner(cfg)
+        except AnchorUnavailable as e:
+            self.skipped[cfg.label] = str(e)
+            print(f"skipped {cfg.label}: {e}")
+            return
+        try:
+            if self.builder is None:
+                self._init_builder(runner)
+            assert self.builder is not None
+            warm = GenParams(min(WARMUP_MAX_TOKENS, self.params.max_tokens), self.params.temperature,
+                             self.params.seed, self.params.ignore_eos)  # fmt: skip
+            runner.generate(self.builder.prompt_ids(self.items[0], []), warm)
+            bar = tqdm(self.items, desc=cfg.label, unit="prompt", disable=not self.opts.progress)
+            tokens = seconds = 0.0
+            for item in bar:
+                rec = run_item(runner, self.builder, item, self.params, cfg)
+                self.records.append(rec)
+                tokens += rec["output_tokens"]
+                seconds += rec["seconds"]
+                if seconds > 0:
+                    bar.set_postfix_str(f"{tokens / seconds:.1f} tok/s")
+            bar.close()
+        finally:
+            runner.close()
+            del runner
+            gc.collect()
+
+    def _report_mismatches_now(self, cfg: BenchConfig) -> None:
+        if cfg.is_reference or not self.params.greedy:
+            return
+        aggregate.compare_to_reference(self.records, self.reference, greedy=True)
+        bad = [
+            r for r in self.records if r["config"] == cfg.label and r["identical_to_plain"] is False
+        ]
+        if not bad:
+            return
+        lines = [f"{r['id']}: first difference at turn {r['first_mismatch']['turn']}, "
+                 f"token {r['first_mismatch']['token_index']}" for r in bad]  # fmt: skip
+        if cfg.backend == "specdec":
+            _loud(
+                [
+                    f"FAILURE: {cfg.label}: greedy output differs from plain on {len(bad)} prompt(s)",
+                    *lines,
+                ]
+            )
+        else:
+            print(
+                f"note: {cfg.label} (anchor) differs from our plain on {len(bad)} prompt(s) (informative)"
+            )
+
+    def execute(self) -> None:
+        for cfg in self.configs:
+            if cfg.backend != "hf":
+                self.hf_cache.clear()
+            try:
+                self.run_config(cfg)
+            except Exception as e:
+                if cfg.is_reference:
+                    raise
+                self.config_errors[cfg.label] = f"{type(e).__name__}: {e}"
+                _loud([f"FAILURE: {cfg.label} crashed: {type(e).__name__}: {e}"])
+                traceback.print_exc()
+                continue
+            self._report_mismatches_now(cfg)
+
+
+def run_latency(opts: LatencyOptions) -> LatencyResult:
+    run = _Run(opts)
+    out_dir = Path(opts.output_dir) if opts.output_dir else default_output_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    categories = list(dict.fromkeys(it.category for it in run.items))
+    print(f"{len(run.items)} prompts ({', '.join(categories)}), {len(run.configs)} configurations, "
+          f"max_tokens {opts.max_tokens}, temperature {opts.temperature}; output in {out_dir}")  # fmt: skip
+    run.execute()
+    greedy = run.params.greedy
+    aggregate.compare_to_reference(run.records, run.reference, greedy)
+    failures = aggregate.find_failures(run.records, run.reference, run.config_errors)
+    ran = [(c.label, c.backend) for c in run.configs if c.label not in run.skipped]
+    rows = aggregate.summarize(run.records, ran, run.reference)
+    settings = {k: v for k, v in asdict(opts).items() if k not in ("plots", "progress")}
+    settings["chat"] = run.builder.chat if run.builder else opts.chat
+    payload = {
+        "schema": "specdec.bench.latency/1",
+        "environment": report.collect_environment(
+            opts.model, str(run.model_path), {"settings": settings}
+        ),
+        "reference": run.reference,
+        "greedy": greedy,
+        "configs": [asdict(c) for c in run.configs],
+        "skipped": run.skipped,
+        "config_errors": run.config_errors,
+        "failures": failures,
+        "passed": not failures,
+        "summary": rows,
+        "records": run.records,
+    }
+    table = report.format_table(rows, greedy, run.reference)
+    if run.skipped:
+        table += "\n" + "".join(f"- skipped `{k}`: {v}\n" for k, v in run.skipped.items())
+    report.write_json(out_dir / "results.json", payload)
+    (out_dir / "table.md").write_text(table, encoding="utf-8")
+    if opts.plots:
+        title = f"{Path(str(opts.model)).name}, max_tokens {opts.max_tokens}"
+        report.plot_speedup(
+            rows, run.reference, out_dir / "speedup.png", f"Speedup over plain ({title})"
+        )
+        report.plot_acceptance(
+            rows, out_dir / "acceptance_by_position.png", f"Acceptance by position ({title})"
+        )
+    print()
+    print(table)
+    if failures:
+        _loud([f"{len(failures)} FAILURE(S):", *failures])
+    print(f"results in {out_dir}")
+    return LatencyResult(1 if failures else 0, out_dir, payload, failures)
