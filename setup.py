@@ -22,8 +22,8 @@ import traceback
 from setuptools import setup
 
 CSRC = os.path.join("specdec", "kernels", "csrc")
-COMMON_FLAGS = ["-O3", "-ffp-contract=off"]
-AVX2_FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fPIC", "-std=c++17"]
+COMMON_FLAGS = ["-O3", "-g0", "-ffp-contract=off"]
+AVX2_FLAGS = ["-O3", "-g0", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fPIC", "-std=c++17"]
 
 
 def _warn(msg: str) -> None:

@@ -15,6 +15,7 @@ Use :func:`get_ops` to pick one.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -60,6 +61,9 @@ def native_unavailable_reason() -> str | None:
     """Why the extension is missing (None when it is available)."""
     if _C is not None:
         return None
+    here = os.path.dirname(os.path.abspath(__file__))
+    if not any(f.startswith("_C.") and f.endswith((".so", ".pyd")) for f in os.listdir(here)):
+        return f"the C++ extension specdec.kernels._C is not built (no _C.*.so in {here})"
     return f"{type(_IMPORT_ERROR).__name__}: {_IMPORT_ERROR}"
 
 

@@ -225,6 +225,8 @@ ATTN_CASES = [  # (H, Hkv, D, window, softcap)
     (9, 3, 64, 0, 0.0),  # GQA, like SmolLM2
     (4, 4, 32, 0, 0.0),  # MHA
     (4, 1, 20, 0, 0.0),  # MQA, D % 8 != 0
+    (10, 2, 32, 0, 0.0),  # groups of 5 heads (processed as 4 + 1)
+    (6, 1, 48, 5, 0.0),  # groups of 6 heads (4 + 2), window
     (6, 2, 64, 7, 0.0),  # sliding window
     (4, 2, 64, 0, 5.0),  # softcap
     (4, 2, 72, 11, 30.0),  # both, D not a multiple of 64

@@ -36,13 +36,15 @@ struct KernelTable {
     void (*rms_norm_rows)(const float* x, const float* w, float* y, int64_t K, float eps,
                           int64_t m0, int64_t m1);
 
-    // One query row of one head: softmax(scale * q.k_j) over keys j in [lo, hi] (inclusive),
-    // then sum_j p_j v_j.  Key j lives at k + j * k_stride (D floats, contiguous), value at
-    // v + j * v_stride.  softcap > 0 applies softcap * tanh(s / softcap) to the scaled score.
-    // scratch: at least (hi - lo + 1) + 8 floats.
-    void (*attention_row)(const float* q, const float* k, int64_t k_stride, const float* v,
-                          int64_t v_stride, int64_t lo, int64_t hi, int64_t D, float scale,
-                          float softcap, float* out, float* scratch);
+    // One query row of G heads sharing a kv head (GQA group): for head g, softmax over keys j in
+    // [lo, hi] (inclusive) of scale * q_g.k_j, then sum_j p_j v_j.  q_g = q + g * q_head_stride
+    // (D floats), key j at k + j * k_stride, value j at v + j * v_stride, output head g at
+    // out + g * out_head_stride.  softcap > 0 maps a scaled score s to softcap * tanh(s / softcap).
+    // Each head's result is independent of G.  scratch: at least 4 * ((hi - lo + 1) + 8) floats.
+    void (*attention_group)(const float* q, int64_t q_head_stride, int64_t G, const float* k,
+                            int64_t k_stride, const float* v, int64_t v_stride, int64_t lo,
+                            int64_t hi, int64_t D, float scale, float softcap, float* out,
+                            int64_t out_head_stride, float* scratch);
 };
 
 const KernelTable* portable_table();

@@ -337,45 +337,40 @@ inline __m256 exp256(__m256 x) {
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
-inline float dot(const float* a, const float* b, int64_t D) {
-    __m256 acc = _mm256_setzero_ps();
-    int64_t d = 0;
-    for (; d + 8 <= D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
-    if (d < D) {
-        const __m256i mask = lane_mask(D - d);
-        acc = _mm256_fmadd_ps(_mm256_maskload_ps(a + d, mask), _mm256_maskload_ps(b + d, mask), acc);
+// Scaled (and soft-capped) scores of GB query heads against keys 0..n-1, sharing each key load.
+// Per (head, key): one 8-lane FMA chain over d, then hsum8 -- the same for every grouping.
+template <int GB>
+inline void group_scores(const float* q, int64_t q_hs, const float* k, int64_t k_stride, int64_t n,
+                         int64_t D, float scale, float softcap, float* s, int64_t s_stride,
+                         float* mx) {
+    const int64_t D8 = D & ~int64_t(7);
+    const __m256i mask = lane_mask(D - D8);
+    for (int g = 0; g < GB; ++g) mx[g] = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) {
+        const float* kj = k + j * k_stride;
+        __m256 acc[GB];
+        for (int g = 0; g < GB; ++g) acc[g] = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D8; d += 8) {
+            const __m256 kv = _mm256_loadu_ps(kj + d);
+            for (int g = 0; g < GB; ++g)
+                acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * q_hs + d), kv, acc[g]);
+        }
+        if (D8 < D) {
+            const __m256 kv = _mm256_maskload_ps(kj + D8, mask);
+            for (int g = 0; g < GB; ++g)
+                acc[g] = _mm256_fmadd_ps(_mm256_maskload_ps(q + g * q_hs + D8, mask), kv, acc[g]);
+        }
+        for (int g = 0; g < GB; ++g) {
+            float sj = hsum8(acc[g]) * scale;
+            if (softcap > 0.0f) sj = softcap * tanhf(sj / softcap);
+            s[g * s_stride + j] = sj;
+            mx[g] = sj > mx[g] ? sj : mx[g];
+        }
     }
-    return hsum8(acc);
 }
 
-// out[0 : W) = sum_j p[j] * v[j], for a column slice of width W (8-lane vectors NV).
-template <int NV>
-inline void weighted_sum(const float* p, int64_t n, const float* v, int64_t v_stride, float inv_sum,
-                         float* out) {
-    __m256 acc[NV];
-    for (int i = 0; i < NV; ++i) acc[i] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < n; ++j) {
-        const __m256 pj = _mm256_broadcast_ss(p + j);
-        const float* vj = v + j * v_stride;
-        for (int i = 0; i < NV; ++i) acc[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * i), acc[i]);
-    }
-    const __m256 s = _mm256_set1_ps(inv_sum);
-    for (int i = 0; i < NV; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(acc[i], s));
-}
-
-void attention_row(const float* q, const float* k, int64_t k_stride, const float* v,
-                   int64_t v_stride, int64_t lo, int64_t hi, int64_t D, float scale, float softcap,
-                   float* out, float* scratch) {
-    const int64_t n = hi - lo + 1;
-    float* s = scratch;
-    const float* kb = k + lo * k_stride;
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < n; ++j) {
-        float sj = dot(q, kb + j * k_stride, D) * scale;
-        if (softcap > 0.0f) sj = softcap * tanhf(sj / softcap);
-        s[j] = sj;
-        mx = sj > mx ? sj : mx;
-    }
+// s[0..n) <- exp(s - mx) in place; returns 1 / sum (8-lane sum in key order, then hsum8).
+inline float softmax_inplace(float* s, int64_t n, float mx) {
     const __m256 vmx = _mm256_set1_ps(mx);
     __m256 sum = _mm256_setzero_ps();
     int64_t j = 0;
@@ -391,19 +386,76 @@ void attention_row(const float* q, const float* k, int64_t k_stride, const float
         _mm256_maskstore_ps(s + j, mask, e);
         sum = _mm256_add_ps(sum, e);
     }
-    const float inv = 1.0f / hsum8(sum);
-    const float* vb = v + lo * v_stride;
-    int64_t d = 0;
-    for (; d + 64 <= D; d += 64) weighted_sum<8>(s, n, vb + d, v_stride, inv, out + d);
-    for (; d + 8 <= D; d += 8) weighted_sum<1>(s, n, vb + d, v_stride, inv, out + d);
-    for (; d < D; ++d) {  // D % 8 columns: scalar, same order over j
-        float acc = 0.0f;
-        for (int64_t jj = 0; jj < n; ++jj) acc = fmaf(s[jj], vb[jj * v_stride + d], acc);
-        out[d] = acc * inv;
+    return 1.0f / hsum8(sum);
+}
+
+// out_g[c : c + 8 NV) = inv_g * sum_j p_g[j] v[j][c : c + 8 NV) for GB heads sharing each value
+// load.  Per output element: one FMA chain over j in key order, whatever GB and NV.
+template <int GB, int NV>
+inline void group_values(const float* p, int64_t p_stride, int64_t n, const float* v,
+                         int64_t v_stride, const float* inv, float* out, int64_t out_hs) {
+    __m256 acc[GB][NV];
+    for (int g = 0; g < GB; ++g)
+        for (int i = 0; i < NV; ++i) acc[g][i] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) {
+        const float* vj = v + j * v_stride;
+        __m256 pj[GB];
+        for (int g = 0; g < GB; ++g) pj[g] = _mm256_broadcast_ss(p + g * p_stride + j);
+        for (int i = 0; i < NV; ++i) {
+            const __m256 vv = _mm256_loadu_ps(vj + 8 * i);
+            for (int g = 0; g < GB; ++g) acc[g][i] = _mm256_fmadd_ps(pj[g], vv, acc[g][i]);
+        }
+    }
+    for (int g = 0; g < GB; ++g) {
+        const __m256 s = _mm256_set1_ps(inv[g]);
+        for (int i = 0; i < NV; ++i) _mm256_storeu_ps(out + g * out_hs + 8 * i, _mm256_mul_ps(acc[g][i], s));
     }
 }
 
-const KernelTable kTable = {"avx2", linear_rows, rms_norm_rows, attention_row};
+template <int GB>
+void attention_heads(const float* q, int64_t q_hs, const float* k, int64_t k_stride, const float* v,
+                     int64_t v_stride, int64_t n, int64_t D, float scale, float softcap, float* out,
+                     int64_t out_hs, float* scratch) {
+    constexpr int NV = GB == 1 ? 8 : GB == 4 ? 2 : 4;  // <= 12 accumulators
+    const int64_t s_stride = n + 8;
+    float mx[GB], inv[GB];
+    group_scores<GB>(q, q_hs, k, k_stride, n, D, scale, softcap, scratch, s_stride, mx);
+    for (int g = 0; g < GB; ++g) inv[g] = softmax_inplace(scratch + g * s_stride, n, mx[g]);
+    int64_t c = 0;
+    for (; c + 8 * NV <= D; c += 8 * NV)
+        group_values<GB, NV>(scratch, s_stride, n, v + c, v_stride, inv, out + c, out_hs);
+    for (; c + 8 <= D; c += 8)
+        group_values<GB, 1>(scratch, s_stride, n, v + c, v_stride, inv, out + c, out_hs);
+    for (; c < D; ++c) {  // D % 8 columns: scalar, same order over j
+        for (int g = 0; g < GB; ++g) {
+            const float* p = scratch + g * s_stride;
+            float acc = 0.0f;
+            for (int64_t j = 0; j < n; ++j) acc = fmaf(p[j], v[j * v_stride + c], acc);
+            out[g * out_hs + c] = acc * inv[g];
+        }
+    }
+}
+
+void attention_group(const float* q, int64_t q_head_stride, int64_t G, const float* k,
+                     int64_t k_stride, const float* v, int64_t v_stride, int64_t lo, int64_t hi,
+                     int64_t D, float scale, float softcap, float* out, int64_t out_head_stride,
+                     float* scratch) {
+    const int64_t n = hi - lo + 1;
+    const float* kb = k + lo * k_stride;
+    const float* vb = v + lo * v_stride;
+    for (int64_t g0 = 0; g0 < G; g0 += 4) {
+        const float* qg = q + g0 * q_head_stride;
+        float* og = out + g0 * out_head_stride;
+        switch (G - g0 < 4 ? G - g0 : 4) {
+            case 1: attention_heads<1>(qg, q_head_stride, kb, k_stride, vb, v_stride, n, D, scale, softcap, og, out_head_stride, scratch); break;
+            case 2: attention_heads<2>(qg, q_head_stride, kb, k_stride, vb, v_stride, n, D, scale, softcap, og, out_head_stride, scratch); break;
+            case 3: attention_heads<3>(qg, q_head_stride, kb, k_stride, vb, v_stride, n, D, scale, softcap, og, out_head_stride, scratch); break;
+            default: attention_heads<4>(qg, q_head_stride, kb, k_stride, vb, v_stride, n, D, scale, softcap, og, out_head_stride, scratch); break;
+        }
+    }
+}
+
+const KernelTable kTable = {"avx2", linear_rows, rms_norm_rows, attention_group};
 
 }  // namespace
 

@@ -148,7 +148,16 @@ void attention_row(const float* q, const float* k, int64_t k_stride, const float
     for (int64_t d = 0; d < D; ++d) out[d] *= inv;
 }
 
-const KernelTable kTable = {"portable", linear_rows, rms_norm_rows, attention_row};
+void attention_group(const float* q, int64_t q_head_stride, int64_t G, const float* k,
+                     int64_t k_stride, const float* v, int64_t v_stride, int64_t lo, int64_t hi,
+                     int64_t D, float scale, float softcap, float* out, int64_t out_head_stride,
+                     float* scratch) {
+    for (int64_t g = 0; g < G; ++g)
+        attention_row(q + g * q_head_stride, k, k_stride, v, v_stride, lo, hi, D, scale, softcap,
+                      out + g * out_head_stride, scratch);
+}
+
+const KernelTable kTable = {"portable", linear_rows, rms_norm_rows, attention_group};
 
 }  // namespace
 

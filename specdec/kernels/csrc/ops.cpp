@@ -192,15 +192,17 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_
     const float fscale = static_cast<float>(scale), fcap = static_cast<float>(softcap);
     int64_t span = start_pos + T;
     if (sliding_window > 0) span = std::min(span, sliding_window);
-    const int64_t grain = std::max<int64_t>(1, kMinTaskWork / std::max<int64_t>(span * D * 2, 1));
-    at::parallel_for(0, T * H, grain, [&](int64_t i0, int64_t i1) {
-        float* s = scratch(start_pos + T + 16);
+    const int64_t grain = std::max<int64_t>(1, kMinTaskWork / std::max<int64_t>(span * D * 2 * group, 1));
+    // One work item per (row, kv head): the query heads of a GQA group share each K/V load.
+    at::parallel_for(0, T * Hkv, grain, [&](int64_t i0, int64_t i1) {
+        float* s = scratch(4 * (start_pos + T + 16));
         for (int64_t i = i0; i < i1; ++i) {
-            const int64_t t = i / H, h = i % H, hk = h / group;
+            const int64_t t = i / Hkv, hk = i % Hkv;
             const int64_t pos = start_pos + t;
             const int64_t lo = sliding_window > 0 ? std::max<int64_t>(0, pos - sliding_window + 1) : 0;
-            tab->attention_row(qp + t * qs0 + h * qs1, kp + hk * ks0, ks1, vp + hk * vs0, vs1, lo, pos,
-                               D, fscale, fcap, op + (t * H + h) * D, s);
+            tab->attention_group(qp + t * qs0 + hk * group * qs1, qs1, group, kp + hk * ks0, ks1,
+                                 vp + hk * vs0, vs1, lo, pos, D, fscale, fcap,
+                                 op + (t * H + hk * group) * D, D, s);
         }
     });
     return out;
