@@ -27,8 +27,8 @@ SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)]
 STEP_CALLS = {(576, 576): 60, (192, 576): 60, (1536, 576): 60, (576, 1536): 30, (49152, 576): 1}
 
 
-def _time(fn, args_list, min_time: float, min_iters: int) -> float:
-    """Median seconds per call over ~min_time, cycling through args_list."""
+def _time(fn, args_list, min_time: float, min_iters: int, stat: str) -> float:
+    """Seconds per call (median or min) over ~min_time, cycling through args_list."""
     for a in args_list[:2]:
         fn(*a)
     samples: list[float] = []
@@ -40,7 +40,7 @@ def _time(fn, args_list, min_time: float, min_iters: int) -> float:
         fn(*a)
         samples.append(time.perf_counter() - t0)
         i += 1
-    return statistics.median(samples)
+    return min(samples) if stat == "min" else statistics.median(samples)
 
 
 def main() -> None:
@@ -54,6 +54,12 @@ def main() -> None:
     ap.add_argument("--isa", default="auto", help="native kernels: auto, avx2, portable")
     ap.add_argument("--hot", action="store_true", help="reuse one weight copy (cache-resident)")
     ap.add_argument("--min-time", type=float, default=0.3, help="seconds per measurement")
+    ap.add_argument(
+        "--stat",
+        choices=["median", "min"],
+        default="median",
+        help="per-call statistic; 'min' is steadier on a machine shared with other work",
+    )
     ap.add_argument("--json", help="also write the results to this file")
     args = ap.parse_args()
 
@@ -66,7 +72,7 @@ def main() -> None:
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes]
     print(
         f"torch {torch.__version__}, threads {torch.get_num_threads()}, native isa {kernels.native_isa()}, "
-        f"cpu {kernels.cpu_features()}, weights {'hot' if args.hot else 'cold'}"
+        f"cpu {kernels.cpu_features()}, weights {'hot' if args.hot else 'cold'}, {args.stat} of calls"
     )
     results = []
     step_ms: dict[str, dict[int, float]] = {}
@@ -84,9 +90,9 @@ def main() -> None:
             for m in args.ms:
                 x = torch.randn(m, k)
                 if label == "torch_f32":
-                    sec = _time(F.linear, [(x, p.data) for p in ws], args.min_time, 5)
+                    sec = _time(F.linear, [(x, p.data) for p in ws], args.min_time, 5, args.stat)
                 else:
-                    sec = _time(ops.linear, [(x, p) for p in ws], args.min_time, 5)
+                    sec = _time(ops.linear, [(x, p) for p in ws], args.min_time, 5, args.stat)
                 gbs = packed.nbytes / sec / 1e9
                 cells.append(f"{sec * 1e3:7.3f} {gbs:6.1f}")
                 results.append(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -140,6 +141,11 @@ class PackedWeight:
             return self.data
         return _dequantize(self.qtype, self.data, self.out_features, self.in_features)
 
+    def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """Float32 ``[len(rows), K]`` of the selected output rows (e.g. an embedding lookup)."""
+        idx = rows.reshape(-1).to(self.data.device)
+        return _dequantize(self.qtype, self.data[idx], idx.numel(), self.in_features)
+
     def float_weight(self, device: torch.device | str) -> torch.Tensor:
         """Float32 ``[N, K]`` on ``device``, made once and cached (used by TorchOps)."""
         device = torch.device(device)
@@ -188,7 +194,9 @@ def pack_weight(
     if qtype not in QTYPES:
         raise ValueError(f"unknown qtype {qtype!r}; expected one of {QTYPES}")
     if isinstance(data, np.ndarray):
-        data = torch.from_numpy(np.ascontiguousarray(data))
+        with warnings.catch_warnings():  # read-only memmaps: the kernels never write weights
+            warnings.simplefilter("ignore", UserWarning)
+            data = torch.from_numpy(np.ascontiguousarray(data))
     n, k = int(out_features), int(in_features)
     if qtype == "f32":
         if data.dtype != torch.float32:

@@ -94,6 +94,10 @@ def test_pack_gguf_bytes_dequantize_matches_gguf(qtype):
     assert packed.nbytes == raw.nbytes  # stays quantized
     ref = gguf.quants.dequantize(raw, GGML_TYPE[qtype])
     np.testing.assert_array_equal(packed.dequantize().numpy(), ref)
+    rows = torch.tensor([3, 0, 19, 3])
+    np.testing.assert_array_equal(packed.dequantize_rows(rows).numpy(), ref[rows.numpy()])
+    raw.flags.writeable = False  # like a GGUFReader memmap; numpy input is accepted as well
+    assert torch.equal(K.pack_weight(qtype, raw, 20, 128).data, packed.data)
 
 
 def test_pack_f32_and_errors():
