@@ -331,7 +331,8 @@ class AsyncLLM:
                 logger.exception("abort of %s failed", req.req_id)
         if self.engine.has_unfinished_requests() and self.dead_error is None:
             self.dead_error = error
-            self._stop = True
+            with self._cv:
+                self._stop = True
 
 
 class _StatsLog:

@@ -322,6 +322,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from specdec.model.registry import resolve_model_path
 
     root = str(resolve_model_path(model))  # fail fast, before the slow imports
+    import prometheus_client
+
+    prometheus_client.disable_created_metrics()  # as vLLM: no *_created series
     logging.basicConfig(
         level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s"
     )

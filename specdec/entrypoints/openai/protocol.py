@@ -65,42 +65,52 @@ class RequestError(ValueError):
         ).model_dump()
 
 
+_TYPE_LABELS = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
+
+
+def _is_union_label(part: int | str) -> bool:
+    """pydantic adds the failing branch's type (``str``, ``list[int]``) to a union's location."""
+    return isinstance(part, str) and (part in _TYPE_LABELS or "[" in part)
+
+
 def _loc_to_param(loc: tuple[int | str, ...]) -> str:
+    """``("messages", 0, "role")`` -> ``messages[0].role``."""
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("str", "int", "list[int]", "list[str]", "list[list[int]]") or "[" in str(
-            part
-        ):
-            continue  # union-branch labels pydantic adds to the location
         else:
-            out += f".{part}" if out else str(part)
+            out += f".{part}" if out else part
     return out
 
 
 def validation_error(e: ValidationError) -> RequestError:
     """The first problem of a pydantic error, as a 400 naming the field."""
     errors = e.errors(include_url=False)
-    err = errors[0]
-    loc = tuple(err.get("loc", ()))
+    loc = tuple(errors[0].get("loc", ()))
+    kind = errors[0].get("type", "")
+    cut = next((i for i, part in enumerate(loc) if _is_union_label(part)), None)
+    if cut is not None:  # a union fails once per branch: list the branches
+        base = loc[:cut]
+        labels = dict.fromkeys(
+            str(x["loc"][cut])
+            for x in errors
+            if tuple(x["loc"][:cut]) == base and len(x["loc"]) > cut
+        )
+        param = _loc_to_param(base)
+        return RequestError(
+            f"{param}: invalid type or value, expected one of: {', '.join(labels)}",
+            param,
+            code="invalid_type",
+        )
     param = _loc_to_param(loc) or None
-    kind = err.get("type", "")
-    code = (
-        "invalid_type" if kind.endswith("_type") or kind.endswith("_parsing") else "invalid_value"
-    )
     if kind == "missing":
         code = "missing_required_parameter"
-    message = f"{param}: {err.get('msg')}" if param else str(err.get("msg"))
-    # A union field fails once per branch: name the branches instead of the first one's complaint.
-    branches = [
-        x["loc"][len(loc) - 1]
-        for x in errors
-        if len(x["loc"]) >= len(loc) and x["loc"][: len(loc) - 1] == loc[:-1]
-    ]
-    if len(loc) >= 2 and isinstance(loc[-1], str) and len(set(branches)) > 1:
-        param = _loc_to_param(loc[:-1]) or None
-        message = f"{param}: invalid type or value, expected one of: {', '.join(dict.fromkeys(map(str, branches)))}"
+    elif kind.endswith(("_type", "_parsing")):
+        code = "invalid_type"
+    else:
+        code = "invalid_value"
+    message = f"{param}: {errors[0].get('msg')}" if param else str(errors[0].get("msg"))
     return RequestError(message, param=param, code=code)
 
 
@@ -169,6 +179,9 @@ class _SamplingRequest(OpenAIBaseModel):
             raise RequestError(
                 f"top_k must be -1 (off), 0 (off) or >= 1, got {self.top_k}", "top_k"
             )
+
+    def to_sampling_params(self, max_tokens: int) -> SamplingParams:
+        raise NotImplementedError
 
     @property
     def include_usage(self) -> bool:

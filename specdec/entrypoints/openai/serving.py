@@ -137,7 +137,7 @@ class OpenAIServing:
     async def _start(
         self, prompt_ids: list[int], req: _SamplingRequest, max_tokens: int, param: str
     ) -> RequestStream:
-        sampling = req.to_sampling_params(max_tokens)  # type: ignore[attr-defined]
+        sampling = req.to_sampling_params(max_tokens)
         try:
             return await self.llm.add_request(prompt_ids, sampling, random_id("req"))
         except EngineError as e:
