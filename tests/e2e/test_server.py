@@ -497,6 +497,46 @@ def test_engine_step_error_fails_requests_and_keeps_serving(server) -> None:
     assert httpx.get(f"{server.url}/health").status_code == 200
 
 
+def test_async_llm_generate_cancel_and_errors(tiny_llama) -> None:
+    """AsyncLLM without HTTP: outputs stream per step, closing the iterator frees the KV at once,
+    a bad request fails only its caller, and a stopped engine refuses work."""
+    import asyncio
+
+    from specdec.engine.async_llm import EngineDeadError
+    from specdec.sampling_params import SamplingParams
+
+    llm = AsyncLLM.from_config(
+        EngineConfig(model=str(tiny_llama), max_model_len=MAX_MODEL_LEN), log_stats=False
+    )
+    llm.start()
+
+    async def scenario() -> None:
+        sp = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+        outs = [o async for o in llm.generate("hello", sp)]
+        assert outs[-1].finished and len(outs[-1].outputs[0].token_ids) == 12
+        assert sum(len(o.delta_token_ids) for o in outs) == 12
+        with pytest.raises(ValueError, match="empty"):
+            await llm.add_request([], sp)
+        gen = llm.generate("hello", SamplingParams(max_tokens=200, ignore_eos=True))
+        await anext(gen)
+        assert await llm.call(lambda e: e.kv.num_used_slots) == 1
+        await gen.aclose()
+        assert await llm.call(lambda e: (e.kv.num_used_slots, len(e.requests))) == (0, 0)
+        again = [o async for o in llm.generate("hello", sp)]
+        assert again[-1].outputs[0].text == outs[-1].outputs[0].text
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        llm.shutdown()
+
+    async def after_shutdown() -> None:
+        with pytest.raises(EngineDeadError):
+            await llm.add_request("hello", SamplingParams())
+
+    asyncio.run(after_shutdown())
+
+
 # ---- start-up --------------------------------------------------------------------------------------
 
 
