@@ -68,7 +68,8 @@ def _latency_parser(sub) -> None:
         "--categories", type=_csv, default=None, help="comma-separated categories to keep"
     )
     p.add_argument("--num-prompts", type=int, default=None, help="first N prompts of each category")
-    p.add_argument("--configs", nargs="+", default=["plain", "ngram:k=5"], metavar="CONFIG")
+    p.add_argument("--configs", nargs="+", default=["plain", "ngram:k=5"], metavar="CONFIG",
+                   help="configurations to compare (syntax below; default: plain ngram:k=5)")  # fmt: skip
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument(
         "--temperature", type=float, default=0.0, help="0 = greedy (exactness is checked)"

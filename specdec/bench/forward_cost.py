@@ -35,7 +35,10 @@ class ForwardCostOptions:
 def measure_forward_cost(
     model, context: int, ns: list[int], repeats: int, warmup: int, seed: int = 0
 ) -> list[dict]:
-    """Median ms of ``forward`` + ``compute_logits`` over N rows, per N (N = 1 always measured)."""
+    """Median ms of ``forward`` + ``compute_logits`` over N rows, per N (N = 1 always measured).
+
+    Every repeat writes the same KV positions after the cached context, so the context stays fixed.
+    """
     from specdec.model.llama import SeqBatch
 
     ns = sorted(set(ns) | {1})
@@ -50,25 +53,28 @@ def measure_forward_cost(
     with torch.inference_mode():
         prompt = torch.randint(0, vocab, (context,), generator=gen)
         model.forward(prompt, torch.arange(context), SeqBatch([0], [0], [context]), kv)
-        rows = []
-        for n in ns:
-            ids = torch.randint(0, vocab, (n,), generator=gen)
+        inputs = {n: torch.randint(0, vocab, (n,), generator=gen) for n in ns}
+
+        def step(n: int) -> float:
+            start = time.perf_counter()
             pos = torch.arange(context, context + n)
-            batch = SeqBatch([0], [context], [n])
-            times = []
-            for i in range(warmup + repeats):
-                start = time.perf_counter()
-                logits = model.compute_logits(model.forward(ids, pos, batch, kv))  # [n, vocab]
-                float(logits[-1, 0])  # NOTE: make sure the work is done before the clock stops
-                if i >= warmup:
-                    times.append(time.perf_counter() - start)
-            rows.append(
-                {
-                    "n": n,
-                    "ms": 1000.0 * statistics.median(times),
-                    "ms_all": [1000.0 * t for t in times],
-                }
-            )
+            hidden = model.forward(inputs[n], pos, SeqBatch([0], [context], [n]), kv)
+            logits = model.compute_logits(hidden)  # [n, vocab]
+            float(logits[-1, 0])  # NOTE: the work is done before the clock stops
+            return time.perf_counter() - start
+
+        for n in ns:
+            for _ in range(warmup):
+                step(n)
+        # NOTE: round-robin over N, so drifts of a shared machine hit every N alike.
+        times: dict[int, list[float]] = {n: [] for n in ns}
+        for _ in range(repeats):
+            for n in ns:
+                times[n].append(step(n))
+    rows = [
+        {"n": n, "ms": 1000.0 * statistics.median(t), "ms_all": [1000.0 * x for x in t]}
+        for n, t in times.items()
+    ]
     base = rows[0]["ms"]
     for r in rows:
         r["ratio"] = r["ms"] / base

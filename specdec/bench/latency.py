@@ -129,6 +129,18 @@ class _Run:
         self.builder = PromptBuilder(tok, chat, self.opts.code_prefix)
         self.eog = set(tok.eog_token_ids)
 
+    def _warm_up(self, runner) -> None:
+        """One excluded request: the first prompt that fits (first turn, short output)."""
+        assert self.builder is not None
+        p = self.params
+        warm = GenParams(min(WARMUP_MAX_TOKENS, p.max_tokens), p.temperature, p.seed, p.ignore_eos)
+        for item in self.items:
+            try:
+                runner.generate(self.builder.prompt_ids(item, []), warm)
+                return
+            except ValueError:
+                continue
+
     def run_config(self, cfg: BenchConfig) -> None:
         try:
             runner = self._make_runner(cfg)
@@ -140,9 +152,7 @@ class _Run:
             if self.builder is None:
                 self._init_builder(runner)
             assert self.builder is not None
-            warm = GenParams(min(WARMUP_MAX_TOKENS, self.params.max_tokens), self.params.temperature,
-                             self.params.seed, self.params.ignore_eos)  # fmt: skip
-            runner.generate(self.builder.prompt_ids(self.items[0], []), warm)
+            self._warm_up(runner)
             bar = tqdm(self.items, desc=cfg.label, unit="prompt", disable=not self.opts.progress)
             tokens = seconds = 0.0
             for item in bar:
@@ -242,6 +252,9 @@ def run_latency(opts: LatencyOptions) -> LatencyResult:
         )
     print()
     print(table)
+    for r in run.records:
+        if r["error"]:
+            _warn(f"error: {r['config']} / {r['id']} (excluded from the figures): {r['error']}")
     if failures:
         _loud([f"{len(failures)} FAILURE(S):", *failures])
     print(f"results in {out_dir}")

@@ -362,6 +362,20 @@ def test_latency_anchors(tiny_llama, tmp_path, capsys) -> None:
         assert "skipped llama_cpp:plain" in capsys.readouterr().out
 
 
+def test_latency_too_long_prompts_are_reported_not_failed(tiny_llama, tmp_path, capsys) -> None:
+    out = tmp_path / "long"
+    argv = ["--max-model-len", "100", "--configs", "plain", "ngram:k=2", "--no-plots"]
+    assert _latency(tiny_llama, out, *argv) == 0  # the same prompts fail for plain too
+    result = json.loads((out / "results.json").read_text())
+    errors = {(r["config"], r["id"]) for r in result["records"] if r["error"]}
+    assert ("plain", "tiny/edit-0") in errors and ("ngram:k=2", "tiny/edit-0") in errors
+    overall = next(
+        r for r in result["summary"] if r["config"] == "plain" and r["category"] == "overall"
+    )
+    assert overall["num_errors"] == len(errors) // 2
+    assert "max_model_len 100" in capsys.readouterr().err
+
+
 def test_bad_config_is_a_clear_cli_error(tiny_llama, tmp_path, capsys) -> None:
     assert _latency(tiny_llama, tmp_path / "x", "--configs", "ngram:k") == 2
     assert "expected key=value" in capsys.readouterr().err
