@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +14,11 @@ if TYPE_CHECKING:
 
 __all__ = ["LLM", "CompletionOutput", "EngineConfig", "RequestOutput", "SamplingParams", "SpeculativeConfig"]
 __version__ = "0.1.0"
+
+# NOTE: OpenMP's default spin-waiting makes every parallel region cost milliseconds as soon as the
+# cores are shared (measured here: a 64-token forward 1473 ms spinning vs 185 ms passive; decode
+# 33 ms vs 14 ms per step under load). Takes effect when specdec is imported before torch.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 _WHERE = {
     "LLM": "specdec.llm",
