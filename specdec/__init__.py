@@ -12,7 +12,14 @@ if TYPE_CHECKING:
     from specdec.outputs import CompletionOutput, RequestOutput
     from specdec.sampling_params import SamplingParams
 
-__all__ = ["LLM", "CompletionOutput", "EngineConfig", "RequestOutput", "SamplingParams", "SpeculativeConfig"]
+__all__ = [
+    "LLM",
+    "CompletionOutput",
+    "EngineConfig",
+    "RequestOutput",
+    "SamplingParams",
+    "SpeculativeConfig",
+]
 __version__ = "0.1.0"
 
 # NOTE: OpenMP's default spin-waiting makes every parallel region cost milliseconds as soon as the

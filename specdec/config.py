@@ -58,7 +58,9 @@ class SpeculativeConfig:
             raise ConfigError("speculative_config.model is required for method 'draft_model'")
 
     @classmethod
-    def from_any(cls, value: SpeculativeConfig | dict[str, Any] | str | None) -> SpeculativeConfig | None:
+    def from_any(
+        cls, value: SpeculativeConfig | dict[str, Any] | str | None
+    ) -> SpeculativeConfig | None:
         """Accept a config, a dict of vLLM keys, or a JSON string."""
         if value is None or isinstance(value, SpeculativeConfig):
             return value
@@ -118,7 +120,9 @@ def _infer_method(model: str | None) -> str:
 
 def _check_int(value: Any, key: str, minimum: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(f"speculative_config.{key} must be an integer >= {minimum}, got {value!r}")
+        raise ConfigError(
+            f"speculative_config.{key} must be an integer >= {minimum}, got {value!r}"
+        )
 
 
 @dataclass
@@ -137,7 +141,9 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16", "auto"):
-            raise ConfigError(f"dtype must be one of float32, bfloat16, float16, got '{self.dtype}'")
+            raise ConfigError(
+                f"dtype must be one of float32, bfloat16, float16, got '{self.dtype}'"
+            )
         if self.kernels not in ("auto", "native", "torch"):
             raise ConfigError(f"kernels must be one of auto, native, torch, got '{self.kernels}'")
         if self.quantization not in ("auto", "fp32", "q8_0", "q4_0", "q4_1"):
@@ -147,6 +153,8 @@ class EngineConfig:
         if self.max_num_seqs < 1:
             raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 16:
-            raise ConfigError(f"max_num_batched_tokens must be >= 16, got {self.max_num_batched_tokens}")
+            raise ConfigError(
+                f"max_num_batched_tokens must be >= 16, got {self.max_num_batched_tokens}"
+            )
         if self.max_model_len is not None and self.max_model_len < 16:
             raise ConfigError(f"max_model_len must be >= 16, got {self.max_model_len}")

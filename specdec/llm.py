@@ -42,7 +42,10 @@ class LLM:
         spec = SpeculativeConfig.from_any(speculative_config)
         if spec is None:
             spec = SpeculativeConfig.from_legacy(
-                speculative_model, num_speculative_tokens, ngram_prompt_lookup_max, ngram_prompt_lookup_min
+                speculative_model,
+                num_speculative_tokens,
+                ngram_prompt_lookup_max,
+                ngram_prompt_lookup_min,
             )
         self.engine = LLMEngine(
             EngineConfig(

@@ -43,16 +43,40 @@ class SamplingParams:
             (self.n == 1, f"n must be 1 (got {self.n}): parallel sampling is not supported"),
             (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-            (self.top_k == -1 or self.top_k >= 1, f"top_k must be -1 (off) or >= 1, got {self.top_k}"),
+            (
+                self.top_k == -1 or self.top_k >= 1,
+                f"top_k must be -1 (off) or >= 1, got {self.top_k}",
+            ),
             (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
-            (-2 <= self.presence_penalty <= 2, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
-            (-2 <= self.frequency_penalty <= 2, f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
-            (self.repetition_penalty > 0, f"repetition_penalty must be > 0, got {self.repetition_penalty}"),
-            (self.max_tokens is None or self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
+            (
+                -2 <= self.presence_penalty <= 2,
+                f"presence_penalty must be in [-2, 2], got {self.presence_penalty}",
+            ),
+            (
+                -2 <= self.frequency_penalty <= 2,
+                f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}",
+            ),
+            (
+                self.repetition_penalty > 0,
+                f"repetition_penalty must be > 0, got {self.repetition_penalty}",
+            ),
+            (
+                self.max_tokens is None or self.max_tokens >= 1,
+                f"max_tokens must be >= 1, got {self.max_tokens}",
+            ),
             (self.min_tokens >= 0, f"min_tokens must be >= 0, got {self.min_tokens}"),
-            (self.logprobs is None or 0 <= self.logprobs <= 20, f"logprobs must be in [0, 20], got {self.logprobs}"),
-            (all(isinstance(s, str) for s in self.stop), "stop must be a string or a list of strings"),
-            (all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids must be non-negative integers"),
+            (
+                self.logprobs is None or 0 <= self.logprobs <= 20,
+                f"logprobs must be in [0, 20], got {self.logprobs}",
+            ),
+            (
+                all(isinstance(s, str) for s in self.stop),
+                "stop must be a string or a list of strings",
+            ),
+            (
+                all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+                "stop_token_ids must be non-negative integers",
+            ),
         ]
         for ok, message in checks:
             if not ok:

@@ -46,7 +46,9 @@ def _byte_tokenizer_json(folder: Path) -> int:
     return tok.get_vocab_size()
 
 
-def make_tiny_model(folder: Path, arch: str = "llama", seed: int = 0, num_layers: int = 2, **overrides) -> Path:
+def make_tiny_model(
+    folder: Path, arch: str = "llama", seed: int = 0, num_layers: int = 2, **overrides
+) -> Path:
     """Random weights in a Hugging Face folder (config.json + model.safetensors + tokenizer)."""
     import transformers
 
@@ -69,7 +71,11 @@ def make_tiny_model(folder: Path, arch: str = "llama", seed: int = 0, num_layers
     torch.manual_seed(seed)
     if arch == "gemma3":
         cfg = transformers.Gemma3TextConfig(
-            **common, head_dim=32, sliding_window=16, query_pre_attn_scalar=32, tie_word_embeddings=True
+            **common,
+            head_dim=32,
+            sliding_window=16,
+            query_pre_attn_scalar=32,
+            tie_word_embeddings=True,
         )
         model = transformers.Gemma3ForCausalLM(cfg)
     elif arch == "qwen2":
@@ -111,7 +117,11 @@ def tiny_qwen2(tmp_path_factory) -> Path:
 
 def bench_prompts(n: int | None = None) -> list[dict]:
     """The prompt fixture copied from ../shared/bench/data (works without shared/)."""
-    rows = [json.loads(line) for line in (FIXTURES / "bench_prompts.jsonl").read_text().splitlines() if line]
+    rows = [
+        json.loads(line)
+        for line in (FIXTURES / "bench_prompts.jsonl").read_text().splitlines()
+        if line
+    ]
     return rows[:n] if n else rows
 
 

@@ -24,12 +24,22 @@ from specdec.spec_decode import PROPOSERS, DraftInput, DraftRequest, Proposer
 from specdec.spec_decode.metrics import SpecDecodeStats
 from specdec.worker.model_runner import ModelRunner
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": torch.float32}
+_DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "auto": torch.float32,
+}
 DEFAULT_MAX_MODEL_LEN = 4096
 
 
 def load_model(
-    model: str, device: torch.device, dtype: torch.dtype, kernels: str, quantization: str, max_len: int | None
+    model: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    kernels: str,
+    quantization: str,
+    max_len: int | None,
 ) -> tuple[LlamaModel, Tokenizer]:
     path = resolve_model_path(model)
     ckpt = load_checkpoint(path)
@@ -38,7 +48,9 @@ def load_model(
     else:
         tokenizer = Tokenizer.from_hf_folder(path)
     if dtype != torch.float32 and kernels == "native":
-        raise ConfigError("native kernels run float32 only; use --kernels torch for bfloat16/float16")
+        raise ConfigError(
+            "native kernels run float32 only; use --kernels torch for bfloat16/float16"
+        )
     ops = get_ops("torch" if dtype != torch.float32 else kernels, device)
     limit = ckpt.arch.max_position_embeddings
     max_len = min(max_len or DEFAULT_MAX_MODEL_LEN, limit) if max_len is None else max_len
@@ -53,11 +65,18 @@ class LLMEngine:
         self.device = torch.device(config.device)
         dtype = _DTYPES[config.dtype]
         self.model, self.tokenizer = load_model(
-            config.model, self.device, dtype, config.kernels, config.quantization, config.max_model_len
+            config.model,
+            self.device,
+            dtype,
+            config.kernels,
+            config.quantization,
+            config.max_model_len,
         )
         self.max_model_len = self.model.max_len
         self.kv = self.model.make_kv_cache(config.max_num_seqs, self.max_model_len)
-        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len)
+        self.scheduler = Scheduler(
+            self.kv, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len
+        )
         self.generator = torch.Generator(self.device).manual_seed(config.seed)
         self.runner = ModelRunner(self.model, self.kv, self.generator)
         self.spec: SpeculativeConfig | None = config.speculative
@@ -77,7 +96,10 @@ class LLMEngine:
             spec.model, self.device, self.model.dtype, self.config.kernels,
             spec.draft_quantization or self.config.quantization, self.max_model_len,
         )  # fmt: skip
-        if draft.cfg.vocab_size != self.model.cfg.vocab_size or draft_tok.vocab_size != self.tokenizer.vocab_size:
+        if (
+            draft.cfg.vocab_size != self.model.cfg.vocab_size
+            or draft_tok.vocab_size != self.tokenizer.vocab_size
+        ):
             raise ConfigError(
                 f"speculative_config.model: the draft's vocabulary ({draft.cfg.vocab_size}) differs from "
                 f"the target's ({self.model.cfg.vocab_size}); draft and target must share a tokenizer"
@@ -176,7 +198,6 @@ class LLMEngine:
         now = time.monotonic()
         if req.metrics.first_token_time is None:
             req.metrics.first_token_time = now
-        sp = req.sampling
         for i, tok in enumerate(result.token_ids):
             req.output_token_ids.append(tok)
             self.num_generation_tokens += 1

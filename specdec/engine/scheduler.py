@@ -36,7 +36,9 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, kv: KVCache, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int) -> None:
+    def __init__(
+        self, kv: KVCache, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int
+    ) -> None:
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -59,7 +61,12 @@ class Scheduler:
             item = self._schedule_one(req, budget)
             out.append(item)
             budget -= len(item.token_ids)
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and self.kv.num_free_slots:
+        while (
+            self.waiting
+            and budget > 0
+            and len(self.running) < self.max_num_seqs
+            and self.kv.num_free_slots
+        ):
             req = self.waiting.popleft()
             req.slot = self.kv.allocate()
             req.status = RequestStatus.RUNNING

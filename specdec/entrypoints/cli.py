@@ -23,14 +23,20 @@ DEFAULT_PROMPT = (
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", "-m", default=DEFAULT_MODEL, help="alias, .gguf file or Hugging Face folder")
+    p.add_argument(
+        "--model", "-m", default=DEFAULT_MODEL, help="alias, .gguf file or Hugging Face folder"
+    )
     p.add_argument("--speculative-config", default=None, help="JSON, vLLM's keys")
     p.add_argument("--model-draft", "-md", default=None, help="draft model (llama.cpp style)")
-    p.add_argument("--draft", type=int, default=None, help="drafts per step with -md (llama.cpp style)")
+    p.add_argument(
+        "--draft", type=int, default=None, help="drafts per step with -md (llama.cpp style)"
+    )
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "auto"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--kernels", default="auto", choices=["auto", "native", "torch"])
-    p.add_argument("--quantization", default="auto", choices=["auto", "fp32", "q8_0", "q4_0", "q4_1"])
+    p.add_argument(
+        "--quantization", default="auto", choices=["auto", "fp32", "q8_0", "q4_0", "q4_1"]
+    )
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=8)
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
@@ -71,7 +77,9 @@ def _generate_parser(sub) -> None:
     p = sub.add_parser("generate", help="generate text for one prompt, streaming to stdout")
     add_engine_args(p)
     p.add_argument("--prompt", "-p", default=DEFAULT_PROMPT)
-    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument(
+        "--chat", action="store_true", help="wrap the prompt in the model's chat template"
+    )
     p.add_argument("--max-tokens", "-n", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -81,7 +89,9 @@ def _generate_parser(sub) -> None:
     p.add_argument("--sampling-seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=None)
     p.add_argument("--ignore-eos", action="store_true")
-    p.add_argument("--compare-plain", action="store_true", help="also run plain decoding; print the speedup")
+    p.add_argument(
+        "--compare-plain", action="store_true", help="also run plain decoding; print the speedup"
+    )
     p.add_argument("--quiet", action="store_true", help="print only the summary")
     p.set_defaults(func=cmd_generate)
 
@@ -129,7 +139,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         )
     else:
         prompt_ids = tok.encode(args.prompt)
-    _run_one(llm, prompt_ids[:8], SamplingParams(max_tokens=4, temperature=0.0), stream=False)  # warm-up
+    _run_one(
+        llm, prompt_ids[:8], SamplingParams(max_tokens=4, temperature=0.0), stream=False
+    )  # warm-up
     llm.engine.spec_stats.__init__()
     plain = None
     if args.compare_plain and spec is not None:
@@ -156,7 +168,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="specdec", description="speculative decoding inference engine")
+    parser = argparse.ArgumentParser(
+        prog="specdec", description="speculative decoding inference engine"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
     try:

@@ -71,7 +71,8 @@ class ArchConfig:
 
 def _gemma_layer_types(num_layers: int, pattern: int = 6) -> list[str]:
     return [
-        "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)
+        "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+        for i in range(num_layers)
     ]
 
 
@@ -88,7 +89,9 @@ def arch_from_gguf(meta: dict[str, Any], vocab_size: int) -> ArchConfig:
 
     hidden = int(get("embedding_length"))
     heads = int(get("attention.head_count"))
-    head_dim = int(get("attention.key_length", 0) or get("rope.dimension_count", 0) or hidden // heads)
+    head_dim = int(
+        get("attention.key_length", 0) or get("rope.dimension_count", 0) or hidden // heads
+    )
     rope_scaling = None
     if get("rope.scaling.type") in ("llama3",) or meta.get(f"{arch}.rope.scaling.type") == "llama3":
         rope_scaling = {"rope_type": "llama3"}

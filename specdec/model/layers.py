@@ -57,9 +57,15 @@ def pack_linear(
     targets = {_target_qtype(r, quantization, native) for r in raws}
     in_features = raws[0].shape[1]
     out_features = sum(r.shape[0] for r in raws)
-    if len(targets) == 1 and all(r.qtype == next(iter(targets)) for r in raws) and raws[0].is_quantized:
+    if (
+        len(targets) == 1
+        and all(r.qtype == next(iter(targets)) for r in raws)
+        and raws[0].is_quantized
+    ):
         data = np.concatenate([r.data.reshape(r.shape[0], -1) for r in raws], axis=0)
-        return pack_weight(raws[0].qtype, torch.from_numpy(np.ascontiguousarray(data)), out_features, in_features)
+        return pack_weight(
+            raws[0].qtype, torch.from_numpy(np.ascontiguousarray(data)), out_features, in_features
+        )
     w = torch.cat([r.to_float() for r in raws], dim=0)  # [N, K]
     target = "f32" if len(targets) > 1 and "f32" in targets else max(targets)
     if target == "f32":
@@ -81,8 +87,7 @@ def make_linear(
     bias = None
     if any(b is not None for b in biases):
         parts = [
-            b.to_float() if b is not None else torch.zeros(r.shape[0])
-            for r, b in zip(raws, biases)
+            b.to_float() if b is not None else torch.zeros(r.shape[0]) for r, b in zip(raws, biases)
         ]
         bias = torch.cat(parts).to(device=device, dtype=dtype)
     return Linear(weight, bias, ops)
@@ -112,7 +117,9 @@ def rope_inv_freq(
 class Rotary:
     """Half-split (NeoX / Hugging Face) rotary embedding with cos/sin tables per position."""
 
-    def __init__(self, inv_freq: torch.Tensor, max_len: int, dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self, inv_freq: torch.Tensor, max_len: int, dtype: torch.dtype, device: torch.device
+    ):
         pos = torch.arange(max_len, dtype=torch.float32)
         freqs = torch.outer(pos, inv_freq)  # [max_len, D/2]
         emb = torch.cat([freqs, freqs], dim=-1)  # [max_len, D]

@@ -17,7 +17,12 @@ import gguf
 import numpy as np
 import torch
 
-from specdec.model.arch import ArchConfig, UnsupportedModelError, arch_from_gguf, arch_from_hf_config
+from specdec.model.arch import (
+    ArchConfig,
+    UnsupportedModelError,
+    arch_from_gguf,
+    arch_from_hf_config,
+)
 from specdec.model.gguf_file import gguf_metadata, read_gguf
 
 QT = gguf.GGMLQuantizationType
@@ -93,7 +98,11 @@ class RawTensor:
 
     def rows(self, index: np.ndarray) -> torch.Tensor:
         """Dequantize only some rows (embedding lookups): [len(index), shape[1]] float32."""
-        sub = RawTensor(self.qtype, self.data.reshape(self.shape[0], -1)[index], (len(index),) + tuple(self.shape[1:]))
+        sub = RawTensor(
+            self.qtype,
+            self.data.reshape(self.shape[0], -1)[index],
+            (len(index),) + tuple(self.shape[1:]),
+        )
         return sub.to_float()
 
 
@@ -124,8 +133,10 @@ def _canonical_gguf_name(name: str) -> str | None:
     if base.startswith("blk."):
         _, layer, part = base.split(".", 2)
         mapped = _GGUF_LAYER_NAMES.get(part)
-        return None if mapped is None else f"layers.{layer}.{mapped}" + (
-            ".bias" if suffix == "bias" else ""
+        return (
+            None
+            if mapped is None
+            else f"layers.{layer}.{mapped}" + (".bias" if suffix == "bias" else "")
         )
     mapped = _GGUF_TOP_NAMES.get(base)
     return None if mapped is None else mapped + (".bias" if suffix == "bias" else "")
@@ -147,9 +158,10 @@ def load_gguf(path: Path) -> LoadedCheckpoint:
             continue
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         tensors[name] = RawTensor(qtype, t.data, shape)
-    vocab = int(meta.get(f"{meta.get('general.architecture')}.vocab_size", 0)) or tensors[
-        "embed_tokens"
-    ].shape[0]
+    vocab = (
+        int(meta.get(f"{meta.get('general.architecture')}.vocab_size", 0))
+        or tensors["embed_tokens"].shape[0]
+    )
     arch = arch_from_gguf(meta, vocab)
     arch.tie_word_embeddings = "lm_head" not in tensors
     if arch.arch == "llama" and meta.get("general.architecture") in ("llama", "mistral"):

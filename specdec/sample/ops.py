@@ -20,7 +20,9 @@ def apply_penalties(
     """vLLM semantics: repetition penalty over prompt and output; presence/frequency over output."""
     if sp.repetition_penalty != 1.0:
         seen = prompt_mask.unsqueeze(0) | (output_counts > 0)
-        penalised = torch.where(logits > 0, logits / sp.repetition_penalty, logits * sp.repetition_penalty)
+        penalised = torch.where(
+            logits > 0, logits / sp.repetition_penalty, logits * sp.repetition_penalty
+        )
         logits = torch.where(seen, penalised, logits)
     if sp.frequency_penalty:
         logits = logits - sp.frequency_penalty * output_counts

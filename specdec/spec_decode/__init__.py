@@ -14,15 +14,21 @@ if TYPE_CHECKING:
     from specdec.model.llama import LlamaModel
 
 
-def _ngram(cfg: SpeculativeConfig, target: LlamaModel, load_draft, max_num_seqs: int, max_len: int) -> Proposer:
+def _ngram(
+    cfg: SpeculativeConfig, target: LlamaModel, load_draft, max_num_seqs: int, max_len: int
+) -> Proposer:
     return NgramProposer(cfg.prompt_lookup_min, cfg.prompt_lookup_max)
 
 
-def _draft_model(cfg: SpeculativeConfig, target: LlamaModel, load_draft, max_num_seqs: int, max_len: int) -> Proposer:
+def _draft_model(
+    cfg: SpeculativeConfig, target: LlamaModel, load_draft, max_num_seqs: int, max_len: int
+) -> Proposer:
     return DraftModelProposer(load_draft(cfg), max_num_seqs, max_len)
 
 
-def _layer_skip(cfg: SpeculativeConfig, target: LlamaModel, load_draft, max_num_seqs: int, max_len: int) -> Proposer:
+def _layer_skip(
+    cfg: SpeculativeConfig, target: LlamaModel, load_draft, max_num_seqs: int, max_len: int
+) -> Proposer:
     layers = min(cfg.num_draft_layers, target.cfg.num_layers)
     return DraftModelProposer(target, max_num_seqs, max_len, num_layers=layers)
 

@@ -28,7 +28,9 @@ class DraftInput:
 @dataclass
 class DraftOutput:
     draft_token_ids: list[list[int]]  # per request; empty = do not speculate this step
-    draft_probs: list[torch.Tensor | None] = field(default_factory=list)  # per request [k, V] or None
+    draft_probs: list[torch.Tensor | None] = field(
+        default_factory=list
+    )  # per request [k, V] or None
 
 
 class Proposer(ABC):

@@ -32,7 +32,9 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class DraftModelProposer(Proposer):
-    def __init__(self, model: LlamaModel, max_num_seqs: int, max_len: int, num_layers: int | None = None) -> None:
+    def __init__(
+        self, model: LlamaModel, max_num_seqs: int, max_len: int, num_layers: int | None = None
+    ) -> None:
         self.model = model
         self.num_layers = num_layers
         self.kv = model.make_kv_cache(max_num_seqs, max_len, num_layers)
@@ -46,7 +48,9 @@ class DraftModelProposer(Proposer):
 
     def propose(self, inp: DraftInput) -> DraftOutput:
         active = [
-            r for r in inp.requests if r.max_num_drafts > 0 and len(r.token_ids) + r.max_num_drafts <= self.max_len
+            r
+            for r in inp.requests
+            if r.max_num_drafts > 0 and len(r.token_ids) + r.max_num_drafts <= self.max_len
         ]
         drafts: dict[str, list[int]] = {r.req_id: [] for r in active}
         probs: dict[str, list[torch.Tensor]] = {r.req_id: [] for r in active}
@@ -103,7 +107,9 @@ class DraftModelProposer(Proposer):
             self.kv,
             num_layers=self.num_layers,
         )
-        last_rows = torch.tensor([sum(counts[: i + 1]) - 1 for i in range(len(counts))], device=device)
+        last_rows = torch.tensor(
+            [sum(counts[: i + 1]) - 1 for i in range(len(counts))], device=device
+        )
         return self.model.compute_logits(hidden[last_rows])
 
     def _draw(self, logits: torch.Tensor, r: DraftRequest) -> tuple[int, torch.Tensor | None]:

@@ -28,7 +28,9 @@ class SpecDecodeStats:
         self.num_draft_tokens += other.num_draft_tokens
         self.num_accepted_tokens += other.num_accepted_tokens
         if len(self.accepted_per_pos) < len(other.accepted_per_pos):
-            self.accepted_per_pos.extend([0] * (len(other.accepted_per_pos) - len(self.accepted_per_pos)))
+            self.accepted_per_pos.extend(
+                [0] * (len(other.accepted_per_pos) - len(self.accepted_per_pos))
+            )
         for i, n in enumerate(other.accepted_per_pos):
             self.accepted_per_pos[i] += n
 

@@ -33,7 +33,9 @@ class NgramProposer(Proposer):
 
     def propose(self, inp: DraftInput) -> DraftOutput:
         drafts = [
-            ngram_propose(np.asarray(r.token_ids, dtype=np.int64), self.min_n, self.max_n, r.max_num_drafts)
+            ngram_propose(
+                np.asarray(r.token_ids, dtype=np.int64), self.min_n, self.max_n, r.max_num_drafts
+            )
             for r in inp.requests
         ]
         return DraftOutput(drafts, [None] * len(drafts))

@@ -14,7 +14,9 @@ from specdec.sample.rejection_sampler import VerifyResult, verify
 
 @dataclass
 class ModelRunnerOutput:
-    results: list[VerifyResult | None]  # per scheduled request; None = prefill chunk, nothing sampled
+    results: list[
+        VerifyResult | None
+    ]  # per scheduled request; None = prefill chunk, nothing sampled
 
 
 class ModelRunner:
@@ -46,10 +48,14 @@ class ModelRunner:
         )  # [T, H]
         logits = None
         if logit_rows:
-            logits = self.model.compute_logits(hidden[torch.tensor(logit_rows, device=device)])  # [R, V]
+            logits = self.model.compute_logits(
+                hidden[torch.tensor(logit_rows, device=device)]
+            )  # [R, V]
         return ModelRunnerOutput(self._verify(sched, logits))
 
-    def _verify(self, sched: SchedulerOutput, logits: torch.Tensor | None) -> list[VerifyResult | None]:
+    def _verify(
+        self, sched: SchedulerOutput, logits: torch.Tensor | None
+    ) -> list[VerifyResult | None]:
         results: list[VerifyResult | None] = []
         row = 0
         for s in sched.scheduled:
@@ -60,5 +66,7 @@ class ModelRunner:
             rows = logits[row : row + s.num_drafts + 1]
             row += s.num_drafts + 1
             gen = req.generator if req.generator is not None else self.default_generator
-            results.append(verify(rows, req.draft_token_ids, req.draft_probs, req.sampling, req.penalty, gen))
+            results.append(
+                verify(rows, req.draft_token_ids, req.draft_probs, req.sampling, req.penalty, gen)
+            )
         return results

@@ -13,12 +13,12 @@ pytestmark = pytest.mark.slow
 PROMPTS = {
     "smollm2-135m": [
         "The capital of France is",
-        "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+        'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
         "Translate to German: The weather is nice today.",
     ],
     "gemma3-270m": [
         "The capital of France is",
-        "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+        'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
         # Longer than Gemma's 512-token sliding window, so local and global layers differ.
         "Count with me: " + ", ".join(str(i) for i in range(1, 260)),
     ],
@@ -31,7 +31,9 @@ def pair(request):
 
     name = request.param
     path = resolve_model_path(name)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    )
     hf.eval()
     ours = LLM(name, quantization="fp32", max_model_len=2048)
     return name, hf, ours
@@ -46,7 +48,9 @@ def test_logits_match(pair) -> None:
     for prompt in PROMPTS[name]:
         ids = tok.encode(prompt)
         kv = model.make_kv_cache(1, len(ids) + 1)
-        h = model.forward(torch.tensor(ids), torch.arange(len(ids)), SeqBatch([0], [0], [len(ids)]), kv)
+        h = model.forward(
+            torch.tensor(ids), torch.arange(len(ids)), SeqBatch([0], [0], [len(ids)]), kv
+        )
         ours = model.compute_logits(h)
         with torch.no_grad():
             ref = hf(torch.tensor([ids])).logits[0].float()
@@ -62,9 +66,15 @@ def test_greedy_continuations_identical(pair) -> None:
     tok = llm.get_tokenizer()
     for prompt in PROMPTS[name][:2]:
         ids = tok.encode(prompt)
-        ours = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=64))[0].outputs[0].token_ids
+        ours = (
+            llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=64))[0]
+            .outputs[0]
+            .token_ids
+        )
         with torch.no_grad():
-            ref = hf.generate(torch.tensor([ids]), max_new_tokens=64, do_sample=False)[0, len(ids) :].tolist()
+            ref = hf.generate(torch.tensor([ids]), max_new_tokens=64, do_sample=False)[
+                0, len(ids) :
+            ].tolist()
         # Both stop at the model's EOS (transformers' generate stops there too); else 64 tokens.
         assert ours == ref[: len(ours)], f"{name}: {prompt[:30]!r}"
         assert len(ours) == 64 or ours[-1] in tok.eog_token_ids

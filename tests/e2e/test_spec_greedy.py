@@ -24,8 +24,16 @@ def _methods(tiny_llama, tiny_draft) -> dict[str, dict]:
         "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3},
         "ngram_k1": {"method": "ngram", "num_speculative_tokens": 1, "prompt_lookup_min": 2},
         "layer_skip": {"method": "layer_skip", "num_speculative_tokens": 3, "num_draft_layers": 2},
-        "draft_model": {"method": "draft_model", "model": str(tiny_draft), "num_speculative_tokens": 3},
-        "draft_self": {"method": "draft_model", "model": str(tiny_llama), "num_speculative_tokens": 5},
+        "draft_model": {
+            "method": "draft_model",
+            "model": str(tiny_draft),
+            "num_speculative_tokens": 3,
+        },
+        "draft_self": {
+            "method": "draft_model",
+            "model": str(tiny_llama),
+            "num_speculative_tokens": 5,
+        },
     }
 
 
@@ -49,7 +57,10 @@ def test_tiny_greedy_identical(method: str, tiny_llama, tiny_draft, plain_llm) -
         max_num_seqs=4,
         max_num_batched_tokens=32,
     )
-    params = [SamplingParams(temperature=0.0, max_tokens=17 + 9 * i, ignore_eos=True) for i in range(len(PROMPTS))]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=17 + 9 * i, ignore_eos=True)
+        for i in range(len(PROMPTS))
+    ]
     plain = plain_llm.generate(PROMPTS, params)
     got = spec.generate(PROMPTS, params)
     assert _texts(got) == _texts(plain)
@@ -63,13 +74,23 @@ def test_tiny_greedy_identical(method: str, tiny_llama, tiny_draft, plain_llm) -
 def test_stops_inside_accepted_run(method: str, tiny_llama, tiny_draft, plain_llm) -> None:
     """EOS / stop token / stop string / max_tokens landing inside a run of accepted drafts."""
     prompt = PROMPTS[0]
-    base = plain_llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True))[0]
+    base = plain_llm.generate(
+        [prompt], SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+    )[0]
     ids, text = base.outputs[0].token_ids, base.outputs[0].text
-    spec = LLM(str(tiny_llama), speculative_config=_methods(tiny_llama, tiny_draft)[method], max_model_len=256)
+    spec = LLM(
+        str(tiny_llama),
+        speculative_config=_methods(tiny_llama, tiny_draft)[method],
+        max_model_len=256,
+    )
     cases = [
         SamplingParams(temperature=0.0, max_tokens=60, stop_token_ids=[ids[23]]),
-        SamplingParams(temperature=0.0, max_tokens=60, stop=[text[len(text) // 2 : len(text) // 2 + 3]]),
-        SamplingParams(temperature=0.0, max_tokens=60, stop=[text[40:43]], include_stop_str_in_output=True),
+        SamplingParams(
+            temperature=0.0, max_tokens=60, stop=[text[len(text) // 2 : len(text) // 2 + 3]]
+        ),
+        SamplingParams(
+            temperature=0.0, max_tokens=60, stop=[text[40:43]], include_stop_str_in_output=True
+        ),
         SamplingParams(temperature=0.0, max_tokens=13, ignore_eos=True),
         SamplingParams(temperature=0.0, max_tokens=60),  # the model's own EOS, if it emits one
     ]
@@ -89,11 +110,19 @@ def test_drafts_clipped_at_max_model_len(tiny_llama) -> None:
     prompt = list(range(3, 50))  # 47 tokens
     sp = SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True)
     plain = LLM(str(tiny_llama), max_model_len=64).generate([prompt], sp)[0].outputs[0]
-    spec = LLM(
-        str(tiny_llama),
-        speculative_config={"method": "draft_model", "model": str(tiny_llama), "num_speculative_tokens": 6},
-        max_model_len=64,
-    ).generate([prompt], sp)[0].outputs[0]
+    spec = (
+        LLM(
+            str(tiny_llama),
+            speculative_config={
+                "method": "draft_model",
+                "model": str(tiny_llama),
+                "num_speculative_tokens": 6,
+            },
+            max_model_len=64,
+        )
+        .generate([prompt], sp)[0]
+        .outputs[0]
+    )
     assert plain.finish_reason == spec.finish_reason == "length"
     assert len(prompt) + len(spec.token_ids) == 64
     assert spec.token_ids == plain.token_ids
@@ -114,7 +143,11 @@ def test_real_model_greedy_identical_over_bench_prompts() -> None:
     ]
     for cfg in configs:
         spec = LLM(
-            "smollm2-135m", speculative_config=cfg, max_model_len=1024, max_num_seqs=8, max_num_batched_tokens=1024
+            "smollm2-135m",
+            speculative_config=cfg,
+            max_model_len=1024,
+            max_num_seqs=8,
+            max_num_batched_tokens=1024,
         )
         got = [o.outputs[0].token_ids for o in spec.chat(prompts, sp)]
         mismatched = [i for i, (a, b) in enumerate(zip(got, plain)) if a != b]
@@ -128,17 +161,27 @@ def test_real_model_ngram_stops_inside_accepted_run() -> None:
     item = next(p for p in bench_prompts() if p["category"].startswith("code_edit"))
     conv = [{"role": "user", "content": item["turns"][0]}]
     plain_llm = LLM("smollm2-135m", max_model_len=2048)
-    spec = LLM("smollm2-135m", speculative_config={"method": "ngram", "num_speculative_tokens": 6}, max_model_len=2048)
+    spec = LLM(
+        "smollm2-135m",
+        speculative_config={"method": "ngram", "num_speculative_tokens": 6},
+        max_model_len=2048,
+    )
     base = plain_llm.chat(conv, SamplingParams(temperature=0.0, max_tokens=80))[0].outputs[0]
     ids, text = base.token_ids, base.text
     cases = [
         SamplingParams(temperature=0.0, max_tokens=80, stop_token_ids=[ids[41]]),
-        SamplingParams(temperature=0.0, max_tokens=80, stop=[text[len(text) // 2 : len(text) // 2 + 4]]),
+        SamplingParams(
+            temperature=0.0, max_tokens=80, stop=[text[len(text) // 2 : len(text) // 2 + 4]]
+        ),
         SamplingParams(temperature=0.0, max_tokens=37),
     ]
     for sp in cases:
         want = plain_llm.chat(conv, sp)[0].outputs[0]
         got = spec.chat(conv, sp)[0].outputs[0]
-        assert (got.token_ids, got.text, got.finish_reason) == (want.token_ids, want.text, want.finish_reason)
+        assert (got.token_ids, got.text, got.finish_reason) == (
+            want.token_ids,
+            want.text,
+            want.finish_reason,
+        )
     stats = spec.spec_decode_stats
     assert stats.mean_acceptance_length > 1.5, stats

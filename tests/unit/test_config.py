@@ -9,11 +9,17 @@ from specdec.sampling_params import SamplingParams
 
 
 def test_vllm_keys_json_and_inference() -> None:
-    cfg = SpeculativeConfig.from_any('{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5}')
+    cfg = SpeculativeConfig.from_any(
+        '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5}'
+    )
     assert (cfg.method, cfg.num_speculative_tokens, cfg.prompt_lookup_max) == ("ngram", 3, 5)
     assert SpeculativeConfig.from_any({"model": "some/draft.gguf"}).method == "draft_model"
     legacy = SpeculativeConfig.from_legacy("[ngram]", 4, ngram_prompt_lookup_max=3)
-    assert (legacy.method, legacy.num_speculative_tokens, legacy.prompt_lookup_max) == ("ngram", 4, 3)
+    assert (legacy.method, legacy.num_speculative_tokens, legacy.prompt_lookup_max) == (
+        "ngram",
+        4,
+        3,
+    )
 
 
 @pytest.mark.parametrize(

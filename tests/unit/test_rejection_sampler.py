@@ -83,7 +83,9 @@ def test_q_zero_and_bonus_edge_cases() -> None:
     target = torch.zeros(2, V)
     q = torch.zeros(1, V)
     q[0, 0] = 1.0  # the draft says it would only ever propose token 0 ...
-    res = verify(target, [1], q, SamplingParams(temperature=1.0), None, g)  # ... but proposes 1: q(x) = 0
+    res = verify(
+        target, [1], q, SamplingParams(temperature=1.0), None, g
+    )  # ... but proposes 1: q(x) = 0
     assert res.num_accepted == 1 and len(res.token_ids) == 2  # p > 0 accepts, then a bonus token
     # p(x) = 0 (masked by top-k) always rejects, and the recovered token is never x.
     target = torch.tensor([[5.0, 4.0, 0.0, 0.0, 0.0, 0.0], [0.0] * V])
@@ -105,6 +107,15 @@ def test_seeded_runs_repeat() -> None:
 
 def test_logprobs_are_raw_target_logprobs() -> None:
     logits = torch.randn(2, V, generator=torch.Generator().manual_seed(3))
-    res = verify(logits, [int(logits[0].argmax())], None, SamplingParams(temperature=0.0, logprobs=0), None, None)
+    res = verify(
+        logits,
+        [int(logits[0].argmax())],
+        None,
+        SamplingParams(temperature=0.0, logprobs=0),
+        None,
+        None,
+    )
     expected = logits.log_softmax(-1)
-    assert res.logprobs == pytest.approx([float(expected[i, t]) for i, t in enumerate(res.token_ids)])
+    assert res.logprobs == pytest.approx(
+        [float(expected[i, t]) for i, t in enumerate(res.token_ids)]
+    )

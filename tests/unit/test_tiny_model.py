@@ -11,7 +11,9 @@ from specdec.model.loader import load_checkpoint
 
 
 def _ours(folder, kernels: str = "auto") -> LlamaModel:
-    return LlamaModel(load_checkpoint(folder), get_ops(kernels), torch.device("cpu"), torch.float32, "fp32", 256)
+    return LlamaModel(
+        load_checkpoint(folder), get_ops(kernels), torch.device("cpu"), torch.float32, "fp32", 256
+    )
 
 
 def _hf_logits(folder, ids: list[int]) -> torch.Tensor:
@@ -48,7 +50,10 @@ def test_incremental_decoding_and_rollback_match_full_forward(tiny_llama) -> Non
     got = []
     for n in pieces:
         h = model.forward(
-            torch.tensor(ids[start : start + n]), torch.arange(start, start + n), SeqBatch([1], [start], [n]), kv
+            torch.tensor(ids[start : start + n]),
+            torch.arange(start, start + n),
+            SeqBatch([1], [start], [n]),
+            kv,
         )
         got.append(model.compute_logits(h))
         start += n
@@ -58,7 +63,9 @@ def test_incremental_decoding_and_rollback_match_full_forward(tiny_llama) -> Non
     junk = torch.tensor([7] * 6)
     model.forward(junk, torch.arange(start, start + 6), SeqBatch([1], [start], [6]), kv)
     back = start - 6
-    h = model.forward(torch.tensor(ids[back:30]), torch.arange(back, 30), SeqBatch([1], [back], [30 - back]), kv)
+    h = model.forward(
+        torch.tensor(ids[back:30]), torch.arange(back, 30), SeqBatch([1], [back], [30 - back]), kv
+    )
     assert torch.equal(model.compute_logits(h), full[back:30])
 
 
@@ -67,7 +74,12 @@ def test_batched_sequences_equal_single(tiny_gemma) -> None:
     a = [(i * 7 + 1) % 250 for i in range(25)]
     b = [(i * 11 + 3) % 250 for i in range(9)]
     kv = model.make_kv_cache(3, 256)
-    h = model.forward(torch.tensor(a + b), torch.tensor(list(range(25)) + list(range(9))), SeqBatch([2, 0], [0, 0], [25, 9]), kv)
+    h = model.forward(
+        torch.tensor(a + b),
+        torch.tensor(list(range(25)) + list(range(9))),
+        SeqBatch([2, 0], [0, 0], [25, 9]),
+        kv,
+    )
     both = model.compute_logits(h)
     assert torch.equal(both[:25], _full(model, a))
     assert torch.equal(both[25:], _full(model, b))
