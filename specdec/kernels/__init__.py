@@ -37,6 +37,7 @@ __all__ = [
     "NativeOps",
     "PackedWeight",
     "TorchOps",
+    "concat_weights",
     "cpu_features",
     "get_ops",
     "native_available",
@@ -214,6 +215,25 @@ def pack_weight(
             f"{qtype} weight has {data.numel()} bytes, expected {n} rows x {rb} bytes ({n}x{k})"
         )
     return PackedWeight(qtype, n, k, data.reshape(n, rb).contiguous())
+
+
+def concat_weights(weights: list[PackedWeight] | tuple[PackedWeight, ...]) -> PackedWeight:
+    """Stack weights with the same qtype and in_features along out_features (fused QKV, gate/up).
+
+    Output rows are computed independently, so a fused call gives bit-identical rows to separate
+    calls with the native kernels.
+    """
+    if not weights:
+        raise ValueError("concat_weights needs at least one weight")
+    qtype, k = weights[0].qtype, weights[0].in_features
+    for w in weights:
+        if w.qtype != qtype or w.in_features != k:
+            raise ValueError(
+                f"cannot concatenate {w.qtype} [{w.out_features}, {w.in_features}] with "
+                f"{qtype} [*, {k}]"
+            )
+    n = sum(w.out_features for w in weights)
+    return PackedWeight(qtype, n, k, torch.cat([w.data for w in weights], dim=0))
 
 
 def _roundf(x: torch.Tensor) -> torch.Tensor:

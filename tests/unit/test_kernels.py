@@ -176,9 +176,22 @@ def test_native_linear_thread_invariant(native, qtype):
     assert torch.equal(two[2][:3], two[1]) and torch.equal(two[2][:1], two[0])
 
 
+@pytest.mark.parametrize("qtype", K.QTYPES)
+def test_native_fused_weights_match_separate(native, qtype):
+    parts = [_weight(qtype, n, 64, seed=n) for n in (24, 8, 8)]
+    fused = K.concat_weights(parts)
+    assert (fused.out_features, fused.in_features) == (40, 64)
+    x = _randn(3, 64)
+    assert torch.equal(native.linear(x, fused), torch.cat([native.linear(x, p) for p in parts], 1))
+    with pytest.raises(ValueError):
+        K.concat_weights([parts[0], _weight("f32" if qtype != "f32" else "q8_0", 8, 64)])
+
+
 def test_native_linear_shapes_and_errors(native):
     w = _weight("q4_0", 8, 64)
     assert native.linear(_randn(2, 3, 64), w).shape == (2, 3, 8)
+    x = _randn(64, 5)
+    assert torch.equal(native.linear(x.T, w), native.linear(x.T.contiguous(), w))
     with pytest.raises(RuntimeError):
         native.linear(_randn(2, 32), w)
     with pytest.raises(RuntimeError):
