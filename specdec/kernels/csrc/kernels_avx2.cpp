@@ -82,9 +82,8 @@ struct Block<QT_Q4_0> {
     static constexpr int64_t kBytes = 18;  // f16 d, 16 bytes of nibbles; value (q - 8) * d
     static inline void decode(const uint8_t* b, __m256 out[4]) {
         // fma(q, d, -8d) rounds the exact (q - 8) * d once (-8d is exact): same as (q - 8) * d.
-        const float df = load_f16(b);
-        const __m256 d = _mm256_set1_ps(df);
-        const __m256 c = _mm256_set1_ps(-8.0f * df);
+        const __m256 d = _mm256_set1_ps(load_f16(b));
+        const __m256 c = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
         __m256i q[4];
         nibbles_i32(b + 2, q);
         for (int i = 0; i < 4; ++i) out[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[i]), d, c);
@@ -95,8 +94,12 @@ template <>
 struct Block<QT_Q4_1> {
     static constexpr int64_t kBytes = 20;  // f16 d, f16 m, 16 bytes of nibbles; value q * d + m
     static inline void decode(const uint8_t* b, __m256 out[4]) {
-        const __m256 d = _mm256_set1_ps(load_f16(b));
-        const __m256 m = _mm256_set1_ps(load_f16(b + 2));
+        // d and m converted together: [d, m, 0, 0] -> broadcasts.
+        int32_t dm;
+        memcpy(&dm, b, 4);
+        const __m128 dm4 = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
+        const __m256 d = _mm256_broadcastss_ps(dm4);
+        const __m256 m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm4));
         __m256i q[4];
         nibbles_i32(b + 4, q);
         // Two roundings, like gguf's (d * q) + m.
