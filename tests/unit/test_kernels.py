@@ -127,6 +127,16 @@ def test_native_decode_is_exact(native, qtype):
     assert torch.equal(y, w.dequantize().T)
 
 
+@pytest.mark.parametrize("qtype", QUANT)
+def test_native_quantized_equals_f32_on_dequantized(native, qtype):
+    # The quantized kernels run the f32 kernel's exact arithmetic on the decoded weights.
+    w = _weight(qtype, 50, 128)
+    wf = K.pack_weight("f32", w.dequantize().contiguous(), 50, 128)
+    x = _randn(20, 128)
+    for m in (1, 2, 3, 4, 5, 16, 20):
+        assert torch.equal(native.linear(x[:m], w), native.linear(x[:m], wf)), m
+
+
 @pytest.mark.parametrize("qtype", K.QTYPES)
 @pytest.mark.parametrize("n,k", [(70, 96), (24, 256)])
 @pytest.mark.parametrize("with_bias", [False, True])
