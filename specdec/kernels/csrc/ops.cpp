@@ -88,8 +88,14 @@ float* scratch(int64_t n) {
     return buf.data();
 }
 
-// Minimum multiply-adds per parallel task; below that a task is not worth a thread.
-constexpr int64_t kMinTaskWork = 1 << 16;
+// Smallest task worth a thread, in estimated nanoseconds of single-core work.  Waking an OpenMP
+// worker (specdec sets OMP_WAIT_POLICY=PASSIVE) costs microseconds, so small calls run inline.
+// The per-item cost models below were fitted roughly to single-core timings of the AVX2 kernels.
+constexpr double kMinTaskNs = 8000.0;
+
+int64_t grain_for(double item_ns) {
+    return std::max<int64_t>(1, static_cast<int64_t>(kMinTaskNs / std::max(item_ns, 1e-3)) + 1);
+}
 
 torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K,
                      c10::optional<torch::Tensor> bias) {
@@ -128,8 +134,12 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N,
     const KernelTable* tab = g_table;
     constexpr int64_t kUnit = 24;  // rows per scheduling unit (a multiple of every tile width)
     const int64_t units = (N + kUnit - 1) / kUnit;
-    const int64_t unit_work = kUnit * K * std::min<int64_t>(M, kChunkRows);
-    const int64_t grain = std::max<int64_t>(1, kMinTaskWork / std::max<int64_t>(unit_work, 1));
+    // Per weight row: stream its bytes (~15 GB/s per core), decode its blocks, run the FMAs.
+    const double decode_ns = qtype == QT_F32 ? 0.0 : qtype == QT_Q8_0 ? 0.6 : 1.0;
+    const double row_ns = row_bytes / 15.0 + (K / 32) * decode_ns +
+                          K * static_cast<double>(std::min<int64_t>(M, kChunkRows) - 1) * 0.02;
+    const int64_t chunks = (M + kChunkRows - 1) / kChunkRows;
+    const int64_t grain = grain_for(kUnit * row_ns * chunks);
     at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
         float* s = qtype == QT_F32 ? nullptr : scratch(kMaxScratchRows * K);
         tab->linear_rows(static_cast<int>(qtype), xp, M, K, wp, row_bytes, bias_ptr, yp, N,
@@ -152,7 +162,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
     const float* wp = weight.data_ptr<float>();
     float* yp = y.data_ptr<float>();
     const KernelTable* tab = g_table;
-    const int64_t grain = std::max<int64_t>(1, (kMinTaskWork / 4) / K);
+    const int64_t grain = grain_for(K * 0.3);
     const float feps = static_cast<float>(eps);
     at::parallel_for(0, M, grain, [&](int64_t m0, int64_t m1) {
         tab->rms_norm_rows(xp, wp, yp, K, feps, m0, m1);
@@ -192,7 +202,7 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_
     const float fscale = static_cast<float>(scale), fcap = static_cast<float>(softcap);
     int64_t span = start_pos + T;
     if (sliding_window > 0) span = std::min(span, sliding_window);
-    const int64_t grain = std::max<int64_t>(1, kMinTaskWork / std::max<int64_t>(span * D * 2 * group, 1));
+    const int64_t grain = grain_for(0.08 * static_cast<double>(span * D * group));
     // One work item per (row, kv head): the query heads of a GQA group share each K/V load.
     at::parallel_for(0, T * Hkv, grain, [&](int64_t i0, int64_t i1) {
         float* s = scratch(4 * (start_pos + T + 16));
