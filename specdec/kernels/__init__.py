@@ -137,7 +137,11 @@ class PackedWeight:
         return self.data.numel() * self.data.element_size()
 
     def dequantize(self) -> torch.Tensor:
-        """The weight as float32 ``[N, K]`` on ``data``'s device (equal to gguf's dequantize)."""
+        """The weight as float32 ``[N, K]`` on ``data``'s device.
+
+        Quantized types: a new tensor equal to ``gguf.quants.dequantize`` bit for bit.  ``f32``:
+        ``data`` itself (not a copy).
+        """
         if self.qtype == "f32":
             return self.data
         return _dequantize(self.qtype, self.data, self.out_features, self.in_features)
