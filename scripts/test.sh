@@ -5,4 +5,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 exec .venv/bin/python -m pytest -q "$@"

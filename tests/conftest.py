@@ -6,8 +6,12 @@ import json
 import os
 from pathlib import Path
 
-import pytest
-import torch
+# NOTE: before torch loads OpenMP: spinning worker threads make every small op cost ~20x more
+# on shared cores (specdec/__init__.py does the same for users).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "bench" / "data"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -14,6 +16,11 @@ V = 6
 
 def _tv(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return 0.5 * float((counts / counts.sum() - probs).abs().sum())
+
+
+def _tv_bound(n: int) -> float:
+    """Three times the largest expected TV distance of n draws over V categories."""
+    return 3 * 0.5 * math.sqrt(2 * V / (math.pi * n))
 
 
 def test_greedy_accepts_while_drafts_match_argmax() -> None:
@@ -62,7 +69,7 @@ def test_random_sampling_preserves_target_distribution(with_q: bool, sp: Samplin
     q = target_probs(draft_logits, sp, None, None)
     first = torch.zeros(V)
     second = torch.zeros(V)
-    n = 5000
+    n = 4000
     for _ in range(n):
         if with_q:
             drafts = [int(torch.multinomial(q[i], 1, generator=g)) for i in range(2)]
@@ -73,9 +80,9 @@ def test_random_sampling_preserves_target_distribution(with_q: bool, sp: Samplin
         first[res.token_ids[0]] += 1
         if res.token_ids[0] == drafts[0]:
             second[res.token_ids[1]] += 1
-    assert _tv(first, p[0]) < 0.035
-    assert second.sum() > 500
-    assert _tv(second, p[1]) < 0.06
+    assert _tv(first, p[0]) < _tv_bound(n)
+    assert second.sum() > 200
+    assert _tv(second, p[1]) < _tv_bound(int(second.sum()))
 
 
 def test_q_zero_and_bonus_edge_cases() -> None:
