@@ -9,7 +9,6 @@ from typing import Any
 # Methods that exist today, and those coming in later work (a clear error until then).
 SUPPORTED_METHODS = ("ngram", "draft_model", "layer_skip")
 PLANNED_METHODS = ("suffix", "eagle", "eagle3", "medusa", "mtp")
-DEFAULT_LAYER_SKIP_LAYERS = 8
 
 
 class ConfigError(ValueError):
@@ -27,7 +26,7 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4
     draft_tensor_parallel_size: int = 1
     disable_by_batch_size: int | None = None
-    num_draft_layers: int = DEFAULT_LAYER_SKIP_LAYERS
+    num_draft_layers: int | None = None  # layer_skip; None = all but the last 2 (measured best)
     draft_quantization: str | None = None
 
     def __post_init__(self) -> None:
@@ -53,7 +52,8 @@ class SpeculativeConfig:
             raise ConfigError("speculative_config.draft_tensor_parallel_size must be 1")
         if self.disable_by_batch_size is not None:
             _check_int(self.disable_by_batch_size, "disable_by_batch_size", 1)
-        _check_int(self.num_draft_layers, "num_draft_layers", 1)
+        if self.num_draft_layers is not None:
+            _check_int(self.num_draft_layers, "num_draft_layers", 1)
         if self.method == "draft_model" and not self.model:
             raise ConfigError("speculative_config.model is required for method 'draft_model'")
 
