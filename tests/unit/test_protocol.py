@@ -160,3 +160,13 @@ def test_dump_chunk() -> None:
     chunk.spec_decode = {"num_drafts": 0}
     d = json.loads(dump_chunk(chunk)[6:])
     assert d["usage"]["total_tokens"] == 3 and d["spec_decode"] == {"num_drafts": 0}
+
+
+def test_sse_event_is_one_line_whatever_the_text() -> None:
+    text = "a\u2028b\x85c\u2029d\ne\rf\x1cg"
+    chunk = ChatCompletionChunk(
+        id="c", created=1, model="m", choices=[ChatStreamChoice(delta=DeltaMessage(content=text))]
+    )
+    event = dump_chunk(chunk)
+    assert len(event[:-2].splitlines()) == 1 and event.isascii()
+    assert json.loads(event[6:])["choices"][0]["delta"]["content"] == text

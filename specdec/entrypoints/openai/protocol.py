@@ -469,4 +469,5 @@ def dump_chunk(chunk: BaseModel) -> str:
     for key in ("usage", "spec_decode"):
         if d.get(key) is None:
             d.pop(key, None)
-    return f"data: {json.dumps(d, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    # NOTE: ASCII only: U+2028, U+0085 etc. would end the line for splitlines()-based SSE readers.
+    return f"data: {json.dumps(d, separators=(',', ':'))}\n\n"
