@@ -38,6 +38,7 @@ class LLM:
         max_num_seqs: int = 8,
         max_num_batched_tokens: int = 512,
         seed: int = 0,
+        kv_cache_memory: float | None = None,
     ) -> None:
         spec = SpeculativeConfig.from_any(speculative_config)
         if spec is None:
@@ -58,6 +59,7 @@ class LLM:
                 max_num_seqs=max_num_seqs,
                 max_num_batched_tokens=max_num_batched_tokens,
                 seed=seed,
+                kv_cache_memory=kv_cache_memory,
                 speculative=spec,
             )
         )

@@ -13,6 +13,7 @@ from specdec.engine.detokenizer import IncrementalDetokenizer
 from specdec.engine.request import Request
 from specdec.engine.scheduler import Scheduler
 from specdec.kernels import get_ops
+from specdec.kv_cache.pool import KVCache
 from specdec.model.llama import LlamaModel
 from specdec.model.loader import load_checkpoint
 from specdec.model.registry import resolve_model_path
@@ -73,9 +74,10 @@ class LLMEngine:
             config.max_model_len,
         )
         self.max_model_len = self.model.max_len
-        self.kv = self.model.make_kv_cache(config.max_num_seqs, self.max_model_len)
+        num_slots = self._num_kv_slots(config)
+        self.kv = self.model.make_kv_cache(num_slots, self.max_model_len)
         self.scheduler = Scheduler(
-            self.kv, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len
+            self.kv, num_slots, config.max_num_batched_tokens, self.max_model_len
         )
         self.generator = torch.Generator(self.device).manual_seed(config.seed)
         self.runner = ModelRunner(self.model, self.kv, self.generator)
@@ -90,6 +92,31 @@ class LLMEngine:
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
         self._ids = itertools.count()
+
+    def _num_kv_slots(self, config: EngineConfig) -> int:
+        """One slot of max_model_len positions per running sequence, as many as the budget holds.
+
+        NOTE: slots are reserved virtually (torch.empty); pages are committed as sequences grow.
+        """
+        if config.kv_cache_memory is None:
+            return config.max_num_seqs
+        budget = config.kv_cache_memory
+        if budget <= 1:
+            import psutil
+
+            budget *= psutil.virtual_memory().available
+        cfg = self.model.cfg
+        per_token = KVCache.bytes_per_token(
+            cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.model.dtype
+        )
+        slots = int(budget // (per_token * self.max_model_len))
+        if slots < 1:
+            need = per_token * self.max_model_len
+            raise ConfigError(
+                f"kv_cache_memory {int(budget)} bytes holds no sequence of max_model_len "
+                f"{self.max_model_len} ({need} bytes); raise it or lower max_model_len"
+            )
+        return min(slots, config.max_num_seqs)
 
     def _load_draft(self, spec: SpeculativeConfig) -> LlamaModel:
         draft, draft_tok = load_model(

@@ -41,6 +41,18 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=8)
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--kv-cache-memory",
+        type=float,
+        default=None,
+        help="KV pool budget: bytes, or a fraction (<= 1) of available RAM",
+    )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        help="vLLM's name for --kv-cache-memory as a fraction (accepted on any device)",
+    )
 
 
 def speculative_from_args(args: argparse.Namespace) -> SpeculativeConfig | None:
@@ -70,6 +82,7 @@ def build_llm(args: argparse.Namespace, spec: SpeculativeConfig | None):
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         seed=args.seed,
+        kv_cache_memory=args.kv_cache_memory or args.gpu_memory_utilization,
     )
 
 

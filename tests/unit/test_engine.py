@@ -1,0 +1,117 @@
+"""Engine behaviour on a tiny model: KV budget, queueing, aborts, errors, continuous batching."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec import LLM, SamplingParams
+from specdec.config import ConfigError
+
+
+def test_kv_budget_limits_concurrency_and_everyone_finishes(tiny_llama) -> None:
+    # tiny model: 4 layers x 2 kv heads x 16 dims x 4 bytes x 2 = 1 KiB per token.
+    llm = LLM(str(tiny_llama), max_model_len=128, max_num_seqs=8, kv_cache_memory=3 * 128 * 1024)
+    engine = llm.engine
+    assert engine.kv.num_slots == 3
+    ids = [
+        engine.add_request(f"prompt {i}", SamplingParams(temperature=0, max_tokens=5))
+        for i in range(7)
+    ]
+    done = set()
+    while engine.has_unfinished_requests():
+        assert engine.num_running <= 3
+        done |= {o.request_id for o in engine.step() if o.finished}
+    assert done == set(ids)
+    assert engine.kv.num_used_slots == 0
+
+
+def test_kv_budget_too_small_is_a_clear_error(tiny_llama) -> None:
+    with pytest.raises(ConfigError, match="kv_cache_memory"):
+        LLM(str(tiny_llama), max_model_len=128, kv_cache_memory=1000)
+
+
+def test_abort_frees_slot_and_other_requests_continue(tiny_llama) -> None:
+    llm = LLM(str(tiny_llama), max_model_len=128, speculative_config={"method": "ngram"})
+    engine = llm.engine
+    a = engine.add_request(
+        "the cat sat", SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    )
+    b = engine.add_request(
+        "on the mat", SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    )
+    engine.step()
+    engine.step()
+    engine.abort_request(a)
+    finished = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished:
+                finished[o.request_id] = o
+    assert b in finished and a not in finished
+    assert len(finished[b].outputs[0].token_ids) == 30
+    assert engine.kv.num_used_slots == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [({"max_model_len": 32}, "max_model_len"), ({}, "empty")],
+)
+def test_bad_prompts_are_clear_errors(tiny_llama, kwargs, needle) -> None:
+    llm = LLM(str(tiny_llama), **({"max_model_len": 256} | kwargs))
+    prompt = "x" * 100 if kwargs else []
+    with pytest.raises(ValueError, match=needle):
+        llm.generate([prompt], SamplingParams(max_tokens=4))
+    # the engine keeps serving
+    assert llm.generate(["ok"], SamplingParams(temperature=0, max_tokens=3))[0].outputs[0].token_ids
+
+
+def test_unknown_model_is_a_clear_error() -> None:
+    from specdec.model.registry import ModelNotFoundError
+
+    with pytest.raises(ModelNotFoundError, match="unknown model 'no-such-model'"):
+        LLM("no-such-model")
+
+
+def test_generate_api_shapes_and_seeded_sampling(tiny_llama) -> None:
+    llm = LLM(str(tiny_llama), max_model_len=256)
+    sp = SamplingParams(
+        temperature=1.0, top_p=0.9, seed=42, max_tokens=12, logprobs=0, ignore_eos=True
+    )
+    first = llm.generate(["hello", "world"], sp, use_tqdm=True)
+    again = llm.generate(["hello", "world"], sp)
+    assert [o.outputs[0].token_ids for o in first] == [o.outputs[0].token_ids for o in again]
+    out = first[0]
+    assert out.prompt == "hello" and out.prompt_token_ids and out.finished
+    assert len(out.outputs[0].logprobs) == len(out.outputs[0].token_ids) == 12
+    assert out.outputs[0].finish_reason == "length"
+    chat = llm.chat(
+        [{"role": "user", "content": "hi"}], SamplingParams(temperature=0, max_tokens=4)
+    )
+    assert len(chat) == 1 and chat[0].prompt_token_ids[0] == llm.get_tokenizer().token_to_id(
+        "<|im_start|>"
+    )
+
+
+def test_penalties_apply_identically_with_speculation(tiny_llama) -> None:
+    sp = SamplingParams(
+        temperature=0, max_tokens=40, repetition_penalty=1.3, frequency_penalty=0.4, ignore_eos=True
+    )
+    plain = (
+        LLM(str(tiny_llama), max_model_len=256)
+        .generate(["the the the"], sp)[0]
+        .outputs[0]
+        .token_ids
+    )
+    spec = LLM(
+        str(tiny_llama),
+        max_model_len=256,
+        speculative_config={
+            "method": "draft_model",
+            "model": str(tiny_llama),
+            "num_speculative_tokens": 4,
+        },
+    )
+    got = spec.generate(["the the the"], sp)[0].outputs[0].token_ids
+    assert got == plain
+    # the target as its own draft without penalties on the draft side: some drafts get rejected
+    assert spec.spec_decode_stats.num_drafts > 0
