@@ -26,7 +26,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from specdec.config import ConfigError
-from specdec.entrypoints.cli import add_engine_args, speculative_from_args
+from specdec.entrypoints.cli import add_engine_args, build_llm, speculative_from_args
 from specdec.model.arch import UnsupportedModelError
 from specdec.model.registry import ModelNotFoundError
 
@@ -300,28 +300,15 @@ def add_serve_parser(subparsers: Any) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Validate the flags, load the model, serve until interrupted."""
-    from specdec.config import EngineConfig
-
     if args.tensor_parallel_size != 1:
         raise ConfigError(
             f"--tensor-parallel-size must be 1 (got {args.tensor_parallel_size}): specdec runs on one CPU device"
         )
-    model = getattr(args, "model_tag", None) or args.model
-    config = EngineConfig(
-        model=model,
-        dtype=args.dtype,
-        device=args.device,
-        kernels=args.kernels,
-        quantization=args.quantization,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        seed=args.seed,
-        speculative=speculative_from_args(args),
-    )
+    args.model = getattr(args, "model_tag", None) or args.model
+    spec = speculative_from_args(args)  # bad JSON / method: exit 2 before loading anything
     from specdec.model.registry import resolve_model_path
 
-    root = str(resolve_model_path(model))  # fail fast, before the slow imports
+    root = str(resolve_model_path(args.model))
     import prometheus_client
 
     prometheus_client.disable_created_metrics()  # as vLLM: no *_created series
@@ -332,15 +319,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from specdec.engine.async_llm import AsyncLLM
 
-    llm = AsyncLLM.from_config(config, log_stats=not args.disable_log_stats)
-    names = args.served_model_name or [model]
+    # NOTE: the same engine construction as `specdec generate`, so every engine flag applies here.
+    llm = AsyncLLM(build_llm(args, spec).engine, log_stats=not args.disable_log_stats)
+    names = args.served_model_name or [args.model]
     app = build_app(
         llm, names, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None, model_root=root
     )
-    spec = config.speculative
     logger.info(
-        "serving %s (%s) on http://%s:%d/v1, max_model_len %d, speculation: %s",
-        names[0], root, args.host, args.port, llm.engine.max_model_len,
+        "serving %s (%s) on http://%s:%d/v1, max_model_len %d, KV slots %d, speculation: %s",
+        names[0], root, args.host, args.port, llm.engine.max_model_len, llm.engine.kv.num_slots,
         f"{spec.method} k={spec.num_speculative_tokens}" if spec else "off",
     )  # fmt: skip
     uvicorn.run(
