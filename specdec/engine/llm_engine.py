@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import time
-from collections.abc import Iterable
 
 import torch
 
@@ -186,6 +186,7 @@ class LLMEngine:
             return
         req.finish_reason = "abort"
         self._finish(req)
+        self.requests.pop(req_id, None)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -332,7 +333,7 @@ class LLMEngine:
             prompt_token_ids=req.prompt_token_ids,
             outputs=[completion],
             finished=finished,
-            spec_decode_stats=req.spec_stats,
+            spec_decode_stats=copy.deepcopy(req.spec_stats),
             metrics=req.metrics,
             delta_text=delta_text,
             delta_token_ids=delta_ids,
@@ -344,6 +345,3 @@ class LLMEngine:
             return None
         self.abort_request(req_id)
         return self._make_output(req)
-
-    def generate_all(self, prompts: Iterable[tuple[str | list[int], SamplingParams]]) -> list[str]:
-        return [self.add_request(p, sp) for p, sp in prompts]
