@@ -26,6 +26,7 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4
     draft_tensor_parallel_size: int = 1
     disable_by_batch_size: int | None = None
+    adaptive: bool = True  # choose k per request and step (num_speculative_tokens is the cap)
     num_draft_layers: int | None = None  # layer_skip; None = all but the last 2 (measured best)
     draft_quantization: str | None = None
 
@@ -48,6 +49,8 @@ class SpeculativeConfig:
                 f"speculative_config.prompt_lookup_min ({self.prompt_lookup_min}) must be <= "
                 f"prompt_lookup_max ({self.prompt_lookup_max})"
             )
+        if not isinstance(self.adaptive, bool):
+            raise ConfigError(f"speculative_config.adaptive must be true or false, got {self.adaptive!r}")
         if self.draft_tensor_parallel_size != 1:
             raise ConfigError("speculative_config.draft_tensor_parallel_size must be 1")
         if self.disable_by_batch_size is not None:
