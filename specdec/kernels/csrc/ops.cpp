@@ -91,7 +91,7 @@ float* scratch(int64_t n) {
 // Smallest task worth a thread, in estimated nanoseconds of single-core work.  Waking an OpenMP
 // worker (specdec sets OMP_WAIT_POLICY=PASSIVE) costs microseconds, so small calls run inline.
 // The per-item cost models below were fitted roughly to single-core timings of the AVX2 kernels.
-constexpr double kMinTaskNs = 8000.0;
+constexpr double kMinTaskNs = 3000.0;
 
 int64_t grain_for(double item_ns) {
     return std::max<int64_t>(1, static_cast<int64_t>(kMinTaskNs / std::max(item_ns, 1e-3)) + 1);
