@@ -22,6 +22,7 @@ from specdec.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from specdec.sample.rejection_sampler import PenaltyState, VerifyResult
 from specdec.sampling_params import SamplingParams
 from specdec.spec_decode import PROPOSERS, DraftInput, DraftRequest, Proposer
+from specdec.spec_decode.controller import SpecController, measure_verify_cost
 from specdec.spec_decode.metrics import SpecDecodeStats
 from specdec.worker.model_runner import ModelRunner
 
@@ -87,6 +88,9 @@ class LLMEngine:
             self.proposer = PROPOSERS[self.spec.method](
                 self.spec, self.model, self._load_draft, config.max_num_seqs, self.max_model_len
             )
+        self.controller: SpecController | None = None
+        if self.spec is not None and self.spec.adaptive:
+            self.controller = self._make_controller()
         self.requests: dict[str, Request] = {}
         self.spec_stats = SpecDecodeStats()
         self.num_prompt_tokens = 0
@@ -117,6 +121,17 @@ class LLMEngine:
                 f"{self.max_model_len} ({need} bytes); raise it or lower max_model_len"
             )
         return min(slots, config.max_num_seqs)
+
+    def _make_controller(self) -> SpecController:
+        """Measure the verification cost curve once, on a free slot, before any request."""
+        k = self.spec.num_speculative_tokens
+        slot = self.kv.allocate()
+        try:
+            context = min(64, self.max_model_len - k - 1)
+            cost = measure_verify_cost(self.model, self.kv, slot, max(k + 1, 4), context)
+        finally:
+            self.kv.free(slot)
+        return SpecController(k, cost)
 
     def _load_draft(self, spec: SpeculativeConfig) -> LlamaModel:
         draft, draft_tok = load_model(
@@ -215,6 +230,8 @@ class LLMEngine:
             req.num_computed_tokens += len(s.token_ids) - s.num_drafts + result.num_accepted
             req.spec_stats.observe(s.num_drafts, result.num_accepted)
             self.spec_stats.observe(s.num_drafts, result.num_accepted)
+            if self.controller is not None and s.num_drafts:
+                self.controller.observe(req.req_id, s.num_drafts, result.num_accepted)
             req.draft_token_ids, req.draft_probs = [], None
             self._commit(req, result)
             changed.append(req)
@@ -279,6 +296,8 @@ class LLMEngine:
         self.scheduler.finish(req)
         if self.proposer is not None:
             self.proposer.remove_request(req.req_id)
+        if self.controller is not None:
+            self.controller.remove_request(req.req_id)
 
     def _propose(self) -> None:
         if self.proposer is None or self.spec is None:
@@ -290,18 +309,29 @@ class LLMEngine:
         if not reqs:
             return
         k = self.spec.num_speculative_tokens
-        inp = DraftInput([
-            DraftRequest(
-                r.req_id,
-                r.all_token_ids,
-                min(k, self.scheduler.max_drafts(r, k)),
-                r.sampling,
-                r.generator if r.generator is not None else self.generator,
-            )
-            for r in reqs
-        ])  # fmt: skip
+        caps = [min(k, self.scheduler.max_drafts(r, k)) for r in reqs]
+        if self.controller is not None:
+            caps = self.controller.choose([r.req_id for r in reqs], caps)
+            for r, cap in zip(reqs, caps):
+                predicted = self.controller.predicted(r.req_id)
+                r.spec_stats.observe_choice(cap, predicted)
+                self.spec_stats.observe_choice(cap, predicted)
+        todo = [(r, cap) for r, cap in zip(reqs, caps) if cap > 0]
+        if not todo:
+            return
+        gens = [r.generator if r.generator is not None else self.generator for r, _ in todo]
+        inp = DraftInput(
+            [
+                DraftRequest(r.req_id, r.all_token_ids, cap, r.sampling, g)
+                for (r, cap), g in zip(todo, gens)
+            ]
+        )
+        start = time.perf_counter()
         out = self.proposer.propose(inp)
-        for i, r in enumerate(reqs):
+        if self.controller is not None:
+            drafted = sum(len(d) for d in out.draft_token_ids)
+            self.controller.observe_draft_time(time.perf_counter() - start, drafted)
+        for i, (r, _) in enumerate(todo):
             r.draft_token_ids = list(out.draft_token_ids[i])
             r.draft_probs = out.draft_probs[i] if out.draft_probs else None
 

@@ -11,6 +11,15 @@ class SpecDecodeStats:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
+    # adaptive controller: steps it decided, drafts it chose, accepted drafts it predicted
+    num_decisions: int = 0
+    num_chosen_drafts: int = 0
+    predicted_accepted_tokens: float = 0.0
+
+    def observe_choice(self, k: int, predicted_accepted: float) -> None:
+        self.num_decisions += 1
+        self.num_chosen_drafts += k
+        self.predicted_accepted_tokens += predicted_accepted
 
     def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
         if num_draft_tokens == 0:
@@ -27,6 +36,9 @@ class SpecDecodeStats:
         self.num_drafts += other.num_drafts
         self.num_draft_tokens += other.num_draft_tokens
         self.num_accepted_tokens += other.num_accepted_tokens
+        self.num_decisions += other.num_decisions
+        self.num_chosen_drafts += other.num_chosen_drafts
+        self.predicted_accepted_tokens += other.predicted_accepted_tokens
         if len(self.accepted_per_pos) < len(other.accepted_per_pos):
             self.accepted_per_pos.extend(
                 [0] * (len(other.accepted_per_pos) - len(self.accepted_per_pos))
@@ -54,4 +66,11 @@ class SpecDecodeStats:
             "accepted_per_pos": list(self.accepted_per_pos),
             "mean_acceptance_length": round(self.mean_acceptance_length, 4),
             "acceptance_rate": round(self.acceptance_rate, 4),
+            "mean_chosen_k": round(self.mean_chosen_k, 4),
+            "predicted_accepted_tokens": round(self.predicted_accepted_tokens, 2),
         }
+
+    @property
+    def mean_chosen_k(self) -> float:
+        """Mean draft length the adaptive controller chose per step (0 when it is off)."""
+        return self.num_chosen_drafts / self.num_decisions if self.num_decisions else 0.0

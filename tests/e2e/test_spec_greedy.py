@@ -78,9 +78,10 @@ def test_stops_inside_accepted_run(method: str, tiny_llama, tiny_draft, plain_ll
         [prompt], SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
     )[0]
     ids, text = base.outputs[0].token_ids, base.outputs[0].text
+    # NOTE: fixed k, so the adaptive controller cannot switch a weak drafter off mid-test.
     spec = LLM(
         str(tiny_llama),
-        speculative_config=_methods(tiny_llama, tiny_draft)[method],
+        speculative_config=_methods(tiny_llama, tiny_draft)[method] | {"adaptive": False},
         max_model_len=256,
     )
     cases = [
@@ -163,7 +164,7 @@ def test_real_model_ngram_stops_inside_accepted_run() -> None:
     plain_llm = LLM("smollm2-135m", max_model_len=2048)
     spec = LLM(
         "smollm2-135m",
-        speculative_config={"method": "ngram", "num_speculative_tokens": 6},
+        speculative_config={"method": "ngram", "num_speculative_tokens": 6, "adaptive": False},
         max_model_len=2048,
     )
     base = plain_llm.chat(conv, SamplingParams(temperature=0.0, max_tokens=80))[0].outputs[0]
