@@ -26,5 +26,8 @@ if [ "$want" = "test" ]; then
   $VPY -m pip install -q -r requirements-test.txt
 fi
 echo "[setup] building specdec and its native kernels" >&2
-$VPY -m pip install -q --no-build-isolation --no-deps -e .
+if ! $VPY -m pip install -q --no-build-isolation --no-deps -e . > .venv/build.log 2>&1; then
+  cat .venv/build.log >&2
+  exit 1
+fi
 echo "$hash" > "$stamp"

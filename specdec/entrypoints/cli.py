@@ -10,16 +10,9 @@ from specdec.config import ConfigError, SpeculativeConfig
 from specdec.model.arch import UnsupportedModelError
 from specdec.model.registry import DEFAULT_MODEL, ModelNotFoundError
 
-DEFAULT_PROMPT = (
-    "Rewrite this function so the variable `total` is called `running_sum`, and change nothing else:\n\n"
-    "def mean(values):\n"
-    "    total = 0\n"
-    "    for v in values:\n"
-    "        total += v\n"
-    "    if not values:\n"
-    "        return 0.0\n"
-    "    return total / len(values)\n"
-)
+# A code edit from ../shared/bench/data/stdlib_edit.jsonl (CPython's Lib/colorsys.py, PSF License):
+# the answer copies most of the prompt, which is where prompt lookup shines.
+DEFAULT_PROMPT = "Here is a Python function `hsv_to_rgb` from the Python standard library file `Lib/colorsys.py`.\n\n```python\ndef hsv_to_rgb(h, s, v):\n    if s == 0.0:\n        return v, v, v\n    i = int(h*6.0) # XXX assume int() truncates!\n    f = (h*6.0) - i\n    p = v*(1.0 - s)\n    q = v*(1.0 - s*f)\n    t = v*(1.0 - s*(1.0-f))\n    i = i%6\n    if i == 0:\n        return v, t, p\n    if i == 1:\n        return q, v, p\n    if i == 2:\n        return p, v, t\n    if i == 3:\n        return p, q, v\n    if i == 4:\n        return t, p, v\n    if i == 5:\n        return v, p, q\n```\n\nRename this function from `hsv_to_rgb` to `hsvToRgb`. Do not change anything else. Reply with only the complete updated function in a single ```python code block, with no explanation."
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
