@@ -23,12 +23,6 @@ from setuptools import setup
 
 CSRC = os.path.join("specdec", "kernels", "csrc")
 COMMON_FLAGS = ["-O3", "-g0", "-ffp-contract=off"]
-# at::parallel_for is an OpenMP loop only in code compiled with OpenMP enabled; without it the
-# kernels silently run on one thread.  The OpenMP runtime itself is torch's (libtorch_cpu already
-# loads libgomp), so nothing extra is linked.  Off Linux the flag may be unsupported (Apple clang):
-# the kernels then run single-threaded rather than not at all.
-if sys.platform.startswith("linux"):
-    COMMON_FLAGS.append("-fopenmp")
 AVX2_FLAGS = ["-O3", "-g0", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fPIC", "-std=c++17"]
 
 
@@ -103,7 +97,7 @@ def _native_build():
         extra_compile_args=list(COMMON_FLAGS),
     )
     ext.avx2_sources = [os.path.join(CSRC, "kernels_avx2.cpp")]
-    ext.depends = [os.path.join(CSRC, "kernels.h"), *ext.avx2_sources]
+    ext.depends = [os.path.join(CSRC, h) for h in ("kernels.h", "parallel.h")] + ext.avx2_sources
     return [ext], {"build_ext": OptionalBuildExtension}
 
 

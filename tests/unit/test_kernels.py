@@ -197,6 +197,26 @@ def test_native_fused_weights_match_separate(native, qtype):
         K.concat_weights([parts[0], _weight("f32" if qtype != "f32" else "q8_0", 8, 64)])
 
 
+def test_native_concurrent_callers(native):
+    # Several Python threads at once (the GIL is released): results stay exact.
+    from concurrent.futures import ThreadPoolExecutor
+
+    w = _weight("q4_1", 600, 256)
+    x = _randn(5, 256)
+    q, kc, vc = _randn(3, 6, 64, seed=2), _randn(2, 40, 64, seed=3), _randn(2, 40, 64, seed=4)
+    want_y, want_a = native.linear(x, w), native.attention(q, kc, vc, 30, 0.125)
+
+    def job(_):
+        return all(
+            torch.equal(native.linear(x, w), want_y)
+            and torch.equal(native.attention(q, kc, vc, 30, 0.125), want_a)
+            for _ in range(10)
+        )
+
+    with ThreadPoolExecutor(4) as ex:
+        assert all(ex.map(job, range(8)))
+
+
 def test_native_linear_shapes_and_errors(native):
     w = _weight("q4_0", 8, 64)
     assert native.linear(_randn(2, 3, 64), w).shape == (2, 3, 8)

@@ -1,7 +1,8 @@
 // Torch binding of the native kernels: argument checks, runtime ISA choice and threading.
 //
-// Threading splits the independent outputs (weight rows for linear, rows for rms_norm, (row, head)
-// pairs for attention) with at::parallel_for, so it never changes an output's arithmetic.
+// Threading splits the independent outputs (weight rows for linear, rows for rms_norm, (row, kv
+// head) pairs for attention) across the threads of parallel.h, so it never changes an output's
+// arithmetic.
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "parallel.h"
 
 namespace specdec {
 namespace {
@@ -88,8 +90,8 @@ float* scratch(int64_t n) {
     return buf.data();
 }
 
-// Smallest task worth a thread, in estimated nanoseconds of single-core work.  Waking an OpenMP
-// worker (specdec sets OMP_WAIT_POLICY=PASSIVE) costs microseconds, so small calls run inline.
+// Smallest task worth a thread, in estimated nanoseconds of single-core work.  Waking a sleeping
+// worker costs microseconds, so small calls run inline.
 // The per-item cost models below were fitted roughly to single-core timings of the AVX2 kernels.
 constexpr double kMinTaskNs = 3000.0;
 
@@ -140,7 +142,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N,
                           K * static_cast<double>(std::min<int64_t>(M, kChunkRows) - 1) * 0.02;
     const int64_t chunks = (M + kChunkRows - 1) / kChunkRows;
     const int64_t grain = grain_for(kUnit * row_ns * chunks);
-    at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
+    parallel_range(units, grain, [&](int64_t u0, int64_t u1) {
         float* s = qtype == QT_F32 ? nullptr : scratch(kMaxScratchRows * K);
         tab->linear_rows(static_cast<int>(qtype), xp, M, K, wp, row_bytes, bias_ptr, yp, N,
                          u0 * kUnit, std::min(u1 * kUnit, N), s);
@@ -164,7 +166,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
     const KernelTable* tab = g_table;
     const int64_t grain = grain_for(K * 0.3);
     const float feps = static_cast<float>(eps);
-    at::parallel_for(0, M, grain, [&](int64_t m0, int64_t m1) {
+    parallel_range(M, grain, [&](int64_t m0, int64_t m1) {
         tab->rms_norm_rows(xp, wp, yp, K, feps, m0, m1);
     });
     return y;
@@ -204,7 +206,7 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_
     if (sliding_window > 0) span = std::min(span, sliding_window);
     const int64_t grain = grain_for(0.08 * static_cast<double>(span * D * group));
     // One work item per (row, kv head): the query heads of a GQA group share each K/V load.
-    at::parallel_for(0, T * Hkv, grain, [&](int64_t i0, int64_t i1) {
+    parallel_range(T * Hkv, grain, [&](int64_t i0, int64_t i1) {
         float* s = scratch(4 * (start_pos + T + 16));
         for (int64_t i = i0; i < i1; ++i) {
             const int64_t t = i / Hkv, hk = i % Hkv;

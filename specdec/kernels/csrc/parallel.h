@@ -1,0 +1,189 @@
+// A small work-claiming thread pool for the kernels (included by ops.cpp only).
+//
+// Why not at::parallel_for: it is an OpenMP fork-join, and the join waits for every thread of the
+// team.  On a machine whose cores are busy with other processes, a sleeping worker woken for a
+// 10-100 us kernel call often cannot run until the next scheduler tick, so each call took 4-16 ms
+// instead (measured on the 2-core development machine, for our kernels and for torch's own ops).
+// Here the caller and the workers claim tasks from a shared counter and the caller only waits for
+// tasks that a worker has actually started: a worker that wakes late finds nothing left to do, and
+// a call never takes longer than running it on the caller's thread alone.
+//
+// The thread count follows at::get_num_threads() (torch.set_num_threads).  Which thread runs which
+// task never changes a result: every task computes its own outputs with fixed arithmetic.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define SPECDEC_CPU_RELAX() _mm_pause()
+#else
+#define SPECDEC_CPU_RELAX() std::this_thread::yield()
+#endif
+
+namespace specdec {
+
+class WorkerPool {
+  public:
+    using TaskFn = void (*)(void* ctx, int64_t task);
+
+    // Run fn(ctx, t) for t in [0, ntasks) on up to `threads` threads, the caller included.
+    void run(int64_t ntasks, int threads, TaskFn fn, void* ctx) {
+        std::unique_lock<std::mutex> busy(run_mu_, std::try_to_lock);
+        if (!busy.owns_lock() || threads <= 1 || ntasks <= 1) {  // pool in use: run inline
+            for (int64_t t = 0; t < ntasks; ++t) fn(ctx, t);
+            return;
+        }
+        const int helpers = std::min<int64_t>(threads - 1, ntasks - 1);
+        ensure_workers(helpers);
+        uint32_t gen;
+        {
+            std::lock_guard<std::mutex> lk(mu_);
+            gen = ++gen_;
+            fn_ = fn;
+            ctx_ = ctx;
+            ntasks_ = ntasks;
+            wanted_ = helpers;
+            done_.store(0, std::memory_order_relaxed);
+            claim_.store(static_cast<uint64_t>(gen) << 32, std::memory_order_release);
+        }
+        cv_.notify_all();
+        work(gen, ntasks, fn, ctx);
+        // Only tasks a running worker has claimed can be outstanding: wait for those.
+        for (int spins = 0; done_.load(std::memory_order_acquire) < ntasks; ++spins) {
+            if (spins < 4096) {
+                SPECDEC_CPU_RELAX();
+            } else {
+                std::this_thread::yield();
+            }
+        }
+    }
+
+    static WorkerPool& instance() {
+        // Leaked on purpose (no destructor at exit); replaced in a forked child, whose copy has no
+        // worker threads and possibly a locked mutex.
+        static std::atomic<WorkerPool*> pool{nullptr};
+        static std::atomic<bool> forked{false};
+        static const int registered = pthread_atfork(nullptr, nullptr, [] { forked.store(true); });
+        (void)registered;
+        WorkerPool* p = pool.load(std::memory_order_acquire);
+        if (p == nullptr || forked.load(std::memory_order_relaxed)) {
+            static std::mutex mu;
+            std::lock_guard<std::mutex> lk(mu);
+            p = pool.load(std::memory_order_acquire);
+            if (p == nullptr || p->pid_ != getpid()) {
+                p = new WorkerPool();
+                pool.store(p, std::memory_order_release);
+            }
+            forked.store(false);
+        }
+        return *p;
+    }
+
+    static bool in_worker() { return in_worker_flag(); }
+
+  private:
+    WorkerPool() : pid_(getpid()) {}
+
+    static bool& in_worker_flag() {
+        thread_local bool flag = false;
+        return flag;
+    }
+
+    bool claim(uint32_t gen, int64_t ntasks, int64_t* task) {
+        uint64_t s = claim_.load(std::memory_order_acquire);
+        for (;;) {
+            if (static_cast<uint32_t>(s >> 32) != gen) return false;
+            const int64_t t = static_cast<int64_t>(s & 0xFFFFFFFFu);
+            if (t >= ntasks) return false;
+            if (claim_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel)) {
+                *task = t;
+                return true;
+            }
+        }
+    }
+
+    void work(uint32_t gen, int64_t ntasks, TaskFn fn, void* ctx) {
+        int64_t t;
+        while (claim(gen, ntasks, &t)) {
+            fn(ctx, t);
+            done_.fetch_add(1, std::memory_order_acq_rel);
+        }
+    }
+
+    void ensure_workers(int n) {
+        while (static_cast<int>(threads_) < n) {
+            const int index = static_cast<int>(threads_++);
+            std::thread([this, index] { worker_loop(index); }).detach();
+        }
+    }
+
+    void worker_loop(int index) {
+        in_worker_flag() = true;
+        uint32_t seen = 0;
+        for (;;) {
+            TaskFn fn;
+            void* ctx;
+            int64_t ntasks;
+            bool participate;
+            {
+                std::unique_lock<std::mutex> lk(mu_);
+                cv_.wait(lk, [&] { return gen_ != seen; });
+                seen = gen_;
+                fn = fn_;
+                ctx = ctx_;
+                ntasks = ntasks_;
+                participate = index < wanted_;
+            }
+            if (participate) work(seen, ntasks, fn, ctx);
+        }
+    }
+
+    const pid_t pid_;
+    std::mutex run_mu_;  // one parallel call at a time; concurrent callers run inline
+    std::mutex mu_;
+    std::condition_variable cv_;
+    uint32_t gen_ = 0;  // job generation (guarded by mu_, like the job fields below)
+    TaskFn fn_ = nullptr;
+    void* ctx_ = nullptr;
+    int64_t ntasks_ = 0;
+    int wanted_ = 0;
+    size_t threads_ = 0;
+    std::atomic<uint64_t> claim_{0};  // (generation << 32) | next unclaimed task
+    std::atomic<int64_t> done_{0};
+};
+
+// f(begin, end) over [0, n) in contiguous ranges of at least `grain` items (at most 4 per thread).
+template <class F>
+void parallel_range(int64_t n, int64_t grain, const F& f) {
+    if (n <= 0) return;
+    const int threads = WorkerPool::in_worker() || at::in_parallel_region() ? 1 : at::get_num_threads();
+    const int64_t ntasks = std::max<int64_t>(1, std::min<int64_t>(n / std::max<int64_t>(grain, 1), 4 * threads));
+    if (threads <= 1 || ntasks <= 1) {
+        f(int64_t(0), n);
+        return;
+    }
+    struct Ctx {
+        const F* f;
+        int64_t n, ntasks;
+    } ctx{&f, n, ntasks};
+    WorkerPool::instance().run(
+        ntasks, threads,
+        [](void* p, int64_t t) {
+            const Ctx& c = *static_cast<const Ctx*>(p);
+            (*c.f)(c.n * t / c.ntasks, c.n * (t + 1) / c.ntasks);
+        },
+        &ctx);
+}
+
+}  // namespace specdec
