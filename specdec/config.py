@@ -7,8 +7,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 # Methods that exist today, and those coming in later work (a clear error until then).
-SUPPORTED_METHODS = ("ngram", "draft_model", "layer_skip")
-PLANNED_METHODS = ("suffix", "eagle", "eagle3", "medusa", "mtp")
+SUPPORTED_METHODS = ("ngram", "draft_model", "layer_skip", "suffix")
+PLANNED_METHODS = ("eagle", "eagle3", "medusa", "mtp")
 
 
 class ConfigError(ValueError):
@@ -29,6 +29,13 @@ class SpeculativeConfig:
     adaptive: bool = True  # choose k per request and step (num_speculative_tokens is the cap)
     num_draft_layers: int | None = None  # layer_skip; None = all but the last 2 (measured best)
     draft_quantization: str | None = None
+    # suffix decoding (vLLM's names and defaults): tree depth caps match + draft length; the global
+    # tree caches this many finished responses (FIFO, 0 = off); draft length <= factor * match
+    # length; tokens are drafted while their estimated probability stays >= min_token_prob.
+    suffix_decoding_max_tree_depth: int = 24
+    suffix_decoding_max_cached_requests: int = 10000
+    suffix_decoding_max_spec_factor: float = 1.0
+    suffix_decoding_min_token_prob: float = 0.1
 
     def __post_init__(self) -> None:
         if self.method in PLANNED_METHODS:
@@ -59,6 +66,16 @@ class SpeculativeConfig:
             _check_int(self.num_draft_layers, "num_draft_layers", 1)
         if self.method == "draft_model" and not self.model:
             raise ConfigError("speculative_config.model is required for method 'draft_model'")
+        _check_int(self.suffix_decoding_max_tree_depth, "suffix_decoding_max_tree_depth", 1)
+        _check_int(
+            self.suffix_decoding_max_cached_requests, "suffix_decoding_max_cached_requests", 0
+        )
+        _check_number(
+            self.suffix_decoding_max_spec_factor, "suffix_decoding_max_spec_factor", 0.0, None
+        )
+        _check_number(
+            self.suffix_decoding_min_token_prob, "suffix_decoding_min_token_prob", 0.0, 1.0
+        )
 
     @classmethod
     def from_any(
@@ -126,6 +143,15 @@ def _check_int(value: Any, key: str, minimum: int) -> None:
         raise ConfigError(
             f"speculative_config.{key} must be an integer >= {minimum}, got {value!r}"
         )
+
+
+def _check_number(value: Any, key: str, minimum: float, maximum: float | None) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= minimum
+    if ok and maximum is not None:
+        ok = value <= maximum
+    if not ok:
+        allowed = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ConfigError(f"speculative_config.{key} must be a number {allowed}, got {value!r}")
 
 
 @dataclass
