@@ -1,0 +1,470 @@
+"""Suffix decoding (Oliaro et al. 2024, arXiv 2411.04975; vLLM's ``suffix`` method).
+
+Two kinds of suffix tree count every substring of at most ``max_tree_depth`` tokens: one per running
+request over its prompt and output so far, and one global tree over the outputs of finished requests
+(a FIFO cache of ``max_cached_requests`` responses). Each step the proposer matches the suffixes of a
+request's sequence in both trees, follows the most frequent continuation while its estimated
+probability stays at or above ``min_token_prob``, and keeps the draft with the highest score (the
+expected number of accepted tokens). Drafts are point masses: no ``q``.
+
+The trees are updated incrementally (only the tokens appended since the last step) and a substring
+seen once costs no nodes below its first unique token: it is read back from the sequence itself.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from specdec.spec_decode.base import DraftInput, DraftOutput, Proposer
+
+# NOTE: fitted with tracemalloc on natural-text and random trees (within 5%, checked in
+# tests/unit/test_suffix.py): a node with its ints ~130 bytes, its children dict ~205 more.
+_BYTES_PER_NODE = 130
+_BYTES_PER_CHILDREN_DICT = 205
+
+
+class _Node:
+    """One substring. ``count`` = its occurrences. A node seen at least twice (and the root) has all
+    its children materialized; ``cont`` is the sum of their counts and ``best`` the most frequent
+    (ties: most recent), or None when unknown. A node seen once has no children: its continuation is
+    read from its sequence, after ``ref_end``. ``ref`` is always the most recent occurrence."""
+
+    __slots__ = ("token", "count", "cont", "children", "best", "ref_seq", "ref_end")
+
+    def __init__(self, token: int, ref_seq: int, ref_end: int) -> None:
+        self.token = token
+        self.count = 1
+        self.cont = 0
+        self.children: dict[int, _Node] | None = None
+        self.best: _Node | None = None
+        self.ref_seq = ref_seq
+        self.ref_end = ref_end  # index of this substring's last token in seqs[ref_seq]
+
+
+# A position in a tree while reading a sequence: [node, node_depth, depth]. ``node`` is the deepest
+# materialized node of the path (node_depth tokens); when node_depth < depth, node was seen once and
+# the remaining depth - node_depth tokens follow its occurrence in its reference sequence.
+State = list
+
+
+class SuffixTree:
+    """Occurrence counts of every substring of length <= ``max_depth`` in a set of sequences.
+
+    ``extend`` appends tokens to a sequence in O(new tokens * max_depth); ``remove`` drops the oldest
+    sequence's contributions (FIFO) in O(its length * max_depth).
+    """
+
+    def __init__(self, max_depth: int) -> None:
+        if max_depth < 1:
+            raise ValueError(f"max_depth must be >= 1, got {max_depth}")
+        self.max_depth = max_depth
+        self.root = _Node(-1, -1, -1)
+        self.root.count = 0
+        self.root.children = {}
+        self.seqs: dict[int, array] = {}
+        self._states: dict[int, list[State]] = {}  # per open sequence: its suffixes, longest first
+        self.num_nodes = 1
+        self.num_dicts = 1  # nodes with a children dict
+        self._last_seq_id = -1
+        self.epoch = 0  # bumped on every change, so readers know their cached positions are stale
+
+    # ---- updates ------------------------------------------------------------------------------
+    def extend(self, seq_id: int, tokens: Iterable[int]) -> None:
+        """Append tokens to sequence ``seq_id`` (created if new); count every new substring."""
+        seq = self.seqs.get(seq_id)
+        if seq is None:
+            if seq_id <= self._last_seq_id:
+                raise ValueError("new sequence ids must increase (FIFO eviction relies on it)")
+            self._last_seq_id = seq_id
+            seq = self.seqs[seq_id] = array("i")
+            self._states[seq_id] = []
+        states = self._states[seq_id]
+        for t in tokens:
+            states = self._append(seq_id, seq, states, t)
+        self._states[seq_id] = states
+        self.epoch += 1
+
+    def close(self, seq_id: int) -> None:
+        """No more tokens for this sequence: drop its cursor (the counts stay)."""
+        self._states.pop(seq_id, None)
+
+    def _append(self, seq_id: int, seq: array, states: list[State], t: int) -> list[State]:
+        """One token: each suffix of length < max_depth grows by ``t`` (one occurrence each)."""
+        p = len(seq)
+        seq.append(t)
+        max_depth = self.max_depth
+        kept: list[State] = []
+        # NOTE: longest first. When a node reaches its second occurrence, the continuation of the
+        # first one is materialized; if that continuation is this very token, its (longer) suffix
+        # was handled just before, implicitly, and must not be counted twice.
+        for st in states:
+            node, nd, d = st
+            while nd < d and node.count >= 2:  # the tree grew under this path since last time
+                node = node.children[seq[p - d + nd]]  # type: ignore[index]
+                nd += 1
+            if nd == d and node.count >= 2:
+                node = self._add_occurrence(node, nd, t, seq_id, p)
+                nd += 1
+            d += 1
+            if d < max_depth:
+                st[0], st[1], st[2] = node, nd, d
+                kept.append(st)
+        self.root.count += 1
+        child = self._add_occurrence(self.root, 0, t, seq_id, p)
+        if max_depth > 1:
+            kept.append([child, 1, 1])
+        return kept
+
+    def _add_occurrence(self, parent: _Node, depth: int, t: int, seq_id: int, end: int) -> _Node:
+        """One more occurrence of parent's path + ``t``, ending at seqs[seq_id][end]."""
+        children = parent.children
+        if children is None:
+            children = parent.children = {}
+            self.num_dicts += 1
+        child = children.get(t)
+        parent.cont += 1
+        if child is None:
+            child = children[t] = _Node(t, seq_id, end)
+            self.num_nodes += 1
+        else:
+            if child.count == 1:
+                self._materialize(child, depth + 1)
+            child.count += 1
+            child.ref_seq, child.ref_end = seq_id, end
+        best = parent.best
+        if best is None:
+            if len(children) == 1:
+                parent.best = child
+        elif child.count >= best.count:
+            parent.best = child
+        return child
+
+    def _materialize(self, node: _Node, depth: int) -> None:
+        """``node`` gets its second occurrence: give the first one's continuation a node."""
+        seq = self.seqs[node.ref_seq]
+        nxt = node.ref_end + 1
+        if depth < self.max_depth and nxt < len(seq):
+            grandchild = _Node(seq[nxt], node.ref_seq, nxt)
+            node.children = {grandchild.token: grandchild}
+            node.cont = 1
+            node.best = grandchild
+            self.num_nodes += 1
+            self.num_dicts += 1
+
+    def remove(self, seq_id: int) -> None:
+        """Remove the oldest sequence: every count it contributed goes away."""
+        if not self.seqs or seq_id != next(iter(self.seqs)):
+            raise ValueError(f"only the oldest sequence can be removed, not {seq_id}")
+        seq = self.seqs[seq_id]
+        n = len(seq)
+        for start in range(n):
+            self._remove_suffix(seq, start, min(n, start + self.max_depth))
+        del self.seqs[seq_id]
+        self._states.pop(seq_id, None)
+        self.epoch += 1
+
+    def _remove_suffix(self, seq: array, start: int, stop: int) -> None:
+        node = self.root
+        node.count -= 1
+        for i in range(start, stop):
+            t = seq[i]
+            child = node.children[t]  # type: ignore[index]
+            node.cont -= 1
+            child.count -= 1
+            if node.best is child:
+                node.best = None  # may no longer be the most frequent: recomputed on demand
+            if child.count == 0:
+                del node.children[t]  # type: ignore[attr-defined]
+                self.num_nodes -= 1
+                return
+            if child.count == 1:
+                # NOTE: the survivor is the most recent occurrence (FIFO), so child.ref stays valid
+                # and everything below can be read from its sequence again.
+                num_nodes, num_dicts = _subtree_size(child)
+                self.num_nodes -= num_nodes - 1
+                self.num_dicts -= num_dicts
+                child.children, child.cont, child.best = None, 0, None
+                return
+            node = child
+
+    # ---- reading ------------------------------------------------------------------------------
+    def count(self, path: Sequence[int]) -> int:
+        """Occurrences of ``path`` (0 if longer than max_depth); ``count([])`` = number of tokens."""
+        if len(path) > self.max_depth:
+            return 0
+        node, d = self.root, 0
+        while d < len(path):
+            if node is not self.root and node.count < 2:
+                seq = self.seqs[node.ref_seq]
+                rest = list(path[d:])
+                return int(seq[node.ref_end + 1 : node.ref_end + 1 + len(rest)].tolist() == rest)
+            child = node.children.get(path[d]) if node.children else None
+            if child is None:
+                return 0
+            node, d = child, d + 1
+        return node.count
+
+    def suffix_states(self, seq_id: int) -> list[State]:
+        """The cursor of an open sequence: its suffixes shorter than max_depth, longest first."""
+        seq = self.seqs[seq_id]
+        states = self._states[seq_id]
+        p = len(seq)
+        for st in states:
+            node, nd, d = st
+            while nd < d and node.count >= 2:
+                node = node.children[seq[p - d + nd]]  # type: ignore[index]
+                nd += 1
+            st[0], st[1] = node, nd
+        return states
+
+    def follow(self, states: list[State], t: int) -> list[State]:
+        """Read-only cursor: from the tree positions of a sequence's suffixes to those after ``t``.
+
+        Only valid while the tree is unchanged (``epoch``); rebuild with ``match_states`` otherwise.
+        """
+        kept: list[State] = []
+        max_depth = self.max_depth
+        for node, nd, d in states:
+            if nd == d and node.count >= 2:
+                child = node.children.get(t) if node.children else None
+                if child is None:
+                    continue
+                node, nd = child, nd + 1
+            else:
+                seq = self.seqs[node.ref_seq]
+                i = node.ref_end + d - nd + 1
+                if i >= len(seq) or seq[i] != t:
+                    continue
+            if d + 1 < max_depth:
+                kept.append([node, nd, d + 1])
+        child = self.root.children.get(t)  # type: ignore[union-attr]
+        if child is not None and max_depth > 1:
+            kept.append([child, 1, 1])
+        return kept
+
+    def match_states(self, tokens: Sequence[int]) -> list[State]:
+        """Positions of every suffix (shorter than max_depth) of ``tokens`` found in the tree."""
+        states: list[State] = []
+        for t in tokens[max(0, len(tokens) - self.max_depth + 1) :]:
+            states = self.follow(states, t)
+        return states
+
+    def draft(
+        self, state: State, max_tokens: int, min_token_prob: float
+    ) -> tuple[list[int], list[float]]:
+        """Follow the most frequent continuation from a position while the running probability
+        (product of count(child) / cont(node)) stays >= min_token_prob; at most ``max_tokens`` and
+        never past max_depth. Returns the tokens and the running probability after each."""
+        node, nd, d = state
+        limit = min(max_tokens, self.max_depth - d)
+        tokens: list[int] = []
+        probs: list[float] = []
+        run = 1.0
+        while len(tokens) < limit:
+            if nd < d or node.count < 2:  # one occurrence: its sequence holds the continuation
+                seq = self.seqs[node.ref_seq]
+                start = node.ref_end + d - nd + 1
+                more = seq[start : start + limit - len(tokens)].tolist()
+                tokens.extend(more)
+                probs.extend([run] * len(more))
+                break
+            if node.cont == 0:
+                break
+            child = node.best or self._recompute_best(node)
+            run *= child.count / node.cont
+            if run < min_token_prob:
+                break
+            tokens.append(child.token)
+            probs.append(run)
+            node, nd, d = child, nd + 1, d + 1
+        return tokens, probs
+
+    @staticmethod
+    def _recompute_best(node: _Node) -> _Node:
+        best = max(node.children.values(), key=lambda c: (c.count, c.ref_seq, c.ref_end))  # type: ignore[union-attr]
+        node.best = best
+        return best
+
+    # ---- memory -------------------------------------------------------------------------------
+    def memory_stats(self) -> dict[str, int]:
+        """Nodes, stored tokens and an estimate of the bytes they take."""
+        num_tokens = sum(len(s) for s in self.seqs.values())
+        return {
+            "num_nodes": self.num_nodes,
+            "num_tokens": num_tokens,
+            "approx_bytes": self.num_nodes * _BYTES_PER_NODE
+            + self.num_dicts * _BYTES_PER_CHILDREN_DICT
+            + 4 * num_tokens,
+        }
+
+
+def _subtree_size(node: _Node) -> tuple[int, int]:
+    """Nodes and children dicts in the subtree of ``node`` (itself included)."""
+    num_nodes, num_dicts, stack = 0, 0, [node]
+    while stack:
+        n = stack.pop()
+        num_nodes += 1
+        if n.children is not None:
+            num_dicts += 1
+            stack.extend(n.children.values())
+    return num_nodes, num_dicts
+
+
+@dataclass
+class SuffixDraft:
+    token_ids: list[int] = field(default_factory=list)
+    probs: list[float] = field(default_factory=list)  # running probability after each token
+    match_len: int = 0
+    source: str = ""  # "request" | "global"
+
+    @property
+    def score(self) -> float:
+        """Expected number of accepted tokens if each probability estimate were right."""
+        return sum(self.probs)
+
+
+@dataclass
+class _RequestState:
+    tree: SuffixTree  # sequence 0 = prompt + output so far
+    num_prompt_tokens: int
+    global_states: list[State] = field(default_factory=list)
+    global_epoch: int = -1
+
+
+class SuffixProposer(Proposer):
+    """Drafts from a per-request suffix tree and a global tree of earlier responses.
+
+    Draft length <= ``max_spec_factor * match_len + max_spec_offset``, <= ``max_tree_depth -
+    match_len`` and <= the step's cap. Every match length is tried (longest first) and the draft
+    with the highest score wins (ties: the longer match, then the request's own tree), as in Arctic
+    Inference. ``last_drafts`` / ``last_scores`` keep each request's latest draft and its score.
+    """
+
+    def __init__(
+        self,
+        num_speculative_tokens: int,
+        max_tree_depth: int = 24,
+        max_cached_requests: int = 10000,
+        max_spec_factor: float = 1.0,
+        min_token_prob: float = 0.1,
+        max_spec_offset: float = 0.0,
+    ) -> None:
+        self.num_speculative_tokens = num_speculative_tokens
+        self.max_tree_depth = max_tree_depth
+        self.max_cached_requests = max_cached_requests
+        self.max_spec_factor = max_spec_factor
+        self.max_spec_offset = max_spec_offset
+        self.min_token_prob = min_token_prob
+        self.global_tree = SuffixTree(max_tree_depth)
+        self._cached: deque[int] = deque()  # global sequence ids, oldest first
+        self._next_seq_id = 0
+        self._requests: dict[str, _RequestState] = {}
+        self.last_drafts: dict[str, SuffixDraft] = {}
+        self.last_scores: dict[str, float] = {}
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+    def remove_request(self, req_id: str) -> None:
+        """The request's output (what this proposer saw of it) joins the global tree."""
+        self.last_drafts.pop(req_id, None)
+        self.last_scores.pop(req_id, None)
+        state = self._requests.pop(req_id, None)
+        if state is None or self.max_cached_requests == 0:
+            return
+        output = state.tree.seqs[0][state.num_prompt_tokens :]
+        if not output:
+            return
+        seq_id = self._next_seq_id
+        self._next_seq_id += 1
+        self.global_tree.extend(seq_id, output)
+        self.global_tree.close(seq_id)
+        self._cached.append(seq_id)
+        while len(self._cached) > self.max_cached_requests:
+            self.global_tree.remove(self._cached.popleft())
+
+    def _sync(self, req_id: str, token_ids: list[int]) -> _RequestState:
+        """Bring the request's tree and its global-tree cursor up to ``token_ids``."""
+        state = self._requests.get(req_id)
+        if state is not None:
+            seq = state.tree.seqs[0]
+            n = len(seq)
+            if n > len(token_ids) or (n and token_ids[n - 1] != seq[n - 1]):
+                state = None  # NOTE: not an extension of what we saw (never expected): start over
+        if state is None:
+            # NOTE: the engine does not pass the prompt length; a request is first seen right
+            # after its prefill, with one output token (later only if it was not drafted for).
+            state = _RequestState(SuffixTree(self.max_tree_depth), max(0, len(token_ids) - 1))
+            self._requests[req_id] = state
+        seq = state.tree.seqs.get(0)
+        new = token_ids[len(seq) if seq is not None else 0 :]
+        if new:
+            state.tree.extend(0, new)
+        if self.max_cached_requests and len(self._cached):
+            g = self.global_tree
+            if state.global_epoch != g.epoch:
+                state.global_states = g.match_states(token_ids)
+                state.global_epoch = g.epoch
+            else:
+                for t in new:
+                    state.global_states = g.follow(state.global_states, t)
+        return state
+
+    # ---- drafting -------------------------------------------------------------------------------
+    def propose(self, inp: DraftInput) -> DraftOutput:
+        drafts: list[list[int]] = []
+        for r in inp.requests:
+            state = self._sync(r.req_id, r.token_ids)
+            cap = min(r.max_num_drafts, self.num_speculative_tokens)
+            draft = self._best_draft(state, cap) if cap > 0 else SuffixDraft()
+            self.last_drafts[r.req_id] = draft
+            self.last_scores[r.req_id] = draft.score
+            drafts.append(draft.token_ids)
+        return DraftOutput(drafts, [None] * len(drafts))
+
+    def _best_draft(self, state: _RequestState, cap: int) -> SuffixDraft:
+        best = SuffixDraft()
+        own = state.tree.suffix_states(0)
+        # In its own tree a request's suffix always occurs once (itself): only nodes seen at least
+        # twice have an earlier occurrence to continue from.
+        candidates = [(st, "request") for st in own if st[1] == st[2] and st[0].count >= 2]
+        best = self._best_of(state.tree, candidates, cap, best)
+        if self.max_cached_requests and self._cached:
+            global_candidates = [(st, "global") for st in state.global_states]
+            best = self._best_of(self.global_tree, global_candidates, cap, best)
+        return best
+
+    def _best_of(
+        self, tree: SuffixTree, candidates: list[tuple[State, str]], cap: int, best: SuffixDraft
+    ) -> SuffixDraft:
+        """Candidates come longest match first; a later one must score strictly higher."""
+        score = best.score
+        for st, source in candidates:
+            match_len = st[2]
+            limit = min(
+                cap,
+                int(self.max_spec_factor * match_len + self.max_spec_offset + 1e-6),
+                self.max_tree_depth - match_len,
+            )
+            if limit <= score:  # cannot beat the best so far (score <= number of tokens)
+                continue
+            tokens, probs = tree.draft(st, limit, self.min_token_prob)
+            if tokens and sum(probs) > score:
+                best = SuffixDraft(tokens, probs, match_len, source)
+                score = best.score
+        return best
+
+    # ---- memory ---------------------------------------------------------------------------------
+    def memory_stats(self) -> dict[str, int]:
+        """Nodes / tokens / approximate bytes of the global tree and all per-request trees."""
+        g = self.global_tree.memory_stats()
+        per_request = [s.tree.memory_stats() for s in self._requests.values()]
+        return {
+            "global_nodes": g["num_nodes"],
+            "global_tokens": g["num_tokens"],
+            "global_bytes": g["approx_bytes"],
+            "cached_requests": len(self._cached),
+            "request_nodes": sum(m["num_nodes"] for m in per_request),
+            "request_bytes": sum(m["approx_bytes"] for m in per_request),
+        }
