@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from specdec.spec_decode.base import DraftInput, DraftOutput, DraftRequest, Proposer
 from specdec.spec_decode.draft_model import DraftModelProposer
 from specdec.spec_decode.ngram import NgramProposer
+from specdec.spec_decode.suffix import SuffixProposer
 
 if TYPE_CHECKING:
     from specdec.config import SpeculativeConfig
@@ -36,10 +37,23 @@ def _layer_skip(
     return DraftModelProposer(target, max_num_seqs, max_len, num_layers=layers)
 
 
+def _suffix(
+    cfg: SpeculativeConfig, target: LlamaModel, load_draft, max_num_seqs: int, max_len: int
+) -> Proposer:
+    return SuffixProposer(
+        cfg.num_speculative_tokens,
+        max_tree_depth=cfg.suffix_decoding_max_tree_depth,
+        max_cached_requests=cfg.suffix_decoding_max_cached_requests,
+        max_spec_factor=cfg.suffix_decoding_max_spec_factor,
+        min_token_prob=cfg.suffix_decoding_min_token_prob,
+    )
+
+
 PROPOSERS: dict[str, Callable[..., Proposer]] = {
     "ngram": _ngram,
     "draft_model": _draft_model,
     "layer_skip": _layer_skip,
+    "suffix": _suffix,
 }
 
 __all__ = ["PROPOSERS", "DraftInput", "DraftOutput", "DraftRequest", "Proposer"]
