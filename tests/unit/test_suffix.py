@@ -1,0 +1,342 @@
+"""Suffix trees and the suffix-decoding proposer, against brute-force references."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+import tracemalloc
+
+import pytest
+
+from specdec.config import ConfigError, SpeculativeConfig
+from specdec.sampling_params import SamplingParams
+from specdec.spec_decode import PROPOSERS
+from specdec.spec_decode.base import DraftInput, DraftRequest
+from specdec.spec_decode.suffix import SuffixProposer, SuffixTree, _Node, _subtree_size
+
+
+# ---- references -------------------------------------------------------------------------------
+def brute_count(seqs: list[list[int]], path: tuple[int, ...]) -> int:
+    if not path:
+        return sum(len(s) for s in seqs)
+    n = len(path)
+    return sum(tuple(s[i : i + n]) == path for s in seqs for i in range(len(s) - n + 1))
+
+
+def check_structure(tree: SuffixTree) -> None:
+    """Nodes seen twice (and the root) hold every child with cont = the children's total; nodes
+    seen once hold none; node / dict counters match."""
+    stack: list[_Node] = [tree.root]
+    while stack:
+        node = stack.pop()
+        children = node.children or {}
+        if node is not tree.root and node.count < 2:
+            assert not children
+        assert node.cont == sum(c.count for c in children.values())
+        if node.best is not None:
+            assert node.best.count == max(c.count for c in children.values())
+        stack.extend(children.values())
+    assert _subtree_size(tree.root) == (tree.num_nodes, tree.num_dicts)
+
+
+def random_tree(rng: random.Random, depth: int, alphabet: int, num_seqs: int):
+    tree, seqs = SuffixTree(depth), []
+    for seq_id in range(num_seqs):
+        seq = [rng.randrange(alphabet) for _ in range(rng.randint(1, 30))]
+        i = 0
+        while i < len(seq):  # random chunks: incremental appends
+            step = rng.randint(1, 5)
+            tree.extend(seq_id, seq[i : i + step])
+            i += step
+        seqs.append(seq)
+    return tree, seqs
+
+
+def assert_counts_match(tree: SuffixTree, seqs: list[list[int]], alphabet: int) -> None:
+    for length in range(tree.max_depth + 2):
+        for path in itertools.product(range(alphabet), repeat=length):
+            want = brute_count(seqs, path) if length <= tree.max_depth else 0
+            assert tree.count(path) == want, path
+
+
+def dump(tree: SuffixTree) -> dict[tuple[int, ...], int]:
+    """Materialized nodes by path -> count."""
+    out, stack = {}, [((), tree.root)]
+    while stack:
+        path, node = stack.pop()
+        out[path] = node.count
+        for t, c in (node.children or {}).items():
+            stack.append((path + (t,), c))
+    return out
+
+
+# ---- the tree ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("seed", range(40))
+def test_counts_match_brute_force(seed: int) -> None:
+    rng = random.Random(seed)
+    depth, alphabet = rng.randint(1, 5), rng.randint(1, 3)
+    tree, seqs = random_tree(rng, depth, alphabet, rng.randint(1, 4))
+    check_structure(tree)
+    assert_counts_match(tree, seqs, alphabet)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_fifo_removal_matches_brute_force(seed: int) -> None:
+    rng = random.Random(1000 + seed)
+    depth, alphabet = rng.randint(1, 5), rng.randint(1, 3)
+    tree, seqs = random_tree(rng, depth, alphabet, rng.randint(2, 5))
+    for seq_id in range(rng.randint(1, len(seqs))):
+        tree.remove(seq_id)
+        check_structure(tree)
+        assert_counts_match(tree, seqs[seq_id + 1 :], alphabet)
+        assert sum(len(s) for s in tree.seqs.values()) == sum(len(s) for s in seqs[seq_id + 1 :])
+    with pytest.raises(ValueError, match="oldest"):
+        tree.remove(10**6)
+
+
+def test_removing_everything_leaves_an_empty_root() -> None:
+    rng = random.Random(7)
+    tree, seqs = random_tree(rng, 4, 2, 4)
+    for seq_id in range(len(seqs)):
+        tree.remove(seq_id)
+    assert tree.root.count == 0 and not tree.root.children
+    assert (tree.num_nodes, tree.num_dicts) == (1, 1)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_incremental_equals_from_scratch(seed: int) -> None:
+    rng = random.Random(2000 + seed)
+    seq = [rng.randrange(4) for _ in range(200)]
+    one_by_one, at_once = SuffixTree(6), SuffixTree(6)
+    for t in seq:
+        one_by_one.extend(0, [t])
+    at_once.extend(0, seq)
+    assert dump(one_by_one) == dump(at_once)
+    assert one_by_one.num_nodes == at_once.num_nodes
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_cursors_find_every_suffix(seed: int) -> None:
+    """suffix_states (own tree) and match_states / follow (another tree) give every suffix."""
+    rng = random.Random(3000 + seed)
+    depth = 5
+    tree, seqs = random_tree(rng, depth, 3, 3)
+    query = [rng.randrange(3) for _ in range(12)]
+    states: list = []
+    for i, t in enumerate(query):
+        states = tree.follow(states, t)
+        found = [st[2] for st in states]
+        prefix = query[: i + 1]
+        want = [
+            m
+            for m in range(min(depth - 1, len(prefix)), 0, -1)
+            if brute_count(seqs, tuple(prefix[-m:]))
+        ]
+        assert found == want
+        assert [st[2] for st in tree.match_states(prefix)] == want
+    own = tree.suffix_states(len(seqs) - 1)
+    last = seqs[-1]
+    assert [st[2] for st in own] == list(range(min(depth - 1, len(last)), 0, -1))
+
+
+def test_memory_is_bounded_by_depth_and_measured() -> None:
+    rng = random.Random(5)
+    text = [rng.randrange(1000) for _ in range(1500)]
+    for seq in (text, text + text):  # unique tails cost no nodes; a repeat costs up to depth each
+        tracemalloc.start()
+        tree = SuffixTree(8)
+        tree.extend(0, seq)
+        tree.close(0)
+        actual, _ = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        stats = tree.memory_stats()
+        assert stats["num_nodes"] <= 8 * len(seq) + 1
+        assert 0.75 < stats["approx_bytes"] / actual < 1.33, (stats, actual)
+    assert SuffixTree(8).memory_stats()["num_nodes"] == 1
+
+
+# ---- drafting ---------------------------------------------------------------------------------
+def propose(prop: SuffixProposer, req_id: str, tokens: list[int], cap: int = 8) -> list[int]:
+    req = DraftRequest(req_id, list(tokens), cap, SamplingParams(temperature=0.0))
+    out = prop.propose(DraftInput([req]))
+    assert out.draft_probs == [None]
+    return out.draft_token_ids[0]
+
+
+def test_drafts_the_longest_match_continuation() -> None:
+    # [1, 2, 3] occurred followed by 4 5 6; [2, 3] also occurred followed by 9.
+    prop = SuffixProposer(4, max_tree_depth=16, min_token_prob=0.0)
+    seq = [1, 2, 3, 4, 5, 6, 0, 2, 3, 9, 0, 1, 2, 3]
+    assert propose(prop, "a", seq, cap=3) == [4, 5, 6]
+    draft = prop.last_drafts["a"]
+    assert (draft.match_len, draft.source, draft.score) == (3, "request", 3.0)
+    assert prop.last_scores["a"] == 3.0
+
+
+def test_most_frequent_continuation_and_probability() -> None:
+    prop = SuffixProposer(4, max_tree_depth=16, min_token_prob=0.0, max_spec_offset=4)
+    # after 7: 8 three times, 9 once; no longer suffix occurred before
+    seq = [7, 8, 1, 7, 9, 2, 7, 8, 3, 7, 8, 4, 7]
+    assert propose(prop, "a", seq, cap=1) == [8]
+    draft = prop.last_drafts["a"]
+    assert draft.probs == [pytest.approx(0.75)]
+
+
+def test_min_token_prob_cuts_the_draft() -> None:
+    # after 5: 6 twice; after 5 6: 1 once, 2 once -> running probability 1.0, then 0.5
+    seq = [5, 6, 1, 8, 5, 6, 2, 9, 5]
+    prop = SuffixProposer(4, max_tree_depth=16, min_token_prob=0.6, max_spec_offset=4)
+    assert propose(prop, "a", seq) == [6]
+    prop = SuffixProposer(4, max_tree_depth=16, min_token_prob=0.5, max_spec_offset=4)
+    # ties go to the most recent continuation (2), then its single occurrence is copied (9 5)
+    assert propose(prop, "a", seq) == [6, 2, 9, 5]
+    assert prop.last_drafts["a"].probs == [1.0, 0.5, 0.5, 0.5]
+    assert prop.last_scores["a"] == 2.5
+
+
+def test_spec_factor_caps_draft_length() -> None:
+    seq = list(range(10, 30)) + [0, 10, 11]  # suffix [10, 11] matches with 18 tokens after it
+    prop = SuffixProposer(16, max_tree_depth=32, max_spec_factor=1.0)
+    assert propose(prop, "a", seq, cap=16) == [12, 13]  # 1.0 * match length 2
+    prop = SuffixProposer(16, max_tree_depth=32, max_spec_factor=2.5)
+    assert propose(prop, "a", seq, cap=16) == [12, 13, 14, 15, 16]
+    prop = SuffixProposer(16, max_tree_depth=32, max_spec_factor=1.0, max_spec_offset=3)
+    assert propose(prop, "a", seq, cap=16) == [12, 13, 14, 15, 16]
+    prop = SuffixProposer(3, max_tree_depth=32, max_spec_factor=4.0)
+    assert propose(prop, "a", seq, cap=16) == [12, 13, 14]  # num_speculative_tokens
+    assert propose(prop, "a", seq, cap=2) == [12, 13]  # the step's max_num_drafts
+    assert propose(prop, "a", seq, cap=0) == []
+
+
+def test_tree_depth_caps_match_plus_draft() -> None:
+    # a long repeat: the longest matches leave no room under the depth cap; shorter ones win
+    block = list(range(100, 130))
+    prop = SuffixProposer(5, max_tree_depth=8, max_spec_factor=2.0)
+    draft = propose(prop, "a", block + block[:20], cap=5)
+    assert draft == block[20:25]
+    assert prop.last_drafts["a"].match_len == 3  # 3 + 5 = 8: the longest that fits 5 tokens
+    prop = SuffixProposer(5, max_tree_depth=8, max_spec_factor=1.0)
+    assert propose(prop, "a", block + block[:20], cap=5) == block[20:24]  # min(m, 8 - m) <= 4
+
+
+def test_global_tree_serves_later_requests() -> None:
+    prop = SuffixProposer(5, max_tree_depth=16)
+    prompt, answer = [1, 2, 3], [40, 41, 42, 43, 44, 45, 46, 47]
+    propose(prop, "a", prompt + answer[:1])  # first seen after prefill: prompt = all but one
+    propose(prop, "a", prompt + answer)
+    prop.remove_request("a")
+    assert "a" not in prop.last_drafts and "a" not in prop.last_scores
+    assert prop.memory_stats()["cached_requests"] == 1
+    # another request with a different prompt reaches the same answer prefix
+    assert propose(prop, "b", [9, 9, 40, 41, 42]) == [43, 44, 45]
+    assert prop.last_drafts["b"].source == "global"
+    # the prompt itself did not go into the global tree
+    assert propose(prop, "c", [7, 1, 2]) == []
+
+
+def test_own_tree_wins_ties_and_global_needs_a_better_score() -> None:
+    prop = SuffixProposer(3, max_tree_depth=16)
+    propose(prop, "a", [0, 5])  # prompt [0]
+    propose(prop, "a", [0, 5, 6, 7, 8, 9, 10])
+    prop.remove_request("a")  # global: 5 6 7 8 9 10
+    # own history says 5 6 7 -> 1 2 3, the global tree 5 6 7 -> 8 9 10: same score, own wins
+    assert propose(prop, "b", [5, 6, 7, 1, 2, 3, 5, 6, 7]) == [1, 2, 3]
+    assert prop.last_drafts["b"].source == "request"
+
+
+def test_max_cached_requests_evicts_fifo_and_zero_disables() -> None:
+    prop = SuffixProposer(4, max_tree_depth=16, max_cached_requests=2)
+    answers = {f"r{i}": [100 * (i + 1) + j for j in range(6)] for i in range(3)}
+    for req_id, answer in answers.items():
+        propose(prop, req_id, [1] + answer[:1])
+        propose(prop, req_id, [1] + answer)
+        prop.remove_request(req_id)
+    assert prop.memory_stats()["cached_requests"] == 2
+    assert propose(prop, "q0", [3, 100, 101]) == []  # r0 was evicted
+    assert propose(prop, "q1", [3, 200, 201]) == [202, 203]
+    assert propose(prop, "q2", [3, 300, 301]) == [302, 303]
+
+    off = SuffixProposer(4, max_tree_depth=16, max_cached_requests=0)
+    propose(off, "r", [1, 100])
+    propose(off, "r", [1, 100, 101, 102, 103])
+    off.remove_request("r")
+    assert off.memory_stats()["cached_requests"] == 0
+    assert off.memory_stats()["global_nodes"] == 1
+    assert propose(off, "q", [3, 100, 101]) == []
+
+
+def test_unknown_and_unseen_requests_are_harmless() -> None:
+    prop = SuffixProposer(4)
+    prop.add_request("x")
+    prop.remove_request("x")  # never proposed for
+    prop.remove_request("never-added")
+    assert prop.memory_stats()["cached_requests"] == 0
+
+
+def test_batch_and_incremental_updates() -> None:
+    """Per-request state follows appends of any size; results equal a fresh proposer's."""
+    rng = random.Random(11)
+    seqs = {r: [rng.randrange(6) for _ in range(60)] for r in ("a", "b", "c")}
+    prop = SuffixProposer(5, max_tree_depth=10, min_token_prob=0.2)
+    lens = dict.fromkeys(seqs, 20)
+    while any(n < 60 for n in lens.values()):
+        reqs = [
+            DraftRequest(r, seqs[r][: lens[r]], 5, SamplingParams(temperature=0.0)) for r in seqs
+        ]
+        out = prop.propose(DraftInput(reqs))
+        for r, draft in zip(seqs, out.draft_token_ids):
+            fresh = SuffixProposer(5, max_tree_depth=10, min_token_prob=0.2)
+            assert draft == propose(fresh, r, seqs[r][: lens[r]], cap=5)
+            lens[r] = min(60, lens[r] + rng.randint(1, 4))
+
+
+def test_global_cursor_survives_inserts_and_evictions() -> None:
+    """A running request's position in the global tree is rebuilt when the tree changes."""
+    prop = SuffixProposer(4, max_tree_depth=16, max_cached_requests=1)
+    for req_id, answer in (("a", [50, 51, 52, 53, 54]), ("b", [60, 61, 62, 63, 64])):
+        propose(prop, req_id, [1] + answer[:1])
+        propose(prop, req_id, [1] + answer)
+    propose(prop, "q", [2, 50, 51])  # nothing cached yet
+    prop.remove_request("a")
+    assert propose(prop, "q", [2, 50, 51, 52]) == [53, 54]
+    prop.remove_request("b")  # evicts a
+    assert propose(prop, "q", [2, 50, 51, 52, 60, 61]) == [62, 63]
+
+
+def test_per_step_cost_on_a_long_sequence() -> None:
+    rng = random.Random(3)
+    words = [rng.randrange(5000) for _ in range(300)]
+    seq = [rng.choice(words) for _ in range(2000)]
+    prop = SuffixProposer(5)
+    propose(prop, "a", seq)
+    start = time.perf_counter()
+    for _ in range(100):
+        seq = seq + [rng.choice(words) for _ in range(rng.randint(1, 3))]
+        propose(prop, "a", seq, cap=5)
+    per_step = (time.perf_counter() - start) / 100
+    assert per_step < 5e-3, per_step  # ~0.05 ms measured; generous for shared CPUs
+
+
+# ---- config -----------------------------------------------------------------------------------
+def test_config_keys_defaults_and_errors() -> None:
+    cfg = SpeculativeConfig.from_dict({"method": "suffix"})
+    assert (
+        cfg.suffix_decoding_max_tree_depth,
+        cfg.suffix_decoding_max_cached_requests,
+        cfg.suffix_decoding_max_spec_factor,
+        cfg.suffix_decoding_min_token_prob,
+    ) == (24, 10000, 1.0, 0.1)
+    prop = PROPOSERS["suffix"](cfg, None, None, 4, 256)
+    assert isinstance(prop, SuffixProposer) and prop.max_tree_depth == 24
+    bad = {
+        "suffix_decoding_max_tree_depth": 0,
+        "suffix_decoding_max_cached_requests": -1,
+        "suffix_decoding_max_spec_factor": -0.5,
+        "suffix_decoding_min_token_prob": 1.5,
+    }
+    for key, value in bad.items():
+        with pytest.raises(ConfigError, match=key):
+            SpeculativeConfig.from_dict({"method": "suffix", key: value})
+    with pytest.raises(ConfigError, match="suffix_decoding_max_tree_depth"):
+        SpeculativeConfig.from_dict({"method": "suffix", "suffix_decoding_max_tree_depth": 2.5})
