@@ -68,6 +68,7 @@ class SuffixTree:
         self._states: dict[int, list[State]] = {}  # per open sequence: its suffixes, longest first
         self.num_nodes = 1
         self.num_dicts = 1  # nodes with a children dict
+        self.num_tokens = 0
         self._last_seq_id = -1
         self.epoch = 0  # bumped on every change, so readers know their cached positions are stale
 
@@ -113,6 +114,7 @@ class SuffixTree:
                 st[0], st[1], st[2] = node, nd, d
                 kept.append(st)
         self.root.count += 1
+        self.num_tokens += 1
         child = self._add_occurrence(self.root, 0, t, seq_id, p)
         if max_depth > 1:
             kept.append([child, 1, 1])
@@ -163,6 +165,7 @@ class SuffixTree:
         for start in range(n):
             self._remove_suffix(seq, start, min(n, start + self.max_depth))
         del self.seqs[seq_id]
+        self.num_tokens -= n
         self._states.pop(seq_id, None)
         self.epoch += 1
 
@@ -289,15 +292,21 @@ class SuffixTree:
         return best
 
     # ---- memory -------------------------------------------------------------------------------
+    @property
+    def approx_bytes(self) -> int:
+        """Estimated memory of the nodes and stored tokens (O(1))."""
+        return (
+            self.num_nodes * _BYTES_PER_NODE
+            + self.num_dicts * _BYTES_PER_CHILDREN_DICT
+            + 4 * self.num_tokens
+        )
+
     def memory_stats(self) -> dict[str, int]:
         """Nodes, stored tokens and an estimate of the bytes they take."""
-        num_tokens = sum(len(s) for s in self.seqs.values())
         return {
             "num_nodes": self.num_nodes,
-            "num_tokens": num_tokens,
-            "approx_bytes": self.num_nodes * _BYTES_PER_NODE
-            + self.num_dicts * _BYTES_PER_CHILDREN_DICT
-            + 4 * num_tokens,
+            "num_tokens": self.num_tokens,
+            "approx_bytes": self.approx_bytes,
         }
 
 
@@ -337,10 +346,14 @@ class _RequestState:
 class SuffixProposer(Proposer):
     """Drafts from a per-request suffix tree and a global tree of earlier responses.
 
-    Draft length <= ``max_spec_factor * match_len + max_spec_offset``, <= ``max_tree_depth -
-    match_len`` and <= the step's cap. Every match length is tried (longest first) and the draft
+    Draft length <= ``max_spec_factor * match_len + max_spec_offset`` (offset 0 by default, as in
+    vLLM and Arctic Inference), <= ``max_tree_depth - match_len`` and <= the step's cap. Every match length is tried (longest first) and the draft
     with the highest score wins (ties: the longer match, then the request's own tree), as in Arctic
     Inference. ``last_drafts`` / ``last_scores`` keep each request's latest draft and its score.
+
+    The global tree evicts whole responses, oldest first, beyond ``max_cached_requests`` or
+    ``max_global_bytes`` (estimated): responses seen twice cost up to max_tree_depth / 2 nodes per
+    token (every repeated substring gets a node), so the request count alone does not bound memory.
     """
 
     def __init__(
@@ -351,6 +364,7 @@ class SuffixProposer(Proposer):
         max_spec_factor: float = 1.0,
         min_token_prob: float = 0.1,
         max_spec_offset: float = 0.0,
+        max_global_bytes: int = 256 * 2**20,
     ) -> None:
         self.num_speculative_tokens = num_speculative_tokens
         self.max_tree_depth = max_tree_depth
@@ -358,6 +372,7 @@ class SuffixProposer(Proposer):
         self.max_spec_factor = max_spec_factor
         self.max_spec_offset = max_spec_offset
         self.min_token_prob = min_token_prob
+        self.max_global_bytes = max_global_bytes
         self.global_tree = SuffixTree(max_tree_depth)
         self._cached: deque[int] = deque()  # global sequence ids, oldest first
         self._next_seq_id = 0
@@ -381,8 +396,11 @@ class SuffixProposer(Proposer):
         self.global_tree.extend(seq_id, output)
         self.global_tree.close(seq_id)
         self._cached.append(seq_id)
-        while len(self._cached) > self.max_cached_requests:
-            self.global_tree.remove(self._cached.popleft())
+        g = self.global_tree
+        while self._cached and (
+            len(self._cached) > self.max_cached_requests or g.approx_bytes > self.max_global_bytes
+        ):
+            g.remove(self._cached.popleft())
 
     def _sync(self, req_id: str, token_ids: list[int]) -> _RequestState:
         """Bring the request's tree and its global-tree cursor up to ``token_ids``."""

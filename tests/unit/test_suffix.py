@@ -38,6 +38,7 @@ def check_structure(tree: SuffixTree) -> None:
             assert node.best.count == max(c.count for c in children.values())
         stack.extend(children.values())
     assert _subtree_size(tree.root) == (tree.num_nodes, tree.num_dicts)
+    assert tree.num_tokens == sum(len(s) for s in tree.seqs.values()) == tree.root.count
 
 
 def random_tree(rng: random.Random, depth: int, alphabet: int, num_seqs: int):
@@ -264,6 +265,20 @@ def test_max_cached_requests_evicts_fifo_and_zero_disables() -> None:
     assert off.memory_stats()["cached_requests"] == 0
     assert off.memory_stats()["global_nodes"] == 1
     assert propose(off, "q", [3, 100, 101]) == []
+
+
+def test_global_tree_byte_budget_evicts_oldest() -> None:
+    prop = SuffixProposer(4, max_tree_depth=16, max_global_bytes=20_000)
+    rng = random.Random(4)
+    for i in range(20):
+        answer = [rng.randrange(50_000) for _ in range(40)]
+        propose(prop, f"r{i}", [1] + answer[:1])
+        propose(prop, f"r{i}", [1] + answer)
+        prop.remove_request(f"r{i}")
+        assert prop.global_tree.approx_bytes <= 20_000
+    cached = prop.memory_stats()["cached_requests"]
+    assert 1 <= cached < 20
+    assert propose(prop, "q", [3] + answer[10:13]) == answer[13:16]  # the newest is kept
 
 
 def test_unknown_and_unseen_requests_are_harmless() -> None:
