@@ -18,6 +18,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -50,6 +52,7 @@ class WorkerPool {
         {
             std::lock_guard<std::mutex> lk(mu_);
             gen = ++gen_;
+            gen_pub_.store(gen, std::memory_order_release);
             fn_ = fn;
             ctx_ = ctx;
             ntasks_ = ntasks;
@@ -91,6 +94,15 @@ class WorkerPool {
     }
 
     static bool in_worker() { return in_worker_flag(); }
+
+    // How long an idle worker polls for the next call before sleeping (SPECDEC_POOL_SPIN_US).
+    static int64_t spin_us() {
+        static const int64_t us = [] {
+            const char* e = std::getenv("SPECDEC_POOL_SPIN_US");
+            return e && *e ? std::max<int64_t>(0, std::atoll(e)) : int64_t(50);
+        }();
+        return us;
+    }
 
   private:
     WorkerPool() : pid_(getpid()) {}
@@ -136,6 +148,15 @@ class WorkerPool {
             void* ctx;
             int64_t ntasks;
             bool participate;
+            // Kernel calls come back to back during a forward pass: poll briefly before sleeping,
+            // so the next call does not pay a wake-up.  Yielding between polls hands the core to
+            // any other runnable thread (the caller, when both landed on one busy core).
+            const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us());
+            while (gen_pub_.load(std::memory_order_acquire) == seen &&
+                   std::chrono::steady_clock::now() < until) {
+                for (int i = 0; i < 32; ++i) SPECDEC_CPU_RELAX();
+                std::this_thread::yield();
+            }
             {
                 std::unique_lock<std::mutex> lk(mu_);
                 cv_.wait(lk, [&] { return gen_ != seen; });
@@ -154,6 +175,7 @@ class WorkerPool {
     std::mutex mu_;
     std::condition_variable cv_;
     uint32_t gen_ = 0;  // job generation (guarded by mu_, like the job fields below)
+    std::atomic<uint32_t> gen_pub_{0};  // gen_, readable without the lock (polling)
     TaskFn fn_ = nullptr;
     void* ctx_ = nullptr;
     int64_t ntasks_ = 0;
