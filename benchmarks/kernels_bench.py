@@ -7,6 +7,11 @@ weight storage read per call divided by the call time.
 
     .venv/bin/python benchmarks/kernels_bench.py                    # everything, 2 threads
     .venv/bin/python benchmarks/kernels_bench.py --qtypes q4_1 --ms 1 4 --shapes 576x576
+    .venv/bin/python benchmarks/kernels_bench.py --step      # + a kernel-only forward step
+
+--step also times a synthetic SmolLM2-135M forward made only of these kernels (random weights;
+30 layers of rms_norm, fused QKV, attention over 200 cached positions, o, rms_norm, fused
+gate/up, SiLU, down; then the 49152-row output layer in Q8_0, or f32 for f32), per qtype and M.
 """
 
 from __future__ import annotations
@@ -43,6 +48,54 @@ def _time(fn, args_list, min_time: float, min_iters: int, stat: str) -> float:
     return min(samples) if stat == "min" else statistics.median(samples)
 
 
+def _step_model(qtype: str, n_layers: int = 30):
+    hid, heads, kv_heads, hd, inter = 576, 9, 3, 64, 1536
+    g = torch.Generator().manual_seed(0)
+
+    def weight(n: int, k: int, qt: str = qtype) -> kernels.PackedWeight:
+        return kernels.quantize_weight(torch.randn(n, k, generator=g) * 0.05, qt)
+
+    layers = [
+        {
+            "qkv": weight((heads + 2 * kv_heads) * hd, hid),
+            "o": weight(hid, heads * hd),
+            "gate_up": weight(2 * inter, hid),
+            "down": weight(hid, inter),
+            "k": torch.randn(kv_heads, 1024, hd, generator=g),
+            "v": torch.randn(kv_heads, 1024, hd, generator=g),
+        }
+        for _ in range(n_layers)
+    ]
+    out = weight(49152, hid, "f32" if qtype == "f32" else "q8_0")
+    norm = torch.ones(hid)
+
+    def step(ops: kernels.KernelOps, x: torch.Tensor, pos: int = 200) -> torch.Tensor:
+        m = x.shape[0]
+        for ly in layers:
+            h = ops.rms_norm(x, norm, 1e-5)
+            q = ops.linear(h, ly["qkv"])[:, : heads * hd].reshape(m, heads, hd)
+            a = ops.attention(q, ly["k"], ly["v"], pos, hd**-0.5)
+            x = x + ops.linear(a.reshape(m, heads * hd), ly["o"])
+            gu = ops.linear(ops.rms_norm(x, norm, 1e-5), ly["gate_up"])
+            x = x + ops.linear(F.silu(gu[:, :inter]) * gu[:, inter:], ly["down"])
+        return ops.linear(ops.rms_norm(x, norm, 1e-5), out)
+
+    return step
+
+
+def run_steps(args, ops: kernels.KernelOps) -> None:
+    print("\nKernel-only SmolLM2-135M-shaped forward step (ms, 200 cached positions):")
+    print(" " * 10 + "  " + "  ".join(f"M={m:<5d}" for m in args.ms))
+    for qtype in args.qtypes:
+        step = _step_model(qtype)
+        cells = []
+        for m in args.ms:
+            x = torch.randn(m, 576)
+            sec = _time(step, [(ops, x)], max(args.min_time, 0.5), 5, args.stat)
+            cells.append(f"{sec * 1e3:7.2f}")
+        print(f"{qtype:>10s}  " + "  ".join(cells))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -61,6 +114,7 @@ def main() -> None:
         help="per-call statistic; 'min' is steadier on a machine shared with other work",
     )
     ap.add_argument("--json", help="also write the results to this file")
+    ap.add_argument("--step", action="store_true", help="also time a kernel-only forward step")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -109,6 +163,8 @@ def main() -> None:
         print(" " * 10 + "  " + "  ".join(f"M={m:<5d}" for m in args.ms))
         for label, per_m in step_ms.items():
             print(f"{label:>10s}  " + "  ".join(f"{per_m[m]:7.2f}" for m in args.ms))
+    if args.step:
+        run_steps(args, ops)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
