@@ -36,17 +36,27 @@ def check_structure(tree: SuffixTree) -> None:
         assert node.cont == sum(c.count for c in children.values())
         if node.best is not None:
             assert node.best.count == max(c.count for c in children.values())
+        for t, child in children.items():
+            assert node.depth < child.depth <= tree.max_depth
+            assert t == child.token == tree._token_at(child, node.depth + 1)
+            assert child.count <= node.count
         stack.extend(children.values())
     assert _subtree_size(tree.root) == (tree.num_nodes, tree.num_dicts)
     assert tree.num_tokens == sum(len(s) for s in tree.seqs.values()) == tree.root.count
 
 
-def random_tree(rng: random.Random, depth: int, alphabet: int, num_seqs: int):
+def random_tree(
+    rng: random.Random, depth: int, alphabet: int, num_seqs: int, compressed: bool = False
+):
     tree, seqs = SuffixTree(depth), []
     for seq_id in range(num_seqs):
         seq = [rng.randrange(alphabet) for _ in range(rng.randint(1, 30))]
+        if rng.random() < 0.3 and seqs:  # repeats: long shared runs
+            seq = rng.choice(seqs)[rng.randint(0, 5) :] + seq[:5]
+        if compressed:
+            tree.add_sequence(seq_id, seq)
         i = 0
-        while i < len(seq):  # random chunks: incremental appends
+        while i < len(seq) and not compressed:  # random chunks: incremental appends
             step = rng.randint(1, 5)
             tree.extend(seq_id, seq[i : i + step])
             i += step
@@ -73,20 +83,22 @@ def dump(tree: SuffixTree) -> dict[tuple[int, ...], int]:
 
 
 # ---- the tree ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("compressed", [False, True])
 @pytest.mark.parametrize("seed", range(40))
-def test_counts_match_brute_force(seed: int) -> None:
+def test_counts_match_brute_force(seed: int, compressed: bool) -> None:
     rng = random.Random(seed)
     depth, alphabet = rng.randint(1, 5), rng.randint(1, 3)
-    tree, seqs = random_tree(rng, depth, alphabet, rng.randint(1, 4))
+    tree, seqs = random_tree(rng, depth, alphabet, rng.randint(1, 4), compressed)
     check_structure(tree)
     assert_counts_match(tree, seqs, alphabet)
 
 
+@pytest.mark.parametrize("compressed", [False, True])
 @pytest.mark.parametrize("seed", range(40))
-def test_fifo_removal_matches_brute_force(seed: int) -> None:
+def test_fifo_removal_matches_brute_force(seed: int, compressed: bool) -> None:
     rng = random.Random(1000 + seed)
     depth, alphabet = rng.randint(1, 5), rng.randint(1, 3)
-    tree, seqs = random_tree(rng, depth, alphabet, rng.randint(2, 5))
+    tree, seqs = random_tree(rng, depth, alphabet, rng.randint(2, 5), compressed)
     for seq_id in range(rng.randint(1, len(seqs))):
         tree.remove(seq_id)
         check_structure(tree)
@@ -96,9 +108,42 @@ def test_fifo_removal_matches_brute_force(seed: int) -> None:
         tree.remove(10**6)
 
 
-def test_removing_everything_leaves_an_empty_root() -> None:
+@pytest.mark.parametrize("seed", range(30))
+def test_interleaved_adds_and_evictions(seed: int) -> None:
+    """The global tree's life: whole sequences (often sharing runs) come and go, FIFO."""
+    rng = random.Random(5000 + seed)
+    depth, alphabet = rng.randint(1, 6), rng.randint(1, 3)
+    tree, seqs, live = SuffixTree(depth), [], []
+    for _ in range(rng.randint(3, 10)):
+        if live and rng.random() < 0.35:
+            tree.remove(live.pop(0))
+        else:
+            seq = [rng.randrange(alphabet) for _ in range(rng.randint(0, 20))]
+            if seqs and rng.random() < 0.5:
+                src = rng.choice(seqs)
+                i = rng.randint(0, len(src))
+                seq = src[i : i + rng.randint(0, 25)] + seq[: rng.randint(0, 3)]
+            tree.add_sequence(len(seqs), seq)
+            live.append(len(seqs))
+            seqs.append(seq)
+        check_structure(tree)
+    assert_counts_match(tree, [seqs[i] for i in live], alphabet)
+
+
+def test_runs_where_every_occurrence_ends_can_grow_later() -> None:
+    tree = SuffixTree(4)
+    for seq_id, seq in enumerate(([1, 2], [1, 2], [1, 2, 3], [5, 1, 2, 3])):
+        tree.add_sequence(seq_id, seq)
+        check_structure(tree)
+    assert (tree.count([1, 2]), tree.count([1, 2, 3]), tree.count([2, 3])) == (4, 2, 2)
+    # probabilities count the occurrences that go on (two of four ended after [1, 2])
+    assert tree.draft(tree.match_states([9, 1, 2])[0], 4, 0.0) == ([3], [1.0])
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_removing_everything_leaves_an_empty_root(compressed: bool) -> None:
     rng = random.Random(7)
-    tree, seqs = random_tree(rng, 4, 2, 4)
+    tree, seqs = random_tree(rng, 4, 2, 4, compressed)
     for seq_id in range(len(seqs)):
         tree.remove(seq_id)
     assert tree.root.count == 0 and not tree.root.children
@@ -127,7 +172,7 @@ def test_cursors_find_every_suffix(seed: int) -> None:
     states: list = []
     for i, t in enumerate(query):
         states = tree.follow(states, t)
-        found = [st[2] for st in states]
+        found = [st[1] for st in states]
         prefix = query[: i + 1]
         want = [
             m
@@ -135,24 +180,63 @@ def test_cursors_find_every_suffix(seed: int) -> None:
             if brute_count(seqs, tuple(prefix[-m:]))
         ]
         assert found == want
-        assert [st[2] for st in tree.match_states(prefix)] == want
+        assert [st[1] for st in tree.match_states(prefix)] == want
     own = tree.suffix_states(len(seqs) - 1)
     last = seqs[-1]
-    assert [st[2] for st in own] == list(range(min(depth - 1, len(last)), 0, -1))
+    assert [st[1] for st in own] == list(range(min(depth - 1, len(last)), 0, -1))
 
 
-def test_memory_is_bounded_by_depth_and_measured() -> None:
+@pytest.mark.parametrize("seed", range(20))
+def test_compressed_and_incremental_trees_draft_alike(seed: int) -> None:
+    """Same sequences, both ways in: same positions, and the same drafts from each."""
+    rng = random.Random(4000 + seed)
+    depth = rng.randint(2, 8)
+    compressed, seqs = random_tree(rng, depth, 3, 5, compressed=True)
+    incremental = SuffixTree(depth)
+    for seq_id, seq in enumerate(seqs):
+        incremental.extend(seq_id, seq)
+        incremental.close(seq_id)
+    for _ in range(20):
+        query = [rng.randrange(3) for _ in range(rng.randint(1, 10))]
+        a, b = compressed.match_states(query), incremental.match_states(query)
+        assert [st[1] for st in a] == [st[1] for st in b]
+        for sa, sb in zip(a, b):
+            for k, p in ((1, 0.0), (4, 0.0), (8, 0.3)):
+                assert compressed.draft(sa, k, p) == incremental.draft(sb, k, p)
+
+
+def test_compressed_tree_stores_repeats_in_runs() -> None:
+    rng = random.Random(6)
+    text = [rng.randrange(1000) for _ in range(1500)]
+    incremental, compressed = SuffixTree(24), SuffixTree(24)
+    for seq_id in range(3):
+        incremental.extend(seq_id, text)
+        compressed.add_sequence(seq_id, text)
+    assert incremental.num_nodes > 10 * len(text)  # one node per repeated substring
+    assert compressed.num_nodes < 3 * len(text)
+    with pytest.raises(ValueError, match="not both"):
+        compressed.extend(9, [1])
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_memory_is_bounded_and_measured(compressed: bool) -> None:
     rng = random.Random(5)
     text = [rng.randrange(1000) for _ in range(1500)]
-    for seq in (text, text + text):  # unique tails cost no nodes; a repeat costs up to depth each
+    for seqs in ([text], [text + text], [text, text[100:], text]):
         tracemalloc.start()
         tree = SuffixTree(8)
-        tree.extend(0, seq)
-        tree.close(0)
+        for seq_id, seq in enumerate(seqs):
+            if compressed:
+                tree.add_sequence(seq_id, seq)
+            else:
+                tree.extend(seq_id, seq)
+                tree.close(seq_id)
         actual, _ = tracemalloc.get_traced_memory()
         tracemalloc.stop()
         stats = tree.memory_stats()
-        assert stats["num_nodes"] <= 8 * len(seq) + 1
+        num_tokens = sum(len(s) for s in seqs)
+        # unique tails cost no nodes; a repeat costs up to one node per depth, or one per run
+        assert stats["num_nodes"] <= (3 if compressed else 8) * num_tokens + 1
         assert 0.75 < stats["approx_bytes"] / actual < 1.33, (stats, actual)
     assert SuffixTree(8).memory_stats()["num_nodes"] == 1
 
