@@ -1,11 +1,11 @@
 """Suffix decoding (Oliaro et al. 2024, arXiv 2411.04975; vLLM's ``suffix`` method).
 
 Two kinds of suffix tree count every substring of at most ``max_tree_depth`` tokens: one per running
-request over its prompt and output so far, and one global tree over the outputs of finished requests
-(a FIFO cache of ``max_cached_requests`` responses). Each step the proposer matches the suffixes of a
-request's sequence in both trees, follows the most frequent continuation while its estimated
-probability stays at or above ``min_token_prob``, and keeps the draft with the highest score (the
-expected number of accepted tokens). Drafts are point masses: no ``q``.
+request over its prompt and output so far, and one global tree over the outputs of finished
+requests (a FIFO cache of ``max_cached_requests`` responses). Each step the proposer matches the
+suffixes of a request's sequence in both trees, follows the most frequent continuation while its
+estimated probability stays at or above ``min_token_prob``, and keeps the draft with the highest
+score (the expected number of accepted tokens). Drafts are point masses: no ``q``.
 
 A request's tree is updated incrementally (only the tokens appended since the last step); finished
 responses join the global tree whole. A substring seen once costs no node below its first unique
@@ -92,7 +92,7 @@ class SuffixTree:
         seq = self.seqs[seq_id] = array("i")
         return seq
 
-    # ---- incremental updates (a request's own tree) -----------------------------------------------
+    # ---- incremental updates (a request's own tree) ---------------------------------------------
     def extend(self, seq_id: int, tokens: Iterable[int]) -> None:
         """Append tokens to sequence ``seq_id`` (created if new); count every new substring."""
         seq = self.seqs.get(seq_id)
@@ -165,7 +165,7 @@ class SuffixTree:
             node.best = node.children[seq[nxt]] = _Node(seq[nxt], node.depth + 1, node.ref_seq, nxt)
             self.num_nodes += 1
 
-    # ---- whole sequences (the global tree) --------------------------------------------------------
+    # ---- whole sequences (the global tree) ------------------------------------------------------
     def add_sequence(self, seq_id: int, tokens: Iterable[int]) -> None:
         """Add a complete sequence: every suffix, top-down, splitting shared runs where it leaves
         them. Runs all occurrences share stay one node, so repeats cost no node per token."""
@@ -302,7 +302,7 @@ class SuffixTree:
         return seq[i] if i < len(seq) else None
 
     def count(self, path: Sequence[int]) -> int:
-        """Occurrences of ``path`` (0 if longer than max_depth); ``count([])`` = number of tokens."""
+        """Occurrences of ``path`` (0 if longer than max_depth); ``count([])`` = all tokens."""
         if len(path) > self.max_depth:
             return 0
         node, d = self.root, 0
@@ -311,9 +311,10 @@ class SuffixTree:
                 if self._token_at(node, d + 1) != path[d]:
                     return 0
             else:
-                node = node.children.get(path[d]) if node.children else None  # type: ignore[assignment]
-                if node is None:
+                child = node.children.get(path[d]) if node.children else None
+                if child is None:
                     return 0
+                node = child
             d += 1
         return node.count
 
@@ -396,7 +397,9 @@ class SuffixTree:
 
     @staticmethod
     def _recompute_best(node: _Node) -> _Node:
-        best = max(node.children.values(), key=lambda c: (c.count, c.ref_seq, c.ref_end - c.depth))  # type: ignore[union-attr]
+        # ties: the most recent occurrence (latest start)
+        children = node.children.values()  # type: ignore[union-attr]
+        best = max(children, key=lambda c: (c.count, c.ref_seq, c.ref_end - c.depth))
         node.best = best
         return best
 
@@ -443,6 +446,8 @@ def _subtree_size(node: _Node) -> tuple[int, int]:
 
 @dataclass
 class SuffixDraft:
+    """One request's draft, with where it came from and how sure the trees are of it."""
+
     token_ids: list[int] = field(default_factory=list)
     probs: list[float] = field(default_factory=list)  # running probability after each token
     match_len: int = 0
@@ -466,9 +471,11 @@ class SuffixProposer(Proposer):
     """Drafts from a per-request suffix tree and a global tree of earlier responses.
 
     Draft length <= ``max_spec_factor * match_len + max_spec_offset`` (offset 0 by default, as in
-    vLLM and Arctic Inference), <= ``max_tree_depth - match_len`` and <= the step's cap. Every match length is tried (longest first) and the draft
-    with the highest score wins (ties: the longer match, then the request's own tree), as in Arctic
-    Inference. ``last_drafts`` / ``last_scores`` keep each request's latest draft and its score.
+    vLLM and Arctic Inference), <= ``max_tree_depth - match_len`` and <= the step's cap. Every
+    match length is tried (longest first) and the draft with the highest score wins (ties: the
+    longer match, then the request's own tree), as in Arctic Inference. ``last_drafts`` /
+    ``last_scores`` keep each running request's latest draft and its score (expected accepted
+    tokens) for whoever chooses how many drafts to verify.
 
     The global tree evicts whole responses, oldest first, beyond ``max_cached_requests`` or an
     estimated ``max_global_bytes`` (~2 nodes, ~250-500 bytes per distinct cached token: the request
