@@ -109,10 +109,13 @@ def _forward_cost_parser(sub) -> None:
 
 def add_bench_parser(subparsers) -> None:
     """Register ``bench`` and its subcommands on the main ``specdec`` parser."""
-    p = subparsers.add_parser("bench", help="benchmarks: latency, forward-cost")
+    from specdec.bench.serve import add_serve_parser
+
+    p = subparsers.add_parser("bench", help="benchmarks: latency, forward-cost, serve")
     sub = p.add_subparsers(dest="bench_command", required=True)
     _latency_parser(sub)
     _forward_cost_parser(sub)
+    add_serve_parser(sub)
 
 
 def _set_threads(threads: int | None) -> None:

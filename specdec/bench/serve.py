@@ -1,0 +1,710 @@
+"""``specdec bench serve``: the OpenAI server under concurrent streaming chat clients.
+
+For every configuration a server is started in this process (``BackgroundServer`` on a free
+127.0.0.1 port, engine flags as ``specdec serve``), or ``--base-url`` points at one already
+running (one configuration only). For every concurrency level C, C clients (asyncio + httpx)
+take conversations from a shared queue until none is left (or ``--duration-limit`` passed): each
+turn is one streaming chat completion (temperature 0, ``max_tokens``), and later turns carry the
+conversation so far, the model's own replies included (as ``bench latency`` does).
+
+Per request: TTFT (send -> first chunk with a token), TPOT ((end-to-end - TTFT) / (output
+tokens - 1), as vLLM's serving benchmark), end-to-end latency, output tokens (the server's usage)
+and the server's ``spec_decode`` counters. Per (configuration, concurrency): p50/p99 of TTFT,
+TPOT and end-to-end latency, output tokens/s = all output tokens / wall time of the level,
+speedup = tokens/s over ``plain``'s at the same concurrency, and the mean acceptance length.
+
+Exactness: every reply is compared with ``plain``'s at concurrency 1 (same prompt id and turn;
+text and token count). At concurrency 1 a speculative configuration that differs is a FAILURE
+(exit code 1), like ``bench latency``. At higher concurrency differences are reported for
+information only: batching changes the float arithmetic.
+
+The clients share the process (and the GIL) with the in-process server; the figures include
+that overhead, for every configuration alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import math
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specdec.bench import aggregate, report
+from specdec.bench.configs import PLAIN, BenchConfig, parse_config, parse_configs
+from specdec.bench.dataset import DEFAULT_CODE_PREFIX, BenchItem, PromptBuilder, load_items
+from specdec.config import ConfigError
+
+SCHEMA = "specdec.bench.serve/1"
+DEFAULT_CONCURRENCY = (1, 4, 16)
+REFERENCE_CONCURRENCY = 1
+WARMUP_MAX_TOKENS = 16
+MAX_ERROR_CHARS = 300
+
+
+@dataclass
+class ServeOptions:
+    model: str
+    datasets: list[str]
+    configs: list[str]
+    categories: list[str] | None = None
+    num_prompts: int | None = None
+    max_tokens: int = 256
+    concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY
+    duration_limit: float | None = None  # seconds per (configuration, concurrency) level
+    base_url: str | None = None
+    api_key: str | None = None
+    ignore_eos: bool = False
+    code_prefix: str = DEFAULT_CODE_PREFIX
+    kernels: str = "auto"
+    quantization: str = "auto"
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None  # None: the highest concurrency
+    max_num_batched_tokens: int = 512
+    kv_cache_memory: float | None = None
+    seed: int = 0
+    request_timeout: float = 600.0
+    output_dir: str | None = None
+
+
+@dataclass
+class ServeResult:
+    exit_code: int
+    output_dir: Path
+    payload: dict[str, Any]
+    failures: list[str] = field(default_factory=list)
+
+
+# ---- figures: pure functions over plain dicts -------------------------------------------------
+def percentile(values: list[float | None], q: float) -> float | None:
+    """The q-th percentile (0..100) with linear interpolation between ranks (numpy's default)."""
+    xs = sorted(v for v in values if v is not None)
+    if not xs:
+        return None
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def tpot(e2e_s: float, ttft_s: float | None, output_tokens: int) -> float | None:
+    """Seconds per output token after the first (None with fewer than two tokens)."""
+    if ttft_s is None or output_tokens < 2:
+        return None
+    return (e2e_s - ttft_s) / (output_tokens - 1)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1000.0 * seconds
+
+
+def summarize_level(rows: list[dict], duration_s: float) -> dict:
+    """Figures over the requests of one (configuration, concurrency) level (errors excluded)."""
+    ok = [r for r in rows if not r["error"]]
+    tokens = sum(r["output_tokens"] for r in ok)
+    ttfts = [r["ttft_s"] for r in ok]
+    tpots = [r["tpot_s"] for r in ok]
+    e2es = [r["e2e_s"] for r in ok]
+    return {
+        "num_requests": len(ok),
+        "num_errors": len(rows) - len(ok),
+        "prompt_tokens": sum(r["prompt_tokens"] for r in ok),
+        "output_tokens": tokens,
+        "duration_s": duration_s,
+        "output_tokens_per_s": tokens / duration_s if duration_s > 0 and ok else None,
+        "requests_per_s": len(ok) / duration_s if duration_s > 0 and ok else None,
+        "ttft_ms_p50": _ms(percentile(ttfts, 50)),
+        "ttft_ms_p99": _ms(percentile(ttfts, 99)),
+        "tpot_ms_p50": _ms(percentile(tpots, 50)),
+        "tpot_ms_p99": _ms(percentile(tpots, 99)),
+        "e2e_ms_p50": _ms(percentile(e2es, 50)),
+        "e2e_ms_p99": _ms(percentile(e2es, 99)),
+        "spec_decode": aggregate.merge_spec(ok),
+    }
+
+
+def add_speedups(summary: list[dict], reference: str) -> None:
+    """``speedup`` = output tokens/s over the reference's at the same concurrency (in place)."""
+    base = {s["concurrency"]: s["output_tokens_per_s"] for s in summary if s["config"] == reference}
+    for s in summary:
+        ref = base.get(s["concurrency"])
+        tps = s["output_tokens_per_s"]
+        s["speedup"] = tps / ref if ref and tps else None
+
+
+def compare_outputs(records: list[dict], reference: str) -> None:
+    """Set ``identical_to_plain`` on every record against the reference at concurrency 1.
+
+    Left None for the reference rows themselves, errored requests and (id, turn) pairs the
+    reference has no reply for.
+    """
+    ref = {
+        (r["id"], r["turn"]): r
+        for r in records
+        if r["config"] == reference and r["concurrency"] == REFERENCE_CONCURRENCY and not r["error"]
+    }
+    for r in records:
+        r["identical_to_plain"] = None
+        base = ref.get((r["id"], r["turn"]))
+        if base is None or base is r or r["error"]:
+            continue
+        r["identical_to_plain"] = (
+            r["text"] == base["text"] and r["output_tokens"] == base["output_tokens"]
+        )
+
+
+def add_exactness_counts(summary: list[dict], records: list[dict]) -> None:
+    for s in summary:
+        mine = [
+            r["identical_to_plain"]
+            for r in records
+            if r["config"] == s["config"]
+            and r["concurrency"] == s["concurrency"]
+            and r["identical_to_plain"] is not None
+        ]
+        s["num_compared"], s["num_identical"] = len(mine), sum(mine)
+
+
+def find_failures(records: list[dict], reference: str, config_errors: dict[str, str]) -> list[str]:
+    """Crashed configurations, greedy mismatches at concurrency 1, and requests that failed where
+    the reference succeeded (same id, turn and concurrency)."""
+    failures = [f"{label}: crashed: {msg}" for label, msg in config_errors.items()]
+    ref_ok = {
+        (r["id"], r["turn"], r["concurrency"])
+        for r in records
+        if r["config"] == reference and not r["error"]
+    }
+    for r in records:
+        if r["config"] == reference:
+            continue
+        where = f"{r['config']} @ {r['concurrency']} / {r['id']} turn {r['turn']}"
+        if r["identical_to_plain"] is False and r["concurrency"] == REFERENCE_CONCURRENCY:
+            failures.append(f"{where}: output differs from {reference}")
+        elif r["error"] and (r["id"], r["turn"], r["concurrency"]) in ref_ok:
+            failures.append(f"{where}: error where {reference} succeeded: {r['error']}")
+    return failures
+
+
+# ---- table -------------------------------------------------------------------------------------
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _identical_cell(s: dict, reference: str) -> str:
+    if s["config"] == reference and s["concurrency"] == REFERENCE_CONCURRENCY:
+        return "reference"
+    n, same = s["num_compared"], s["num_identical"]
+    if n == 0:
+        return "n/a"
+    if same == n:
+        return f"yes ({same}/{n})"
+    if s["concurrency"] == REFERENCE_CONCURRENCY:
+        return f"**NO ({same}/{n}) FAIL**"
+    return f"no ({same}/{n}, informative)"
+
+
+def format_table(summary: list[dict], reference: str) -> str:
+    """Markdown, one row per (configuration, concurrency)."""
+    head = (
+        "| config | concurrency | requests | out tokens | seconds | out tok/s | speedup "
+        "| TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | E2E p50 ms | accept len "
+        "| identical to plain |"
+    )
+    lines = [head, "|" + "---|" * 14]
+    notes = []
+    for s in summary:
+        spec = s["spec_decode"]
+        requests = str(s["num_requests"])
+        if s["num_errors"]:
+            requests += f" ({s['num_errors']} errors)"
+        if s["num_not_sent"]:
+            requests += f" ({s['num_not_sent']} not sent)"
+            notes.append(
+                f"- `{s['config']}` @ {s['concurrency']}: duration limit reached, "
+                f"{s['num_not_sent']} request(s) not sent\n"
+            )
+        cells = [
+            s["config"],
+            str(s["concurrency"]),
+            requests,
+            str(s["output_tokens"]),
+            _fmt(s["duration_s"], ".2f"),
+            _fmt(s["output_tokens_per_s"], ".1f"),
+            _fmt(s["speedup"], ".2f", "x"),
+            _fmt(s["ttft_ms_p50"], ".0f"),
+            _fmt(s["ttft_ms_p99"], ".0f"),
+            _fmt(s["tpot_ms_p50"], ".1f"),
+            _fmt(s["tpot_ms_p99"], ".1f"),
+            _fmt(s["e2e_ms_p50"], ".0f"),
+            _fmt(spec["mean_acceptance_length"] if spec else None, ".2f"),
+            _identical_cell(s, reference),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n" + ("\n" + "".join(notes) if notes else "")
+
+
+# ---- the clients --------------------------------------------------------------------------------
+def _error_text(body: bytes | str) -> str:
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    try:
+        message = json.loads(text)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = text
+    return str(message)[:MAX_ERROR_CHARS]
+
+
+async def stream_chat(
+    client: Any, base_url: str, model: str, messages: list[dict], max_tokens: int, ignore_eos: bool
+) -> dict:
+    """One streaming chat completion, timed; a partial record (no id/config fields)."""
+    import httpx
+
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    if ignore_eos:
+        body["ignore_eos"] = True
+    parts: list[str] = []
+    ttft = None
+    usage: dict | None = None
+    spec = None
+    finish = None
+    error = None
+    start = time.perf_counter()
+    try:
+        async with client.stream("POST", f"{base_url}/v1/chat/completions", json=body) as resp:
+            if resp.status_code != 200:
+                error = f"HTTP {resp.status_code}: {_error_text(await resp.aread())}"
+            else:
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    now = time.perf_counter()
+                    event = json.loads(data)
+                    if "error" in event:
+                        error = _error_text(data)
+                        continue
+                    text = ""
+                    for choice in event.get("choices") or []:
+                        text += (choice.get("delta") or {}).get("content") or ""
+                        finish = choice.get("finish_reason") or finish
+                    parts.append(text)
+                    if event.get("usage"):
+                        usage = event["usage"]
+                    if event.get("spec_decode"):
+                        spec = event["spec_decode"]
+                    got_token = text or (usage and usage.get("completion_tokens", 0) > 0)
+                    if ttft is None and got_token:
+                        ttft = now - start
+    except (httpx.HTTPError, ValueError) as e:
+        error = f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS]
+    end = time.perf_counter()
+    if error is None and usage is None:
+        error = "the stream carried no usage (stream_options.include_usage unsupported?)"
+    output_tokens = int(usage["completion_tokens"]) if usage else 0
+    e2e = end - start
+    return {
+        "prompt_tokens": int(usage["prompt_tokens"]) if usage else 0,
+        "output_tokens": output_tokens,
+        "ttft_s": ttft,
+        "tpot_s": tpot(e2e, ttft, output_tokens),
+        "e2e_s": e2e,
+        "start_perf": start,
+        "finish_reason": finish,
+        "text": "".join(parts),
+        "spec_decode": spec,
+        "error": error,
+    }
+
+
+@dataclass
+class _Level:
+    rows: list[dict]
+    duration_s: float
+    num_clients: int
+    num_not_sent: int
+
+
+async def run_level(
+    base_url: str,
+    model: str,
+    items: list[BenchItem],
+    builder: PromptBuilder,
+    concurrency: int,
+    max_tokens: int,
+    ignore_eos: bool = False,
+    duration_limit: float | None = None,
+    request_timeout: float = 600.0,
+    api_key: str | None = None,
+) -> _Level:
+    """``concurrency`` closed-loop clients over the conversations; every turn is one request."""
+    import httpx
+
+    queue: asyncio.Queue[BenchItem] = asyncio.Queue()
+    for it in items:
+        queue.put_nowait(it)
+    rows: list[dict] = []
+    not_sent = 0
+    start = time.perf_counter()
+    deadline = None if duration_limit is None else start + duration_limit
+
+    async def client_loop(client: httpx.AsyncClient) -> None:
+        nonlocal not_sent
+        while True:
+            try:
+                item = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            messages: list[dict] = []
+            for turn in range(len(item.turns)):
+                if deadline is not None and time.perf_counter() >= deadline:
+                    not_sent += len(item.turns) - turn
+                    break
+                messages.append({"role": "user", "content": builder.user_text(item, turn)})
+                row = await stream_chat(client, base_url, model, messages, max_tokens, ignore_eos)
+                row["start_s"] = row.pop("start_perf") - start
+                rows.append({"id": item.id, "category": item.category, "turn": turn, **row})
+                if row["error"]:
+                    not_sent += len(item.turns) - turn - 1
+                    break
+                messages.append({"role": "assistant", "content": row["text"]})
+
+    num_clients = min(concurrency, len(items))
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    limits = httpx.Limits(max_connections=num_clients, max_keepalive_connections=num_clients)
+    timeout = httpx.Timeout(request_timeout, connect=30.0)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=headers) as client:
+        await asyncio.gather(*(client_loop(client) for _ in range(num_clients)))
+    duration = time.perf_counter() - start
+    rows.sort(key=lambda r: r["start_s"])
+    return _Level(rows, duration, num_clients, not_sent)
+
+
+def served_model_name(base_url: str, api_key: str | None = None) -> str:
+    """The first model ``GET /v1/models`` lists."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    resp = httpx.get(f"{base_url}/v1/models", headers=headers, timeout=30.0)
+    resp.raise_for_status()
+    return resp.json()["data"][0]["id"]
+
+
+# ---- the run -----------------------------------------------------------------------------------
+def _warn(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _loud(lines: list[str]) -> None:
+    bar = "!" * 78
+    _warn("\n".join([bar, *(f"!! {line}" for line in lines), bar]))
+
+
+class _InProcessServer:
+    """The engine behind ``specdec serve``, with one configuration, on a free 127.0.0.1 port."""
+
+    def __init__(self, opts: ServeOptions, cfg: BenchConfig, model_path: Path) -> None:
+        from specdec.engine.async_llm import AsyncLLM
+        from specdec.entrypoints.openai.api_server import BackgroundServer, build_app
+        from specdec.llm import LLM
+
+        llm = LLM(
+            opts.model,
+            speculative_config=cfg.speculative_config(),
+            kernels=opts.kernels,
+            quantization=opts.quantization,
+            max_model_len=opts.max_model_len,
+            max_num_seqs=opts.max_num_seqs or max(opts.concurrency),
+            max_num_batched_tokens=opts.max_num_batched_tokens,
+            seed=opts.seed,
+            kv_cache_memory=opts.kv_cache_memory,
+        )
+        self.name = opts.model
+        app = build_app(
+            AsyncLLM(llm.engine, log_stats=False), [self.name], model_root=str(model_path)
+        )
+        self.server = BackgroundServer(app).start(timeout=120.0)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.server = None  # type: ignore[assignment]
+
+
+class _Run:
+    def __init__(self, opts: ServeOptions) -> None:
+        self.opts = opts
+        self.levels = sorted(set(opts.concurrency))
+        if opts.base_url:
+            if len(opts.configs) != 1:
+                raise ConfigError(
+                    "--base-url measures one running server: give one --configs label"
+                )
+            self.configs = [parse_config(opts.configs[0])]
+        else:
+            self.configs = parse_configs(opts.configs)
+        anchors = [c.label for c in self.configs if c.is_anchor]
+        if anchors:
+            raise ConfigError(
+                f"bench serve measures our server only, not {', '.join(anchors)} (see bench latency)"
+            )
+        self.reference = PLAIN
+        self.items = load_items(opts.datasets, opts.categories, opts.num_prompts)
+        self.model_path: Path | None = None
+        if not opts.base_url:
+            from specdec.bench.latency import _validate_models
+            from specdec.model.registry import resolve_model_path
+
+            _validate_models(self.configs)
+            self.model_path = resolve_model_path(opts.model)
+        # NOTE: chat completions: the server applies the template; turns are user messages.
+        self.builder = PromptBuilder(None, chat=True, code_prefix=opts.code_prefix)
+        self.records: list[dict] = []
+        self.summary: list[dict] = []
+        self.config_errors: dict[str, str] = {}
+
+    def _warm_up(self, url: str, model: str) -> None:
+        item = self.items[0]
+        messages = [{"role": "user", "content": self.builder.user_text(item, 0)}]
+
+        async def once() -> dict:
+            import httpx
+
+            async with httpx.AsyncClient(timeout=self.opts.request_timeout) as client:
+                return await stream_chat(
+                    client,
+                    url,
+                    model,
+                    messages,
+                    min(WARMUP_MAX_TOKENS, self.opts.max_tokens),
+                    False,
+                )
+
+        row = asyncio.run(once())
+        if row["error"]:
+            _warn(f"warm-up request failed: {row['error']}")
+
+    def measure(self, cfg: BenchConfig, url: str, model: str) -> None:
+        self._warm_up(url, model)
+        for c in self.levels:
+            level = asyncio.run(
+                run_level(
+                    url, model, self.items, self.builder, c, self.opts.max_tokens,
+                    self.opts.ignore_eos, self.opts.duration_limit, self.opts.request_timeout,
+                    self.opts.api_key,
+                )
+            )  # fmt: skip
+            for r in level.rows:
+                r.update(config=cfg.label, concurrency=c)
+                if cfg.is_plain:
+                    r["spec_decode"] = None  # the server reports zero counters for plain
+            self.records.extend(level.rows)
+            s = {
+                "config": cfg.label,
+                "concurrency": c,
+                "num_clients": level.num_clients,
+                "num_not_sent": level.num_not_sent,
+                **summarize_level(level.rows, level.duration_s),
+            }
+            self.summary.append(s)
+            print(
+                f"{cfg.label} @ {c}: {s['num_requests']} requests"
+                + (f" ({s['num_errors']} errors)" if s["num_errors"] else "")
+                + f", {_fmt(s['output_tokens_per_s'], '.1f')} tok/s, TTFT p50 "
+                f"{_fmt(s['ttft_ms_p50'], '.0f')} ms, TPOT p50 {_fmt(s['tpot_ms_p50'], '.1f')} ms",
+                flush=True,
+            )
+            if level.num_clients < c:
+                print(
+                    f"  note: only {len(self.items)} conversations, so {level.num_clients} clients"
+                )
+
+    def run_config(self, cfg: BenchConfig) -> None:
+        if self.opts.base_url:
+            url = self.opts.base_url.rstrip("/")
+            self.measure(cfg, url, served_model_name(url, self.opts.api_key))
+            return
+        assert self.model_path is not None
+        server = _InProcessServer(self.opts, cfg, self.model_path)
+        try:
+            self.measure(cfg, server.url, server.name)
+        finally:
+            server.stop()
+            del server
+            gc.collect()
+
+    def execute(self) -> None:
+        for cfg in self.configs:
+            try:
+                self.run_config(cfg)
+            except Exception as e:
+                if cfg.is_reference or self.opts.base_url:
+                    raise
+                self.config_errors[cfg.label] = f"{type(e).__name__}: {e}"
+                _loud([f"FAILURE: {cfg.label} crashed: {type(e).__name__}: {e}"])
+                traceback.print_exc()
+
+
+def default_output_dir() -> Path:
+    from specdec.bench.latency import default_output_dir as latency_default
+
+    return latency_default()
+
+
+def run_serve(opts: ServeOptions) -> ServeResult:
+    if opts.max_tokens < 1:
+        raise ValueError("--max-tokens must be >= 1")
+    if opts.num_prompts is not None and opts.num_prompts < 1:
+        raise ValueError("--num-prompts must be >= 1")
+    if not opts.concurrency or min(opts.concurrency) < 1:
+        raise ValueError("--concurrency must be positive integers")
+    if opts.duration_limit is not None and opts.duration_limit <= 0:
+        raise ValueError("--duration-limit must be > 0 seconds")
+    run = _Run(opts)
+    out_dir = Path(opts.output_dir) if opts.output_dir else default_output_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    n_requests = sum(len(it.turns) for it in run.items)
+    where = opts.base_url or "an in-process server per configuration"
+    print(f"{len(run.items)} conversations ({n_requests} requests), {len(run.configs)} "
+          f"configurations x concurrency {','.join(map(str, run.levels))}, max_tokens "
+          f"{opts.max_tokens}, against {where}; output in {out_dir}")  # fmt: skip
+    if REFERENCE_CONCURRENCY not in run.levels:
+        _warn("note: no concurrency 1, so greedy outputs are not checked against plain")
+    run.execute()
+    compare_outputs(run.records, run.reference)
+    add_exactness_counts(run.summary, run.records)
+    add_speedups(run.summary, run.reference)
+    failures = find_failures(run.records, run.reference, run.config_errors)
+    settings = asdict(opts)
+    settings.pop("api_key")
+    settings["concurrency"] = run.levels
+    payload = {
+        "schema": SCHEMA,
+        "environment": report.collect_environment(
+            opts.model, str(run.model_path) if run.model_path else None, {"settings": settings}
+        ),
+        "reference": run.reference,
+        "reference_concurrency": REFERENCE_CONCURRENCY,
+        "greedy": True,
+        "configs": [asdict(c) for c in run.configs],
+        "concurrency": run.levels,
+        "config_errors": run.config_errors,
+        "failures": failures,
+        "passed": not failures,
+        "summary": run.summary,
+        "records": run.records,
+    }
+    table = format_table(run.summary, run.reference)
+    report.write_json(out_dir / "results.json", payload)
+    (out_dir / "table.md").write_text(table, encoding="utf-8")
+    print()
+    print(table)
+    for r in run.records:
+        if r["error"]:
+            _warn(
+                f"error: {r['config']} @ {r['concurrency']} / {r['id']} turn {r['turn']}: {r['error']}"
+            )
+    if failures:
+        _loud([f"{len(failures)} FAILURE(S):", *failures])
+    print(f"results in {out_dir}")
+    return ServeResult(1 if failures else 0, out_dir, payload, failures)
+
+
+# ---- the command ---------------------------------------------------------------------------------
+SERVE_EPILOG = """\
+Each configuration ([method][:key=value,...], as bench latency; anchors are not supported) gets
+its own in-process server; with --base-url, the one running server is measured under the single
+--configs label given. Concurrency 1 replies that differ from plain's are a FAILURE (exit code 1).
+
+example:
+  specdec bench serve --model smollm2-135m --dataset ../shared/bench/data/mt_bench.jsonl \\
+      --num-prompts 8 --max-tokens 128 --concurrency 1,4 --configs plain ngram:k=5
+"""
+
+
+def add_serve_parser(sub) -> None:
+    from specdec.bench.cli import _csv, _int_csv, _model_args
+
+    p = sub.add_parser(
+        "serve",
+        help="the OpenAI server under concurrent streaming clients: TTFT, TPOT, tokens/s",
+        epilog=SERVE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _model_args(p)
+    p.add_argument("--dataset", action="append", required=True, metavar="FILE.jsonl",
+                   help="prompt set (lines {id, category, turns}); repeatable")  # fmt: skip
+    p.add_argument(
+        "--categories", type=_csv, default=None, help="comma-separated categories to keep"
+    )
+    p.add_argument("--num-prompts", type=int, default=None, help="first N prompts of each category")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--concurrency", type=_int_csv, default=DEFAULT_CONCURRENCY,
+                   help="comma-separated client counts (default: 1,4,16)")  # fmt: skip
+    p.add_argument("--configs", nargs="+", default=["plain", "ngram:k=5"], metavar="CONFIG",
+                   help="configurations to compare (default: plain ngram:k=5)")  # fmt: skip
+    p.add_argument("--duration-limit", type=float, default=None, metavar="S",
+                   help="per configuration and concurrency: send no new request after S seconds")  # fmt: skip
+    p.add_argument("--base-url", default=None,
+                   help="measure this running server (http://HOST:PORT) instead of starting one")  # fmt: skip
+    p.add_argument("--api-key", default=None, help="with --base-url: sent as a Bearer token")
+    p.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
+    p.add_argument("--code-prefix", default=DEFAULT_CODE_PREFIX,
+                   help="put this before code_completion prompts (default: %(default)r)")  # fmt: skip
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="server batch size (default: the highest concurrency)")  # fmt: skip
+    p.add_argument("--max-num-batched-tokens", type=int, default=512)
+    p.add_argument("--kv-cache-memory", type=float, default=None,
+                   help="KV pool budget: bytes, or a fraction (<= 1) of available RAM")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
+    p.add_argument("--output-dir", default=None, help="default: bench_out/<timestamp>")
+    p.set_defaults(func=cmd_bench_serve)
+
+
+def cmd_bench_serve(args: argparse.Namespace) -> int:
+    from specdec.bench.cli import _set_threads
+
+    _set_threads(args.threads)
+    opts = ServeOptions(
+        model=args.model,
+        datasets=args.dataset,
+        configs=args.configs,
+        categories=args.categories,
+        num_prompts=args.num_prompts,
+        max_tokens=args.max_tokens,
+        concurrency=tuple(args.concurrency),
+        duration_limit=args.duration_limit,
+        base_url=args.base_url,
+        api_key=args.api_key,
+        ignore_eos=args.ignore_eos,
+        code_prefix=args.code_prefix,
+        kernels=args.kernels,
+        quantization=args.quantization,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_cache_memory=args.kv_cache_memory,
+        seed=args.seed,
+        request_timeout=args.request_timeout,
+        output_dir=args.output_dir,
+    )
+    return run_serve(opts).exit_code
