@@ -57,7 +57,9 @@ class SpeculativeConfig:
                 f"prompt_lookup_max ({self.prompt_lookup_max})"
             )
         if not isinstance(self.adaptive, bool):
-            raise ConfigError(f"speculative_config.adaptive must be true or false, got {self.adaptive!r}")
+            raise ConfigError(
+                f"speculative_config.adaptive must be true or false, got {self.adaptive!r}"
+            )
         if self.draft_tensor_parallel_size != 1:
             raise ConfigError("speculative_config.draft_tensor_parallel_size must be 1")
         if self.disable_by_batch_size is not None:

@@ -295,7 +295,7 @@ class LLMEngine:
         req.metrics.finished_time = time.monotonic()
         self.scheduler.finish(req)
         if self.proposer is not None:
-            self.proposer.remove_request(req.req_id)
+            self.proposer.remove_request(req.req_id, req.all_token_ids)
         if self.controller is not None:
             self.controller.remove_request(req.req_id)
 

@@ -17,6 +17,7 @@ class DraftRequest:
     max_num_drafts: int  # cap for this step (0 = do not draft)
     sampling: SamplingParams
     generator: torch.Generator | None = None
+    num_prompt_tokens: int = 0  # token_ids[:num_prompt_tokens] is the prompt
 
 
 @dataclass
@@ -48,5 +49,5 @@ class Proposer(ABC):
     def add_request(self, req_id: str) -> None:  # noqa: B027 (optional hook)
         """A request starts; stateful drafters set up per-request state."""
 
-    def remove_request(self, req_id: str) -> None:  # noqa: B027 (optional hook)
-        """A request ends (finished, aborted or preempted)."""
+    def remove_request(self, req_id: str, token_ids: list[int] | None = None) -> None:  # noqa: B027
+        """A request ends (finished or aborted); ``token_ids`` are its final prompt + output."""

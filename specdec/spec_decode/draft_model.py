@@ -41,7 +41,7 @@ class DraftModelProposer(Proposer):
         self.max_len = max_len
         self.states: dict[str, _DraftState] = {}
 
-    def remove_request(self, req_id: str) -> None:
+    def remove_request(self, req_id: str, token_ids: list[int] | None = None) -> None:
         state = self.states.pop(req_id, None)
         if state is not None:
             self.kv.free(state.slot)

@@ -507,10 +507,12 @@ class SuffixProposer(Proposer):
         self.last_scores: dict[str, float] = {}
 
     # ---- lifecycle ------------------------------------------------------------------------------
-    def remove_request(self, req_id: str) -> None:
-        """The request's output (what this proposer saw of it) joins the global tree."""
+    def remove_request(self, req_id: str, token_ids: list[int] | None = None) -> None:
+        """The request's output joins the global tree (with its final tokens, when given)."""
         self.last_drafts.pop(req_id, None)
         self.last_scores.pop(req_id, None)
+        if token_ids is not None and req_id in self._requests:
+            self._sync(req_id, token_ids)
         state = self._requests.pop(req_id, None)
         if state is None or self.max_cached_requests == 0:
             return
@@ -527,7 +529,7 @@ class SuffixProposer(Proposer):
         ):
             g.remove(self._cached.popleft())
 
-    def _sync(self, req_id: str, token_ids: list[int]) -> _RequestState:
+    def _sync(self, req_id: str, token_ids: list[int], num_prompt_tokens: int = 0) -> _RequestState:
         """Bring the request's tree and its global-tree cursor up to ``token_ids``."""
         state = self._requests.get(req_id)
         if state is not None:
@@ -536,9 +538,10 @@ class SuffixProposer(Proposer):
             if n > len(token_ids) or (n and token_ids[n - 1] != seq[n - 1]):
                 state = None  # NOTE: not an extension of what we saw (never expected): start over
         if state is None:
-            # NOTE: the engine does not pass the prompt length; a request is first seen right
-            # after its prefill, with one output token (later only if it was not drafted for).
-            state = _RequestState(SuffixTree(self.max_tree_depth), max(0, len(token_ids) - 1))
+            # NOTE: without a prompt length, assume the request is first seen right after its
+            # prefill, with one output token.
+            prompt_len = num_prompt_tokens or max(0, len(token_ids) - 1)
+            state = _RequestState(SuffixTree(self.max_tree_depth), prompt_len)
             self._requests[req_id] = state
         seq = state.tree.seqs.get(0)
         new = token_ids[len(seq) if seq is not None else 0 :]
@@ -558,7 +561,7 @@ class SuffixProposer(Proposer):
     def propose(self, inp: DraftInput) -> DraftOutput:
         drafts: list[list[int]] = []
         for r in inp.requests:
-            state = self._sync(r.req_id, r.token_ids)
+            state = self._sync(r.req_id, r.token_ids, r.num_prompt_tokens)
             cap = min(r.max_num_drafts, self.num_speculative_tokens)
             draft = self._best_draft(state, cap) if cap > 0 else SuffixDraft()
             self.last_drafts[r.req_id] = draft
