@@ -220,6 +220,7 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if not sched.scheduled:
             return []
+        start = time.perf_counter()
         out = self.runner.execute_model(sched)
         changed: list[Request] = []
         for s, result in zip(sched.scheduled, out.results):
@@ -235,6 +236,10 @@ class LLMEngine:
             req.draft_token_ids, req.draft_probs = [], None
             self._commit(req, result)
             changed.append(req)
+        if self.controller is not None and sched.num_tokens <= 4 * self.spec.num_speculative_tokens:
+            self.controller.observe_step(
+                time.perf_counter() - start, sched.num_tokens
+            )  # not prefill
         self._propose()
         return [self._make_output(r) for r in changed]
 

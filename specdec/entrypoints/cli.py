@@ -192,8 +192,13 @@ def main(argv: list[str] | None = None) -> int:
     if add_bench_parser is not None:
         add_bench_parser(sub)
     args = parser.parse_args(argv)
+    return run_command(args.func, args)
+
+
+def run_command(func, args: argparse.Namespace) -> int:
+    """Run a subcommand; a user error becomes one line on stderr and exit code 2."""
     try:
-        return int(args.func(args) or 0)
+        return int(func(args) or 0)
     except (ConfigError, ModelNotFoundError, UnsupportedModelError, ValueError) as e:
         print(f"specdec: error: {e}", file=sys.stderr)
         return 2

@@ -5,8 +5,10 @@ exponentially weighted estimate per position). The expected tokens of a step wit
 1 + sum_{i<=k} prod_{j<=i} a_j (Leviathan et al.'s (1 - a^(k+1)) / (1 - a) with per-position
 rates). Each step picks the k's that maximise expected tokens per second of the whole batch,
 against the measured cost of verifying n tokens and of drafting one token. k = 0 is allowed, so
-a drafter that never helps is switched off; while off, it is probed with one draft after a
-back-off that doubles after every failed probe (4, 8, ... 64 steps).
+a drafter that does not pay is switched off; while off, it is probed with one draft after a
+back-off that doubles after every probe that does not switch it back on (4, 8, ... 64 steps).
+Costs are the start-up measurement of the forward plus, learnt online, the per-step overhead
+outside it and the time per drafted token.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class CostModel:
 
     verify_ms: list[float]  # index n - 1
     draft_ms_per_token: float = 0.0
+    overhead_ms: float = 0.0  # per step, outside the forward: scheduling, sampling, commit
 
     def verify(self, n: int) -> float:
         # NOTE: sampling, bookkeeping and noise make no extra row free, whatever the timing says.
@@ -47,7 +50,7 @@ class CostModel:
         return max(self.verify_ms[-1] + slope * (n - len(self.verify_ms)), floor)
 
     def step_ms(self, num_tokens: int, num_drafts: int) -> float:
-        return self.verify(num_tokens) + self.draft_ms_per_token * num_drafts
+        return self.verify(num_tokens) + self.overhead_ms + self.draft_ms_per_token * num_drafts
 
 
 def choose_num_drafts(rates: list[list[float]], caps: list[int], cost: CostModel) -> list[int]:
@@ -85,10 +88,23 @@ def choose_num_drafts(rates: list[list[float]], caps: list[int], cost: CostModel
 @dataclass
 class _RequestState:
     rates: list[float]
+    num_observed: int = 0  # positions 0 .. num_observed-1 have been tested at least once
     predicted: float = 0.0  # expected accepted drafts of the pending choice
     off_steps: int = 0  # steps in a row without drafts
     backoff: int = FIRST_BACKOFF
     probing: bool = False
+
+
+def _extrapolated(state: _RequestState) -> list[float]:
+    """Positions never tested take the rate of the deepest tested one (else the prior).
+
+    NOTE: without this, positions beyond the k in use keep the prior forever and a drafter that is
+    right 95% of the time never gets a longer k.
+    """
+    n = state.num_observed
+    if n == 0 or n >= len(state.rates):
+        return state.rates
+    return state.rates[:n] + [state.rates[n - 1]] * (len(state.rates) - n)
 
 
 @dataclass
@@ -104,15 +120,16 @@ class SpecController:
 
     def choose(self, req_ids: list[str], caps: list[int]) -> list[int]:
         states = [self._state(r) for r in req_ids]
-        ks = choose_num_drafts([s.rates for s in states], caps, self.cost)
+        ks = choose_num_drafts([_extrapolated(s) for s in states], caps, self.cost)
         for i, s in enumerate(states):
             s.probing = False
             if ks[i] == 0 and caps[i] > 0:
                 s.off_steps += 1
                 if s.off_steps >= s.backoff:  # explore: one draft, to see if things changed
                     ks[i], s.probing, s.off_steps = 1, True, 0
-            elif ks[i] > 0:
-                s.off_steps = 0
+                    s.backoff = min(2 * s.backoff, MAX_BACKOFF)
+            elif ks[i] > 0:  # drafting pays again: probe quickly next time it stops paying
+                s.off_steps, s.backoff = 0, FIRST_BACKOFF
             s.predicted = expected_tokens(s.rates, ks[i]) - 1.0
         return ks
 
@@ -123,16 +140,23 @@ class SpecController:
         """Position i was tested only if every earlier draft survived."""
         state = self._state(req_id)
         rates = state.rates
-        for i in range(min(num_drafts, num_accepted + 1)):
+        tested = min(num_drafts, num_accepted + 1)
+        for i in range(tested):
+            if i >= state.num_observed:  # first observation of this position
+                rates[i] = _extrapolated(state)[i]
             hit = 1.0 if i < num_accepted else 0.0
             rates[i] += ALPHA * (hit - rates[i])
-        if state.probing:
-            state.backoff = FIRST_BACKOFF if num_accepted else min(2 * state.backoff, MAX_BACKOFF)
+        state.num_observed = max(state.num_observed, tested)
 
     def observe_draft_time(self, seconds: float, num_drafted: int) -> None:
         if num_drafted > 0:
             per_token = 1000.0 * seconds / num_drafted
             self.cost.draft_ms_per_token += ALPHA * (per_token - self.cost.draft_ms_per_token)
+
+    def observe_step(self, seconds: float, num_tokens: int) -> None:
+        """A whole engine step (forward, verification, commit; drafting excluded) took `seconds`."""
+        extra = 1000.0 * seconds - self.cost.verify(num_tokens)
+        self.cost.overhead_ms += ALPHA * (max(0.0, extra) - self.cost.overhead_ms)
 
     def remove_request(self, req_id: str) -> None:
         self.states.pop(req_id, None)

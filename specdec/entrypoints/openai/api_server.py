@@ -26,9 +26,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from specdec.config import ConfigError
-from specdec.entrypoints.cli import add_engine_args, build_llm, speculative_from_args
-from specdec.model.arch import UnsupportedModelError
-from specdec.model.registry import ModelNotFoundError
+from specdec.entrypoints.cli import add_engine_args, build_llm, run_command, speculative_from_args
 
 logger = logging.getLogger("specdec.entrypoints.openai.api_server")
 
@@ -345,13 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         argparse.ArgumentParser(prog="python -m specdec.entrypoints.openai.api_server")
     )
     args = parser.parse_args(argv)
-    try:
-        return cmd_serve(args)
-    except (ConfigError, ModelNotFoundError, UnsupportedModelError, ValueError) as e:
-        print(f"specdec: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    return run_command(cmd_serve, args)
 
 
 if __name__ == "__main__":
