@@ -404,9 +404,18 @@ class TorchOps(KernelOps):
     def linear(
         self, x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return F.linear(x, w.float_weight(x.device), bias)
+        weight = w.float_weight(x.device)
+        if x.dtype != weight.dtype:  # bfloat16 / float16 activations: a cached cast of the weight
+            key = f"{x.device}:{x.dtype}"
+            cast = w._float_cache.get(key)
+            if cast is None:
+                cast = w._float_cache[key] = weight.to(x.dtype)
+            weight = cast
+        return F.linear(x, weight, bias)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        if x.dtype != torch.float32:  # half precision: normalise in float32, return the input dtype
+            return self.rms_norm(x.float(), weight.float(), eps).to(x.dtype)
         x = x.to(torch.float32)
         return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
 

@@ -69,9 +69,8 @@ def pack_linear(
     w = torch.cat([r.to_float() for r in raws], dim=0)  # [N, K]
     target = "f32" if len(targets) > 1 and "f32" in targets else max(targets)
     if target == "f32":
-        if not native:
-            return pack_weight("f32", w.to(device=device, dtype=dtype), out_features, in_features)
-        return pack_weight("f32", w.contiguous(), out_features, in_features)
+        # NOTE: weights stay float32; the torch kernels cast them once per activation dtype.
+        return pack_weight("f32", w.to(device=device).contiguous(), out_features, in_features)
     return quantize_weight(w, target)
 
 
