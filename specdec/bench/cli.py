@@ -54,6 +54,16 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _dataset_args(p: argparse.ArgumentParser) -> None:
+    """--dataset / --categories / --num-prompts, shared by the latency and serve benchmarks."""
+    p.add_argument("--dataset", action="append", required=True, metavar="FILE.jsonl",
+                   help="prompt set (lines {id, category, turns}); repeatable")  # fmt: skip
+    p.add_argument(
+        "--categories", type=_csv, default=None, help="comma-separated categories to keep"
+    )
+    p.add_argument("--num-prompts", type=int, default=None, help="first N prompts of each category")
+
+
 def _latency_parser(sub) -> None:
     p = sub.add_parser(
         "latency",
@@ -62,12 +72,7 @@ def _latency_parser(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _model_args(p)
-    p.add_argument("--dataset", action="append", required=True, metavar="FILE.jsonl",
-                   help="prompt set (lines {id, category, turns}); repeatable")  # fmt: skip
-    p.add_argument(
-        "--categories", type=_csv, default=None, help="comma-separated categories to keep"
-    )
-    p.add_argument("--num-prompts", type=int, default=None, help="first N prompts of each category")
+    _dataset_args(p)
     p.add_argument("--configs", nargs="+", default=["plain", "ngram:k=5"], metavar="CONFIG",
                    help="configurations to compare (syntax below; default: plain ngram:k=5)")  # fmt: skip
     p.add_argument("--max-tokens", type=int, default=256)

@@ -640,7 +640,7 @@ example:
 
 
 def add_serve_parser(sub) -> None:
-    from specdec.bench.cli import _csv, _int_csv, _model_args
+    from specdec.bench.cli import _dataset_args, _int_csv, _model_args
 
     p = sub.add_parser(
         "serve",
@@ -649,12 +649,7 @@ def add_serve_parser(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _model_args(p)
-    p.add_argument("--dataset", action="append", required=True, metavar="FILE.jsonl",
-                   help="prompt set (lines {id, category, turns}); repeatable")  # fmt: skip
-    p.add_argument(
-        "--categories", type=_csv, default=None, help="comma-separated categories to keep"
-    )
-    p.add_argument("--num-prompts", type=int, default=None, help="first N prompts of each category")
+    _dataset_args(p)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--concurrency", type=_int_csv, default=DEFAULT_CONCURRENCY,
                    help="comma-separated client counts (default: 1,4,16)")  # fmt: skip
