@@ -128,3 +128,15 @@ def test_half_precision_runs_on_the_torch_kernels(tiny_llama, dtype: str) -> Non
     assert len(out.outputs[0].token_ids) == 8
     # the first token (one prefill) agrees with float32 on this well-separated tiny model
     assert out.outputs[0].token_ids[0] == ref.outputs[0].token_ids[0]
+
+
+def test_disable_by_batch_size_pauses_speculation_under_load(tiny_llama) -> None:
+    cfg = {"method": "draft_model", "model": str(tiny_llama), "num_speculative_tokens": 3}
+    llm = LLM(
+        str(tiny_llama), max_model_len=128, speculative_config=cfg | {"disable_by_batch_size": 1}
+    )
+    sp = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    llm.generate(["a", "b", "c"], sp)  # three at once: more than 1 running, so no drafts
+    assert llm.spec_decode_stats.num_drafts == 0
+    llm.generate(["a"], sp)  # alone: speculation resumes
+    assert llm.spec_decode_stats.num_drafts > 0
