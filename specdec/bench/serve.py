@@ -29,7 +29,6 @@ import asyncio
 import gc
 import json
 import math
-import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -39,6 +38,7 @@ from typing import Any
 from specdec.bench import aggregate, report
 from specdec.bench.configs import PLAIN, BenchConfig, parse_config, parse_configs
 from specdec.bench.dataset import DEFAULT_CODE_PREFIX, BenchItem, PromptBuilder, load_items
+from specdec.bench.latency import _loud, _warn
 from specdec.config import ConfigError
 
 SCHEMA = "specdec.bench.serve/1"
@@ -405,15 +405,6 @@ def served_model_name(base_url: str, api_key: str | None = None) -> str:
 
 
 # ---- the run -----------------------------------------------------------------------------------
-def _warn(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def _loud(lines: list[str]) -> None:
-    bar = "!" * 78
-    _warn("\n".join([bar, *(f"!! {line}" for line in lines), bar]))
-
-
 class _InProcessServer:
     """The engine behind ``specdec serve``, with one configuration, on a free 127.0.0.1 port."""
 
