@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import itertools
 import time
 
@@ -55,7 +54,7 @@ def load_model(
         )
     ops = get_ops("torch" if dtype != torch.float32 else kernels, device)
     limit = ckpt.arch.max_position_embeddings
-    max_len = min(max_len or DEFAULT_MAX_MODEL_LEN, limit) if max_len is None else max_len
+    max_len = max_len or min(DEFAULT_MAX_MODEL_LEN, limit)
     if max_len > limit:
         raise ConfigError(f"max_model_len {max_len} exceeds the model's context length {limit}")
     return LlamaModel(ckpt, ops, device, dtype, quantization, max_len), tokenizer
@@ -368,7 +367,7 @@ class LLMEngine:
             prompt_token_ids=req.prompt_token_ids,
             outputs=[completion],
             finished=finished,
-            spec_decode_stats=copy.deepcopy(req.spec_stats),
+            spec_decode_stats=req.spec_stats.copy(),
             metrics=req.metrics,
             delta_text=delta_text,
             delta_token_ids=delta_ids,

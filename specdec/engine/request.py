@@ -48,6 +48,13 @@ class Request:
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    def token_ids_from(self, start: int) -> list[int]:
+        """all_token_ids[start:] without building the whole list (the decode hot path)."""
+        num_prompt = len(self.prompt_token_ids)
+        if start >= num_prompt:
+            return self.output_token_ids[start - num_prompt :]
+        return self.prompt_token_ids[start:] + self.output_token_ids
+
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)

@@ -77,7 +77,7 @@ class Scheduler:
         return SchedulerOutput(out)
 
     def _schedule_one(self, req: Request, budget: int) -> ScheduledRequest:
-        missing = req.all_token_ids[req.num_computed_tokens :]
+        missing = req.token_ids_from(req.num_computed_tokens)
         if len(missing) > budget:
             return ScheduledRequest(req, missing[:budget], 0, needs_logits=False)
         drafts = req.draft_token_ids[: self.max_drafts(req, budget - len(missing))]

@@ -124,6 +124,7 @@ def _run_one(llm, prompt_ids: list[int], sp, stream: bool) -> tuple[object, floa
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from specdec.sampling_params import SamplingParams
+    from specdec.spec_decode.metrics import SpecDecodeStats
 
     spec = speculative_from_args(args)
     sp = SamplingParams(
@@ -148,7 +149,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     _run_one(
         llm, prompt_ids[:8], SamplingParams(max_tokens=4, temperature=0.0), stream=False
     )  # warm-up
-    llm.engine.spec_stats.__init__()
+    llm.engine.spec_stats = SpecDecodeStats()
     plain = None
     if args.compare_plain and spec is not None:
         proposer, llm.engine.proposer = llm.engine.proposer, None

@@ -16,6 +16,7 @@ from specdec.kernels import QTYPES, KernelOps, PackedWeight, pack_weight, quanti
 from specdec.model.loader import RawTensor
 
 QUANTIZATION_CHOICES = ("auto", "fp32", "q8_0", "q4_0", "q4_1")
+_PRECISION = ("q4_0", "q4_1", "q8_0", "f32")  # least to most precise
 
 
 class Linear:
@@ -49,7 +50,6 @@ def pack_linear(
     raws: list[RawTensor],
     quantization: str,
     ops: KernelOps,
-    dtype: torch.dtype,
     device: torch.device,
 ) -> PackedWeight:
     """Pack one weight, or several fused along the output dimension (q|k|v, gate|up)."""
@@ -67,7 +67,7 @@ def pack_linear(
             raws[0].qtype, torch.from_numpy(np.ascontiguousarray(data)), out_features, in_features
         )
     w = torch.cat([r.to_float() for r in raws], dim=0)  # [N, K]
-    target = "f32" if len(targets) > 1 and "f32" in targets else max(targets)
+    target = max(targets, key=_PRECISION.index)  # fused parts of mixed formats: the most precise
     if target == "f32":
         # NOTE: weights stay float32; the torch kernels cast them once per activation dtype.
         return pack_weight("f32", w.to(device=device).contiguous(), out_features, in_features)
@@ -82,7 +82,7 @@ def make_linear(
     dtype: torch.dtype,
     device: torch.device,
 ) -> Linear:
-    weight = pack_linear(raws, quantization, ops, dtype, device)
+    weight = pack_linear(raws, quantization, ops, device)
     bias = None
     if any(b is not None for b in biases):
         parts = [

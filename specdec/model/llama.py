@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specdec.kernels import KernelOps
+from specdec.kernels import KernelOps, PackedWeight
 from specdec.kv_cache.pool import KVCache
 from specdec.model.arch import ArchConfig
 from specdec.model.layers import Linear, Rotary, make_linear, rope_inv_freq
@@ -60,14 +59,15 @@ class LlamaModel:
         self.dtype = dtype
         self.max_len = max_len
         t = ckpt.tensors
-        self._embed_raw: RawTensor = t["embed_tokens"]
-        self._embed_dense: torch.Tensor | None = None
-        if not self._embed_raw.is_quantized or device.type != "cpu":
-            self._embed_dense = self._embed_raw.to_float().to(device=device, dtype=dtype)
         self.layers = [self._load_layer(t, i, quantization) for i in range(self.cfg.num_layers)]
         self.norm = self._vec(t["norm"])
-        head = t["embed_tokens"] if self.cfg.tie_word_embeddings else t["lm_head"]
-        self.lm_head = make_linear([head], [None], quantization, ops, dtype, device)
+        embed = make_linear([t["embed_tokens"]], [None], quantization, ops, dtype, device)
+        # NOTE: tied models read their embeddings from the output layer's (quantized) rows.
+        self._embed: PackedWeight = embed.weight
+        if self.cfg.tie_word_embeddings:
+            self.lm_head = embed
+        else:
+            self.lm_head = make_linear([t["lm_head"]], [None], quantization, ops, dtype, device)
         freq_factors = t["rope_freqs"].to_float() if "rope_freqs" in t else None
         self._rotary: dict[float, Rotary] = {}
         for theta in {self.cfg.layer_rope_theta(i) for i in range(self.cfg.num_layers)}:
@@ -105,11 +105,7 @@ class LlamaModel:
 
     # ---- forward -------------------------------------------------------------------------
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, H]
-        if self._embed_dense is not None:
-            x = self._embed_dense[input_ids.to(self.device)]
-        else:
-            ids = input_ids.cpu().numpy().astype(np.int64)
-            x = self._embed_raw.rows(ids).to(device=self.device, dtype=self.dtype)
+        x = self._embed.dequantize_rows(input_ids).to(device=self.device, dtype=self.dtype)
         if self.cfg.is_gemma:
             x = x * torch.tensor(self.cfg.hidden_size**0.5, dtype=self.dtype)
         return x

@@ -96,15 +96,6 @@ class RawTensor:
             arr = arr.copy()  # NOTE: GGUF data is a read-only memory map
         return torch.from_numpy(arr)
 
-    def rows(self, index: np.ndarray) -> torch.Tensor:
-        """Dequantize only some rows (embedding lookups): [len(index), shape[1]] float32."""
-        sub = RawTensor(
-            self.qtype,
-            self.data.reshape(self.shape[0], -1)[index],
-            (len(index),) + tuple(self.shape[1:]),
-        )
-        return sub.to_float()
-
 
 @dataclass
 class LoadedCheckpoint:

@@ -55,7 +55,7 @@ class DraftModelProposer(Proposer):
         drafts: dict[str, list[int]] = {r.req_id: [] for r in active}
         probs: dict[str, list[torch.Tensor]] = {r.req_id: [] for r in active}
         feed = {r.req_id: self._catch_up(r) for r in active}
-        for step in range(max((r.max_num_drafts for r in active), default=0)):
+        for _ in range(max((r.max_num_drafts for r in active), default=0)):
             live = [r for r in active if len(drafts[r.req_id]) < r.max_num_drafts]
             if not live:
                 break
@@ -66,7 +66,6 @@ class DraftModelProposer(Proposer):
                 if q is not None:
                     probs[r.req_id].append(q)
                 feed[r.req_id] = [token]
-            del step
         out_ids, out_probs = [], []
         for r in inp.requests:
             ids = drafts.get(r.req_id, [])
@@ -107,9 +106,7 @@ class DraftModelProposer(Proposer):
             self.kv,
             num_layers=self.num_layers,
         )
-        last_rows = torch.tensor(
-            [sum(counts[: i + 1]) - 1 for i in range(len(counts))], device=device
-        )
+        last_rows = torch.tensor(counts, device=device).cumsum(0) - 1
         return self.model.compute_logits(hidden[last_rows])
 
     def _draw(self, logits: torch.Tensor, r: DraftRequest) -> tuple[int, torch.Tensor | None]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 
@@ -31,6 +32,9 @@ class SpecDecodeStats:
             self.accepted_per_pos.extend([0] * (num_draft_tokens - len(self.accepted_per_pos)))
         for pos in range(num_accepted):
             self.accepted_per_pos[pos] += 1
+
+    def copy(self) -> SpecDecodeStats:
+        return dataclasses.replace(self, accepted_per_pos=list(self.accepted_per_pos))
 
     def merge(self, other: SpecDecodeStats) -> None:
         self.num_drafts += other.num_drafts
