@@ -4,8 +4,9 @@ Project metadata lives in pyproject.toml; this file only adds the C++ extension:
 
 * ``specdec/kernels/csrc/ops.cpp`` (torch binding) and ``kernels_portable.cpp`` are compiled with
   the flags torch's ``BuildExtension`` uses (no ISA flags), so the module imports on any x86-64 CPU;
-* ``kernels_avx2.cpp`` is compiled on its own with ``-mavx2 -mfma -mf16c -O3`` and linked in; the
-  binding only calls it after ``__builtin_cpu_supports`` says the CPU has those instructions.
+* ``kernels_avx2.cpp`` is compiled on its own with ``-mavx2 -mfma -mf16c -O3``, and
+  ``kernels_avx512.cpp`` with AVX-512 F/DQ/BW/VL added, and both are linked in; the binding only
+  calls them after ``__builtin_cpu_supports`` says the CPU has those instructions.
 
 The extension is optional: when torch's build helpers are missing or any compile step fails, the
 build prints a warning and the package installs without it (``specdec.kernels`` then falls back to
@@ -24,6 +25,15 @@ from setuptools import setup
 CSRC = os.path.join("specdec", "kernels", "csrc")
 COMMON_FLAGS = ["-O3", "-g0", "-ffp-contract=off"]
 AVX2_FLAGS = ["-O3", "-g0", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fPIC", "-std=c++17"]
+AVX512_FLAGS = AVX2_FLAGS + ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl"]
+# GCC 12 warns about its own _mm512_setzero_ps (a false positive).
+AVX512_FLAGS += ["-Wno-uninitialized", "-Wno-maybe-uninitialized"]
+# ISA units compiled on their own, in order; each needs the ones before it (the AVX-512 table
+# reuses the AVX2 rms_norm and attention).
+ISA_UNITS = [
+    ("AVX2", "kernels_avx2.cpp", AVX2_FLAGS, "SPECDEC_HAVE_AVX2"),
+    ("AVX-512", "kernels_avx512.cpp", AVX512_FLAGS, "SPECDEC_HAVE_AVX512"),
+]
 
 
 def _warn(msg: str) -> None:
@@ -46,11 +56,11 @@ def _native_build():
         return [], {}
 
     class OptionalBuildExtension(BuildExtension):
-        """BuildExtension that compiles the AVX2 unit separately and never fails the install."""
+        """BuildExtension that compiles the ISA units separately and never fails the install."""
 
         def build_extensions(self) -> None:
             for ext in self.extensions:
-                self._add_avx2_object(ext)
+                self._add_isa_objects(ext)
             try:
                 super().build_extensions()
             except Exception:
@@ -67,28 +77,30 @@ def _native_build():
                     f"building {ext.name} failed; installing without it\n" + traceback.format_exc()
                 )
 
-        def _add_avx2_object(self, ext) -> None:
-            sources = getattr(ext, "avx2_sources", None)
-            if not sources:
-                return
+        def _add_isa_objects(self, ext) -> None:
             if not _is_x86():
                 return
-            try:
-                # Plain distutils compiler (BuildExtension has not wrapped it yet): per-file flags.
-                objects = self.compiler.compile(
-                    sources,
-                    output_dir=self.build_temp,
-                    include_dirs=[CSRC],
-                    extra_postargs=AVX2_FLAGS,
-                )
-            except Exception:
-                _warn(
-                    "AVX2 kernels failed to compile; building the portable kernels only\n"
-                    + traceback.format_exc()
-                )
-                return
-            ext.extra_objects = list(ext.extra_objects or []) + list(objects)
-            ext.extra_compile_args = list(ext.extra_compile_args or []) + ["-DSPECDEC_HAVE_AVX2"]
+            defines: list[str] = []
+            for label, source, flags, define in ISA_UNITS:
+                try:
+                    # Plain distutils compiler (BuildExtension has not wrapped it yet): per-file flags.
+                    objects = self.compiler.compile(
+                        [os.path.join(CSRC, source)],
+                        output_dir=self.build_temp,
+                        include_dirs=[CSRC],
+                        extra_postargs=flags + [f"-D{d}" for d in defines],
+                    )
+                except Exception:
+                    _warn(
+                        f"{label} kernels failed to compile; building without them\n"
+                        + traceback.format_exc()
+                    )
+                    break
+                defines.append(define)
+                ext.extra_objects = list(ext.extra_objects or []) + list(objects)
+            ext.extra_compile_args = list(ext.extra_compile_args or []) + [
+                f"-D{d}" for d in defines
+            ]
 
     ext = CppExtension(
         name="specdec.kernels._C",
@@ -96,8 +108,9 @@ def _native_build():
         include_dirs=[os.path.abspath(CSRC)],
         extra_compile_args=list(COMMON_FLAGS),
     )
-    ext.avx2_sources = [os.path.join(CSRC, "kernels_avx2.cpp")]
-    ext.depends = [os.path.join(CSRC, h) for h in ("kernels.h", "parallel.h")] + ext.avx2_sources
+    ext.depends = [os.path.join(CSRC, f) for f in ("kernels.h", "parallel.h")] + [
+        os.path.join(CSRC, unit[1]) for unit in ISA_UNITS
+    ]
     return [ext], {"build_ext": OptionalBuildExtension}
 
 

@@ -104,7 +104,7 @@ def main() -> None:
     ap.add_argument("--ms", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--qtypes", nargs="+", default=list(kernels.QTYPES))
     ap.add_argument("--shapes", nargs="+", default=[f"{n}x{k}" for n, k in SHAPES], help="NxK")
-    ap.add_argument("--isa", default="auto", help="native kernels: auto, avx2, portable")
+    ap.add_argument("--isa", default="auto", help="native kernels: auto, avx512, avx2, portable")
     ap.add_argument("--hot", action="store_true", help="reuse one weight copy (cache-resident)")
     ap.add_argument("--min-time", type=float, default=0.3, help="seconds per measurement")
     ap.add_argument(

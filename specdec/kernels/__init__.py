@@ -2,8 +2,8 @@
 
 Two implementations of one interface (:class:`KernelOps`):
 
-* :class:`NativeOps` -- the C++ extension ``specdec.kernels._C`` (AVX2/FMA/F16C kernels picked at
-  runtime, portable C++ otherwise).  Every op is *batch-invariant*: row ``r`` of an ``M``-row call
+* :class:`NativeOps` -- the C++ extension ``specdec.kernels._C`` (AVX-512 or AVX2/FMA/F16C kernels
+  picked at runtime, portable C++ otherwise).  Every op is *batch-invariant*: row ``r`` of an ``M``-row call
   is bit-identical to the same row computed alone, whatever ``M`` and the thread count.  That is
   what lets speculative verification (several rows) and plain decoding (one row) agree exactly.
 * :class:`TorchOps` -- plain PyTorch, works on any device (CUDA included).  Not batch-invariant;
@@ -86,12 +86,12 @@ def cpu_features() -> dict[str, bool]:
 
 
 def native_isa() -> str | None:
-    """Which native kernels run: 'avx2' or 'portable' (None without the extension)."""
+    """Which native kernels run: 'avx512', 'avx2' or 'portable' (None without the extension)."""
     return _C.isa() if _C is not None else None
 
 
 def set_native_isa(isa: str) -> None:
-    """Force the native kernels process-wide: 'auto', 'avx2' or 'portable' (tests, benchmarks).
+    """Force the native kernels process-wide: 'auto', 'avx512', 'avx2' or 'portable'.
 
     The environment variable SPECDEC_KERNELS_ISA sets the initial choice the same way.
     """

@@ -1,7 +1,7 @@
 """Tests of specdec.kernels: formats, accuracy, batch invariance, torch/native agreement.
 
-The native tests run once per available instruction set ("avx2" when the CPU and the build have
-it, "portable" always).  Without the extension they skip locally but FAIL under CI (CI=... set),
+The native tests run once per available instruction set ("avx512" and "avx2" when the CPU and
+the build have them, "portable" always).  Without the extension they skip locally but FAIL under CI (CI=... set),
 since CI builds it.
 """
 
@@ -19,7 +19,7 @@ from specdec import kernels as K
 
 QUANT = ("q8_0", "q4_0", "q4_1")
 GGML_TYPE = {"q8_0": GT.Q8_0, "q4_0": GT.Q4_0, "q4_1": GT.Q4_1}
-BATCH_SIZES = (1, 2, 3, 4, 5, 8, 13, 16, 17, 33)
+BATCH_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 17, 33)
 IN_CI = bool(os.environ.get("CI"))
 
 
@@ -37,7 +37,13 @@ def _isas() -> list[str]:
     if K.native_available() and K._C.has_avx2_build():
         if feats["avx2"] and feats["fma"] and feats["f16c"]:
             isas.insert(0, "avx2")
+            if K._C.has_avx512_build() and _has_avx512(feats):
+                isas.insert(0, "avx512")
     return isas
+
+
+def _has_avx512(feats: dict[str, bool]) -> bool:
+    return all(feats.get(f, False) for f in ("avx512f", "avx512dq", "avx512bw", "avx512vl"))
 
 
 @pytest.fixture(params=_isas())
@@ -133,7 +139,7 @@ def test_native_quantized_equals_f32_on_dequantized(native, qtype):
     w = _weight(qtype, 50, 128)
     wf = K.pack_weight("f32", w.dequantize().contiguous(), 50, 128)
     x = _randn(20, 128)
-    for m in (1, 2, 3, 4, 5, 16, 20):
+    for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 20):
         assert torch.equal(native.linear(x[:m], w), native.linear(x[:m], wf)), m
 
 
@@ -389,5 +395,6 @@ def test_native_built_in_ci():
     feats = K.cpu_features()
     if feats["avx2"] and feats["fma"] and feats["f16c"]:
         assert K._C.has_avx2_build(), "x86 CPU with AVX2 but the AVX2 kernels were not built"
+        assert K._C.has_avx512_build(), "x86 CPU with AVX2 but the AVX-512 kernels were not built"
         if not os.environ.get("SPECDEC_KERNELS_ISA"):
-            assert K.native_isa() == "avx2"
+            assert K.native_isa() == ("avx512" if _has_avx512(feats) else "avx2")

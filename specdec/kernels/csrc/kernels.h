@@ -51,5 +51,9 @@ const KernelTable* portable_table();
 #ifdef SPECDEC_HAVE_AVX2
 const KernelTable* avx2_table();
 #endif
+#ifdef SPECDEC_HAVE_AVX512
+// 16-lane linear kernels; rms_norm and attention are the AVX2 ones (needs SPECDEC_HAVE_AVX2).
+const KernelTable* avx512_table();
+#endif
 
 }  // namespace specdec

@@ -25,6 +25,9 @@ bool cpu_has(const char* feature) {
     if (f == "fma") return __builtin_cpu_supports("fma");
     if (f == "f16c") return __builtin_cpu_supports("f16c");
     if (f == "avx512f") return __builtin_cpu_supports("avx512f");
+    if (f == "avx512dq") return __builtin_cpu_supports("avx512dq");
+    if (f == "avx512bw") return __builtin_cpu_supports("avx512bw");
+    if (f == "avx512vl") return __builtin_cpu_supports("avx512vl");
     return false;
 #else
     (void)feature;
@@ -40,8 +43,25 @@ bool avx2_usable() {
 #endif
 }
 
+bool avx512_usable() {
+#if defined(SPECDEC_HAVE_AVX512) && defined(SPECDEC_HAVE_AVX2)
+    return avx2_usable() && cpu_has("avx512f") && cpu_has("avx512dq") && cpu_has("avx512bw") &&
+           cpu_has("avx512vl");
+#else
+    return false;
+#endif
+}
+
 const KernelTable* table_for(const std::string& isa) {
     if (isa == "portable") return portable_table();
+    if (isa == "avx512") {
+#if defined(SPECDEC_HAVE_AVX512) && defined(SPECDEC_HAVE_AVX2)
+        TORCH_CHECK(avx512_usable(), "specdec kernels: this CPU lacks AVX-512 F/DQ/BW/VL");
+        return avx512_table();
+#else
+        TORCH_CHECK(false, "specdec kernels: built without the AVX-512 translation unit");
+#endif
+    }
     if (isa == "avx2") {
 #ifdef SPECDEC_HAVE_AVX2
         TORCH_CHECK(avx2_usable(), "specdec kernels: this CPU lacks AVX2/FMA/F16C");
@@ -50,7 +70,11 @@ const KernelTable* table_for(const std::string& isa) {
         TORCH_CHECK(false, "specdec kernels: built without the AVX2 translation unit");
 #endif
     }
-    TORCH_CHECK(isa == "auto", "specdec kernels: unknown ISA '", isa, "' (auto, avx2, portable)");
+    TORCH_CHECK(isa == "auto", "specdec kernels: unknown ISA '", isa,
+                "' (auto, avx512, avx2, portable)");
+#if defined(SPECDEC_HAVE_AVX512) && defined(SPECDEC_HAVE_AVX2)
+    if (avx512_usable()) return avx512_table();
+#endif
 #ifdef SPECDEC_HAVE_AVX2
     if (avx2_usable()) return avx2_table();
 #endif
@@ -222,7 +246,8 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_
 
 py::dict cpu_features() {
     py::dict d;
-    for (const char* f : {"avx2", "fma", "f16c", "avx512f"}) d[f] = cpu_has(f);
+    for (const char* f : {"avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512bw", "avx512vl"})
+        d[f] = cpu_has(f);
     return d;
 }
 
@@ -230,6 +255,13 @@ void set_isa(const std::string& isa) { g_table = table_for(isa); }
 std::string isa() { return g_table->name; }
 bool has_avx2_build() {
 #ifdef SPECDEC_HAVE_AVX2
+    return true;
+#else
+    return false;
+#endif
+}
+bool has_avx512_build() {
+#if defined(SPECDEC_HAVE_AVX512) && defined(SPECDEC_HAVE_AVX2)
     return true;
 #else
     return false;
@@ -251,9 +283,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("start_pos"), py::arg("scale"), py::arg("sliding_window") = 0,
           py::arg("softcap") = 0.0, nogil);
     m.def("cpu_features", &cpu_features);
-    m.def("set_isa", &set_isa, "Select 'auto', 'avx2' or 'portable' kernels (process-wide)");
+    m.def("set_isa", &set_isa, "Select 'auto', 'avx512', 'avx2' or 'portable' kernels (process-wide)");
     m.def("isa", &isa, "Name of the kernels in use");
     m.def("has_avx2_build", &has_avx2_build);
+    m.def("has_avx512_build", &has_avx512_build);
     m.attr("QT_F32") = static_cast<int>(QT_F32);
     m.attr("QT_Q8_0") = static_cast<int>(QT_Q8_0);
     m.attr("QT_Q4_0") = static_cast<int>(QT_Q4_0);
