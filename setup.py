@@ -2,7 +2,8 @@
 
 Project metadata lives in pyproject.toml; this file only adds the C++ extension:
 
-* ``specdec/kernels/csrc/ops.cpp`` (torch binding) and ``kernels_portable.cpp`` are compiled with
+* ``specdec/kernels/csrc/ops.cpp`` (torch binding), ``layer.cpp`` (a whole decoder layer in one
+  call) and ``kernels_portable.cpp`` are compiled with
   the flags torch's ``BuildExtension`` uses (no ISA flags), so the module imports on any x86-64 CPU;
 * ``kernels_avx2.cpp`` is compiled on its own with ``-mavx2 -mfma -mf16c -O3``, and
   ``kernels_avx512.cpp`` with AVX-512 F/DQ/BW/VL added, and both are linked in; the binding only
@@ -104,11 +105,11 @@ def _native_build():
 
     ext = CppExtension(
         name="specdec.kernels._C",
-        sources=[os.path.join(CSRC, "ops.cpp"), os.path.join(CSRC, "kernels_portable.cpp")],
+        sources=[os.path.join(CSRC, f) for f in ("ops.cpp", "layer.cpp", "kernels_portable.cpp")],
         include_dirs=[os.path.abspath(CSRC)],
         extra_compile_args=list(COMMON_FLAGS),
     )
-    ext.depends = [os.path.join(CSRC, f) for f in ("kernels.h", "parallel.h")] + [
+    ext.depends = [os.path.join(CSRC, f) for f in ("kernels.h", "ops.h", "parallel.h")] + [
         os.path.join(CSRC, unit[1]) for unit in ISA_UNITS
     ]
     return [ext], {"build_ext": OptionalBuildExtension}

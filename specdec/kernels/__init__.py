@@ -18,6 +18,7 @@ import math
 import os
 import warnings
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -375,6 +376,47 @@ class NativeOps(KernelOps):
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return self._C.rms_norm(x, weight, float(eps))
+
+    supports_fused_layers = True
+
+    def decoder_layer(self, cfg: Any, index: int, lw: Any) -> Any:
+        """A whole decoder layer as one native call (``_C.DecoderLayer``).
+
+        ``cfg`` is the model's ArchConfig and ``lw`` its LayerWeights for layer ``index``; the
+        result's ``forward(x, cos, sin, k_cache, v_cache, slots, starts, counts)`` computes what
+        ``LlamaModel._layer`` computes, bit for bit.
+        """
+
+        def lin(prefix: str, linear: Any) -> dict[str, Any]:
+            w = linear.weight
+            return {
+                f"{prefix}_w": w.data,
+                f"{prefix}_qt": _QT_CODE[w.qtype],
+                f"{prefix}_bias": linear.bias,
+            }
+
+        return self._C.DecoderLayer(
+            num_heads=cfg.num_heads,
+            num_kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            hidden=cfg.hidden_size,
+            intermediate=cfg.intermediate_size,
+            eps=float(cfg.rms_norm_eps),
+            attn_scale=float(cfg.attn_scale),
+            sliding_window=int(cfg.layer_window(index)),
+            softcap=float(cfg.attn_logit_softcapping),
+            activation="gelu_tanh" if cfg.is_gemma else "silu",
+            input_norm=lw.input_norm,
+            post_attn_norm=lw.post_attn_norm,
+            q_norm=lw.q_norm,
+            k_norm=lw.k_norm,
+            post_attn_out_norm=lw.post_attn_out_norm,
+            post_ffw_norm=lw.post_ffw_norm,
+            **lin("qkv", lw.qkv),
+            **lin("o", lw.o_proj),
+            **lin("gate_up", lw.gate_up),
+            **lin("down", lw.down),
+        )
 
     def attention(
         self,

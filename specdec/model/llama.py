@@ -73,6 +73,12 @@ class LlamaModel:
         for theta in {self.cfg.layer_rope_theta(i) for i in range(self.cfg.num_layers)}:
             inv = rope_inv_freq(self.cfg.head_dim, theta, self.cfg.rope_scaling, freq_factors)
             self._rotary[theta] = Rotary(inv, max_len, dtype, device)
+        # One native call per layer (kernels/csrc/layer.cpp) when the native kernels run; the
+        # Python _layer below is the same computation, op by op (CUDA, torch kernels, tests).
+        self.use_fused_layers = getattr(ops, "supports_fused_layers", False) and (
+            dtype == torch.float32 and device.type == "cpu"
+        )
+        self._fused: list | None = None
 
     # ---- loading -------------------------------------------------------------------------
     def _vec(self, raw: RawTensor) -> torch.Tensor:
@@ -120,9 +126,29 @@ class LlamaModel:
     ) -> torch.Tensor:  # [T, H] hidden states after the final norm
         x = self.embed(input_ids)
         positions = positions.to(self.device)
-        for i, layer in enumerate(self.layers[: num_layers or len(self.layers)]):
-            x = self._layer(i, layer, x, positions, batch, kv)
+        layers = self.layers[: num_layers or len(self.layers)]
+        if self.use_fused_layers:
+            fused = self._fused_layers()
+            rows = {
+                theta: (rot.cos[positions], rot.sin[positions])
+                for theta, rot in self._rotary.items()
+            }
+            for i in range(len(layers)):
+                cos, sin = rows[self.cfg.layer_rope_theta(i)]
+                x = fused[i].forward(
+                    x, cos, sin, kv.k[i], kv.v[i], batch.slots, batch.start_pos, batch.num_tokens
+                )
+        else:
+            for i, layer in enumerate(layers):
+                x = self._layer(i, layer, x, positions, batch, kv)
         return self.ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps)
+
+    def _fused_layers(self) -> list:
+        if self._fused is None:
+            self._fused = [
+                self.ops.decoder_layer(self.cfg, i, lw) for i, lw in enumerate(self.layers)
+            ]
+        return self._fused
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [R, H] -> [R, V] float32
         logits = self.lm_head(hidden).float()

@@ -83,3 +83,33 @@ def test_batched_sequences_equal_single(tiny_gemma) -> None:
     both = model.compute_logits(h)
     assert torch.equal(both[:25], _full(model, a))
     assert torch.equal(both[25:], _full(model, b))
+
+
+@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_gemma", "tiny_qwen2"])
+@pytest.mark.parametrize("quantization", ["fp32", "q4_1"])
+def test_fused_native_layers_equal_python_layers(fixture: str, quantization: str, request) -> None:
+    # One native call per layer (kernels/csrc/layer.cpp) must compute exactly what the op-by-op
+    # Python layer computes: same logits and same KV cache, bit for bit, over a prefill longer
+    # than Gemma's tiny sliding window and a step that batches two sequences.
+    folder = request.getfixturevalue(fixture)
+    model = LlamaModel(
+        load_checkpoint(folder), get_ops("native"), torch.device("cpu"), torch.float32,
+        quantization, 256,
+    )  # fmt: skip
+    assert model.use_fused_layers
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, 250, (40,), generator=gen)
+    step_ids = torch.randint(0, 250, (5,), generator=gen)
+    results = []
+    for fused in (False, True):
+        model.use_fused_layers = fused
+        kv = model.make_kv_cache(3, 256)
+        h1 = model.forward(prompt, torch.arange(40), SeqBatch([2], [0], [40]), kv)
+        pos = torch.tensor([40, 41, 0, 1, 2])
+        h2 = model.forward(step_ids, pos, SeqBatch([2, 0], [40, 0], [2, 3]), kv)
+        logits = torch.cat([model.compute_logits(h1), model.compute_logits(h2)])
+        results.append((logits, kv.k[:, [0, 2], :, :42].clone(), kv.v[:, [0, 2], :, :42].clone()))
+    (la, ka, va), (lb, kb, vb) = results
+    assert torch.equal(la, lb)
+    assert torch.equal(ka[:, 0, :, :3], kb[:, 0, :, :3]) and torch.equal(ka[:, 1], kb[:, 1])
+    assert torch.equal(va[:, 0, :, :3], vb[:, 0, :, :3]) and torch.equal(va[:, 1], vb[:, 1])

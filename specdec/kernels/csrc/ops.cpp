@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "ops.h"
 #include "parallel.h"
 
 namespace specdec {
@@ -122,6 +123,8 @@ constexpr double kMinTaskNs = 3000.0;
 int64_t grain_for(double item_ns) {
     return std::max<int64_t>(1, static_cast<int64_t>(kMinTaskNs / std::max(item_ns, 1e-3)) + 1);
 }
+
+}  // namespace
 
 torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K,
                      c10::optional<torch::Tensor> bias) {
@@ -244,6 +247,8 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_
     return out;
 }
 
+namespace {
+
 py::dict cpu_features() {
     py::dict d;
     for (const char* f : {"avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512bw", "avx512vl"})
@@ -287,6 +292,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("isa", &isa, "Name of the kernels in use");
     m.def("has_avx2_build", &has_avx2_build);
     m.def("has_avx512_build", &has_avx512_build);
+    bind_decoder_layer(m);
     m.attr("QT_F32") = static_cast<int>(QT_F32);
     m.attr("QT_Q8_0") = static_cast<int>(QT_Q8_0);
     m.attr("QT_Q4_0") = static_cast<int>(QT_Q4_0);

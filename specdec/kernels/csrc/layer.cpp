@@ -1,0 +1,210 @@
+// One decoder layer (Llama family, Qwen2, Gemma 3) as a single native call.
+//
+// The Python forward (specdec/model/llama.py, LlamaModel._layer) issues ~40 small torch ops per
+// layer; at one token per step that glue cost more than a third of the step.  This class runs the
+// same computation with the same arithmetic: the kernels of ops.cpp for linear / rms_norm /
+// attention, ATen for the activation and the residual adds (the ops Python calls), and plain loops
+// for the rotary embedding and the KV-cache writes that do exactly torch's elementwise float32
+// operations (compiled with -ffp-contract=off).  The two forwards therefore agree bit for bit,
+// which tests/unit/test_tiny_model.py checks.
+#include <torch/extension.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ops.h"
+
+namespace specdec {
+namespace {
+
+struct LinearSpec {
+    torch::Tensor w;  // f32 [N, K] or uint8 [N, row_bytes]
+    int64_t qtype;
+    int64_t K;
+    c10::optional<torch::Tensor> bias;
+
+    torch::Tensor operator()(const torch::Tensor& x) const { return linear(x, w, qtype, w.size(0), K, bias); }
+};
+
+// dst[j] = src[j] * cos[j] + rot[j] * sin[j] with rot = cat(-src[h:], src[:h]) (rotate_half),
+// one head of D floats; the same two products and one sum per element as the torch expression.
+inline void rotate_head(const float* src, const float* cos, const float* sin, int64_t D, float* dst) {
+    const int64_t h = D / 2;
+    for (int64_t j = 0; j < h; ++j) {
+        const float a = src[j] * cos[j];
+        const float b = (-src[j + h]) * sin[j];
+        dst[j] = a + b;
+    }
+    for (int64_t j = h; j < D; ++j) {
+        const float a = src[j] * cos[j];
+        const float b = src[j - h] * sin[j];
+        dst[j] = a + b;
+    }
+}
+
+class DecoderLayer {
+   public:
+    DecoderLayer(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t hidden,
+                 int64_t intermediate, double eps, double attn_scale, int64_t sliding_window,
+                 double softcap, const std::string& activation, torch::Tensor input_norm,
+                 torch::Tensor post_attn_norm, torch::Tensor qkv_w, int64_t qkv_qt,
+                 c10::optional<torch::Tensor> qkv_bias, torch::Tensor o_w, int64_t o_qt,
+                 c10::optional<torch::Tensor> o_bias, torch::Tensor gate_up_w, int64_t gate_up_qt,
+                 c10::optional<torch::Tensor> gate_up_bias, torch::Tensor down_w, int64_t down_qt,
+                 c10::optional<torch::Tensor> down_bias, c10::optional<torch::Tensor> q_norm,
+                 c10::optional<torch::Tensor> k_norm, c10::optional<torch::Tensor> post_attn_out_norm,
+                 c10::optional<torch::Tensor> post_ffw_norm)
+        : H_(num_heads),
+          Hkv_(num_kv_heads),
+          D_(head_dim),
+          I_(intermediate),
+          eps_(eps),
+          scale_(attn_scale),
+          window_(sliding_window),
+          softcap_(softcap),
+          gelu_(activation == "gelu_tanh"),
+          input_norm_(input_norm),
+          post_attn_norm_(post_attn_norm),
+          qkv_{qkv_w, qkv_qt, hidden, qkv_bias},
+          o_{o_w, o_qt, num_heads * head_dim, o_bias},
+          gate_up_{gate_up_w, gate_up_qt, hidden, gate_up_bias},
+          down_{down_w, down_qt, intermediate, down_bias},
+          q_norm_(q_norm),
+          k_norm_(k_norm),
+          post_attn_out_norm_(post_attn_out_norm),
+          post_ffw_norm_(post_ffw_norm) {
+        TORCH_CHECK(activation == "silu" || activation == "gelu_tanh",
+                    "DecoderLayer: activation must be silu or gelu_tanh, got ", activation);
+        TORCH_CHECK(head_dim % 2 == 0, "DecoderLayer: head_dim must be even");
+    }
+
+    // x [T, hidden]; cos / sin [T, D] (each token's rotary row); k_cache / v_cache this layer's
+    // [slots, Hkv, max_len, D].  Sequence s owns tokens [sum(counts[:s]), +counts[s]) of x, at
+    // positions starts[s]... of KV slot slots[s].  Returns the layer's output [T, hidden].
+    torch::Tensor forward(torch::Tensor x, torch::Tensor cos, torch::Tensor sin,
+                          torch::Tensor k_cache, torch::Tensor v_cache, const std::vector<int64_t>& slots,
+                          const std::vector<int64_t>& starts, const std::vector<int64_t>& counts) {
+        const int64_t T = x.size(0), D = D_;
+        TORCH_CHECK(slots.size() == starts.size() && slots.size() == counts.size(),
+                    "DecoderLayer: slots, starts and counts differ in length");
+        TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.size(0) == T && cos.size(1) == D &&
+                        sin.sizes() == cos.sizes() && cos.scalar_type() == torch::kFloat32 &&
+                        sin.scalar_type() == torch::kFloat32,
+                    "DecoderLayer: cos / sin must be contiguous float32 [T, head_dim]");
+        TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                        k_cache.sizes() == v_cache.sizes() && k_cache.size(1) == Hkv_ && k_cache.size(3) == D &&
+                        k_cache.scalar_type() == torch::kFloat32 && v_cache.scalar_type() == torch::kFloat32,
+                    "DecoderLayer: k_cache / v_cache must be contiguous float32 [slots, Hkv, max_len, D]");
+        const int64_t max_len = k_cache.size(2);
+        int64_t total = 0;
+        for (size_t s = 0; s < slots.size(); ++s) {
+            TORCH_CHECK(slots[s] >= 0 && slots[s] < k_cache.size(0), "DecoderLayer: slot out of range");
+            TORCH_CHECK(starts[s] >= 0 && counts[s] >= 0 && starts[s] + counts[s] <= max_len,
+                        "DecoderLayer: positions beyond the cache");
+            total += counts[s];
+        }
+        TORCH_CHECK(total == T, "DecoderLayer: counts sum to ", total, " but x has ", T, " rows");
+
+        // ---- attention block
+        torch::Tensor h = rms_norm(x, input_norm_, eps_);
+        torch::Tensor qkv = qkv_(h);  // [T, (H + 2 Hkv) D]
+        const int64_t nq = H_ * D, nkv = Hkv_ * D;
+        torch::Tensor q = qkv.narrow(1, 0, nq);
+        torch::Tensor k = qkv.narrow(1, nq, nkv);
+        torch::Tensor v = qkv.narrow(1, nq + nkv, nkv);
+        if (q_norm_.has_value()) {
+            q = rms_norm(q.reshape({-1, D}), *q_norm_, eps_).view({T, nq});
+            k = rms_norm(k.reshape({-1, D}), *k_norm_, eps_).view({T, nkv});
+        }
+        const int64_t q_stride = q.stride(0), k_stride = k.stride(0), v_stride = v.stride(0);
+        const float* qp = q.data_ptr<float>();
+        const float* kp = k.data_ptr<float>();
+        const float* vp = v.data_ptr<float>();
+        const float* cp = cos.data_ptr<float>();
+        const float* sp = sin.data_ptr<float>();
+        torch::Tensor qr = torch::empty({T, H_, D}, x.options());
+        float* qrp = qr.data_ptr<float>();
+        float* kc = k_cache.data_ptr<float>();
+        float* vc = v_cache.data_ptr<float>();
+        const int64_t slot_stride = Hkv_ * max_len * D, head_stride = max_len * D;
+        int64_t t = 0;
+        for (size_t s = 0; s < slots.size(); ++s) {
+            for (int64_t i = 0; i < counts[s]; ++i, ++t) {
+                const float* c = cp + t * D;
+                const float* sn = sp + t * D;
+                for (int64_t hd = 0; hd < H_; ++hd)
+                    rotate_head(qp + t * q_stride + hd * D, c, sn, D, qrp + (t * H_ + hd) * D);
+                const int64_t pos = starts[s] + i;
+                for (int64_t hd = 0; hd < Hkv_; ++hd) {
+                    float* kdst = kc + slots[s] * slot_stride + hd * head_stride + pos * D;
+                    float* vdst = vc + slots[s] * slot_stride + hd * head_stride + pos * D;
+                    rotate_head(kp + t * k_stride + hd * D, c, sn, D, kdst);
+                    std::memcpy(vdst, vp + t * v_stride + hd * D, D * sizeof(float));
+                }
+            }
+        }
+        torch::Tensor attn;
+        if (slots.size() == 1) {
+            attn = attention(qr, k_cache.select(0, slots[0]), v_cache.select(0, slots[0]), starts[0],
+                             scale_, window_, softcap_);
+        } else {
+            attn = torch::empty({T, H_, D}, x.options());
+            int64_t off = 0;
+            for (size_t s = 0; s < slots.size(); ++s) {
+                if (counts[s] == 0) continue;
+                attn.narrow(0, off, counts[s])
+                    .copy_(attention(qr.narrow(0, off, counts[s]), k_cache.select(0, slots[s]),
+                                     v_cache.select(0, slots[s]), starts[s], scale_, window_, softcap_));
+                off += counts[s];
+            }
+        }
+        torch::Tensor o = o_(attn.view({T, nq}));
+        if (post_attn_out_norm_.has_value()) o = rms_norm(o, *post_attn_out_norm_, eps_);
+        x = x + o;
+
+        // ---- MLP block
+        h = rms_norm(x, post_attn_norm_, eps_);
+        torch::Tensor gu = gate_up_(h);
+        torch::Tensor gate = gu.narrow(1, 0, I_), up = gu.narrow(1, I_, I_);
+        torch::Tensor act = gelu_ ? at::gelu(gate, "tanh") : at::silu(gate);
+        torch::Tensor mlp = down_(act * up);
+        if (post_ffw_norm_.has_value()) mlp = rms_norm(mlp, *post_ffw_norm_, eps_);
+        return x + mlp;
+    }
+
+   private:
+    int64_t H_, Hkv_, D_, I_;
+    double eps_, scale_;
+    int64_t window_;
+    double softcap_;
+    bool gelu_;
+    torch::Tensor input_norm_, post_attn_norm_;
+    LinearSpec qkv_, o_, gate_up_, down_;
+    c10::optional<torch::Tensor> q_norm_, k_norm_, post_attn_out_norm_, post_ffw_norm_;
+};
+
+}  // namespace
+
+void bind_decoder_layer(py::module_& m) {
+    py::class_<DecoderLayer>(m, "DecoderLayer")
+        .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, int64_t, double,
+                      const std::string&, torch::Tensor, torch::Tensor, torch::Tensor, int64_t,
+                      c10::optional<torch::Tensor>, torch::Tensor, int64_t, c10::optional<torch::Tensor>,
+                      torch::Tensor, int64_t, c10::optional<torch::Tensor>, torch::Tensor, int64_t,
+                      c10::optional<torch::Tensor>, c10::optional<torch::Tensor>,
+                      c10::optional<torch::Tensor>, c10::optional<torch::Tensor>,
+                      c10::optional<torch::Tensor>>(),
+             py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("hidden"),
+             py::arg("intermediate"), py::arg("eps"), py::arg("attn_scale"), py::arg("sliding_window"),
+             py::arg("softcap"), py::arg("activation"), py::arg("input_norm"), py::arg("post_attn_norm"),
+             py::arg("qkv_w"), py::arg("qkv_qt"), py::arg("qkv_bias"), py::arg("o_w"), py::arg("o_qt"),
+             py::arg("o_bias"), py::arg("gate_up_w"), py::arg("gate_up_qt"), py::arg("gate_up_bias"),
+             py::arg("down_w"), py::arg("down_qt"), py::arg("down_bias"), py::arg("q_norm"),
+             py::arg("k_norm"), py::arg("post_attn_out_norm"), py::arg("post_ffw_norm"))
+        .def("forward", &DecoderLayer::forward, py::arg("x"), py::arg("cos"), py::arg("sin"),
+             py::arg("k_cache"), py::arg("v_cache"), py::arg("slots"), py::arg("starts"),
+             py::arg("counts"), py::call_guard<py::gil_scoped_release>());
+}
+
+}  // namespace specdec

@@ -1,0 +1,23 @@
+// The torch-facing ops of ops.cpp, for other translation units of the extension (layer.cpp).
+#pragma once
+
+#include <torch/extension.h>
+
+namespace specdec {
+
+// y = x @ W.T (+ bias): x float32 [M, K]; w f32 [N, K] or GGUF blocks (uint8 [N, row_bytes]).
+torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K,
+                     c10::optional<torch::Tensor> bias);
+
+// RMS norm over the last dimension.
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
+
+// q [T, H, D] attends to cache positions [0, start_pos + t] (or the sliding window) of
+// k_cache / v_cache [Hkv, L, D].
+torch::Tensor attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                        int64_t start_pos, double scale, int64_t sliding_window, double softcap);
+
+// Registers the DecoderLayer class (layer.cpp).
+void bind_decoder_layer(py::module_& m);
+
+}  // namespace specdec
