@@ -219,7 +219,6 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if not sched.scheduled:
             return []
-        start = time.perf_counter()
         out = self.runner.execute_model(sched)
         changed: list[Request] = []
         for s, result in zip(sched.scheduled, out.results):
@@ -235,10 +234,14 @@ class LLMEngine:
             req.draft_token_ids, req.draft_probs = [], None
             self._commit(req, result)
             changed.append(req)
-        if self.controller is not None and sched.num_tokens <= 4 * self.spec.num_speculative_tokens:
-            self.controller.observe_step(
-                time.perf_counter() - start, sched.num_tokens
-            )  # not prefill
+        if self.controller is not None:
+            decode_only = all(
+                r is not None and len(s.token_ids) == 1 + s.num_drafts
+                for s, r in zip(sched.scheduled, out.results)
+            )
+            num_drafts = sum(s.num_drafts for s in sched.scheduled)
+            num_tokens = sum(len(r.token_ids) for r in out.results if r is not None)
+            self.controller.observe_step(len(sched.scheduled), num_drafts, num_tokens, decode_only)
         self._propose()
         return [self._make_output(r) for r in changed]
 
@@ -306,6 +309,8 @@ class LLMEngine:
     def _propose(self) -> None:
         if self.proposer is None or self.spec is None:
             return
+        if self.controller is not None:
+            self.controller.end_cycle()
         limit = self.spec.disable_by_batch_size
         if limit is not None and len(self.scheduler.running) > limit:
             return
@@ -315,14 +320,23 @@ class LLMEngine:
         k = self.spec.num_speculative_tokens
         caps = [min(k, self.scheduler.max_drafts(r, k)) for r in reqs]
         if self.controller is not None:
-            caps = self.controller.choose([r.req_id for r in reqs], caps)
+            caps = self.controller.choose(
+                [r.req_id for r in reqs], caps, [r.num_tokens for r in reqs]
+            )
             for r, cap in zip(reqs, caps):
                 predicted = self.controller.predicted(r.req_id)
                 r.spec_stats.observe_choice(cap, predicted)
                 self.spec_stats.observe_choice(cap, predicted)
         todo = [(r, cap) for r, cap in zip(reqs, caps) if cap > 0]
-        if not todo:
-            return
+        if todo:
+            self._draft(todo)
+        if self.controller is not None:
+            drafted = {r.req_id: len(r.draft_token_ids) for r, _ in todo}
+            self.controller.observe_drafts(
+                [r.req_id for r in reqs], [drafted.get(r.req_id, 0) for r in reqs]
+            )
+
+    def _draft(self, todo: list[tuple[Request, int]]) -> None:
         gens = [r.generator if r.generator is not None else self.generator for r, _ in todo]
         inp = DraftInput(
             [
@@ -330,11 +344,7 @@ class LLMEngine:
                 for (r, cap), g in zip(todo, gens)
             ]
         )
-        start = time.perf_counter()
         out = self.proposer.propose(inp)
-        if self.controller is not None:
-            drafted = sum(len(d) for d in out.draft_token_ids)
-            self.controller.observe_draft_time(time.perf_counter() - start, drafted)
         for i, (r, _) in enumerate(todo):
             r.draft_token_ids = list(out.draft_token_ids[i])
             r.draft_probs = out.draft_probs[i] if out.draft_probs else None

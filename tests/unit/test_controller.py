@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
 from specdec import LLM, SamplingParams
 from specdec.spec_decode.base import DraftInput, DraftOutput, Proposer
 from specdec.spec_decode.controller import (
+    EXPLORE_BUDGET,
+    GUARD_FIRST_BACKOFF,
     CostModel,
     SpecController,
     choose_num_drafts,
@@ -55,6 +59,14 @@ def test_controller_learns_per_position() -> None:
     assert ctl.choose(["r"], [4]) == [4]
 
 
+def test_a_new_request_starts_from_what_the_drafter_achieved() -> None:
+    ctl = SpecController(4, CostModel([10.0, 10.5, 11.0, 11.5, 12.0]))
+    assert ctl.choose(["a"], [4])[0] > 0  # the prior: a first draft survives more often than not
+    for _ in range(30):
+        ctl.observe("a", 4, 0)
+    assert ctl.choose(["b"], [4]) == [0]
+
+
 class _WrongProposer(Proposer):
     """Always proposes a token the model never picks greedily (a deliberately bad drafter)."""
 
@@ -93,10 +105,12 @@ def test_bad_drafter_is_switched_off_within_a_few_steps(tiny_llama) -> None:
 def test_perfect_drafter_grows_to_the_bound(tiny_llama) -> None:
     cfg = {"method": "draft_model", "model": str(tiny_llama), "num_speculative_tokens": 5}
     llm = LLM(str(tiny_llama), max_model_len=256, speculative_config=cfg)
-    # drafting with the target itself costs as much as verifying; pretend it is free to test the rule
-    llm.engine.controller.cost.draft_ms_per_token = 0.0
-    llm.engine.controller.observe_draft_time = lambda *_: None
-    llm.engine.controller.cost.verify_ms = [10.0 + 0.1 * n for n in range(8)]
+    # drafting with the target itself costs as much as verifying; pretend it is free to test the
+    # rule: a clock that never moves, and no cycle teaches the cost model anything
+    ctl = llm.engine.controller
+    ctl.clock = lambda: 0.0
+    ctl._record = lambda *_: None
+    ctl.cost = CostModel([10.0 + 0.1 * n for n in range(8)])
     out = _run(llm, "hello there", 80)
     st = out.spec_decode_stats
     assert st.num_accepted_tokens == st.num_draft_tokens > 0
@@ -115,3 +129,179 @@ def test_adaptive_false_keeps_fixed_k(tiny_llama) -> None:
     assert llm.engine.controller is None
     st = _run(llm, "hello there", 41).spec_decode_stats
     assert st.num_draft_tokens == 3 * st.num_drafts
+
+
+# ---- timing: a fake clock and scripted costs, driven in the engine's order ---------------------------
+class _Clock:
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def __call__(self) -> float:
+        return self.seconds
+
+    def advance(self, ms: float) -> None:
+        self.seconds += ms / 1000.0
+
+
+class _Believer(CostModel):
+    """A cost model that learns nothing and always thinks four drafts pay."""
+
+    def step_ms(self, num_tokens: int, num_drafts: int) -> float:
+        return 10.0 + 0.01 * num_tokens
+
+
+@dataclass
+class _Run:
+    ms: float = 0.0
+    tokens: int = 0
+    steps: int = 0
+    drafting_steps: int = 0
+    guard_trips: int = 0
+
+    @property
+    def ms_per_token(self) -> float:
+        return self.ms / self.tokens
+
+
+def _drive(ctl, clock, steps, draft_ms, step_ms, accept, ids=("r",)) -> _Run:
+    """Step the controller as LLMEngine does: end_cycle, choose, draft, observe_drafts, verify.
+
+    draft_ms(ks, behind) -> ms of the draft call (behind[i]: tokens request i produced since it
+    last drafted); step_ms(ks) -> ms of the step verifying ks; accept(k) -> accepted drafts.
+    """
+    run, ids = _Run(), list(ids)
+    num_tokens = [100] * len(ids)  # a 100-token prompt
+    num_seen = [0] * len(ids)  # by the drafter: a first draft catches up on the prompt
+    for _ in range(steps):
+        guard_off = ctl.guard_off
+        ctl.end_cycle()  # the guard judges here, when a cycle ends
+        run.guard_trips += ctl.guard_off > guard_off
+        start = clock()
+        ks = ctl.choose(ids, [4] * len(ids), num_tokens)
+        behind = [n - seen for n, seen in zip(num_tokens, num_seen)]
+        clock.advance(draft_ms(ks, behind) if any(ks) else 0.0)
+        ctl.observe_drafts(ids, ks)
+        clock.advance(step_ms(ks))
+        new_tokens = 0
+        for i, (req_id, k) in enumerate(zip(ids, ks)):
+            accepted = accept(k) if k else 0
+            if k:
+                ctl.observe(req_id, k, accepted)
+                num_seen[i] = num_tokens[i]
+            num_tokens[i] += 1 + accepted
+            new_tokens += 1 + accepted
+        ctl.observe_step(len(ids), sum(ks), new_tokens, True)
+        run.ms += 1000.0 * (clock() - start)
+        run.tokens += new_tokens
+        run.steps += 1
+        run.drafting_steps += any(ks)
+    return run
+
+
+def test_guard_switches_off_drafting_that_is_slower_per_token() -> None:
+    # The model believes drafts pay; really only the first survives, and drafting it takes 10 ms
+    # and verifying 12: 22 ms for 2 tokens (11 ms per token) against 10 ms per plain token.
+    clock = _Clock()
+    ctl = SpecController(4, _Believer([10.0, 10.5, 11.0, 11.5, 12.0]), clock=clock)
+    run = _drive(
+        ctl, clock, 600,
+        draft_ms=lambda ks, behind: 10.0 * sum(ks),
+        step_ms=lambda ks: 12.0 if any(ks) else 10.0,
+        accept=lambda k: min(k, 1),
+    )  # fmt: skip
+    assert run.guard_trips >= 3
+    assert ctl.guard_backoff > 4 * GUARD_FIRST_BACKOFF  # each trip backs off longer
+    assert run.drafting_steps < 0.25 * run.steps
+    assert run.ms_per_token < 10.7  # always drafting: 11
+    # each trip costs the GUARD_MIN_SAMPLES cycles that judge drafting afresh; later, more rarely
+    later = _drive(ctl, clock, 600, lambda ks, behind: 10.0 * sum(ks),
+                   lambda ks: 12.0 if any(ks) else 10.0, lambda k: min(k, 1))  # fmt: skip
+    assert later.ms_per_token < 10.2
+
+
+def test_guard_keeps_drafting_that_pays() -> None:
+    # Three drafts survive, the fourth never: 3 drafts take 1.5 ms, verifying 12: 13.5 ms for 4
+    # tokens against 10 ms per plain token.
+    clock = _Clock()
+    ctl = SpecController(4, _Believer([10.0, 10.5, 11.0, 11.5, 12.0]), clock=clock)
+    run = _drive(
+        ctl, clock, 600,
+        draft_ms=lambda ks, behind: 0.5 * sum(ks),
+        step_ms=lambda ks: 12.0 if any(ks) else 10.0,
+        accept=lambda k: min(k, 3),
+    )  # fmt: skip
+    assert run.guard_trips == 0
+    assert run.drafting_steps == run.steps
+    assert run.ms_per_token == pytest.approx(13.5 / 4, rel=0.01)
+
+
+def test_guard_judges_the_batch_against_plain_steps_of_the_same_size() -> None:
+    # One request alone: drafts never survive, so the believer runs it plain, 10 ms per token.
+    # Two together: a plain step is 12 ms for 2 tokens (6 ms per token, the start-up curve); one
+    # draft each (the first survives) costs 2 + 2 + 22 = 26 ms for 4 tokens (6.5 ms per token).
+    clock = _Clock()
+    ctl = SpecController(4, _Believer([10.0, 12.0, 14.0, 16.0, 18.0]), clock=clock)
+    alone = _drive(ctl, clock, 100, lambda ks, behind: 0.0, lambda ks: 10.0, lambda k: 0)
+    assert alone.drafting_steps < 0.25 * alone.steps
+    pair = _drive(
+        ctl, clock, 200,
+        draft_ms=lambda ks, behind: 2.0 * sum(ks),
+        step_ms=lambda ks: 22.0 if any(ks) else 12.0,
+        accept=lambda k: min(k, 1),
+        ids=("a", "b"),
+    )  # fmt: skip
+    # 6.5 ms per token beats one request's plain 10, not two requests' plain 6
+    assert pair.guard_trips >= 1
+    assert pair.drafting_steps < 0.5 * pair.steps
+
+
+def _model_drafter_ms(catch_up_ms: float):
+    """8 ms per draft, plus catch_up_ms per token behind when the drafter did not draft last step."""
+
+    def draft_ms(ks: list[int], behind: list[int]) -> float:
+        return sum(8.0 * k + (catch_up_ms * b if b > 2 else 0.0) for k, b in zip(ks, behind) if k)
+
+    return draft_ms
+
+
+def _verify_ms(ks: list[int]) -> float:
+    return 10.0 + sum(ks) + (3.0 if any(ks) else 0.0)  # after drafting, 3 ms more (cache)
+
+
+def test_catch_up_is_not_a_cost_per_draft() -> None:
+    # One good draft per step does not pay: 2 tokens in 8 + 11 + 3 = 22 ms against 2 x 10 ms.
+    clock = _Clock()
+    ctl = SpecController(4, CostModel([10.0, 11.0, 12.0, 13.0, 14.0]), clock=clock)
+    draft_ms = _model_drafter_ms(4.0)
+    run = _drive(ctl, clock, 300, draft_ms, _verify_ms, lambda k: min(k, 1))
+    assert 0 < run.drafting_steps < 5
+    assert ctl.cost.draft_ms_per_token == pytest.approx(8.0, rel=0.05)
+    assert ctl.cost.catch_up_ms_per_token == pytest.approx(4.0, rel=0.1)
+    assert ctl.cost.draft_step_extra(2) == pytest.approx(3.0, abs=0.5)
+    assert ctl.cost.overhead_ms == pytest.approx(0.0, abs=0.5)
+    # the next request starts off; a probe would first catch up on 100+ tokens (400+ ms), more
+    # than the budget (1% of 3 s) holds
+    later = _drive(ctl, clock, 300, draft_ms, _verify_ms, lambda k: min(k, 1), ids=("next",))
+    assert later.drafting_steps == 0
+    assert later.ms_per_token == pytest.approx(10.0)
+
+
+def test_switching_on_weighs_the_catch_up() -> None:
+    # Steady, one draft pays a little: 1.35 tokens in 11 + 2 = 13 ms against 1 in 10. Switching on
+    # first catches up 1 ms per token behind, spread over CATCH_UP_HORIZON steps.
+    cost = CostModel([10.0, 11.0], draft_ms_per_token=2.0, catch_up_ms_per_token=1.0)
+    ctl = SpecController(1, cost, prior=[0.35])
+    assert ctl.choose(["short"], [1], [20]) == [1]  # 20 / 64 ms more: 1.35 / 13.3 > 1 / 10
+    assert ctl.choose(["long"], [1], [500]) == [0]  # 500 / 64 ms more: 1.35 / 20.8 < 1 / 10
+
+
+def test_probes_keep_to_the_budget() -> None:
+    # A drafter that is never right, with nothing to catch up on: a probe costs the 4 ms of
+    # verifying one more token; probes fit the budget now and then.
+    clock = _Clock()
+    ctl = SpecController(4, CostModel([10.0, 11.0, 12.0, 13.0, 14.0]), clock=clock)
+    run = _drive(ctl, clock, 3000, lambda ks, behind: 0.1 * sum(ks), _verify_ms, lambda k: 0)
+    assert 20 < run.drafting_steps < 100
+    assert ctl.explore_ms <= EXPLORE_BUDGET * ctl.measured_ms
+    assert run.ms_per_token < 10.0 * (1 + 2 * EXPLORE_BUDGET)
+    assert run.guard_trips == 0
