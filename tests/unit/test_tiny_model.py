@@ -113,3 +113,18 @@ def test_fused_native_layers_equal_python_layers(fixture: str, quantization: str
     assert torch.equal(la, lb)
     assert torch.equal(ka[:, 0, :, :3], kb[:, 0, :, :3]) and torch.equal(ka[:, 1], kb[:, 1])
     assert torch.equal(va[:, 0, :, :3], vb[:, 0, :, :3]) and torch.equal(va[:, 1], vb[:, 1])
+
+
+def test_fused_layer_rejects_inconsistent_batches(tiny_llama) -> None:
+    model = _ours(tiny_llama, "native")
+    layer = model._fused_layers()[0]
+    kv = model.make_kv_cache(2, 256)
+    x = torch.zeros(3, model.cfg.hidden_size)
+    rot = model._rotary[model.cfg.layer_rope_theta(0)]
+    cos, sin = rot.cos[:3], rot.sin[:3]
+    with pytest.raises(RuntimeError, match="counts sum to 2"):
+        layer.forward(x, cos, sin, kv.k[0], kv.v[0], [0], [0], [2])
+    with pytest.raises(RuntimeError, match="slot out of range"):
+        layer.forward(x, cos, sin, kv.k[0], kv.v[0], [5], [0], [3])
+    with pytest.raises(RuntimeError, match="positions beyond the cache"):
+        layer.forward(x, cos, sin, kv.k[0], kv.v[0], [0], [255], [3])
