@@ -6,6 +6,8 @@ S=.venv/bin/specdec
 OUT=${1:-bench_out/record}
 mkdir -p "$OUT"
 .venv/bin/python benchmarks/make_datasets.py --per-file 4 --repeat 10 --out "$OUT/data"
+# Before/after of the kernel work: instruction set x layer path, round-robin in one process.
+.venv/bin/python benchmarks/forward_variants.py --repeats 7 | tee "$OUT/forward_variants.txt"
 for q in auto q8_0 fp32; do
   $S bench forward-cost --model smollm2-135m --quantization $q --ns 1,2,3,4,6,8,12,16 --repeats 7 \
     --json "$OUT/forward_cost_$q.json" | tee "$OUT/forward_cost_$q.txt"
