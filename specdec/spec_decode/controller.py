@@ -20,7 +20,7 @@ drafting request drafted in the previous cycle too) teach the time per draft, th
 per token caught up on.
 
 Exploration. k = 0 switches a request's drafter off; while off it is probed with one draft after a
-back-off that doubles after every probe that does not switch it back on (2, 4, ... 64 steps). A
+back-off that doubles after every probe that does not switch it back on (4, 8, ... 64 steps). A
 probe is made only if drafting could pay were every draft accepted, and only while the measured
 cost of probes beyond plain decoding, plus this probe's predicted cost (catch-up included), stays
 within EXPLORE_BUDGET of all measured time. NOTE: waiting longer does not make a model drafter's
@@ -43,10 +43,10 @@ from dataclasses import dataclass, field
 import torch
 
 PRIOR = 0.6  # a first draft is accepted more often than not for copy-heavy drafters
-ALPHA = 0.2  # weight of the newest observation (0.4: two misses switched ngram off, -3%)
+ALPHA = 0.4  # weight of the newest observation
 PRIOR_ALPHA = 0.1  # weight of an observation in the rates a new request starts from
 MIN_EXTRA_COST = 0.03  # each verified draft costs at least this fraction of a 1-token step
-FIRST_BACKOFF, MAX_BACKOFF = 2, 64
+FIRST_BACKOFF, MAX_BACKOFF = 4, 64
 CATCH_UP_HORIZON = 64  # steps a catch-up is spread over when the cost model weighs switching on
 MIN_CATCH_UP = 4  # tokens behind, to learn what catching up costs per token
 EXPLORE_BUDGET = 0.01  # probes may cost this fraction of the measured time beyond plain decoding
@@ -76,7 +76,6 @@ class CostModel:
     # (and the draft calls): the curve's error at n, what drafting does to the next forward
     draft_step_extra_ms: dict[int, float] = field(default_factory=dict)
     catch_up_ms_per_token: float = 0.0  # per token a drafter that did not draft must catch up on
-    draft_plain_ms: float = 0.0  # a plain step (verify(1) + overhead) when drafting was timed
 
     def verify(self, n: int) -> float:
         # NOTE: sampling, bookkeeping and noise make no extra row free, whatever the timing says.
@@ -89,19 +88,8 @@ class CostModel:
     def step_ms(self, num_tokens: int, num_drafts: int) -> float:
         ms = self.verify(num_tokens) + self.overhead_ms
         if num_drafts:
-            ms += self.draft_step_extra(num_tokens)
-            ms += self.draft_ms_per_token * num_drafts * self.slowdown()
+            ms += self.draft_step_extra(num_tokens) + self.draft_ms_per_token * num_drafts
         return max(ms, 1e-3)
-
-    def slowdown(self) -> float:
-        """How much slower a plain step is now than when drafting was last timed.
-
-        NOTE: plain steps are timed all along, drafts only while drafting: without this, a busy
-        machine (plain steps 10 -> 17 ms) made a drafter that costs a full forward look cheap.
-        """
-        if self.draft_plain_ms <= 0:
-            return 1.0
-        return min(max((self.verify_ms[0] + self.overhead_ms) / self.draft_plain_ms, 0.5), 2.0)
 
     def draft_step_extra(self, n: int) -> float:
         """The learnt extra at n, else at the nearest n learnt below (above), else 0."""
@@ -279,8 +267,7 @@ class SpecController:
         """What the drafter needs to catch up on the request, if it did not draft last cycle."""
         if s.num_last_drafts > 0:
             return 0.0
-        behind = s.num_tokens - s.num_tokens_drafted
-        return self.cost.catch_up_ms_per_token * behind * self.cost.slowdown()
+        return self.cost.catch_up_ms_per_token * (s.num_tokens - s.num_tokens_drafted)
 
     def predicted(self, req_id: str) -> float:
         return self._state(req_id).predicted
@@ -301,7 +288,7 @@ class SpecController:
     def remove_request(self, req_id: str) -> None:
         self.states.pop(req_id, None)
 
-    # ---- timing: the engine calls end_cycle, (choose,) observe_drafts, observe_step -------------
+    # ---- timing: the engine calls end_cycle, (choose,) observe_drafts, observe_step ---------------
     def end_cycle(self) -> None:
         """Drafting is about to start (or be skipped): the previous cycle ends here."""
         self._mark = self.clock()
@@ -333,8 +320,6 @@ class SpecController:
         if not catching_up:
             w = self._weight("draft")
             cost.draft_ms_per_token += w * (ms / num_drafts - cost.draft_ms_per_token)
-            plain_ms = cost.verify_ms[0] + cost.overhead_ms
-            cost.draft_plain_ms += w * (plain_ms - cost.draft_plain_ms)
             return
         behind = sum(s.num_tokens - s.num_tokens_drafted for s in catching_up)
         # NOTE: before a steady call has measured the drafts, they count as catching up (a few

@@ -11,7 +11,6 @@ from specdec.spec_decode.base import DraftInput, DraftOutput, Proposer
 from specdec.spec_decode.controller import (
     EXPLORE_BUDGET,
     GUARD_FIRST_BACKOFF,
-    GUARD_MIN_SAMPLES,
     CostModel,
     SpecController,
     choose_num_drafts,
@@ -132,7 +131,7 @@ def test_adaptive_false_keeps_fixed_k(tiny_llama) -> None:
     assert st.num_draft_tokens == 3 * st.num_drafts
 
 
-# ---- timing: a fake clock and scripted costs, driven in the engine's order ----------------------
+# ---- timing: a fake clock and scripted costs, driven in the engine's order ---------------------------
 class _Clock:
     def __init__(self) -> None:
         self.seconds = 0.0
@@ -202,27 +201,20 @@ def _drive(ctl, clock, steps, draft_ms, step_ms, accept, ids=("r",)) -> _Run:
 def test_guard_switches_off_drafting_that_is_slower_per_token() -> None:
     # The model believes drafts pay; really only the first survives, and drafting it takes 10 ms
     # and verifying 12: 22 ms for 2 tokens (11 ms per token) against 10 ms per plain token.
-    def run(guard: bool, steps: int = 600) -> tuple[SpecController, _Run]:
-        clock = _Clock()
-        ctl = SpecController(4, _Believer([10.0, 10.5, 11.0, 11.5, 12.0]), clock=clock)
-        if not guard:
-            ctl._guard = lambda *_: None
-        return ctl, _drive(
-            ctl, clock, steps,
-            draft_ms=lambda ks, behind: 10.0 * sum(ks),
-            step_ms=lambda ks: 12.0 if any(ks) else 10.0,
-            accept=lambda k: min(k, 1),
-        )  # fmt: skip
-
-    ctl, guarded = run(guard=True)
-    _, unguarded = run(guard=False)
-    assert unguarded.drafting_steps == unguarded.steps
-    assert guarded.guard_trips >= 3
+    clock = _Clock()
+    ctl = SpecController(4, _Believer([10.0, 10.5, 11.0, 11.5, 12.0]), clock=clock)
+    run = _drive(
+        ctl, clock, 600,
+        draft_ms=lambda ks, behind: 10.0 * sum(ks),
+        step_ms=lambda ks: 12.0 if any(ks) else 10.0,
+        accept=lambda k: min(k, 1),
+    )  # fmt: skip
+    assert run.guard_trips >= 3
     assert ctl.guard_backoff > 4 * GUARD_FIRST_BACKOFF  # each trip backs off longer
-    assert guarded.drafting_steps < 0.25 * guarded.steps
-    assert guarded.ms_per_token < 0.97 * unguarded.ms_per_token
+    assert run.drafting_steps < 0.25 * run.steps
+    assert run.ms_per_token < 10.7  # always drafting: 11
     # each trip costs the GUARD_MIN_SAMPLES cycles that judge drafting afresh; later, more rarely
-    later = _drive(ctl, ctl.clock, 600, lambda ks, behind: 10.0 * sum(ks),
+    later = _drive(ctl, clock, 600, lambda ks, behind: 10.0 * sum(ks),
                    lambda ks: 12.0 if any(ks) else 10.0, lambda k: min(k, 1))  # fmt: skip
     assert later.ms_per_token < 10.2
 
@@ -249,8 +241,8 @@ def test_guard_judges_the_batch_against_plain_steps_of_the_same_size() -> None:
     # draft each (the first survives) costs 2 + 2 + 22 = 26 ms for 4 tokens (6.5 ms per token).
     clock = _Clock()
     ctl = SpecController(4, _Believer([10.0, 12.0, 14.0, 16.0, 18.0]), clock=clock)
-    _drive(ctl, clock, 100, lambda ks, behind: 0.0, lambda ks: 10.0, lambda k: 0)
-    assert ctl.rates[(1, "plain")].count >= GUARD_MIN_SAMPLES
+    alone = _drive(ctl, clock, 100, lambda ks, behind: 0.0, lambda ks: 10.0, lambda k: 0)
+    assert alone.drafting_steps < 0.25 * alone.steps
     pair = _drive(
         ctl, clock, 200,
         draft_ms=lambda ks, behind: 2.0 * sum(ks),
@@ -264,7 +256,7 @@ def test_guard_judges_the_batch_against_plain_steps_of_the_same_size() -> None:
 
 
 def _model_drafter_ms(catch_up_ms: float):
-    """8 ms per draft, plus catch_up_ms per token behind if the drafter did not draft last step."""
+    """8 ms per draft, plus catch_up_ms per token behind when the drafter did not draft last step."""
 
     def draft_ms(ks: list[int], behind: list[int]) -> float:
         return sum(8.0 * k + (catch_up_ms * b if b > 2 else 0.0) for k, b in zip(ks, behind) if k)
@@ -301,20 +293,6 @@ def test_switching_on_weighs_the_catch_up() -> None:
     ctl = SpecController(1, cost, prior=[0.35])
     assert ctl.choose(["short"], [1], [20]) == [1]  # 20 / 64 ms more: 1.35 / 13.3 > 1 / 10
     assert ctl.choose(["long"], [1], [500]) == [0]  # 500 / 64 ms more: 1.35 / 20.8 < 1 / 10
-
-
-def test_a_busy_machine_slows_drafts_as_much_as_steps() -> None:
-    # A drafter as costly as a forward, always right: 2 tokens in 10 + 11 ms against 2 x 10 ms.
-    # Then everything takes twice as long; drafting still does not pay.
-    clock = _Clock()
-    ctl = SpecController(1, CostModel([10.0, 11.0]), clock=clock)
-    calm = _drive(ctl, clock, 200, lambda ks, behind: 10.0 * sum(ks),
-                  lambda ks: 11.0 if any(ks) else 10.0, lambda k: k)  # fmt: skip
-    assert calm.drafting_steps < 5
-    busy = _drive(ctl, clock, 200, lambda ks, behind: 20.0 * sum(ks),
-                  lambda ks: 22.0 if any(ks) else 20.0, lambda k: k, ids=("busy",))  # fmt: skip
-    assert busy.drafting_steps == 0
-    assert ctl.cost.slowdown() == pytest.approx(2.0, rel=0.05)
 
 
 def test_probes_keep_to_the_budget() -> None:
