@@ -305,6 +305,8 @@ class KernelOps:
     """Interface of the kernel implementations.  See :func:`get_ops`."""
 
     name: str = "abstract"
+    # Whether decoder_layer() exists: one call per layer instead of the Python op sequence.
+    supports_fused_layers: bool = False
 
     def linear(
         self, x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None = None

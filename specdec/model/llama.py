@@ -75,7 +75,7 @@ class LlamaModel:
             self._rotary[theta] = Rotary(inv, max_len, dtype, device)
         # One native call per layer (kernels/csrc/layer.cpp) when the native kernels run; the
         # Python _layer below is the same computation, op by op (CUDA, torch kernels, tests).
-        self.use_fused_layers = getattr(ops, "supports_fused_layers", False) and (
+        self.use_fused_layers = ops.supports_fused_layers and (
             dtype == torch.float32 and device.type == "cpu"
         )
         self._fused: list | None = None

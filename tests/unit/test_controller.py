@@ -203,19 +203,18 @@ def test_guard_switches_off_drafting_that_is_slower_per_token() -> None:
     # and verifying 12: 22 ms for 2 tokens (11 ms per token) against 10 ms per plain token.
     clock = _Clock()
     ctl = SpecController(4, _Believer([10.0, 10.5, 11.0, 11.5, 12.0]), clock=clock)
-    run = _drive(
-        ctl, clock, 600,
-        draft_ms=lambda ks, behind: 10.0 * sum(ks),
-        step_ms=lambda ks: 12.0 if any(ks) else 10.0,
-        accept=lambda k: min(k, 1),
-    )  # fmt: skip
+    world = {
+        "draft_ms": lambda ks, behind: 10.0 * sum(ks),
+        "step_ms": lambda ks: 12.0 if any(ks) else 10.0,
+        "accept": lambda k: min(k, 1),
+    }
+    run = _drive(ctl, clock, 600, **world)
     assert run.guard_trips >= 3
     assert ctl.guard_backoff > 4 * GUARD_FIRST_BACKOFF  # each trip backs off longer
     assert run.drafting_steps < 0.25 * run.steps
     assert run.ms_per_token < 10.7  # always drafting: 11
     # each trip costs the GUARD_MIN_SAMPLES cycles that judge drafting afresh; later, more rarely
-    later = _drive(ctl, clock, 600, lambda ks, behind: 10.0 * sum(ks),
-                   lambda ks: 12.0 if any(ks) else 10.0, lambda k: min(k, 1))  # fmt: skip
+    later = _drive(ctl, clock, 600, **world)
     assert later.ms_per_token < 10.2
 
 
