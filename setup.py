@@ -6,8 +6,9 @@ Project metadata lives in pyproject.toml; this file only adds the C++ extension:
   call) and ``kernels_portable.cpp`` are compiled with
   the flags torch's ``BuildExtension`` uses (no ISA flags), so the module imports on any x86-64 CPU;
 * ``kernels_avx2.cpp`` is compiled on its own with ``-mavx2 -mfma -mf16c -O3``, and
-  ``kernels_avx512.cpp`` with AVX-512 F/DQ/BW/VL added, and both are linked in; the binding only
-  calls them after ``__builtin_cpu_supports`` says the CPU has those instructions.
+  ``kernels_avx512.cpp`` with AVX-512 F/DQ/BW/VL added, ``kernels_vnni.cpp`` (8-bit activation
+  kernels) with VNNI on top, and all are linked in; the binding only calls them after
+  ``__builtin_cpu_supports`` says the CPU has those instructions.
 
 The extension is optional: when torch's build helpers are missing or any compile step fails, the
 build prints a warning and the package installs without it (``specdec.kernels`` then falls back to
@@ -34,6 +35,7 @@ AVX512_FLAGS += ["-Wno-uninitialized", "-Wno-maybe-uninitialized"]
 ISA_UNITS = [
     ("AVX2", "kernels_avx2.cpp", AVX2_FLAGS, "SPECDEC_HAVE_AVX2"),
     ("AVX-512", "kernels_avx512.cpp", AVX512_FLAGS, "SPECDEC_HAVE_AVX512"),
+    ("AVX-512 VNNI", "kernels_vnni.cpp", AVX512_FLAGS + ["-mavx512vnni"], "SPECDEC_HAVE_VNNI"),
 ]
 
 

@@ -47,13 +47,43 @@ struct KernelTable {
                             int64_t out_head_stride, float* scratch);
 };
 
+// 8-bit activation path (kernels_vnni.cpp).  Weight formats it takes (the GGUF format the weight
+// was repacked from); the values match QType's codes.
+enum A8Kind : int { A8_Q8 = 1, A8_Q4_0 = 2, A8_Q4_1 = 3 };
+// Output rows per repacked tile, and bytes per tile of 16 rows x 32 inputs (kernels_vnni.cpp).
+constexpr int64_t kA8TileRows = 16;
+// linear()'s qtype for a repacked weight: kA8QtypeBase + its A8Kind.
+constexpr int64_t kA8QtypeBase = 16;
+constexpr int64_t a8_tile_bytes(int kind) { return kind == A8_Q8 ? 64 + 512 : 64 + 256; }
+
+struct A8Table {
+    const char* name;
+
+    // Quantize activation rows [m0, m1) of x [M, K] (K % 32 == 0): xq int8 [M, K]; per block of
+    // 32 (index m * K / 32 + b): dx = amax / 127, sx = sum of the codes, dxs = dx * sx.
+    void (*quantize_rows)(const float* x, int64_t K, int8_t* xq, float* dx, int32_t* sx,
+                          float* dxs, int64_t m0, int64_t m1);
+
+    // y[m * N + n] for all M rows and n in tile groups [g0, g1) (16 rows each) of the repacked
+    // weight w (kind = its A8Kind), + bias[n] when bias is not null.
+    void (*linear_groups)(int kind, const int8_t* xq, const float* dx, const int32_t* sx,
+                          const float* dxs, int64_t M, int64_t K, const uint8_t* w,
+                          const float* bias, float* y, int64_t N, int64_t g0, int64_t g1);
+};
+
 const KernelTable* portable_table();
+// Scalar 8-bit activation kernels: bit-identical to the VNNI ones, for CPUs without VNNI and tests.
+const A8Table* portable_a8_table();
 #ifdef SPECDEC_HAVE_AVX2
 const KernelTable* avx2_table();
 #endif
 #ifdef SPECDEC_HAVE_AVX512
 // 16-lane linear kernels; rms_norm and attention are the AVX2 ones (needs SPECDEC_HAVE_AVX2).
 const KernelTable* avx512_table();
+#endif
+
+#ifdef SPECDEC_HAVE_VNNI
+const A8Table* vnni_table();
 #endif
 
 }  // namespace specdec

@@ -157,10 +157,82 @@ void attention_group(const float* q, int64_t q_head_stride, int64_t G, const flo
                       out + g * out_head_stride, scratch);
 }
 
+// ---------------------------------------------------------------------------------------------
+// 8-bit activation path: the same arithmetic as kernels_vnni.cpp, one output at a time.  Integer
+// sums are exact and every float step is the same single operation (std::fma is one rounding,
+// like vfmadd), so the results equal the VNNI kernels bit for bit.
+
+void a8_quantize_rows(const float* x, int64_t K, int8_t* xq, float* dx, int32_t* sx, float* dxs,
+                      int64_t m0, int64_t m1) {
+    const int64_t nb = K / 32;
+    for (int64_t m = m0; m < m1; ++m) {
+        for (int64_t b = 0; b < nb; ++b) {
+            const float* xb = x + m * K + b * 32;
+            float amax = 0.0f;
+            for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
+            const float d = amax / 127.0f;
+            const float id = d != 0.0f ? 1.0f / d : 0.0f;
+            int32_t s = 0;
+            for (int i = 0; i < 32; ++i) {
+                float r = std::nearbyint(xb[i] * id);  // round to nearest even, as cvtps2dq
+                r = r > 127.0f ? 127.0f : (r < -128.0f ? -128.0f : r);
+                const int8_t q = static_cast<int8_t>(r);
+                xq[m * K + b * 32 + i] = q;
+                s += q;
+            }
+            dx[m * nb + b] = d;
+            sx[m * nb + b] = s;
+            dxs[m * nb + b] = d * static_cast<float>(s);
+        }
+    }
+}
+
+// Code u of input i (0..31) of row j (0..15) in a repacked tile (layout in kernels_vnni.cpp).
+inline int32_t a8_code(int kind, const uint8_t* tile, int64_t j, int i) {
+    const int t = i / 4, r = i % 4;
+    if (kind == A8_Q8) return tile[64 + t * 64 + j * 4 + r];
+    const uint8_t byte = tile[64 + (t % 4) * 64 + j * 4 + r];
+    return t < 4 ? (byte & 0x0F) : (byte >> 4);
+}
+
+inline float tile_f16(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return f16_to_f32(h);
+}
+
+void a8_linear_groups(int kind, const int8_t* xq, const float* dx, const int32_t* sx,
+                      const float* dxs, int64_t M, int64_t K, const uint8_t* w, const float* bias,
+                      float* y, int64_t N, int64_t g0, int64_t g1) {
+    const int64_t nb = K / 32, TB = a8_tile_bytes(kind);
+    const int32_t offset = kind == A8_Q8 ? 128 : kind == A8_Q4_0 ? 8 : 0;
+    for (int64_t g = g0; g < g1; ++g) {
+        for (int64_t j = 0; j < kA8TileRows; ++j) {
+            const int64_t n = g * kA8TileRows + j;
+            for (int64_t m = 0; m < M; ++m) {
+                float acc = 0.0f;
+                for (int64_t b = 0; b < nb; ++b) {
+                    const uint8_t* tile = w + (g * nb + b) * TB;
+                    const int8_t* xb = xq + m * K + b * 32;
+                    int32_t s = 0;
+                    for (int i = 0; i < 32; ++i) s += a8_code(kind, tile, j, i) * xb[i];
+                    s -= offset * sx[m * nb + b];
+                    const float f = static_cast<float>(s) * dx[m * nb + b];
+                    acc = std::fma(f, tile_f16(tile + 2 * j), acc);
+                    if (kind == A8_Q4_1) acc = std::fma(tile_f16(tile + 32 + 2 * j), dxs[m * nb + b], acc);
+                }
+                y[m * N + n] = bias ? acc + bias[n] : acc;
+            }
+        }
+    }
+}
+
 const KernelTable kTable = {"portable", linear_rows, rms_norm_rows, attention_group};
+const A8Table kA8Table = {"portable", a8_quantize_rows, a8_linear_groups};
 
 }  // namespace
 
 const KernelTable* portable_table() { return &kTable; }
+const A8Table* portable_a8_table() { return &kA8Table; }
 
 }  // namespace specdec

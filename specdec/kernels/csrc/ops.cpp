@@ -7,6 +7,7 @@
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -29,6 +30,7 @@ bool cpu_has(const char* feature) {
     if (f == "avx512dq") return __builtin_cpu_supports("avx512dq");
     if (f == "avx512bw") return __builtin_cpu_supports("avx512bw");
     if (f == "avx512vl") return __builtin_cpu_supports("avx512vl");
+    if (f == "avx512vnni") return __builtin_cpu_supports("avx512vnni");
     return false;
 #else
     (void)feature;
@@ -48,6 +50,14 @@ bool avx512_usable() {
 #if defined(SPECDEC_HAVE_AVX512) && defined(SPECDEC_HAVE_AVX2)
     return avx2_usable() && cpu_has("avx512f") && cpu_has("avx512dq") && cpu_has("avx512bw") &&
            cpu_has("avx512vl");
+#else
+    return false;
+#endif
+}
+
+bool a8_usable() {
+#if defined(SPECDEC_HAVE_VNNI)
+    return avx512_usable() && cpu_has("avx512vnni");
 #else
     return false;
 #endif
@@ -126,12 +136,127 @@ int64_t grain_for(double item_ns) {
 
 }  // namespace
 
+namespace {
+
+// The VNNI kernels when the CPU has them and the AVX-512 table is selected, else the scalar ones
+// (same results, much slower).
+const A8Table* a8_table() {
+#if defined(SPECDEC_HAVE_VNNI)
+    if (g_table == avx512_table() && a8_usable()) return vnni_table();
+#endif
+    return portable_a8_table();
+}
+
+int64_t a8_row_bytes(int64_t kind, int64_t K) { return K / 32 * a8_tile_bytes(static_cast<int>(kind)) / kA8TileRows; }
+
+bool a8_kind_ok(int64_t kind) { return kind == A8_Q8 || kind == A8_Q4_0 || kind == A8_Q4_1; }
+
+// x [M, K] float32 -> y [M, N] through the 8-bit activation kernels; w from repack_a8.
+torch::Tensor linear_a8(const torch::Tensor& x_in, const torch::Tensor& w, int64_t kind, int64_t N,
+                        int64_t K, const float* bias_ptr) {
+    TORCH_CHECK(a8_kind_ok(kind), "specdec native linear: unknown 8-bit activation kind ", kind);
+    TORCH_CHECK(K % 32 == 0 && N % kA8TileRows == 0,
+                "specdec native linear: repacked weights need K % 32 == 0 and N % 16 == 0");
+    TORCH_CHECK(w.scalar_type() == torch::kUInt8 && w.numel() == N * a8_row_bytes(kind, K),
+                "specdec native linear: repacked weight must be uint8 with ", N * a8_row_bytes(kind, K),
+                " bytes");
+    torch::Tensor x = x_in.contiguous();
+    const int64_t M = x.size(0), nb = K / 32;
+    auto y = torch::empty({M, N}, x.options());
+    if (M == 0 || N == 0) return y;
+    const A8Table* tab = a8_table();
+    thread_local std::vector<int8_t> xq_buf;
+    thread_local std::vector<float> dx_buf, dxs_buf;
+    thread_local std::vector<int32_t> sx_buf;
+    if (static_cast<int64_t>(xq_buf.size()) < M * K) xq_buf.resize(static_cast<size_t>(M * K));
+    if (static_cast<int64_t>(dx_buf.size()) < M * nb) {
+        dx_buf.resize(static_cast<size_t>(M * nb));
+        dxs_buf.resize(static_cast<size_t>(M * nb));
+        sx_buf.resize(static_cast<size_t>(M * nb));
+    }
+    int8_t* xq = xq_buf.data();
+    float* dx = dx_buf.data();
+    float* dxs = dxs_buf.data();
+    int32_t* sx = sx_buf.data();
+    const float* xp = x.data_ptr<float>();
+    parallel_range(M, grain_for(K * 0.5), [&](int64_t m0, int64_t m1) {
+        tab->quantize_rows(xp, K, xq, dx, sx, dxs, m0, m1);
+    });
+    const uint8_t* wp = static_cast<const uint8_t*>(w.data_ptr());
+    float* yp = y.data_ptr<float>();
+    const int64_t groups = N / kA8TileRows;
+    const double tile_ns = a8_tile_bytes(static_cast<int>(kind)) / 15.0 + 2.5 * static_cast<double>(M);
+    const int64_t grain = grain_for(tile_ns * nb);
+    parallel_range(groups, grain, [&](int64_t g0, int64_t g1) {
+        tab->linear_groups(static_cast<int>(kind), xq, dx, sx, dxs, M, K, wp, bias_ptr, yp, N, g0, g1);
+    });
+    return y;
+}
+
+}  // namespace
+
+torch::Tensor repack_a8(torch::Tensor w, int64_t qtype, int64_t N, int64_t K) {
+    TORCH_CHECK(a8_kind_ok(qtype), "specdec repack_a8: qtype must be q8_0, q4_0 or q4_1, got ", qtype);
+    TORCH_CHECK(K % 32 == 0 && N % kA8TileRows == 0, "specdec repack_a8: need K % 32 == 0 and N % 16 == 0, got N=",
+                N, " K=", K);
+    const int64_t bb = block_bytes(qtype), nb = K / 32, row_bytes = nb * bb;
+    TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == torch::kUInt8 && w.numel() == N * row_bytes,
+                "specdec repack_a8: weight must be CPU uint8 [", N, ", ", row_bytes, "]");
+    w = w.contiguous();
+    const int64_t TB = a8_tile_bytes(static_cast<int>(qtype));
+    auto out = torch::zeros({N, a8_row_bytes(qtype, K)}, w.options());
+    const uint8_t* src = w.data_ptr<uint8_t>();
+    uint8_t* dst = out.data_ptr<uint8_t>();
+    for (int64_t g = 0; g < N / kA8TileRows; ++g) {
+        for (int64_t b = 0; b < nb; ++b) {
+            uint8_t* tile = dst + (g * nb + b) * TB;
+            for (int64_t j = 0; j < kA8TileRows; ++j) {
+                const uint8_t* blk = src + (g * kA8TileRows + j) * row_bytes + b * bb;
+                uint8_t u[32];
+                std::memcpy(tile + 2 * j, blk, 2);  // d (f16 bits)
+                if (qtype == QT_Q8_0) {
+                    for (int i = 0; i < 32; ++i) u[i] = static_cast<uint8_t>(blk[2 + i] ^ 0x80);  // q + 128
+                } else {
+                    const uint8_t* qs = blk + (qtype == QT_Q4_1 ? 4 : 2);
+                    if (qtype == QT_Q4_1) std::memcpy(tile + 32 + 2 * j, blk + 2, 2);  // m (f16 bits)
+                    for (int i = 0; i < 16; ++i) {
+                        u[i] = qs[i] & 0x0F;
+                        u[i + 16] = qs[i] >> 4;
+                    }
+                }
+                for (int t = 0; t < 8; ++t) {
+                    for (int i = 0; i < 4; ++i) {
+                        const uint8_t v = u[4 * t + i];
+                        if (qtype == QT_Q8_0) {
+                            tile[64 + t * 64 + j * 4 + i] = v;
+                        } else {
+                            tile[64 + (t % 4) * 64 + j * 4 + i] |= static_cast<uint8_t>(v << (4 * (t / 4)));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    return out;
+}
+
 torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K,
                      c10::optional<torch::Tensor> bias) {
     check_float_cpu(x, "linear x");
     TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "specdec native linear: x must be [M, ", K, "], got ",
                 x.sizes());
     TORCH_CHECK(w.device().is_cpu() && w.is_contiguous(), "specdec native linear: weight must be contiguous on CPU");
+    if (qtype >= kA8QtypeBase) {
+        const float* bp = nullptr;
+        torch::Tensor bt;
+        if (bias.has_value() && bias->defined()) {
+            bt = bias->contiguous();
+            check_float_cpu(bt, "linear bias");
+            TORCH_CHECK(bt.numel() == N, "specdec native linear: bias must have ", N, " elements");
+            bp = bt.data_ptr<float>();
+        }
+        return linear_a8(x, w, qtype - kA8QtypeBase, N, K, bp);
+    }
     int64_t row_bytes;
     if (qtype == QT_F32) {
         TORCH_CHECK(w.scalar_type() == torch::kFloat32 && w.numel() == N * K,
@@ -251,7 +376,7 @@ namespace {
 
 py::dict cpu_features() {
     py::dict d;
-    for (const char* f : {"avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512bw", "avx512vl"})
+    for (const char* f : {"avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512vnni"})
         d[f] = cpu_has(f);
     return d;
 }
@@ -287,6 +412,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("attention", &attention, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"),
           py::arg("start_pos"), py::arg("scale"), py::arg("sliding_window") = 0,
           py::arg("softcap") = 0.0, nogil);
+    m.def("repack_a8", &repack_a8, "Repack GGUF q8_0/q4_0/q4_1 rows for the 8-bit activation kernels",
+          py::arg("w"), py::arg("qtype"), py::arg("n"), py::arg("k"), nogil);
+    m.def("a8_available", &a8_usable, "True when the 8-bit activation (AVX-512 VNNI) kernels can run");
+    m.attr("QT_A8_BASE") = static_cast<int>(kA8QtypeBase);
     m.def("cpu_features", &cpu_features);
     m.def("set_isa", &set_isa, "Select 'auto', 'avx512', 'avx2' or 'portable' kernels (process-wide)");
     m.def("isa", &isa, "Name of the kernels in use");
