@@ -33,6 +33,7 @@ except Exception as exc:  # extension not built, or built against another torch
     _IMPORT_ERROR = exc
 
 __all__ = [
+    "A8_QTYPES",
     "QTYPES",
     "KernelOps",
     "NativeOps",
@@ -41,6 +42,7 @@ __all__ = [
     "concat_weights",
     "cpu_features",
     "get_ops",
+    "int8_activations_fast",
     "native_available",
     "native_isa",
     "pack_weight",
@@ -53,6 +55,8 @@ QTYPES = ("f32", "q8_0", "q4_0", "q4_1")
 BLOCK_SIZE = 32  # elements per GGUF block for every quantized QTYPE
 BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
 _QT_CODE = {"f32": 0, "q8_0": 1, "q4_0": 2, "q4_1": 3}
+# Weight formats the 8-bit activation kernels take (repacked once, see PackedWeight.enable_a8).
+A8_QTYPES = ("q8_0", "q4_0", "q4_1")
 
 
 def native_available() -> bool:
@@ -84,6 +88,15 @@ def cpu_features() -> dict[str, bool]:
     except OSError:
         pass
     return {name: name in flags for name in ("avx2", "fma", "f16c", "avx512f")}
+
+
+def int8_activations_fast() -> bool:
+    """True when the 8-bit activation kernels run natively here (AVX-512 VNNI, AVX-512 selected).
+
+    Elsewhere they still run (a scalar twin with bit-identical results) but far slower than the
+    float kernels.
+    """
+    return _C is not None and bool(_C.a8_available()) and _C.isa() == "avx512"
 
 
 def native_isa() -> str | None:
@@ -127,6 +140,36 @@ class PackedWeight:
     data: torch.Tensor
     # Float copies made by TorchOps for quantized weights, one per device (lazily).
     _float_cache: dict[str, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
+    # The same weight repacked for the 8-bit activation kernels (enable_a8); NativeOps.linear
+    # uses it when set.  ``data`` stays (embedding lookups and the float kernels read it).
+    a8: torch.Tensor | None = field(default=None, init=False, repr=False)
+
+    def a8_eligible(self) -> bool:
+        """Whether :meth:`enable_a8` can repack this weight (format and shape)."""
+        return (
+            _C is not None
+            and self.qtype in A8_QTYPES
+            and self.out_features % 16 == 0
+            and self.data.device.type == "cpu"
+        )
+
+    def enable_a8(self) -> None:
+        """Repack for the 8-bit activation kernels: activations are then quantized to int8 per
+        block of 32 (as llama.cpp does for quantized weights) and dotted with integer
+        instructions.  Results differ slightly from the float path but stay batch-invariant."""
+        if not self.a8_eligible():
+            raise ValueError(
+                f"8-bit activations need a native {'/'.join(A8_QTYPES)} weight with "
+                f"out_features % 16 == 0 on CPU, got {self.qtype} [{self.out_features}, "
+                f"{self.in_features}]"
+            )
+        if self.a8 is None:
+            self.a8 = _C.repack_a8(
+                self.data, _QT_CODE[self.qtype], self.out_features, self.in_features
+            )
+
+    def disable_a8(self) -> None:
+        self.a8 = None
 
     @property
     def qtype_code(self) -> int:
@@ -343,6 +386,13 @@ class KernelOps:
         return f"{type(self).__name__}()"
 
 
+def _kernel_weight(w: PackedWeight) -> tuple[torch.Tensor, int]:
+    """The tensor and qtype code _C.linear takes for ``w`` (its repacked copy when enabled)."""
+    if w.a8 is not None:
+        return w.a8, int(_C.QT_A8_BASE) + _QT_CODE[w.qtype]
+    return w.data, _QT_CODE[w.qtype]
+
+
 class NativeOps(KernelOps):
     """C++ kernels (CPU, float32).  Batch-invariant: rows never depend on the other rows."""
 
@@ -363,16 +413,12 @@ class NativeOps(KernelOps):
     def linear(
         self, x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
+        data, code = _kernel_weight(w)
         if x.dim() == 2:
-            return self._C.linear(x, w.data, _QT_CODE[w.qtype], w.out_features, w.in_features, bias)
+            return self._C.linear(x, data, code, w.out_features, w.in_features, bias)
         lead = x.shape[:-1]
         y = self._C.linear(
-            x.reshape(-1, x.shape[-1]),
-            w.data,
-            _QT_CODE[w.qtype],
-            w.out_features,
-            w.in_features,
-            bias,
+            x.reshape(-1, x.shape[-1]), data, code, w.out_features, w.in_features, bias
         )
         return y.reshape(*lead, w.out_features)
 
@@ -390,12 +436,8 @@ class NativeOps(KernelOps):
         """
 
         def lin(prefix: str, linear: Any) -> dict[str, Any]:
-            w = linear.weight
-            return {
-                f"{prefix}_w": w.data,
-                f"{prefix}_qt": _QT_CODE[w.qtype],
-                f"{prefix}_bias": linear.bias,
-            }
+            data, code = _kernel_weight(linear.weight)
+            return {f"{prefix}_w": data, f"{prefix}_qt": code, f"{prefix}_bias": linear.bias}
 
         return self._C.DecoderLayer(
             num_heads=cfg.num_heads,

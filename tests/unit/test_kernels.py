@@ -398,3 +398,103 @@ def test_native_built_in_ci():
         assert K._C.has_avx512_build(), "x86 CPU with AVX2 but the AVX-512 kernels were not built"
         if not os.environ.get("SPECDEC_KERNELS_ISA"):
             assert K.native_isa() == ("avx512" if _has_avx512(feats) else "avx2")
+
+
+# ---------------------------------------------------------------------------------------------
+# 8-bit activation kernels (PackedWeight.enable_a8)
+
+
+def _a8_reference(x: torch.Tensor, w: K.PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    """float64 x_q @ W.T: activations quantized per block of 32 as the kernels define it."""
+    m, k = x.shape
+    xb = x.reshape(m, k // 32, 32)
+    d = xb.abs().amax(-1) / 127
+    inv = torch.where(d != 0, 1 / d, torch.zeros_like(d))
+    xq = torch.round(xb * inv[..., None]).clamp(-128, 127)  # round half to even, as cvtps2dq
+    y = (xq * d[..., None]).reshape(m, k).double() @ w.dequantize().double().T
+    return y if bias is None else y + bias.double()
+
+
+def _a8_weight(qtype: str, n: int, k: int, seed: int = 0) -> K.PackedWeight:
+    w = _weight(qtype, n, k, seed)
+    w.enable_a8()
+    return w
+
+
+@pytest.mark.parametrize("qtype", K.A8_QTYPES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_a8_linear_matches_quantized_reference(native, qtype, with_bias):
+    w = _a8_weight(qtype, 48, 96)
+    bias = _randn(48, seed=3) if with_bias else None
+    x = _randn(11, 96) * 2
+    x[3, :32] = 0.0  # an all-zero activation block (scale 0)
+    y = native.linear(x, w, bias)
+    ref = _a8_reference(x, w, bias)
+    assert (y.double() - ref).abs().max().item() < 1e-5 * max(1.0, ref.abs().max().item())
+    # It is a different computation from the float kernels: close, not equal.
+    w_float = K.pack_weight(qtype, w.data, 48, 96)
+    diff = (y - native.linear(x, w_float, bias)).abs().max().item()
+    assert 0 < diff < 0.05 * ref.abs().max().item()
+
+
+@pytest.mark.parametrize("qtype", K.A8_QTYPES)
+def test_a8_linear_batch_invariant(native, qtype):
+    w = _a8_weight(qtype, 80, 64)  # 5 tile groups: the two-group tiles and a one-group tail
+    bias = _randn(80, seed=5)
+    x = _randn(40, 64)
+    single = torch.cat([native.linear(x[i : i + 1], w, bias) for i in range(40)])
+    for m in BATCH_SIZES:
+        for off in {0, 40 - m, (40 - m) // 2}:
+            assert torch.equal(native.linear(x[off : off + m], w, bias), single[off : off + m])
+
+
+def test_a8_kernels_agree_across_isas():
+    # The VNNI kernels and their scalar twin do the same integer sums and the same float
+    # operations, so they agree bit for bit (this is what lets the twin stand in anywhere).
+    _require_native()
+    results = {}
+    for isa in _isas():
+        K.set_native_isa(isa)
+        try:
+            ops = K.get_ops("native")
+            for qtype in K.A8_QTYPES:
+                w = _a8_weight(qtype, 64, 128, seed=2)
+                results.setdefault(qtype, {})[isa] = ops.linear(_randn(9, 128) * 3, w, None)
+        finally:
+            K.set_native_isa("auto")
+    for qtype, by_isa in results.items():
+        first = next(iter(by_isa.values()))
+        for isa, y in by_isa.items():
+            assert torch.equal(y, first), (qtype, isa)
+
+
+def test_a8_thread_invariant_and_errors():
+    _require_native()
+    w = _a8_weight("q4_1", 640, 256)
+    x = _randn(20, 256)
+    ops = K.get_ops("native")
+    prev = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = ops.linear(x, w)
+        torch.set_num_threads(2)
+        two = ops.linear(x, w)
+    finally:
+        torch.set_num_threads(prev)
+    assert torch.equal(one, two)
+    with pytest.raises(ValueError, match="out_features % 16"):
+        _weight("q4_1", 40, 64).enable_a8()
+    with pytest.raises(ValueError, match="8-bit activations"):
+        _f32_weight().enable_a8()
+    w.disable_a8()
+    assert w.a8 is None
+
+
+def _f32_weight() -> K.PackedWeight:
+    return K.pack_weight("f32", _randn(32, 64), 32, 64)
+
+
+def test_int8_activations_fast_reflects_cpu():
+    _require_native()
+    has_vnni = K.cpu_features().get("avx512vnni", False) and _has_avx512(K.cpu_features())
+    assert K.int8_activations_fast() == (has_vnni and K.native_isa() == "avx512")

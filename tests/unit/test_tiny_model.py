@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specdec import kernels
 from specdec.kernels import get_ops
 from specdec.model.llama import LlamaModel, SeqBatch
 from specdec.model.loader import load_checkpoint
@@ -86,17 +87,25 @@ def test_batched_sequences_equal_single(tiny_gemma) -> None:
 
 
 @pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_gemma", "tiny_qwen2"])
-@pytest.mark.parametrize("quantization", ["fp32", "q4_1"])
-def test_fused_native_layers_equal_python_layers(fixture: str, quantization: str, request) -> None:
+@pytest.mark.parametrize(
+    "quantization,activations",
+    [("fp32", "float32"), ("q4_1", "float32"), ("q4_1", "int8"), ("q8_0", "int8")],
+)
+def test_fused_native_layers_equal_python_layers(
+    fixture: str, quantization: str, activations: str, request
+) -> None:
     # One native call per layer (kernels/csrc/layer.cpp) must compute exactly what the op-by-op
     # Python layer computes: same logits and same KV cache, bit for bit, over a prefill longer
     # than Gemma's tiny sliding window and a step that batches two sequences.
     folder = request.getfixturevalue(fixture)
     model = LlamaModel(
         load_checkpoint(folder), get_ops("native"), torch.device("cpu"), torch.float32,
-        quantization, 256,
+        quantization, 256, activations,
     )  # fmt: skip
     assert model.use_fused_layers
+    assert model.activation_dtype == activations
+    if activations == "int8":
+        assert model.layers[0].qkv.weight.a8 is not None
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, 250, (40,), generator=gen)
     step_ids = torch.randint(0, 250, (5,), generator=gen)
@@ -128,3 +137,26 @@ def test_fused_layer_rejects_inconsistent_batches(tiny_llama) -> None:
         layer.forward(x, cos, sin, kv.k[0], kv.v[0], [5], [0], [3])
     with pytest.raises(RuntimeError, match="positions beyond the cache"):
         layer.forward(x, cos, sin, kv.k[0], kv.v[0], [0], [255], [3])
+
+
+def test_activation_dtype_choice_and_errors(tiny_llama) -> None:
+    ckpt = load_checkpoint(tiny_llama)
+    cpu = torch.device("cpu")
+    fp32 = LlamaModel(ckpt, get_ops("native"), cpu, torch.float32, "fp32", 64, "auto")
+    assert fp32.activation_dtype == "float32"  # float weights: nothing to run in int8
+    with pytest.raises(ValueError, match="quantized weights"):
+        fp32.set_activation_dtype("int8")
+    with pytest.raises(ValueError, match="activation_dtype must be one of"):
+        fp32.set_activation_dtype("int4")
+    q = LlamaModel(ckpt, get_ops("native"), cpu, torch.float32, "q8_0", 64, "auto")
+    assert q.activation_dtype == ("int8" if kernels.int8_activations_fast() else "float32")
+    torch_q = LlamaModel(ckpt, get_ops("torch"), cpu, torch.float32, "q8_0", 64, "auto")
+    assert torch_q.activation_dtype == "float32"
+    q.set_activation_dtype("int8")
+    ids = torch.arange(1, 21)
+    kv = q.make_kv_cache(1, 64)
+    a = q.compute_logits(q.forward(ids, torch.arange(20), SeqBatch([0], [0], [20]), kv))
+    q.set_activation_dtype("float32")
+    assert all(lin.weight.a8 is None for lin in q.linears())
+    b = q.compute_logits(q.forward(ids, torch.arange(20), SeqBatch([0], [0], [20]), kv))
+    assert not torch.equal(a, b) and (a - b).abs().max().item() < 0.1 * b.abs().max().item()
