@@ -168,6 +168,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     seed: int = 0
     kv_cache_memory: float | None = None  # bytes (> 1) or a fraction of available RAM (<= 1)
+    enable_prefix_caching: bool = True  # reuse the KV of earlier requests' shared prefixes
     speculative: SpeculativeConfig | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -191,6 +192,10 @@ class EngineConfig:
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ConfigError(
                 f"kv_cache_memory must be > 0 (bytes, or a fraction <= 1), got {self.kv_cache_memory}"
+            )
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ConfigError(
+                f"enable_prefix_caching must be true or false, got {self.enable_prefix_caching!r}"
             )
         if self.max_model_len is not None and self.max_model_len < 16:
             raise ConfigError(f"max_model_len must be >= 16, got {self.max_model_len}")

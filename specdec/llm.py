@@ -39,6 +39,7 @@ class LLM:
         max_num_batched_tokens: int = 512,
         seed: int = 0,
         kv_cache_memory: float | None = None,
+        enable_prefix_caching: bool = True,
     ) -> None:
         spec = SpeculativeConfig.from_any(speculative_config)
         if spec is None:
@@ -60,6 +61,7 @@ class LLM:
                 max_num_batched_tokens=max_num_batched_tokens,
                 seed=seed,
                 kv_cache_memory=kv_cache_memory,
+                enable_prefix_caching=enable_prefix_caching,
                 speculative=spec,
             )
         )

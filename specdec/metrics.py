@@ -52,6 +52,18 @@ class EngineMetrics:
         self.generation_tokens = Counter(
             "specdec:generation_tokens", "Tokens generated.", m, registry=r
         )
+        self.prefix_cache_queries = Counter(
+            "specdec:prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            m,
+            registry=r,
+        )
+        self.prefix_cache_hits = Counter(
+            "specdec:prefix_cache_hits",
+            "Prompt tokens served from the prefix cache.",
+            m,
+            registry=r,
+        )
         self.request_success = Counter(
             "specdec:request_success",
             "Finished requests by finish reason.",
@@ -66,7 +78,7 @@ class EngineMetrics:
         )
         self.kv_usage = Gauge(
             "specdec:kv_cache_usage_perc",
-            "Fraction of KV-cache slots in use (0 to 1).",
+            "Fraction of the running sequences' KV-cache slots in use (0 to 1).",
             m,
             registry=r,
         )
@@ -115,9 +127,15 @@ class EngineMetrics:
         self.generation_tokens.labels(name).inc(
             self._delta("generation", engine.num_generation_tokens)
         )
+        self.prefix_cache_queries.labels(name).inc(
+            self._delta("prefix_queries", engine.num_prefix_cache_queries)
+        )
+        self.prefix_cache_hits.labels(name).inc(
+            self._delta("prefix_hits", engine.num_prefix_cache_hits)
+        )
         self.num_running.labels(name).set(engine.num_running)
         self.num_waiting.labels(name).set(engine.num_waiting)
-        self.kv_usage.labels(name).set(engine.kv.num_used_slots / max(1, engine.kv.num_slots))
+        self.kv_usage.labels(name).set(engine.kv_cache_usage)
 
     def observe_first_token(self, out: RequestOutput) -> None:
         ttft = out.metrics.time_to_first_token if out.metrics is not None else None

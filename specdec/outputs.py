@@ -40,5 +40,6 @@ class RequestOutput:
     finished: bool
     spec_decode_stats: SpecDecodeStats = field(default_factory=SpecDecodeStats)
     metrics: RequestMetrics | None = None
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     delta_text: str = ""  # text new since the previous output of this request (streaming)
     delta_token_ids: list[int] = field(default_factory=list)

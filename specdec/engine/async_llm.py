@@ -343,13 +343,15 @@ class _StatsLog:
         self.last_time = time.monotonic()
         self.last = self._snapshot()
 
-    def _snapshot(self) -> tuple[int, int, int, int]:
+    def _snapshot(self) -> tuple[int, int, int, int, int, int]:
         e = self.engine
         return (
             e.num_prompt_tokens,
             e.num_generation_tokens,
             e.spec_stats.num_drafts,
             e.spec_stats.num_accepted_tokens,
+            e.num_prefix_cache_queries,
+            e.num_prefix_cache_hits,
         )
 
     def maybe_log(self, interval: float) -> None:
@@ -361,13 +363,14 @@ class _StatsLog:
             self.last_time = now  # idle: nothing to report
             return
         dt = now - self.last_time
-        prompt, gen, drafts, accepted = (a - b for a, b in zip(snap, self.last))
+        prompt, gen, drafts, accepted, queries, hits = (a - b for a, b in zip(snap, self.last))
         e = self.engine
-        kv = 100.0 * e.kv.num_used_slots / max(1, e.kv.num_slots)
         accept = f"{1.0 + accepted / drafts:.2f}" if drafts else "n/a"
         logger.info(
             "prompt throughput: %.1f tokens/s, generation throughput: %.1f tokens/s, running: %d, "
-            "waiting: %d, KV cache usage: %.0f%%, mean acceptance length: %s",
-            prompt / dt, gen / dt, e.num_running, e.num_waiting, kv, accept,
+            "waiting: %d, KV cache usage: %.0f%%, prefix cache hit rate: %.0f%%, "
+            "mean acceptance length: %s",
+            prompt / dt, gen / dt, e.num_running, e.num_waiting, 100.0 * e.kv_cache_usage,
+            100.0 * hits / queries if queries else 0.0, accept,
         )  # fmt: skip
         self.last_time, self.last = now, snap

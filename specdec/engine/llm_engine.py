@@ -32,6 +32,11 @@ _DTYPES = {
     "auto": torch.float32,
 }
 DEFAULT_MAX_MODEL_LEN = 4096
+# Prefix cache slots beyond the running ones: without kv_cache_memory, this many, no more than fit
+# (each full) in this fraction of the available RAM; with it, what the budget holds, up to the cap.
+DEFAULT_PREFIX_CACHE_SLOTS = 32
+DEFAULT_PREFIX_CACHE_RAM_FRACTION = 0.25
+MAX_PREFIX_CACHE_SLOTS = 256
 
 
 def load_model(
@@ -74,10 +79,11 @@ class LLMEngine:
             config.max_model_len,
         )
         self.max_model_len = self.model.max_len
-        num_slots = self._num_kv_slots(config)
-        self.kv = self.model.make_kv_cache(num_slots, self.max_model_len)
+        num_running_slots, num_cache_slots = self._num_kv_slots(config)
+        self.kv = self.model.make_kv_cache(num_running_slots + num_cache_slots, self.max_model_len)
+        self.kv.enable_prefix_caching = config.enable_prefix_caching
         self.scheduler = Scheduler(
-            self.kv, num_slots, config.max_num_batched_tokens, self.max_model_len
+            self.kv, num_running_slots, config.max_num_batched_tokens, self.max_model_len
         )
         self.generator = torch.Generator(self.device).manual_seed(config.seed)
         self.runner = ModelRunner(self.model, self.kv, self.generator)
@@ -96,30 +102,45 @@ class LLMEngine:
         self.num_generation_tokens = 0
         self._ids = itertools.count()
 
-    def _num_kv_slots(self, config: EngineConfig) -> int:
-        """One slot of max_model_len positions per running sequence, as many as the budget holds.
+    def _num_kv_slots(self, config: EngineConfig) -> tuple[int, int]:
+        """Slots of max_model_len positions: (for running sequences, extra for the prefix cache).
 
-        NOTE: slots are reserved virtually (torch.empty); pages are committed as sequences grow.
+        Running sequences get max_num_seqs slots, fewer if kv_cache_memory holds fewer. Prefix
+        caching adds the slots the rest of that budget holds (at most MAX_PREFIX_CACHE_SLOTS),
+        or without a budget DEFAULT_PREFIX_CACHE_SLOTS, no more than fit in
+        DEFAULT_PREFIX_CACHE_RAM_FRACTION of the RAM available now.
+
+        NOTE: slots are reserved virtually (torch.empty); pages are committed as sequences grow
+        and stay committed, so every slot is counted at its full max_model_len: the most it can
+        commit. A cached slot holds the pages its last sequence wrote.
         """
+        cfg = self.model.cfg
+        per_slot = self.max_model_len * KVCache.bytes_per_token(
+            cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.model.dtype
+        )
         if config.kv_cache_memory is None:
-            return config.max_num_seqs
+            num_running = config.max_num_seqs
+            num_cache = 0
+            if config.enable_prefix_caching:
+                import psutil
+
+                ram = DEFAULT_PREFIX_CACHE_RAM_FRACTION * psutil.virtual_memory().available
+                num_cache = min(DEFAULT_PREFIX_CACHE_SLOTS, int(ram // per_slot))
+            return num_running, num_cache
         budget = config.kv_cache_memory
         if budget <= 1:
             import psutil
 
             budget *= psutil.virtual_memory().available
-        cfg = self.model.cfg
-        per_token = KVCache.bytes_per_token(
-            cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.model.dtype
-        )
-        slots = int(budget // (per_token * self.max_model_len))
+        slots = int(budget // per_slot)
         if slots < 1:
-            need = per_token * self.max_model_len
             raise ConfigError(
                 f"kv_cache_memory {int(budget)} bytes holds no sequence of max_model_len "
-                f"{self.max_model_len} ({need} bytes); raise it or lower max_model_len"
+                f"{self.max_model_len} ({per_slot} bytes); raise it or lower max_model_len"
             )
-        return min(slots, config.max_num_seqs)
+        num_running = min(slots, config.max_num_seqs)
+        num_cache = min(slots - num_running, MAX_PREFIX_CACHE_SLOTS)
+        return num_running, num_cache if config.enable_prefix_caching else 0
 
     def _make_controller(self) -> SpecController:
         """Measure the verification cost curve once, on a free slot, before any request."""
@@ -212,6 +233,25 @@ class LLMEngine:
     @property
     def num_waiting(self) -> int:
         return len(self.scheduler.waiting)
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """Fraction of the running sequences' KV slots in use (cached prefixes are free)."""
+        return self.kv.num_used_slots / max(1, self.scheduler.max_num_seqs)
+
+    @property
+    def num_prefix_cache_queries(self) -> int:
+        """Prompt tokens looked up in the prefix cache (vLLM's prefix_cache_queries)."""
+        return self.kv.num_prefix_cache_queries
+
+    @property
+    def num_prefix_cache_hits(self) -> int:
+        """Prompt tokens whose KV came from the prefix cache (vLLM's prefix_cache_hits)."""
+        return self.kv.num_prefix_cache_hits
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (benchmarks: make a warm-up request leave no trace)."""
+        self.kv.reset_prefix_cache()
 
     # ---- the step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -379,6 +419,7 @@ class LLMEngine:
             finished=finished,
             spec_decode_stats=req.spec_stats.copy(),
             metrics=req.metrics,
+            num_cached_tokens=req.num_cached_tokens,
             delta_text=delta_text,
             delta_token_ids=delta_ids,
         )

@@ -34,6 +34,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     slot: int | None = None
     num_computed_tokens: int = 0  # tokens whose KV is in the target cache
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     draft_token_ids: list[int] = field(default_factory=list)
     draft_probs: torch.Tensor | None = None  # [k, V] or None (point-mass drafts)
     spec_stats: SpecDecodeStats = field(default_factory=SpecDecodeStats)

@@ -2,7 +2,8 @@
 
 Running requests go first, each with its last token plus its pending drafts (clipped by the
 token budget, max_tokens and max_model_len); waiting requests are admitted while KV slots and
-``max_num_seqs`` allow, their prompts prefilled in chunks of the remaining budget.
+``max_num_seqs`` allow, their prompts prefilled in chunks of the remaining budget, starting after
+whatever prefix their KV slot already holds (prefix caching).
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ class Scheduler:
             and self.kv.num_free_slots
         ):
             req = self.waiting.popleft()
-            req.slot = self.kv.allocate()
+            req.slot, req.num_cached_tokens = self.kv.allocate_for_prompt(req.prompt_token_ids)
+            req.num_computed_tokens = req.num_cached_tokens  # prefill starts after the prefix
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             item = self._schedule_one(req, budget)
@@ -99,5 +101,7 @@ class Scheduler:
         elif req in self.waiting:
             self.waiting.remove(req)
         if req.slot is not None:
-            self.kv.free(req.slot)
+            # NOTE: KV past num_computed_tokens (rejected drafts) is stale; it is never cached.
+            # A stop inside an accepted run leaves num_computed_tokens past the last token.
+            self.kv.free(req.slot, req.all_token_ids[: req.num_computed_tokens])
             req.slot = None

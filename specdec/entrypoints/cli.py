@@ -46,6 +46,16 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="vLLM's name for --kv-cache-memory as a fraction (accepted on any device)",
     )
+    add_prefix_caching_arg(p)
+
+
+def add_prefix_caching_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reuse the KV of earlier requests' shared prompt prefixes (default: on)",
+    )
 
 
 def speculative_from_args(args: argparse.Namespace) -> SpeculativeConfig | None:
@@ -76,6 +86,7 @@ def build_llm(args: argparse.Namespace, spec: SpeculativeConfig | None):
         max_num_batched_tokens=args.max_num_batched_tokens,
         seed=args.seed,
         kv_cache_memory=args.kv_cache_memory or args.gpu_memory_utilization,
+        enable_prefix_caching=args.enable_prefix_caching,
     )
 
 
@@ -151,10 +162,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     )  # warm-up
     llm.engine.spec_stats = SpecDecodeStats()
     plain = None
+    # NOTE: each timed run starts with an empty prefix cache, so neither reuses the other's prompt.
     if args.compare_plain and spec is not None:
         proposer, llm.engine.proposer = llm.engine.proposer, None
+        llm.engine.reset_prefix_cache()
         plain, plain_time = _run_one(llm, prompt_ids, sp, stream=False)
         llm.engine.proposer = proposer
+    llm.engine.reset_prefix_cache()
     out, elapsed = _run_one(llm, prompt_ids, sp, stream=not args.quiet)
     n = len(out.outputs[0].token_ids)
     label = f"speculative ({spec.method}, k={spec.num_speculative_tokens})" if spec else "plain"

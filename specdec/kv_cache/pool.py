@@ -3,10 +3,20 @@
 A sequence's cache length lives with its request (``num_computed_tokens``); rolling back
 rejected drafts is moving that length back, with no copy: the stale entries are simply
 overwritten by the next forward.
+
+Automatic prefix caching (vLLM's ``enable_prefix_caching``): a freed slot remembers the tokens
+whose KV it still holds (the first ``num_computed_tokens`` of its last request, never stale
+entries past them). A new request takes the free slot that shares the longest prefix with its
+prompt and starts computing after that prefix. When that would overwrite more of the slot's cached
+tokens than evicting another free slot loses, the prefix is copied into that slot instead. Slots
+are evicted empty first, then least recently used.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 
 
@@ -20,6 +30,7 @@ class KVCache:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        enable_prefix_caching: bool = False,
     ) -> None:
         shape = (num_layers, num_slots, num_kv_heads, max_len, head_dim)
         # NOTE: torch.empty does not touch the pages: memory is committed as slots fill.
@@ -28,6 +39,15 @@ class KVCache:
         self.num_slots = num_slots
         self.max_len = max_len
         self._free = list(range(num_slots - 1, -1, -1))
+        self.enable_prefix_caching = enable_prefix_caching
+        # Per slot, the token ids whose KV it holds; meaningful for free slots only.
+        self._cached_token_ids = np.zeros((num_slots, max_len), dtype=np.int64)  # [S, max_len]
+        self._num_cached = np.zeros(num_slots, dtype=np.int64)  # [S]
+        self._last_used = np.zeros(num_slots, dtype=np.int64)  # [S] LRU clock at the last free
+        self._clock = 0
+        # vLLM's prefix_cache_queries / prefix_cache_hits, in tokens.
+        self.num_prefix_cache_queries = 0
+        self.num_prefix_cache_hits = 0
 
     @staticmethod
     def bytes_per_token(
@@ -43,14 +63,93 @@ class KVCache:
 
     @property
     def num_used_slots(self) -> int:
+        """Slots held by running sequences (a free slot that still caches a prefix is free)."""
         return self.num_slots - len(self._free)
 
+    @property
+    def num_cached_slots(self) -> int:
+        """Free slots that still hold a reusable prefix."""
+        return int(np.count_nonzero(self._num_cached[self._free])) if self._free else 0
+
     def allocate(self) -> int:
+        """A free slot with nothing reused (least recently used first under prefix caching)."""
         if not self._free:
             raise RuntimeError("KV pool exhausted")
-        return self._free.pop()
+        if not self.enable_prefix_caching:
+            return self._free.pop()
+        return self._take(self._lru(exclude=None))
 
-    def free(self, slot: int) -> None:
+    def allocate_for_prompt(self, prompt_token_ids: Sequence[int]) -> tuple[int, int]:
+        """A free slot for a new request and how many leading prompt tokens' KV it holds.
+
+        The reused count is at most ``len(prompt) - 1``: the last prompt token is always
+        computed, so there are logits to sample from.
+        """
+        if not self.enable_prefix_caching:
+            return self.allocate(), 0
+        if not self._free:
+            raise RuntimeError("KV pool exhausted")
+        prompt = np.asarray(prompt_token_ids, dtype=np.int64)  # [P]
+        best, lcp = self._longest_prefix(prompt)
+        num_reused = max(0, min(lcp, len(prompt) - 1))
+        self.num_prefix_cache_queries += len(prompt)
+        self.num_prefix_cache_hits += num_reused
+        if num_reused == 0:
+            return self._take(self._lru(exclude=None)), 0
+        victim = self._lru(exclude=best)
+        lost_in_place = int(self._num_cached[best]) - num_reused  # best's tail, overwritten
+        if victim is None or lost_in_place <= 0 or lost_in_place < self._num_cached[victim]:
+            return self._take(best), num_reused
+        # NOTE: taking `best` would overwrite more cached tokens than evicting `victim` (a shared
+        # system prompt would otherwise make each new request evict the previous one). Copy the
+        # shared prefix into the victim instead: a memory copy is far cheaper than a forward.
+        self.k[:, victim, :, :num_reused] = self.k[:, best, :, :num_reused]
+        self.v[:, victim, :, :num_reused] = self.v[:, best, :, :num_reused]
+        return self._take(victim), num_reused
+
+    def free(self, slot: int, cached_token_ids: Sequence[int] = ()) -> None:
+        """Return a slot; under prefix caching it remembers ``cached_token_ids`` (whose KV it
+        holds at positions 0..n-1) for later requests."""
         if slot in self._free or not 0 <= slot < self.num_slots:
             raise RuntimeError(f"double free or bad KV slot {slot}")
+        n = 0
+        if self.enable_prefix_caching:
+            n = len(cached_token_ids)
+            self._cached_token_ids[slot, :n] = cached_token_ids
+        self._num_cached[slot] = n
+        self._clock += 1
+        self._last_used[slot] = self._clock
         self._free.append(slot)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (running sequences keep their KV)."""
+        self._num_cached[self._free] = 0
+
+    # ---- prefix lookup ------------------------------------------------------------------------
+    def _longest_prefix(self, prompt: np.ndarray) -> tuple[int, int]:
+        """The free slot sharing the longest prefix with ``prompt`` and that length (vectorised:
+        one comparison over [free slots, prompt length])."""
+        free = np.asarray(self._free)  # [F]
+        n = min(len(prompt), int(self._num_cached[free].max()))
+        if n == 0:
+            return int(free[-1]), 0
+        same = self._cached_token_ids[free, :n] == prompt[:n]  # [F, n]
+        lcp = np.where(same.all(axis=1), n, same.argmin(axis=1))  # [F] first mismatch
+        lcp = np.minimum(lcp, self._num_cached[free])
+        # Ties: the slot that loses nothing (fully reused), then the most recently used.
+        order = np.lexsort((self._last_used[free], lcp == self._num_cached[free], lcp))
+        i = int(order[-1])
+        return int(free[i]), int(lcp[i])
+
+    def _lru(self, exclude: int | None) -> int | None:
+        """The free slot to evict: empty slots first, then the least recently used."""
+        free = np.asarray([s for s in self._free if s != exclude], dtype=np.int64)  # [F]
+        if free.size == 0:
+            return None
+        order = np.lexsort((free, self._last_used[free], self._num_cached[free] > 0))
+        return int(free[order[0]])
+
+    def _take(self, slot: int) -> int:
+        self._free.remove(slot)
+        self._num_cached[slot] = 0
+        return slot

@@ -117,6 +117,8 @@ def test_models_health_metrics(server) -> None:
         "specdec:num_requests_running",
         "specdec:num_requests_waiting",
         "specdec:kv_cache_usage_perc",
+        "specdec:prefix_cache_queries_total",
+        "specdec:prefix_cache_hits_total",
         "specdec:time_to_first_token_seconds",
         "specdec:time_per_output_token_seconds",
     ):
@@ -150,6 +152,32 @@ def test_chat_stream_and_not(server) -> None:
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
     assert _metric(server, "specdec:generation_tokens_total") >= before + 40
     assert _metric(server, "specdec:time_to_first_token_seconds_count") >= 2
+
+
+def test_prefix_cache_cached_tokens_and_metrics(server) -> None:
+    """A repeated prompt reports its cached prompt tokens, as OpenAI does, and the counters move."""
+    client = _client(server)
+    queries = _metric(server, "specdec:prefix_cache_queries_total")
+    hits = _metric(server, "specdec:prefix_cache_hits_total")
+    messages = [{"role": "user", "content": "Count the prefix cache hits: seven, eight, nine."}]
+    first = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, **GREEDY)
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=8, stream=True,
+            stream_options={"include_usage": True}, **GREEDY,
+        )
+    )  # fmt: skip
+    second = chunks[-1].usage
+    n = first.usage.prompt_tokens
+    assert second.prompt_tokens == n and second.prompt_tokens_details.cached_tokens == n - 1
+    assert first.usage.prompt_tokens_details.cached_tokens < n - 1
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == first.choices[0].message.content
+    _wait_idle(server)
+    assert _metric(server, "specdec:prefix_cache_queries_total") == queries + 2 * n
+    hit_tokens = first.usage.prompt_tokens_details.cached_tokens + n - 1
+    assert _metric(server, "specdec:prefix_cache_hits_total") == hits + hit_tokens
+    assert _metric(server, "specdec:kv_cache_usage_perc") == 0
 
 
 def test_completions_stream_and_not(server) -> None:

@@ -324,8 +324,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         llm, names, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None, model_root=root
     )
     logger.info(
-        "serving %s (%s) on http://%s:%d/v1, max_model_len %d, KV slots %d, speculation: %s",
+        "serving %s (%s) on http://%s:%d/v1, max_model_len %d, KV slots %d (%d running), "
+        "prefix caching: %s, speculation: %s",
         names[0], root, args.host, args.port, llm.engine.max_model_len, llm.engine.kv.num_slots,
+        llm.engine.scheduler.max_num_seqs, "on" if args.enable_prefix_caching else "off",
         f"{spec.method} k={spec.num_speculative_tokens}" if spec else "off",
     )  # fmt: skip
     uvicorn.run(

@@ -361,10 +361,15 @@ class ErrorResponse(BaseModel):
     error: ErrorInfo
 
 
+class PromptTokenUsageInfo(BaseModel):
+    cached_tokens: int | None = None  # prompt tokens served from the prefix cache
+
+
 class UsageInfo(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokenUsageInfo | None = None
 
 
 class ChatTokenLogprob(BaseModel):

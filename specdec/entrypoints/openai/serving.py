@@ -31,6 +31,7 @@ from specdec.entrypoints.openai.protocol import (
     DeltaMessage,
     ModelCard,
     ModelList,
+    PromptTokenUsageInfo,
     RequestError,
     UsageInfo,
     _SamplingRequest,
@@ -53,7 +54,12 @@ def _engine_error(e: EngineError) -> RequestError:
 
 def _usage(out: RequestOutput) -> UsageInfo:
     n_prompt, n_out = len(out.prompt_token_ids), len(out.outputs[0].token_ids)
-    return UsageInfo(prompt_tokens=n_prompt, completion_tokens=n_out, total_tokens=n_prompt + n_out)
+    return UsageInfo(
+        prompt_tokens=n_prompt,
+        completion_tokens=n_out,
+        total_tokens=n_prompt + n_out,
+        prompt_tokens_details=PromptTokenUsageInfo(cached_tokens=out.num_cached_tokens),
+    )
 
 
 def _new_logprobs(out: RequestOutput) -> tuple[list[int], list[float]]:
