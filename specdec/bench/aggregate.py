@@ -3,6 +3,7 @@
 A record is one prompt under one configuration (see ``runners.make_record``). Figures:
 - output tokens/s = total output tokens / total seconds (prefill included), per category;
 - decode tokens/s = the same after each request's first token (prefill and TTFT excluded);
+- cached prompt tokens = prompt tokens whose KV came from the prefix cache (our engine only);
 - speedup = tokens/s / tokens/s of our ``plain`` in the same category and run;
 - mean acceptance length = 1 + accepted / verification steps with drafts, summed over prompts;
 - acceptance rate at position i = steps whose draft i was accepted / steps with drafts.
@@ -104,6 +105,7 @@ def summarize_group(records: list[dict]) -> dict:
         "num_prompts": len(ok),
         "num_errors": len(records) - len(ok),
         "prompt_tokens": sum(r["prompt_tokens"] for r in ok),
+        "cached_prompt_tokens": sum(r.get("cached_prompt_tokens", 0) for r in ok),
         "output_tokens": tokens,
         "seconds": seconds,
         "tokens_per_s": tokens / seconds if seconds > 0 else None,

@@ -6,6 +6,7 @@ import argparse
 
 from specdec.bench.dataset import DEFAULT_CODE_PREFIX
 from specdec.bench.forward_cost import DEFAULT_NS
+from specdec.entrypoints.cli import add_prefix_caching_arg
 from specdec.model.registry import DEFAULT_MODEL
 
 LATENCY_EPILOG = """\
@@ -89,6 +90,7 @@ def _latency_parser(sub) -> None:
                    help="with --chat, put this before code_completion prompts (HumanEval), as EAGLE "
                         "does; '' for none (default: %(default)r)")  # fmt: skip
     p.add_argument("--max-model-len", type=int, default=None)
+    add_prefix_caching_arg(p)
     p.add_argument("--output-dir", default=None, help="default: bench_out/<timestamp>")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars")
@@ -153,6 +155,7 @@ def cmd_latency(args: argparse.Namespace) -> int:
         kernels=args.kernels,
         quantization=args.quantization,
         max_model_len=args.max_model_len,
+        enable_prefix_caching=args.enable_prefix_caching,
         output_dir=args.output_dir,
         plots=not args.no_plots,
         progress=not args.no_progress,

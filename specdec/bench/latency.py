@@ -1,7 +1,10 @@
 """``specdec bench latency``: the same prompts through every configuration, one request at a time.
 
-Each configuration is loaded once, runs one warm-up request (excluded), then every prompt in order
-with the same sampling. Our ``plain`` runs first (added when missing) and is the reference for
+Each configuration is loaded once, runs one warm-up request (excluded; it leaves nothing in the
+prefix cache), then every prompt in order with the same sampling, in one engine: prompts that
+repeat earlier ones (the repeated task) or extend them (later turns) reuse their KV from the prefix
+cache unless ``--no-enable-prefix-caching``, for every configuration alike; the table says how many
+prompt tokens came from it. Our ``plain`` runs first (added when missing) and is the reference for
 speedups and, under greedy sampling, for exactness: any speculative output that differs from
 plain's is a FAILURE (printed, recorded in results.json, exit code 1).
 """
@@ -51,6 +54,7 @@ class LatencyOptions:
     kernels: str = "auto"
     quantization: str = "auto"
     max_model_len: int | None = None
+    enable_prefix_caching: bool = True
     output_dir: str | None = None
     plots: bool = True
     progress: bool = True
@@ -101,7 +105,12 @@ class _Run:
         self.model_path = resolve_model_path(opts.model)
         self.params = GenParams(opts.max_tokens, opts.temperature, opts.seed, opts.ignore_eos)
         self.engine = EngineArgs(
-            opts.model, opts.kernels, opts.quantization, opts.max_model_len, opts.seed
+            opts.model,
+            opts.kernels,
+            opts.quantization,
+            opts.max_model_len,
+            opts.seed,
+            opts.enable_prefix_caching,
         )
         self.records: list[dict] = []
         self.config_errors: dict[str, str] = {}
@@ -130,16 +139,18 @@ class _Run:
         self.eog = set(tok.eog_token_ids)
 
     def _warm_up(self, runner) -> None:
-        """One excluded request: the first prompt that fits (first turn, short output)."""
+        """One excluded request: the first prompt that fits (first turn, short output). It
+        leaves nothing in the prefix cache, so the first measured prompt starts cold."""
         assert self.builder is not None
         p = self.params
         warm = GenParams(min(WARMUP_MAX_TOKENS, p.max_tokens), p.temperature, p.seed, p.ignore_eos)
         for item in self.items:
             try:
                 runner.generate(self.builder.prompt_ids(item, []), warm)
-                return
+                break
             except ValueError:
                 continue
+        runner.reset_prefix_cache()
 
     def run_config(self, cfg: BenchConfig) -> None:
         try:

@@ -109,13 +109,21 @@ def _identical_cell(row: dict, greedy: bool, reference: str) -> str:
     )
 
 
+def _cached_cell(row: dict) -> str:
+    if row["backend"] != "specdec":
+        return "-"
+    cached, prompt = row.get("cached_prompt_tokens", 0), row["prompt_tokens"]
+    return f"{cached}/{prompt}" + (f" ({100.0 * cached / prompt:.0f}%)" if prompt else "")
+
+
 def format_table(rows: list[dict], greedy: bool, reference: str) -> str:
     """Markdown, one row per (config, category) with the overall row after each config's categories."""
     head = (
         "| config | category | prompts | out tokens | tok/s | speedup | vs own plain | decode tok/s "
-        "| TTFT ms | accept len | accept rate | accept rate by position | identical to plain |"
+        "| TTFT ms | cached prompt tokens | accept len | accept rate | accept rate by position "
+        "| identical to plain |"
     )
-    lines = [head, "|" + "---|" * 13]
+    lines = [head, "|" + "---|" * 14]
     for r in rows:
         spec = r["spec_decode"]
         by_pos = "-"
@@ -135,6 +143,7 @@ def format_table(rows: list[dict], greedy: bool, reference: str) -> str:
             _fmt(own, ".2f", "x"),
             _fmt(r["decode_tokens_per_s"], ".1f"),
             _fmt(r["ttft_ms_mean"], ".0f"),
+            _cached_cell(r),
             _fmt(spec["mean_acceptance_length"] if spec else None, ".2f"),
             _fmt(spec["acceptance_rate"] if spec else None, ".2f"),
             by_pos,

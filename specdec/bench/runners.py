@@ -41,6 +41,7 @@ class EngineArgs:
     quantization: str = "auto"
     max_model_len: int | None = None
     seed: int = 0
+    enable_prefix_caching: bool = True
 
 
 @dataclass
@@ -51,10 +52,13 @@ class TurnResult:
     ttft_s: float | None
     finish_reason: str | None = None
     spec: SpecDecodeStats | None = None
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
 
 class Runner(Protocol):
     def generate(self, prompt_ids: list[int], params: GenParams) -> TurnResult: ...
+
+    def reset_prefix_cache(self) -> None: ...
 
     def close(self) -> None: ...
 
@@ -92,12 +96,14 @@ def make_record(
         "backend": config.backend,
         "num_turns": len(item.turns),
         "prompt_tokens": sum(t.num_prompt_tokens for t in turns),
+        "cached_prompt_tokens": sum(t.num_cached_tokens for t in turns),
         "output_tokens": sum(len(t.output_token_ids) for t in turns),
         "seconds": sum(t.seconds for t in turns),
         "ttft_s": turns[0].ttft_s if turns else None,
         "turns": [
             {
                 "prompt_tokens": t.num_prompt_tokens,
+                "cached_prompt_tokens": t.num_cached_tokens,
                 "output_tokens": len(t.output_token_ids),
                 "seconds": t.seconds,
                 "ttft_s": t.ttft_s,
@@ -131,8 +137,9 @@ class SpecdecRunner:
             kernels=engine.kernels,
             quantization=engine.quantization,
             max_model_len=engine.max_model_len,
-            max_num_seqs=1,  # NOTE: batch size 1; one slot keeps the KV pool small
+            max_num_seqs=1,  # NOTE: batch size 1; one running slot (plus prefix cache slots)
             seed=engine.seed,
+            enable_prefix_caching=engine.enable_prefix_caching,
         )
 
     @property
@@ -168,7 +175,11 @@ class SpecdecRunner:
             ttft,
             completion.finish_reason,
             final.spec_decode_stats,
+            final.num_cached_tokens,
         )
+
+    def reset_prefix_cache(self) -> None:
+        self.llm.engine.reset_prefix_cache()
 
     def close(self) -> None:
         self.llm = None  # type: ignore[assignment]
@@ -252,6 +263,9 @@ class HFRunner:
         finish = "stop" if new and new[-1] in self.eog and not params.ignore_eos else "length"
         return TurnResult(len(prompt_ids), new, seconds, ttft, finish)
 
+    def reset_prefix_cache(self) -> None:
+        pass  # nothing is cached across generate calls
+
     def close(self) -> None:
         self.model = None
 
@@ -290,7 +304,7 @@ class LlamaCppRunner:
         self.eog = set(eog_token_ids) | {self.llm.token_eos()}
 
     def generate(self, prompt_ids: list[int], params: GenParams) -> TurnResult:
-        self.llm.reset()  # NOTE: no prompt-prefix reuse across requests, as in our engine
+        self.llm.reset()  # NOTE: no prompt-prefix reuse across requests (ours has prefix caching)
         tokens: list[int] = []
         first = None
         finish = "length"
@@ -312,6 +326,9 @@ class LlamaCppRunner:
         return TurnResult(
             len(prompt_ids), tokens, seconds, None if first is None else first - start, finish
         )
+
+    def reset_prefix_cache(self) -> None:
+        pass  # reset() before every request
 
     def close(self) -> None:
         close = getattr(self.llm, "close", None)

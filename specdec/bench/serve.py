@@ -8,8 +8,10 @@ turn is one streaming chat completion (temperature 0, ``max_tokens``), and later
 conversation so far, the model's own replies included (as ``bench latency`` does).
 
 Per request: TTFT (send -> first chunk with a token), TPOT ((end-to-end - TTFT) / (output
-tokens - 1), as vLLM's serving benchmark), end-to-end latency, output tokens (the server's usage)
-and the server's ``spec_decode`` counters. Per (configuration, concurrency): p50/p99 of TTFT,
+tokens - 1), as vLLM's serving benchmark), end-to-end latency, output tokens and prompt tokens
+served from the prefix cache (the server's usage), and the server's ``spec_decode`` counters. The
+in-process server's prefix cache is emptied after the warm-up and before each level, so every
+level starts cold (later turns still reuse their conversation's earlier turns). Per (configuration, concurrency): p50/p99 of TTFT,
 TPOT and end-to-end latency, output tokens/s = all output tokens / wall time of the level,
 speedup = tokens/s over ``plain``'s at the same concurrency, and the mean acceptance length.
 
@@ -31,6 +33,7 @@ import json
 import math
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +71,7 @@ class ServeOptions:
     max_num_seqs: int | None = None  # None: the highest concurrency
     max_num_batched_tokens: int = 512
     kv_cache_memory: float | None = None
+    enable_prefix_caching: bool = True
     seed: int = 0
     request_timeout: float = 600.0
     output_dir: str | None = None
@@ -115,6 +119,7 @@ def summarize_level(rows: list[dict], duration_s: float) -> dict:
         "num_requests": len(ok),
         "num_errors": len(rows) - len(ok),
         "prompt_tokens": sum(r["prompt_tokens"] for r in ok),
+        "cached_prompt_tokens": sum(r.get("cached_prompt_tokens", 0) for r in ok),
         "output_tokens": tokens,
         "duration_s": duration_s,
         "output_tokens_per_s": tokens / duration_s if duration_s > 0 and ok else None,
@@ -319,6 +324,9 @@ async def stream_chat(
     e2e = end - start
     return {
         "prompt_tokens": int(usage["prompt_tokens"]) if usage else 0,
+        "cached_prompt_tokens": int(
+            ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        ),
         "output_tokens": output_tokens,
         "ttft_s": ttft,
         "tpot_s": tpot(e2e, ttft, output_tokens),
@@ -423,12 +431,15 @@ class _InProcessServer:
             max_num_batched_tokens=opts.max_num_batched_tokens,
             seed=opts.seed,
             kv_cache_memory=opts.kv_cache_memory,
+            enable_prefix_caching=opts.enable_prefix_caching,
         )
         self.name = opts.model
-        app = build_app(
-            AsyncLLM(llm.engine, log_stats=False), [self.name], model_root=str(model_path)
-        )
+        self.llm = AsyncLLM(llm.engine, log_stats=False)
+        app = build_app(self.llm, [self.name], model_root=str(model_path))
         self.server = BackgroundServer(app).start(timeout=120.0)
+
+    def reset_prefix_cache(self) -> None:
+        asyncio.run(self.llm.call(lambda engine: engine.reset_prefix_cache()))
 
     @property
     def url(self) -> str:
@@ -492,9 +503,15 @@ class _Run:
         if row["error"]:
             _warn(f"warm-up request failed: {row['error']}")
 
-    def measure(self, cfg: BenchConfig, url: str, model: str) -> None:
+    def measure(
+        self, cfg: BenchConfig, url: str, model: str, reset: Callable[[], None] | None = None
+    ) -> None:
+        """Every level; ``reset`` (the in-process server's) empties the prefix cache after the
+        warm-up and between levels, so each level starts cold."""
         self._warm_up(url, model)
         for c in self.levels:
+            if reset is not None:
+                reset()
             level = asyncio.run(
                 run_level(
                     url, model, self.items, self.builder, c, self.opts.max_tokens,
@@ -519,7 +536,8 @@ class _Run:
                 f"{cfg.label} @ {c}: {s['num_requests']} requests"
                 + (f" ({s['num_errors']} errors)" if s["num_errors"] else "")
                 + f", {_fmt(s['output_tokens_per_s'], '.1f')} tok/s, TTFT p50 "
-                f"{_fmt(s['ttft_ms_p50'], '.0f')} ms, TPOT p50 {_fmt(s['tpot_ms_p50'], '.1f')} ms",
+                f"{_fmt(s['ttft_ms_p50'], '.0f')} ms, TPOT p50 {_fmt(s['tpot_ms_p50'], '.1f')} ms, "
+                f"prompt tokens from the prefix cache {s['cached_prompt_tokens']}/{s['prompt_tokens']}",
                 flush=True,
             )
             if level.num_clients < c:
@@ -535,7 +553,7 @@ class _Run:
         assert self.model_path is not None
         server = _InProcessServer(self.opts, cfg, self.model_path)
         try:
-            self.measure(cfg, server.url, server.name)
+            self.measure(cfg, server.url, server.name, server.reset_prefix_cache)
         finally:
             server.stop()
             del server
@@ -632,6 +650,7 @@ example:
 
 def add_serve_parser(sub) -> None:
     from specdec.bench.cli import _dataset_args, _int_csv, _model_args
+    from specdec.entrypoints.cli import add_prefix_caching_arg
 
     p = sub.add_parser(
         "serve",
@@ -660,6 +679,7 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
     p.add_argument("--kv-cache-memory", type=float, default=None,
                    help="KV pool budget: bytes, or a fraction (<= 1) of available RAM")  # fmt: skip
+    add_prefix_caching_arg(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
     p.add_argument("--output-dir", default=None, help="default: bench_out/<timestamp>")
@@ -689,6 +709,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_cache_memory=args.kv_cache_memory,
+        enable_prefix_caching=args.enable_prefix_caching,
         seed=args.seed,
         request_timeout=args.request_timeout,
         output_dir=args.output_dir,

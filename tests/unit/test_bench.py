@@ -302,6 +302,39 @@ def test_latency_end_to_end(tiny_llama, tmp_path, capsys) -> None:
     assert "| ngram:k=3 | **overall** |" in capsys.readouterr().out
 
 
+def test_latency_repeated_task_hits_the_prefix_cache(tiny_llama, tmp_path) -> None:
+    """Both passes run in one engine per config: pass 2 reuses pass 1's prompts; the warm-up
+    leaves nothing behind; --no-enable-prefix-caching reuses nothing."""
+    rows = [json.loads(line) for line in FIXTURE.read_text().splitlines()[:2]]
+    data = tmp_path / "repeated.jsonl"
+    data.write_text("".join(
+        json.dumps(r | {"id": f"{p}/{r['id']}", "category": p}) + "\n"
+        for p in ("pass1", "pass2") for r in rows
+    ))  # fmt: skip
+    argv = ["bench", "latency", "--model", str(tiny_llama), "--dataset", str(data), "--max-tokens",
+            "8", "--no-progress", "--no-plots", "--configs", "plain", "ngram:k=3"]  # fmt: skip
+    assert main([*argv, "--output-dir", str(tmp_path / "on")]) == 0
+    result = json.loads((tmp_path / "on" / "results.json").read_text())
+    for r in result["records"]:
+        first = r["id"] == "pass1/tiny/edit-0"  # the warm-up's prompt: not cached
+        if r["category"] == "pass2":
+            assert r["cached_prompt_tokens"] == r["prompt_tokens"] - 1
+        elif first:
+            assert r["cached_prompt_tokens"] == 0
+        else:  # the chat template's first tokens are shared
+            assert 0 < r["cached_prompt_tokens"] < r["prompt_tokens"] // 2
+    overall = {r["config"]: r for r in result["summary"] if r["category"] == "overall"}
+    cached = sum(r["cached_prompt_tokens"] for r in result["records"] if r["config"] == "plain")
+    assert overall["plain"]["cached_prompt_tokens"] == cached > 0
+    table = (tmp_path / "on" / "table.md").read_text()
+    assert "cached prompt tokens" in table.splitlines()[0]
+    assert f"| {cached}/{overall['plain']['prompt_tokens']} (" in table
+    assert main([*argv, "--output-dir", str(tmp_path / "off"), "--no-enable-prefix-caching"]) == 0
+    result = json.loads((tmp_path / "off" / "results.json").read_text())
+    assert all(r["cached_prompt_tokens"] == 0 for r in result["records"])
+    assert result["environment"]["settings"]["enable_prefix_caching"] is False
+
+
 def test_latency_forced_mismatch_fails(tiny_llama, tmp_path, monkeypatch, capsys) -> None:
     from specdec.bench import runners
 

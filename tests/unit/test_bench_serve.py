@@ -178,12 +178,22 @@ def test_serve_end_to_end(tiny_llama, tmp_path, capsys) -> None:
         next(r for r in chat if r["turn"] == t and r["concurrency"] == 1) for t in (0, 1)
     )
     assert turn1["prompt_tokens"] > turn0["prompt_tokens"]  # the reply went back in
+    # the prefix cache: a later turn reuses its conversation so far; every level starts cold
+    # (without the reset, the warm-up or the previous level would have cached edit-0 whole)
+    for r in records:
+        if r["turn"] == 1:
+            first = next(x for x in records if x["turn"] == 0 and x["id"] == r["id"]
+                         and x["config"] == r["config"] and x["concurrency"] == r["concurrency"])  # fmt: skip
+            assert r["cached_prompt_tokens"] >= first["prompt_tokens"]
+        elif r["id"] == "tiny/edit-0":
+            assert r["cached_prompt_tokens"] < r["prompt_tokens"] - 1
     summary = result["summary"]
     assert [(s["config"], s["concurrency"]) for s in summary] == [
         ("plain", 1), ("plain", 2), ("ngram:k=3", 1), ("ngram:k=3", 2),
     ]  # fmt: skip
     for s in summary:
         assert s["num_requests"] == 4 and s["output_tokens_per_s"] > 0
+        assert 0 < s["cached_prompt_tokens"] < s["prompt_tokens"]
         assert s["ttft_ms_p50"] <= s["ttft_ms_p99"]
         assert s["speedup"] is not None
     assert summary[0]["speedup"] == 1.0 and summary[0]["spec_decode"] is None
