@@ -40,7 +40,7 @@ struct KernelTable {
     // [lo, hi] (inclusive) of scale * q_g.k_j, then sum_j p_j v_j.  q_g = q + g * q_head_stride
     // (D floats), key j at k + j * k_stride, value j at v + j * v_stride, output head g at
     // out + g * out_head_stride.  softcap > 0 maps a scaled score s to softcap * tanh(s / softcap).
-    // Each head's result is independent of G.  scratch: at least 4 * ((hi - lo + 1) + 8) floats.
+    // Each head's result is independent of G.  scratch: at least 4 * ((hi - lo + 1) + 16) floats.
     void (*attention_group)(const float* q, int64_t q_head_stride, int64_t G, const float* k,
                             int64_t k_stride, const float* v, int64_t v_stride, int64_t lo,
                             int64_t hi, int64_t D, float scale, float softcap, float* out,
@@ -78,7 +78,7 @@ const A8Table* portable_a8_table();
 const KernelTable* avx2_table();
 #endif
 #ifdef SPECDEC_HAVE_AVX512
-// 16-lane linear kernels; rms_norm and attention are the AVX2 ones (needs SPECDEC_HAVE_AVX2).
+// 16-lane linear and attention kernels; rms_norm is the AVX2 one (needs SPECDEC_HAVE_AVX2).
 const KernelTable* avx512_table();
 #endif
 

@@ -1,7 +1,7 @@
 // AVX-512 linear kernels (16-lane FMA).  Compiled on its own with -mavx512f -mavx512dq
 // -mavx512bw -mavx512vl -mavx2 -mfma -mf16c -O3 -ffp-contract=off; only called after ops.cpp has
-// checked the CPU supports those instruction sets.  rms_norm and attention are not bandwidth- or
-// FMA-bound at these sizes and come from the AVX2 table.
+// checked the CPU supports those instruction sets.  rms_norm comes from the AVX2 table; attention
+// (below) has its own 16-lane kernel.
 //
 // Same linkage rule as kernels_avx2.cpp: everything has internal linkage except the accessor.
 //
@@ -12,6 +12,7 @@
 // same chain per output; tiling only runs several chains side by side.
 #include <immintrin.h>
 #include <stdint.h>
+#include <math.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -297,11 +298,178 @@ void linear_rows(int qtype, const float* x, int64_t M, int64_t K, const uint8_t*
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Attention for one query row and the G query heads of one kv head (GQA group).
+//
+// Scores: per (head, key) one 16-lane FMA chain over d (a masked partial vector last), then the
+// lanes are summed by reduce16(): sixteen keys' accumulators at once, through one fixed
+// pairwise tree that treats every key the same (missing keys are zero vectors that never mix
+// with other keys' lanes).  Softmax: exp of (s - max), summed in 16-lane chunks in key order.
+// Values: per output element one FMA chain over keys in order.  None of it depends on other
+// rows, so a row's result is the same whatever the batch.
+
+inline __m512 exp512(__m512 x) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    x = _mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f));
+    x = _mm512_max_ps(x, _mm512_set1_ps(-88.3762626647949f));
+    __m512 fx = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f));
+    fx = _mm512_roundscale_ps(fx, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
+    const __m512 z = _mm512_mul_ps(x, x);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, z, x);
+    y = _mm512_add_ps(y, one);
+    __m512i e = _mm512_add_epi32(_mm512_cvttps_epi32(fx), _mm512_set1_epi32(127));
+    e = _mm512_slli_epi32(e, 23);
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+}
+
+// a[0..16) -> one vector whose lane i is the sum of a[i]'s 16 lanes.  Every vector goes through
+// the same tree: lane l + lane l+8, then +4, +2, +1 (in that order).
+inline __m512 reduce16(__m512 a[16]) {
+    __m512 b[8], c[4], d[2];
+    for (int i = 0; i < 8; ++i)  // lanes 0-7: a[2i] partial sums, 8-15: a[2i+1]
+        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; ++i)  // 128-bit quarters: b[2i] key, b[2i] key, b[2i+1] key, b[2i+1] key
+        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; ++i)  // per quarter: 2 lanes of c[2i]'s key, 2 of c[2i+1]'s
+        d[i] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0xEE));
+    const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
+    // Lane of r holding key i's sum, worked out from the shuffles above.
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(order, r);
+}
+
+// Raw scores q_g . k_j (scaled, soft-capped) of G heads against n keys into s[g * s_stride + j];
+// mx[g] = their max.
+inline void scores512(const float* q, int64_t q_hs, int64_t G, const float* k, int64_t k_stride,
+                      int64_t n, int64_t D, float scale, float softcap, float* s, int64_t s_stride,
+                      float* mx) {
+    const int64_t D16 = D & ~int64_t(15);
+    const __mmask16 dmask = tail_mask(D - D16);
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int64_t g = 0; g < G; ++g) {
+        const float* qg = q + g * q_hs;
+        __m512 vmax = _mm512_set1_ps(-INFINITY);
+        for (int64_t j0 = 0; j0 < n; j0 += 16) {
+            const int64_t nk = n - j0 < 16 ? n - j0 : 16;
+            __m512 acc[16];
+            for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+            for (int64_t i = 0; i < nk; ++i) {
+                const float* kj = k + (j0 + i) * k_stride;
+                __m512 a = _mm512_setzero_ps();
+                for (int64_t d = 0; d < D16; d += 16)
+                    a = _mm512_fmadd_ps(_mm512_loadu_ps(qg + d), _mm512_loadu_ps(kj + d), a);
+                if (D16 < D)
+                    a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(dmask, qg + D16),
+                                        _mm512_maskz_loadu_ps(dmask, kj + D16), a);
+                acc[i] = a;
+            }
+            __m512 sc = _mm512_mul_ps(reduce16(acc), vscale);
+            const __mmask16 kmask = tail_mask(nk);
+            if (softcap > 0.0f) {
+                alignas(64) float tmp[16];
+                _mm512_store_ps(tmp, sc);
+                for (int64_t i = 0; i < nk; ++i) tmp[i] = softcap * tanhf(tmp[i] / softcap);
+                sc = _mm512_load_ps(tmp);
+            }
+            _mm512_mask_storeu_ps(s + g * s_stride + j0, kmask, sc);
+            vmax = _mm512_mask_max_ps(vmax, kmask, vmax, sc);
+        }
+        mx[g] = _mm512_reduce_max_ps(vmax);
+    }
+}
+
+// s[0..n) <- exp(s - mx) in place; returns 1 / sum (16-lane sums in key order, then hsum16).
+inline float softmax512(float* s, int64_t n, float mx) {
+    const __m512 vmx = _mm512_set1_ps(mx);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 m = tail_mask(n - j < 16 ? n - j : 16);
+        const __m512 e = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), vmx)));
+        _mm512_mask_storeu_ps(s + j, m, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    return 1.0f / hsum16(sum);
+}
+
+// out_g[c : c + 16 NV) = inv_g * sum_j p_g[j] v_j[c : c + 16 NV), GB heads sharing each load;
+// `mask` limits the last vector (columns beyond D).
+template <int GB, int NV>
+inline void values512(const float* p, int64_t p_stride, int64_t n, const float* v, int64_t v_stride,
+                      const float* inv, float* out, int64_t out_hs, __mmask16 last) {
+    __m512 acc[GB][NV];
+    for (int g = 0; g < GB; ++g)
+        for (int i = 0; i < NV; ++i) acc[g][i] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) {
+        const float* vj = v + j * v_stride;
+        __m512 pj[GB];
+        for (int g = 0; g < GB; ++g) pj[g] = _mm512_set1_ps(p[g * p_stride + j]);
+        for (int i = 0; i < NV; ++i) {
+            const __m512 vv = i == NV - 1 ? _mm512_maskz_loadu_ps(last, vj + 16 * i) : _mm512_loadu_ps(vj + 16 * i);
+            for (int g = 0; g < GB; ++g) acc[g][i] = _mm512_fmadd_ps(pj[g], vv, acc[g][i]);
+        }
+    }
+    for (int g = 0; g < GB; ++g) {
+        const __m512 sc = _mm512_set1_ps(inv[g]);
+        for (int i = 0; i < NV; ++i) {
+            const __m512 r = _mm512_mul_ps(acc[g][i], sc);
+            if (i == NV - 1) _mm512_mask_storeu_ps(out + g * out_hs + 16 * i, last, r);
+            else _mm512_storeu_ps(out + g * out_hs + 16 * i, r);
+        }
+    }
+}
+
+template <int GB>
+void values_heads(const float* p, int64_t p_stride, int64_t n, const float* v, int64_t v_stride,
+                  int64_t D, const float* inv, float* out, int64_t out_hs) {
+    constexpr int NV = GB == 1 ? 8 : GB == 2 ? 6 : 4;  // <= 16 accumulators
+    int64_t c = 0;
+    for (; c + 16 * NV <= D; c += 16 * NV)
+        values512<GB, NV>(p, p_stride, n, v + c, v_stride, inv, out + c, out_hs, 0xFFFF);
+    for (; c < D; c += 16) {
+        const __mmask16 m = tail_mask(D - c < 16 ? D - c : 16);
+        values512<GB, 1>(p, p_stride, n, v + c, v_stride, inv, out + c, out_hs, m);
+    }
+}
+
+void attention_group(const float* q, int64_t q_head_stride, int64_t G, const float* k,
+                     int64_t k_stride, const float* v, int64_t v_stride, int64_t lo, int64_t hi,
+                     int64_t D, float scale, float softcap, float* out, int64_t out_head_stride,
+                     float* scratch) {
+    const int64_t n = hi - lo + 1;
+    const float* kb = k + lo * k_stride;
+    const float* vb = v + lo * v_stride;
+    const int64_t s_stride = n + 16;
+    for (int64_t g0 = 0; g0 < G; g0 += 4) {
+        const int64_t gb = G - g0 < 4 ? G - g0 : 4;
+        float mx[4], inv[4];
+        scores512(q + g0 * q_head_stride, q_head_stride, gb, kb, k_stride, n, D, scale, softcap,
+                  scratch, s_stride, mx);
+        for (int64_t g = 0; g < gb; ++g) inv[g] = softmax512(scratch + g * s_stride, n, mx[g]);
+        float* og = out + g0 * out_head_stride;
+        switch (gb) {
+            case 1: values_heads<1>(scratch, s_stride, n, vb, v_stride, D, inv, og, out_head_stride); break;
+            case 2: values_heads<2>(scratch, s_stride, n, vb, v_stride, D, inv, og, out_head_stride); break;
+            case 3: values_heads<3>(scratch, s_stride, n, vb, v_stride, D, inv, og, out_head_stride); break;
+            default: values_heads<4>(scratch, s_stride, n, vb, v_stride, D, inv, og, out_head_stride); break;
+        }
+    }
+}
+
 }  // namespace
 
 const KernelTable* avx512_table() {
-    static const KernelTable table = {"avx512", linear_rows, avx2_table()->rms_norm_rows,
-                                      avx2_table()->attention_group};
+    static const KernelTable table = {"avx512", linear_rows, avx2_table()->rms_norm_rows, attention_group};
     return &table;
 }
 
