@@ -365,3 +365,37 @@ def test_counters_and_prometheus(tiny_llama) -> None:
     assert f'specdec:prefix_cache_queries_total{{model_name="tiny"}} {2.0 * n}' in text
     assert f'specdec:prefix_cache_hits_total{{model_name="tiny"}} {float(n - 1)}' in text
     assert 'specdec:kv_cache_usage_perc{model_name="tiny"} 0.0' in text
+
+
+# ---- flags ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("flag, expected", [([], True), (["--no-enable-prefix-caching"], False),
+                                            (["--enable-prefix-caching"], True)])  # fmt: skip
+def test_cli_flags(monkeypatch, flag: list[str], expected: bool) -> None:
+    from specdec.bench import cli as bench_cli
+    from specdec.bench import serve as bench_serve
+    from specdec.entrypoints import cli
+    from specdec.entrypoints.openai import api_server
+
+    seen = []
+
+    def record(args) -> int:
+        seen.append(args.enable_prefix_caching)
+        return 0
+
+    monkeypatch.setattr(cli, "cmd_generate", record)
+    monkeypatch.setattr(api_server, "cmd_serve", record)
+    monkeypatch.setattr(bench_cli, "cmd_latency", record)
+    monkeypatch.setattr(bench_serve, "cmd_bench_serve", record)
+    for argv in (["generate"], ["serve", "m"], ["bench", "latency", "--dataset", "d"],
+                 ["bench", "serve", "--dataset", "d"]):  # fmt: skip
+        assert cli.main([*argv, *flag]) == 0
+    assert seen == [expected] * 4
+
+
+def test_generate_compare_plain_smoke(tiny_llama, capsys) -> None:
+    from specdec.entrypoints import cli
+
+    argv = ["generate", "--model", str(tiny_llama), "--prompt", "the cat sat on the mat", "-n",
+            "6", "--quiet", "--compare-plain", "--speculative-config", '{"method": "ngram"}']  # fmt: skip
+    assert cli.main(argv) == 0
+    assert "output identical to plain: yes" in capsys.readouterr().out
