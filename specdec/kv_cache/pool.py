@@ -66,11 +66,6 @@ class KVCache:
         """Slots held by running sequences (a free slot that still caches a prefix is free)."""
         return self.num_slots - len(self._free)
 
-    @property
-    def num_cached_slots(self) -> int:
-        """Free slots that still hold a reusable prefix."""
-        return int(np.count_nonzero(self._num_cached[self._free])) if self._free else 0
-
     def allocate(self) -> int:
         """A free slot with nothing reused (least recently used first under prefix caching)."""
         if not self._free:
