@@ -163,6 +163,8 @@ class EngineConfig:
     device: str = "cpu"
     kernels: str = "auto"  # "auto" | "native" | "torch"
     quantization: str = "auto"  # "auto" (the file's own) | "fp32" | "q8_0" | "q4_0" | "q4_1"
+    # "auto" (int8 where the CPU runs the 8-bit kernels natively) | "float32" | "int8"
+    activation_dtype: str = "auto"
     max_model_len: int | None = None
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 512
@@ -182,6 +184,11 @@ class EngineConfig:
         if self.quantization not in ("auto", "fp32", "q8_0", "q4_0", "q4_1"):
             raise ConfigError(
                 f"quantization must be one of auto, fp32, q8_0, q4_0, q4_1, got '{self.quantization}'"
+            )
+        if self.activation_dtype not in ("auto", "float32", "int8"):
+            raise ConfigError(
+                "activation_dtype must be one of auto, float32, int8, "
+                f"got '{self.activation_dtype}'"
             )
         if self.max_num_seqs < 1:
             raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")

@@ -46,6 +46,7 @@ def load_model(
     kernels: str,
     quantization: str,
     max_len: int | None,
+    activation_dtype: str = "auto",
 ) -> tuple[LlamaModel, Tokenizer]:
     path = resolve_model_path(model)
     ckpt = load_checkpoint(path)
@@ -62,7 +63,8 @@ def load_model(
     max_len = max_len or min(DEFAULT_MAX_MODEL_LEN, limit)
     if max_len > limit:
         raise ConfigError(f"max_model_len {max_len} exceeds the model's context length {limit}")
-    return LlamaModel(ckpt, ops, device, dtype, quantization, max_len), tokenizer
+    model = LlamaModel(ckpt, ops, device, dtype, quantization, max_len, activation_dtype)
+    return model, tokenizer
 
 
 class LLMEngine:
@@ -77,6 +79,7 @@ class LLMEngine:
             config.kernels,
             config.quantization,
             config.max_model_len,
+            config.activation_dtype,
         )
         self.max_model_len = self.model.max_len
         num_running_slots, num_cache_slots = self._num_kv_slots(config)
@@ -157,6 +160,7 @@ class LLMEngine:
         draft, draft_tok = load_model(
             spec.model, self.device, self.model.dtype, self.config.kernels,
             spec.draft_quantization or self.config.quantization, self.max_model_len,
+            self.config.activation_dtype,
         )  # fmt: skip
         if (
             draft.cfg.vocab_size != self.model.cfg.vocab_size

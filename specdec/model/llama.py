@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specdec.config import ConfigError
 from specdec.kernels import A8_QTYPES, KernelOps, PackedWeight, int8_activations_fast
 from specdec.kv_cache.pool import KVCache
 from specdec.model.arch import ArchConfig
@@ -97,7 +98,7 @@ class LlamaModel:
         AVX-512 VNNI).  ``"auto"``: int8 where those kernels run natively and the weights are
         quantized, else float32.  Both are batch-invariant, so speculation stays exact."""
         if activation_dtype not in ACTIVATION_DTYPES:
-            raise ValueError(
+            raise ConfigError(
                 f"activation_dtype must be one of {', '.join(ACTIVATION_DTYPES)}, "
                 f"got {activation_dtype!r}"
             )
@@ -109,7 +110,7 @@ class LlamaModel:
         if activation_dtype == "auto":
             activation_dtype = "int8" if eligible and int8_activations_fast() else "float32"
         if activation_dtype == "int8" and not eligible:
-            raise ValueError(
+            raise ConfigError(
                 "activation_dtype int8 needs the native CPU kernels and quantized weights "
                 f"({'/'.join(A8_QTYPES)}); this model has none (kernels {self.ops.name}, "
                 f"device {self.device.type}); use a GGUF file or --quantization q8_0"

@@ -78,3 +78,29 @@ def test_greedy_continuations_identical(pair) -> None:
         # Both stop at the model's EOS (transformers' generate stops there too); else 64 tokens.
         assert ours == ref[: len(ours)], f"{name}: {prompt[:30]!r}"
         assert len(ours) == 64 or ours[-1] in tok.eog_token_ids
+
+
+def test_int8_activations_close_to_transformers(pair) -> None:
+    # 8-bit activations (llama.cpp's arithmetic for quantized weights) are an approximation:
+    # bound how far they move the next-token distribution from transformers' float32 forward.
+    from specdec.model.llama import SeqBatch
+
+    name, hf, _ = pair
+    llm = LLM(name, activation_dtype="int8", max_model_len=512)
+    model = llm.engine.model
+    assert model.activation_dtype == "int8"
+    tok = llm.get_tokenizer()
+    for prompt in PROMPTS[name][:2]:
+        ids = tok.encode(prompt)
+        kv = model.make_kv_cache(1, len(ids) + 1)
+        h = model.forward(
+            torch.tensor(ids), torch.arange(len(ids)), SeqBatch([0], [0], [len(ids)]), kv
+        )
+        ours = model.compute_logits(h).double().log_softmax(-1)
+        with torch.no_grad():
+            ref = hf(torch.tensor([ids])).logits[0].double().log_softmax(-1)
+        kl = (ref.exp() * (ref - ours)).sum(-1)
+        agree = (ref.argmax(-1) == ours.argmax(-1)).double().mean().item()
+        print(f"{name} {prompt[:20]!r}: mean KL {kl.mean():.4f}, max {kl.max():.4f}, top-1 {agree}")
+        assert kl.mean().item() < 0.02 and kl.max().item() < 0.2, (name, prompt[:30])
+        assert agree >= 0.85, (name, prompt[:30])

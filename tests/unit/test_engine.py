@@ -140,3 +140,13 @@ def test_disable_by_batch_size_pauses_speculation_under_load(tiny_llama) -> None
     assert llm.spec_decode_stats.num_drafts == 0
     llm.generate(["a"], sp)  # alone: speculation resumes
     assert llm.spec_decode_stats.num_drafts > 0
+
+
+def test_activation_dtype_errors_are_clear(tiny_llama) -> None:
+    with pytest.raises(ConfigError, match="activation_dtype must be one of auto, float32, int8"):
+        LLM(str(tiny_llama), activation_dtype="int4")
+    # The tiny model's weights are float: there is nothing for 8-bit activations to run on.
+    with pytest.raises(ConfigError, match="int8 needs the native CPU kernels and quantized"):
+        LLM(str(tiny_llama), activation_dtype="int8")
+    llm = LLM(str(tiny_llama), quantization="q8_0", activation_dtype="int8", max_model_len=64)
+    assert llm.engine.model.activation_dtype == "int8"
