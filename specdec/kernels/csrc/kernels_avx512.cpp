@@ -349,8 +349,43 @@ inline __m512 reduce16(__m512 a[16]) {
     return _mm512_permutexvar_ps(order, r);
 }
 
+// q . k for 16 keys (nk of them real, the rest zero vectors): per key one FMA chain over d in
+// order.  DV > 0: D == 16 DV, q held in registers and the key loop unrolled; DV == 0: any D.
+template <int DV>
+inline __m512 key_block_scores(const float* q, const float* k, int64_t k_stride, int64_t nk,
+                               int64_t D, int64_t D16, __mmask16 dmask) {
+    __m512 acc[16];
+    if (DV > 0 && nk == 16) {
+        __m512 qv[DV > 0 ? DV : 1];
+        for (int d = 0; d < DV; ++d) qv[d] = _mm512_loadu_ps(q + 16 * d);
+        for (int i = 0; i < 16; ++i) {
+            const float* kj = k + i * k_stride;
+            __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kj));
+            for (int d = 1; d < DV; ++d) a = _mm512_fmadd_ps(qv[d], _mm512_loadu_ps(kj + 16 * d), a);
+            acc[i] = a;
+        }
+        return reduce16(acc);
+    }
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nk; ++i) {
+        const float* kj = k + i * k_stride;
+        __m512 a = _mm512_setzero_ps();
+        int64_t d = 0;
+        if (D16 > 0) {
+            a = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(kj));
+            d = 16;
+        }
+        for (; d < D16; d += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(kj + d), a);
+        if (D16 < D)
+            a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(dmask, q + D16), _mm512_maskz_loadu_ps(dmask, kj + D16), a);
+        acc[i] = a;
+    }
+    return reduce16(acc);
+}
+
 // Raw scores q_g . k_j (scaled, soft-capped) of G heads against n keys into s[g * s_stride + j];
-// mx[g] = their max.
+// mx[g] = their max.  (The first product of a chain is a multiply: fma(q, k, 0) rounds the same.)
+template <int DV>
 inline void scores512(const float* q, int64_t q_hs, int64_t G, const float* k, int64_t k_stride,
                       int64_t n, int64_t D, float scale, float softcap, float* s, int64_t s_stride,
                       float* mx) {
@@ -362,19 +397,8 @@ inline void scores512(const float* q, int64_t q_hs, int64_t G, const float* k, i
         __m512 vmax = _mm512_set1_ps(-INFINITY);
         for (int64_t j0 = 0; j0 < n; j0 += 16) {
             const int64_t nk = n - j0 < 16 ? n - j0 : 16;
-            __m512 acc[16];
-            for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-            for (int64_t i = 0; i < nk; ++i) {
-                const float* kj = k + (j0 + i) * k_stride;
-                __m512 a = _mm512_setzero_ps();
-                for (int64_t d = 0; d < D16; d += 16)
-                    a = _mm512_fmadd_ps(_mm512_loadu_ps(qg + d), _mm512_loadu_ps(kj + d), a);
-                if (D16 < D)
-                    a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(dmask, qg + D16),
-                                        _mm512_maskz_loadu_ps(dmask, kj + D16), a);
-                acc[i] = a;
-            }
-            __m512 sc = _mm512_mul_ps(reduce16(acc), vscale);
+            __m512 sc = _mm512_mul_ps(
+                key_block_scores<DV>(qg, k + j0 * k_stride, k_stride, nk, D, D16, dmask), vscale);
             const __mmask16 kmask = tail_mask(nk);
             if (softcap > 0.0f) {
                 alignas(64) float tmp[16];
@@ -402,28 +426,30 @@ inline float softmax512(float* s, int64_t n, float mx) {
     return 1.0f / hsum16(sum);
 }
 
-// out_g[c : c + 16 NV) = inv_g * sum_j p_g[j] v_j[c : c + 16 NV), GB heads sharing each load;
-// `mask` limits the last vector (columns beyond D).
-template <int GB, int NV>
+// out_g[c : c + 16 NV) = inv_g * sum_j p_g[j] v_j[c : c + 16 NV), GB heads sharing each load.
+// MASKED: one vector (NV == 1) of which only the `last` columns exist.
+template <int GB, int NV, bool MASKED>
 inline void values512(const float* p, int64_t p_stride, int64_t n, const float* v, int64_t v_stride,
                       const float* inv, float* out, int64_t out_hs, __mmask16 last) {
+    static_assert(!MASKED || NV == 1, "a masked tail is one vector");
     __m512 acc[GB][NV];
     for (int g = 0; g < GB; ++g)
         for (int i = 0; i < NV; ++i) acc[g][i] = _mm512_setzero_ps();
     for (int64_t j = 0; j < n; ++j) {
         const float* vj = v + j * v_stride;
-        __m512 pj[GB];
-        for (int g = 0; g < GB; ++g) pj[g] = _mm512_set1_ps(p[g * p_stride + j]);
-        for (int i = 0; i < NV; ++i) {
-            const __m512 vv = i == NV - 1 ? _mm512_maskz_loadu_ps(last, vj + 16 * i) : _mm512_loadu_ps(vj + 16 * i);
-            for (int g = 0; g < GB; ++g) acc[g][i] = _mm512_fmadd_ps(pj[g], vv, acc[g][i]);
+        __m512 vv[NV];
+        for (int i = 0; i < NV; ++i)
+            vv[i] = MASKED ? _mm512_maskz_loadu_ps(last, vj + 16 * i) : _mm512_loadu_ps(vj + 16 * i);
+        for (int g = 0; g < GB; ++g) {
+            const __m512 pj = _mm512_set1_ps(p[g * p_stride + j]);
+            for (int i = 0; i < NV; ++i) acc[g][i] = _mm512_fmadd_ps(pj, vv[i], acc[g][i]);
         }
     }
     for (int g = 0; g < GB; ++g) {
         const __m512 sc = _mm512_set1_ps(inv[g]);
         for (int i = 0; i < NV; ++i) {
             const __m512 r = _mm512_mul_ps(acc[g][i], sc);
-            if (i == NV - 1) _mm512_mask_storeu_ps(out + g * out_hs + 16 * i, last, r);
+            if (MASKED) _mm512_mask_storeu_ps(out + g * out_hs + 16 * i, last, r);
             else _mm512_storeu_ps(out + g * out_hs + 16 * i, r);
         }
     }
@@ -432,14 +458,13 @@ inline void values512(const float* p, int64_t p_stride, int64_t n, const float* 
 template <int GB>
 void values_heads(const float* p, int64_t p_stride, int64_t n, const float* v, int64_t v_stride,
                   int64_t D, const float* inv, float* out, int64_t out_hs) {
-    constexpr int NV = GB == 1 ? 8 : GB == 2 ? 6 : 4;  // <= 16 accumulators
+    constexpr int NV = GB == 1 ? 8 : GB == 2 ? 6 : 4;  // <= 24 accumulators + NV loads
     int64_t c = 0;
     for (; c + 16 * NV <= D; c += 16 * NV)
-        values512<GB, NV>(p, p_stride, n, v + c, v_stride, inv, out + c, out_hs, 0xFFFF);
-    for (; c < D; c += 16) {
-        const __mmask16 m = tail_mask(D - c < 16 ? D - c : 16);
-        values512<GB, 1>(p, p_stride, n, v + c, v_stride, inv, out + c, out_hs, m);
-    }
+        values512<GB, NV, false>(p, p_stride, n, v + c, v_stride, inv, out + c, out_hs, 0xFFFF);
+    for (; c + 16 <= D; c += 16)
+        values512<GB, 1, false>(p, p_stride, n, v + c, v_stride, inv, out + c, out_hs, 0xFFFF);
+    if (c < D) values512<GB, 1, true>(p, p_stride, n, v + c, v_stride, inv, out + c, out_hs, tail_mask(D - c));
 }
 
 void attention_group(const float* q, int64_t q_head_stride, int64_t G, const float* k,
@@ -453,8 +478,15 @@ void attention_group(const float* q, int64_t q_head_stride, int64_t G, const flo
     for (int64_t g0 = 0; g0 < G; g0 += 4) {
         const int64_t gb = G - g0 < 4 ? G - g0 : 4;
         float mx[4], inv[4];
-        scores512(q + g0 * q_head_stride, q_head_stride, gb, kb, k_stride, n, D, scale, softcap,
-                  scratch, s_stride, mx);
+        const float* qg = q + g0 * q_head_stride;
+        if (D == 64)
+            scores512<4>(qg, q_head_stride, gb, kb, k_stride, n, D, scale, softcap, scratch, s_stride, mx);
+        else if (D == 128)
+            scores512<8>(qg, q_head_stride, gb, kb, k_stride, n, D, scale, softcap, scratch, s_stride, mx);
+        else if (D == 256)
+            scores512<16>(qg, q_head_stride, gb, kb, k_stride, n, D, scale, softcap, scratch, s_stride, mx);
+        else
+            scores512<0>(qg, q_head_stride, gb, kb, k_stride, n, D, scale, softcap, scratch, s_stride, mx);
         for (int64_t g = 0; g < gb; ++g) inv[g] = softmax512(scratch + g * s_stride, n, mx[g]);
         float* og = out + g0 * out_head_stride;
         switch (gb) {
