@@ -50,6 +50,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--quantization", default="auto", choices=["auto", "fp32", "q8_0", "q4_0", "q4_1"]
     )
+    p.add_argument("--activation-dtype", default="auto", choices=["auto", "float32", "int8"])
     p.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: torch's choice)"
     )
@@ -154,6 +155,7 @@ def cmd_latency(args: argparse.Namespace) -> int:
         code_prefix=args.code_prefix,
         kernels=args.kernels,
         quantization=args.quantization,
+        activation_dtype=args.activation_dtype,
         max_model_len=args.max_model_len,
         enable_prefix_caching=args.enable_prefix_caching,
         output_dir=args.output_dir,
@@ -174,6 +176,7 @@ def cmd_forward_cost(args: argparse.Namespace) -> int:
             model=args.model,
             kernels=args.kernels,
             quantization=args.quantization,
+            activation_dtype=args.activation_dtype,
             context=args.context,
             ns=tuple(args.ns),
             repeats=args.repeats,

@@ -24,6 +24,7 @@ class ForwardCostOptions:
     model: str
     kernels: str = "auto"
     quantization: str = "auto"
+    activation_dtype: str = "auto"
     context: int = 200
     ns: tuple[int, ...] = DEFAULT_NS
     repeats: int = 10
@@ -105,6 +106,7 @@ def run_forward_cost(opts: ForwardCostOptions) -> dict[str, Any]:
         opts.model,
         kernels=opts.kernels,
         quantization=opts.quantization,
+        activation_dtype=opts.activation_dtype,
         max_model_len=max_len,
         max_num_seqs=1,
     )
@@ -112,7 +114,10 @@ def run_forward_cost(opts: ForwardCostOptions) -> dict[str, Any]:
     rows = measure_forward_cost(
         model, opts.context, list(opts.ns), opts.repeats, opts.warmup, opts.seed
     )
-    title = f"N (context {opts.context}, kernels {opts.kernels}, quantization {opts.quantization})"
+    title = (
+        f"N (context {opts.context}, kernels {opts.kernels}, quantization {opts.quantization}, "
+        f"activations {model.activation_dtype})"
+    )
     print(format_forward_cost(rows, title))
     settings = {k: v for k, v in asdict(opts).items() if k != "json_path"}
     model_path = str(resolve_model_path(opts.model))

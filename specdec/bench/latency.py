@@ -53,6 +53,7 @@ class LatencyOptions:
     code_prefix: str = DEFAULT_CODE_PREFIX
     kernels: str = "auto"
     quantization: str = "auto"
+    activation_dtype: str = "auto"
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     output_dir: str | None = None
@@ -111,6 +112,7 @@ class _Run:
             opts.max_model_len,
             opts.seed,
             opts.enable_prefix_caching,
+            opts.activation_dtype,
         )
         self.records: list[dict] = []
         self.config_errors: dict[str, str] = {}

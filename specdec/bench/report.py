@@ -78,6 +78,8 @@ def collect_environment(
         "transformers_version": _version("transformers"),
         "llama_cpp_python_version": _version("llama_cpp_python"),
         "native_kernels": kernels.native_isa() if kernels.native_available() else None,
+        # what activation_dtype "auto" resolves to for GGUF-quantized weights on this machine
+        "int8_activations_fast": kernels.int8_activations_fast(),
         "git_commit": git_commit(),
         "model": model,
         "model_path": model_path,

@@ -42,6 +42,7 @@ class EngineArgs:
     max_model_len: int | None = None
     seed: int = 0
     enable_prefix_caching: bool = True
+    activation_dtype: str = "auto"
 
 
 @dataclass
@@ -136,6 +137,7 @@ class SpecdecRunner:
             speculative_config=config.speculative_config(),
             kernels=engine.kernels,
             quantization=engine.quantization,
+            activation_dtype=engine.activation_dtype,
             max_model_len=engine.max_model_len,
             max_num_seqs=1,  # NOTE: batch size 1; one running slot (plus prefix cache slots)
             seed=engine.seed,

@@ -67,6 +67,7 @@ class ServeOptions:
     code_prefix: str = DEFAULT_CODE_PREFIX
     kernels: str = "auto"
     quantization: str = "auto"
+    activation_dtype: str = "auto"
     max_model_len: int | None = None
     max_num_seqs: int | None = None  # None: the highest concurrency
     max_num_batched_tokens: int = 512
@@ -426,6 +427,7 @@ class _InProcessServer:
             speculative_config=cfg.speculative_config(),
             kernels=opts.kernels,
             quantization=opts.quantization,
+            activation_dtype=opts.activation_dtype,
             max_model_len=opts.max_model_len,
             max_num_seqs=opts.max_num_seqs or max(opts.concurrency),
             max_num_batched_tokens=opts.max_num_batched_tokens,
@@ -705,6 +707,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
         code_prefix=args.code_prefix,
         kernels=args.kernels,
         quantization=args.quantization,
+        activation_dtype=args.activation_dtype,
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
