@@ -277,6 +277,8 @@ class LLMEngine:
                 self.controller.observe(req.req_id, s.num_drafts, result.num_accepted)
             req.draft_token_ids, req.draft_probs = [], None
             self._commit(req, result)
+            if req.shadow_draft_ids and not req.is_finished:
+                self._score_shadow(req)
             changed.append(req)
         if self.controller is not None:
             decode_only = all(
@@ -362,23 +364,48 @@ class LLMEngine:
         if not reqs:
             return
         k = self.spec.num_speculative_tokens
-        caps = [min(k, self.scheduler.max_drafts(r, k)) for r in reqs]
+        caps = limits = [min(k, self.scheduler.max_drafts(r, k)) for r in reqs]
+        free = self.proposer.free_drafts
         if self.controller is not None:
             caps = self.controller.choose(
-                [r.req_id for r in reqs], caps, [r.num_tokens for r in reqs]
+                [r.req_id for r in reqs], limits, [r.num_tokens for r in reqs], all_or_nothing=free
             )
             for r, cap in zip(reqs, caps):
                 predicted = self.controller.predicted(r.req_id)
                 r.spec_stats.observe_choice(cap, predicted)
                 self.spec_stats.observe_choice(cap, predicted)
         todo = [(r, cap) for r, cap in zip(reqs, caps) if cap > 0]
-        if todo:
-            self._draft(todo)
+        shadow: list[tuple[Request, int]] = []
+        if self.controller is not None and free:
+            for r, cap, limit in zip(reqs, caps, limits):
+                if cap > 0:
+                    r.shadow_draft_ids = []  # verified drafts tell the controller the same
+                elif limit > 0 and not r.shadow_draft_ids:
+                    shadow.append((r, limit))
+        if todo or shadow:
+            self._draft(todo + shadow)
+        for r, _ in shadow:
+            r.shadow_draft_ids, r.shadow_start = r.draft_token_ids, r.num_tokens
+            r.draft_token_ids, r.draft_probs = [], None
         if self.controller is not None:
             drafted = {r.req_id: len(r.draft_token_ids) for r, _ in todo}
             self.controller.observe_drafts(
                 [r.req_id for r in reqs], [drafted.get(r.req_id, 0) for r in reqs]
             )
+
+    def _score_shadow(self, req: Request) -> None:
+        """Score unverified drafts against the tokens generated since they were proposed: once
+        one differs, or all have arrived, the controller learns from them as from a verification
+        (greedy: the same test; sampling: a point-mass draft survives with probability p(token),
+        the chance that the sampled token equals it)."""
+        drafts = req.shadow_draft_ids
+        arrived = req.token_ids_from(req.shadow_start)
+        m = 0
+        while m < len(arrived) and m < len(drafts) and arrived[m] == drafts[m]:
+            m += 1
+        if m < len(arrived) or m == len(drafts):
+            self.controller.observe(req.req_id, len(drafts), m)
+            req.shadow_draft_ids = []
 
     def _draft(self, todo: list[tuple[Request, int]]) -> None:
         gens = [r.generator if r.generator is not None else self.generator for r, _ in todo]

@@ -37,6 +37,10 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     draft_token_ids: list[int] = field(default_factory=list)
     draft_probs: torch.Tensor | None = None  # [k, V] or None (point-mass drafts)
+    # Drafts proposed but not verified (the controller chose none), scored against the tokens
+    # generated from position shadow_start on; see Proposer.free_drafts.
+    shadow_draft_ids: list[int] = field(default_factory=list)
+    shadow_start: int = 0
     spec_stats: SpecDecodeStats = field(default_factory=SpecDecodeStats)
     output_text: str = ""  # text after stop-string truncation
     num_streamed_chars: int = 0

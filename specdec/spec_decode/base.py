@@ -42,6 +42,11 @@ class Proposer(ABC):
     """
 
     needs_hidden_states: bool = False
+    # Proposing costs next to nothing and the drafter sizes its own drafts (prompt lookup, suffix
+    # trees). The controller then only decides whether to draft (all of the cap or nothing), and
+    # while it says no, the engine still asks for drafts and scores them against the tokens that
+    # arrive ("shadow" drafts), so the decision stays informed at no verification cost.
+    free_drafts: bool = False
 
     @abstractmethod
     def propose(self, inp: DraftInput) -> DraftOutput: ...

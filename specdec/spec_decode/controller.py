@@ -26,6 +26,14 @@ cost of probes beyond plain decoding, plus this probe's predicted cost (catch-up
 within EXPLORE_BUDGET of all measured time. NOTE: waiting longer does not make a model drafter's
 probe cheaper (it has more to catch up on), so without the budget probes cost it 10-15%.
 
+Drafters that size their own drafts (Proposer.free_drafts: n-gram, suffix) cost next to nothing
+to ask, and stop where their match or confidence ends. For them the decision is all or nothing (the
+whole cap whenever some k pays, else 0), and there are no probes: while drafting is off the engine
+still asks for drafts and scores them against the tokens that arrive, so the rates stay current.
+Measured on SmolLM2 (16 prompts, interleaved in one process): suffix k=8 went from 1.32x to 1.54x
+(fixed k: 1.54x), n-gram k=5 from 1.36x to 1.40x; per-position optimisation had drafting off for
+whole categories (mt_bench, gsm8k) where a fixed k gained 1.3-1.6x.
+
 Guard. Whatever the model says, the realised milliseconds per generated token of the whole batch
 are tracked per batch size, for cycles that drafted by choice and for cycles that drafted nothing
 (probes count in neither). Once drafting has GUARD_MIN_SAMPLES cycles and is slower per token than
@@ -222,9 +230,18 @@ class SpecController:
         return self.states[req_id]
 
     def choose(
-        self, req_ids: list[str], caps: list[int], num_tokens: list[int] | None = None
+        self,
+        req_ids: list[str],
+        caps: list[int],
+        num_tokens: list[int] | None = None,
+        all_or_nothing: bool = False,
     ) -> list[int]:
-        """Draft lengths for the running requests; num_tokens: each one's prompt + output."""
+        """Draft lengths for the running requests; num_tokens: each one's prompt + output.
+
+        all_or_nothing (drafters that size their own drafts, Proposer.free_drafts): a request
+        gets its whole cap whenever some k > 0 pays, else 0; no probes (the engine scores drafts
+        it does not verify, so the rates stay current while drafting is off).
+        """
         states = [self._state(r) for r in req_ids]
         for s, n in zip(states, num_tokens or [0] * len(states)):
             s.num_tokens = n
@@ -236,7 +253,10 @@ class SpecController:
         else:
             switch_on = [self._catch_up_ms(s) / CATCH_UP_HORIZON for s in states]
             ks = choose_num_drafts([_extrapolated(s) for s in states], caps, self.cost, switch_on)
-            ks = [self._explore(s, k, cap, len(states)) for s, k, cap in zip(states, ks, caps)]
+            if all_or_nothing:
+                ks = [cap if k > 0 else 0 for k, cap in zip(ks, caps)]
+            else:
+                ks = [self._explore(s, k, cap, len(states)) for s, k, cap in zip(states, ks, caps)]
         for s, k in zip(states, ks):
             s.predicted = expected_tokens(s.rates, k) - 1.0
         return ks

@@ -27,6 +27,8 @@ def ngram_propose(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> list[in
 
 
 class NgramProposer(Proposer):
+    free_drafts = True
+
     def __init__(self, prompt_lookup_min: int, prompt_lookup_max: int) -> None:
         self.min_n = prompt_lookup_min
         self.max_n = prompt_lookup_max

@@ -482,6 +482,8 @@ class SuffixProposer(Proposer):
     count alone does not bound memory when responses are long).
     """
 
+    free_drafts = True
+
     def __init__(
         self,
         num_speculative_tokens: int,

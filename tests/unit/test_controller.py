@@ -304,3 +304,46 @@ def test_probes_keep_to_the_budget() -> None:
     assert ctl.explore_ms <= EXPLORE_BUDGET * ctl.measured_ms
     assert run.ms_per_token < 10.0 * (1 + 2 * EXPLORE_BUDGET)
     assert run.guard_trips == 0
+
+
+def test_self_sizing_drafters_get_all_or_nothing() -> None:
+    # Drafters that size their own drafts (ngram, suffix) get the whole cap whenever drafting
+    # pays at all: extra cap costs nothing unless the drafter is confident enough to use it.
+    ctl = SpecController(4, CostModel([10.0, 11.0, 12.0, 13.0, 14.0]))
+    ctl.observe("a", 2, 1)  # rates [0.76, 0.36] (+0.36 beyond): k=2 2.03/12 beats k=3 2.13/13
+    assert ctl.choose(["a"], [4]) == [2]
+    assert ctl.choose(["a"], [4], all_or_nothing=True) == [4]
+    for _ in range(6):
+        ctl.observe("b", 4, 0)
+    assert ctl.choose(["b"], [4], all_or_nothing=True) == [0]
+    # no probes for them: off stays off (the engine scores shadow drafts instead)
+    assert all(ctl.choose(["b"], [4], all_or_nothing=True) == [0] for _ in range(200))
+
+
+def test_unverified_drafts_keep_the_rates_current(tiny_llama) -> None:
+    # Drafting never pays under this cost model, so nothing is verified; the engine still
+    # scores the ngram drafter's proposals against the tokens that arrive, and the controller
+    # learns from them (the output stays plain decoding's).
+    llm = LLM(
+        str(tiny_llama),
+        max_model_len=256,
+        speculative_config={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1},
+    )
+    ctl = llm.engine.controller
+    ctl.clock = lambda: 0.0
+    ctl._record = lambda *_: None
+    ctl.cost = CostModel([10.0] + [1000.0] * 7)
+    seen: list[tuple[int, int]] = []
+    observe = ctl.observe
+
+    def spy(req_id: str, num_drafts: int, num_accepted: int) -> None:
+        seen.append((num_drafts, num_accepted))
+        observe(req_id, num_drafts, num_accepted)
+
+    ctl.observe = spy
+    prompt = "a b c a b c a b c a b"
+    plain = _run(LLM(str(tiny_llama), max_model_len=256), prompt, 40).outputs[0].token_ids
+    out = _run(llm, prompt, 40)
+    assert out.outputs[0].token_ids == plain
+    assert out.spec_decode_stats.num_drafts == 0  # nothing verified
+    assert seen and all(0 <= a <= d for d, a in seen)  # ...yet drafts were scored
