@@ -150,8 +150,15 @@ class LLMEngine:
         k = self.spec.num_speculative_tokens
         slot = self.kv.allocate()
         try:
-            context = min(64, self.max_model_len - k - 1)
-            cost = measure_verify_cost(self.model, self.kv, slot, max(k + 1, 4), context)
+            # The curve up to one request's k + 1 tokens, then up to a full batch with drafts.
+            widest = min(self.scheduler.max_num_seqs * (k + 1), self.config.max_num_batched_tokens)
+            batch_ns = tuple(
+                n for n in (2 * (k + 1), 4 * (k + 1), 8 * (k + 1), widest) if n <= widest
+            )
+            context = min(64, self.max_model_len - max(batch_ns, default=k + 1) - 1)
+            cost = measure_verify_cost(
+                self.model, self.kv, slot, max(k + 1, 4), context, batch_ns=batch_ns
+            )
         finally:
             self.kv.free(slot)
         return SpecController(k, cost)

@@ -27,9 +27,10 @@ within EXPLORE_BUDGET of all measured time. NOTE: waiting longer does not make a
 probe cheaper (it has more to catch up on), so without the budget probes cost it 10-15%.
 
 Drafters that size their own drafts (Proposer.free_drafts: n-gram, suffix) cost next to nothing
-to ask, and stop where their match or confidence ends. For them the decision is all or nothing (the
-whole cap whenever some k pays, else 0), and there are no probes: while drafting is off the engine
-still asks for drafts and scores them against the tokens that arrive, so the rates stay current.
+to ask, and stop where their match or confidence ends. For a request running alone the decision
+is all or nothing (the whole cap whenever some k pays, else 0), without probes; and whenever one of
+their requests gets no drafts, the engine still asks for them and scores them against the tokens
+that arrive, so the rates stay current.
 Measured on SmolLM2 (16 prompts, interleaved in one process): suffix k=8 went from 1.32x to 1.54x
 (fixed k: 1.54x), n-gram k=5 from 1.36x to 1.40x; per-position optimisation had drafting off for
 whole categories (mt_bench, gsm8k) where a fixed k gained 1.3-1.6x.
@@ -239,8 +240,10 @@ class SpecController:
         """Draft lengths for the running requests; num_tokens: each one's prompt + output.
 
         all_or_nothing (drafters that size their own drafts, Proposer.free_drafts): a request
-        gets its whole cap whenever some k > 0 pays, else 0; no probes (the engine scores drafts
-        it does not verify, so the rates stay current while drafting is off).
+        running alone gets its whole cap whenever some k > 0 pays, else 0, with no probes (the
+        engine scores drafts it does not verify, so the rates stay current while drafting is
+        off). In a batch every verified row costs about as much as another request's token, so
+        drafts are still given one at a time where they gain most.
         """
         states = [self._state(r) for r in req_ids]
         for s, n in zip(states, num_tokens or [0] * len(states)):
@@ -253,7 +256,7 @@ class SpecController:
         else:
             switch_on = [self._catch_up_ms(s) / CATCH_UP_HORIZON for s in states]
             ks = choose_num_drafts([_extrapolated(s) for s in states], caps, self.cost, switch_on)
-            if all_or_nothing:
+            if all_or_nothing and len(states) == 1:
                 ks = [cap if k > 0 else 0 for k, cap in zip(ks, caps)]
             else:
                 ks = [self._explore(s, k, cap, len(states)) for s, k, cap in zip(states, ks, caps)]
@@ -401,9 +404,16 @@ class SpecController:
 
 
 def measure_verify_cost(
-    model, kv, slot: int, max_n: int, context: int = 64, repeats: int = 5
+    model,
+    kv,
+    slot: int,
+    max_n: int,
+    context: int = 64,
+    repeats: int = 5,
+    batch_ns: tuple[int, ...] = (),
 ) -> CostModel:
-    """Time one target forward over n = 1..max_n new tokens after `context` cached tokens.
+    """Time one target forward over n = 1..max_n new tokens after `context` cached tokens, and
+    over each n in batch_ns (larger: batches of requests with drafts), linear in between.
 
     NOTE: the fastest of the repeats: on shared cores a median ran 40% high. The learnt offset
     adds what real steps cost beyond; the guard's stand-in for a plain step errs strict.
@@ -411,20 +421,28 @@ def measure_verify_cost(
     from specdec.model.llama import SeqBatch
 
     device = model.device
-    ids = torch.zeros(context + max_n, dtype=torch.long, device=device)
+    ids = torch.zeros(context, dtype=torch.long, device=device)
     model.forward(
         ids[:context], torch.arange(context, device=device), SeqBatch([slot], [0], [context]), kv
     )
-    timings: list[list[float]] = [[] for _ in range(max_n)]
+    points = list(range(1, max_n + 1)) + sorted(n for n in set(batch_ns) if n > max_n)
+    top = points[-1]
+    ids = torch.zeros(context + top, dtype=torch.long, device=device)
+    timings: list[list[float]] = [[] for _ in points]
     for _ in range(repeats):
-        for n in range(1, max_n + 1):
+        for i, n in enumerate(points):
             pos = torch.arange(context, context + n, device=device)
             start = time.perf_counter()
             hidden = model.forward(ids[:n], pos, SeqBatch([slot], [context], [n]), kv)
             model.compute_logits(hidden)
-            timings[n - 1].append(1000.0 * (time.perf_counter() - start))
+            timings[i].append(1000.0 * (time.perf_counter() - start))
     fastest = [min(t) for t in timings]
     # NOTE: costs never fall with n (noise can make them): keep the curve monotone.
     for i in range(1, len(fastest)):
         fastest[i] = max(fastest[i], fastest[i - 1])
-    return CostModel(fastest)
+    curve = fastest[:max_n]
+    for (n0, c0), (n1, c1) in zip(zip(points, fastest), zip(points[1:], fastest[1:])):
+        curve += [
+            c0 + (c1 - c0) * (n - n0) / (n1 - n0) for n in range(max(n0 + 1, max_n + 1), n1 + 1)
+        ]
+    return CostModel(curve)

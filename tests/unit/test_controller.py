@@ -347,3 +347,13 @@ def test_unverified_drafts_keep_the_rates_current(tiny_llama) -> None:
     assert out.outputs[0].token_ids == plain
     assert out.spec_decode_stats.num_drafts == 0  # nothing verified
     assert seen and all(0 <= a <= d for d, a in seen)  # ...yet drafts were scored
+
+
+def test_cost_curve_covers_batches_with_drafts(tiny_llama) -> None:
+    # The start-up curve is measured up to a full batch with drafts (linear between the points
+    # measured), not extrapolated from one request's k + 1 tokens.
+    cfg = {"method": "ngram", "num_speculative_tokens": 3}
+    llm = LLM(str(tiny_llama), max_model_len=256, max_num_seqs=4, speculative_config=cfg)
+    curve = llm.engine.controller.cost.verify_ms
+    assert len(curve) == 4 * (3 + 1)
+    assert all(b >= a for a, b in zip(curve, curve[1:]))
