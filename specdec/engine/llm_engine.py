@@ -370,6 +370,12 @@ class LLMEngine:
         reqs = [r for r in self.scheduler.running if not r.is_prefilling]
         if not reqs:
             return
+        if self.controller is not None and (
+            self.scheduler.waiting or len(reqs) < len(self.scheduler.running)
+        ):
+            # NOTE: prompt chunks fill the next step already; on a CPU the forward is then
+            # compute-bound, so drafts would cost a full row each and delay those prompts.
+            return
         k = self.spec.num_speculative_tokens
         caps = limits = [min(k, self.scheduler.max_drafts(r, k)) for r in reqs]
         free = self.proposer.free_drafts

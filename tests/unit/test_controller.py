@@ -357,3 +357,37 @@ def test_cost_curve_covers_batches_with_drafts(tiny_llama) -> None:
     curve = llm.engine.controller.cost.verify_ms
     assert len(curve) == 4 * (3 + 1)
     assert all(b >= a for a, b in zip(curve, curve[1:]))
+
+
+class _ConstantProposer(Proposer):
+    def propose(self, inp: DraftInput) -> DraftOutput:
+        return DraftOutput(
+            [[7] * r.max_num_drafts for r in inp.requests], [None] * len(inp.requests)
+        )
+
+
+def test_no_drafts_while_prompts_are_being_prefilled(tiny_llama) -> None:
+    # A step that carries prompt chunks is compute-bound already: drafts would cost a full row
+    # each and delay those prompts, so the adaptive engine drafts for nobody until they are in.
+    cfg = {"method": "ngram", "num_speculative_tokens": 3}
+    llm = LLM(str(tiny_llama), max_model_len=256, max_num_batched_tokens=16, speculative_config=cfg)
+    eng = llm.engine
+    eng.proposer = _ConstantProposer()
+    ctl = eng.controller
+    ctl.clock = lambda: 0.0
+    ctl._record = lambda *_: None
+    ctl.cost = CostModel([10.0 + 0.01 * n for n in range(64)])  # drafting is all but free
+    sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    a = eng.add_request([5, 6, 7, 8], sp)
+    while eng.requests[a].num_computed_tokens < 4:
+        eng.step()
+    assert eng.requests[a].draft_token_ids  # A alone: it drafts
+    b = eng.add_request(list(range(10, 70)), sp)  # 60 tokens: four 16-token chunks
+    prefill_steps = 0
+    while eng.requests[b].is_prefilling:
+        eng.step()
+        if eng.requests[b].is_prefilling:
+            prefill_steps += 1
+            assert eng.requests[a].draft_token_ids == []
+    assert prefill_steps >= 2
+    assert eng.requests[a].draft_token_ids  # prompt in: drafting resumes
