@@ -370,9 +370,7 @@ class LLMEngine:
         reqs = [r for r in self.scheduler.running if not r.is_prefilling]
         if not reqs:
             return
-        if self.controller is not None and (
-            self.scheduler.waiting or len(reqs) < len(self.scheduler.running)
-        ):
+        if self.controller is not None and self._next_step_prefills(len(reqs)):
             # NOTE: prompt chunks fill the next step already; on a CPU the forward is then
             # compute-bound, so drafts would cost a full row each and delay those prompts.
             return
@@ -405,6 +403,15 @@ class LLMEngine:
             self.controller.observe_drafts(
                 [r.req_id for r in reqs], [drafted.get(r.req_id, 0) for r in reqs]
             )
+
+    def _next_step_prefills(self, num_decoding: int) -> bool:
+        """A running request is still prefilling, or a waiting one will be admitted."""
+        sched = self.scheduler
+        if num_decoding < len(sched.running):
+            return True
+        return bool(
+            sched.waiting and len(sched.running) < sched.max_num_seqs and self.kv.num_free_slots
+        )
 
     def _score_shadow(self, req: Request) -> None:
         """Score unverified drafts against the tokens generated since they were proposed: once

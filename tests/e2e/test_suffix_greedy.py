@@ -154,7 +154,9 @@ def test_real_model_greedy_identical_over_bench_prompts() -> None:
     sp = SamplingParams(temperature=0.0, max_tokens=32)
     kw = {"max_model_len": 1024, "max_num_seqs": 8, "max_num_batched_tokens": 1024}
     plain = [o.outputs[0].token_ids for o in LLM("smollm2-135m", **kw).chat(prompts, sp)]
-    spec = LLM("smollm2-135m", speculative_config={"method": "suffix"}, **kw)
+    # NOTE: a fixed k, as in the other drafter tests: whether the controller drafts at all depends
+    # on this machine's timing, and this test checks the drafter and exactness.
+    spec = LLM("smollm2-135m", speculative_config={"method": "suffix", "adaptive": False}, **kw)
     for run in ("first", "second"):  # the second run drafts from the first run's responses too
         got = [o.outputs[0].token_ids for o in spec.chat(prompts, sp)]
         mismatched = [i for i, (a, b) in enumerate(zip(got, plain)) if a != b]

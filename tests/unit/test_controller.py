@@ -370,7 +370,10 @@ def test_no_drafts_while_prompts_are_being_prefilled(tiny_llama) -> None:
     # A step that carries prompt chunks is compute-bound already: drafts would cost a full row
     # each and delay those prompts, so the adaptive engine drafts for nobody until they are in.
     cfg = {"method": "ngram", "num_speculative_tokens": 3}
-    llm = LLM(str(tiny_llama), max_model_len=256, max_num_batched_tokens=16, speculative_config=cfg)
+    llm = LLM(
+        str(tiny_llama), max_model_len=256, max_num_seqs=2, max_num_batched_tokens=16,
+        speculative_config=cfg,
+    )  # fmt: skip
     eng = llm.engine
     eng.proposer = _ConstantProposer()
     ctl = eng.controller
@@ -391,3 +394,7 @@ def test_no_drafts_while_prompts_are_being_prefilled(tiny_llama) -> None:
             assert eng.requests[a].draft_token_ids == []
     assert prefill_steps >= 2
     assert eng.requests[a].draft_token_ids  # prompt in: drafting resumes
+    # A request queued for a slot (both taken) is not prefilled next step: drafting goes on.
+    eng.add_request(list(range(10, 40)), sp)
+    eng.step()
+    assert eng.requests[a].draft_token_ids and eng.requests[b].draft_token_ids
