@@ -151,14 +151,18 @@ class LLMEngine:
         slot = self.kv.allocate()
         try:
             # The curve up to one request's k + 1 tokens, then up to a full batch with drafts.
-            widest = min(self.scheduler.max_num_seqs * (k + 1), self.config.max_num_batched_tokens)
+            # One slot holds context + the widest row count: keep both within max_model_len.
+            max_n = max(k + 1, 4)
+            widest = min(
+                self.scheduler.max_num_seqs * (k + 1),
+                self.config.max_num_batched_tokens,
+                self.max_model_len // 2,
+            )
             batch_ns = tuple(
-                n for n in (2 * (k + 1), 4 * (k + 1), 8 * (k + 1), widest) if n <= widest
+                n for n in (2 * (k + 1), 4 * (k + 1), 8 * (k + 1), widest) if max_n < n <= widest
             )
-            context = min(64, self.max_model_len - max(batch_ns, default=k + 1) - 1)
-            cost = measure_verify_cost(
-                self.model, self.kv, slot, max(k + 1, 4), context, batch_ns=batch_ns
-            )
+            context = max(1, min(64, self.max_model_len - max((max_n, *batch_ns)) - 1))
+            cost = measure_verify_cost(self.model, self.kv, slot, max_n, context, batch_ns=batch_ns)
         finally:
             self.kv.free(slot)
         return SpecController(k, cost)

@@ -357,6 +357,9 @@ def test_cost_curve_covers_batches_with_drafts(tiny_llama) -> None:
     curve = llm.engine.controller.cost.verify_ms
     assert len(curve) == 4 * (3 + 1)
     assert all(b >= a for a, b in zip(curve, curve[1:]))
+    # A short max_model_len bounds the rows measured in one slot (context + rows must fit).
+    small = LLM(str(tiny_llama), max_model_len=32, max_num_seqs=8, speculative_config=cfg)
+    assert len(small.engine.controller.cost.verify_ms) == 32 // 2
 
 
 class _ConstantProposer(Proposer):

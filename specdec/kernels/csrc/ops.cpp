@@ -246,17 +246,15 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N,
     TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "specdec native linear: x must be [M, ", K, "], got ",
                 x.sizes());
     TORCH_CHECK(w.device().is_cpu() && w.is_contiguous(), "specdec native linear: weight must be contiguous on CPU");
-    if (qtype >= kA8QtypeBase) {
-        const float* bp = nullptr;
-        torch::Tensor bt;
-        if (bias.has_value() && bias->defined()) {
-            bt = bias->contiguous();
-            check_float_cpu(bt, "linear bias");
-            TORCH_CHECK(bt.numel() == N, "specdec native linear: bias must have ", N, " elements");
-            bp = bt.data_ptr<float>();
-        }
-        return linear_a8(x, w, qtype - kA8QtypeBase, N, K, bp);
+    const float* bias_ptr = nullptr;
+    torch::Tensor b;
+    if (bias.has_value() && bias->defined()) {
+        b = bias->contiguous();
+        check_float_cpu(b, "linear bias");
+        TORCH_CHECK(b.numel() == N, "specdec native linear: bias must have ", N, " elements");
+        bias_ptr = b.data_ptr<float>();
     }
+    if (qtype >= kA8QtypeBase) return linear_a8(x, w, qtype - kA8QtypeBase, N, K, bias_ptr);
     int64_t row_bytes;
     if (qtype == QT_F32) {
         TORCH_CHECK(w.scalar_type() == torch::kFloat32 && w.numel() == N * K,
@@ -269,14 +267,6 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N,
         row_bytes = K / 32 * bb;
         TORCH_CHECK(w.scalar_type() == torch::kUInt8 && w.numel() == N * row_bytes,
                     "specdec native linear: quantized weight must be uint8 [N, ", row_bytes, "]");
-    }
-    const float* bias_ptr = nullptr;
-    torch::Tensor b;
-    if (bias.has_value() && bias->defined()) {
-        b = bias->contiguous();
-        check_float_cpu(b, "linear bias");
-        TORCH_CHECK(b.numel() == N, "specdec native linear: bias must have ", N, " elements");
-        bias_ptr = b.data_ptr<float>();
     }
     x = x.contiguous();
     const int64_t M = x.size(0);
