@@ -64,6 +64,11 @@ def native_available() -> bool:
     return _C is not None
 
 
+def native_module():  # noqa: ANN201 (the compiled module, or None)
+    """The compiled extension module ``specdec.kernels._C``, or None when it is not built."""
+    return _C
+
+
 def native_unavailable_reason() -> str | None:
     """Why the extension is missing (None when it is available)."""
     if _C is not None:

@@ -8,7 +8,20 @@ from __future__ import annotations
 
 import torch
 
+from specdec import kernels
 from specdec.sampling_params import SamplingParams
+
+
+def argmax_rows(logits: torch.Tensor) -> list[int]:
+    """The index of each row's first maximum (``logits [R, V]``), as a list.
+
+    On CPU float32 the native kernel does it (torch's argmax takes ~0.5 ms for 17 rows of a
+    49k vocabulary, a few percent of a verification step); elsewhere torch does.
+    """
+    native = kernels.native_module()
+    if native is not None and logits.device.type == "cpu" and logits.dtype == torch.float32:
+        return native.argmax(logits).tolist()
+    return logits.argmax(dim=-1).tolist()
 
 
 def apply_penalties(

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.sample.ops import processed_logits
+from specdec.sample.ops import argmax_rows, processed_logits
 
 
 @dataclass
@@ -63,7 +63,7 @@ def verify(
 
 
 def _greedy(logits: torch.Tensor, draft_token_ids: list[int]) -> list[int]:
-    best = logits.argmax(dim=-1).tolist()  # [k+1]
+    best = argmax_rows(logits)  # [k+1]
     tokens: list[int] = []
     for i, draft in enumerate(draft_token_ids):
         if draft != best[i]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.model.llama import LlamaModel, SeqBatch
-from specdec.sample.ops import processed_logits
+from specdec.sample.ops import argmax_rows, processed_logits
 from specdec.spec_decode.base import DraftInput, DraftOutput, DraftRequest, Proposer
 
 
@@ -113,7 +113,7 @@ class DraftModelProposer(Proposer):
         # logits [1, V]. Greedy requests get point-mass drafts; random ones sample from q, which
         # sees the same temperature / top-k / top-p / min-p transform as the target.
         if r.sampling.is_greedy:
-            return int(logits.argmax(dim=-1).item()), None
+            return argmax_rows(logits)[0], None
         q = processed_logits(logits, r.sampling, None, None).softmax(dim=-1)  # [1, V]
         token = int(torch.multinomial(q[0], 1, generator=r.generator).item())
         return token, q

@@ -253,6 +253,29 @@ def test_native_rms_norm(native, k):
             assert torch.equal(native.rms_norm(x[off : off + m], wt, eps), single[off : off + m])
 
 
+@pytest.mark.parametrize("v", [1, 7, 63, 64, 100, 49152 + 5])
+def test_native_argmax_first_maximum(native, v):
+    g = torch.Generator().manual_seed(v)
+    x = torch.randn(5, v, generator=g)
+    # Row 1: the maximum twice (the first wins); row 2: all equal; row 3: maximum in the tail.
+    if v > 2:
+        x[1, v // 3] = x[1, -1] = 10.0
+        x[3, -1] = 10.0
+    x[2] = 0.5
+    ref = [int(torch.nonzero(r == r.max())[0]) for r in x]
+    assert native._C.argmax(x).tolist() == ref
+    assert native._C.argmax(x[1:2]).tolist() == ref[1:2]
+
+
+def test_native_argmax_nan_and_inf(native):
+    nan, inf = float("nan"), float("inf")
+    x = torch.full((4, 70), -inf)
+    x[1, 0], x[1, 40] = nan, -3.0  # a NaN is never chosen over a number
+    x[2, :] = nan
+    x[3, 5], x[3, 69] = inf, inf
+    assert native._C.argmax(x).tolist() == [0, 40, 0, 5]
+
+
 # ---------------------------------------------------------------------------------------------
 # Attention
 

@@ -45,6 +45,10 @@ struct KernelTable {
                             int64_t k_stride, const float* v, int64_t v_stride, int64_t lo,
                             int64_t hi, int64_t D, float scale, float softcap, float* out,
                             int64_t out_head_stride, float* scratch);
+
+    // Index of the first maximum of x[0, n) (n >= 1; NaNs are never chosen unless all are NaN,
+    // then 0).  Exact: any implementation returns the same index.
+    int64_t (*argmax)(const float* x, int64_t n);
 };
 
 // 8-bit activation path (kernels_vnni.cpp).  Weight formats it takes (the GGUF format the weight

@@ -465,7 +465,36 @@ void attention_group(const float* q, int64_t q_head_stride, int64_t G, const flo
     }
 }
 
-const KernelTable kTable = {"avx2", linear_rows, rms_norm_rows, attention_group};
+// Two passes: the maximum (NaN-free lanes: _mm256_max_ps returns its second operand when either
+// is NaN, so a NaN in x never replaces a number), then the first index holding it.
+int64_t argmax(const float* x, int64_t n) {
+    int64_t i = 0;
+    float m = -INFINITY;
+    if (n >= 8) {
+        __m256 vm = _mm256_set1_ps(-INFINITY);
+        for (; i + 8 <= n; i += 8) vm = _mm256_max_ps(_mm256_loadu_ps(x + i), vm);
+        float lanes[8];
+        _mm256_storeu_ps(lanes, vm);
+        for (float v : lanes) m = v > m ? v : m;
+    }
+    for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+    if (m == -INFINITY) {  // all -inf or NaN: the first non-NaN, else 0
+        for (int64_t j = 0; j < n; ++j)
+            if (x[j] == x[j]) return j;
+        return 0;
+    }
+    const __m256 target = _mm256_set1_ps(m);
+    i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), target, _CMP_EQ_OQ));
+        if (mask) return i + __builtin_ctz(mask);
+    }
+    for (; i < n; ++i)
+        if (x[i] == m) return i;
+    return 0;
+}
+
+const KernelTable kTable = {"avx2", linear_rows, rms_norm_rows, attention_group, argmax};
 
 }  // namespace
 

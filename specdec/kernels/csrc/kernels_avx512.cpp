@@ -498,10 +498,42 @@ void attention_group(const float* q, int64_t q_head_stride, int64_t G, const flo
     }
 }
 
+// As the AVX2 one, 16 lanes and four independent maxima (the max pass is latency-bound).
+int64_t argmax(const float* x, int64_t n) {
+    int64_t i = 0;
+    float m = -INFINITY;
+    if (n >= 64) {
+        __m512 a = _mm512_set1_ps(-INFINITY), b = a, c = a, d = a;
+        for (; i + 64 <= n; i += 64) {
+            a = _mm512_max_ps(_mm512_loadu_ps(x + i), a);
+            b = _mm512_max_ps(_mm512_loadu_ps(x + i + 16), b);
+            c = _mm512_max_ps(_mm512_loadu_ps(x + i + 32), c);
+            d = _mm512_max_ps(_mm512_loadu_ps(x + i + 48), d);
+        }
+        m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(a, b), _mm512_max_ps(c, d)));
+    }
+    for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+    if (m == -INFINITY) {  // all -inf or NaN: the first non-NaN, else 0
+        for (int64_t j = 0; j < n; ++j)
+            if (x[j] == x[j]) return j;
+        return 0;
+    }
+    const __m512 target = _mm512_set1_ps(m);
+    i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __mmask16 mask = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), target, _CMP_EQ_OQ);
+        if (mask) return i + __builtin_ctz(static_cast<unsigned>(mask));
+    }
+    for (; i < n; ++i)
+        if (x[i] == m) return i;
+    return 0;
+}
+
 }  // namespace
 
 const KernelTable* avx512_table() {
-    static const KernelTable table = {"avx512", linear_rows, avx2_table()->rms_norm_rows, attention_group};
+    static const KernelTable table = {"avx512", linear_rows, avx2_table()->rms_norm_rows, attention_group,
+                                      argmax};
     return &table;
 }
 

@@ -227,7 +227,19 @@ void a8_linear_groups(int kind, const int8_t* xq, const float* dx, const int32_t
     }
 }
 
-const KernelTable kTable = {"portable", linear_rows, rms_norm_rows, attention_group};
+int64_t argmax(const float* x, int64_t n) {
+    int64_t best = 0;
+    float m = x[0];
+    for (int64_t i = 1; i < n; ++i) {
+        if (x[i] > m || (m != m && x[i] == x[i])) {  // NOTE: a NaN start gives way to any number
+            m = x[i];
+            best = i;
+        }
+    }
+    return best;
+}
+
+const KernelTable kTable = {"portable", linear_rows, rms_norm_rows, attention_group, argmax};
 const A8Table kA8Table = {"portable", a8_quantize_rows, a8_linear_groups};
 
 }  // namespace

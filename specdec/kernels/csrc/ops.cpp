@@ -314,6 +314,21 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
     return y;
 }
 
+torch::Tensor argmax_rows(torch::Tensor x) {
+    check_float_cpu(x, "argmax x");
+    TORCH_CHECK(x.dim() == 2 && x.size(1) > 0, "specdec native argmax: x must be [R, V] with V > 0");
+    x = x.contiguous();
+    const int64_t R = x.size(0), V = x.size(1);
+    auto out = torch::empty({R}, torch::dtype(torch::kLong));
+    const float* xp = x.data_ptr<float>();
+    int64_t* op = out.data_ptr<int64_t>();
+    const KernelTable* tab = g_table;
+    parallel_range(R, grain_for(V * 0.05), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) op[r] = tab->argmax(xp + r * V, V);
+    });
+    return out;
+}
+
 torch::Tensor attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                         int64_t start_pos, double scale, int64_t sliding_window, double softcap) {
     check_float_cpu(q, "attention q");
@@ -397,6 +412,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     const auto nogil = py::call_guard<py::gil_scoped_release>();
     m.def("linear", &linear, "y = x @ W.T (+ bias) for f32 / GGUF-block weights", py::arg("x"),
           py::arg("w"), py::arg("qtype"), py::arg("n"), py::arg("k"), py::arg("bias") = py::none(),
+          nogil);
+    m.def("argmax", &argmax_rows, "Index of the first maximum of each row of x [R, V]", py::arg("x"),
           nogil);
     m.def("rms_norm", &rms_norm, py::arg("x"), py::arg("weight"), py::arg("eps"), nogil);
     m.def("attention", &attention, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"),
