@@ -20,7 +20,8 @@ class SpeculativeConfig:
     """vLLM's ``speculative_config`` keys."""
 
     method: str = "ngram"
-    num_speculative_tokens: int = 5
+    # None: 32 for suffix (vLLM's default: it sizes its own drafts, this is only the cap), else 5
+    num_speculative_tokens: int | None = None
     model: str | None = None
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
@@ -48,6 +49,8 @@ class SpeculativeConfig:
                 f"unknown speculative_config.method '{self.method}'; "
                 f"allowed: {', '.join(SUPPORTED_METHODS + PLANNED_METHODS)}"
             )
+        if self.num_speculative_tokens is None:
+            self.num_speculative_tokens = 32 if self.method == "suffix" else 5
         _check_int(self.num_speculative_tokens, "num_speculative_tokens", 1)
         _check_int(self.prompt_lookup_min, "prompt_lookup_min", 1)
         _check_int(self.prompt_lookup_max, "prompt_lookup_max", 1)

@@ -22,6 +22,14 @@ def test_vllm_keys_json_and_inference() -> None:
     )
 
 
+def test_default_num_speculative_tokens_per_method() -> None:
+    # vLLM's defaults: suffix decoding sizes its own drafts, so its k is a high cap.
+    assert SpeculativeConfig.from_any({"method": "suffix"}).num_speculative_tokens == 32
+    assert SpeculativeConfig.from_any({"method": "ngram"}).num_speculative_tokens == 5
+    explicit = SpeculativeConfig.from_any({"method": "suffix", "num_speculative_tokens": 8})
+    assert explicit.num_speculative_tokens == 8
+
+
 @pytest.mark.parametrize(
     ("value", "needle"),
     [
