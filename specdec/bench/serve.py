@@ -1,8 +1,11 @@
 """``specdec bench serve``: the OpenAI server under concurrent streaming chat clients.
 
 For every configuration a server is started in this process (``BackgroundServer`` on a free
-127.0.0.1 port, engine flags as ``specdec serve``), or ``--base-url`` points at one already
-running (one configuration only). For every concurrency level C, C clients (asyncio + httpx)
+127.0.0.1 port, engine flags as ``specdec serve``; all of them up at once, idle ones sleep), or
+``--base-url`` points at one already running (one configuration only). ``--rounds R`` runs every
+level R times; within a level the configurations alternate, in an order that rotates each round,
+so drift of a shared machine hits them alike (figures pool the rounds; the table lists each
+round's tokens/s). For every concurrency level C, C clients (asyncio + httpx)
 take conversations from a shared queue until none is left (or ``--duration-limit`` passed): each
 turn is one streaming chat completion (temperature 0, ``max_tokens``), and later turns carry the
 conversation so far, the model's own replies included (as ``bench latency`` does).
@@ -75,6 +78,7 @@ class ServeOptions:
     enable_prefix_caching: bool = True
     seed: int = 0
     request_timeout: float = 600.0
+    rounds: int = 1  # every level of every configuration once per round, interleaved
     output_dir: str | None = None
 
 
@@ -252,6 +256,13 @@ def format_table(summary: list[dict], reference: str) -> str:
             _identical_cell(s, reference),
         ]
         lines.append("| " + " | ".join(cells) + " |")
+        per_round = s.get("round_tokens_per_s") or []
+        if len(per_round) > 1:
+            notes.append(
+                f"- `{s['config']}` @ {s['concurrency']}: out tok/s per round "
+                + ", ".join(f"{x:.1f}" for x in per_round)
+                + "\n"
+            )
     return "\n".join(lines) + "\n" + ("\n" + "".join(notes) if notes else "")
 
 
@@ -505,72 +516,115 @@ class _Run:
         if row["error"]:
             _warn(f"warm-up request failed: {row['error']}")
 
-    def measure(
-        self, cfg: BenchConfig, url: str, model: str, reset: Callable[[], None] | None = None
-    ) -> None:
-        """Every level; ``reset`` (the in-process server's) empties the prefix cache after the
-        warm-up and between levels, so each level starts cold."""
-        self._warm_up(url, model)
-        for c in self.levels:
-            if reset is not None:
-                reset()
-            level = asyncio.run(
-                run_level(
-                    url, model, self.items, self.builder, c, self.opts.max_tokens,
-                    self.opts.ignore_eos, self.opts.duration_limit, self.opts.request_timeout,
-                    self.opts.api_key,
-                )
-            )  # fmt: skip
-            for r in level.rows:
-                r.update(config=cfg.label, concurrency=c)
-                if cfg.is_plain:
-                    r["spec_decode"] = None  # the server reports zero counters for plain
-            self.records.extend(level.rows)
-            s = {
-                "config": cfg.label,
-                "concurrency": c,
-                "num_clients": level.num_clients,
-                "num_not_sent": level.num_not_sent,
-                **summarize_level(level.rows, level.duration_s),
-            }
-            self.summary.append(s)
-            print(
-                f"{cfg.label} @ {c}: {s['num_requests']} requests"
-                + (f" ({s['num_errors']} errors)" if s["num_errors"] else "")
-                + f", {_fmt(s['output_tokens_per_s'], '.1f')} tok/s, TTFT p50 "
-                f"{_fmt(s['ttft_ms_p50'], '.0f')} ms, TPOT p50 {_fmt(s['tpot_ms_p50'], '.1f')} ms, "
-                f"prompt tokens from the prefix cache {s['cached_prompt_tokens']}/{s['prompt_tokens']}",
-                flush=True,
+    def _measure_level(
+        self, cfg: BenchConfig, url: str, model: str, c: int, reset: Callable[[], None] | None
+    ) -> _Level:
+        if reset is not None:
+            reset()
+        level = asyncio.run(
+            run_level(
+                url, model, self.items, self.builder, c, self.opts.max_tokens,
+                self.opts.ignore_eos, self.opts.duration_limit, self.opts.request_timeout,
+                self.opts.api_key,
             )
-            if level.num_clients < c:
-                print(
-                    f"  note: only {len(self.items)} conversations, so {level.num_clients} clients"
-                )
+        )  # fmt: skip
+        for r in level.rows:
+            r.update(config=cfg.label, concurrency=c)
+            if cfg.is_plain:
+                r["spec_decode"] = None  # the server reports zero counters for plain
+        self.records.extend(level.rows)
+        print(
+            f"{cfg.label} @ {c}: {len(level.rows)} requests, "
+            f"{sum(r['output_tokens'] for r in level.rows) / level.duration_s:.1f} tok/s",
+            flush=True,
+        )
+        return level
 
-    def run_config(self, cfg: BenchConfig) -> None:
+    def _start(self) -> list[_Target]:
+        """One server per configuration (or the one at --base-url), each warmed up."""
         if self.opts.base_url:
             url = self.opts.base_url.rstrip("/")
-            self.measure(cfg, url, served_model_name(url, self.opts.api_key))
-            return
+            target = _Target(self.configs[0], url, served_model_name(url, self.opts.api_key))
+            self._warm_up(target.url, target.model)
+            return [target]
         assert self.model_path is not None
-        server = _InProcessServer(self.opts, cfg, self.model_path)
-        try:
-            self.measure(cfg, server.url, server.name, server.reset_prefix_cache)
-        finally:
-            server.stop()
-            del server
-            gc.collect()
-
-    def execute(self) -> None:
+        targets = []
         for cfg in self.configs:
             try:
-                self.run_config(cfg)
+                server = _InProcessServer(self.opts, cfg, self.model_path)
+                targets.append(_Target(cfg, server.url, server.name, server))
+                self._warm_up(server.url, server.name)
             except Exception as e:
-                if cfg.is_reference or self.opts.base_url:
-                    raise
-                self.config_errors[cfg.label] = f"{type(e).__name__}: {e}"
-                _loud([f"FAILURE: {cfg.label} crashed: {type(e).__name__}: {e}"])
-                traceback.print_exc()
+                self._crashed(cfg, e)
+        return targets
+
+    def _crashed(self, cfg: BenchConfig, e: Exception) -> None:
+        if cfg.is_reference or self.opts.base_url:
+            raise e
+        self.config_errors[cfg.label] = f"{type(e).__name__}: {e}"
+        _loud([f"FAILURE: {cfg.label} crashed: {type(e).__name__}: {e}"])
+        traceback.print_exc()
+
+    def execute(self) -> None:
+        """Every round runs every level of every configuration once. Configurations alternate
+        within a level (their order rotates each round), so a machine that drifts (other load,
+        clocks) shifts them alike; each in-process server's prefix cache is emptied first, so
+        every level starts cold."""
+        targets = self._start()
+        levels: dict[tuple[str, int], list[_Level]] = {}
+        try:
+            for rnd in range(self.opts.rounds):
+                for c in self.levels:
+                    shift = rnd % max(1, len(targets))
+                    for t in targets[shift:] + targets[:shift]:
+                        if t.cfg.label in self.config_errors:
+                            continue
+                        reset = t.server.reset_prefix_cache if t.server is not None else None
+                        try:
+                            level = self._measure_level(t.cfg, t.url, t.model, c, reset)
+                        except Exception as e:
+                            self._crashed(t.cfg, e)
+                            continue
+                        levels.setdefault((t.cfg.label, c), []).append(level)
+        finally:
+            for t in targets:
+                if t.server is not None:
+                    t.server.stop()
+            targets.clear()
+            gc.collect()
+        for cfg in self.configs:
+            for c in self.levels:
+                runs = levels.get((cfg.label, c))
+                if not runs:
+                    continue
+                s = {
+                    "config": cfg.label,
+                    "concurrency": c,
+                    "rounds": len(runs),
+                    "num_clients": runs[0].num_clients,
+                    "num_not_sent": sum(lv.num_not_sent for lv in runs),
+                    **summarize_level(
+                        [r for lv in runs for r in lv.rows], sum(lv.duration_s for lv in runs)
+                    ),
+                    "round_tokens_per_s": [
+                        sum(r["output_tokens"] for r in lv.rows if not r["error"]) / lv.duration_s
+                        for lv in runs
+                    ],
+                }
+                self.summary.append(s)
+                if runs[0].num_clients < c:
+                    print(
+                        f"  note: only {len(self.items)} conversations, so {runs[0].num_clients} "
+                        f"clients at concurrency {c}"
+                    )
+
+
+@dataclass
+class _Target:
+    cfg: BenchConfig
+    url: str
+    model: str
+    server: _InProcessServer | None = None
 
 
 def default_output_dir() -> Path:
@@ -586,6 +640,8 @@ def run_serve(opts: ServeOptions) -> ServeResult:
         raise ValueError("--num-prompts must be >= 1")
     if not opts.concurrency or min(opts.concurrency) < 1:
         raise ValueError("--concurrency must be positive integers")
+    if opts.rounds < 1:
+        raise ValueError("--rounds must be >= 1")
     if opts.duration_limit is not None and opts.duration_limit <= 0:
         raise ValueError("--duration-limit must be > 0 seconds")
     run = _Run(opts)
@@ -684,6 +740,9 @@ def add_serve_parser(sub) -> None:
     add_prefix_caching_arg(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every level of every configuration this many times, configurations "
+                   "alternating (figures pool the rounds)")  # fmt: skip
     p.add_argument("--output-dir", default=None, help="default: bench_out/<timestamp>")
     p.set_defaults(func=cmd_bench_serve)
 
@@ -715,6 +774,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
         enable_prefix_caching=args.enable_prefix_caching,
         seed=args.seed,
         request_timeout=args.request_timeout,
+        rounds=args.rounds,
         output_dir=args.output_dir,
     )
     return run_serve(opts).exit_code

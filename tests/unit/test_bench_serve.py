@@ -205,6 +205,34 @@ def test_serve_end_to_end(tiny_llama, tmp_path, capsys) -> None:
     assert "| ngram:k=3 | 1 | 4 |" in capsys.readouterr().out
 
 
+def test_serve_rounds_interleave_configurations(tiny_llama, tmp_path) -> None:
+    out = tmp_path / "rounds"
+    code = _bench(tiny_llama, out, "--concurrency", "1,2", "--configs", "plain", "ngram:k=3",
+                  "--rounds", "2")  # fmt: skip
+    assert code == 0
+    result = json.loads((out / "results.json").read_text())
+    assert result["passed"] is True
+    # execution order, one entry per level run: configurations alternate within a level and
+    # their order rotates each round
+    order = []
+    for r in result["records"]:
+        key = (r["config"], r["concurrency"])
+        if not order or order[-1] != key:
+            order.append(key)
+    assert order == [
+        ("plain", 1), ("ngram:k=3", 1), ("plain", 2), ("ngram:k=3", 2),
+        ("ngram:k=3", 1), ("plain", 1), ("ngram:k=3", 2), ("plain", 2),
+    ]  # fmt: skip
+    for s in result["summary"]:
+        assert s["rounds"] == 2 and s["num_requests"] == 8 and len(s["round_tokens_per_s"]) == 2
+        tokens = sum(r["output_tokens"] for r in result["records"]
+                     if (r["config"], r["concurrency"]) == (s["config"], s["concurrency"]))  # fmt: skip
+        assert s["output_tokens"] == tokens
+    ngram_1 = [r for r in result["records"] if r["config"] == "ngram:k=3" and r["concurrency"] == 1]
+    assert len(ngram_1) == 8 and all(r["identical_to_plain"] is True for r in ngram_1)
+    assert "- `ngram:k=3` @ 2: out tok/s per round " in (out / "table.md").read_text()
+
+
 def test_serve_against_a_running_server_with_duration_limit(tiny_llama, tmp_path) -> None:
     from specdec.config import EngineConfig, SpeculativeConfig
     from specdec.engine.async_llm import AsyncLLM
