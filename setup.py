@@ -1,6 +1,7 @@
-"""Build of the optional native kernel extension ``specdec.kernels._C``.
+"""Build of the optional native extensions ``specdec.kernels._C`` and
+``specdec.spec_decode._suffix_native``.
 
-Project metadata lives in pyproject.toml; this file only adds the C++ extension:
+Project metadata lives in pyproject.toml; this file only adds the C++ extensions:
 
 * ``specdec/kernels/csrc/ops.cpp`` (torch binding), ``layer.cpp`` (a whole decoder layer in one
   call) and ``kernels_portable.cpp`` are compiled with
@@ -8,11 +9,14 @@ Project metadata lives in pyproject.toml; this file only adds the C++ extension:
 * ``kernels_avx2.cpp`` is compiled on its own with ``-mavx2 -mfma -mf16c -O3``, and
   ``kernels_avx512.cpp`` with AVX-512 F/DQ/BW/VL added, ``kernels_vnni.cpp`` (8-bit activation
   kernels) with VNNI on top, and all are linked in; the binding only calls them after
-  ``__builtin_cpu_supports`` says the CPU has those instructions.
+  ``__builtin_cpu_supports`` says the CPU has those instructions;
+* ``specdec/spec_decode/csrc/suffix_tree.cpp`` (suffix decoding's trees, a pybind11 module) is
+  plain C++17 at ``-O3`` with no ISA flags, and links no torch library.
 
-The extension is optional: when torch's build helpers are missing or any compile step fails, the
-build prints a warning and the package installs without it (``specdec.kernels`` then falls back to
-its pure-torch implementation).  Set ``SPECDEC_NO_EXTENSION=1`` to skip the build on purpose.
+Both extensions are optional: when torch's build helpers are missing or any compile step fails,
+the build prints a warning and the package installs without it (``specdec.kernels`` then falls back
+to its pure-torch implementation, suffix decoding to its Python trees).  Set
+``SPECDEC_NO_EXTENSION=1`` to skip the build on purpose.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import traceback
 from setuptools import setup
 
 CSRC = os.path.join("specdec", "kernels", "csrc")
+SUFFIX_CSRC = os.path.join("specdec", "spec_decode", "csrc")
+KERNELS_EXT = "specdec.kernels._C"
 COMMON_FLAGS = ["-O3", "-g0", "-ffp-contract=off"]
 AVX2_FLAGS = ["-O3", "-g0", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fPIC", "-std=c++17"]
 AVX512_FLAGS = AVX2_FLAGS + ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl"]
@@ -63,7 +69,8 @@ def _native_build():
 
         def build_extensions(self) -> None:
             for ext in self.extensions:
-                self._add_isa_objects(ext)
+                if ext.name == KERNELS_EXT:
+                    self._add_isa_objects(ext)
             try:
                 super().build_extensions()
             except Exception:
@@ -106,7 +113,7 @@ def _native_build():
             ]
 
     ext = CppExtension(
-        name="specdec.kernels._C",
+        name=KERNELS_EXT,
         sources=[os.path.join(CSRC, f) for f in ("ops.cpp", "layer.cpp", "kernels_portable.cpp")],
         include_dirs=[os.path.abspath(CSRC)],
         extra_compile_args=list(COMMON_FLAGS),
@@ -114,7 +121,13 @@ def _native_build():
     ext.depends = [os.path.join(CSRC, f) for f in ("kernels.h", "ops.h", "parallel.h")] + [
         os.path.join(CSRC, unit[1]) for unit in ISA_UNITS
     ]
-    return [ext], {"build_ext": OptionalBuildExtension}
+    suffix = CppExtension(
+        name="specdec.spec_decode._suffix_native",
+        sources=[os.path.join(SUFFIX_CSRC, "suffix_tree.cpp")],
+        extra_compile_args=["-O3", "-g0", "-std=c++17", "-fvisibility=hidden"],
+    )
+    suffix.libraries = []  # pybind11 only (headers from torch): no torch library to load
+    return [ext, suffix], {"build_ext": OptionalBuildExtension}
 
 
 ext_modules, cmdclass = _native_build()

@@ -12,7 +12,7 @@ VPY=.venv/bin/python
 want="runtime"
 [ "${1:-}" = "test" ] && want="test"
 stamp=".venv/.specdec-setup-$want"
-hash=$(cat requirements.txt requirements-test.txt setup.py pyproject.toml specdec/kernels/csrc/* 2>/dev/null | sha256sum | cut -c1-16)
+hash=$(cat requirements.txt requirements-test.txt setup.py pyproject.toml specdec/kernels/csrc/* specdec/spec_decode/csrc/* 2>/dev/null | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$hash" ] && [ -z "${SPECDEC_FORCE_SETUP:-}" ]; then
   exit 0
 fi
