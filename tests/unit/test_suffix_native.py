@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import random
+import sys
 from typing import Any
 
 import pytest
@@ -201,6 +202,20 @@ def test_stale_cursor_and_mixed_use_are_refused() -> None:
     tree.add_sequence(1, [2, 3, 4])
     with pytest.raises(ValueError, match="stale"):
         tree.cursor_follow(cursor, [3])
+    # a cursor of another tree at the same epoch is refused too (its node indices are foreign)
+    other, third = native.SuffixTree(4), native.SuffixTree(4)
+    other.add_sequence(0, [1, 2, 3])
+    third.add_sequence(0, [1, 2, 3])
+    foreign = native.Cursor()
+    other.cursor_match(foreign, [1, 2])
+    assert foreign.epoch == third.epoch == 1
+    with pytest.raises(ValueError, match="stale"):
+        third.cursor_draft(foreign, 0, 4, 0.0)
+    own = native.SuffixTree(4)
+    own.extend(0, [1, 2])
+    with pytest.raises(ValueError, match="stale"):
+        native.best_draft(own, 0, third, foreign, 4, 1.0, 0.0, 4, 0.1)
+    assert native.best_draft(own, 0, other, foreign, 4, 1.0, 0.0, 4, 0.1)[0] == [3]
     with pytest.raises(ValueError, match="not both"):
         tree.extend(5, [1])
     with pytest.raises(ValueError, match="increase"):
@@ -350,3 +365,24 @@ def test_env_var_forces_the_python_trees(monkeypatch: pytest.MonkeyPatch) -> Non
     assert not prop.native and isinstance(prop.global_tree, SuffixTree)
     monkeypatch.setenv("SPECDEC_SUFFIX_PYTHON", "0")
     assert SuffixProposer(4).native
+
+
+def test_scores_sum_like_this_python() -> None:
+    """best_draft compares scores summed in C++: the same rounding as the builtin sum (left to
+    right before 3.12, compensated since)."""
+    rng = random.Random(8)
+    differs = 0
+    for _ in range(2000):
+        run, probs = 1.0, []
+        for _ in range(rng.randint(0, 32)):
+            run *= rng.choice([1.0, 0.5, 2 / 3, 0.75, 0.9, 1 / 7, 0.999])
+            probs.append(run)
+        if rng.random() < 0.2:
+            probs = [rng.choice([1e16, 1.0, -1e16, 0.1, 1e-9]) for _ in probs]
+        assert native.python_sum(probs) == sum(probs)
+        total = 0.0
+        for p in probs:
+            total += p
+        differs += total != sum(probs)
+    assert native.python_sum([]) == 0.0
+    assert differs > 0 if sys.version_info >= (3, 12) else differs == 0

@@ -178,10 +178,12 @@ double python_sum(const std::vector<double>& xs) {
 }
 
 // A read-only position of some sequence in a tree (the Python ``list[State]`` returned by
-// ``match_states`` / ``follow``), valid only while the tree's epoch is ``epoch``.
+// ``match_states`` / ``follow``), valid only in the tree ``tree_uid`` while its epoch is ``epoch``
+// (node indices mean nothing elsewhere: every use checks both).
 struct Cursor {
   std::vector<State> states;  // longest match first
   int64_t epoch = -1;
+  uint64_t tree_uid = 0;
 };
 
 struct Draft {
@@ -191,7 +193,7 @@ struct Draft {
 
 class SuffixTree {
  public:
-  explicit SuffixTree(int max_depth) : max_depth_(max_depth) {
+  explicit SuffixTree(int max_depth) : max_depth_(max_depth), uid_(next_uid()) {
     if (max_depth < 1)
       throw std::invalid_argument("max_depth must be >= 1, got " + std::to_string(max_depth));
     root_ = alloc(-1, 0, -1, -1);
@@ -199,6 +201,8 @@ class SuffixTree {
   }
 
   int max_depth() const { return max_depth_; }
+  // Whether ``cur`` was matched in this tree since its last change.
+  bool is_current(const Cursor& cur) const { return cur.tree_uid == uid_ && cur.epoch == epoch_; }
   int64_t epoch() const { return epoch_; }
   int64_t num_nodes() const { return live_; }
   int64_t num_tokens() const { return num_tokens_; }
@@ -326,7 +330,8 @@ class SuffixTree {
   }
 
   void cursor_follow(Cursor& cur, const std::vector<int32_t>& tokens) const {
-    if (cur.epoch != epoch_) throw std::invalid_argument("stale cursor: the tree changed; match again");
+    if (!is_current(cur))
+      throw std::invalid_argument("stale cursor: the tree changed (or is another); match again");
     for (int32_t t : tokens) follow(cur.states, t);
   }
 
@@ -334,8 +339,10 @@ class SuffixTree {
   void cursor_match(Cursor& cur, const std::vector<int32_t>& tokens) const {
     cur.states.clear();
     const int64_t n = int64_t(tokens.size());
-    for (int64_t i = std::max<int64_t>(0, n - max_depth_ + 1); i < n; ++i) follow(cur.states, tokens[i]);
+    for (int64_t i = std::max<int64_t>(0, n - max_depth_ + 1); i < n; ++i)
+      follow(cur.states, tokens[i]);
     cur.epoch = epoch_;
+    cur.tree_uid = uid_;
   }
 
   // Follow the most frequent continuation from a position while the running probability stays
@@ -479,8 +486,19 @@ class SuffixTree {
     return slot;
   }
 
-  Seq& seq_at(int64_t slot) { return seqs_[size_t(slot - first_slot_)]; }
-  const Seq& seq_at(int64_t slot) const { return seqs_[size_t(slot - first_slot_)]; }
+  // NOTE: a live node's ref is a live sequence (its most recent occurrence; FIFO removal drops the
+  // oldest). Checked anyway: a bad slot must raise, not read freed memory.
+  Seq& seq_at(int64_t slot) {
+    if (slot < first_slot_ || slot - first_slot_ >= int64_t(seqs_.size()))
+      throw std::logic_error("suffix tree: reference to a removed sequence");
+    return seqs_[size_t(slot - first_slot_)];
+  }
+  const Seq& seq_at(int64_t slot) const { return const_cast<SuffixTree*>(this)->seq_at(slot); }
+
+  static uint64_t next_uid() {
+    static uint64_t counter = 0;  // under the GIL
+    return ++counter;
+  }
 
   int64_t new_seq(int64_t seq_id, bool compressed) {
     if (compressed_ == -1)
@@ -724,6 +742,7 @@ class SuffixTree {
   }
 
   int max_depth_;
+  uint64_t uid_;  // tells cursors of different trees apart
   std::vector<Node> nodes_;
   EdgeMap edges_;
   int32_t root_ = kNone;
@@ -792,6 +811,8 @@ PYBIND11_MODULE(_suffix_native, m) {
   m.doc() = "Native suffix trees for suffix decoding (see specdec/spec_decode/suffix.py).";
   m.attr("BYTES_PER_NODE") = kBytesPerNode;
   m.attr("BYTES_PER_TOKEN") = kBytesPerToken;
+  m.def("python_sum", &python_sum, py::arg("values"),
+        "sum(values) as this Python computes it (what best_draft compares scores with).");
 
   py::class_<Cursor>(m, "Cursor", "A sequence's position in another tree (opaque).")
       .def(py::init<>())
@@ -855,7 +876,7 @@ PYBIND11_MODULE(_suffix_native, m) {
       .def("cursor_match", &SuffixTree::cursor_match, py::arg("cursor"), py::arg("tokens"))
       .def("cursor_follow", &SuffixTree::cursor_follow, py::arg("cursor"), py::arg("tokens"))
       .def("cursor_draft", [](SuffixTree& t, const Cursor& c, size_t i, int64_t k, double p) {
-        if (c.epoch != t.epoch()) throw std::invalid_argument("stale cursor");
+        if (!t.is_current(c)) throw std::invalid_argument("stale cursor");
         if (i >= c.states.size()) throw py::index_error("state index out of range");
         Draft out;
         t.draft(c.states[i], k, p, out);
@@ -878,7 +899,7 @@ PYBIND11_MODULE(_suffix_native, m) {
         own.own_candidates(seq_id, candidates);
         best_of(own, candidates, prm, "request", best, scratch);
         if (global != nullptr) {
-          if (cursor == nullptr || cursor->epoch != global->epoch())
+          if (cursor == nullptr || !global->is_current(*cursor))
             throw std::invalid_argument("best_draft: the global cursor is stale");
           best_of(*global, cursor->states, prm, "global", best, scratch);
         }
