@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+import warnings
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +26,17 @@ __version__ = "0.1.0"
 
 # NOTE: OpenMP's default spin-waiting makes every parallel region cost milliseconds as soon as the
 # cores are shared (measured here: a 64-token forward 1473 ms spinning vs 185 ms passive; decode
-# 33 ms vs 14 ms per step under load). Takes effect when specdec is imported before torch.
+# 33 ms vs 14 ms per step under load). Takes effect when specdec is imported before torch: torch's
+# OpenMP runtime reads it once, when torch loads. After `import torch` first, 256 greedy tokens
+# ran at 38-41 tok/s instead of 100-165 (2026-11-22), so say so.
+if "torch" in sys.modules and "OMP_WAIT_POLICY" not in os.environ:
+    warnings.warn(
+        "specdec: torch was imported before specdec, so its OpenMP threads spin-wait and can make "
+        "generation several times slower on a few cores; import specdec first, or set "
+        "OMP_WAIT_POLICY=PASSIVE in the environment",
+        RuntimeWarning,
+        stacklevel=2,
+    )
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 _WHERE = {
