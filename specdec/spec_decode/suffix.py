@@ -506,8 +506,8 @@ class SuffixProposer(Proposer):
     estimated ``max_global_bytes`` (~2 nodes, ~250-500 bytes per distinct cached token: the request
     count alone does not bound memory when responses are long).
 
-    ``native`` chooses the trees: the C++ ones (identical drafts, ~20x cheaper per step: ~5 us
-    instead of ~50-120 us per request, bench_out/s4/suffix_native_bench.py) or the Python
+    ``native`` chooses the trees: the C++ ones (identical drafts, ~10x cheaper per step: ~5-15 us
+    instead of ~35-120 us per request, bench_out/s4/suffix_native_bench.py) or the Python
     reference; None = ``native_wanted()``. Native byte estimates are smaller (72 bytes a node,
     measured with RSS, instead of 135-365), so the same ``max_global_bytes`` caches more.
     """
