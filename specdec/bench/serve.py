@@ -451,8 +451,14 @@ class _InProcessServer:
         app = build_app(self.llm, [self.name], model_root=str(model_path))
         self.server = BackgroundServer(app).start(timeout=120.0)
 
-    def reset_prefix_cache(self) -> None:
-        asyncio.run(self.llm.call(lambda engine: engine.reset_prefix_cache()))
+    def reset_caches(self) -> None:
+        """The prefix cache and the drafter's memory of earlier requests: a cold level."""
+
+        def reset(engine) -> None:
+            engine.reset_prefix_cache()
+            engine.reset_drafter_cache()
+
+        asyncio.run(self.llm.call(reset))
 
     @property
     def url(self) -> str:
@@ -579,7 +585,7 @@ class _Run:
                     for t in targets[shift:] + targets[:shift]:
                         if t.cfg.label in self.config_errors:
                             continue
-                        reset = t.server.reset_prefix_cache if t.server is not None else None
+                        reset = t.server.reset_caches if t.server is not None else None
                         try:
                             level = self._measure_level(t.cfg, t.url, t.model, c, reset)
                         except Exception as e:

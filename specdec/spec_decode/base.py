@@ -56,3 +56,6 @@ class Proposer(ABC):
 
     def remove_request(self, req_id: str, token_ids: list[int] | None = None) -> None:  # noqa: B027
         """A request ends (finished or aborted); ``token_ids`` are its final prompt + output."""
+
+    def reset_cache(self) -> None:  # noqa: B027 (optional hook)
+        """Forget what finished requests taught the drafter (running requests keep their state)."""

@@ -550,6 +550,17 @@ class SuffixProposer(Proposer):
         return SuffixTree(self.max_tree_depth)
 
     # ---- lifecycle ------------------------------------------------------------------------------
+    def reset_cache(self) -> None:
+        """Empty the global tree of earlier responses; running requests keep their own trees and
+        get fresh global cursors at their next step."""
+        self.global_tree = self._new_tree()
+        self._cached.clear()
+        for state in self._requests.values():
+            if self.native:
+                state.global_states = _suffix_native.Cursor()
+            else:
+                state.global_states, state.global_epoch = [], -1
+
     def remove_request(self, req_id: str, token_ids: list[int] | None = None) -> None:
         """The request's output joins the global tree (with its final tokens, when given)."""
         self.last_drafts.pop(req_id, None)

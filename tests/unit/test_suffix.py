@@ -320,6 +320,28 @@ def test_global_tree_serves_later_requests() -> None:
     assert propose(prop, "c", [7, 1, 2]) == []
 
 
+@pytest.mark.parametrize("native", [False, True])
+def test_reset_cache_forgets_earlier_responses_only(native: bool) -> None:
+    from specdec.spec_decode.suffix import native_available
+
+    if native and not native_available():
+        pytest.fail("the native suffix trees are not built")
+    prop = SuffixProposer(5, max_tree_depth=16, native=native)
+    prompt, answer = [1, 2, 3], [40, 41, 42, 43, 44, 45, 46, 47]
+    propose(prop, "a", prompt + answer[:1])
+    propose(prop, "a", prompt + answer)
+    prop.remove_request("a")
+    own = [60, 61, 62, 63, 64, 60, 61]  # its own repeat: drafts 62 63 64 from its own tree
+    assert propose(prop, "b", [9, 9, *own]) == [62, 63]
+    assert propose(prop, "c", [9, 9, 40, 41, 42]) == [43, 44, 45]
+    prop.reset_cache()
+    assert prop.memory_stats()["cached_requests"] == 0
+    assert propose(prop, "c", [9, 9, 40, 41, 42, 43]) == []  # the global tree is empty
+    assert propose(prop, "b", [9, 9, *own, 62]) == [63, 64, 60]  # running requests keep theirs
+    prop.remove_request("c")
+    assert propose(prop, "d", [5, 40, 41, 42]) == [43]  # c's answer so far: new cache works
+
+
 def test_own_tree_wins_ties_and_global_needs_a_better_score() -> None:
     prop = SuffixProposer(3, max_tree_depth=16)
     propose(prop, "a", [0, 5])  # prompt [0]
