@@ -11,13 +11,12 @@ from typing import Any
 import pytest
 
 from specdec.sampling_params import SamplingParams
+
+# NOTE: no skip: the package's install builds the module, so a missing one is a failure.
+from specdec.spec_decode import _suffix_native as native
 from specdec.spec_decode import suffix as suffix_mod
 from specdec.spec_decode.base import DraftInput, DraftRequest
 from specdec.spec_decode.suffix import SuffixProposer, SuffixTree
-
-native = pytest.importorskip(
-    "specdec.spec_decode._suffix_native", reason="native suffix trees not built"
-)
 
 DRAFT_SETTINGS = ((1, 0.0), (3, 0.0), (8, 0.0), (8, 0.3), (24, 0.1))
 
