@@ -95,6 +95,9 @@ def _latency_parser(sub) -> None:
     p.add_argument("--output-dir", default=None, help="default: bench_out/<timestamp>")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars")
+    p.add_argument("--interleave", action="store_true",
+                   help="load every configuration at once and run each prompt on all of them in "
+                   "turn (order rotating), so a machine whose speed drifts shifts them alike")  # fmt: skip
     p.set_defaults(func=cmd_latency)
 
 
@@ -161,6 +164,7 @@ def cmd_latency(args: argparse.Namespace) -> int:
         output_dir=args.output_dir,
         plots=not args.no_plots,
         progress=not args.no_progress,
+        interleave=args.interleave,
     )
     return run_latency(opts).exit_code
 

@@ -59,6 +59,9 @@ class LatencyOptions:
     output_dir: str | None = None
     plots: bool = True
     progress: bool = True
+    # every configuration loaded at once; each prompt runs on all of them in turn, their order
+    # rotating: drift of a shared machine hits every configuration alike
+    interleave: bool = False
 
 
 @dataclass
@@ -204,7 +207,57 @@ class _Run:
                 f"note: {cfg.label} (anchor) differs from our plain on {len(bad)} prompt(s) (informative)"
             )
 
+    def _crashed(self, cfg: BenchConfig, e: Exception) -> None:
+        if cfg.is_reference:
+            raise e
+        self.config_errors[cfg.label] = f"{type(e).__name__}: {e}"
+        _loud([f"FAILURE: {cfg.label} crashed: {type(e).__name__}: {e}"])
+        traceback.print_exc()
+
+    def execute_interleaved(self) -> None:
+        runners: dict[str, Any] = {}
+        try:
+            for cfg in self.configs:
+                try:
+                    runners[cfg.label] = self._make_runner(cfg)
+                except AnchorUnavailable as e:
+                    self.skipped[cfg.label] = str(e)
+                    print(f"skipped {cfg.label}: {e}")
+                    continue
+                except Exception as e:
+                    self._crashed(cfg, e)
+                    continue
+                if self.builder is None:
+                    self._init_builder(runners[cfg.label])
+                self._warm_up(runners[cfg.label])
+            live = [c for c in self.configs if c.label in runners]
+            bar = tqdm(self.items, desc="prompts", unit="prompt", disable=not self.opts.progress)
+            for i, item in enumerate(bar):
+                shift = i % len(live)
+                for cfg in live[shift:] + live[:shift]:
+                    if cfg.label in self.config_errors:
+                        continue
+                    try:
+                        assert self.builder is not None
+                        rec = run_item(runners[cfg.label], self.builder, item, self.params, cfg)
+                    except Exception as e:
+                        self._crashed(cfg, e)
+                        continue
+                    self.records.append(rec)
+            bar.close()
+        finally:
+            for r in runners.values():
+                r.close()
+            runners.clear()
+            gc.collect()
+        for cfg in self.configs:
+            if cfg.label not in self.config_errors and cfg.label not in self.skipped:
+                self._report_mismatches_now(cfg)
+
     def execute(self) -> None:
+        if self.opts.interleave:
+            self.execute_interleaved()
+            return
         for cfg in self.configs:
             if cfg.backend != "hf":
                 self.hf_cache.clear()

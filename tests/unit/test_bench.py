@@ -302,6 +302,38 @@ def test_latency_end_to_end(tiny_llama, tmp_path, capsys) -> None:
     assert "| ngram:k=3 | **overall** |" in capsys.readouterr().out
 
 
+def test_latency_interleaved_runs_each_prompt_on_every_config(
+    tiny_llama, tmp_path, monkeypatch
+) -> None:
+    from specdec.bench import runners
+
+    order: list[tuple[str, int]] = []
+    real = runners.run_item
+
+    def spy(runner, builder, item, params, config):
+        order.append((config.label, len(item.turns)))
+        return real(runner, builder, item, params, config)
+
+    monkeypatch.setattr("specdec.bench.latency.run_item", spy)
+    out = tmp_path / "inter"
+    code = _latency(
+        tiny_llama, out, "--configs", "plain", "ngram:k=3", "--interleave", "--no-plots"
+    )
+    assert code == 0
+    # prompt by prompt, every configuration in turn, the order rotating
+    assert [label for label, _ in order] == [
+        "plain", "ngram:k=3", "ngram:k=3", "plain", "plain", "ngram:k=3",
+    ]  # fmt: skip
+    result = json.loads((out / "results.json").read_text())
+    assert result["passed"] is True and len(result["records"]) == 6
+    assert result["environment"]["settings"]["interleave"] is True
+    spec = [r for r in result["records"] if r["config"] == "ngram:k=3"]
+    assert all(r["identical_to_plain"] is True for r in spec)
+    assert {(r["config"], r["category"]) for r in result["summary"]} == {
+        (c, k) for c in ("plain", "ngram:k=3") for k in ("code_edit", "chat", "overall")
+    }
+
+
 def test_latency_repeated_task_hits_the_prefix_cache(tiny_llama, tmp_path) -> None:
     """Both passes run in one engine per config: pass 2 reuses pass 1's prompts; the warm-up
     leaves nothing behind; --no-enable-prefix-caching reuses nothing."""
