@@ -162,12 +162,7 @@ class LLMEngine:
                 n for n in (2 * (k + 1), 4 * (k + 1), 8 * (k + 1), widest) if max_n < n <= widest
             )
             context = max(1, min(64, self.max_model_len - max((max_n, *batch_ns)) - 1))
-            # Rows of long requests attend to more: what a row pays per cached token.
-            long_context = min(512, self.max_model_len - max_n - 1)
-            cost = measure_verify_cost(
-                self.model, self.kv, slot, max_n, context, batch_ns=batch_ns,
-                long_context=long_context if long_context >= 2 * context else 0,
-            )  # fmt: skip
+            cost = measure_verify_cost(self.model, self.kv, slot, max_n, context, batch_ns=batch_ns)
         finally:
             self.kv.free(slot)
         return SpecController(k, cost)

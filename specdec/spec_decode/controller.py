@@ -5,8 +5,7 @@ Decision. Per request, the chance that draft i survives given that draft i-1 did
 average). The expected tokens of a step with k drafts are 1 + sum_{i<=k} prod_{j<=i} a_j
 (Leviathan et al.'s (1 - a^(k+1)) / (1 - a) with per-position rates). Each step picks the k's that
 maximise expected tokens per millisecond of the whole batch under CostModel: the start-up
-measured forward over n tokens (at 64 cached tokens; each row's attention over its own request's
-context is charged per token beyond that, at a rate measured at a second, longer context) plus, learnt from real cycles, a signed per-step offset (start-up
+measured forward over n tokens plus, learnt from real cycles, a signed per-step offset (start-up
 timings run up to 40% high), the extra a step with drafts costs per number of tokens verified
 (the curve's error at that n, what drafting does to the next forward), the time per draft, and,
 for a request the drafter has fallen behind on, its catch-up spread over CATCH_UP_HORIZON steps.
@@ -86,17 +85,6 @@ class CostModel:
     # (and the draft calls): the curve's error at n, what drafting does to the next forward
     draft_step_extra_ms: dict[int, float] = field(default_factory=dict)
     catch_up_ms_per_token: float = 0.0  # per token a drafter that did not draft must catch up on
-    # Attention: every verified row reads its request's whole context, so a row costs more the
-    # longer that context. verify_ms was measured with `context` cached tokens per row; a step
-    # whose rows attend over `work` (row, cached token) pairs in all costs attention_ms_per_key *
-    # (work - rows * context) more (less, below that context).
-    context: int = 0
-    attention_ms_per_key: float = 0.0
-
-    def attention_extra(self, num_tokens: int, work: int | None) -> float:
-        if work is None:
-            return 0.0
-        return self.attention_ms_per_key * (work - num_tokens * self.context)
 
     def verify(self, n: int) -> float:
         # NOTE: sampling, bookkeeping and noise make no extra row free, whatever the timing says.
@@ -106,10 +94,8 @@ class CostModel:
         slope = (self.verify_ms[-1] - self.verify_ms[0]) / max(1, len(self.verify_ms) - 1)
         return max(self.verify_ms[-1] + slope * (n - len(self.verify_ms)), floor)
 
-    def step_ms(self, num_tokens: int, num_drafts: int, work: int | None = None) -> float:
-        """A step verifying num_tokens rows (num_drafts of them drafts); ``work``: the sum over
-        rows of the tokens each attends to (None: as at the measured context)."""
-        ms = self.verify(num_tokens) + self.overhead_ms + self.attention_extra(num_tokens, work)
+    def step_ms(self, num_tokens: int, num_drafts: int) -> float:
+        ms = self.verify(num_tokens) + self.overhead_ms
         if num_drafts:
             ms += self.draft_step_extra(num_tokens) + self.draft_ms_per_token * num_drafts
         return max(ms, 1e-3)
@@ -128,13 +114,10 @@ def choose_num_drafts(
     caps: list[int],
     cost: CostModel,
     switch_on_ms: list[float] | None = None,
-    contexts: list[int] | None = None,
 ) -> list[int]:
     """Draft lengths maximising expected tokens per millisecond for a batch.
 
     switch_on_ms: per request, what drafting at all costs it this step (a catch-up, spread out).
-    contexts: per request, the tokens its rows attend to (a draft row of a long request costs
-    more than one of a short request); None: as at the measured context.
     One request: exhaustive over 0..cap. Several: greedy, one draft at a time to whichever request
     gains most, while the batch's throughput still improves.
     """
@@ -142,8 +125,7 @@ def choose_num_drafts(
 
     def throughput(ks: list[int]) -> float:
         tokens = sum(expected_tokens(r, k) for r, k in zip(rates, ks))
-        work = None if contexts is None else sum((1 + k) * c for k, c in zip(ks, contexts))
-        ms = cost.step_ms(len(ks) + sum(ks), sum(ks), work)
+        ms = cost.step_ms(len(ks) + sum(ks), sum(ks))
         return tokens / (ms + sum(c for c, k in zip(switch_on_ms, ks) if k))
 
     if len(rates) == 1:
@@ -219,7 +201,6 @@ class _Cycle:
     kind: str  # "plain" (no drafts), "draft" (drafts the cost model chose) or "probe"
     num_reqs: int
     draft_ms: float
-    work: int | None = None  # (row, cached token) pairs the chosen drafts make the step attend
     num_drafts: int = 0  # verified in the step (the scheduler may have dropped some)
     num_tokens: int = -1  # generated in the step; -1 until it ran
     valid: bool = True  # the step decoded exactly this cycle's requests, no prefill
@@ -274,10 +255,7 @@ class SpecController:
                 s.probing = False
         else:
             switch_on = [self._catch_up_ms(s) / CATCH_UP_HORIZON for s in states]
-            contexts = [s.num_tokens for s in states] if num_tokens is not None else None
-            ks = choose_num_drafts(
-                [_extrapolated(s) for s in states], caps, self.cost, switch_on, contexts
-            )
+            ks = choose_num_drafts([_extrapolated(s) for s in states], caps, self.cost, switch_on)
             if all_or_nothing and len(states) == 1:
                 ks = [cap if k > 0 else 0 for k, cap in zip(ks, caps)]
             else:
@@ -356,10 +334,7 @@ class SpecController:
             s.num_last_drafts = n
             if n:
                 s.num_tokens_drafted = s.num_tokens
-        work = None
-        if all(s.num_tokens for s in states):
-            work = sum((1 + n) * s.num_tokens for s, n in zip(states, num_drafts))
-        self._cycle = _Cycle(self._mark, kind, len(req_ids), draft_ms, work)
+        self._cycle = _Cycle(self._mark, kind, len(req_ids), draft_ms)
 
     def _learn_draft_cost(self, ms: float, num_drafts: int, drafting: list[_RequestState]) -> None:
         """Steady calls teach the time per draft; the others the time per token caught up on."""
@@ -392,7 +367,7 @@ class SpecController:
         self.measured_ms += ms
         cost = self.cost
         n = cycle.num_reqs + cycle.num_drafts
-        extra = ms - cycle.draft_ms - cost.verify(n) - cost.attention_extra(n, cycle.work)
+        extra = ms - cycle.draft_ms - cost.verify(n)
         if cycle.num_drafts:
             old = cost.draft_step_extra(n)
             w = self._weight(f"draft_step{n}")
@@ -436,12 +411,9 @@ def measure_verify_cost(
     context: int = 64,
     repeats: int = 5,
     batch_ns: tuple[int, ...] = (),
-    long_context: int = 0,
 ) -> CostModel:
     """Time one target forward over n = 1..max_n new tokens after `context` cached tokens, and
-    over each n in batch_ns (larger: batches of requests with drafts), linear in between; with
-    long_context > context, also max_n tokens after long_context cached ones, for what a row
-    pays per token it attends to (CostModel.attention_ms_per_key).
+    over each n in batch_ns (larger: batches of requests with drafts), linear in between.
 
     NOTE: the fastest of the repeats: on shared cores a median ran 40% high. The learnt offset
     adds what real steps cost beyond; the guard's stand-in for a plain step errs strict.
@@ -465,23 +437,6 @@ def measure_verify_cost(
             model.compute_logits(hidden)
             timings[i].append(1000.0 * (time.perf_counter() - start))
     fastest = [min(t) for t in timings]
-    per_key = 0.0
-    if long_context > context:
-        model.forward(
-            torch.zeros(long_context - context, dtype=torch.long, device=device),
-            torch.arange(context, long_context, device=device),
-            SeqBatch([slot], [context], [long_context - context]),
-            kv,
-        )
-        pos = torch.arange(long_context, long_context + max_n, device=device)
-        long_ms = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            hidden = model.forward(ids[:max_n], pos, SeqBatch([slot], [long_context], [max_n]), kv)
-            model.compute_logits(hidden)
-            long_ms.append(1000.0 * (time.perf_counter() - start))
-        gap = min(long_ms) - fastest[max_n - 1]
-        per_key = max(0.0, gap / (max_n * (long_context - context)))
     # NOTE: costs never fall with n (noise can make them): keep the curve monotone.
     for i in range(1, len(fastest)):
         fastest[i] = max(fastest[i], fastest[i - 1])
@@ -490,4 +445,4 @@ def measure_verify_cost(
         curve += [
             c0 + (c1 - c0) * (n - n0) / (n1 - n0) for n in range(max(n0 + 1, max_n + 1), n1 + 1)
         ]
-    return CostModel(curve, context=context, attention_ms_per_key=per_key)
+    return CostModel(curve)
