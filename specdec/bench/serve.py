@@ -13,8 +13,9 @@ conversation so far, the model's own replies included (as ``bench latency`` does
 Per request: TTFT (send -> first chunk with a token), TPOT ((end-to-end - TTFT) / (output
 tokens - 1), as vLLM's serving benchmark), end-to-end latency, output tokens and prompt tokens
 served from the prefix cache (the server's usage), and the server's ``spec_decode`` counters. The
-in-process server's prefix cache is emptied after the warm-up and before each level, so every
-level starts cold (later turns still reuse their conversation's earlier turns). Per (configuration, concurrency): p50/p99 of TTFT,
+in-process server's prefix cache and its drafter's memory of earlier requests (suffix decoding's
+global tree) are emptied after the warm-up and before each level, so every level starts cold
+(later turns still reuse their conversation's earlier turns). Per (configuration, concurrency): p50/p99 of TTFT,
 TPOT and end-to-end latency, output tokens/s = all output tokens / wall time of the level,
 speedup = tokens/s over ``plain``'s at the same concurrency, and the mean acceptance length.
 
@@ -574,7 +575,7 @@ class _Run:
     def execute(self) -> None:
         """Every round runs every level of every configuration once. Configurations alternate
         within a level (their order rotates each round), so a machine that drifts (other load,
-        clocks) shifts them alike; each in-process server's prefix cache is emptied first, so
+        clocks) shifts them alike; each in-process server's caches are emptied first, so
         every level starts cold."""
         targets = self._start()
         levels: dict[tuple[str, int], list[_Level]] = {}
