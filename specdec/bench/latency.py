@@ -157,18 +157,29 @@ class _Run:
                 continue
         runner.reset_prefix_cache()
 
-    def run_config(self, cfg: BenchConfig) -> None:
+    def _open(self, cfg: BenchConfig):  # noqa: ANN202 (a Runner, or None: anchor not installed)
+        """The configuration's runner, warmed up (None when it is skipped)."""
         try:
             runner = self._make_runner(cfg)
         except AnchorUnavailable as e:
             self.skipped[cfg.label] = str(e)
             print(f"skipped {cfg.label}: {e}")
-            return
+            return None
         try:
             if self.builder is None:
                 self._init_builder(runner)
-            assert self.builder is not None
             self._warm_up(runner)
+        except BaseException:
+            runner.close()
+            raise
+        return runner
+
+    def run_config(self, cfg: BenchConfig) -> None:
+        runner = self._open(cfg)
+        if runner is None:
+            return
+        try:
+            assert self.builder is not None
             bar = tqdm(self.items, desc=cfg.label, unit="prompt", disable=not self.opts.progress)
             tokens = seconds = 0.0
             for item in bar:
@@ -219,17 +230,12 @@ class _Run:
         try:
             for cfg in self.configs:
                 try:
-                    runners[cfg.label] = self._make_runner(cfg)
-                except AnchorUnavailable as e:
-                    self.skipped[cfg.label] = str(e)
-                    print(f"skipped {cfg.label}: {e}")
-                    continue
+                    runner = self._open(cfg)
                 except Exception as e:
                     self._crashed(cfg, e)
                     continue
-                if self.builder is None:
-                    self._init_builder(runners[cfg.label])
-                self._warm_up(runners[cfg.label])
+                if runner is not None:
+                    runners[cfg.label] = runner
             live = [c for c in self.configs if c.label in runners]
             bar = tqdm(self.items, desc="prompts", unit="prompt", disable=not self.opts.progress)
             for i, item in enumerate(bar):
@@ -264,11 +270,7 @@ class _Run:
             try:
                 self.run_config(cfg)
             except Exception as e:
-                if cfg.is_reference:
-                    raise
-                self.config_errors[cfg.label] = f"{type(e).__name__}: {e}"
-                _loud([f"FAILURE: {cfg.label} crashed: {type(e).__name__}: {e}"])
-                traceback.print_exc()
+                self._crashed(cfg, e)
                 continue
             self._report_mismatches_now(cfg)
 
