@@ -540,22 +540,27 @@ class _Run:
             if cfg.is_plain:
                 r["spec_decode"] = None  # the server reports zero counters for plain
         self.records.extend(level.rows)
+        s = summarize_level(level.rows, level.duration_s)
         print(
-            f"{cfg.label} @ {c}: {len(level.rows)} requests, "
-            f"{sum(r['output_tokens'] for r in level.rows) / level.duration_s:.1f} tok/s",
+            f"{cfg.label} @ {c}: {s['num_requests']} requests"
+            + (f" ({s['num_errors']} errors)" if s["num_errors"] else "")
+            + f", {_fmt(s['output_tokens_per_s'], '.1f')} tok/s, TTFT p50 "
+            f"{_fmt(s['ttft_ms_p50'], '.0f')} ms, TPOT p50 {_fmt(s['tpot_ms_p50'], '.1f')} ms, "
+            f"prompt tokens from the prefix cache {s['cached_prompt_tokens']}/{s['prompt_tokens']}",
             flush=True,
         )
         return level
 
-    def _start(self) -> list[_Target]:
-        """One server per configuration (or the one at --base-url), each warmed up."""
+    def _start(self, targets: list[_Target]) -> None:
+        """One server per configuration (or the one at --base-url), each warmed up; appended to
+        ``targets`` as they start, so the caller stops them whatever happens."""
         if self.opts.base_url:
             url = self.opts.base_url.rstrip("/")
             target = _Target(self.configs[0], url, served_model_name(url, self.opts.api_key))
+            targets.append(target)
             self._warm_up(target.url, target.model)
-            return [target]
+            return
         assert self.model_path is not None
-        targets = []
         for cfg in self.configs:
             try:
                 server = _InProcessServer(self.opts, cfg, self.model_path)
@@ -563,7 +568,6 @@ class _Run:
                 self._warm_up(server.url, server.name)
             except Exception as e:
                 self._crashed(cfg, e)
-        return targets
 
     def _crashed(self, cfg: BenchConfig, e: Exception) -> None:
         if cfg.is_reference or self.opts.base_url:
@@ -577,9 +581,10 @@ class _Run:
         within a level (their order rotates each round), so a machine that drifts (other load,
         clocks) shifts them alike; each in-process server's caches are emptied first, so
         every level starts cold."""
-        targets = self._start()
+        targets: list[_Target] = []
         levels: dict[tuple[str, int], list[_Level]] = {}
         try:
+            self._start(targets)
             for rnd in range(self.opts.rounds):
                 for c in self.levels:
                     shift = rnd % max(1, len(targets))
