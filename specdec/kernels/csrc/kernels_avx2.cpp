@@ -478,11 +478,7 @@ int64_t argmax(const float* x, int64_t n) {
         for (float v : lanes) m = v > m ? v : m;
     }
     for (; i < n; ++i) m = x[i] > m ? x[i] : m;
-    if (m == -INFINITY) {  // all -inf or NaN: the first non-NaN, else 0
-        for (int64_t j = 0; j < n; ++j)
-            if (x[j] == x[j]) return j;
-        return 0;
-    }
+    if (m == -INFINITY) return portable_table()->argmax(x, n);  // all -inf or NaN: the reference
     const __m256 target = _mm256_set1_ps(m);
     i = 0;
     for (; i + 8 <= n; i += 8) {

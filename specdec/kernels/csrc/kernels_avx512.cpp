@@ -513,11 +513,7 @@ int64_t argmax(const float* x, int64_t n) {
         m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(a, b), _mm512_max_ps(c, d)));
     }
     for (; i < n; ++i) m = x[i] > m ? x[i] : m;
-    if (m == -INFINITY) {  // all -inf or NaN: the first non-NaN, else 0
-        for (int64_t j = 0; j < n; ++j)
-            if (x[j] == x[j]) return j;
-        return 0;
-    }
+    if (m == -INFINITY) return portable_table()->argmax(x, n);  // all -inf or NaN: the reference
     const __m512 target = _mm512_set1_ps(m);
     i = 0;
     for (; i + 16 <= n; i += 16) {
