@@ -30,6 +30,7 @@ from specdec.bench.runners import (
     GenParams,
     HFRunner,
     LlamaCppRunner,
+    Runner,
     SpecdecRunner,
     run_item,
 )
@@ -157,7 +158,7 @@ class _Run:
                 continue
         runner.reset_prefix_cache()
 
-    def _open(self, cfg: BenchConfig):  # noqa: ANN202 (a Runner, or None: anchor not installed)
+    def _open(self, cfg: BenchConfig) -> Runner | None:
         """The configuration's runner, warmed up (None when it is skipped)."""
         try:
             runner = self._make_runner(cfg)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import types
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,7 +65,7 @@ def native_available() -> bool:
     return _C is not None
 
 
-def native_module():  # noqa: ANN201 (the compiled module, or None)
+def native_module() -> types.ModuleType | None:
     """The compiled extension module ``specdec.kernels._C``, or None when it is not built."""
     return _C
 
