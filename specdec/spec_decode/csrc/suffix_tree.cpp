@@ -817,7 +817,6 @@ PYBIND11_MODULE(_suffix_native, m) {
   py::class_<Cursor>(m, "Cursor", "A sequence's position in another tree (opaque).")
       .def(py::init<>())
       .def_readonly("epoch", &Cursor::epoch)
-      .def("__len__", [](const Cursor& c) { return c.states.size(); })
       .def("depths", [](const Cursor& c) {
         std::vector<int32_t> out;
         for (const State& st : c.states) out.push_back(st.depth);
@@ -844,7 +843,6 @@ PYBIND11_MODULE(_suffix_native, m) {
       .def("close", &SuffixTree::close, py::arg("seq_id"))
       .def("add_sequence", &SuffixTree::add_sequence, py::arg("seq_id"), py::arg("tokens"))
       .def("remove", &SuffixTree::remove, py::arg("seq_id"))
-      .def("has_seq", &SuffixTree::has_seq, py::arg("seq_id"))
       .def("seq_ids", &SuffixTree::seq_ids)
       .def("seq_len", [](const SuffixTree& t, int64_t id) {
         return t.has_seq(id) ? int64_t(t.tokens_of(id).size()) : int64_t(0);
