@@ -25,6 +25,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from specdec.kv_cache.pool import blocked_keys
+
 try:
     from . import _C  # type: ignore[attr-defined]
 
@@ -356,6 +358,9 @@ class KernelOps:
     name: str = "abstract"
     # Whether decoder_layer() exists: one call per layer instead of the Python op sequence.
     supports_fused_layers: bool = False
+    # Key cache layout these ops read: 0 = [Hkv, L, D]; B > 0 = blocked and transposed,
+    # [Hkv, ceil(L / B), D, B] (see specdec.kv_cache.pool).  attention() takes either.
+    key_block: int = 0
 
     def linear(
         self, x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None = None
@@ -381,7 +386,8 @@ class KernelOps:
 
         ``q [T, H, D]`` holds positions ``start_pos .. start_pos + T - 1``; ``k_cache`` and
         ``v_cache`` are ``[Hkv, L, D]`` with entries ``0 .. start_pos + T - 1`` valid (the new
-        tokens included).  Row ``t`` attends keys ``j <= start_pos + t`` (and, with
+        tokens included); ``k_cache`` may instead be in the ops' ``key_block`` layout
+        (``[Hkv, ceil(L / B), D, B]``), which the engine's caches use.  Row ``t`` attends keys ``j <= start_pos + t`` (and, with
         ``sliding_window > 0``, only ``start_pos + t - j < sliding_window``).  Query head ``h``
         uses kv head ``h // (H // Hkv)``.  ``softcap > 0`` maps scaled scores ``s`` to
         ``softcap * tanh(s / softcap)`` before the softmax.  Returns ``[T, H, D]``.
@@ -403,6 +409,7 @@ class NativeOps(KernelOps):
     """C++ kernels (CPU, float32).  Batch-invariant: rows never depend on the other rows."""
 
     name = "native"
+    key_block = 16  # kKeyBlock of kernels.h (checked against _C.KEY_BLOCK at construction)
 
     def __init__(self) -> None:
         if _C is None:
@@ -411,6 +418,11 @@ class NativeOps(KernelOps):
                 "`pip install --no-build-isolation -e .`"
             )
         self._C = _C
+        if _C.KEY_BLOCK != self.key_block:
+            raise RuntimeError(
+                f"native kernels built with key block {_C.KEY_BLOCK}, expected {self.key_block}: "
+                "rebuild them"
+            )
 
     @property
     def isa(self) -> str:
@@ -478,6 +490,8 @@ class NativeOps(KernelOps):
         sliding_window: int = 0,
         softcap: float = 0.0,
     ) -> torch.Tensor:
+        if k_cache.dim() == 3:  # [Hkv, L, D]: the kernels read keys blocked (a copy)
+            k_cache = blocked_keys(k_cache, self.key_block)
         return self._C.attention(
             q, k_cache, v_cache, int(start_pos), float(scale), int(sliding_window), float(softcap)
         )

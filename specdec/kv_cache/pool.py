@@ -10,6 +10,11 @@ entries past them). A new request takes the free slot that shares the longest pr
 prompt and starts computing after that prefix. When that would overwrite more of the slot's cached
 tokens than evicting another free slot loses, the prefix is copied into that slot instead. Slots
 are evicted empty first, then least recently used.
+
+Key layout: native CPU kernels read keys blocked and transposed (``key_block`` keys per block,
+``k [layers, slots, Hkv, ceil(max_len / key_block), D, key_block]``: a vector load then holds one
+element of 16 consecutive keys, so a score needs no horizontal sum); the torch path keeps the
+usual ``[layers, slots, Hkv, max_len, D]`` (``key_block = 0``). Values are always row-major.
 """
 
 from __future__ import annotations
@@ -31,10 +36,16 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device,
         enable_prefix_caching: bool = False,
+        key_block: int = 0,
     ) -> None:
         shape = (num_layers, num_slots, num_kv_heads, max_len, head_dim)
+        self.key_block = key_block
+        k_shape = shape
+        if key_block:
+            num_blocks = -(-max_len // key_block)
+            k_shape = (num_layers, num_slots, num_kv_heads, num_blocks, head_dim, key_block)
         # NOTE: torch.empty does not touch the pages: memory is committed as slots fill.
-        self.k = torch.empty(shape, dtype=dtype, device=device)  # [L, S, Hkv, max_len, D]
+        self.k = torch.empty(k_shape, dtype=dtype, device=device)  # see the module docstring
         self.v = torch.empty(shape, dtype=dtype, device=device)  # [L, S, Hkv, max_len, D]
         self.num_slots = num_slots
         self.max_len = max_len
@@ -48,6 +59,21 @@ class KVCache:
         # vLLM's prefix_cache_queries / prefix_cache_hits, in tokens.
         self.num_prefix_cache_queries = 0
         self.num_prefix_cache_hits = 0
+
+    def store(self, layer: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write ``k`` / ``v`` ``[n, Hkv, D]`` at positions ``start .. start + n - 1``."""
+        n = k.shape[0]
+        self.v[layer, slot, :, start : start + n] = v.transpose(0, 1)
+        if not self.key_block:
+            self.k[layer, slot, :, start : start + n] = k.transpose(0, 1)
+            return
+        pos = torch.arange(start, start + n, device=k.device)
+        # advanced indices on dims 1 and 3 of [Hkv, blocks, D, block] put n first: [n, Hkv, D]
+        self.k[layer, slot][:, pos // self.key_block, :, pos % self.key_block] = k
+
+    def keys(self, layer: int, slot: int) -> torch.Tensor:
+        """One slot's keys in the usual layout, ``[Hkv, max_len, D]`` (a copy when blocked)."""
+        return standard_keys(self.k[layer, slot], self.max_len, self.key_block)
 
     @staticmethod
     def bytes_per_token(
@@ -98,7 +124,8 @@ class KVCache:
         # NOTE: taking `best` would overwrite more cached tokens than evicting `victim` (a shared
         # system prompt would otherwise make each new request evict the previous one). Copy the
         # shared prefix into the victim instead: a memory copy is far cheaper than a forward.
-        self.k[:, victim, :, :num_reused] = self.k[:, best, :, :num_reused]
+        nk = -(-num_reused // self.key_block) if self.key_block else num_reused
+        self.k[:, victim, :, :nk] = self.k[:, best, :, :nk]  # a partial last block: stale tail
         self.v[:, victim, :, :num_reused] = self.v[:, best, :, :num_reused]
         return self._take(victim), num_reused
 
@@ -148,3 +175,20 @@ class KVCache:
         self._free.remove(slot)
         self._num_cached[slot] = 0
         return slot
+
+
+def blocked_keys(k: torch.Tensor, key_block: int) -> torch.Tensor:
+    """``[..., L, D]`` keys -> ``[..., ceil(L / key_block), D, key_block]`` (zero-padded)."""
+    *lead, length, d = k.shape
+    blocks = -(-length // key_block)
+    padded = k.new_zeros(*lead, blocks * key_block, d)
+    padded[..., :length, :] = k
+    return padded.reshape(*lead, blocks, key_block, d).transpose(-1, -2).contiguous()
+
+
+def standard_keys(k: torch.Tensor, length: int, key_block: int) -> torch.Tensor:
+    """Inverse of :func:`blocked_keys` (``key_block = 0``: ``k`` itself): ``[..., length, D]``."""
+    if not key_block:
+        return k[..., :length, :]
+    *lead, blocks, d, block = k.shape
+    return k.transpose(-1, -2).reshape(*lead, blocks * block, d)[..., :length, :]

@@ -251,14 +251,11 @@ class LlamaModel:
         offset = 0
         window = cfg.layer_window(i)
         for slot, start, n in zip(batch.slots, batch.start_pos, batch.num_tokens):
-            k_cache = kv.k[i, slot]  # [Hkv, max_len, D]
-            v_cache = kv.v[i, slot]
-            k_cache[:, start : start + n] = k[offset : offset + n].transpose(0, 1)
-            v_cache[:, start : start + n] = v[offset : offset + n].transpose(0, 1)
+            kv.store(i, slot, start, k[offset : offset + n], v[offset : offset + n])
             out[offset : offset + n] = self.ops.attention(
                 q[offset : offset + n].contiguous(),
-                k_cache,
-                v_cache,
+                kv.k[i, slot],  # in the ops' layout (kv.key_block)
+                kv.v[i, slot],
                 start,
                 cfg.attn_scale,
                 window,
@@ -276,4 +273,5 @@ class LlamaModel:
             self.cfg.head_dim,
             self.dtype,
             self.device,
+            key_block=self.ops.key_block,
         )

@@ -7,6 +7,7 @@ import torch
 
 from specdec import kernels
 from specdec.kernels import get_ops
+from specdec.kv_cache.pool import standard_keys
 from specdec.model.llama import LlamaModel, SeqBatch
 from specdec.model.loader import load_checkpoint
 
@@ -117,7 +118,8 @@ def test_fused_native_layers_equal_python_layers(
         pos = torch.tensor([40, 41, 0, 1, 2])
         h2 = model.forward(step_ids, pos, SeqBatch([2, 0], [40, 0], [2, 3]), kv)
         logits = torch.cat([model.compute_logits(h1), model.compute_logits(h2)])
-        results.append((logits, kv.k[:, [0, 2], :, :42].clone(), kv.v[:, [0, 2], :, :42].clone()))
+        keys = standard_keys(kv.k, kv.max_len, kv.key_block)  # [L, S, Hkv, max_len, D]
+        results.append((logits, keys[:, [0, 2], :, :42].clone(), kv.v[:, [0, 2], :, :42].clone()))
     (la, ka, va), (lb, kb, vb) = results
     assert torch.equal(la, lb)
     assert torch.equal(ka[:, 0, :, :3], kb[:, 0, :, :3]) and torch.equal(ka[:, 1], kb[:, 1])

@@ -19,6 +19,8 @@ enum QType : int { QT_F32 = 0, QT_Q8_0 = 1, QT_Q4_0 = 2, QT_Q4_1 = 3 };
 
 // Rows of activations processed together; each weight block is read once per chunk.
 constexpr int64_t kChunkRows = 16;
+// Keys per block of the blocked (transposed) key cache attention reads.
+constexpr int64_t kKeyBlock = 16;
 // Largest number of weight rows a linear kernel dequantizes into its scratch buffer at once.
 constexpr int64_t kMaxScratchRows = 8;
 
@@ -38,13 +40,18 @@ struct KernelTable {
 
     // One query row of G heads sharing a kv head (GQA group): for head g, softmax over keys j in
     // [lo, hi] (inclusive) of scale * q_g.k_j, then sum_j p_j v_j.  q_g = q + g * q_head_stride
-    // (D floats), key j at k + j * k_stride, value j at v + j * v_stride, output head g at
-    // out + g * out_head_stride.  softcap > 0 maps a scaled score s to softcap * tanh(s / softcap).
-    // Each head's result is independent of G.  scratch: at least 4 * ((hi - lo + 1) + 16) floats.
-    void (*attention_group)(const float* q, int64_t q_head_stride, int64_t G, const float* k,
-                            int64_t k_stride, const float* v, int64_t v_stride, int64_t lo,
-                            int64_t hi, int64_t D, float scale, float softcap, float* out,
-                            int64_t out_head_stride, float* scratch);
+    // (D floats).  Keys are blocked (kKeyBlock keys per block, transposed): element d of key j is
+    // kt[(j / kKeyBlock) * D * kKeyBlock + d * kKeyBlock + j % kKeyBlock]; value j is at
+    // v + j * v_stride.  Output head g at out + g * out_head_stride.  softcap > 0 maps a scaled
+    // score s to softcap * tanh(s / softcap).  Every ISA computes q.k_j the same way: four chains
+    // over d = c, c + 4, c + 8, ... (c = 0..3), each q[c] * k[c] then one fused multiply-add per d
+    // in order, summed as (c0 + c1) + (c2 + c3), then * scale (four chains keep the rounding error
+    // near a pairwise sum's; one chain of 256 was measurably worse on Gemma).  Each head's result
+    // is independent of G and of the other rows.  scratch: at least 4 * ((hi - lo + 1) + 2 * kKeyBlock) floats.
+    void (*attention_group)(const float* q, int64_t q_head_stride, int64_t G, const float* kt,
+                            const float* v, int64_t v_stride, int64_t lo, int64_t hi, int64_t D,
+                            float scale, float softcap, float* out, int64_t out_head_stride,
+                            float* scratch);
 
     // Index of the first maximum of x[0, n) (n >= 1; NaNs are never chosen unless all are NaN,
     // then 0).  Exact: any implementation returns the same index.

@@ -322,7 +322,7 @@ void rms_norm_rows(const float* x, const float* w, float* y, int64_t K, float ep
 }
 
 // ---------------------------------------------------------------------------------------------
-// Attention for one query row.
+// Attention for one query row (blocked, transposed key cache: see kernels.h).
 
 // exp(x) for x <= 0 (softmax after max subtraction); Cephes-style range reduction + polynomial.
 inline __m256 exp256(__m256 x) {
@@ -347,35 +347,53 @@ inline __m256 exp256(__m256 x) {
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
-// Scaled (and soft-capped) scores of GB query heads against keys 0..n-1, sharing each key load.
-// Per (head, key): one 8-lane FMA chain over d, then hsum8 -- the same for every grouping.
+// Scaled (and soft-capped) scores of GB query heads against keys lo..hi of a blocked key cache
+// (kernels.h): s[g * s_stride + j - base] with base the first key of lo's block; mx[g] = the
+// maximum over lo..hi.  q . k_j as kernels.h defines it (four chains over d, then
+// (c0 + c1) + (c2 + c3)), then * scale; one head at a time (8 accumulators per 16-key block).
 template <int GB>
-inline void group_scores(const float* q, int64_t q_hs, const float* k, int64_t k_stride, int64_t n,
+inline void group_scores(const float* q, int64_t q_hs, const float* kt, int64_t lo, int64_t hi,
                          int64_t D, float scale, float softcap, float* s, int64_t s_stride,
                          float* mx) {
-    const int64_t D8 = D & ~int64_t(7);
-    const __m256i mask = lane_mask(D - D8);
-    for (int g = 0; g < GB; ++g) mx[g] = -INFINITY;
-    for (int64_t j = 0; j < n; ++j) {
-        const float* kj = k + j * k_stride;
-        __m256 acc[GB];
-        for (int g = 0; g < GB; ++g) acc[g] = _mm256_setzero_ps();
-        for (int64_t d = 0; d < D8; d += 8) {
-            const __m256 kv = _mm256_loadu_ps(kj + d);
-            for (int g = 0; g < GB; ++g)
-                acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * q_hs + d), kv, acc[g]);
+    static_assert(kKeyBlock == 16, "two 8-lane vectors per key block");
+    const int64_t b0 = lo / kKeyBlock, b1 = hi / kKeyBlock, base = b0 * kKeyBlock;
+    const __m256 vscale = _mm256_set1_ps(scale);
+    for (int g = 0; g < GB; ++g) {
+        const float* qg = q + g * q_hs;
+        float* sg = s + g * s_stride;
+        for (int64_t b = b0; b <= b1; ++b) {
+            const float* kb = kt + b * D * kKeyBlock;
+            __m256 acc[4][2];
+            for (int c = 0; c < 4; ++c) {
+                if (c < D) {
+                    const __m256 qd = _mm256_broadcast_ss(qg + c);
+                    acc[c][0] = _mm256_mul_ps(qd, _mm256_loadu_ps(kb + c * kKeyBlock));
+                    acc[c][1] = _mm256_mul_ps(qd, _mm256_loadu_ps(kb + c * kKeyBlock + 8));
+                } else {
+                    acc[c][0] = acc[c][1] = _mm256_setzero_ps();
+                }
+            }
+            for (int64_t d0 = 4; d0 < D; d0 += 4) {
+                for (int c = 0; c < 4 && d0 + c < D; ++c) {
+                    const float* kd = kb + (d0 + c) * kKeyBlock;
+                    const __m256 qd = _mm256_broadcast_ss(qg + d0 + c);
+                    acc[c][0] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kd), acc[c][0]);
+                    acc[c][1] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kd + 8), acc[c][1]);
+                }
+            }
+            float* sb = sg + (b * kKeyBlock - base);
+            for (int h = 0; h < 2; ++h) {
+                const __m256 sum = _mm256_add_ps(_mm256_add_ps(acc[0][h], acc[1][h]),
+                                                 _mm256_add_ps(acc[2][h], acc[3][h]));
+                _mm256_storeu_ps(sb + 8 * h, _mm256_mul_ps(sum, vscale));
+            }
         }
-        if (D8 < D) {
-            const __m256 kv = _mm256_maskload_ps(kj + D8, mask);
-            for (int g = 0; g < GB; ++g)
-                acc[g] = _mm256_fmadd_ps(_mm256_maskload_ps(q + g * q_hs + D8, mask), kv, acc[g]);
+        float m = -INFINITY;
+        for (int64_t j = lo - base; j <= hi - base; ++j) {
+            if (softcap > 0.0f) sg[j] = softcap * tanhf(sg[j] / softcap);
+            m = sg[j] > m ? sg[j] : m;
         }
-        for (int g = 0; g < GB; ++g) {
-            float sj = hsum8(acc[g]) * scale;
-            if (softcap > 0.0f) sj = softcap * tanhf(sj / softcap);
-            s[g * s_stride + j] = sj;
-            mx[g] = sj > mx[g] ? sj : mx[g];
-        }
+        mx[g] = m;
     }
 }
 
@@ -423,44 +441,44 @@ inline void group_values(const float* p, int64_t p_stride, int64_t n, const floa
 }
 
 template <int GB>
-void attention_heads(const float* q, int64_t q_hs, const float* k, int64_t k_stride, const float* v,
-                     int64_t v_stride, int64_t n, int64_t D, float scale, float softcap, float* out,
+void attention_heads(const float* q, int64_t q_hs, const float* kt, const float* v, int64_t v_stride,
+                     int64_t lo, int64_t hi, int64_t D, float scale, float softcap, float* out,
                      int64_t out_hs, float* scratch) {
     constexpr int NV = GB == 1 ? 8 : GB == 4 ? 2 : 4;  // <= 12 accumulators
-    const int64_t s_stride = n + 8;
+    const int64_t n = hi - lo + 1;
+    const int64_t base = lo / kKeyBlock * kKeyBlock;
+    const int64_t s_stride = (hi / kKeyBlock + 1) * kKeyBlock - base;
     float mx[GB], inv[GB];
-    group_scores<GB>(q, q_hs, k, k_stride, n, D, scale, softcap, scratch, s_stride, mx);
-    for (int g = 0; g < GB; ++g) inv[g] = softmax_inplace(scratch + g * s_stride, n, mx[g]);
+    group_scores<GB>(q, q_hs, kt, lo, hi, D, scale, softcap, scratch, s_stride, mx);
+    float* p = scratch + (lo - base);  // p[g * s_stride + j - lo]
+    for (int g = 0; g < GB; ++g) inv[g] = softmax_inplace(p + g * s_stride, n, mx[g]);
+    const float* vb = v + lo * v_stride;
     int64_t c = 0;
     for (; c + 8 * NV <= D; c += 8 * NV)
-        group_values<GB, NV>(scratch, s_stride, n, v + c, v_stride, inv, out + c, out_hs);
+        group_values<GB, NV>(p, s_stride, n, vb + c, v_stride, inv, out + c, out_hs);
     for (; c + 8 <= D; c += 8)
-        group_values<GB, 1>(scratch, s_stride, n, v + c, v_stride, inv, out + c, out_hs);
+        group_values<GB, 1>(p, s_stride, n, vb + c, v_stride, inv, out + c, out_hs);
     for (; c < D; ++c) {  // D % 8 columns: scalar, same order over j
         for (int g = 0; g < GB; ++g) {
-            const float* p = scratch + g * s_stride;
+            const float* pg = p + g * s_stride;
             float acc = 0.0f;
-            for (int64_t j = 0; j < n; ++j) acc = fmaf(p[j], v[j * v_stride + c], acc);
+            for (int64_t j = 0; j < n; ++j) acc = fmaf(pg[j], vb[j * v_stride + c], acc);
             out[g * out_hs + c] = acc * inv[g];
         }
     }
 }
 
-void attention_group(const float* q, int64_t q_head_stride, int64_t G, const float* k,
-                     int64_t k_stride, const float* v, int64_t v_stride, int64_t lo, int64_t hi,
-                     int64_t D, float scale, float softcap, float* out, int64_t out_head_stride,
-                     float* scratch) {
-    const int64_t n = hi - lo + 1;
-    const float* kb = k + lo * k_stride;
-    const float* vb = v + lo * v_stride;
+void attention_group(const float* q, int64_t q_head_stride, int64_t G, const float* kt,
+                     const float* v, int64_t v_stride, int64_t lo, int64_t hi, int64_t D, float scale,
+                     float softcap, float* out, int64_t out_head_stride, float* scratch) {
     for (int64_t g0 = 0; g0 < G; g0 += 4) {
         const float* qg = q + g0 * q_head_stride;
         float* og = out + g0 * out_head_stride;
         switch (G - g0 < 4 ? G - g0 : 4) {
-            case 1: attention_heads<1>(qg, q_head_stride, kb, k_stride, vb, v_stride, n, D, scale, softcap, og, out_head_stride, scratch); break;
-            case 2: attention_heads<2>(qg, q_head_stride, kb, k_stride, vb, v_stride, n, D, scale, softcap, og, out_head_stride, scratch); break;
-            case 3: attention_heads<3>(qg, q_head_stride, kb, k_stride, vb, v_stride, n, D, scale, softcap, og, out_head_stride, scratch); break;
-            default: attention_heads<4>(qg, q_head_stride, kb, k_stride, vb, v_stride, n, D, scale, softcap, og, out_head_stride, scratch); break;
+            case 1: attention_heads<1>(qg, q_head_stride, kt, v, v_stride, lo, hi, D, scale, softcap, og, out_head_stride, scratch); break;
+            case 2: attention_heads<2>(qg, q_head_stride, kt, v, v_stride, lo, hi, D, scale, softcap, og, out_head_stride, scratch); break;
+            case 3: attention_heads<3>(qg, q_head_stride, kt, v, v_stride, lo, hi, D, scale, softcap, og, out_head_stride, scratch); break;
+            default: attention_heads<4>(qg, q_head_stride, kt, v, v_stride, lo, hi, D, scale, softcap, og, out_head_stride, scratch); break;
         }
     }
 }

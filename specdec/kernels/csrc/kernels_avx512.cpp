@@ -301,12 +301,12 @@ void linear_rows(int qtype, const float* x, int64_t M, int64_t K, const uint8_t*
 // ---------------------------------------------------------------------------------------------
 // Attention for one query row and the G query heads of one kv head (GQA group).
 //
-// Scores: per (head, key) one 16-lane FMA chain over d (a masked partial vector last), then the
-// lanes are summed by reduce16(): sixteen keys' accumulators at once, through one fixed
-// pairwise tree that treats every key the same (missing keys are zero vectors that never mix
-// with other keys' lanes).  Softmax: exp of (s - max), summed in 16-lane chunks in key order.
-// Values: per output element one FMA chain over keys in order.  None of it depends on other
-// rows, so a row's result is the same whatever the batch.
+// Scores: the key cache is blocked and transposed (kernels.h), so a vector holds one element of 16
+// consecutive keys: per (head, key) one FMA chain over d in order, with no horizontal sums (the
+// row-major layout needed a 16-to-1 lane reduction per key, which cost as much as the products).
+// Softmax: exp of (s - max), summed in 16-lane chunks in key order.  Values: per output element
+// one FMA chain over keys in order.  None of it depends on other rows, so a row's result is the
+// same whatever the batch.
 
 inline __m512 exp512(__m512 x) {
     const __m512 one = _mm512_set1_ps(1.0f);
@@ -330,87 +330,73 @@ inline __m512 exp512(__m512 x) {
     return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
 }
 
-// a[0..16) -> one vector whose lane i is the sum of a[i]'s 16 lanes.  Every vector goes through
-// the same tree: lane l + lane l+8, then +4, +2, +1 (in that order).
-inline __m512 reduce16(__m512 a[16]) {
-    __m512 b[8], c[4], d[2];
-    for (int i = 0; i < 8; ++i)  // lanes 0-7: a[2i] partial sums, 8-15: a[2i+1]
-        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
-                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
-    for (int i = 0; i < 4; ++i)  // 128-bit quarters: b[2i] key, b[2i] key, b[2i+1] key, b[2i+1] key
-        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
-                             _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
-    for (int i = 0; i < 2; ++i)  // per quarter: 2 lanes of c[2i]'s key, 2 of c[2i+1]'s
-        d[i] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0x44),
-                             _mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0xEE));
-    const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
-    // Lane of r holding key i's sum, worked out from the shuffles above.
-    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    return _mm512_permutexvar_ps(order, r);
-}
-
-// q . k for 16 keys (nk of them real, the rest zero vectors): per key one FMA chain over d in
-// order.  DV > 0: D == 16 DV, q held in registers and the key loop unrolled; DV == 0: any D.
-template <int DV>
-inline __m512 key_block_scores(const float* q, const float* k, int64_t k_stride, int64_t nk,
-                               int64_t D, int64_t D16, __mmask16 dmask) {
-    __m512 acc[16];
-    if (DV > 0 && nk == 16) {
-        __m512 qv[DV > 0 ? DV : 1];
-        for (int d = 0; d < DV; ++d) qv[d] = _mm512_loadu_ps(q + 16 * d);
-        for (int i = 0; i < 16; ++i) {
-            const float* kj = k + i * k_stride;
-            __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kj));
-            for (int d = 1; d < DV; ++d) a = _mm512_fmadd_ps(qv[d], _mm512_loadu_ps(kj + 16 * d), a);
-            acc[i] = a;
+// Scores of GB heads against KB consecutive key blocks (kernels.h layout): out[g][b] lane i =
+// q_g . key i of block b as kernels.h defines it (four chains over d = c, c + 4, ..., each a
+// multiply then FMAs in order, summed (c0 + c1) + (c2 + c3)).  The heads share each key load;
+// each q element is a broadcast.
+template <int GB, int KB>
+inline void kt_block_scores(const float* q, int64_t q_hs, const float* kt, int64_t D,
+                            __m512 out[GB][KB]) {
+    __m512 acc[GB][KB][4];
+    for (int c = 0; c < 4; ++c)
+        for (int b = 0; b < KB; ++b) {
+            const __m512 k0 = c < D ? _mm512_loadu_ps(kt + b * D * kKeyBlock + c * kKeyBlock) : _mm512_setzero_ps();
+            for (int g = 0; g < GB; ++g)
+                acc[g][b][c] = c < D ? _mm512_mul_ps(_mm512_set1_ps(q[g * q_hs + c]), k0) : _mm512_setzero_ps();
         }
-        return reduce16(acc);
-    }
-    for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < nk; ++i) {
-        const float* kj = k + i * k_stride;
-        __m512 a = _mm512_setzero_ps();
-        int64_t d = 0;
-        if (D16 > 0) {
-            a = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(kj));
-            d = 16;
-        }
-        for (; d < D16; d += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(kj + d), a);
-        if (D16 < D)
-            a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(dmask, q + D16), _mm512_maskz_loadu_ps(dmask, kj + D16), a);
-        acc[i] = a;
-    }
-    return reduce16(acc);
-}
-
-// Raw scores q_g . k_j (scaled, soft-capped) of G heads against n keys into s[g * s_stride + j];
-// mx[g] = their max.  (The first product of a chain is a multiply: fma(q, k, 0) rounds the same.)
-template <int DV>
-inline void scores512(const float* q, int64_t q_hs, int64_t G, const float* k, int64_t k_stride,
-                      int64_t n, int64_t D, float scale, float softcap, float* s, int64_t s_stride,
-                      float* mx) {
-    const int64_t D16 = D & ~int64_t(15);
-    const __mmask16 dmask = tail_mask(D - D16);
-    const __m512 vscale = _mm512_set1_ps(scale);
-    for (int64_t g = 0; g < G; ++g) {
-        const float* qg = q + g * q_hs;
-        __m512 vmax = _mm512_set1_ps(-INFINITY);
-        for (int64_t j0 = 0; j0 < n; j0 += 16) {
-            const int64_t nk = n - j0 < 16 ? n - j0 : 16;
-            __m512 sc = _mm512_mul_ps(
-                key_block_scores<DV>(qg, k + j0 * k_stride, k_stride, nk, D, D16, dmask), vscale);
-            const __mmask16 kmask = tail_mask(nk);
-            if (softcap > 0.0f) {
-                alignas(64) float tmp[16];
-                _mm512_store_ps(tmp, sc);
-                for (int64_t i = 0; i < nk; ++i) tmp[i] = softcap * tanhf(tmp[i] / softcap);
-                sc = _mm512_load_ps(tmp);
+    for (int64_t d0 = 4; d0 < D; d0 += 4) {
+        for (int c = 0; c < 4 && d0 + c < D; ++c)
+            for (int b = 0; b < KB; ++b) {
+                const __m512 kd = _mm512_loadu_ps(kt + b * D * kKeyBlock + (d0 + c) * kKeyBlock);
+                for (int g = 0; g < GB; ++g)
+                    acc[g][b][c] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * q_hs + d0 + c]), kd, acc[g][b][c]);
             }
-            _mm512_mask_storeu_ps(s + g * s_stride + j0, kmask, sc);
-            vmax = _mm512_mask_max_ps(vmax, kmask, vmax, sc);
-        }
-        mx[g] = _mm512_reduce_max_ps(vmax);
     }
+    for (int g = 0; g < GB; ++g)
+        for (int b = 0; b < KB; ++b)
+            out[g][b] = _mm512_add_ps(_mm512_add_ps(acc[g][b][0], acc[g][b][1]),
+                                      _mm512_add_ps(acc[g][b][2], acc[g][b][3]));
+}
+
+// Scaled (soft-capped) scores of GB heads against keys lo..hi into s[g * s_stride + j - base]
+// (base: the first key of lo's block; whole blocks are written, lanes outside lo..hi unused);
+// mx[g] = the maximum over lo..hi.
+template <int GB>
+inline void scores512(const float* q, int64_t q_hs, const float* kt, int64_t lo, int64_t hi,
+                      int64_t D, float scale, float softcap, float* s, int64_t s_stride, float* mx) {
+    static_assert(kKeyBlock == 16, "one 16-lane vector per key block");
+    constexpr int KB = GB == 1 ? 4 : GB == 4 ? 1 : 2;  // <= 24 accumulators
+    const int64_t b0 = lo / kKeyBlock, b1 = hi / kKeyBlock, base = b0 * kKeyBlock;
+    const __m512 vscale = _mm512_set1_ps(scale);
+    __m512 vmax[GB];
+    for (int g = 0; g < GB; ++g) vmax[g] = _mm512_set1_ps(-INFINITY);
+    auto emit = [&](const __m512& acc, int g, int64_t b) {
+        const int64_t j0 = b * kKeyBlock;
+        __m512 sc = _mm512_mul_ps(acc, vscale);
+        if (softcap > 0.0f) {
+            alignas(64) float tmp[16];
+            _mm512_store_ps(tmp, sc);
+            for (int i = 0; i < 16; ++i) tmp[i] = softcap * tanhf(tmp[i] / softcap);
+            sc = _mm512_load_ps(tmp);
+        }
+        _mm512_storeu_ps(s + g * s_stride + (j0 - base), sc);
+        const int64_t first = lo > j0 ? lo - j0 : 0, last = hi - j0 < 15 ? hi - j0 : 15;
+        const __mmask16 m = static_cast<__mmask16>(((1u << (last + 1)) - 1) & ~((1u << first) - 1));
+        vmax[g] = _mm512_mask_max_ps(vmax[g], m, vmax[g], sc);
+    };
+    int64_t b = b0;
+    for (; b + KB <= b1 + 1; b += KB) {
+        __m512 acc[GB][KB];
+        kt_block_scores<GB, KB>(q, q_hs, kt + b * D * kKeyBlock, D, acc);
+        for (int g = 0; g < GB; ++g)
+            for (int i = 0; i < KB; ++i) emit(acc[g][i], g, b + i);
+    }
+    for (; b <= b1; ++b) {
+        __m512 acc[GB][1];
+        kt_block_scores<GB, 1>(q, q_hs, kt + b * D * kKeyBlock, D, acc);
+        for (int g = 0; g < GB; ++g) emit(acc[g][0], g, b);
+    }
+    for (int g = 0; g < GB; ++g) mx[g] = _mm512_reduce_max_ps(vmax[g]);
 }
 
 // s[0..n) <- exp(s - mx) in place; returns 1 / sum (16-lane sums in key order, then hsum16).
@@ -467,33 +453,31 @@ void values_heads(const float* p, int64_t p_stride, int64_t n, const float* v, i
     if (c < D) values512<GB, 1, true>(p, p_stride, n, v + c, v_stride, inv, out + c, out_hs, tail_mask(D - c));
 }
 
-void attention_group(const float* q, int64_t q_head_stride, int64_t G, const float* k,
-                     int64_t k_stride, const float* v, int64_t v_stride, int64_t lo, int64_t hi,
-                     int64_t D, float scale, float softcap, float* out, int64_t out_head_stride,
-                     float* scratch) {
+template <int GB>
+void attention_heads(const float* q, int64_t q_hs, const float* kt, const float* v, int64_t v_stride,
+                     int64_t lo, int64_t hi, int64_t D, float scale, float softcap, float* out,
+                     int64_t out_hs, float* scratch) {
     const int64_t n = hi - lo + 1;
-    const float* kb = k + lo * k_stride;
-    const float* vb = v + lo * v_stride;
-    const int64_t s_stride = n + 16;
+    const int64_t base = lo / kKeyBlock * kKeyBlock;
+    const int64_t s_stride = (hi / kKeyBlock + 1) * kKeyBlock - base;
+    float mx[GB], inv[GB];
+    scores512<GB>(q, q_hs, kt, lo, hi, D, scale, softcap, scratch, s_stride, mx);
+    float* p = scratch + (lo - base);  // p[g * s_stride + j - lo]
+    for (int g = 0; g < GB; ++g) inv[g] = softmax512(p + g * s_stride, n, mx[g]);
+    values_heads<GB>(p, s_stride, n, v + lo * v_stride, v_stride, D, inv, out, out_hs);
+}
+
+void attention_group(const float* q, int64_t q_head_stride, int64_t G, const float* kt,
+                     const float* v, int64_t v_stride, int64_t lo, int64_t hi, int64_t D, float scale,
+                     float softcap, float* out, int64_t out_head_stride, float* scratch) {
     for (int64_t g0 = 0; g0 < G; g0 += 4) {
-        const int64_t gb = G - g0 < 4 ? G - g0 : 4;
-        float mx[4], inv[4];
         const float* qg = q + g0 * q_head_stride;
-        if (D == 64)
-            scores512<4>(qg, q_head_stride, gb, kb, k_stride, n, D, scale, softcap, scratch, s_stride, mx);
-        else if (D == 128)
-            scores512<8>(qg, q_head_stride, gb, kb, k_stride, n, D, scale, softcap, scratch, s_stride, mx);
-        else if (D == 256)
-            scores512<16>(qg, q_head_stride, gb, kb, k_stride, n, D, scale, softcap, scratch, s_stride, mx);
-        else
-            scores512<0>(qg, q_head_stride, gb, kb, k_stride, n, D, scale, softcap, scratch, s_stride, mx);
-        for (int64_t g = 0; g < gb; ++g) inv[g] = softmax512(scratch + g * s_stride, n, mx[g]);
         float* og = out + g0 * out_head_stride;
-        switch (gb) {
-            case 1: values_heads<1>(scratch, s_stride, n, vb, v_stride, D, inv, og, out_head_stride); break;
-            case 2: values_heads<2>(scratch, s_stride, n, vb, v_stride, D, inv, og, out_head_stride); break;
-            case 3: values_heads<3>(scratch, s_stride, n, vb, v_stride, D, inv, og, out_head_stride); break;
-            default: values_heads<4>(scratch, s_stride, n, vb, v_stride, D, inv, og, out_head_stride); break;
+        switch (G - g0 < 4 ? G - g0 : 4) {
+            case 1: attention_heads<1>(qg, q_head_stride, kt, v, v_stride, lo, hi, D, scale, softcap, og, out_head_stride, scratch); break;
+            case 2: attention_heads<2>(qg, q_head_stride, kt, v, v_stride, lo, hi, D, scale, softcap, og, out_head_stride, scratch); break;
+            case 3: attention_heads<3>(qg, q_head_stride, kt, v, v_stride, lo, hi, D, scale, softcap, og, out_head_stride, scratch); break;
+            default: attention_heads<4>(qg, q_head_stride, kt, v, v_stride, lo, hi, D, scale, softcap, og, out_head_stride, scratch); break;
         }
     }
 }

@@ -119,15 +119,22 @@ void rms_norm_rows(const float* x, const float* w, float* y, int64_t K, float ep
     }
 }
 
-void attention_row(const float* q, const float* k, int64_t k_stride, const float* v,
-                   int64_t v_stride, int64_t lo, int64_t hi, int64_t D, float scale, float softcap,
-                   float* out, float* scratch) {
+// q . k_j for a blocked key cache as kernels.h defines it (std::fma: one rounding, as vfmadd).
+inline float blocked_score(const float* q, const float* kt, int64_t j, int64_t D) {
+    const float* kb = kt + (j / kKeyBlock) * D * kKeyBlock + j % kKeyBlock;
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t d = 0; d < 4 && d < D; ++d) c[d] = q[d] * kb[d * kKeyBlock];
+    for (int64_t d = 4; d < D; ++d) c[d % 4] = std::fma(q[d], kb[d * kKeyBlock], c[d % 4]);
+    return (c[0] + c[1]) + (c[2] + c[3]);
+}
+
+void attention_row(const float* q, const float* kt, const float* v, int64_t v_stride, int64_t lo,
+                   int64_t hi, int64_t D, float scale, float softcap, float* out, float* scratch) {
     const int64_t n = hi - lo + 1;
     float* s = scratch;
-    const float* kb = k + lo * k_stride;
     float mx = -INFINITY;
     for (int64_t j = 0; j < n; ++j) {
-        float sj = dot(q, kb + j * k_stride, D) * scale;
+        float sj = blocked_score(q, kt, lo + j, D) * scale;
         if (softcap > 0.0f) sj = softcap * std::tanh(sj / softcap);
         s[j] = sj;
         mx = sj > mx ? sj : mx;
@@ -148,12 +155,11 @@ void attention_row(const float* q, const float* k, int64_t k_stride, const float
     for (int64_t d = 0; d < D; ++d) out[d] *= inv;
 }
 
-void attention_group(const float* q, int64_t q_head_stride, int64_t G, const float* k,
-                     int64_t k_stride, const float* v, int64_t v_stride, int64_t lo, int64_t hi,
-                     int64_t D, float scale, float softcap, float* out, int64_t out_head_stride,
-                     float* scratch) {
+void attention_group(const float* q, int64_t q_head_stride, int64_t G, const float* kt,
+                     const float* v, int64_t v_stride, int64_t lo, int64_t hi, int64_t D, float scale,
+                     float softcap, float* out, int64_t out_head_stride, float* scratch) {
     for (int64_t g = 0; g < G; ++g)
-        attention_row(q + g * q_head_stride, k, k_stride, v, v_stride, lo, hi, D, scale, softcap,
+        attention_row(q + g * q_head_stride, kt, v, v_stride, lo, hi, D, scale, softcap,
                       out + g * out_head_stride, scratch);
 }
 

@@ -79,9 +79,10 @@ class DecoderLayer {
         TORCH_CHECK(head_dim % 2 == 0, "DecoderLayer: head_dim must be even");
     }
 
-    // x [T, hidden]; cos / sin [T, D] (each token's rotary row); k_cache / v_cache this layer's
-    // [slots, Hkv, max_len, D].  Sequence s owns tokens [sum(counts[:s]), +counts[s]) of x, at
-    // positions starts[s]... of KV slot slots[s].  Returns the layer's output [T, hidden].
+    // x [T, hidden]; cos / sin [T, D] (each token's rotary row); this layer's v_cache
+    // [slots, Hkv, max_len, D] and k_cache [slots, Hkv, max_len / kKeyBlock, D, kKeyBlock] (blocked,
+    // kernels.h).  Sequence s owns tokens [sum(counts[:s]), +counts[s]) of x, at positions
+    // starts[s]... of KV slot slots[s].  Returns the layer's output [T, hidden].
     torch::Tensor forward(torch::Tensor x, torch::Tensor cos, torch::Tensor sin,
                           torch::Tensor k_cache, torch::Tensor v_cache, const std::vector<int64_t>& slots,
                           const std::vector<int64_t>& starts, const std::vector<int64_t>& counts) {
@@ -92,11 +93,16 @@ class DecoderLayer {
                         sin.sizes() == cos.sizes() && cos.scalar_type() == torch::kFloat32 &&
                         sin.scalar_type() == torch::kFloat32,
                     "DecoderLayer: cos / sin must be contiguous float32 [T, head_dim]");
-        TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
-                        k_cache.sizes() == v_cache.sizes() && k_cache.size(1) == Hkv_ && k_cache.size(3) == D &&
-                        k_cache.scalar_type() == torch::kFloat32 && v_cache.scalar_type() == torch::kFloat32,
-                    "DecoderLayer: k_cache / v_cache must be contiguous float32 [slots, Hkv, max_len, D]");
-        const int64_t max_len = k_cache.size(2);
+        TORCH_CHECK(v_cache.dim() == 4 && v_cache.is_contiguous() && v_cache.size(1) == Hkv_ &&
+                        v_cache.size(3) == D && v_cache.scalar_type() == torch::kFloat32,
+                    "DecoderLayer: v_cache must be contiguous float32 [slots, Hkv, max_len, D]");
+        TORCH_CHECK(k_cache.dim() == 5 && k_cache.is_contiguous() && k_cache.size(0) == v_cache.size(0) &&
+                        k_cache.size(1) == Hkv_ && k_cache.size(2) * kKeyBlock >= v_cache.size(2) &&
+                        k_cache.size(3) == D && k_cache.size(4) == kKeyBlock &&
+                        k_cache.scalar_type() == torch::kFloat32,
+                    "DecoderLayer: k_cache must be contiguous float32 [slots, Hkv, max_len / ", kKeyBlock,
+                    ", D, ", kKeyBlock, "] (blocked)");
+        const int64_t max_len = v_cache.size(2);
         int64_t total = 0;
         for (size_t s = 0; s < slots.size(); ++s) {
             TORCH_CHECK(slots[s] >= 0 && slots[s] < k_cache.size(0), "DecoderLayer: slot out of range");
@@ -128,6 +134,9 @@ class DecoderLayer {
         float* kc = k_cache.data_ptr<float>();
         float* vc = v_cache.data_ptr<float>();
         const int64_t slot_stride = Hkv_ * max_len * D, head_stride = max_len * D;
+        const int64_t k_slot_stride = k_cache.stride(0), k_head_stride = k_cache.stride(1);
+        std::vector<float> krot_buf(static_cast<size_t>(D));
+        float* krot = krot_buf.data();
         int64_t t = 0;
         for (size_t s = 0; s < slots.size(); ++s) {
             for (int64_t i = 0; i < counts[s]; ++i, ++t) {
@@ -137,9 +146,12 @@ class DecoderLayer {
                     rotate_head(qp + t * q_stride + hd * D, c, sn, D, qrp + (t * H_ + hd) * D);
                 const int64_t pos = starts[s] + i;
                 for (int64_t hd = 0; hd < Hkv_; ++hd) {
-                    float* kdst = kc + slots[s] * slot_stride + hd * head_stride + pos * D;
+                    // key pos: element d at block pos / kKeyBlock, row d, lane pos % kKeyBlock
+                    float* kdst = kc + slots[s] * k_slot_stride + hd * k_head_stride +
+                                  (pos / kKeyBlock) * D * kKeyBlock + pos % kKeyBlock;
                     float* vdst = vc + slots[s] * slot_stride + hd * head_stride + pos * D;
-                    rotate_head(kp + t * k_stride + hd * D, c, sn, D, kdst);
+                    rotate_head(kp + t * k_stride + hd * D, c, sn, D, krot);
+                    for (int64_t d = 0; d < D; ++d) kdst[d * kKeyBlock] = krot[d];
                     std::memcpy(vdst, vp + t * v_stride + hd * D, D * sizeof(float));
                 }
             }

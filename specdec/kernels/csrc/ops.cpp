@@ -329,23 +329,26 @@ torch::Tensor argmax_rows(torch::Tensor x) {
     return out;
 }
 
+// k_cache is blocked: [Hkv, ceil(L / kKeyBlock), D, kKeyBlock] (kernels.h); v_cache [Hkv, L, D].
 torch::Tensor attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                         int64_t start_pos, double scale, int64_t sliding_window, double softcap) {
     check_float_cpu(q, "attention q");
     check_float_cpu(k_cache, "attention k_cache");
     check_float_cpu(v_cache, "attention v_cache");
-    TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && v_cache.dim() == 3,
-                "specdec native attention: q [T, H, D], k_cache/v_cache [Hkv, L, D]");
+    TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.dim() == 3,
+                "specdec native attention: q [T, H, D], k_cache [Hkv, L / ", kKeyBlock, ", D, ", kKeyBlock,
+                "] (blocked), v_cache [Hkv, L, D]");
     const int64_t T = q.size(0), H = q.size(1), D = q.size(2);
-    const int64_t Hkv = k_cache.size(0), L = k_cache.size(1);
-    TORCH_CHECK(k_cache.size(2) == D && v_cache.size(0) == Hkv && v_cache.size(1) == L && v_cache.size(2) == D,
+    const int64_t Hkv = v_cache.size(0), L = v_cache.size(1);
+    TORCH_CHECK(v_cache.size(2) == D && k_cache.size(0) == Hkv && k_cache.size(1) * kKeyBlock >= L &&
+                    k_cache.size(2) == D && k_cache.size(3) == kKeyBlock,
                 "specdec native attention: shape mismatch q ", q.sizes(), " k ", k_cache.sizes(), " v ",
                 v_cache.sizes());
     TORCH_CHECK(Hkv > 0 && H % Hkv == 0, "specdec native attention: H (", H, ") not a multiple of Hkv (", Hkv, ")");
     TORCH_CHECK(start_pos >= 0 && start_pos + T <= L, "specdec native attention: start_pos + T (",
                 start_pos + T, ") exceeds cache length ", L);
     if (q.stride(2) != 1) q = q.contiguous();
-    if (k_cache.stride(2) != 1) k_cache = k_cache.contiguous();
+    if (!k_cache.is_contiguous()) k_cache = k_cache.contiguous();
     if (v_cache.stride(2) != 1) v_cache = v_cache.contiguous();
     auto out = torch::empty({T, H, D}, q.options().memory_format(at::MemoryFormat::Contiguous));
     if (T == 0 || H == 0) return out;
@@ -354,7 +357,7 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_
     const float* vp = v_cache.data_ptr<float>();
     float* op = out.data_ptr<float>();
     const int64_t qs0 = q.stride(0), qs1 = q.stride(1);
-    const int64_t ks0 = k_cache.stride(0), ks1 = k_cache.stride(1);
+    const int64_t ks0 = k_cache.stride(0);
     const int64_t vs0 = v_cache.stride(0), vs1 = v_cache.stride(1);
     const int64_t group = H / Hkv;
     const KernelTable* tab = g_table;
@@ -364,12 +367,12 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_
     const int64_t grain = grain_for(0.08 * static_cast<double>(span * D * group));
     // One work item per (row, kv head): the query heads of a GQA group share each K/V load.
     parallel_range(T * Hkv, grain, [&](int64_t i0, int64_t i1) {
-        float* s = scratch(4 * (start_pos + T + 16));
+        float* s = scratch(4 * (start_pos + T + 2 * kKeyBlock));
         for (int64_t i = i0; i < i1; ++i) {
             const int64_t t = i / Hkv, hk = i % Hkv;
             const int64_t pos = start_pos + t;
             const int64_t lo = sliding_window > 0 ? std::max<int64_t>(0, pos - sliding_window + 1) : 0;
-            tab->attention_group(qp + t * qs0 + hk * group * qs1, qs1, group, kp + hk * ks0, ks1,
+            tab->attention_group(qp + t * qs0 + hk * group * qs1, qs1, group, kp + hk * ks0,
                                  vp + hk * vs0, vs1, lo, pos, D, fscale, fcap,
                                  op + (t * H + hk * group) * D, D, s);
         }
@@ -423,6 +426,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("w"), py::arg("qtype"), py::arg("n"), py::arg("k"), nogil);
     m.def("a8_available", &a8_usable, "True when the 8-bit activation (AVX-512 VNNI) kernels can run");
     m.attr("QT_A8_BASE") = static_cast<int>(kA8QtypeBase);
+    m.attr("KEY_BLOCK") = static_cast<int>(kKeyBlock);
     m.def("cpu_features", &cpu_features);
     m.def("set_isa", &set_isa, "Select 'auto', 'avx512', 'avx2' or 'portable' kernels (process-wide)");
     m.def("isa", &isa, "Name of the kernels in use");

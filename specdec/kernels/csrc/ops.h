@@ -3,6 +3,8 @@
 
 #include <torch/extension.h>
 
+#include "kernels.h"
+
 namespace specdec {
 
 // y = x @ W.T (+ bias): x float32 [M, K]; w f32 [N, K] or GGUF blocks (uint8 [N, row_bytes]).
@@ -13,7 +15,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N,
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
 
 // q [T, H, D] attends to cache positions [0, start_pos + t] (or the sliding window) of
-// k_cache / v_cache [Hkv, L, D].
+// k_cache [Hkv, L / kKeyBlock, D, kKeyBlock] (blocked, kernels.h) and v_cache [Hkv, L, D].
 torch::Tensor attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                         int64_t start_pos, double scale, int64_t sliding_window, double softcap);
 
