@@ -118,9 +118,9 @@ def _native_build():
         include_dirs=[os.path.abspath(CSRC)],
         extra_compile_args=list(COMMON_FLAGS),
     )
-    ext.depends = [os.path.join(CSRC, f) for f in ("kernels.h", "ops.h", "parallel.h")] + [
-        os.path.join(CSRC, unit[1]) for unit in ISA_UNITS
-    ]
+    ext.depends = [
+        os.path.join(CSRC, f) for f in ("head_chunks.h", "kernels.h", "ops.h", "parallel.h")
+    ] + [os.path.join(CSRC, unit[1]) for unit in ISA_UNITS]
     suffix = CppExtension(
         name="specdec.spec_decode._suffix_native",
         sources=[os.path.join(SUFFIX_CSRC, "suffix_tree.cpp")],

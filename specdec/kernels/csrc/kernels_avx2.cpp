@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "head_chunks.h"
 #include "kernels.h"
 
 namespace specdec {
@@ -471,16 +472,11 @@ void attention_heads(const float* q, int64_t q_hs, const float* kt, const float*
 void attention_group(const float* q, int64_t q_head_stride, int64_t G, const float* kt,
                      const float* v, int64_t v_stride, int64_t lo, int64_t hi, int64_t D, float scale,
                      float softcap, float* out, int64_t out_head_stride, float* scratch) {
-    for (int64_t g0 = 0; g0 < G; g0 += 4) {
-        const float* qg = q + g0 * q_head_stride;
-        float* og = out + g0 * out_head_stride;
-        switch (G - g0 < 4 ? G - g0 : 4) {
-            case 1: attention_heads<1>(qg, q_head_stride, kt, v, v_stride, lo, hi, D, scale, softcap, og, out_head_stride, scratch); break;
-            case 2: attention_heads<2>(qg, q_head_stride, kt, v, v_stride, lo, hi, D, scale, softcap, og, out_head_stride, scratch); break;
-            case 3: attention_heads<3>(qg, q_head_stride, kt, v, v_stride, lo, hi, D, scale, softcap, og, out_head_stride, scratch); break;
-            default: attention_heads<4>(qg, q_head_stride, kt, v, v_stride, lo, hi, D, scale, softcap, og, out_head_stride, scratch); break;
-        }
-    }
+    for_head_chunks(G, [&](auto gb, int64_t g0) {
+        attention_heads<decltype(gb)::value>(q + g0 * q_head_stride, q_head_stride, kt, v, v_stride, lo, hi,
+                                             D, scale, softcap, out + g0 * out_head_stride,
+                                             out_head_stride, scratch);
+    });
 }
 
 // Two passes: the maximum (NaN-free lanes: _mm256_max_ps returns its second operand when either

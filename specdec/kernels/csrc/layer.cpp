@@ -27,19 +27,21 @@ struct LinearSpec {
     torch::Tensor operator()(const torch::Tensor& x) const { return linear(x, w, qtype, w.size(0), K, bias); }
 };
 
-// dst[j] = src[j] * cos[j] + rot[j] * sin[j] with rot = cat(-src[h:], src[:h]) (rotate_half),
-// one head of D floats; the same two products and one sum per element as the torch expression.
-inline void rotate_head(const float* src, const float* cos, const float* sin, int64_t D, float* dst) {
+// dst[j * dst_stride] = src[j] * cos[j] + rot[j] * sin[j] with rot = cat(-src[h:], src[:h])
+// (rotate_half), one head of D floats; the same two products and one sum per element as the torch
+// expression.  dst_stride: 1 for queries, kKeyBlock for a key written into the blocked cache.
+inline void rotate_head(const float* src, const float* cos, const float* sin, int64_t D, float* dst,
+                        int64_t dst_stride = 1) {
     const int64_t h = D / 2;
     for (int64_t j = 0; j < h; ++j) {
         const float a = src[j] * cos[j];
         const float b = (-src[j + h]) * sin[j];
-        dst[j] = a + b;
+        dst[j * dst_stride] = a + b;
     }
     for (int64_t j = h; j < D; ++j) {
         const float a = src[j] * cos[j];
         const float b = src[j - h] * sin[j];
-        dst[j] = a + b;
+        dst[j * dst_stride] = a + b;
     }
 }
 
@@ -135,8 +137,6 @@ class DecoderLayer {
         float* vc = v_cache.data_ptr<float>();
         const int64_t slot_stride = Hkv_ * max_len * D, head_stride = max_len * D;
         const int64_t k_slot_stride = k_cache.stride(0), k_head_stride = k_cache.stride(1);
-        std::vector<float> krot_buf(static_cast<size_t>(D));
-        float* krot = krot_buf.data();
         int64_t t = 0;
         for (size_t s = 0; s < slots.size(); ++s) {
             for (int64_t i = 0; i < counts[s]; ++i, ++t) {
@@ -150,8 +150,7 @@ class DecoderLayer {
                     float* kdst = kc + slots[s] * k_slot_stride + hd * k_head_stride +
                                   (pos / kKeyBlock) * D * kKeyBlock + pos % kKeyBlock;
                     float* vdst = vc + slots[s] * slot_stride + hd * head_stride + pos * D;
-                    rotate_head(kp + t * k_stride + hd * D, c, sn, D, krot);
-                    for (int64_t d = 0; d < D; ++d) kdst[d * kKeyBlock] = krot[d];
+                    rotate_head(kp + t * k_stride + hd * D, c, sn, D, kdst, kKeyBlock);
                     std::memcpy(vdst, vp + t * v_stride + hd * D, D * sizeof(float));
                 }
             }
