@@ -155,21 +155,7 @@ class DecoderLayer {
                 }
             }
         }
-        torch::Tensor attn;
-        if (slots.size() == 1) {
-            attn = attention(qr, k_cache.select(0, slots[0]), v_cache.select(0, slots[0]), starts[0],
-                             scale_, window_, softcap_);
-        } else {
-            attn = torch::empty({T, H_, D}, x.options());
-            int64_t off = 0;
-            for (size_t s = 0; s < slots.size(); ++s) {
-                if (counts[s] == 0) continue;
-                attn.narrow(0, off, counts[s])
-                    .copy_(attention(qr.narrow(0, off, counts[s]), k_cache.select(0, slots[s]),
-                                     v_cache.select(0, slots[s]), starts[s], scale_, window_, softcap_));
-                off += counts[s];
-            }
-        }
+        torch::Tensor attn = attention_seqs(qr, k_cache, v_cache, slots, starts, counts, scale_, window_, softcap_);
         torch::Tensor o = o_(attn.view({T, nq}));
         if (post_attn_out_norm_.has_value()) o = rms_norm(o, *post_attn_out_norm_, eps_);
         x = x + o;

@@ -329,27 +329,48 @@ torch::Tensor argmax_rows(torch::Tensor x) {
     return out;
 }
 
-// k_cache is blocked: [Hkv, ceil(L / kKeyBlock), D, kKeyBlock] (kernels.h); v_cache [Hkv, L, D].
-torch::Tensor attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                        int64_t start_pos, double scale, int64_t sliding_window, double softcap) {
+torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                             const std::vector<int64_t>& slots, const std::vector<int64_t>& starts,
+                             const std::vector<int64_t>& counts, double scale, int64_t sliding_window,
+                             double softcap) {
     check_float_cpu(q, "attention q");
     check_float_cpu(k_cache, "attention k_cache");
     check_float_cpu(v_cache, "attention v_cache");
-    TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.dim() == 3,
-                "specdec native attention: q [T, H, D], k_cache [Hkv, L / ", kKeyBlock, ", D, ", kKeyBlock,
-                "] (blocked), v_cache [Hkv, L, D]");
+    TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 5 && v_cache.dim() == 4,
+                "specdec native attention: q [T, H, D], k_cache [S, Hkv, L / ", kKeyBlock, ", D, ",
+                kKeyBlock, "] (blocked), v_cache [S, Hkv, L, D]");
     const int64_t T = q.size(0), H = q.size(1), D = q.size(2);
-    const int64_t Hkv = v_cache.size(0), L = v_cache.size(1);
-    TORCH_CHECK(v_cache.size(2) == D && k_cache.size(0) == Hkv && k_cache.size(1) * kKeyBlock >= L &&
-                    k_cache.size(2) == D && k_cache.size(3) == kKeyBlock,
+    const int64_t S = v_cache.size(0), Hkv = v_cache.size(1), L = v_cache.size(2);
+    TORCH_CHECK(v_cache.size(3) == D && k_cache.size(0) == S && k_cache.size(1) == Hkv &&
+                    k_cache.size(2) * kKeyBlock >= L && k_cache.size(3) == D && k_cache.size(4) == kKeyBlock,
                 "specdec native attention: shape mismatch q ", q.sizes(), " k ", k_cache.sizes(), " v ",
                 v_cache.sizes());
     TORCH_CHECK(Hkv > 0 && H % Hkv == 0, "specdec native attention: H (", H, ") not a multiple of Hkv (", Hkv, ")");
-    TORCH_CHECK(start_pos >= 0 && start_pos + T <= L, "specdec native attention: start_pos + T (",
-                start_pos + T, ") exceeds cache length ", L);
+    TORCH_CHECK(slots.size() == starts.size() && slots.size() == counts.size(),
+                "specdec native attention: slots, starts and counts differ in length");
+    // Per row: its slot and position.
+    std::vector<int64_t> row_slot, row_pos;
+    row_slot.reserve(static_cast<size_t>(T));
+    row_pos.reserve(static_cast<size_t>(T));
+    int64_t span_sum = 0, max_end = 0;
+    for (size_t s = 0; s < slots.size(); ++s) {
+        TORCH_CHECK(slots[s] >= 0 && slots[s] < S, "specdec native attention: slot out of range");
+        TORCH_CHECK(starts[s] >= 0 && counts[s] >= 0 && starts[s] + counts[s] <= L,
+                    "specdec native attention: start_pos + T (", starts[s] + counts[s],
+                    ") exceeds cache length ", L);
+        for (int64_t i = 0; i < counts[s]; ++i) {
+            row_slot.push_back(slots[s]);
+            row_pos.push_back(starts[s] + i);
+            const int64_t span = starts[s] + i + 1;
+            span_sum += sliding_window > 0 ? std::min(span, sliding_window) : span;
+        }
+        max_end = std::max(max_end, starts[s] + counts[s]);
+    }
+    TORCH_CHECK(static_cast<int64_t>(row_pos.size()) == T, "specdec native attention: counts sum to ",
+                row_pos.size(), " but q has ", T, " rows");
     if (q.stride(2) != 1) q = q.contiguous();
     if (!k_cache.is_contiguous()) k_cache = k_cache.contiguous();
-    if (v_cache.stride(2) != 1) v_cache = v_cache.contiguous();
+    if (v_cache.stride(3) != 1) v_cache = v_cache.contiguous();
     auto out = torch::empty({T, H, D}, q.options().memory_format(at::MemoryFormat::Contiguous));
     if (T == 0 || H == 0) return out;
     const float* qp = q.data_ptr<float>();
@@ -357,27 +378,35 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_
     const float* vp = v_cache.data_ptr<float>();
     float* op = out.data_ptr<float>();
     const int64_t qs0 = q.stride(0), qs1 = q.stride(1);
-    const int64_t ks0 = k_cache.stride(0);
-    const int64_t vs0 = v_cache.stride(0), vs1 = v_cache.stride(1);
+    const int64_t ks0 = k_cache.stride(0), ks1 = k_cache.stride(1);
+    const int64_t vs0 = v_cache.stride(0), vs1 = v_cache.stride(1), vs2 = v_cache.stride(2);
     const int64_t group = H / Hkv;
     const KernelTable* tab = g_table;
     const float fscale = static_cast<float>(scale), fcap = static_cast<float>(softcap);
-    int64_t span = start_pos + T;
-    if (sliding_window > 0) span = std::min(span, sliding_window);
-    const int64_t grain = grain_for(0.08 * static_cast<double>(span * D * group));
-    // One work item per (row, kv head): the query heads of a GQA group share each K/V load.
+    const int64_t grain = grain_for(0.08 * static_cast<double>(span_sum / T * D * group));
+    // One work item per (row, kv head), over every sequence at once: the query heads of a GQA
+    // group share each K/V load.
     parallel_range(T * Hkv, grain, [&](int64_t i0, int64_t i1) {
-        float* s = scratch(4 * (start_pos + T + 2 * kKeyBlock));
+        float* s = scratch(4 * (max_end + 2 * kKeyBlock));
         for (int64_t i = i0; i < i1; ++i) {
             const int64_t t = i / Hkv, hk = i % Hkv;
-            const int64_t pos = start_pos + t;
+            const int64_t slot = row_slot[t], pos = row_pos[t];
             const int64_t lo = sliding_window > 0 ? std::max<int64_t>(0, pos - sliding_window + 1) : 0;
-            tab->attention_group(qp + t * qs0 + hk * group * qs1, qs1, group, kp + hk * ks0,
-                                 vp + hk * vs0, vs1, lo, pos, D, fscale, fcap,
+            tab->attention_group(qp + t * qs0 + hk * group * qs1, qs1, group, kp + slot * ks0 + hk * ks1,
+                                 vp + slot * vs0 + hk * vs1, vs2, lo, pos, D, fscale, fcap,
                                  op + (t * H + hk * group) * D, D, s);
         }
     });
     return out;
+}
+
+torch::Tensor attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                        int64_t start_pos, double scale, int64_t sliding_window, double softcap) {
+    TORCH_CHECK(k_cache.dim() == 4 && v_cache.dim() == 3,
+                "specdec native attention: q [T, H, D], k_cache [Hkv, L / ", kKeyBlock, ", D, ", kKeyBlock,
+                "] (blocked), v_cache [Hkv, L, D]");
+    return attention_seqs(q, k_cache.unsqueeze(0), v_cache.unsqueeze(0), {0}, {start_pos}, {q.size(0)},
+                          scale, sliding_window, softcap);
 }
 
 namespace {

@@ -3,6 +3,8 @@
 
 #include <torch/extension.h>
 
+#include <vector>
+
 #include "kernels.h"
 
 namespace specdec {
@@ -18,6 +20,14 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
 // k_cache [Hkv, L / kKeyBlock, D, kKeyBlock] (blocked, kernels.h) and v_cache [Hkv, L, D].
 torch::Tensor attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                         int64_t start_pos, double scale, int64_t sliding_window, double softcap);
+
+// The same over several sequences at once: sequence s owns rows [sum(counts[:s]), +counts[s]) of
+// q, at positions starts[s]... of slot slots[s] of k_cache [S, Hkv, L / kKeyBlock, D, kKeyBlock]
+// and v_cache [S, Hkv, L, D]; one parallel loop over every row.
+torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                             const std::vector<int64_t>& slots, const std::vector<int64_t>& starts,
+                             const std::vector<int64_t>& counts, double scale, int64_t sliding_window,
+                             double softcap);
 
 // Registers the DecoderLayer class (layer.cpp).
 void bind_decoder_layer(py::module_& m);
