@@ -387,8 +387,9 @@ class KernelOps:
         ``q [T, H, D]`` holds positions ``start_pos .. start_pos + T - 1``; ``k_cache`` and
         ``v_cache`` are ``[Hkv, L, D]`` with entries ``0 .. start_pos + T - 1`` valid (the new
         tokens included); ``k_cache`` may instead be in the ops' ``key_block`` layout
-        (``[Hkv, ceil(L / B), D, B]``), which the engine's caches use.  Row ``t`` attends keys ``j <= start_pos + t`` (and, with
-        ``sliding_window > 0``, only ``start_pos + t - j < sliding_window``).  Query head ``h``
+        (``[Hkv, ceil(L / B), D, B]``), which the engine's caches use.  Row ``t`` attends keys
+        ``j <= start_pos + t`` (and, with ``sliding_window > 0``, only
+        ``start_pos + t - j < sliding_window``).  Query head ``h``
         uses kv head ``h // (H // Hkv)``.  ``softcap > 0`` maps scaled scores ``s`` to
         ``softcap * tanh(s / softcap)`` before the softmax.  Returns ``[T, H, D]``.
         """
