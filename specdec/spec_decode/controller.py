@@ -122,31 +122,40 @@ def choose_num_drafts(
     gains most, while the batch's throughput still improves.
     """
     switch_on_ms = switch_on_ms or [0.0] * len(rates)
-
-    def throughput(ks: list[int]) -> float:
-        tokens = sum(expected_tokens(r, k) for r, k in zip(rates, ks))
-        ms = cost.step_ms(len(ks) + sum(ks), sum(ks))
-        return tokens / (ms + sum(c for c, k in zip(switch_on_ms, ks) if k))
-
     if len(rates) == 1:
-        options = range(caps[0] + 1)
-        return [max(options, key=lambda k: (throughput([k]), -k))]
+
+        def throughput(k: int) -> float:
+            ms = cost.step_ms(1 + k, k) + (switch_on_ms[0] if k else 0.0)
+            return expected_tokens(rates[0], k) / ms
+
+        return [max(range(caps[0] + 1), key=lambda k: (throughput(k), -k))]
+    # NOTE: one more draft changes only the batch's total drafts, one request's expected tokens
+    # (by the chance its new last draft survives) and, for its first draft, the switch-on cost,
+    # so each round of the greedy costs O(requests), not O(requests x k).
     ks = [0] * len(rates)
-    best = throughput(ks)
+    survive = [1.0] * len(rates)  # chance that request i's drafts so far all survive
+    tokens = float(len(rates))
+    switch_ms = 0.0
+    total = 0
+    best = tokens / cost.step_ms(len(rates), 0)
     while True:
-        trials = []
+        ms = cost.step_ms(len(rates) + total + 1, total + 1) + switch_ms
+        value, pick = -1.0, -1
         for i, cap in enumerate(caps):
             if ks[i] < cap:
-                ks[i] += 1
-                trials.append((throughput(ks), i))
-                ks[i] -= 1
-        if not trials:
-            return ks
-        value, i = max(trials)
-        if value <= best:
+                gain = survive[i] * rates[i][ks[i]]
+                trial = (tokens + gain) / (ms if ks[i] else ms + switch_on_ms[i])
+                if trial >= value:  # ties go to the later request
+                    value, pick = trial, i
+        if pick < 0 or value <= best:
             return ks
         best = value
-        ks[i] += 1
+        survive[pick] *= rates[pick][ks[pick]]
+        tokens += survive[pick]
+        if ks[pick] == 0:
+            switch_ms += switch_on_ms[pick]
+        ks[pick] += 1
+        total += 1
 
 
 @dataclass

@@ -2,28 +2,53 @@
 
 from __future__ import annotations
 
-import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
+from collections.abc import Sequence
 
 from specdec.spec_decode.base import DraftInput, DraftOutput, Proposer
 
 
-def ngram_propose(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> list[int]:
-    """Longest suffix of length in [min_n, max_n] that occurred earlier; the up-to-k tokens that
-    followed its most recent earlier occurrence. Vectorised: O(len * n) numpy work per call."""
-    length = len(tokens)
-    if k <= 0:
+class NgramIndex:
+    """The most recent start of every n-gram (min_n <= n <= max_n) of a growing sequence that is
+    followed by at least one token.
+
+    A step appends a few tokens: ``extend`` indexes only the n-grams that gained a follower, so a
+    lookup costs O(max_n) dictionary probes instead of a scan of the whole sequence.
+    """
+
+    def __init__(self, min_n: int, max_n: int) -> None:
+        self.min_n, self.max_n = min_n, max_n
+        self.tokens: list[int] = []
+        self.last_start: dict[tuple[int, ...], int] = {}
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """``tokens``: the whole sequence so far, an extension of what was indexed before."""
+        old = len(self.tokens)
+        self.tokens.extend(tokens[old:])
+        seq, table = self.tokens, self.last_start
+        # An n-gram ending at `end` gains its follower when token end + 1 arrives.
+        for end in range(max(old - 1, 0), len(seq) - 1):
+            for n in range(self.min_n, min(self.max_n, end + 1) + 1):
+                table[tuple(seq[end - n + 1 : end + 1])] = end - n + 1
+
+    def propose(self, k: int) -> list[int]:
+        """Longest suffix of length in [min_n, max_n] that occurred earlier; the up-to-k tokens
+        that followed its most recent earlier occurrence."""
+        seq = self.tokens
+        length = len(seq)
+        if k <= 0:
+            return []
+        for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
+            start = self.last_start.get(tuple(seq[length - n :]))
+            if start is not None:
+                return seq[start + n : start + n + k]
         return []
-    for n in range(min(max_n, length - 1), min_n - 1, -1):
-        suffix = tokens[length - n :]
-        # Windows that start at 0 .. length-n-1 end before the suffix itself begins or overlap it,
-        # but never are it; each must be followed by at least one token.
-        windows = sliding_window_view(tokens[: length - 1], n)  # [length - n, n]
-        hits = np.flatnonzero((windows == suffix).all(axis=1))
-        if hits.size:
-            start = int(hits[-1]) + n
-            return tokens[start : start + k].tolist()
-    return []
+
+
+def ngram_propose(tokens: Sequence[int], min_n: int, max_n: int, k: int) -> list[int]:
+    """One lookup over a whole sequence (``NgramIndex.propose`` on a fresh index)."""
+    index = NgramIndex(min_n, max_n)
+    index.extend([int(t) for t in tokens])
+    return index.propose(k)
 
 
 class NgramProposer(Proposer):
@@ -32,12 +57,17 @@ class NgramProposer(Proposer):
     def __init__(self, prompt_lookup_min: int, prompt_lookup_max: int) -> None:
         self.min_n = prompt_lookup_min
         self.max_n = prompt_lookup_max
+        self.indexes: dict[str, NgramIndex] = {}
 
     def propose(self, inp: DraftInput) -> DraftOutput:
-        drafts = [
-            ngram_propose(
-                np.asarray(r.token_ids, dtype=np.int64), self.min_n, self.max_n, r.max_num_drafts
-            )
-            for r in inp.requests
-        ]
+        drafts = []
+        for r in inp.requests:
+            index = self.indexes.get(r.req_id)
+            if index is None or len(index.tokens) > len(r.token_ids):
+                index = self.indexes[r.req_id] = NgramIndex(self.min_n, self.max_n)
+            index.extend(r.token_ids)
+            drafts.append(index.propose(r.max_num_drafts))
         return DraftOutput(drafts, [None] * len(drafts))
+
+    def remove_request(self, req_id: str, token_ids: list[int] | None = None) -> None:
+        self.indexes.pop(req_id, None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import pytest
@@ -46,6 +47,44 @@ def test_batch_gives_drafts_to_the_request_that_gains_most() -> None:
     cost = CostModel([10.0 + n for n in range(16)])
     ks = choose_num_drafts([[0.95] * 4, [0.02] * 4], [4, 4], cost)
     assert ks[0] >= 3 and ks[1] == 0
+
+
+def _greedy_reference(rates, caps, cost, switch_on_ms):
+    """The batch rule written plainly: one draft at a time to whichever request raises the
+    batch's expected tokens per millisecond most, recomputing everything for every trial."""
+
+    def throughput(ks):
+        tokens = sum(expected_tokens(r, k) for r, k in zip(rates, ks))
+        ms = cost.step_ms(len(ks) + sum(ks), sum(ks))
+        return tokens / (ms + sum(c for c, k in zip(switch_on_ms, ks) if k))
+
+    ks = [0] * len(rates)
+    best = throughput(ks)
+    while True:
+        trials = []
+        for i, cap in enumerate(caps):
+            if ks[i] < cap:
+                trial = ks[:i] + [ks[i] + 1] + ks[i + 1 :]
+                trials.append((throughput(trial), i))
+        if not trials or max(trials)[0] <= best * (1 + 1e-12):
+            return ks
+        best, i = max(trials)
+        ks[i] += 1
+
+
+def test_batch_rule_equals_the_plain_greedy_on_random_batches() -> None:
+    rng = random.Random(0)
+    for _ in range(300):
+        num = rng.randint(2, 12)
+        k = rng.randint(1, 8)
+        rates = [[rng.choice([0.02, rng.random(), 0.97]) for _ in range(k)] for _ in range(num)]
+        caps = [rng.randint(0, k) for _ in range(num)]
+        slope = rng.uniform(0.05, 1.5)
+        cost = CostModel([10.0 + slope * n for n in range(num * (k + 1))], rng.uniform(0, 0.5))
+        switch_on = [rng.choice([0.0, rng.uniform(0, 3)]) for _ in range(num)]
+        assert choose_num_drafts(rates, caps, cost, switch_on) == _greedy_reference(
+            rates, caps, cost, switch_on
+        ), (rates, caps, slope, switch_on)
 
 
 def test_controller_learns_per_position() -> None:

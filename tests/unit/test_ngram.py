@@ -6,7 +6,9 @@ import random
 
 import numpy as np
 
-from specdec.spec_decode.ngram import ngram_propose
+from specdec.sampling_params import SamplingParams
+from specdec.spec_decode.base import DraftInput, DraftRequest
+from specdec.spec_decode.ngram import NgramProposer, ngram_propose
 
 
 def _brute(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
@@ -38,3 +40,29 @@ def test_prefers_longest_suffix_and_most_recent_occurrence() -> None:
     assert ngram_propose(np.array(tokens), 1, 2, 2) == [8, 5]
     assert ngram_propose(np.array([4, 5, 6]), 1, 3, 3) == []
     assert ngram_propose(np.array(tokens), 1, 3, 0) == []
+
+
+def test_proposer_index_grows_with_the_sequence() -> None:
+    """Tokens arrive a few at a time (accepted runs); every lookup equals a fresh full scan."""
+    rng = random.Random(1)
+    proposer = NgramProposer(2, 4)
+    for trial in range(30):
+        req_id = f"r{trial % 3}"  # ids come back after remove_request
+        tokens = [rng.randint(0, 5) for _ in range(rng.randint(1, 20))]
+        for _ in range(25):
+            k = rng.randint(0, 6)
+            inp = DraftInput([DraftRequest(req_id, list(tokens), k, SamplingParams())])
+            got = proposer.propose(inp).draft_token_ids[0]
+            assert got == _brute(tokens, 2, 4, k), (tokens, k)
+            tokens += [rng.randint(0, 5) for _ in range(rng.randint(1, 4))]
+        proposer.remove_request(req_id)
+    assert proposer.indexes == {}
+
+
+def test_proposer_rebuilds_for_a_shorter_sequence() -> None:
+    proposer = NgramProposer(1, 3)
+    long = [1, 2, 3, 1, 2, 3, 4, 1, 2]
+    short = [7, 8, 7]
+    for tokens in (long, short):
+        inp = DraftInput([DraftRequest("a", tokens, 3, SamplingParams())])
+        assert proposer.propose(inp).draft_token_ids[0] == _brute(tokens, 1, 3, 3)
