@@ -230,6 +230,9 @@ class SpecController:
     _cycle: _Cycle | None = None
     _mark: float = 0.0  # where the current draft call started
     _num_samples: dict[str, int] = field(default_factory=dict)  # per learnt cost
+    _could_pay: dict[tuple[int, int], bool] = field(
+        default_factory=dict
+    )  # this step's, by batch, cap
 
     def __post_init__(self) -> None:
         self.prior = self.prior or [PRIOR] * self.max_k
@@ -255,6 +258,7 @@ class SpecController:
         drafts are still given one at a time where they gain most.
         """
         states = [self._state(r) for r in req_ids]
+        self._could_pay = {}
         for s, n in zip(states, num_tokens or [0] * len(states)):
             s.num_tokens = n
         if self.guard_off > 0:
@@ -288,12 +292,16 @@ class SpecController:
         """Only if drafting could pay were every draft accepted, and the budget has room for it."""
         cost = self.cost
         plain = cost.step_ms(num_reqs, 0)
-        could_pay = any(
-            (num_reqs + k) / cost.step_ms(num_reqs + k, k) > num_reqs / plain
-            for k in range(1, cap + 1)
-        )
         probe_ms = self._catch_up_ms(s) + cost.step_ms(num_reqs + 1, 1) - plain
-        return could_pay and self.explore_ms + probe_ms <= EXPLORE_BUDGET * self.measured_ms
+        if self.explore_ms + probe_ms > EXPLORE_BUDGET * self.measured_ms:
+            return False  # NOTE: checked first: in a large batch the budget is usually spent
+        key = (num_reqs, cap)  # the same for every request of a batch: computed once a step
+        if key not in self._could_pay:
+            self._could_pay[key] = any(
+                (num_reqs + k) / cost.step_ms(num_reqs + k, k) > num_reqs / plain
+                for k in range(1, cap + 1)
+            )
+        return self._could_pay[key]
 
     def _catch_up_ms(self, s: _RequestState) -> float:
         """What the drafter needs to catch up on the request, if it did not draft last cycle."""
