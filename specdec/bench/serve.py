@@ -142,11 +142,18 @@ def summarize_level(rows: list[dict], duration_s: float) -> dict:
 
 def add_speedups(summary: list[dict], reference: str) -> None:
     """``speedup`` = output tokens/s over the reference's at the same concurrency (in place)."""
-    base = {s["concurrency"]: s["output_tokens_per_s"] for s in summary if s["config"] == reference}
+    refs = {s["concurrency"]: s for s in summary if s["config"] == reference}
     for s in summary:
-        ref = base.get(s["concurrency"])
+        ref = refs.get(s["concurrency"], {})
+        base = ref.get("output_tokens_per_s")
         tps = s["output_tokens_per_s"]
-        s["speedup"] = tps / ref if ref and tps else None
+        s["speedup"] = tps / base if base and tps else None
+        # Paired by round: each round ran every configuration back to back, so a round's ratio
+        # is spared the drift between rounds that the pooled figure absorbs.
+        mine, theirs = s.get("round_tokens_per_s") or [], ref.get("round_tokens_per_s") or []
+        pairs = list(zip(mine, theirs)) if len(mine) == len(theirs) > 1 else []
+        s["round_speedups"] = [a / b for a, b in pairs if a and b] or None
+        s["median_round_speedup"] = percentile(s["round_speedups"] or [], 50)
 
 
 def compare_outputs(records: list[dict], reference: str) -> None:
@@ -262,6 +269,13 @@ def format_table(summary: list[dict], reference: str) -> str:
             notes.append(
                 f"- `{s['config']}` @ {s['concurrency']}: out tok/s per round "
                 + ", ".join(f"{x:.1f}" for x in per_round)
+                + (
+                    "; speedup per round "
+                    + ", ".join(f"{x:.2f}x" for x in s["round_speedups"])
+                    + f" (median {s['median_round_speedup']:.2f}x)"
+                    if s.get("round_speedups") and s["config"] != reference
+                    else ""
+                )
                 + "\n"
             )
     return "\n".join(lines) + "\n" + ("\n" + "".join(notes) if notes else "")

@@ -82,6 +82,24 @@ def test_speedup_is_per_concurrency_and_missing_reference_gives_none() -> None:
     assert [r["speedup"] for r in rows] == [1.0, 1.0, 1.5, 2.5, None]
 
 
+def test_speedup_per_round_pairs_each_round_with_the_reference_round() -> None:
+    def level(config: str, rounds: list[float]) -> dict:
+        rows = [_row(config, 16, "a", 0.1, 1.1, 11)]
+        return {"config": config, "concurrency": 16, "num_clients": 16, "num_not_sent": 0,
+                "num_compared": 0, "num_identical": 0,
+                **serve.summarize_level(rows, 1.0), "round_tokens_per_s": rounds}  # fmt: skip
+
+    plain = level("plain", [500.0, 300.0, 400.0])
+    ngram = level("ngram", [450.0, 330.0, 420.0])
+    single = level("suffix", [390.0])
+    serve.add_speedups([plain, ngram, single], "plain")
+    assert ngram["round_speedups"] == pytest.approx([0.9, 1.1, 1.05])
+    assert ngram["median_round_speedup"] == pytest.approx(1.05)
+    assert single["round_speedups"] is None and single["median_round_speedup"] is None
+    notes = serve.format_table([plain, ngram], "plain")
+    assert "speedup per round 0.90x, 1.10x, 1.05x (median 1.05x)" in notes
+
+
 def test_mismatch_at_concurrency_1_fails_higher_concurrency_informs() -> None:
     records = [
         _row("plain", 1, "a", 0.1, 1.0, 3, text="abc"),
