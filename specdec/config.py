@@ -159,6 +159,12 @@ def _check_number(value: Any, key: str, minimum: float, maximum: float | None) -
         raise ConfigError(f"speculative_config.{key} must be a number {allowed}, got {value!r}")
 
 
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+# llama.cpp's (-ctk / -ctv) and vLLM's short spellings
+KV_CACHE_DTYPE_ALIASES = {"f32": "float32", "fp32": "float32", "f16": "float16",
+                          "fp16": "float16", "half": "float16", "bf16": "bfloat16"}  # fmt: skip
+
+
 @dataclass
 class EngineConfig:
     model: str
@@ -174,6 +180,8 @@ class EngineConfig:
     seed: int = 0
     kv_cache_memory: float | None = None  # bytes (> 1) or a fraction of available RAM (<= 1)
     enable_prefix_caching: bool = True  # reuse the KV of earlier requests' shared prefixes
+    # KV cache element type: "auto" (the model's dtype) | "float32" | "float16" | "bfloat16"
+    kv_cache_dtype: str = "auto"
     speculative: SpeculativeConfig | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -193,6 +201,13 @@ class EngineConfig:
                 "activation_dtype must be one of auto, float32, int8, "
                 f"got '{self.activation_dtype}'"
             )
+        kv = KV_CACHE_DTYPE_ALIASES.get(self.kv_cache_dtype, self.kv_cache_dtype)
+        if kv not in KV_CACHE_DTYPES:
+            raise ConfigError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)} (or "
+                f"{', '.join(KV_CACHE_DTYPE_ALIASES)}), got '{self.kv_cache_dtype}'"
+            )
+        self.kv_cache_dtype = kv
         if self.max_num_seqs < 1:
             raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 16:

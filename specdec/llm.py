@@ -41,6 +41,7 @@ class LLM:
         seed: int = 0,
         kv_cache_memory: float | None = None,
         enable_prefix_caching: bool = True,
+        kv_cache_dtype: str = "auto",
     ) -> None:
         spec = SpeculativeConfig.from_any(speculative_config)
         if spec is None:
@@ -64,6 +65,7 @@ class LLM:
                 seed=seed,
                 kv_cache_memory=kv_cache_memory,
                 enable_prefix_caching=enable_prefix_caching,
+                kv_cache_dtype=kv_cache_dtype,
                 speculative=spec,
             )
         )

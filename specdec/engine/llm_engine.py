@@ -47,6 +47,7 @@ def load_model(
     quantization: str,
     max_len: int | None,
     activation_dtype: str = "auto",
+    kv_cache_dtype: str = "auto",
 ) -> tuple[LlamaModel, Tokenizer]:
     path = resolve_model_path(model)
     ckpt = load_checkpoint(path)
@@ -64,6 +65,7 @@ def load_model(
     if max_len > limit:
         raise ConfigError(f"max_model_len {max_len} exceeds the model's context length {limit}")
     model = LlamaModel(ckpt, ops, device, dtype, quantization, max_len, activation_dtype)
+    model.set_kv_dtype(kv_cache_dtype)
     return model, tokenizer
 
 
@@ -80,6 +82,7 @@ class LLMEngine:
             config.quantization,
             config.max_model_len,
             config.activation_dtype,
+            config.kv_cache_dtype,
         )
         self.max_model_len = self.model.max_len
         num_running_slots, num_cache_slots = self._num_kv_slots(config)
@@ -119,7 +122,7 @@ class LLMEngine:
         """
         cfg = self.model.cfg
         per_slot = self.max_model_len * KVCache.bytes_per_token(
-            cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.model.dtype
+            cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.model.kv_dtype
         )
         if config.kv_cache_memory is None:
             num_running = config.max_num_seqs
@@ -171,7 +174,7 @@ class LLMEngine:
         draft, draft_tok = load_model(
             spec.model, self.device, self.model.dtype, self.config.kernels,
             spec.draft_quantization or self.config.quantization, self.max_model_len,
-            self.config.activation_dtype,
+            self.config.activation_dtype, self.config.kv_cache_dtype,
         )  # fmt: skip
         if (
             draft.cfg.vocab_size != self.model.cfg.vocab_size

@@ -53,6 +53,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="vLLM's name for --kv-cache-memory as a fraction (accepted on any device)",
     )
+    p.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        help="KV cache element type: auto (the model's dtype), float32, float16 (half the "
+        "memory; llama.cpp's default f16), bfloat16 (torch kernels only)",
+    )
     add_prefix_caching_arg(p)
 
 
@@ -95,6 +101,7 @@ def build_llm(args: argparse.Namespace, spec: SpeculativeConfig | None):
         seed=args.seed,
         kv_cache_memory=args.kv_cache_memory or args.gpu_memory_utilization,
         enable_prefix_caching=args.enable_prefix_caching,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
 
 

@@ -536,8 +536,8 @@ class TorchOps(KernelOps):
         g = h // hkv
         n = start_pos + t
         device = q.device
-        k = k_cache[:, :n]  # [Hkv, n, D]
-        v = v_cache[:, :n]
+        k = k_cache[:, :n].to(q.dtype)  # [Hkv, n, D]; a 16-bit cache (kv_cache_dtype) widens here
+        v = v_cache[:, :n].to(q.dtype)
         qg = q.reshape(t, hkv, g, d).permute(1, 2, 0, 3)  # [Hkv, g, T, D]
         scores = torch.matmul(qg, k.transpose(1, 2).unsqueeze(1)) * scale  # [Hkv, g, T, n]
         if softcap > 0:

@@ -15,6 +15,9 @@ Key layout: native CPU kernels read keys blocked and transposed (``key_block`` k
 ``k [layers, slots, Hkv, ceil(max_len / key_block), D, key_block]``: a vector load then holds one
 element of 16 consecutive keys, so a score needs no horizontal sum); the torch path keeps the
 usual ``[layers, slots, Hkv, max_len, D]`` (``key_block = 0``). Values are always row-major.
+
+Element type: the model's dtype, or ``kv_cache_dtype`` (float16 halves the memory and what
+attention reads; entries are rounded once, when written).
 """
 
 from __future__ import annotations
@@ -61,8 +64,10 @@ class KVCache:
         self.num_prefix_cache_hits = 0
 
     def store(self, layer: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write ``k`` / ``v`` ``[n, Hkv, D]`` at positions ``start .. start + n - 1``."""
+        """Write ``k`` / ``v`` ``[n, Hkv, D]`` at positions ``start .. start + n - 1`` (converted to
+        the cache's dtype, rounding to nearest even as the native kernels do)."""
         n = k.shape[0]
+        k, v = k.to(self.k.dtype), v.to(self.v.dtype)
         self.v[layer, slot, :, start : start + n] = v.transpose(0, 1)
         if not self.key_block:
             self.k[layer, slot, :, start : start + n] = k.transpose(0, 1)

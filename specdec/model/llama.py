@@ -61,6 +61,7 @@ class LlamaModel:
         self.ops = ops
         self.device = device
         self.dtype = dtype
+        self.kv_dtype = dtype  # the KV cache's element type (kv_cache_dtype; see set_kv_dtype)
         self.max_len = max_len
         t = ckpt.tensors
         self.layers = [self._load_layer(t, i, quantization) for i in range(self.cfg.num_layers)]
@@ -264,6 +265,18 @@ class LlamaModel:
             offset += n
         return out.reshape(T, cfg.num_heads * D)
 
+    def set_kv_dtype(self, kv_cache_dtype: str) -> None:
+        """``"auto"`` (the model's dtype), ``"float32"``, ``"float16"`` or ``"bfloat16"``: the
+        element type of the KV caches ``make_kv_cache`` makes. Attention converts entries back to
+        the activations' dtype on load; the native kernels take float32 and float16."""
+        dtype = self.dtype if kv_cache_dtype == "auto" else getattr(torch, kv_cache_dtype)
+        if self.ops.name == "native" and dtype not in (torch.float32, torch.float16):
+            raise ConfigError(
+                f"kv_cache_dtype {kv_cache_dtype}: the native kernels keep the KV cache in "
+                "float32 or float16; use --kernels torch for bfloat16"
+            )
+        self.kv_dtype = dtype
+
     def make_kv_cache(self, num_slots: int, max_len: int, num_layers: int | None = None) -> KVCache:
         return KVCache(
             num_layers or self.cfg.num_layers,
@@ -271,7 +284,7 @@ class LlamaModel:
             self.cfg.num_kv_heads,
             max_len,
             self.cfg.head_dim,
-            self.dtype,
+            self.kv_dtype,
             self.device,
             key_block=self.ops.key_block,
         )

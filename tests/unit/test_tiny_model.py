@@ -89,11 +89,18 @@ def test_batched_sequences_equal_single(tiny_gemma) -> None:
 
 @pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_gemma", "tiny_qwen2"])
 @pytest.mark.parametrize(
-    "quantization,activations",
-    [("fp32", "float32"), ("q4_1", "float32"), ("q4_1", "int8"), ("q8_0", "int8")],
+    "quantization,activations,kv_dtype",
+    [
+        ("fp32", "float32", "auto"),
+        ("q4_1", "float32", "auto"),
+        ("q4_1", "int8", "auto"),
+        ("q8_0", "int8", "auto"),
+        ("fp32", "float32", "float16"),
+        ("q4_1", "int8", "float16"),
+    ],
 )
 def test_fused_native_layers_equal_python_layers(
-    fixture: str, quantization: str, activations: str, request
+    fixture: str, quantization: str, activations: str, kv_dtype: str, request
 ) -> None:
     # One native call per layer (kernels/csrc/layer.cpp) must compute exactly what the op-by-op
     # Python layer computes: same logits and same KV cache, bit for bit, over a prefill longer
@@ -103,6 +110,7 @@ def test_fused_native_layers_equal_python_layers(
         load_checkpoint(folder), get_ops("native"), torch.device("cpu"), torch.float32,
         quantization, 256, activations,
     )  # fmt: skip
+    model.set_kv_dtype(kv_dtype)  # float16: keys and values rounded once, the same way
     assert model.use_fused_layers
     assert model.activation_dtype == activations
     if activations == "int8":

@@ -56,6 +56,14 @@ struct KernelTable {
     // Index of the first maximum of x[0, n) (n >= 1; NaNs are never chosen unless all are NaN,
     // then 0).  Exact: any implementation returns the same index.
     int64_t (*argmax)(const float* x, int64_t n);
+
+    // attention_group over a 16-bit cache (kv_cache_dtype float16): the same layouts with IEEE
+    // half elements, each converted exactly to float (half.h) on load, then the same arithmetic,
+    // so the result equals attention_group's over a float cache holding the rounded values.
+    void (*attention_group_f16)(const float* q, int64_t q_head_stride, int64_t G, const uint16_t* kt,
+                                const uint16_t* v, int64_t v_stride, int64_t lo, int64_t hi, int64_t D,
+                                float scale, float softcap, float* out, int64_t out_head_stride,
+                                float* scratch);
 };
 
 // 8-bit activation path (kernels_vnni.cpp).  Weight formats it takes (the GGUF format the weight

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "head_chunks.h"
+#include "half.h"
 #include "kernels.h"
 
 namespace specdec {
@@ -348,12 +349,20 @@ inline __m256 exp256(__m256 x) {
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
+// Eight cache elements as floats: float32 as they are, IEEE half converted exactly (F16C).
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline float load1(const float* p) { return *p; }
+inline float load1(const uint16_t* p) { return half_to_float(*p); }
+
 // Scaled (and soft-capped) scores of GB query heads against keys lo..hi of a blocked key cache
 // (kernels.h): s[g * s_stride + j - base] with base the first key of lo's block; mx[g] = the
 // maximum over lo..hi.  q . k_j as kernels.h defines it (four chains over d, then
 // (c0 + c1) + (c2 + c3)), then * scale; one head at a time (8 accumulators per 16-key block).
-template <int GB>
-inline void group_scores(const float* q, int64_t q_hs, const float* kt, int64_t lo, int64_t hi,
+template <int GB, typename KV>
+inline void group_scores(const float* q, int64_t q_hs, const KV* kt, int64_t lo, int64_t hi,
                          int64_t D, float scale, float softcap, float* s, int64_t s_stride,
                          float* mx) {
     static_assert(kKeyBlock == 16, "two 8-lane vectors per key block");
@@ -363,23 +372,23 @@ inline void group_scores(const float* q, int64_t q_hs, const float* kt, int64_t 
         const float* qg = q + g * q_hs;
         float* sg = s + g * s_stride;
         for (int64_t b = b0; b <= b1; ++b) {
-            const float* kb = kt + b * D * kKeyBlock;
+            const KV* kb = kt + b * D * kKeyBlock;
             __m256 acc[4][2];
             for (int c = 0; c < 4; ++c) {
                 if (c < D) {
                     const __m256 qd = _mm256_broadcast_ss(qg + c);
-                    acc[c][0] = _mm256_mul_ps(qd, _mm256_loadu_ps(kb + c * kKeyBlock));
-                    acc[c][1] = _mm256_mul_ps(qd, _mm256_loadu_ps(kb + c * kKeyBlock + 8));
+                    acc[c][0] = _mm256_mul_ps(qd, load8(kb + c * kKeyBlock));
+                    acc[c][1] = _mm256_mul_ps(qd, load8(kb + c * kKeyBlock + 8));
                 } else {
                     acc[c][0] = acc[c][1] = _mm256_setzero_ps();
                 }
             }
             for (int64_t d0 = 4; d0 < D; d0 += 4) {
                 for (int c = 0; c < 4 && d0 + c < D; ++c) {
-                    const float* kd = kb + (d0 + c) * kKeyBlock;
+                    const KV* kd = kb + (d0 + c) * kKeyBlock;
                     const __m256 qd = _mm256_broadcast_ss(qg + d0 + c);
-                    acc[c][0] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kd), acc[c][0]);
-                    acc[c][1] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kd + 8), acc[c][1]);
+                    acc[c][0] = _mm256_fmadd_ps(qd, load8(kd), acc[c][0]);
+                    acc[c][1] = _mm256_fmadd_ps(qd, load8(kd + 8), acc[c][1]);
                 }
             }
             float* sb = sg + (b * kKeyBlock - base);
@@ -420,18 +429,18 @@ inline float softmax_inplace(float* s, int64_t n, float mx) {
 
 // out_g[c : c + 8 NV) = inv_g * sum_j p_g[j] v[j][c : c + 8 NV) for GB heads sharing each value
 // load.  Per output element: one FMA chain over j in key order, whatever GB and NV.
-template <int GB, int NV>
-inline void group_values(const float* p, int64_t p_stride, int64_t n, const float* v,
+template <int GB, int NV, typename KV>
+inline void group_values(const float* p, int64_t p_stride, int64_t n, const KV* v,
                          int64_t v_stride, const float* inv, float* out, int64_t out_hs) {
     __m256 acc[GB][NV];
     for (int g = 0; g < GB; ++g)
         for (int i = 0; i < NV; ++i) acc[g][i] = _mm256_setzero_ps();
     for (int64_t j = 0; j < n; ++j) {
-        const float* vj = v + j * v_stride;
+        const KV* vj = v + j * v_stride;
         __m256 pj[GB];
         for (int g = 0; g < GB; ++g) pj[g] = _mm256_broadcast_ss(p + g * p_stride + j);
         for (int i = 0; i < NV; ++i) {
-            const __m256 vv = _mm256_loadu_ps(vj + 8 * i);
+            const __m256 vv = load8(vj + 8 * i);
             for (int g = 0; g < GB; ++g) acc[g][i] = _mm256_fmadd_ps(pj[g], vv, acc[g][i]);
         }
     }
@@ -441,8 +450,8 @@ inline void group_values(const float* p, int64_t p_stride, int64_t n, const floa
     }
 }
 
-template <int GB>
-void attention_heads(const float* q, int64_t q_hs, const float* kt, const float* v, int64_t v_stride,
+template <int GB, typename KV>
+void attention_heads(const float* q, int64_t q_hs, const KV* kt, const KV* v, int64_t v_stride,
                      int64_t lo, int64_t hi, int64_t D, float scale, float softcap, float* out,
                      int64_t out_hs, float* scratch) {
     constexpr int NV = GB == 1 ? 8 : GB == 4 ? 2 : 4;  // <= 12 accumulators
@@ -450,33 +459,48 @@ void attention_heads(const float* q, int64_t q_hs, const float* kt, const float*
     const int64_t base = lo / kKeyBlock * kKeyBlock;
     const int64_t s_stride = (hi / kKeyBlock + 1) * kKeyBlock - base;
     float mx[GB], inv[GB];
-    group_scores<GB>(q, q_hs, kt, lo, hi, D, scale, softcap, scratch, s_stride, mx);
+    group_scores<GB, KV>(q, q_hs, kt, lo, hi, D, scale, softcap, scratch, s_stride, mx);
     float* p = scratch + (lo - base);  // p[g * s_stride + j - lo]
     for (int g = 0; g < GB; ++g) inv[g] = softmax_inplace(p + g * s_stride, n, mx[g]);
-    const float* vb = v + lo * v_stride;
+    const KV* vb = v + lo * v_stride;
     int64_t c = 0;
     for (; c + 8 * NV <= D; c += 8 * NV)
-        group_values<GB, NV>(p, s_stride, n, vb + c, v_stride, inv, out + c, out_hs);
+        group_values<GB, NV, KV>(p, s_stride, n, vb + c, v_stride, inv, out + c, out_hs);
     for (; c + 8 <= D; c += 8)
-        group_values<GB, 1>(p, s_stride, n, vb + c, v_stride, inv, out + c, out_hs);
+        group_values<GB, 1, KV>(p, s_stride, n, vb + c, v_stride, inv, out + c, out_hs);
     for (; c < D; ++c) {  // D % 8 columns: scalar, same order over j
         for (int g = 0; g < GB; ++g) {
             const float* pg = p + g * s_stride;
             float acc = 0.0f;
-            for (int64_t j = 0; j < n; ++j) acc = fmaf(pg[j], vb[j * v_stride + c], acc);
+            for (int64_t j = 0; j < n; ++j) acc = fmaf(pg[j], load1(vb + j * v_stride + c), acc);
             out[g * out_hs + c] = acc * inv[g];
         }
     }
 }
 
+template <typename KV>
+void attention_groups(const float* q, int64_t q_head_stride, int64_t G, const KV* kt, const KV* v,
+                      int64_t v_stride, int64_t lo, int64_t hi, int64_t D, float scale, float softcap,
+                      float* out, int64_t out_head_stride, float* scratch) {
+    for_head_chunks(G, [&](auto gb, int64_t g0) {
+        attention_heads<decltype(gb)::value, KV>(q + g0 * q_head_stride, q_head_stride, kt, v, v_stride, lo,
+                                                 hi, D, scale, softcap, out + g0 * out_head_stride,
+                                                 out_head_stride, scratch);
+    });
+}
+
 void attention_group(const float* q, int64_t q_head_stride, int64_t G, const float* kt,
                      const float* v, int64_t v_stride, int64_t lo, int64_t hi, int64_t D, float scale,
                      float softcap, float* out, int64_t out_head_stride, float* scratch) {
-    for_head_chunks(G, [&](auto gb, int64_t g0) {
-        attention_heads<decltype(gb)::value>(q + g0 * q_head_stride, q_head_stride, kt, v, v_stride, lo, hi,
-                                             D, scale, softcap, out + g0 * out_head_stride,
-                                             out_head_stride, scratch);
-    });
+    attention_groups(q, q_head_stride, G, kt, v, v_stride, lo, hi, D, scale, softcap, out,
+                     out_head_stride, scratch);
+}
+
+void attention_group_f16(const float* q, int64_t q_head_stride, int64_t G, const uint16_t* kt,
+                         const uint16_t* v, int64_t v_stride, int64_t lo, int64_t hi, int64_t D,
+                         float scale, float softcap, float* out, int64_t out_head_stride, float* scratch) {
+    attention_groups(q, q_head_stride, G, kt, v, v_stride, lo, hi, D, scale, softcap, out,
+                     out_head_stride, scratch);
 }
 
 // Two passes: the maximum (NaN-free lanes: _mm256_max_ps returns its second operand when either
@@ -504,7 +528,7 @@ int64_t argmax(const float* x, int64_t n) {
     return 0;
 }
 
-const KernelTable kTable = {"avx2", linear_rows, rms_norm_rows, attention_group, argmax};
+const KernelTable kTable = {"avx2", linear_rows, rms_norm_rows, attention_group, argmax, attention_group_f16};
 
 }  // namespace
 

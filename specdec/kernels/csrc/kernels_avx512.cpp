@@ -331,24 +331,34 @@ inline __m512 exp512(__m512 x) {
     return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
 }
 
+// Sixteen cache elements as floats: float32 as they are, IEEE half converted exactly.
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 load16_masked(__mmask16 m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load16_masked(__mmask16 m, const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+}
+
 // Scores of GB heads against KB consecutive key blocks (kernels.h layout): out[g][b] lane i =
 // q_g . key i of block b as kernels.h defines it (four chains over d = c, c + 4, ..., each a
 // multiply then FMAs in order, summed (c0 + c1) + (c2 + c3)).  The heads share each key load;
 // each q element is a broadcast.
-template <int GB, int KB>
-inline void kt_block_scores(const float* q, int64_t q_hs, const float* kt, int64_t D,
+template <int GB, int KB, typename KV>
+inline void kt_block_scores(const float* q, int64_t q_hs, const KV* kt, int64_t D,
                             __m512 out[GB][KB]) {
     __m512 acc[GB][KB][4];
     for (int c = 0; c < 4; ++c)
         for (int b = 0; b < KB; ++b) {
-            const __m512 k0 = c < D ? _mm512_loadu_ps(kt + b * D * kKeyBlock + c * kKeyBlock) : _mm512_setzero_ps();
+            const __m512 k0 = c < D ? load16(kt + b * D * kKeyBlock + c * kKeyBlock) : _mm512_setzero_ps();
             for (int g = 0; g < GB; ++g)
                 acc[g][b][c] = c < D ? _mm512_mul_ps(_mm512_set1_ps(q[g * q_hs + c]), k0) : _mm512_setzero_ps();
         }
     for (int64_t d0 = 4; d0 < D; d0 += 4) {
         for (int c = 0; c < 4 && d0 + c < D; ++c)
             for (int b = 0; b < KB; ++b) {
-                const __m512 kd = _mm512_loadu_ps(kt + b * D * kKeyBlock + (d0 + c) * kKeyBlock);
+                const __m512 kd = load16(kt + b * D * kKeyBlock + (d0 + c) * kKeyBlock);
                 for (int g = 0; g < GB; ++g)
                     acc[g][b][c] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * q_hs + d0 + c]), kd, acc[g][b][c]);
             }
@@ -362,8 +372,8 @@ inline void kt_block_scores(const float* q, int64_t q_hs, const float* kt, int64
 // Scaled (soft-capped) scores of GB heads against keys lo..hi into s[g * s_stride + j - base]
 // (base: the first key of lo's block; whole blocks are written, lanes outside lo..hi unused);
 // mx[g] = the maximum over lo..hi.
-template <int GB>
-inline void scores512(const float* q, int64_t q_hs, const float* kt, int64_t lo, int64_t hi,
+template <int GB, typename KV>
+inline void scores512(const float* q, int64_t q_hs, const KV* kt, int64_t lo, int64_t hi,
                       int64_t D, float scale, float softcap, float* s, int64_t s_stride, float* mx) {
     static_assert(kKeyBlock == 16, "one 16-lane vector per key block");
     constexpr int KB = GB == 1 ? 4 : GB == 4 ? 1 : 2;  // <= 24 accumulators
@@ -388,13 +398,13 @@ inline void scores512(const float* q, int64_t q_hs, const float* kt, int64_t lo,
     int64_t b = b0;
     for (; b + KB <= b1 + 1; b += KB) {
         __m512 acc[GB][KB];
-        kt_block_scores<GB, KB>(q, q_hs, kt + b * D * kKeyBlock, D, acc);
+        kt_block_scores<GB, KB, KV>(q, q_hs, kt + b * D * kKeyBlock, D, acc);
         for (int g = 0; g < GB; ++g)
             for (int i = 0; i < KB; ++i) emit(acc[g][i], g, b + i);
     }
     for (; b <= b1; ++b) {
         __m512 acc[GB][1];
-        kt_block_scores<GB, 1>(q, q_hs, kt + b * D * kKeyBlock, D, acc);
+        kt_block_scores<GB, 1, KV>(q, q_hs, kt + b * D * kKeyBlock, D, acc);
         for (int g = 0; g < GB; ++g) emit(acc[g][0], g, b);
     }
     for (int g = 0; g < GB; ++g) mx[g] = _mm512_reduce_max_ps(vmax[g]);
@@ -415,18 +425,18 @@ inline float softmax512(float* s, int64_t n, float mx) {
 
 // out_g[c : c + 16 NV) = inv_g * sum_j p_g[j] v_j[c : c + 16 NV), GB heads sharing each load.
 // MASKED: one vector (NV == 1) of which only the `last` columns exist.
-template <int GB, int NV, bool MASKED>
-inline void values512(const float* p, int64_t p_stride, int64_t n, const float* v, int64_t v_stride,
+template <int GB, int NV, bool MASKED, typename KV>
+inline void values512(const float* p, int64_t p_stride, int64_t n, const KV* v, int64_t v_stride,
                       const float* inv, float* out, int64_t out_hs, __mmask16 last) {
     static_assert(!MASKED || NV == 1, "a masked tail is one vector");
     __m512 acc[GB][NV];
     for (int g = 0; g < GB; ++g)
         for (int i = 0; i < NV; ++i) acc[g][i] = _mm512_setzero_ps();
     for (int64_t j = 0; j < n; ++j) {
-        const float* vj = v + j * v_stride;
+        const KV* vj = v + j * v_stride;
         __m512 vv[NV];
         for (int i = 0; i < NV; ++i)
-            vv[i] = MASKED ? _mm512_maskz_loadu_ps(last, vj + 16 * i) : _mm512_loadu_ps(vj + 16 * i);
+            vv[i] = MASKED ? load16_masked(last, vj + 16 * i) : load16(vj + 16 * i);
         for (int g = 0; g < GB; ++g) {
             const __m512 pj = _mm512_set1_ps(p[g * p_stride + j]);
             for (int i = 0; i < NV; ++i) acc[g][i] = _mm512_fmadd_ps(pj, vv[i], acc[g][i]);
@@ -442,40 +452,55 @@ inline void values512(const float* p, int64_t p_stride, int64_t n, const float* 
     }
 }
 
-template <int GB>
-void values_heads(const float* p, int64_t p_stride, int64_t n, const float* v, int64_t v_stride,
+template <int GB, typename KV>
+void values_heads(const float* p, int64_t p_stride, int64_t n, const KV* v, int64_t v_stride,
                   int64_t D, const float* inv, float* out, int64_t out_hs) {
     constexpr int NV = GB == 1 ? 8 : GB == 2 ? 6 : 4;  // <= 24 accumulators + NV loads
     int64_t c = 0;
     for (; c + 16 * NV <= D; c += 16 * NV)
-        values512<GB, NV, false>(p, p_stride, n, v + c, v_stride, inv, out + c, out_hs, 0xFFFF);
+        values512<GB, NV, false, KV>(p, p_stride, n, v + c, v_stride, inv, out + c, out_hs, 0xFFFF);
     for (; c + 16 <= D; c += 16)
-        values512<GB, 1, false>(p, p_stride, n, v + c, v_stride, inv, out + c, out_hs, 0xFFFF);
-    if (c < D) values512<GB, 1, true>(p, p_stride, n, v + c, v_stride, inv, out + c, out_hs, tail_mask(D - c));
+        values512<GB, 1, false, KV>(p, p_stride, n, v + c, v_stride, inv, out + c, out_hs, 0xFFFF);
+    if (c < D) values512<GB, 1, true, KV>(p, p_stride, n, v + c, v_stride, inv, out + c, out_hs, tail_mask(D - c));
 }
 
-template <int GB>
-void attention_heads(const float* q, int64_t q_hs, const float* kt, const float* v, int64_t v_stride,
+template <int GB, typename KV>
+void attention_heads(const float* q, int64_t q_hs, const KV* kt, const KV* v, int64_t v_stride,
                      int64_t lo, int64_t hi, int64_t D, float scale, float softcap, float* out,
                      int64_t out_hs, float* scratch) {
     const int64_t n = hi - lo + 1;
     const int64_t base = lo / kKeyBlock * kKeyBlock;
     const int64_t s_stride = (hi / kKeyBlock + 1) * kKeyBlock - base;
     float mx[GB], inv[GB];
-    scores512<GB>(q, q_hs, kt, lo, hi, D, scale, softcap, scratch, s_stride, mx);
+    scores512<GB, KV>(q, q_hs, kt, lo, hi, D, scale, softcap, scratch, s_stride, mx);
     float* p = scratch + (lo - base);  // p[g * s_stride + j - lo]
     for (int g = 0; g < GB; ++g) inv[g] = softmax512(p + g * s_stride, n, mx[g]);
-    values_heads<GB>(p, s_stride, n, v + lo * v_stride, v_stride, D, inv, out, out_hs);
+    values_heads<GB, KV>(p, s_stride, n, v + lo * v_stride, v_stride, D, inv, out, out_hs);
+}
+
+template <typename KV>
+void attention_groups(const float* q, int64_t q_head_stride, int64_t G, const KV* kt, const KV* v,
+                      int64_t v_stride, int64_t lo, int64_t hi, int64_t D, float scale, float softcap,
+                      float* out, int64_t out_head_stride, float* scratch) {
+    for_head_chunks(G, [&](auto gb, int64_t g0) {
+        attention_heads<decltype(gb)::value, KV>(q + g0 * q_head_stride, q_head_stride, kt, v, v_stride, lo,
+                                                 hi, D, scale, softcap, out + g0 * out_head_stride,
+                                                 out_head_stride, scratch);
+    });
 }
 
 void attention_group(const float* q, int64_t q_head_stride, int64_t G, const float* kt,
                      const float* v, int64_t v_stride, int64_t lo, int64_t hi, int64_t D, float scale,
                      float softcap, float* out, int64_t out_head_stride, float* scratch) {
-    for_head_chunks(G, [&](auto gb, int64_t g0) {
-        attention_heads<decltype(gb)::value>(q + g0 * q_head_stride, q_head_stride, kt, v, v_stride, lo, hi,
-                                             D, scale, softcap, out + g0 * out_head_stride,
-                                             out_head_stride, scratch);
-    });
+    attention_groups(q, q_head_stride, G, kt, v, v_stride, lo, hi, D, scale, softcap, out,
+                     out_head_stride, scratch);
+}
+
+void attention_group_f16(const float* q, int64_t q_head_stride, int64_t G, const uint16_t* kt,
+                         const uint16_t* v, int64_t v_stride, int64_t lo, int64_t hi, int64_t D,
+                         float scale, float softcap, float* out, int64_t out_head_stride, float* scratch) {
+    attention_groups(q, q_head_stride, G, kt, v, v_stride, lo, hi, D, scale, softcap, out,
+                     out_head_stride, scratch);
 }
 
 // As the AVX2 one, 16 lanes and four independent maxima (the max pass is latency-bound).
@@ -509,7 +534,7 @@ int64_t argmax(const float* x, int64_t n) {
 
 const KernelTable* avx512_table() {
     static const KernelTable table = {"avx512", linear_rows, avx2_table()->rms_norm_rows, attention_group,
-                                      argmax};
+                                      argmax, attention_group_f16};
     return &table;
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "half.h"
 #include "kernels.h"
 
 namespace specdec {
@@ -119,16 +120,21 @@ void rms_norm_rows(const float* x, const float* w, float* y, int64_t K, float ep
     }
 }
 
+inline float load1(const float* p) { return *p; }
+inline float load1(const uint16_t* p) { return half_to_float(*p); }
+
 // q . k_j for a blocked key cache as kernels.h defines it (std::fma: one rounding, as vfmadd).
-inline float blocked_score(const float* q, const float* kt, int64_t j, int64_t D) {
-    const float* kb = kt + (j / kKeyBlock) * D * kKeyBlock + j % kKeyBlock;
+template <typename KV>
+inline float blocked_score(const float* q, const KV* kt, int64_t j, int64_t D) {
+    const KV* kb = kt + (j / kKeyBlock) * D * kKeyBlock + j % kKeyBlock;
     float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int64_t d = 0; d < 4 && d < D; ++d) c[d] = q[d] * kb[d * kKeyBlock];
-    for (int64_t d = 4; d < D; ++d) c[d % 4] = std::fma(q[d], kb[d * kKeyBlock], c[d % 4]);
+    for (int64_t d = 0; d < 4 && d < D; ++d) c[d] = q[d] * load1(kb + d * kKeyBlock);
+    for (int64_t d = 4; d < D; ++d) c[d % 4] = std::fma(q[d], load1(kb + d * kKeyBlock), c[d % 4]);
     return (c[0] + c[1]) + (c[2] + c[3]);
 }
 
-void attention_row(const float* q, const float* kt, const float* v, int64_t v_stride, int64_t lo,
+template <typename KV>
+void attention_row(const float* q, const KV* kt, const KV* v, int64_t v_stride, int64_t lo,
                    int64_t hi, int64_t D, float scale, float softcap, float* out, float* scratch) {
     const int64_t n = hi - lo + 1;
     float* s = scratch;
@@ -145,22 +151,37 @@ void attention_row(const float* q, const float* kt, const float* v, int64_t v_st
         sum += s[j];
     }
     const float inv = 1.0f / sum;
-    const float* vb = v + lo * v_stride;
+    const KV* vb = v + lo * v_stride;
     for (int64_t d = 0; d < D; ++d) out[d] = 0.0f;
     for (int64_t j = 0; j < n; ++j) {
         const float p = s[j];
-        const float* vj = vb + j * v_stride;
-        for (int64_t d = 0; d < D; ++d) out[d] += p * vj[d];
+        const KV* vj = vb + j * v_stride;
+        for (int64_t d = 0; d < D; ++d) out[d] += p * load1(vj + d);
     }
     for (int64_t d = 0; d < D; ++d) out[d] *= inv;
+}
+
+template <typename KV>
+void attention_rows(const float* q, int64_t q_head_stride, int64_t G, const KV* kt, const KV* v,
+                    int64_t v_stride, int64_t lo, int64_t hi, int64_t D, float scale, float softcap,
+                    float* out, int64_t out_head_stride, float* scratch) {
+    for (int64_t g = 0; g < G; ++g)
+        attention_row(q + g * q_head_stride, kt, v, v_stride, lo, hi, D, scale, softcap,
+                      out + g * out_head_stride, scratch);
 }
 
 void attention_group(const float* q, int64_t q_head_stride, int64_t G, const float* kt,
                      const float* v, int64_t v_stride, int64_t lo, int64_t hi, int64_t D, float scale,
                      float softcap, float* out, int64_t out_head_stride, float* scratch) {
-    for (int64_t g = 0; g < G; ++g)
-        attention_row(q + g * q_head_stride, kt, v, v_stride, lo, hi, D, scale, softcap,
-                      out + g * out_head_stride, scratch);
+    attention_rows(q, q_head_stride, G, kt, v, v_stride, lo, hi, D, scale, softcap, out, out_head_stride,
+                   scratch);
+}
+
+void attention_group_f16(const float* q, int64_t q_head_stride, int64_t G, const uint16_t* kt,
+                         const uint16_t* v, int64_t v_stride, int64_t lo, int64_t hi, int64_t D,
+                         float scale, float softcap, float* out, int64_t out_head_stride, float* scratch) {
+    attention_rows(q, q_head_stride, G, kt, v, v_stride, lo, hi, D, scale, softcap, out, out_head_stride,
+                   scratch);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -245,7 +266,8 @@ int64_t argmax(const float* x, int64_t n) {
     return best;
 }
 
-const KernelTable kTable = {"portable", linear_rows, rms_norm_rows, attention_group, argmax};
+const KernelTable kTable = {"portable", linear_rows, rms_norm_rows, attention_group, argmax,
+                            attention_group_f16};
 const A8Table kA8Table = {"portable", a8_quantize_rows, a8_linear_groups};
 
 }  // namespace

@@ -27,21 +27,27 @@ struct LinearSpec {
     torch::Tensor operator()(const torch::Tensor& x) const { return linear(x, w, qtype, w.size(0), K, bias); }
 };
 
+// A float stored into a cache element: as is, or rounded to the nearest half (ties to even, as
+// torch's .to(torch.float16)).
+inline void put(float* dst, float x) { *dst = x; }
+inline void put(uint16_t* dst, float x) { *dst = c10::Half(x).x; }
+
 // dst[j * dst_stride] = src[j] * cos[j] + rot[j] * sin[j] with rot = cat(-src[h:], src[:h])
 // (rotate_half), one head of D floats; the same two products and one sum per element as the torch
 // expression.  dst_stride: 1 for queries, kKeyBlock for a key written into the blocked cache.
-inline void rotate_head(const float* src, const float* cos, const float* sin, int64_t D, float* dst,
+template <typename T>
+inline void rotate_head(const float* src, const float* cos, const float* sin, int64_t D, T* dst,
                         int64_t dst_stride = 1) {
     const int64_t h = D / 2;
     for (int64_t j = 0; j < h; ++j) {
         const float a = src[j] * cos[j];
         const float b = (-src[j + h]) * sin[j];
-        dst[j * dst_stride] = a + b;
+        put(dst + j * dst_stride, a + b);
     }
     for (int64_t j = h; j < D; ++j) {
         const float a = src[j] * cos[j];
         const float b = src[j - h] * sin[j];
-        dst[j * dst_stride] = a + b;
+        put(dst + j * dst_stride, a + b);
     }
 }
 
@@ -95,15 +101,16 @@ class DecoderLayer {
                         sin.sizes() == cos.sizes() && cos.scalar_type() == torch::kFloat32 &&
                         sin.scalar_type() == torch::kFloat32,
                     "DecoderLayer: cos / sin must be contiguous float32 [T, head_dim]");
+        const bool half = v_cache.scalar_type() == torch::kHalf;
         TORCH_CHECK(v_cache.dim() == 4 && v_cache.is_contiguous() && v_cache.size(1) == Hkv_ &&
-                        v_cache.size(3) == D && v_cache.scalar_type() == torch::kFloat32,
-                    "DecoderLayer: v_cache must be contiguous float32 [slots, Hkv, max_len, D]");
+                        v_cache.size(3) == D && (half || v_cache.scalar_type() == torch::kFloat32),
+                    "DecoderLayer: v_cache must be contiguous float32 or float16 [slots, Hkv, max_len, D]");
         TORCH_CHECK(k_cache.dim() == 5 && k_cache.is_contiguous() && k_cache.size(0) == v_cache.size(0) &&
                         k_cache.size(1) == Hkv_ && k_cache.size(2) * kKeyBlock >= v_cache.size(2) &&
                         k_cache.size(3) == D && k_cache.size(4) == kKeyBlock &&
-                        k_cache.scalar_type() == torch::kFloat32,
-                    "DecoderLayer: k_cache must be contiguous float32 [slots, Hkv, max_len / ", kKeyBlock,
-                    ", D, ", kKeyBlock, "] (blocked)");
+                        k_cache.scalar_type() == v_cache.scalar_type(),
+                    "DecoderLayer: k_cache must be contiguous [slots, Hkv, max_len / ", kKeyBlock,
+                    ", D, ", kKeyBlock, "] (blocked), of v_cache's dtype");
         const int64_t max_len = v_cache.size(2);
         int64_t total = 0;
         for (size_t s = 0; s < slots.size(); ++s) {
@@ -133,28 +140,36 @@ class DecoderLayer {
         const float* sp = sin.data_ptr<float>();
         torch::Tensor qr = torch::empty({T, H_, D}, x.options());
         float* qrp = qr.data_ptr<float>();
-        float* kc = k_cache.data_ptr<float>();
-        float* vc = v_cache.data_ptr<float>();
         const int64_t slot_stride = Hkv_ * max_len * D, head_stride = max_len * D;
         const int64_t k_slot_stride = k_cache.stride(0), k_head_stride = k_cache.stride(1);
-        int64_t t = 0;
-        for (size_t s = 0; s < slots.size(); ++s) {
-            for (int64_t i = 0; i < counts[s]; ++i, ++t) {
-                const float* c = cp + t * D;
-                const float* sn = sp + t * D;
-                for (int64_t hd = 0; hd < H_; ++hd)
-                    rotate_head(qp + t * q_stride + hd * D, c, sn, D, qrp + (t * H_ + hd) * D);
-                const int64_t pos = starts[s] + i;
-                for (int64_t hd = 0; hd < Hkv_; ++hd) {
-                    // key pos: element d at block pos / kKeyBlock, row d, lane pos % kKeyBlock
-                    float* kdst = kc + slots[s] * k_slot_stride + hd * k_head_stride +
-                                  (pos / kKeyBlock) * D * kKeyBlock + pos % kKeyBlock;
-                    float* vdst = vc + slots[s] * slot_stride + hd * head_stride + pos * D;
-                    rotate_head(kp + t * k_stride + hd * D, c, sn, D, kdst, kKeyBlock);
-                    std::memcpy(vdst, vp + t * v_stride + hd * D, D * sizeof(float));
+        // Rotate the queries; rotate the keys straight into the cache and copy the values there,
+        // in the cache's element type.
+        auto write = [&](auto* kc, auto* vc) {
+            int64_t t = 0;
+            for (size_t s = 0; s < slots.size(); ++s) {
+                for (int64_t i = 0; i < counts[s]; ++i, ++t) {
+                    const float* c = cp + t * D;
+                    const float* sn = sp + t * D;
+                    for (int64_t hd = 0; hd < H_; ++hd)
+                        rotate_head(qp + t * q_stride + hd * D, c, sn, D, qrp + (t * H_ + hd) * D);
+                    const int64_t pos = starts[s] + i;
+                    for (int64_t hd = 0; hd < Hkv_; ++hd) {
+                        // key pos: element d at block pos / kKeyBlock, row d, lane pos % kKeyBlock
+                        auto* kdst = kc + slots[s] * k_slot_stride + hd * k_head_stride +
+                                     (pos / kKeyBlock) * D * kKeyBlock + pos % kKeyBlock;
+                        auto* vdst = vc + slots[s] * slot_stride + hd * head_stride + pos * D;
+                        rotate_head(kp + t * k_stride + hd * D, c, sn, D, kdst, kKeyBlock);
+                        const float* vsrc = vp + t * v_stride + hd * D;
+                        for (int64_t d = 0; d < D; ++d) put(vdst + d, vsrc[d]);
+                    }
                 }
             }
-        }
+        };
+        if (half)
+            write(reinterpret_cast<uint16_t*>(k_cache.data_ptr<at::Half>()),
+                  reinterpret_cast<uint16_t*>(v_cache.data_ptr<at::Half>()));
+        else
+            write(k_cache.data_ptr<float>(), v_cache.data_ptr<float>());
         torch::Tensor attn = attention_seqs(qr, k_cache, v_cache, slots, starts, counts, scale_, window_, softcap_);
         torch::Tensor o = o_(attn.view({T, nq}));
         if (post_attn_out_norm_.has_value()) o = rms_norm(o, *post_attn_out_norm_, eps_);

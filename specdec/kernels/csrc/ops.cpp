@@ -334,8 +334,13 @@ torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tens
                              const std::vector<int64_t>& counts, double scale, int64_t sliding_window,
                              double softcap) {
     check_float_cpu(q, "attention q");
-    check_float_cpu(k_cache, "attention k_cache");
-    check_float_cpu(v_cache, "attention v_cache");
+    TORCH_CHECK(k_cache.device().is_cpu() && v_cache.device().is_cpu(),
+                "specdec native attention: the KV cache must be on the CPU");
+    const bool half = k_cache.scalar_type() == torch::kHalf;
+    TORCH_CHECK((half || k_cache.scalar_type() == torch::kFloat32) &&
+                    v_cache.scalar_type() == k_cache.scalar_type(),
+                "specdec native attention: k_cache and v_cache must both be float32 or both float16, got ",
+                k_cache.scalar_type(), " and ", v_cache.scalar_type());
     TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 5 && v_cache.dim() == 4,
                 "specdec native attention: q [T, H, D], k_cache [S, Hkv, L / ", kKeyBlock, ", D, ",
                 kKeyBlock, "] (blocked), v_cache [S, Hkv, L, D]");
@@ -374,8 +379,9 @@ torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tens
     auto out = torch::empty({T, H, D}, q.options().memory_format(at::MemoryFormat::Contiguous));
     if (T == 0 || H == 0) return out;
     const float* qp = q.data_ptr<float>();
-    const float* kp = k_cache.data_ptr<float>();
-    const float* vp = v_cache.data_ptr<float>();
+    // float32 or IEEE half (kernels.h, attention_group_f16): only the element type differs.
+    const void* kp = k_cache.data_ptr();
+    const void* vp = v_cache.data_ptr();
     float* op = out.data_ptr<float>();
     const int64_t qs0 = q.stride(0), qs1 = q.stride(1);
     const int64_t ks0 = k_cache.stride(0), ks1 = k_cache.stride(1);
@@ -392,9 +398,17 @@ torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tens
             const int64_t t = i / Hkv, hk = i % Hkv;
             const int64_t slot = row_slot[t], pos = row_pos[t];
             const int64_t lo = sliding_window > 0 ? std::max<int64_t>(0, pos - sliding_window + 1) : 0;
-            tab->attention_group(qp + t * qs0 + hk * group * qs1, qs1, group, kp + slot * ks0 + hk * ks1,
-                                 vp + slot * vs0 + hk * vs1, vs2, lo, pos, D, fscale, fcap,
-                                 op + (t * H + hk * group) * D, D, s);
+            const int64_t ko = slot * ks0 + hk * ks1, vo = slot * vs0 + hk * vs1;
+            float* o = op + (t * H + hk * group) * D;
+            if (half)
+                tab->attention_group_f16(qp + t * qs0 + hk * group * qs1, qs1, group,
+                                         static_cast<const uint16_t*>(kp) + ko,
+                                         static_cast<const uint16_t*>(vp) + vo, vs2, lo, pos, D, fscale, fcap,
+                                         o, D, s);
+            else
+                tab->attention_group(qp + t * qs0 + hk * group * qs1, qs1, group,
+                                     static_cast<const float*>(kp) + ko, static_cast<const float*>(vp) + vo,
+                                     vs2, lo, pos, D, fscale, fcap, o, D, s);
         }
     });
     return out;

@@ -23,7 +23,7 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_
 
 // The same over several sequences at once: sequence s owns rows [sum(counts[:s]), +counts[s]) of
 // q, at positions starts[s]... of slot slots[s] of k_cache [S, Hkv, L / kKeyBlock, D, kKeyBlock]
-// and v_cache [S, Hkv, L, D]; one parallel loop over every row.
+// and v_cache [S, Hkv, L, D] (both float32 or both float16); one parallel loop over every row.
 torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                              const std::vector<int64_t>& slots, const std::vector<int64_t>& starts,
                              const std::vector<int64_t>& counts, double scale, int64_t sliding_window,
