@@ -52,6 +52,11 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--activation-dtype", default="auto", choices=["auto", "float32", "int8"])
     p.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        help="auto, float32, float16 or bfloat16 (as specdec serve)",
+    )
+    p.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: torch's choice)"
     )
 
@@ -159,6 +164,7 @@ def cmd_latency(args: argparse.Namespace) -> int:
         kernels=args.kernels,
         quantization=args.quantization,
         activation_dtype=args.activation_dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
         max_model_len=args.max_model_len,
         enable_prefix_caching=args.enable_prefix_caching,
         output_dir=args.output_dir,
@@ -181,6 +187,7 @@ def cmd_forward_cost(args: argparse.Namespace) -> int:
             kernels=args.kernels,
             quantization=args.quantization,
             activation_dtype=args.activation_dtype,
+            kv_cache_dtype=args.kv_cache_dtype,
             context=args.context,
             ns=tuple(args.ns),
             repeats=args.repeats,

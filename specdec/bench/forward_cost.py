@@ -25,6 +25,7 @@ class ForwardCostOptions:
     kernels: str = "auto"
     quantization: str = "auto"
     activation_dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
     context: int = 200
     ns: tuple[int, ...] = DEFAULT_NS
     repeats: int = 10
@@ -107,6 +108,7 @@ def run_forward_cost(opts: ForwardCostOptions) -> dict[str, Any]:
         kernels=opts.kernels,
         quantization=opts.quantization,
         activation_dtype=opts.activation_dtype,
+        kv_cache_dtype=opts.kv_cache_dtype,
         max_model_len=max_len,
         max_num_seqs=1,
     )
@@ -116,7 +118,7 @@ def run_forward_cost(opts: ForwardCostOptions) -> dict[str, Any]:
     )
     title = (
         f"N (context {opts.context}, kernels {opts.kernels}, quantization {opts.quantization}, "
-        f"activations {model.activation_dtype})"
+        f"activations {model.activation_dtype}, KV cache {str(model.kv_dtype).removeprefix('torch.')})"
     )
     print(format_forward_cost(rows, title))
     settings = {k: v for k, v in asdict(opts).items() if k != "json_path"}

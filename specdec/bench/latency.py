@@ -55,6 +55,7 @@ class LatencyOptions:
     kernels: str = "auto"
     quantization: str = "auto"
     activation_dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     output_dir: str | None = None
@@ -117,6 +118,7 @@ class _Run:
             opts.seed,
             opts.enable_prefix_caching,
             opts.activation_dtype,
+            opts.kv_cache_dtype,
         )
         self.records: list[dict] = []
         self.config_errors: dict[str, str] = {}

@@ -43,6 +43,7 @@ class EngineArgs:
     seed: int = 0
     enable_prefix_caching: bool = True
     activation_dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
 
 
 @dataclass
@@ -142,6 +143,7 @@ class SpecdecRunner:
             max_num_seqs=1,  # NOTE: batch size 1; one running slot (plus prefix cache slots)
             seed=engine.seed,
             enable_prefix_caching=engine.enable_prefix_caching,
+            kv_cache_dtype=engine.kv_cache_dtype,
         )
 
     @property

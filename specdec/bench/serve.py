@@ -72,6 +72,7 @@ class ServeOptions:
     kernels: str = "auto"
     quantization: str = "auto"
     activation_dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
     max_model_len: int | None = None
     max_num_seqs: int | None = None  # None: the highest concurrency
     max_num_batched_tokens: int = 512
@@ -460,6 +461,7 @@ class _InProcessServer:
             seed=opts.seed,
             kv_cache_memory=opts.kv_cache_memory,
             enable_prefix_caching=opts.enable_prefix_caching,
+            kv_cache_dtype=opts.kv_cache_dtype,
         )
         self.name = opts.model
         self.llm = AsyncLLM(llm.engine, log_stats=False)
@@ -793,6 +795,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
         kernels=args.kernels,
         quantization=args.quantization,
         activation_dtype=args.activation_dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,

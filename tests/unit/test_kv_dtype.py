@@ -159,3 +159,11 @@ def test_real_model_with_a_half_cache() -> None:
             "smollm2-135m", kv_cache_dtype="float16", max_model_len=1024, speculative_config=spec
         )
         assert [o.outputs[0].token_ids for o in llm.generate(prompts, sp)] == want, method
+
+
+def test_bench_takes_the_kv_cache_dtype(tiny_llama, capsys) -> None:
+    from specdec.entrypoints.cli import main
+
+    argv = ["bench", "forward-cost", "--model", str(tiny_llama), "--kv-cache-dtype", "f16"]
+    assert main(argv + ["--context", "20", "--ns", "1,2", "--repeats", "1", "--warmup", "0"]) == 0
+    assert "KV cache float16" in capsys.readouterr().out
