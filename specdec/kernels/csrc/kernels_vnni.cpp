@@ -88,24 +88,32 @@ inline void group_tile(const int8_t* xq, const float* dx, const int32_t* sx, con
             const char* pf = reinterpret_cast<const char*>(tiles + g * gstride + (b + 4) * TB);
             for (int64_t o = 0; o < TB; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
         }
+        // Weights of every group first, then each activation quad is broadcast once and feeds
+        // all NG groups (a broadcast is a load: one per vpdpbusd before).
         if (KIND == A8_Q8) {
             for (int t = 0; t < 8; ++t) {
-                for (int g = 0; g < NG; ++g) {
-                    const __m512i w = _mm512_loadu_si512(tiles + g * gstride + b * TB + 64 + 64 * t);
-                    for (int m = 0; m < MR; ++m)
-                        s[g][m] = _mm512_dpbusd_epi32(s[g][m], w, bcast4(xq + m * K + b * 32 + 4 * t));
+                __m512i w[NG];
+                for (int g = 0; g < NG; ++g)
+                    w[g] = _mm512_loadu_si512(tiles + g * gstride + b * TB + 64 + 64 * t);
+                for (int m = 0; m < MR; ++m) {
+                    const __m512i xv = bcast4(xq + m * K + b * 32 + 4 * t);
+                    for (int g = 0; g < NG; ++g) s[g][m] = _mm512_dpbusd_epi32(s[g][m], w[g], xv);
                 }
             }
         } else {
             for (int p = 0; p < 4; ++p) {
+                __m512i wlo[NG], whi[NG];
                 for (int g = 0; g < NG; ++g) {
                     const __m512i packed = _mm512_loadu_si512(tiles + g * gstride + b * TB + 64 + 64 * p);
-                    const __m512i wlo = _mm512_and_si512(packed, lo4);
-                    const __m512i whi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), lo4);
-                    for (int m = 0; m < MR; ++m) {
-                        const int8_t* xb = xq + m * K + b * 32;
-                        s[g][m] = _mm512_dpbusd_epi32(s[g][m], wlo, bcast4(xb + 4 * p));
-                        s[g][m] = _mm512_dpbusd_epi32(s[g][m], whi, bcast4(xb + 4 * p + 16));
+                    wlo[g] = _mm512_and_si512(packed, lo4);
+                    whi[g] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), lo4);
+                }
+                for (int m = 0; m < MR; ++m) {
+                    const int8_t* xb = xq + m * K + b * 32;
+                    const __m512i xlo = bcast4(xb + 4 * p), xhi = bcast4(xb + 4 * p + 16);
+                    for (int g = 0; g < NG; ++g) {
+                        s[g][m] = _mm512_dpbusd_epi32(s[g][m], wlo[g], xlo);
+                        s[g][m] = _mm512_dpbusd_epi32(s[g][m], whi[g], xhi);
                     }
                 }
             }
