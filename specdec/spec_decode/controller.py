@@ -45,6 +45,7 @@ Until there are GUARD_MIN_SAMPLES plain cycles, the start-up measurement of a pl
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -85,6 +86,7 @@ class CostModel:
     # (and the draft calls): the curve's error at n, what drafting does to the next forward
     draft_step_extra_ms: dict[int, float] = field(default_factory=dict)
     catch_up_ms_per_token: float = 0.0  # per token a drafter that did not draft must catch up on
+    _extra_keys: list[int] = field(default_factory=list, repr=False)  # sorted draft_step_extra_ms
 
     def verify(self, n: int) -> float:
         # NOTE: sampling, bookkeeping and noise make no extra row free, whatever the timing says.
@@ -105,8 +107,10 @@ class CostModel:
         known = self.draft_step_extra_ms
         if not known:
             return 0.0
-        below = [m for m in known if m <= n]
-        return known[max(below)] if below else known[min(known)]
+        if len(self._extra_keys) != len(known):  # entries are only ever added
+            self._extra_keys = sorted(known)
+        i = bisect.bisect_right(self._extra_keys, n)
+        return known[self._extra_keys[i - 1 if i else 0]]
 
 
 def choose_num_drafts(
@@ -122,13 +126,17 @@ def choose_num_drafts(
     gains most, while the batch's throughput still improves.
     """
     switch_on_ms = switch_on_ms or [0.0] * len(rates)
-    if len(rates) == 1:
-
-        def throughput(k: int) -> float:
-            ms = cost.step_ms(1 + k, k) + (switch_on_ms[0] if k else 0.0)
-            return expected_tokens(rates[0], k) / ms
-
-        return [max(range(caps[0] + 1), key=lambda k: (throughput(k), -k))]
+    if len(rates) == 1:  # exhaustive, the expected tokens summed as k grows (O(cap))
+        rate, switch = rates[0], switch_on_ms[0]
+        best_k, best = 0, 1.0 / cost.step_ms(1, 0)
+        tokens = survive = 1.0
+        for k in range(1, min(caps[0], len(rate)) + 1):
+            survive *= rate[k - 1]
+            tokens += survive
+            value = tokens / (cost.step_ms(1 + k, k) + switch)
+            if value > best:  # ties: the smaller k
+                best_k, best = k, value
+        return [best_k]
     # NOTE: one more draft changes only the batch's total drafts, one request's expected tokens
     # (by the chance its new last draft survives) and, for its first draft, the switch-on cost,
     # so each round of the greedy costs O(requests), not O(requests x k).

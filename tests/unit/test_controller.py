@@ -72,6 +72,24 @@ def _greedy_reference(rates, caps, cost, switch_on_ms):
         ks[i] += 1
 
 
+def test_single_request_rule_is_the_exhaustive_optimum_on_random_rates() -> None:
+    rng = random.Random(1)
+    for _ in range(300):
+        k = rng.randint(1, 32)
+        rates = [rng.choice([0.02, rng.random(), 0.97]) for _ in range(k)]
+        cap = rng.randint(0, k)
+        slope = rng.uniform(0.05, 1.5)
+        cost = CostModel([10.0 + slope * n for n in range(k + 1)], rng.uniform(0, 0.5))
+        switch = rng.choice([0.0, rng.uniform(0, 3)])
+
+        values = [
+            expected_tokens(rates, j) / (cost.step_ms(1 + j, j) + (switch if j else 0.0))
+            for j in range(cap + 1)
+        ]
+        want = max(range(cap + 1), key=lambda j: (values[j], -j))
+        assert choose_num_drafts([rates], [cap], cost, [switch]) == [want]
+
+
 def test_batch_rule_equals_the_plain_greedy_on_random_batches() -> None:
     rng = random.Random(0)
     for _ in range(300):
@@ -85,6 +103,15 @@ def test_batch_rule_equals_the_plain_greedy_on_random_batches() -> None:
         assert choose_num_drafts(rates, caps, cost, switch_on) == _greedy_reference(
             rates, caps, cost, switch_on
         ), (rates, caps, slope, switch_on)
+
+
+def test_draft_step_extra_takes_the_nearest_learnt_n_below() -> None:
+    cost = CostModel([10.0] * 8)
+    assert cost.draft_step_extra(5) == 0.0
+    cost.draft_step_extra_ms.update({4: 1.0, 9: 2.0})
+    assert [cost.draft_step_extra(n) for n in (2, 4, 8, 9, 30)] == [1.0, 1.0, 1.0, 2.0, 2.0]
+    cost.draft_step_extra_ms[6] = 3.0  # learnt later
+    assert [cost.draft_step_extra(n) for n in (5, 6, 8)] == [1.0, 3.0, 3.0]
 
 
 def test_controller_learns_per_position() -> None:
