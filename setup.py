@@ -119,7 +119,8 @@ def _native_build():
         extra_compile_args=list(COMMON_FLAGS),
     )
     ext.depends = [
-        os.path.join(CSRC, f) for f in ("half.h", "head_chunks.h", "kernels.h", "ops.h", "parallel.h")
+        os.path.join(CSRC, f)
+        for f in ("half.h", "head_chunks.h", "kernels.h", "ops.h", "parallel.h")
     ] + [os.path.join(CSRC, unit[1]) for unit in ISA_UNITS]
     suffix = CppExtension(
         name="specdec.spec_decode._suffix_native",
