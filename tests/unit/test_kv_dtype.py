@@ -81,7 +81,7 @@ def test_half_cache_halves_the_bytes_per_token() -> None:
     assert KVCache.bytes_per_token(30, 3, 64, torch.float16) * 2 == f32
 
 
-def test_engine_with_a_half_cache_speculates_exactly(tiny_llama) -> None:
+def test_engine_with_a_half_cache_speculates_exactly(tiny_llama, tiny_draft) -> None:
     prompts = [[5, 9, 12, 5, 9, 12, 5, 9], [3, 4, 5, 6, 7, 3, 4, 5, 6], [100, 7, 100, 7, 100]]
     sp = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     plain = LLM(str(tiny_llama), kv_cache_dtype="fp16")
@@ -91,10 +91,13 @@ def test_engine_with_a_half_cache_speculates_exactly(tiny_llama) -> None:
         {"method": "ngram", "num_speculative_tokens": 4, "adaptive": False},
         {"method": "suffix", "num_speculative_tokens": 6, "adaptive": False},
         {"method": "layer_skip", "num_speculative_tokens": 2, "num_draft_layers": 2},
+        {"method": "draft_model", "model": str(tiny_draft), "num_speculative_tokens": 3},
     ):
         llm = LLM(str(tiny_llama), kv_cache_dtype="float16", speculative_config=spec)
         got = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
         assert got == want, spec["method"]
+        drafter_kv = getattr(llm.engine.proposer, "kv", None)  # a model drafter's own cache
+        assert drafter_kv is None or drafter_kv.k.dtype == torch.float16
         assert llm.engine.spec_stats.num_drafts > 0
 
 
