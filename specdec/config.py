@@ -180,7 +180,8 @@ class EngineConfig:
     seed: int = 0
     kv_cache_memory: float | None = None  # bytes (> 1) or a fraction of available RAM (<= 1)
     enable_prefix_caching: bool = True  # reuse the KV of earlier requests' shared prefixes
-    # KV cache element type: "auto" (the model's dtype) | "float32" | "float16" | "bfloat16"
+    # KV cache element type: "auto" (float16 on the native CPU kernels, else the model's dtype)
+    # | "float32" | "float16" | "bfloat16"
     kv_cache_dtype: str = "auto"
     speculative: SpeculativeConfig | None = None
     extra: dict[str, Any] = field(default_factory=dict)

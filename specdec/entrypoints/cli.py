@@ -56,8 +56,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--kv-cache-dtype",
         default="auto",
-        help="KV cache element type: auto (the model's dtype), float32, float16 (half the "
-        "memory; llama.cpp's default f16), bfloat16 (torch kernels only)",
+        help="KV cache element type: float16 (half the memory; llama.cpp's default f16), float32 "
+        "(transformers' arithmetic), bfloat16 (torch kernels only); auto: float16 on the native "
+        "CPU kernels, else the model's dtype",
     )
     add_prefix_caching_arg(p)
 

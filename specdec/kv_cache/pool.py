@@ -16,8 +16,8 @@ Key layout: native CPU kernels read keys blocked and transposed (``key_block`` k
 element of 16 consecutive keys, so a score needs no horizontal sum); the torch path keeps the
 usual ``[layers, slots, Hkv, max_len, D]`` (``key_block = 0``). Values are always row-major.
 
-Element type: the model's dtype, or ``kv_cache_dtype`` (float16 halves the memory and what
-attention reads; entries are rounded once, when written).
+Element type: ``kv_cache_dtype`` (float16 by default on the native kernels: it halves the memory
+and what attention reads; entries are rounded once, when written), else the model's dtype.
 """
 
 from __future__ import annotations

@@ -266,10 +266,15 @@ class LlamaModel:
         return out.reshape(T, cfg.num_heads * D)
 
     def set_kv_dtype(self, kv_cache_dtype: str) -> None:
-        """``"auto"`` (the model's dtype), ``"float32"``, ``"float16"`` or ``"bfloat16"``: the
-        element type of the KV caches ``make_kv_cache`` makes. Attention converts entries back to
-        the activations' dtype on load; the native kernels take float32 and float16."""
-        dtype = self.dtype if kv_cache_dtype == "auto" else getattr(torch, kv_cache_dtype)
+        """``"auto"``, ``"float32"``, ``"float16"`` or ``"bfloat16"``: the element type of the KV
+        caches ``make_kv_cache`` makes. ``"auto"``: float16 on the native kernels (llama.cpp's
+        default f16 cache: half the memory, and attention reads half the bytes), else the model's
+        dtype. Attention converts entries back to the activations' dtype on load; the native
+        kernels take float32 and float16."""
+        if kv_cache_dtype == "auto":
+            dtype = torch.float16 if self.ops.name == "native" else self.dtype
+        else:
+            dtype = getattr(torch, kv_cache_dtype)
         if self.ops.name == "native" and dtype not in (torch.float32, torch.float16):
             raise ConfigError(
                 f"kv_cache_dtype {kv_cache_dtype}: the native kernels keep the KV cache in "

@@ -35,7 +35,7 @@ def pair(request):
         str(path.parent), gguf_file=path.name, dtype=torch.float32
     )
     hf.eval()
-    ours = LLM(name, quantization="fp32", max_model_len=2048)
+    ours = LLM(name, quantization="fp32", kv_cache_dtype="float32", max_model_len=2048)
     return name, hf, ours
 
 
@@ -86,7 +86,7 @@ def test_int8_activations_close_to_transformers(pair) -> None:
     from specdec.model.llama import SeqBatch
 
     name, hf, _ = pair
-    llm = LLM(name, activation_dtype="int8", max_model_len=512)
+    llm = LLM(name, activation_dtype="int8", kv_cache_dtype="float32", max_model_len=512)
     model = llm.engine.model
     assert model.activation_dtype == "int8"
     tok = llm.get_tokenizer()

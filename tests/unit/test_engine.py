@@ -9,8 +9,9 @@ from specdec.config import ConfigError
 
 
 def test_kv_budget_limits_concurrency_and_everyone_finishes(tiny_llama) -> None:
-    # tiny model: 4 layers x 2 kv heads x 16 dims x 4 bytes x 2 = 1 KiB per token.
-    llm = LLM(str(tiny_llama), max_model_len=128, max_num_seqs=8, kv_cache_memory=3 * 128 * 1024)
+    # tiny model, float32 cache: 4 layers x 2 kv heads x 16 dims x 4 bytes x 2 = 1 KiB per token.
+    llm = LLM(str(tiny_llama), max_model_len=128, max_num_seqs=8, kv_cache_memory=3 * 128 * 1024,
+              kv_cache_dtype="float32")  # fmt: skip
     engine = llm.engine
     assert engine.kv.num_slots == 3
     ids = [

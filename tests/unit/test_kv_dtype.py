@@ -107,11 +107,18 @@ def test_a_kv_budget_holds_twice_the_sequences_in_half(tiny_llama) -> None:
         cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, torch.float32
     )
     budget = 3 * per_slot  # three float32 slots, six half ones
-    f32 = LLM(str(tiny_llama), max_model_len=64, max_num_seqs=8, kv_cache_memory=budget)
+    f32 = LLM(str(tiny_llama), max_model_len=64, max_num_seqs=8, kv_cache_memory=budget,
+              kv_cache_dtype="float32")  # fmt: skip
     f16 = LLM(str(tiny_llama), max_model_len=64, max_num_seqs=8, kv_cache_memory=budget,
               kv_cache_dtype="float16")  # fmt: skip
     assert f32.engine.scheduler.max_num_seqs == 3
     assert f16.engine.scheduler.max_num_seqs == 6
+
+
+def test_auto_is_half_on_the_native_kernels_else_the_model_dtype(tiny_llama) -> None:
+    assert LLM(str(tiny_llama), kernels="native").engine.kv.k.dtype == torch.float16
+    assert LLM(str(tiny_llama), kernels="torch").engine.kv.k.dtype == torch.float32
+    assert LLM(str(tiny_llama), kv_cache_dtype="f32").engine.kv.k.dtype == torch.float32
 
 
 def test_kv_cache_dtype_errors_are_clear(tiny_llama) -> None:

@@ -273,7 +273,7 @@ def test_abort_mid_generation_then_resubmit(tiny_llama, plain) -> None:
 # ---- slots and eviction -------------------------------------------------------------------------
 def _slot_bytes(llm: LLM) -> int:
     cfg = llm.engine.model.cfg
-    per_token = KVCache.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, llm.engine.model.dtype)  # fmt: skip
+    per_token = KVCache.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, llm.engine.model.kv_dtype)  # fmt: skip
     return per_token * MAX_LEN
 
 
