@@ -489,20 +489,6 @@ void attention_groups(const float* q, int64_t q_head_stride, int64_t G, const KV
     });
 }
 
-void attention_group(const float* q, int64_t q_head_stride, int64_t G, const float* kt,
-                     const float* v, int64_t v_stride, int64_t lo, int64_t hi, int64_t D, float scale,
-                     float softcap, float* out, int64_t out_head_stride, float* scratch) {
-    attention_groups(q, q_head_stride, G, kt, v, v_stride, lo, hi, D, scale, softcap, out,
-                     out_head_stride, scratch);
-}
-
-void attention_group_f16(const float* q, int64_t q_head_stride, int64_t G, const uint16_t* kt,
-                         const uint16_t* v, int64_t v_stride, int64_t lo, int64_t hi, int64_t D,
-                         float scale, float softcap, float* out, int64_t out_head_stride, float* scratch) {
-    attention_groups(q, q_head_stride, G, kt, v, v_stride, lo, hi, D, scale, softcap, out,
-                     out_head_stride, scratch);
-}
-
 // Two passes: the maximum (NaN-free lanes: _mm256_max_ps returns its second operand when either
 // is NaN, so a NaN in x never replaces a number), then the first index holding it.
 int64_t argmax(const float* x, int64_t n) {
@@ -528,7 +514,8 @@ int64_t argmax(const float* x, int64_t n) {
     return 0;
 }
 
-const KernelTable kTable = {"avx2", linear_rows, rms_norm_rows, attention_group, argmax, attention_group_f16};
+const KernelTable kTable = {"avx2", linear_rows, rms_norm_rows, attention_groups<float>, argmax,
+                            attention_groups<uint16_t>};
 
 }  // namespace
 

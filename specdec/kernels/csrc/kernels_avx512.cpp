@@ -489,20 +489,6 @@ void attention_groups(const float* q, int64_t q_head_stride, int64_t G, const KV
     });
 }
 
-void attention_group(const float* q, int64_t q_head_stride, int64_t G, const float* kt,
-                     const float* v, int64_t v_stride, int64_t lo, int64_t hi, int64_t D, float scale,
-                     float softcap, float* out, int64_t out_head_stride, float* scratch) {
-    attention_groups(q, q_head_stride, G, kt, v, v_stride, lo, hi, D, scale, softcap, out,
-                     out_head_stride, scratch);
-}
-
-void attention_group_f16(const float* q, int64_t q_head_stride, int64_t G, const uint16_t* kt,
-                         const uint16_t* v, int64_t v_stride, int64_t lo, int64_t hi, int64_t D,
-                         float scale, float softcap, float* out, int64_t out_head_stride, float* scratch) {
-    attention_groups(q, q_head_stride, G, kt, v, v_stride, lo, hi, D, scale, softcap, out,
-                     out_head_stride, scratch);
-}
-
 // As the AVX2 one, 16 lanes and four independent maxima (the max pass is latency-bound).
 int64_t argmax(const float* x, int64_t n) {
     int64_t i = 0;
@@ -533,8 +519,8 @@ int64_t argmax(const float* x, int64_t n) {
 }  // namespace
 
 const KernelTable* avx512_table() {
-    static const KernelTable table = {"avx512", linear_rows, avx2_table()->rms_norm_rows, attention_group,
-                                      argmax, attention_group_f16};
+    static const KernelTable table = {"avx512", linear_rows, avx2_table()->rms_norm_rows,
+                                      attention_groups<float>, argmax, attention_groups<uint16_t>};
     return &table;
 }
 

@@ -170,20 +170,6 @@ void attention_rows(const float* q, int64_t q_head_stride, int64_t G, const KV* 
                       out + g * out_head_stride, scratch);
 }
 
-void attention_group(const float* q, int64_t q_head_stride, int64_t G, const float* kt,
-                     const float* v, int64_t v_stride, int64_t lo, int64_t hi, int64_t D, float scale,
-                     float softcap, float* out, int64_t out_head_stride, float* scratch) {
-    attention_rows(q, q_head_stride, G, kt, v, v_stride, lo, hi, D, scale, softcap, out, out_head_stride,
-                   scratch);
-}
-
-void attention_group_f16(const float* q, int64_t q_head_stride, int64_t G, const uint16_t* kt,
-                         const uint16_t* v, int64_t v_stride, int64_t lo, int64_t hi, int64_t D,
-                         float scale, float softcap, float* out, int64_t out_head_stride, float* scratch) {
-    attention_rows(q, q_head_stride, G, kt, v, v_stride, lo, hi, D, scale, softcap, out, out_head_stride,
-                   scratch);
-}
-
 // ---------------------------------------------------------------------------------------------
 // 8-bit activation path: the same arithmetic as kernels_vnni.cpp, one output at a time.  Integer
 // sums are exact and every float step is the same single operation (std::fma is one rounding,
@@ -266,8 +252,8 @@ int64_t argmax(const float* x, int64_t n) {
     return best;
 }
 
-const KernelTable kTable = {"portable", linear_rows, rms_norm_rows, attention_group, argmax,
-                            attention_group_f16};
+const KernelTable kTable = {"portable", linear_rows, rms_norm_rows, attention_rows<float>, argmax,
+                            attention_rows<uint16_t>};
 const A8Table kA8Table = {"portable", a8_quantize_rows, a8_linear_groups};
 
 }  // namespace
