@@ -238,9 +238,8 @@ class SpecController:
     _cycle: _Cycle | None = None
     _mark: float = 0.0  # where the current draft call started
     _num_samples: dict[str, int] = field(default_factory=dict)  # per learnt cost
-    _could_pay: dict[tuple[int, int], bool] = field(
-        default_factory=dict
-    )  # this step's, by batch, cap
+    # this step's answers of _may_probe's "could drafting pay", by (batch size, cap)
+    _could_pay: dict[tuple[int, int], bool] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.prior = self.prior or [PRIOR] * self.max_k

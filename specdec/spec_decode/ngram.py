@@ -17,38 +17,37 @@ class NgramIndex:
 
     def __init__(self, min_n: int, max_n: int) -> None:
         self.min_n, self.max_n = min_n, max_n
-        self.tokens: list[int] = []
+        self.num_tokens = 0  # tokens of the sequence indexed so far
         self.last_start: dict[tuple[int, ...], int] = {}
 
-    def extend(self, tokens: Sequence[int]) -> None:
-        """``tokens``: the whole sequence so far, an extension of what was indexed before."""
-        old = len(self.tokens)
-        self.tokens.extend(tokens[old:])
-        seq, table = self.tokens, self.last_start
+    def extend(self, seq: Sequence[int]) -> None:
+        """``seq``: the whole sequence so far, an extension of what was indexed before."""
+        table = self.last_start
         # An n-gram ending at `end` gains its follower when token end + 1 arrives.
-        for end in range(max(old - 1, 0), len(seq) - 1):
+        for end in range(max(self.num_tokens - 1, 0), len(seq) - 1):
             for n in range(self.min_n, min(self.max_n, end + 1) + 1):
                 table[tuple(seq[end - n + 1 : end + 1])] = end - n + 1
+        self.num_tokens = len(seq)
 
-    def propose(self, k: int) -> list[int]:
-        """Longest suffix of length in [min_n, max_n] that occurred earlier; the up-to-k tokens
-        that followed its most recent earlier occurrence."""
-        seq = self.tokens
+    def propose(self, seq: Sequence[int], k: int) -> list[int]:
+        """Longest suffix of ``seq`` (the indexed sequence) of length in [min_n, max_n] that
+        occurred earlier; the up-to-k tokens that followed its most recent earlier occurrence."""
         length = len(seq)
         if k <= 0:
             return []
         for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
             start = self.last_start.get(tuple(seq[length - n :]))
             if start is not None:
-                return seq[start + n : start + n + k]
+                return list(seq[start + n : start + n + k])
         return []
 
 
 def ngram_propose(tokens: Sequence[int], min_n: int, max_n: int, k: int) -> list[int]:
     """One lookup over a whole sequence (``NgramIndex.propose`` on a fresh index)."""
+    seq = [int(t) for t in tokens]
     index = NgramIndex(min_n, max_n)
-    index.extend([int(t) for t in tokens])
-    return index.propose(k)
+    index.extend(seq)
+    return index.propose(seq, k)
 
 
 class NgramProposer(Proposer):
@@ -63,10 +62,10 @@ class NgramProposer(Proposer):
         drafts = []
         for r in inp.requests:
             index = self.indexes.get(r.req_id)
-            if index is None or len(index.tokens) > len(r.token_ids):
+            if index is None or index.num_tokens > len(r.token_ids):
                 index = self.indexes[r.req_id] = NgramIndex(self.min_n, self.max_n)
             index.extend(r.token_ids)
-            drafts.append(index.propose(r.max_num_drafts))
+            drafts.append(index.propose(r.token_ids, r.max_num_drafts))
         return DraftOutput(drafts, [None] * len(drafts))
 
     def remove_request(self, req_id: str, token_ids: list[int] | None = None) -> None:
