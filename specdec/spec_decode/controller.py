@@ -97,10 +97,16 @@ class CostModel:
         return max(self.verify_ms[-1] + slope * (n - len(self.verify_ms)), floor)
 
     def step_ms(self, num_tokens: int, num_drafts: int) -> float:
+        plain = self.verify(num_tokens - num_drafts) + self.overhead_ms
+        if not num_drafts:
+            return max(plain, 1e-3)
         ms = self.verify(num_tokens) + self.overhead_ms
-        if num_drafts:
-            ms += self.draft_step_extra(num_tokens) + self.draft_ms_per_token * num_drafts
-        return max(ms, 1e-3)
+        ms += self.draft_step_extra(num_tokens) + self.draft_ms_per_token * num_drafts
+        # NOTE: a learnt extra is noisy and can be negative; on a 1 ms step it made drafts cheaper
+        # than none, so drafts that never survive kept being chosen. Drafts never make a step
+        # cheaper than the same step without them.
+        floor = plain + MIN_EXTRA_COST * self.verify_ms[0] * num_drafts
+        return max(ms, floor, 1e-3)
 
     def draft_step_extra(self, n: int) -> float:
         """The learnt extra at n, else at the nearest n learnt below (above), else 0."""

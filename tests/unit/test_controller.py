@@ -114,6 +114,14 @@ def test_draft_step_extra_takes_the_nearest_learnt_n_below() -> None:
     assert [cost.draft_step_extra(n) for n in (5, 6, 8)] == [1.0, 3.0, 3.0]
 
 
+def test_a_negative_learnt_extra_never_makes_drafts_free() -> None:
+    cost = CostModel([1.0, 1.02, 1.04, 1.06, 1.08])
+    cost.draft_step_extra_ms.update({2: -0.5, 3: -0.5, 4: -0.5, 5: -0.5})  # noisy timings
+    assert cost.step_ms(2, 1) >= cost.step_ms(1, 0) * (1 + 0.03)
+    # a drafter whose drafts never survive is not worth a single draft
+    assert choose_num_drafts([[0.0] * 4], [4], cost) == [0]
+
+
 def test_controller_learns_per_position() -> None:
     ctl = SpecController(4, CostModel([10.0, 10.5, 11.0, 11.5, 12.0]))
     for _ in range(20):
