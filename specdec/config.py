@@ -9,6 +9,8 @@ from typing import Any
 # Methods that exist today, and those coming in later work (a clear error until then).
 SUPPORTED_METHODS = ("ngram", "draft_model", "layer_skip", "suffix")
 PLANNED_METHODS = ("eagle", "eagle3", "medusa", "mtp")
+MODEL_DRAFT_METHODS = ("draft_model", "layer_skip")
+DRAFT_SAMPLE_METHODS = ("greedy", "coupled", "probabilistic")
 
 
 class ConfigError(ValueError):
@@ -30,6 +32,11 @@ class SpeculativeConfig:
     adaptive: bool = True  # choose k per request and step (num_speculative_tokens is the cap)
     num_draft_layers: int | None = None  # layer_skip; None = all but the last 2 (measured best)
     draft_quantization: str | None = None
+    # how model drafters draft for a sampled request (vLLM's key): "greedy" (the argmax, vLLM's
+    # default), "coupled" (the token the target's sampler would pick from q with the target's
+    # uniform) or "probabilistic" (sampled from q, Leviathan/Chen acceptance: same
+    # distribution, not the same text as plain). ngram and suffix drafts are point masses.
+    draft_sample_method: str = "greedy"
     # suffix decoding (vLLM's names and defaults): tree depth caps match + draft length; the global
     # tree caches this many finished responses (FIFO, 0 = off); draft length <= factor * match
     # length; tokens are drafted while their estimated probability stays >= min_token_prob.
@@ -69,6 +76,17 @@ class SpeculativeConfig:
             _check_int(self.disable_by_batch_size, "disable_by_batch_size", 1)
         if self.num_draft_layers is not None:
             _check_int(self.num_draft_layers, "num_draft_layers", 1)
+        if self.draft_sample_method not in DRAFT_SAMPLE_METHODS:
+            raise ConfigError(
+                f"speculative_config.draft_sample_method must be one of "
+                f"{', '.join(DRAFT_SAMPLE_METHODS)}, got {self.draft_sample_method!r}"
+            )
+        if self.draft_sample_method != "greedy" and self.method not in MODEL_DRAFT_METHODS:
+            raise ConfigError(
+                f"speculative_config.draft_sample_method '{self.draft_sample_method}' applies to "
+                f"model drafters ({', '.join(MODEL_DRAFT_METHODS)}); '{self.method}' drafts are "
+                "point masses"
+            )
         if self.method == "draft_model" and not self.model:
             raise ConfigError("speculative_config.model is required for method 'draft_model'")
         _check_int(self.suffix_decoding_max_tree_depth, "suffix_decoding_max_tree_depth", 1)

@@ -66,6 +66,15 @@ class SamplingParams:
             ),
             (self.min_tokens >= 0, f"min_tokens must be >= 0, got {self.min_tokens}"),
             (
+                self.seed is None
+                or (
+                    isinstance(self.seed, int)
+                    and not isinstance(self.seed, bool)
+                    and -(2**63) <= self.seed < 2**64
+                ),
+                f"seed must be an integer in [-2**63, 2**64), got {self.seed!r}",
+            ),
+            (
                 self.logprobs is None or 0 <= self.logprobs <= 20,
                 f"logprobs must be in [0, 20], got {self.logprobs}",
             ),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
+import random
 import time
 
 import torch
@@ -18,6 +20,7 @@ from specdec.model.loader import load_checkpoint
 from specdec.model.registry import resolve_model_path
 from specdec.model.tokenizer import Tokenizer
 from specdec.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from specdec.sample.random import normalize_seed
 from specdec.sample.rejection_sampler import PenaltyState, VerifyResult
 from specdec.sampling_params import SamplingParams
 from specdec.spec_decode import PROPOSERS, DraftInput, DraftRequest, Proposer
@@ -91,8 +94,10 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.kv, num_running_slots, config.max_num_batched_tokens, self.max_model_len
         )
-        self.generator = torch.Generator(self.device).manual_seed(config.seed)
-        self.runner = ModelRunner(self.model, self.kv, self.generator)
+        # NOTE: requests without a seed draw one here, at admission, and then take the same
+        # keyed path as seeded ones.
+        self._seeds = random.Random(config.seed)
+        self.runner = ModelRunner(self.model, self.kv)
         self.spec: SpeculativeConfig | None = config.speculative
         self.proposer: Proposer | None = None
         if self.spec is not None:
@@ -168,6 +173,7 @@ class LLMEngine:
             cost = measure_verify_cost(self.model, self.kv, slot, max_n, context, batch_ns=batch_ns)
         finally:
             self.kv.free(slot)
+        self._measured_cost = copy.deepcopy(cost)
         return SpecController(k, cost)
 
     def _load_draft(self, spec: SpeculativeConfig) -> LlamaModel:
@@ -208,8 +214,8 @@ class LLMEngine:
             detokenizer=IncrementalDetokenizer(self.tokenizer, ids, sampling.skip_special_tokens),
             metrics=RequestMetrics(arrival_time=time.monotonic()),
         )
-        if sampling.seed is not None:
-            req.generator = torch.Generator(self.device).manual_seed(sampling.seed)
+        seed = sampling.seed if sampling.seed is not None else self._seeds.getrandbits(64)
+        req.seed = normalize_seed(seed)
         if sampling.has_penalties:
             vocab = self.model.cfg.vocab_size
             mask = torch.zeros(vocab, dtype=torch.bool, device=self.device)
@@ -272,10 +278,15 @@ class LLMEngine:
         self.kv.reset_prefix_cache()
 
     def reset_drafter_cache(self) -> None:
-        """Forget what finished requests taught the drafter (suffix decoding's global tree), so
-        a benchmark that repeats prompts does not measure them as a repeated task."""
+        """Forget what finished requests taught speculation (suffix decoding's global tree, the
+        adaptive controller's learnt costs and rates), so a benchmark's warm-up or a repeated
+        prompt is not measured as a repeated task. Running requests keep their drafter state."""
         if self.proposer is not None:
             self.proposer.reset_cache()
+        if self.controller is not None and self.spec is not None:
+            self.controller = SpecController(
+                self.spec.num_speculative_tokens, copy.deepcopy(self._measured_cost)
+            )
 
     # ---- the step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -441,11 +452,12 @@ class LLMEngine:
             req.shadow_draft_ids = []
 
     def _draft(self, todo: list[tuple[Request, int]]) -> None:
-        gens = [r.generator if r.generator is not None else self.generator for r, _ in todo]
         inp = DraftInput(
             [
-                DraftRequest(r.req_id, r.all_token_ids, cap, r.sampling, g)
-                for (r, cap), g in zip(todo, gens)
+                DraftRequest(
+                    r.req_id, r.all_token_ids, cap, r.sampling, r.seed, len(r.prompt_token_ids)
+                )
+                for r, cap in todo
             ]
         )
         out = self.proposer.propose(inp)

@@ -28,7 +28,7 @@ class Request:
     sampling: SamplingParams
     detokenizer: IncrementalDetokenizer
     metrics: RequestMetrics
-    generator: torch.Generator | None = None
+    seed: int = 0  # keys every random draw of this request (specdec.sample.random)
     output_token_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING

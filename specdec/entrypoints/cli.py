@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 import time
 
@@ -165,6 +166,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         stop=args.stop,
         ignore_eos=args.ignore_eos,
     )
+    if args.compare_plain and spec is not None and sp.seed is None and not sp.is_greedy:
+        # NOTE: both runs need one seed to be comparable; a seeded sampled run is a pure
+        # function of (seed, prompt, sampling parameters), with or without speculation.
+        sp.seed = random.Random(args.seed).getrandbits(63)
+        print(f"--- sampling seed {sp.seed} (set --sampling-seed to choose it)")
     llm = build_llm(args, spec)
     tok = llm.get_tokenizer()
     if args.chat:

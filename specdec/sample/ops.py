@@ -1,4 +1,4 @@
-"""Pure functions that turn target (or draft) logits into the distribution a request samples from.
+"""Pure functions that turn target (or draft) logits into the logits a request samples from.
 
 The same transform is applied with and without speculation, and to draft logits, so that
 verification compares like with like.
@@ -44,50 +44,17 @@ def apply_penalties(
     return logits
 
 
-def apply_top_k_top_p_min_p(logits: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
-    """Mask (to -inf) the tokens top-k, top-p and min-p exclude. ``logits`` already temperature-scaled."""
-    vocab = logits.shape[-1]
-    if sp.top_k != -1 and sp.top_k < vocab:
-        kth = torch.topk(logits, sp.top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if sp.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        probs = sorted_logits.softmax(dim=-1)
-        # NOTE: keep a token when the mass strictly before it is < top_p (the top token always stays).
-        exclusive = probs.cumsum(dim=-1) - probs
-        drop_sorted = exclusive >= sp.top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    if sp.min_p > 0.0:
-        probs = logits.softmax(dim=-1)
-        threshold = probs.max(dim=-1, keepdim=True).values * sp.min_p
-        logits = logits.masked_fill(probs < threshold, float("-inf"))
-    return logits
-
-
 def processed_logits(
     logits: torch.Tensor,  # [R, V]
     sp: SamplingParams,
     prompt_mask: torch.Tensor | None,  # [V] bool
     output_counts: torch.Tensor | None,  # [R, V]
-) -> torch.Tensor:  # [R, V]: penalised logits (greedy) or masked, temperature-scaled logits
+) -> torch.Tensor:  # [R, V]: penalised logits, divided by the temperature unless greedy
+    """The logits every row samples from; top-k, top-p and min-p are the sampler's
+    (``specdec.sample.sampler``). Elementwise only, so a row never depends on the others."""
     logits = logits.float()
     if sp.has_penalties and prompt_mask is not None and output_counts is not None:
         logits = apply_penalties(logits, prompt_mask, output_counts, sp)
     if sp.is_greedy:
         return logits
-    logits = logits / sp.temperature
-    return apply_top_k_top_p_min_p(logits, sp)
-
-
-def target_probs(
-    logits: torch.Tensor,
-    sp: SamplingParams,
-    prompt_mask: torch.Tensor | None,
-    output_counts: torch.Tensor | None,
-) -> torch.Tensor:  # [R, V] float32 probabilities a random request samples from
-    return processed_logits(logits, sp, prompt_mask, output_counts).softmax(dim=-1)
-
-
-def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> int:  # probs [V]
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+    return logits / sp.temperature

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 import torch
 
 from specdec.sample.ops import argmax_rows, processed_logits
+from specdec.sample.random import Purpose, uniform
+from specdec.sample.sampler import row_probs, sample_row
+from specdec.sampling_params import SamplingParams
 
 
 @dataclass
@@ -41,10 +44,15 @@ def verify(
     target_logits: torch.Tensor,  # [k+1, V]: rows for the last token and each draft
     draft_token_ids: list[int],  # k drafts
     draft_probs: torch.Tensor | None,  # [k, V] draft distributions q, or None for point-mass drafts
-    sp,  # SamplingParams
+    sp: SamplingParams,
     penalty: PenaltyState | None,
-    generator: torch.Generator | None,
+    seed: int,  # the request's seed (see specdec.sample.random)
+    position: int,  # output position of the first row's token
 ) -> VerifyResult:
+    """Greedy rows accept drafts while they equal the argmax. Random rows with point-mass
+    drafts sample each position with its keyed uniform and accept a draft iff it equals that
+    sample ("sample and match"): the output is exactly plain sampling's. With ``q`` they follow
+    Leviathan/Chen (accept with probability min(1, p/q), else draw from norm(max(0, p - q)))."""
     k = len(draft_token_ids)
     assert target_logits.shape[0] == k + 1
     counts = penalty.rows(draft_token_ids) if (penalty is not None and sp.has_penalties) else None
@@ -52,8 +60,10 @@ def verify(
     logits = processed_logits(target_logits, sp, mask, counts)  # [k+1, V]
     if sp.is_greedy:
         tokens = _greedy(logits, draft_token_ids)
+    elif draft_probs is None:
+        tokens = _sample_and_match(logits, draft_token_ids, sp, seed, position)
     else:
-        tokens = _random(logits.softmax(dim=-1), draft_token_ids, draft_probs, generator)
+        tokens = _rejection(logits, draft_token_ids, draft_probs, sp, seed, position)
     logprobs = None
     if sp.logprobs is not None:
         raw = target_logits[: len(tokens)].float().log_softmax(dim=-1)
@@ -73,31 +83,56 @@ def _greedy(logits: torch.Tensor, draft_token_ids: list[int]) -> list[int]:
     return tokens
 
 
-def _random(
-    probs: torch.Tensor,  # [k+1, V]
+def _sample_and_match(
+    logits: torch.Tensor,  # [k+1, V] temperature-scaled
     draft_token_ids: list[int],
-    draft_probs: torch.Tensor | None,  # [k, V]
-    generator: torch.Generator | None,
+    sp: SamplingParams,
+    seed: int,
+    position: int,
 ) -> list[int]:
     tokens: list[int] = []
-    k = len(draft_token_ids)
-    uniforms = torch.rand(k, generator=generator, device=probs.device).tolist() if k else []
+    for i in range(len(draft_token_ids) + 1):
+        token = sample_row(logits[i], sp, uniform(seed, position + i, Purpose.TARGET))
+        tokens.append(token)
+        if i == len(draft_token_ids) or token != draft_token_ids[i]:
+            break
+    return tokens
+
+
+def _rejection(
+    logits: torch.Tensor,  # [k+1, V] temperature-scaled
+    draft_token_ids: list[int],
+    draft_probs: torch.Tensor,  # [k, V]
+    sp: SamplingParams,
+    seed: int,
+    position: int,
+) -> list[int]:
+    tokens: list[int] = []
     for i, x in enumerate(draft_token_ids):
-        p = float(probs[i, x])
-        q = float(draft_probs[i, x]) if draft_probs is not None else 1.0
+        p = row_probs(logits[i], sp)  # [V] float64
+        q = draft_probs[i].to(p.dtype)
+        px, qx = float(p[x]), float(q[x])
         # NOTE: accept with probability min(1, p/q); q == 0 means the draft could not have
         # proposed x, so any p > 0 accepts.
-        if (q > 0 and uniforms[i] * q < p) or (q <= 0 < p):
+        u = uniform(seed, position + i, Purpose.ACCEPT)
+        if (qx > 0 and u * qx < px) or (qx <= 0 < px):
             tokens.append(x)
             continue
-        if draft_probs is not None:
-            residual = (probs[i] - draft_probs[i].to(probs.dtype)).clamp_min(0)
+        residual = (p - q).clamp_min(0)
+        if float(residual.sum()) > 0:
+            tokens.append(_inverse_cdf(residual, uniform(seed, position + i, Purpose.RESIDUAL)))
         else:
-            residual = probs[i].clone()
-            residual[x] = 0.0
-        total = float(residual.sum())
-        dist = residual / total if total > 0 else probs[i]
-        tokens.append(int(torch.multinomial(dist, 1, generator=generator).item()))
+            tokens.append(sample_row(logits[i], sp, uniform(seed, position + i, Purpose.TARGET)))
         return tokens
-    tokens.append(int(torch.multinomial(probs[k], 1, generator=generator).item()))
+    k = len(draft_token_ids)
+    tokens.append(sample_row(logits[k], sp, uniform(seed, position + k, Purpose.TARGET)))
     return tokens
+
+
+def _inverse_cdf(weights: torch.Tensor, u: float) -> int:  # weights [V] float64, not all 0
+    cum = weights.cumsum(0)
+    x = torch.tensor([u * float(cum[-1])], dtype=cum.dtype, device=cum.device)
+    j = int(torch.searchsorted(cum, x, right=True))
+    if j >= cum.numel() or weights[j] <= 0:
+        return int(weights.nonzero()[-1])
+    return j

@@ -24,7 +24,9 @@ def _ngram(
 def _draft_model(
     cfg: SpeculativeConfig, target: LlamaModel, load_draft, max_num_seqs: int, max_len: int
 ) -> Proposer:
-    return DraftModelProposer(load_draft(cfg), max_num_seqs, max_len)
+    return DraftModelProposer(
+        load_draft(cfg), max_num_seqs, max_len, sample_method=cfg.draft_sample_method
+    )
 
 
 def _layer_skip(
@@ -34,7 +36,9 @@ def _layer_skip(
     # layers: 8 layers accept 4% of first drafts, 24 layers 40%, 28 layers 57% (BENCHMARKS.md).
     layers = cfg.num_draft_layers or max(1, target.cfg.num_layers - 2)
     layers = min(layers, target.cfg.num_layers)
-    return DraftModelProposer(target, max_num_seqs, max_len, num_layers=layers)
+    return DraftModelProposer(
+        target, max_num_seqs, max_len, num_layers=layers, sample_method=cfg.draft_sample_method
+    )
 
 
 def _suffix(

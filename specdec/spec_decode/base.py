@@ -16,8 +16,13 @@ class DraftRequest:
     token_ids: list[int]  # prompt + output so far (the last one is not yet in the target's KV)
     max_num_drafts: int  # cap for this step (0 = do not draft)
     sampling: SamplingParams
-    generator: torch.Generator | None = None
+    seed: int = 0  # the request's seed: drafts sampled for output position t use uniform(seed, t)
     num_prompt_tokens: int = 0  # token_ids[:num_prompt_tokens] is the prompt
+
+    @property
+    def next_position(self) -> int:
+        """The output position of the first draft (the token after ``token_ids``)."""
+        return len(self.token_ids) - self.num_prompt_tokens
 
 
 @dataclass

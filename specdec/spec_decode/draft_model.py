@@ -14,6 +14,8 @@ import torch
 
 from specdec.model.llama import LlamaModel, SeqBatch
 from specdec.sample.ops import argmax_rows, processed_logits
+from specdec.sample.random import Purpose, uniform
+from specdec.sample.sampler import row_probs, sample_row
 from specdec.spec_decode.base import DraftInput, DraftOutput, DraftRequest, Proposer
 
 
@@ -33,9 +35,15 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 class DraftModelProposer(Proposer):
     def __init__(
-        self, model: LlamaModel, max_num_seqs: int, max_len: int, num_layers: int | None = None
+        self,
+        model: LlamaModel,
+        max_num_seqs: int,
+        max_len: int,
+        num_layers: int | None = None,
+        sample_method: str = "greedy",
     ) -> None:
         self.model = model
+        self.sample_method = sample_method  # greedy | coupled | probabilistic
         self.num_layers = num_layers
         self.kv = model.make_kv_cache(max_num_seqs, max_len, num_layers)
         self.max_len = max_len
@@ -61,7 +69,8 @@ class DraftModelProposer(Proposer):
                 break
             logits = self._forward(live, [feed[r.req_id] for r in live])  # [len(live), V]
             for row, r in enumerate(live):
-                token, q = self._draw(logits[row : row + 1], r)
+                position = r.next_position + len(drafts[r.req_id])
+                token, q = self._draw(logits[row : row + 1], r, position)
                 drafts[r.req_id].append(token)
                 if q is not None:
                     probs[r.req_id].append(q)
@@ -109,11 +118,23 @@ class DraftModelProposer(Proposer):
         last_rows = torch.tensor(counts, device=device).cumsum(0) - 1
         return self.model.compute_logits(hidden[last_rows])
 
-    def _draw(self, logits: torch.Tensor, r: DraftRequest) -> tuple[int, torch.Tensor | None]:
-        # logits [1, V]. Greedy requests get point-mass drafts; random ones sample from q, which
-        # sees the same temperature / top-k / top-p / min-p transform as the target.
-        if r.sampling.is_greedy:
+    def _draw(
+        self, logits: torch.Tensor, r: DraftRequest, position: int
+    ) -> tuple[int, torch.Tensor | None]:
+        """The draft for output position ``position`` (logits [1, V]), and q [1, V] when it was
+        sampled from q (``probabilistic``); otherwise a point mass, verified by sample-and-match.
+
+        ``greedy`` drafts the draft model's argmax. ``coupled`` drafts what the target's own
+        sampler would pick from q with the target's uniform for that position: where q is close
+        to p, the same uniform picks the same token, so it is accepted far more often than the
+        argmax at a high temperature, and the output is still exactly plain sampling's.
+        ``probabilistic`` samples from q with a uniform of its own (Leviathan/Chen acceptance).
+        """
+        sp = r.sampling
+        if sp.is_greedy or self.sample_method == "greedy":
             return argmax_rows(logits)[0], None
-        q = processed_logits(logits, r.sampling, None, None).softmax(dim=-1)  # [1, V]
-        token = int(torch.multinomial(q[0], 1, generator=r.generator).item())
-        return token, q
+        z = processed_logits(logits, sp, None, None)[0]  # [V]
+        if self.sample_method == "coupled":
+            return sample_row(z, sp, uniform(r.seed, position, Purpose.TARGET)), None
+        token = sample_row(z, sp, uniform(r.seed, position, Purpose.DRAFT))
+        return token, row_probs(z, sp).unsqueeze(0)

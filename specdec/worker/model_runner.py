@@ -20,10 +20,9 @@ class ModelRunnerOutput:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, kv: KVCache, default_generator: torch.Generator) -> None:
+    def __init__(self, model: LlamaModel, kv: KVCache) -> None:
         self.model = model
         self.kv = kv
-        self.default_generator = default_generator
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         ids, pos, logit_rows = [], [], []
@@ -65,8 +64,15 @@ class ModelRunner:
             req = s.req
             rows = logits[row : row + s.num_drafts + 1]
             row += s.num_drafts + 1
-            gen = req.generator if req.generator is not None else self.default_generator
             results.append(
-                verify(rows, req.draft_token_ids, req.draft_probs, req.sampling, req.penalty, gen)
+                verify(
+                    rows,
+                    req.draft_token_ids,
+                    req.draft_probs,
+                    req.sampling,
+                    req.penalty,
+                    req.seed,
+                    len(req.output_token_ids),
+                )  # fmt: skip
             )
         return results
