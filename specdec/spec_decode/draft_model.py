@@ -70,7 +70,7 @@ class DraftModelProposer(Proposer):
             logits = self._forward(live, [feed[r.req_id] for r in live])  # [len(live), V]
             for row, r in enumerate(live):
                 position = r.next_position + len(drafts[r.req_id])
-                token, q = self._draw(logits[row : row + 1], r, position)
+                token, q = self._draw(logits[row : row + 1], r, position, drafts[r.req_id])
                 drafts[r.req_id].append(token)
                 if q is not None:
                     probs[r.req_id].append(q)
@@ -119,7 +119,7 @@ class DraftModelProposer(Proposer):
         return self.model.compute_logits(hidden[last_rows])
 
     def _draw(
-        self, logits: torch.Tensor, r: DraftRequest, position: int
+        self, logits: torch.Tensor, r: DraftRequest, position: int, earlier: list[int]
     ) -> tuple[int, torch.Tensor | None]:
         """The draft for output position ``position`` (logits [1, V]), and q [1, V] when it was
         sampled from q (``probabilistic``); otherwise a point mass, verified by sample-and-match.
@@ -133,8 +133,26 @@ class DraftModelProposer(Proposer):
         sp = r.sampling
         if sp.is_greedy or self.sample_method == "greedy":
             return argmax_rows(logits)[0], None
-        z = processed_logits(logits, sp, None, None)[0]  # [V]
+        mask = counts = None
+        if sp.has_penalties:  # q sees the penalties the target applies at this position
+            mask, counts = _penalty_inputs(r, earlier, logits.shape[-1], logits.device)
+        z = processed_logits(logits, sp, mask, counts)[0]  # [V]
         if self.sample_method == "coupled":
             return sample_row(z, sp, uniform(r.seed, position, Purpose.TARGET)), None
         token = sample_row(z, sp, uniform(r.seed, position, Purpose.DRAFT))
         return token, row_probs(z, sp).unsqueeze(0)
+
+
+def _penalty_inputs(
+    r: DraftRequest, earlier: list[int], vocab: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(prompt mask [V] bool, output counts [1, V]) after ``earlier`` drafts, as the target's
+    verification row for that position sees them."""
+    ids = torch.tensor(r.token_ids, dtype=torch.long, device=device)
+    mask = torch.zeros(vocab, dtype=torch.bool, device=device)
+    mask[ids[: r.num_prompt_tokens]] = True
+    out = torch.cat(
+        [ids[r.num_prompt_tokens :], torch.tensor(earlier, dtype=torch.long, device=device)]
+    )
+    counts = torch.bincount(out, minlength=vocab).to(torch.float32).unsqueeze(0)
+    return mask, counts
