@@ -1,6 +1,7 @@
-"""From per-prompt records to per-category figures: pure functions over plain dicts.
+"""The figures of both benchmarks: pure functions over plain dicts.
 
-A record is one prompt under one configuration (see ``runners.make_record``). Figures:
+``bench latency``: a record is one prompt under one configuration (see ``runners.make_record``).
+Figures:
 - output tokens/s = total output tokens / total seconds (prefill included), per category;
 - decode tokens/s = the same after each request's first token (prefill and TTFT excluded);
 - cached prompt tokens = prompt tokens whose KV came from the prefix cache (our engine only);
@@ -9,13 +10,20 @@ A record is one prompt under one configuration (see ``runners.make_record``). Fi
 - acceptance rate at position i = steps whose draft i was accepted / steps with drafts.
 Under greedy sampling every speculative configuration must reproduce plain's tokens exactly; a
 difference is a failure (anchors are compared too, for information only).
+
+``bench serve``: a record is one request (one turn) at one concurrency level (see
+``serve.stream_chat``); ``summarize_level`` gives p50/p99 of TTFT, TPOT and end-to-end latency and
+output tokens/s over the level's wall time, ``add_speedups`` the ratio to plain at the same
+concurrency. Replies are compared as text with plain's at concurrency 1, where a difference fails.
 """
 
 from __future__ import annotations
 
+import math
 from statistics import mean
 
 OVERALL = "overall"
+REFERENCE_CONCURRENCY = 1  # bench serve: outputs are checked against plain's at this level
 
 
 def first_mismatch(a: list[list[int]], b: list[list[int]]) -> dict | None:
@@ -51,21 +59,35 @@ def compare_to_reference(records: list[dict], reference: str, greedy: bool) -> N
         r["first_mismatch"] = where
 
 
+def _request_key(record: dict) -> tuple:
+    """What a record measured: the prompt (bench latency), or the turn at a level (bench serve)."""
+    return record["id"], record.get("turn"), record.get("concurrency")
+
+
+def _where(record: dict) -> str:
+    where = record["config"]
+    if "concurrency" in record:
+        where += f" @ {record['concurrency']}"
+    where += f" / {record['id']}"
+    return where + (f" turn {record['turn']}" if "turn" in record else "")
+
+
 def find_failures(records: list[dict], reference: str, config_errors: dict[str, str]) -> list[str]:
-    """Everything that makes the run fail: greedy mismatches and errors of our configurations."""
+    """Everything that makes a run fail: crashed configurations, greedy outputs of our
+    configurations that differ from the reference's (under bench serve: at concurrency 1), and
+    requests of ours that failed where the reference's succeeded. Anchors never fail a run."""
     failures = [f"{label}: crashed: {msg}" for label, msg in config_errors.items()]
-    ref_ok = {r["id"] for r in records if r["config"] == reference and not r["error"]}
+    ref_ok = {_request_key(r) for r in records if r["config"] == reference and not r["error"]}
     for r in records:
-        if r["backend"] != "specdec":
+        if r["config"] == reference or r.get("backend", "specdec") != "specdec":
             continue
-        if r["identical_to_plain"] is False:
-            m = r["first_mismatch"]
-            failures.append(
-                f"{r['config']} / {r['id']}: output differs from plain "
-                f"(turn {m['turn']}, token {m['token_index']})"
-            )
-        elif r["error"] and r["id"] in ref_ok and r["config"] != reference:
-            failures.append(f"{r['config']} / {r['id']}: error where plain succeeded: {r['error']}")
+        checked = r.get("concurrency", REFERENCE_CONCURRENCY) == REFERENCE_CONCURRENCY
+        if r["identical_to_plain"] is False and checked:
+            m = r.get("first_mismatch")
+            at = f" (turn {m['turn']}, token {m['token_index']})" if m else ""
+            failures.append(f"{_where(r)}: output differs from {reference}{at}")
+        elif r["error"] and _request_key(r) in ref_ok:
+            failures.append(f"{_where(r)}: error where {reference} succeeded: {r['error']}")
     return failures
 
 
@@ -158,3 +180,103 @@ def _ratio(row: dict, base: dict | None) -> float | None:
     if base is None or not row["tokens_per_s"] or not base["tokens_per_s"]:
         return None
     return row["tokens_per_s"] / base["tokens_per_s"]
+
+
+# ---- bench serve ----------------------------------------------------------------------------------
+def percentile(values: list[float | None], q: float) -> float | None:
+    """The q-th percentile (0..100) with linear interpolation between ranks (numpy's default)."""
+    xs = sorted(v for v in values if v is not None)
+    if not xs:
+        return None
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def tpot(e2e_s: float, ttft_s: float | None, output_tokens: int) -> float | None:
+    """Seconds per output token after the first (None with fewer than two tokens)."""
+    if ttft_s is None or output_tokens < 2:
+        return None
+    return (e2e_s - ttft_s) / (output_tokens - 1)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1000.0 * seconds
+
+
+def summarize_level(rows: list[dict], duration_s: float) -> dict:
+    """Figures over the requests of one (configuration, concurrency) level (errors excluded)."""
+    ok = [r for r in rows if not r["error"]]
+    tokens = sum(r["output_tokens"] for r in ok)
+    ttfts = [r["ttft_s"] for r in ok]
+    tpots = [r["tpot_s"] for r in ok]
+    e2es = [r["e2e_s"] for r in ok]
+    return {
+        "num_requests": len(ok),
+        "num_errors": len(rows) - len(ok),
+        "prompt_tokens": sum(r["prompt_tokens"] for r in ok),
+        "cached_prompt_tokens": sum(r.get("cached_prompt_tokens", 0) for r in ok),
+        "output_tokens": tokens,
+        "duration_s": duration_s,
+        "output_tokens_per_s": tokens / duration_s if duration_s > 0 and ok else None,
+        "requests_per_s": len(ok) / duration_s if duration_s > 0 and ok else None,
+        "ttft_ms_p50": _ms(percentile(ttfts, 50)),
+        "ttft_ms_p99": _ms(percentile(ttfts, 99)),
+        "tpot_ms_p50": _ms(percentile(tpots, 50)),
+        "tpot_ms_p99": _ms(percentile(tpots, 99)),
+        "e2e_ms_p50": _ms(percentile(e2es, 50)),
+        "e2e_ms_p99": _ms(percentile(e2es, 99)),
+        "spec_decode": merge_spec(ok),
+    }
+
+
+def add_speedups(summary: list[dict], reference: str) -> None:
+    """``speedup`` = output tokens/s over the reference's at the same concurrency (in place)."""
+    refs = {s["concurrency"]: s for s in summary if s["config"] == reference}
+    for s in summary:
+        ref = refs.get(s["concurrency"], {})
+        base = ref.get("output_tokens_per_s")
+        tps = s["output_tokens_per_s"]
+        s["speedup"] = tps / base if base and tps else None
+        # Paired by round: each round ran every configuration back to back, so a round's ratio
+        # is spared the drift between rounds that the pooled figure absorbs.
+        mine, theirs = s.get("round_tokens_per_s") or [], ref.get("round_tokens_per_s") or []
+        pairs = list(zip(mine, theirs)) if len(mine) == len(theirs) > 1 else []
+        s["round_speedups"] = [a / b for a, b in pairs if a and b] or None
+        s["median_round_speedup"] = percentile(s["round_speedups"] or [], 50)
+
+
+def compare_texts_to_reference(records: list[dict], reference: str) -> None:
+    """Set ``identical_to_plain`` on every served record against the reference's reply at
+    concurrency 1 (same id and turn; text and token count).
+
+    Left None for the reference rows themselves, errored requests and (id, turn) pairs the
+    reference has no reply for.
+    """
+    ref = {
+        (r["id"], r["turn"]): r
+        for r in records
+        if r["config"] == reference and r["concurrency"] == REFERENCE_CONCURRENCY and not r["error"]
+    }
+    for r in records:
+        r["identical_to_plain"] = None
+        base = ref.get((r["id"], r["turn"]))
+        if base is None or base is r or r["error"]:
+            continue
+        r["identical_to_plain"] = (
+            r["text"] == base["text"] and r["output_tokens"] == base["output_tokens"]
+        )
+
+
+def add_exactness_counts(summary: list[dict], records: list[dict]) -> None:
+    """``num_compared`` / ``num_identical`` per (configuration, concurrency) row (in place)."""
+    for s in summary:
+        mine = [
+            r["identical_to_plain"]
+            for r in records
+            if r["config"] == s["config"]
+            and r["concurrency"] == s["concurrency"]
+            and r["identical_to_plain"] is not None
+        ]
+        s["num_compared"], s["num_identical"] = len(mine), sum(mine)

@@ -19,6 +19,9 @@ from pathlib import Path
 
 DEFAULT_CODE_PREFIX = "Complete the code I provided.\n\n"
 CODE_PREFIX_CATEGORIES = ("code_completion",)
+# NOTE: the benchmarks' excluded first request; in no data set, so no measured prompt repeats it.
+WARMUP_PROMPT = "Warm-up request: name three colours of the rainbow, one per line."
+WARMUP_CATEGORY = "warmup"
 
 
 @dataclass
@@ -80,6 +83,11 @@ def _parse_line(line: str, where: str) -> BenchItem:
     if "id" not in row or "category" not in row:
         raise ValueError(f"{where}: every line needs 'id' and 'category'")
     return BenchItem(str(row["id"]), str(row["category"]), turns)
+
+
+def warmup_item(text: str = WARMUP_PROMPT) -> BenchItem:
+    """The benchmarks' excluded first request, as a one-turn item."""
+    return BenchItem("warmup", WARMUP_CATEGORY, [text])
 
 
 class PromptBuilder:

@@ -1,19 +1,22 @@
 """``specdec bench latency``: the same prompts through every configuration, one request at a time.
 
-Each configuration is loaded once, runs one warm-up request (excluded; it leaves nothing in the
-prefix cache), then every prompt in order with the same sampling, in one engine: prompts that
+Each configuration is loaded once, runs one warm-up request on a built-in prompt that is in no
+data set (excluded; it leaves nothing behind: the prefix cache and everything the drafter learnt
+are emptied after it), then every prompt in order with the same sampling, in one engine: prompts that
 repeat earlier ones (the repeated task) or extend them (later turns) reuse their KV from the prefix
 cache unless ``--no-enable-prefix-caching``, for every configuration alike; the table says how many
 prompt tokens came from it. Our ``plain`` runs first (added when missing) and is the reference for
 speedups and, under greedy sampling, for exactness: any speculative output that differs from
 plain's is a FAILURE (printed, recorded in results.json, exit code 1).
+
+Anchors (transformers, llama.cpp) run in processes of their own with the user's environment
+minus what specdec sets for itself (OMP_WAIT_POLICY); results.json records, per anchor, that
+environment as the child saw it, the library versions and the exact settings (``anchors``).
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import gc
-import sys
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,13 +26,20 @@ from tqdm import tqdm
 
 from specdec.bench import aggregate, report
 from specdec.bench.configs import BenchConfig, parse_configs
-from specdec.bench.dataset import DEFAULT_CODE_PREFIX, BenchItem, PromptBuilder, load_items
+from specdec.bench.dataset import (
+    DEFAULT_CODE_PREFIX,
+    WARMUP_PROMPT,
+    BenchItem,
+    PromptBuilder,
+    load_items,
+    warmup_item,
+)
+from specdec.bench.report import loud, warn
 from specdec.bench.runners import (
+    AnchorRunner,
     AnchorUnavailable,
     EngineArgs,
     GenParams,
-    HFRunner,
-    LlamaCppRunner,
     Runner,
     SpecdecRunner,
     run_item,
@@ -64,6 +74,7 @@ class LatencyOptions:
     # every configuration loaded at once; each prompt runs on all of them in turn, their order
     # rotating: drift of a shared machine hits every configuration alike
     interleave: bool = False
+    warmup_prompt: str = WARMUP_PROMPT  # the excluded first request's text (tests vary it)
 
 
 @dataclass
@@ -74,10 +85,6 @@ class LatencyResult:
     failures: list[str] = field(default_factory=list)
 
 
-def default_output_dir() -> Path:
-    return Path("bench_out") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-
-
 def _validate_models(configs: list[BenchConfig]) -> None:
     """Fail before any measurement when a draft/assistant model cannot be found."""
     from specdec.model.registry import resolve_model_path
@@ -86,15 +93,6 @@ def _validate_models(configs: list[BenchConfig]) -> None:
         key = "model" if c.backend == "specdec" else "assistant_model"
         if key in c.options:
             resolve_model_path(str(c.options[key]))
-
-
-def _warn(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def _loud(lines: list[str]) -> None:
-    bar = "!" * 78
-    _warn("\n".join([bar, *(f"!! {line}" for line in lines), bar]))
 
 
 class _Run:
@@ -125,15 +123,15 @@ class _Run:
         self.skipped: dict[str, str] = {}
         self.builder: PromptBuilder | None = None
         self.eog: set[int] = set()
-        self.hf_cache: dict[str, Any] = {}
+        self.anchors: dict[str, dict[str, Any]] = {}  # label -> AnchorRunner.info
 
-    def _make_runner(self, cfg: BenchConfig):
+    def _make_runner(self, cfg: BenchConfig) -> Runner:
         if cfg.backend == "specdec":
             return SpecdecRunner(cfg, self.engine)
-        if cfg.backend == "hf":
-            return HFRunner(cfg, self.model_path, self.eog, self.hf_cache)
         n_ctx = self.opts.max_model_len or DEFAULT_ANCHOR_CTX
-        return LlamaCppRunner(cfg, self.model_path, self.eog, n_ctx, self.opts.seed)
+        runner = AnchorRunner(cfg, self.model_path, self.eog, n_ctx, self.opts.seed)
+        self.anchors[cfg.label] = runner.info
+        return runner
 
     def _init_builder(self, runner: SpecdecRunner) -> None:
         tok = runner.tokenizer
@@ -146,19 +144,18 @@ class _Run:
         self.builder = PromptBuilder(tok, chat, self.opts.code_prefix)
         self.eog = set(tok.eog_token_ids)
 
-    def _warm_up(self, runner) -> None:
-        """One excluded request: the first prompt that fits (first turn, short output). It
-        leaves nothing in the prefix cache, so the first measured prompt starts cold."""
+    def _warm_up(self, runner: Runner) -> None:
+        """One excluded request on ``warmup_prompt`` (short output); then the runner forgets it
+        (prefix cache, drafter state), so the first measured prompt's figures do not depend
+        on it."""
         assert self.builder is not None
         p = self.params
         warm = GenParams(min(WARMUP_MAX_TOKENS, p.max_tokens), p.temperature, p.seed, p.ignore_eos)
-        for item in self.items:
-            try:
-                runner.generate(self.builder.prompt_ids(item, []), warm)
-                break
-            except ValueError:
-                continue
-        runner.reset_prefix_cache()
+        try:
+            runner.generate(self.builder.prompt_ids(warmup_item(self.opts.warmup_prompt), []), warm)
+        except ValueError as e:  # e.g. max_model_len shorter than the warm-up prompt
+            warn(f"warm-up request failed: {e}")
+        runner.reset_caches()
 
     def _open(self, cfg: BenchConfig) -> Runner | None:
         """The configuration's runner, warmed up (None when it is skipped)."""
@@ -210,7 +207,7 @@ class _Run:
         lines = [f"{r['id']}: first difference at turn {r['first_mismatch']['turn']}, "
                  f"token {r['first_mismatch']['token_index']}" for r in bad]  # fmt: skip
         if cfg.backend == "specdec":
-            _loud(
+            loud(
                 [
                     f"FAILURE: {cfg.label}: greedy output differs from plain on {len(bad)} prompt(s)",
                     *lines,
@@ -225,7 +222,7 @@ class _Run:
         if cfg.is_reference:
             raise e
         self.config_errors[cfg.label] = f"{type(e).__name__}: {e}"
-        _loud([f"FAILURE: {cfg.label} crashed: {type(e).__name__}: {e}"])
+        loud([f"FAILURE: {cfg.label} crashed: {type(e).__name__}: {e}"])
         traceback.print_exc()
 
     def execute_interleaved(self) -> None:
@@ -268,8 +265,6 @@ class _Run:
             self.execute_interleaved()
             return
         for cfg in self.configs:
-            if cfg.backend != "hf":
-                self.hf_cache.clear()
             try:
                 self.run_config(cfg)
             except Exception as e:
@@ -280,7 +275,7 @@ class _Run:
 
 def run_latency(opts: LatencyOptions) -> LatencyResult:
     run = _Run(opts)
-    out_dir = Path(opts.output_dir) if opts.output_dir else default_output_dir()
+    out_dir = Path(opts.output_dir) if opts.output_dir else report.default_output_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
     categories = list(dict.fromkeys(it.category for it in run.items))
     print(f"{len(run.items)} prompts ({', '.join(categories)}), {len(run.configs)} configurations, "
@@ -301,6 +296,7 @@ def run_latency(opts: LatencyOptions) -> LatencyResult:
         "reference": run.reference,
         "greedy": greedy,
         "configs": [asdict(c) for c in run.configs],
+        "anchors": run.anchors,
         "skipped": run.skipped,
         "config_errors": run.config_errors,
         "failures": failures,
@@ -308,11 +304,12 @@ def run_latency(opts: LatencyOptions) -> LatencyResult:
         "summary": rows,
         "records": run.records,
     }
-    table = report.format_table(rows, greedy, run.reference)
-    if run.skipped:
-        table += "\n" + "".join(f"- skipped `{k}`: {v}\n" for k, v in run.skipped.items())
-    report.write_json(out_dir / "results.json", payload)
-    (out_dir / "table.md").write_text(table, encoding="utf-8")
+    table = report.format_latency_table(rows, greedy, run.reference)
+    notes = report.anchor_notes(run.anchors)
+    notes += "".join(f"- skipped `{k}`: {v}\n" for k, v in run.skipped.items())
+    if notes:
+        table += "\n" + notes
+    report.write_outputs(out_dir, payload, table)
     if opts.plots:
         title = f"{Path(str(opts.model)).name}, max_tokens {opts.max_tokens}"
         report.plot_speedup(
@@ -321,12 +318,7 @@ def run_latency(opts: LatencyOptions) -> LatencyResult:
         report.plot_acceptance(
             rows, out_dir / "acceptance_by_position.png", f"Acceptance by position ({title})"
         )
-    print()
-    print(table)
-    for r in run.records:
-        if r["error"]:
-            _warn(f"error: {r['config']} / {r['id']} (excluded from the figures): {r['error']}")
-    if failures:
-        _loud([f"{len(failures)} FAILURE(S):", *failures])
-    print(f"results in {out_dir}")
+    errors = [f"{r['config']} / {r['id']} (excluded from the figures): {r['error']}"
+              for r in run.records if r["error"]]  # fmt: skip
+    report.print_outcome(out_dir, table, errors, failures)
     return LatencyResult(1 if failures else 0, out_dir, payload, failures)

@@ -1,4 +1,5 @@
-"""What a benchmark run leaves behind: environment, results.json, table.md and PNG plots."""
+"""What a benchmark run leaves behind, for ``bench latency`` and ``bench serve`` alike:
+environment, results.json, table.md (with the anchors' settings), console output and PNG plots."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specdec.bench.aggregate import OVERALL
+from specdec.bench.aggregate import OVERALL, REFERENCE_CONCURRENCY
 
 MAX_POSITIONS_IN_TABLE = 8
 
@@ -87,28 +88,60 @@ def collect_environment(
     }
 
 
+def default_output_dir() -> Path:
+    return Path("bench_out") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
 def write_json(path: Path, payload: dict[str, Any]) -> None:
     path.write_text(json.dumps(payload, indent=1, default=str) + "\n", encoding="utf-8")
 
 
-# ---- table ----------------------------------------------------------------------------------
-def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+def write_outputs(out_dir: Path, payload: dict[str, Any], table: str) -> None:
+    """results.json and table.md."""
+    write_json(out_dir / "results.json", payload)
+    (out_dir / "table.md").write_text(table, encoding="utf-8")
+
+
+# ---- console -----------------------------------------------------------------------------------
+def warn(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def loud(lines: list[str]) -> None:
+    bar = "!" * 78
+    warn("\n".join([bar, *(f"!! {line}" for line in lines), bar]))
+
+
+def print_outcome(out_dir: Path, table: str, errors: list[str], failures: list[str]) -> None:
+    """The table, then every errored request and failure, then where the files are."""
+    print()
+    print(table)
+    for line in errors:
+        warn(f"error: {line}")
+    if failures:
+        loud([f"{len(failures)} FAILURE(S):", *failures])
+    print(f"results in {out_dir}")
+
+
+# ---- tables ---------------------------------------------------------------------------------
+def fmt(value: float | None, spec: str, suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
 
-def _identical_cell(row: dict, greedy: bool, reference: str) -> str:
-    if row["config"] == reference:
+def identical_cell(row: dict, reference: str, greedy: bool = True) -> str:
+    """Exactness of one summary row: a greedy difference of ours at the reference concurrency
+    fails; an anchor's, or one at a higher concurrency (bench serve), only informs."""
+    checked = row.get("concurrency", REFERENCE_CONCURRENCY) == REFERENCE_CONCURRENCY
+    if row["config"] == reference and checked:
         return "reference"
-    if not greedy or row["num_compared"] == 0:
-        return "n/a"
     n, same = row["num_compared"], row["num_identical"]
+    if not greedy or n == 0:
+        return "n/a"
     if same == n:
         return f"yes ({same}/{n})"
-    return (
-        f"no ({same}/{n}, informative)"
-        if row["backend"] != "specdec"
-        else f"**NO ({same}/{n}) FAIL**"
-    )
+    if checked and row.get("backend", "specdec") == "specdec":
+        return f"**NO ({same}/{n}) FAIL**"
+    return f"no ({same}/{n}, informative)"
 
 
 def _cached_cell(row: dict) -> str:
@@ -118,8 +151,9 @@ def _cached_cell(row: dict) -> str:
     return f"{cached}/{prompt}" + (f" ({100.0 * cached / prompt:.0f}%)" if prompt else "")
 
 
-def format_table(rows: list[dict], greedy: bool, reference: str) -> str:
-    """Markdown, one row per (config, category) with the overall row after each config's categories."""
+def format_latency_table(rows: list[dict], greedy: bool, reference: str) -> str:
+    """bench latency: one row per (config, category), each config's overall row after its
+    categories."""
     head = (
         "| config | category | prompts | out tokens | tok/s | speedup | vs own plain | decode tok/s "
         "| TTFT ms | cached prompt tokens | accept len | accept rate | accept rate by position "
@@ -140,19 +174,100 @@ def format_table(rows: list[dict], greedy: bool, reference: str) -> str:
             cat,
             str(r["num_prompts"]) + (f" ({r['num_errors']} errors)" if r["num_errors"] else ""),
             str(r["output_tokens"]),
-            _fmt(r["tokens_per_s"], ".1f"),
-            _fmt(r["speedup"], ".2f", "x"),
-            _fmt(own, ".2f", "x"),
-            _fmt(r["decode_tokens_per_s"], ".1f"),
-            _fmt(r["ttft_ms_mean"], ".0f"),
+            fmt(r["tokens_per_s"], ".1f"),
+            fmt(r["speedup"], ".2f", "x"),
+            fmt(own, ".2f", "x"),
+            fmt(r["decode_tokens_per_s"], ".1f"),
+            fmt(r["ttft_ms_mean"], ".0f"),
             _cached_cell(r),
-            _fmt(spec["mean_acceptance_length"] if spec else None, ".2f"),
-            _fmt(spec["acceptance_rate"] if spec else None, ".2f"),
+            fmt(spec["mean_acceptance_length"] if spec else None, ".2f"),
+            fmt(spec["acceptance_rate"] if spec else None, ".2f"),
             by_pos,
-            _identical_cell(r, greedy, reference),
+            identical_cell(r, reference, greedy),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def format_serve_table(summary: list[dict], reference: str) -> str:
+    """bench serve: one row per (configuration, concurrency), then notes (requests not sent,
+    tokens/s and speedup per round)."""
+    head = (
+        "| config | concurrency | requests | out tokens | seconds | out tok/s | speedup "
+        "| TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | E2E p50 ms | accept len "
+        "| identical to plain |"
+    )
+    lines = [head, "|" + "---|" * 14]
+    notes = []
+    for s in summary:
+        spec = s["spec_decode"]
+        requests = str(s["num_requests"])
+        if s["num_errors"]:
+            requests += f" ({s['num_errors']} errors)"
+        if s["num_not_sent"]:
+            requests += f" ({s['num_not_sent']} not sent)"
+            notes.append(
+                f"- `{s['config']}` @ {s['concurrency']}: duration limit reached, "
+                f"{s['num_not_sent']} request(s) not sent\n"
+            )
+        cells = [
+            s["config"],
+            str(s["concurrency"]),
+            requests,
+            str(s["output_tokens"]),
+            fmt(s["duration_s"], ".2f"),
+            fmt(s["output_tokens_per_s"], ".1f"),
+            fmt(s["speedup"], ".2f", "x"),
+            fmt(s["ttft_ms_p50"], ".0f"),
+            fmt(s["ttft_ms_p99"], ".0f"),
+            fmt(s["tpot_ms_p50"], ".1f"),
+            fmt(s["tpot_ms_p99"], ".1f"),
+            fmt(s["e2e_ms_p50"], ".0f"),
+            fmt(spec["mean_acceptance_length"] if spec else None, ".2f"),
+            identical_cell(s, reference),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+        notes.extend(_round_notes(s, reference))
+    return "\n".join(lines) + "\n" + ("\n" + "".join(notes) if notes else "")
+
+
+def _round_notes(s: dict, reference: str) -> list[str]:
+    per_round = s.get("round_tokens_per_s") or []
+    if len(per_round) < 2:
+        return []
+    note = f"- `{s['config']}` @ {s['concurrency']}: out tok/s per round " + ", ".join(
+        f"{x:.1f}" for x in per_round
+    )
+    if s.get("round_speedups") and s["config"] != reference:
+        speedups = ", ".join(f"{x:.2f}x" for x in s["round_speedups"])
+        note += f"; speedup per round {speedups} (median {s['median_round_speedup']:.2f}x)"
+    return [note + "\n"]
+
+
+def anchor_notes(anchors: dict[str, dict[str, Any]]) -> str:
+    """One markdown line per anchor: library, process environment and the settings it ran with."""
+    lines = []
+    for label, info in anchors.items():
+        env = info["environment"]
+        library = ", ".join(f"{k} {v}" for k, v in info["library"].items())
+        policy = env.get("omp_wait_policy")
+        omp = "OMP_WAIT_POLICY unset" if policy is None else f"OMP_WAIT_POLICY={policy}"
+        if env.get("removed_from_ours"):
+            omp += " (ours removed)"
+        settings = ", ".join(
+            f"{k} {_setting(v)}"
+            for k, v in info["settings"].items()
+            if k not in ("verbose", "seed")
+        )
+        lines.append(f"- `{label}`: {library}, own process, {omp}; {settings}\n")
+    return "".join(lines)
+
+
+def _setting(value: Any) -> str:
+    if isinstance(value, dict):
+        inner = ", ".join(f"{k}={v}" for k, v in value.items() if k != "class")
+        return f"{value['class']}({inner})" if "class" in value else f"{{{inner}}}"
+    return str(value)
 
 
 # ---- plots ----------------------------------------------------------------------------------

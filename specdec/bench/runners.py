@@ -1,17 +1,23 @@
 """One request at a time through our engine or an anchor (transformers, llama.cpp).
 
 Every runner turns prompt token ids into a ``TurnResult`` with wall-clock seconds from submitting
-the request to its last token (prefill included) and the time to the first token.
+the request to its last token (prefill included) and the time to the first token. Anchors run in
+a process of their own (``AnchorRunner`` and ``anchor_worker.py``), with the user's environment
+minus what specdec sets for itself and their libraries' own thread defaults; they time
+themselves there.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
-
-import torch
 
 from specdec.bench.configs import BenchConfig
 from specdec.bench.dataset import BenchItem, PromptBuilder
@@ -60,7 +66,9 @@ class TurnResult:
 class Runner(Protocol):
     def generate(self, prompt_ids: list[int], params: GenParams) -> TurnResult: ...
 
-    def reset_prefix_cache(self) -> None: ...
+    def reset_caches(self) -> None:
+        """Forget whatever earlier requests left behind (prefix cache, drafter memory)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -182,160 +190,134 @@ class SpecdecRunner:
             final.num_cached_tokens,
         )
 
-    def reset_prefix_cache(self) -> None:
-        self.llm.engine.reset_prefix_cache()
+    def reset_caches(self) -> None:
+        """The prefix cache and everything the drafter learnt (suffix trees, draft-model KV,
+        the adaptive controller's state)."""
+        engine = self.llm.engine
+        engine.reset_prefix_cache()
+        engine.reset_drafter_cache()
 
     def close(self) -> None:
         self.llm = None  # type: ignore[assignment]
 
 
-# ---- transformers -----------------------------------------------------------------------------
-def load_hf_model(path: Path, cache: dict[str, Any]):
-    """``AutoModelForCausalLM`` in float32 from a GGUF file or a Hugging Face folder (cached)."""
-    key = str(path)
-    if key not in cache:
-        try:
-            import transformers
-        except ImportError as e:
-            raise AnchorUnavailable(
-                "transformers is not installed (pip install transformers accelerate)"
-            ) from e
-        auto = transformers.AutoModelForCausalLM
-        if path.is_file():
-            model = auto.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-        else:
-            model = auto.from_pretrained(str(path), dtype=torch.float32)
-        cache[key] = model.eval()
-    return cache[key]
+# ---- anchors (transformers, llama.cpp), each in a process of its own ------------------------------
+ANCHOR_WORKER = Path(__file__).with_name("anchor_worker.py")
+ANCHOR_MODULES = {"hf": "transformers", "llama_cpp": "llama_cpp"}
+# NOTE: what specdec sets in its own environment (specdec/__init__.py; scripts/test.sh exports it
+# too): passive OpenMP waiting suits our kernels but makes llama.cpp's per-op thread barriers
+# sleep (45 instead of ~170 tok/s). Anchors run with the library defaults, so it goes, whoever set it.
+SPECDEC_ENV_VARS = ("OMP_WAIT_POLICY",)
+CLOSE_TIMEOUT_S = 30.0
 
 
-class _FirstTokenTimer:
-    """A transformers streamer that only notes when the first new token arrives."""
-
-    def __init__(self) -> None:
-        self.num_puts = 0
-        self.first_token_time: float | None = None
-
-    def put(self, value) -> None:
-        self.num_puts += 1
-        if self.num_puts == 2:  # the first put is the prompt
-            self.first_token_time = time.perf_counter()
-
-    def end(self) -> None:
-        pass
+def anchor_environment() -> tuple[dict[str, str], dict[str, str]]:
+    """The user's environment without what specdec sets for itself, and what was taken out."""
+    env = dict(os.environ)
+    removed = {k: env.pop(k) for k in SPECDEC_ENV_VARS if k in env}
+    return env, removed
 
 
-class HFRunner:
+class AnchorRunner:
+    """A ``Runner`` whose anchor lives in ``anchor_worker.py``, started as a script in a child
+    process with ``anchor_environment()``; requests and replies are JSON lines over its pipes.
+
+    ``info`` is what the child reported at load (its environment as it saw it before the
+    library loaded, the library versions, the exact settings) plus what was removed from ours.
+    """
+
     def __init__(
-        self, config: BenchConfig, model_path: Path, eog_token_ids: set[int], cache: dict[str, Any]
+        self,
+        config: BenchConfig,
+        model_path: Path,
+        eog_token_ids: set[int],
+        n_ctx: int,
+        seed: int,
     ) -> None:
-        from specdec.model.registry import resolve_model_path
-
-        self.model = load_hf_model(model_path, cache)
-        self.kwargs = dict(config.options)
-        if "assistant_model" in self.kwargs:
-            self.kwargs["assistant_model"] = load_hf_model(
-                resolve_model_path(str(self.kwargs["assistant_model"])), cache
-            )
-        self.eog = sorted(eog_token_ids)
-
-    def generate(self, prompt_ids: list[int], params: GenParams) -> TurnResult:
-        kwargs: dict[str, Any] = dict(self.kwargs)
-        if params.greedy:
-            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        else:
-            torch.manual_seed(params.seed)
-            kwargs.update(do_sample=True, temperature=params.temperature, top_p=1.0, top_k=0)
-        if params.ignore_eos:
-            kwargs["min_new_tokens"] = params.max_tokens
-        timer = _FirstTokenTimer()
-        input_ids = torch.tensor([prompt_ids], dtype=torch.long)
-        start = time.perf_counter()
-        with torch.inference_mode():
-            out = self.model.generate(
-                input_ids=input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                max_new_tokens=params.max_tokens,
-                eos_token_id=self.eog or None,
-                pad_token_id=self.eog[0] if self.eog else None,
-                streamer=timer,
-                **kwargs,
-            )
-        seconds = time.perf_counter() - start
-        new = out[0, len(prompt_ids) :].tolist()
-        ttft = None if timer.first_token_time is None else timer.first_token_time - start
-        finish = "stop" if new and new[-1] in self.eog and not params.ignore_eos else "length"
-        return TurnResult(len(prompt_ids), new, seconds, ttft, finish)
-
-    def reset_prefix_cache(self) -> None:
-        pass  # nothing is cached across generate calls
-
-    def close(self) -> None:
-        self.model = None
-
-
-# ---- llama.cpp ----------------------------------------------------------------------------------
-class LlamaCppRunner:
-    def __init__(
-        self, config: BenchConfig, model_path: Path, eog_token_ids: set[int], n_ctx: int, seed: int
-    ) -> None:
-        try:
-            import llama_cpp
-        except ImportError as e:
-            raise AnchorUnavailable(
-                "llama-cpp-python is not installed (pip install llama-cpp-python)"
-            ) from e
-        if model_path.suffix != ".gguf":
+        module = ANCHOR_MODULES[config.backend]
+        if importlib.util.find_spec(module) is None:  # NOTE: looks, does not import
+            raise AnchorUnavailable(f"{module} is not installed here")
+        if config.backend == "llama_cpp" and model_path.suffix != ".gguf":
             raise AnchorUnavailable(f"llama.cpp needs a GGUF file, not {model_path}")
-        draft = None
-        if config.method == "prompt_lookup":
-            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+        options = dict(config.options)
+        if "assistant_model" in options:
+            from specdec.model.registry import resolve_model_path
 
-            draft = LlamaPromptLookupDecoding(**config.options)
-        threads = torch.get_num_threads()
-        # NOTE: logits_all=True: with a draft model and the default, llama-cpp-python crashes past
-        # 512 tokens of context (see ANCHORS.md).
-        self.llm = llama_cpp.Llama(
-            model_path=str(model_path),
-            n_ctx=n_ctx,
-            n_threads=threads,
-            n_threads_batch=threads,
-            logits_all=True,
-            draft_model=draft,
-            seed=seed,
-            verbose=False,
+            options["assistant_model"] = str(resolve_model_path(str(options["assistant_model"])))
+        env, removed = anchor_environment()
+        self.label = config.label
+        self.proc: subprocess.Popen[str] | None = subprocess.Popen(
+            [sys.executable, str(ANCHOR_WORKER)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+            encoding="utf-8",
         )
-        self.eog = set(eog_token_ids) | {self.llm.token_eos()}
+        try:
+            reply = self._call({
+                "op": "load", "backend": config.backend, "method": config.method,
+                "options": options, "model_path": str(model_path),
+                "eog_token_ids": sorted(eog_token_ids), "n_ctx": n_ctx, "seed": seed,
+            })  # fmt: skip
+        except BaseException:
+            self.close()
+            raise
+        self.info: dict[str, Any] = reply["info"]
+        self.info["environment"]["removed_from_ours"] = removed
+
+    def _call(self, request: dict[str, Any]) -> dict[str, Any]:
+        proc = self.proc
+        if proc is None or proc.stdin is None or proc.stdout is None:
+            raise RuntimeError(f"{self.label}: the anchor process is closed")
+        try:
+            proc.stdin.write(json.dumps(request) + "\n")
+            proc.stdin.flush()
+            line = proc.stdout.readline()
+        except BrokenPipeError:
+            line = ""
+        if not line:
+            code = proc.wait(timeout=CLOSE_TIMEOUT_S)
+            self.proc = None
+            raise RuntimeError(f"{self.label}: the anchor process exited with code {code}")
+        reply = json.loads(line)
+        if reply["ok"]:
+            return reply
+        message = f"{reply['error_type']}: {reply['error']}"
+        if reply["unavailable"]:
+            raise AnchorUnavailable(reply["error"])
+        if reply["error_type"] == "ValueError":  # e.g. the prompt does not fit the context
+            raise ValueError(message)
+        raise RuntimeError(f"{self.label}: {message}")
 
     def generate(self, prompt_ids: list[int], params: GenParams) -> TurnResult:
-        self.llm.reset()  # NOTE: no prompt-prefix reuse across requests (ours has prefix caching)
-        tokens: list[int] = []
-        first = None
-        finish = "length"
-        start = time.perf_counter()
-        gen = self.llm.generate(
-            prompt_ids, top_k=1 if params.greedy else 0, top_p=1.0, min_p=0.0, temp=params.temperature,
-            repeat_penalty=1.0, reset=True,
-        )  # fmt: skip
-        for tok in gen:
-            if first is None:
-                first = time.perf_counter()
-            tokens.append(int(tok))
-            if not params.ignore_eos and tok in self.eog:
-                finish = "stop"
-                break
-            if len(tokens) >= params.max_tokens:
-                break
-        seconds = time.perf_counter() - start
+        reply = self._call({
+            "op": "generate", "prompt_ids": prompt_ids, "max_tokens": params.max_tokens,
+            "temperature": params.temperature, "seed": params.seed, "ignore_eos": params.ignore_eos,
+        })  # fmt: skip
         return TurnResult(
-            len(prompt_ids), tokens, seconds, None if first is None else first - start, finish
+            len(prompt_ids),
+            list(reply["output_token_ids"]),
+            reply["seconds"],
+            reply["ttft_s"],
+            reply["finish_reason"],
         )
 
-    def reset_prefix_cache(self) -> None:
-        pass  # reset() before every request
+    def reset_caches(self) -> None:
+        pass  # NOTE: nothing outlives a request: llama.cpp's KV is reset before each one
 
     def close(self) -> None:
-        close = getattr(self.llm, "close", None)
-        if close is not None:
-            close()
-        self.llm = None
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        try:
+            if proc.stdin is not None:
+                proc.stdin.write(json.dumps({"op": "close"}) + "\n")
+                proc.stdin.close()
+            proc.wait(timeout=CLOSE_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+        finally:
+            if proc.stdout is not None:
+                proc.stdout.close()

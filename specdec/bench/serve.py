@@ -34,7 +34,6 @@ import argparse
 import asyncio
 import gc
 import json
-import math
 import time
 import traceback
 from collections.abc import Callable
@@ -42,15 +41,30 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specdec.bench import aggregate, report
+from specdec.bench import report
+from specdec.bench.aggregate import (
+    REFERENCE_CONCURRENCY,
+    add_exactness_counts,
+    add_speedups,
+    compare_texts_to_reference,
+    find_failures,
+    summarize_level,
+    tpot,
+)
 from specdec.bench.configs import PLAIN, BenchConfig, parse_config, parse_configs
-from specdec.bench.dataset import DEFAULT_CODE_PREFIX, BenchItem, PromptBuilder, load_items
-from specdec.bench.latency import _loud, _warn
+from specdec.bench.dataset import (
+    DEFAULT_CODE_PREFIX,
+    WARMUP_PROMPT,
+    BenchItem,
+    PromptBuilder,
+    load_items,
+    warmup_item,
+)
+from specdec.bench.report import fmt, loud, warn
 from specdec.config import ConfigError
 
 SCHEMA = "specdec.bench.serve/1"
 DEFAULT_CONCURRENCY = (1, 4, 16)
-REFERENCE_CONCURRENCY = 1
 WARMUP_MAX_TOKENS = 16
 MAX_ERROR_CHARS = 300
 
@@ -82,6 +96,7 @@ class ServeOptions:
     request_timeout: float = 600.0
     rounds: int = 1  # every level of every configuration once per round, interleaved
     output_dir: str | None = None
+    warmup_prompt: str = WARMUP_PROMPT  # the excluded first request's text (tests vary it)
 
 
 @dataclass
@@ -90,196 +105,6 @@ class ServeResult:
     output_dir: Path
     payload: dict[str, Any]
     failures: list[str] = field(default_factory=list)
-
-
-# ---- figures: pure functions over plain dicts -------------------------------------------------
-def percentile(values: list[float | None], q: float) -> float | None:
-    """The q-th percentile (0..100) with linear interpolation between ranks (numpy's default)."""
-    xs = sorted(v for v in values if v is not None)
-    if not xs:
-        return None
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def tpot(e2e_s: float, ttft_s: float | None, output_tokens: int) -> float | None:
-    """Seconds per output token after the first (None with fewer than two tokens)."""
-    if ttft_s is None or output_tokens < 2:
-        return None
-    return (e2e_s - ttft_s) / (output_tokens - 1)
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else 1000.0 * seconds
-
-
-def summarize_level(rows: list[dict], duration_s: float) -> dict:
-    """Figures over the requests of one (configuration, concurrency) level (errors excluded)."""
-    ok = [r for r in rows if not r["error"]]
-    tokens = sum(r["output_tokens"] for r in ok)
-    ttfts = [r["ttft_s"] for r in ok]
-    tpots = [r["tpot_s"] for r in ok]
-    e2es = [r["e2e_s"] for r in ok]
-    return {
-        "num_requests": len(ok),
-        "num_errors": len(rows) - len(ok),
-        "prompt_tokens": sum(r["prompt_tokens"] for r in ok),
-        "cached_prompt_tokens": sum(r.get("cached_prompt_tokens", 0) for r in ok),
-        "output_tokens": tokens,
-        "duration_s": duration_s,
-        "output_tokens_per_s": tokens / duration_s if duration_s > 0 and ok else None,
-        "requests_per_s": len(ok) / duration_s if duration_s > 0 and ok else None,
-        "ttft_ms_p50": _ms(percentile(ttfts, 50)),
-        "ttft_ms_p99": _ms(percentile(ttfts, 99)),
-        "tpot_ms_p50": _ms(percentile(tpots, 50)),
-        "tpot_ms_p99": _ms(percentile(tpots, 99)),
-        "e2e_ms_p50": _ms(percentile(e2es, 50)),
-        "e2e_ms_p99": _ms(percentile(e2es, 99)),
-        "spec_decode": aggregate.merge_spec(ok),
-    }
-
-
-def add_speedups(summary: list[dict], reference: str) -> None:
-    """``speedup`` = output tokens/s over the reference's at the same concurrency (in place)."""
-    refs = {s["concurrency"]: s for s in summary if s["config"] == reference}
-    for s in summary:
-        ref = refs.get(s["concurrency"], {})
-        base = ref.get("output_tokens_per_s")
-        tps = s["output_tokens_per_s"]
-        s["speedup"] = tps / base if base and tps else None
-        # Paired by round: each round ran every configuration back to back, so a round's ratio
-        # is spared the drift between rounds that the pooled figure absorbs.
-        mine, theirs = s.get("round_tokens_per_s") or [], ref.get("round_tokens_per_s") or []
-        pairs = list(zip(mine, theirs)) if len(mine) == len(theirs) > 1 else []
-        s["round_speedups"] = [a / b for a, b in pairs if a and b] or None
-        s["median_round_speedup"] = percentile(s["round_speedups"] or [], 50)
-
-
-def compare_outputs(records: list[dict], reference: str) -> None:
-    """Set ``identical_to_plain`` on every record against the reference at concurrency 1.
-
-    Left None for the reference rows themselves, errored requests and (id, turn) pairs the
-    reference has no reply for.
-    """
-    ref = {
-        (r["id"], r["turn"]): r
-        for r in records
-        if r["config"] == reference and r["concurrency"] == REFERENCE_CONCURRENCY and not r["error"]
-    }
-    for r in records:
-        r["identical_to_plain"] = None
-        base = ref.get((r["id"], r["turn"]))
-        if base is None or base is r or r["error"]:
-            continue
-        r["identical_to_plain"] = (
-            r["text"] == base["text"] and r["output_tokens"] == base["output_tokens"]
-        )
-
-
-def add_exactness_counts(summary: list[dict], records: list[dict]) -> None:
-    for s in summary:
-        mine = [
-            r["identical_to_plain"]
-            for r in records
-            if r["config"] == s["config"]
-            and r["concurrency"] == s["concurrency"]
-            and r["identical_to_plain"] is not None
-        ]
-        s["num_compared"], s["num_identical"] = len(mine), sum(mine)
-
-
-def find_failures(records: list[dict], reference: str, config_errors: dict[str, str]) -> list[str]:
-    """Crashed configurations, greedy mismatches at concurrency 1, and requests that failed where
-    the reference succeeded (same id, turn and concurrency)."""
-    failures = [f"{label}: crashed: {msg}" for label, msg in config_errors.items()]
-    ref_ok = {
-        (r["id"], r["turn"], r["concurrency"])
-        for r in records
-        if r["config"] == reference and not r["error"]
-    }
-    for r in records:
-        if r["config"] == reference:
-            continue
-        where = f"{r['config']} @ {r['concurrency']} / {r['id']} turn {r['turn']}"
-        if r["identical_to_plain"] is False and r["concurrency"] == REFERENCE_CONCURRENCY:
-            failures.append(f"{where}: output differs from {reference}")
-        elif r["error"] and (r["id"], r["turn"], r["concurrency"]) in ref_ok:
-            failures.append(f"{where}: error where {reference} succeeded: {r['error']}")
-    return failures
-
-
-# ---- table -------------------------------------------------------------------------------------
-def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
-    return "-" if value is None else f"{value:{spec}}{suffix}"
-
-
-def _identical_cell(s: dict, reference: str) -> str:
-    if s["config"] == reference and s["concurrency"] == REFERENCE_CONCURRENCY:
-        return "reference"
-    n, same = s["num_compared"], s["num_identical"]
-    if n == 0:
-        return "n/a"
-    if same == n:
-        return f"yes ({same}/{n})"
-    if s["concurrency"] == REFERENCE_CONCURRENCY:
-        return f"**NO ({same}/{n}) FAIL**"
-    return f"no ({same}/{n}, informative)"
-
-
-def format_table(summary: list[dict], reference: str) -> str:
-    """Markdown, one row per (configuration, concurrency)."""
-    head = (
-        "| config | concurrency | requests | out tokens | seconds | out tok/s | speedup "
-        "| TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | E2E p50 ms | accept len "
-        "| identical to plain |"
-    )
-    lines = [head, "|" + "---|" * 14]
-    notes = []
-    for s in summary:
-        spec = s["spec_decode"]
-        requests = str(s["num_requests"])
-        if s["num_errors"]:
-            requests += f" ({s['num_errors']} errors)"
-        if s["num_not_sent"]:
-            requests += f" ({s['num_not_sent']} not sent)"
-            notes.append(
-                f"- `{s['config']}` @ {s['concurrency']}: duration limit reached, "
-                f"{s['num_not_sent']} request(s) not sent\n"
-            )
-        cells = [
-            s["config"],
-            str(s["concurrency"]),
-            requests,
-            str(s["output_tokens"]),
-            _fmt(s["duration_s"], ".2f"),
-            _fmt(s["output_tokens_per_s"], ".1f"),
-            _fmt(s["speedup"], ".2f", "x"),
-            _fmt(s["ttft_ms_p50"], ".0f"),
-            _fmt(s["ttft_ms_p99"], ".0f"),
-            _fmt(s["tpot_ms_p50"], ".1f"),
-            _fmt(s["tpot_ms_p99"], ".1f"),
-            _fmt(s["e2e_ms_p50"], ".0f"),
-            _fmt(spec["mean_acceptance_length"] if spec else None, ".2f"),
-            _identical_cell(s, reference),
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-        per_round = s.get("round_tokens_per_s") or []
-        if len(per_round) > 1:
-            notes.append(
-                f"- `{s['config']}` @ {s['concurrency']}: out tok/s per round "
-                + ", ".join(f"{x:.1f}" for x in per_round)
-                + (
-                    "; speedup per round "
-                    + ", ".join(f"{x:.2f}x" for x in s["round_speedups"])
-                    + f" (median {s['median_round_speedup']:.2f}x)"
-                    if s.get("round_speedups") and s["config"] != reference
-                    else ""
-                )
-                + "\n"
-            )
-    return "\n".join(lines) + "\n" + ("\n" + "".join(notes) if notes else "")
 
 
 # ---- the clients --------------------------------------------------------------------------------
@@ -519,8 +344,9 @@ class _Run:
         self.config_errors: dict[str, str] = {}
 
     def _warm_up(self, url: str, model: str) -> None:
-        item = self.items[0]
-        messages = [{"role": "user", "content": self.builder.user_text(item, 0)}]
+        """One excluded request on ``warmup_prompt``; an in-process server forgets it before the
+        first level (``reset_caches``)."""
+        messages = [{"role": "user", "content": warmup_item(self.opts.warmup_prompt).turns[0]}]
 
         async def once() -> dict:
             import httpx
@@ -537,7 +363,7 @@ class _Run:
 
         row = asyncio.run(once())
         if row["error"]:
-            _warn(f"warm-up request failed: {row['error']}")
+            warn(f"warm-up request failed: {row['error']}")
 
     def _measure_level(
         self, cfg: BenchConfig, url: str, model: str, c: int, reset: Callable[[], None] | None
@@ -560,8 +386,8 @@ class _Run:
         print(
             f"{cfg.label} @ {c}: {s['num_requests']} requests"
             + (f" ({s['num_errors']} errors)" if s["num_errors"] else "")
-            + f", {_fmt(s['output_tokens_per_s'], '.1f')} tok/s, TTFT p50 "
-            f"{_fmt(s['ttft_ms_p50'], '.0f')} ms, TPOT p50 {_fmt(s['tpot_ms_p50'], '.1f')} ms, "
+            + f", {fmt(s['output_tokens_per_s'], '.1f')} tok/s, TTFT p50 "
+            f"{fmt(s['ttft_ms_p50'], '.0f')} ms, TPOT p50 {fmt(s['tpot_ms_p50'], '.1f')} ms, "
             f"prompt tokens from the prefix cache {s['cached_prompt_tokens']}/{s['prompt_tokens']}",
             flush=True,
         )
@@ -589,7 +415,7 @@ class _Run:
         if cfg.is_reference or self.opts.base_url:
             raise e
         self.config_errors[cfg.label] = f"{type(e).__name__}: {e}"
-        _loud([f"FAILURE: {cfg.label} crashed: {type(e).__name__}: {e}"])
+        loud([f"FAILURE: {cfg.label} crashed: {type(e).__name__}: {e}"])
         traceback.print_exc()
 
     def execute(self) -> None:
@@ -655,12 +481,6 @@ class _Target:
     server: _InProcessServer | None = None
 
 
-def default_output_dir() -> Path:
-    from specdec.bench.latency import default_output_dir as latency_default
-
-    return latency_default()
-
-
 def run_serve(opts: ServeOptions) -> ServeResult:
     if opts.max_tokens < 1:
         raise ValueError("--max-tokens must be >= 1")
@@ -673,7 +493,7 @@ def run_serve(opts: ServeOptions) -> ServeResult:
     if opts.duration_limit is not None and opts.duration_limit <= 0:
         raise ValueError("--duration-limit must be > 0 seconds")
     run = _Run(opts)
-    out_dir = Path(opts.output_dir) if opts.output_dir else default_output_dir()
+    out_dir = Path(opts.output_dir) if opts.output_dir else report.default_output_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
     n_requests = sum(len(it.turns) for it in run.items)
     where = opts.base_url or "an in-process server per configuration"
@@ -681,9 +501,9 @@ def run_serve(opts: ServeOptions) -> ServeResult:
           f"configurations x concurrency {','.join(map(str, run.levels))}, max_tokens "
           f"{opts.max_tokens}, against {where}; output in {out_dir}")  # fmt: skip
     if REFERENCE_CONCURRENCY not in run.levels:
-        _warn("note: no concurrency 1, so greedy outputs are not checked against plain")
+        warn("note: no concurrency 1, so greedy outputs are not checked against plain")
     run.execute()
-    compare_outputs(run.records, run.reference)
+    compare_texts_to_reference(run.records, run.reference)
     add_exactness_counts(run.summary, run.records)
     add_speedups(run.summary, run.reference)
     failures = find_failures(run.records, run.reference, run.config_errors)
@@ -706,19 +526,11 @@ def run_serve(opts: ServeOptions) -> ServeResult:
         "summary": run.summary,
         "records": run.records,
     }
-    table = format_table(run.summary, run.reference)
-    report.write_json(out_dir / "results.json", payload)
-    (out_dir / "table.md").write_text(table, encoding="utf-8")
-    print()
-    print(table)
-    for r in run.records:
-        if r["error"]:
-            _warn(
-                f"error: {r['config']} @ {r['concurrency']} / {r['id']} turn {r['turn']}: {r['error']}"
-            )
-    if failures:
-        _loud([f"{len(failures)} FAILURE(S):", *failures])
-    print(f"results in {out_dir}")
+    table = report.format_serve_table(run.summary, run.reference)
+    report.write_outputs(out_dir, payload, table)
+    errors = [f"{r['config']} @ {r['concurrency']} / {r['id']} turn {r['turn']}: {r['error']}"
+              for r in run.records if r["error"]]  # fmt: skip
+    report.print_outcome(out_dir, table, errors, failures)
     return ServeResult(1 if failures else 0, out_dir, payload, failures)
 
 

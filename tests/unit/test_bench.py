@@ -10,7 +10,7 @@ import pytest
 from specdec.bench import aggregate
 from specdec.bench.configs import parse_config, parse_configs
 from specdec.bench.dataset import DEFAULT_CODE_PREFIX, BenchItem, PromptBuilder, load_items
-from specdec.bench.report import format_table
+from specdec.bench.report import format_latency_table
 from specdec.config import ConfigError
 from specdec.entrypoints.cli import main
 
@@ -205,7 +205,7 @@ def test_summary_speedup_and_acceptance_from_known_counts() -> None:
     # The anchor differs from plain on prompt a: informative, never a failure.
     assert rows[("hf:plain", "overall")]["num_identical"] == 1
     assert aggregate.find_failures(records, "plain", {}) == []
-    table = format_table(list(rows.values()), greedy=True, reference="plain")
+    table = format_latency_table(list(rows.values()), greedy=True, reference="plain")
     assert "| ngram:k=2 | **overall** | 2 | 150 | 20.0 | 2.67x |" in table
     assert "no (1/2, informative)" in table and "FAIL" not in table
 
@@ -226,7 +226,7 @@ def test_mismatch_is_a_failure() -> None:
     assert failures[1] == "ngram:k=2 / b: output differs from plain (turn 0, token 1)"
     assert len(failures) == 2
     rows = aggregate.summarize(records, CONFIGS, "plain")
-    assert "**NO (1/2) FAIL**" in format_table(rows, greedy=True, reference="plain")
+    assert "**NO (1/2) FAIL**" in format_latency_table(rows, greedy=True, reference="plain")
     # Random sampling: nothing is compared, nothing fails.
     aggregate.compare_to_reference(records, "plain", greedy=False)
     assert aggregate.find_failures(records, "plain", {}) == []
@@ -420,11 +420,16 @@ def test_latency_anchors(tiny_llama, tmp_path, capsys) -> None:
         r for r in result["summary"] if r["config"] == "hf:plain" and r["category"] == "overall"
     )
     assert row["speedup"] is not None
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        assert "llama_cpp:plain" in result["skipped"]
-        assert "skipped llama_cpp:plain" in capsys.readouterr().out
+    # its own process, without the OMP_WAIT_POLICY specdec set for itself; settings recorded
+    info = result["anchors"]["hf:plain"]
+    assert info["environment"]["omp_wait_policy"] is None
+    assert "OMP_WAIT_POLICY" in info["environment"]["removed_from_ours"]
+    assert info["settings"]["dtype"] == "float32" and "transformers" in info["library"]
+    table = (out / "table.md").read_text()
+    assert "- `hf:plain`: transformers " in table and "OMP_WAIT_POLICY unset" in table
+    # llama.cpp: not installed (CI), or installed but the tiny model is no GGUF file
+    assert "llama_cpp:plain" in result["skipped"] and "llama_cpp:plain" not in result["anchors"]
+    assert "skipped llama_cpp:plain" in capsys.readouterr().out
 
 
 def test_latency_too_long_prompts_are_reported_not_failed(tiny_llama, tmp_path, capsys) -> None:

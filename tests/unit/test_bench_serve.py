@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec.bench import serve
+from specdec.bench import aggregate, report, serve
 from specdec.entrypoints.cli import main
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "bench_tiny.jsonl"
@@ -17,26 +17,26 @@ def _row(config, c, id_, ttft, e2e, tokens, text="x", turn=0, error=None, spec=N
     return {
         "config": config, "concurrency": c, "id": id_, "category": "cat", "turn": turn,
         "prompt_tokens": 10, "output_tokens": tokens, "ttft_s": ttft, "e2e_s": e2e,
-        "tpot_s": serve.tpot(e2e, ttft, tokens), "text": text, "spec_decode": spec, "error": error,
+        "tpot_s": aggregate.tpot(e2e, ttft, tokens), "text": text, "spec_decode": spec, "error": error,
     }  # fmt: skip
 
 
 # ---- figures -------------------------------------------------------------------------------------
 def test_percentile_interpolates_like_numpy() -> None:
-    assert serve.percentile([], 50) is None
-    assert serve.percentile([None, 3.0], 99) == 3.0
-    assert serve.percentile([4.0, 1.0, 3.0, 2.0], 50) == pytest.approx(2.5)
-    assert serve.percentile([1.0, 2.0, 3.0, 4.0], 99) == pytest.approx(3.97)
-    assert serve.percentile([1.0, 2.0, 3.0, 4.0], 0) == 1.0
-    assert serve.percentile([1.0, 2.0, 3.0, 4.0], 100) == 4.0
+    assert aggregate.percentile([], 50) is None
+    assert aggregate.percentile([None, 3.0], 99) == 3.0
+    assert aggregate.percentile([4.0, 1.0, 3.0, 2.0], 50) == pytest.approx(2.5)
+    assert aggregate.percentile([1.0, 2.0, 3.0, 4.0], 99) == pytest.approx(3.97)
+    assert aggregate.percentile([1.0, 2.0, 3.0, 4.0], 0) == 1.0
+    assert aggregate.percentile([1.0, 2.0, 3.0, 4.0], 100) == 4.0
     xs = [float(x) for x in range(101)]
-    assert serve.percentile(xs, 99) == pytest.approx(99.0)
+    assert aggregate.percentile(xs, 99) == pytest.approx(99.0)
 
 
 def test_tpot_excludes_the_first_token() -> None:
-    assert serve.tpot(1.0, 0.2, 5) == pytest.approx(0.2)  # 0.8 s over 4 tokens
-    assert serve.tpot(1.0, 0.2, 1) is None
-    assert serve.tpot(1.0, None, 5) is None
+    assert aggregate.tpot(1.0, 0.2, 5) == pytest.approx(0.2)  # 0.8 s over 4 tokens
+    assert aggregate.tpot(1.0, 0.2, 1) is None
+    assert aggregate.tpot(1.0, None, 5) is None
 
 
 def test_summary_throughput_percentiles_speedup_and_acceptance() -> None:
@@ -51,8 +51,8 @@ def test_summary_throughput_percentiles_speedup_and_acceptance() -> None:
         _row("ngram:k=3", 1, "a", 0.1, 0.6, 11, spec=spec),  # TPOT 0.05
         _row("ngram:k=3", 1, "b", 0.2, 1.2, 11, spec=spec),  # TPOT 0.1
     ]
-    s_plain = {"config": "plain", "concurrency": 1, **serve.summarize_level(plain, 4.0)}
-    s_ngram = {"config": "ngram:k=3", "concurrency": 1, **serve.summarize_level(ngram, 2.0)}
+    s_plain = {"config": "plain", "concurrency": 1, **aggregate.summarize_level(plain, 4.0)}
+    s_ngram = {"config": "ngram:k=3", "concurrency": 1, **aggregate.summarize_level(ngram, 2.0)}
     assert s_plain["num_requests"] == 2 and s_plain["num_errors"] == 1
     assert s_plain["output_tokens"] == 22 and s_plain["output_tokens_per_s"] == pytest.approx(5.5)
     assert s_plain["requests_per_s"] == pytest.approx(0.5)
@@ -62,7 +62,7 @@ def test_summary_throughput_percentiles_speedup_and_acceptance() -> None:
     assert s_plain["tpot_ms_p99"] == pytest.approx(199.0)
     assert s_plain["e2e_ms_p50"] == pytest.approx(1700.0)
     assert s_plain["spec_decode"] is None
-    serve.add_speedups([s_plain, s_ngram], "plain")
+    aggregate.add_speedups([s_plain, s_ngram], "plain")
     assert s_plain["speedup"] == pytest.approx(1.0)
     assert s_ngram["speedup"] == pytest.approx(11.0 / 5.5)
     merged = s_ngram["spec_decode"]
@@ -78,7 +78,7 @@ def test_speedup_is_per_concurrency_and_missing_reference_gives_none() -> None:
         {"config": "ngram", "concurrency": 4, "output_tokens_per_s": 50.0},
         {"config": "ngram", "concurrency": 8, "output_tokens_per_s": 50.0},
     ]
-    serve.add_speedups(rows, "plain")
+    aggregate.add_speedups(rows, "plain")
     assert [r["speedup"] for r in rows] == [1.0, 1.0, 1.5, 2.5, None]
 
 
@@ -87,16 +87,16 @@ def test_speedup_per_round_pairs_each_round_with_the_reference_round() -> None:
         rows = [_row(config, 16, "a", 0.1, 1.1, 11)]
         return {"config": config, "concurrency": 16, "num_clients": 16, "num_not_sent": 0,
                 "num_compared": 0, "num_identical": 0,
-                **serve.summarize_level(rows, 1.0), "round_tokens_per_s": rounds}  # fmt: skip
+                **aggregate.summarize_level(rows, 1.0), "round_tokens_per_s": rounds}  # fmt: skip
 
     plain = level("plain", [500.0, 300.0, 400.0])
     ngram = level("ngram", [450.0, 330.0, 420.0])
     single = level("suffix", [390.0])
-    serve.add_speedups([plain, ngram, single], "plain")
+    aggregate.add_speedups([plain, ngram, single], "plain")
     assert ngram["round_speedups"] == pytest.approx([0.9, 1.1, 1.05])
     assert ngram["median_round_speedup"] == pytest.approx(1.05)
     assert single["round_speedups"] is None and single["median_round_speedup"] is None
-    notes = serve.format_table([plain, ngram], "plain")
+    notes = report.format_serve_table([plain, ngram], "plain")
     assert "speedup per round 0.90x, 1.10x, 1.05x (median 1.05x)" in notes
 
 
@@ -112,11 +112,11 @@ def test_mismatch_at_concurrency_1_fails_higher_concurrency_informs() -> None:
         _row("other", 1, "a", 0.1, 1.0, 4, text="abc"),  # same text, one more token
         _row("other", 1, "a", 0.1, 1.0, 0, turn=1, error="boom"),
     ]
-    serve.compare_outputs(records, "plain")
+    aggregate.compare_texts_to_reference(records, "plain")
     assert [r["identical_to_plain"] for r in records] == [
         None, None, False, True, False, False, True, False, None,
     ]  # fmt: skip
-    failures = serve.find_failures(records, "plain", {"draft_model": "RuntimeError: x"})
+    failures = aggregate.find_failures(records, "plain", {"draft_model": "RuntimeError: x"})
     assert failures == [
         "draft_model: crashed: RuntimeError: x",
         "ngram @ 1 / a turn 1: output differs from plain",
@@ -127,19 +127,19 @@ def test_mismatch_at_concurrency_1_fails_higher_concurrency_informs() -> None:
         {"config": c, "concurrency": n}
         for c, n in [("plain", 1), ("plain", 2), ("ngram", 1), ("ngram", 2)]
     ]
-    serve.add_exactness_counts(summary, records)
-    cells = [serve._identical_cell(s, "plain") for s in summary]
+    aggregate.add_exactness_counts(summary, records)
+    cells = [report.identical_cell(s, "plain") for s in summary]
     assert cells == ["reference", "no (0/1, informative)", "**NO (1/2) FAIL**", "no (1/2, informative)"]  # fmt: skip
 
 
 def test_table_rows_and_notes() -> None:
     rows = [_row("plain", 1, "a", 0.1, 1.1, 11), _row("plain", 1, "b", 0.3, 2.3, 11)]
     s = {"config": "plain", "concurrency": 1, "num_clients": 1, "num_not_sent": 2,
-         **serve.summarize_level(rows, 4.0)}  # fmt: skip
-    serve.add_speedups([s], "plain")
-    serve.compare_outputs(rows, "plain")
-    serve.add_exactness_counts([s], rows)
-    table = serve.format_table([s], "plain")
+         **aggregate.summarize_level(rows, 4.0)}  # fmt: skip
+    aggregate.add_speedups([s], "plain")
+    aggregate.compare_texts_to_reference(rows, "plain")
+    aggregate.add_exactness_counts([s], rows)
+    table = report.format_serve_table([s], "plain")
     lines = table.splitlines()
     assert lines[0].startswith("| config | concurrency | requests | out tokens |")
     assert lines[1] == "|" + "---|" * 14
