@@ -10,7 +10,7 @@ from typing import Any
 SUPPORTED_METHODS = ("ngram", "draft_model", "layer_skip", "suffix")
 PLANNED_METHODS = ("eagle", "eagle3", "medusa", "mtp")
 MODEL_DRAFT_METHODS = ("draft_model", "layer_skip")
-DRAFT_SAMPLE_METHODS = ("greedy", "coupled", "probabilistic")
+DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
 
 
 class ConfigError(ValueError):
@@ -32,10 +32,9 @@ class SpeculativeConfig:
     adaptive: bool = True  # choose k per request and step (num_speculative_tokens is the cap)
     num_draft_layers: int | None = None  # layer_skip; None = all but the last 2 (measured best)
     draft_quantization: str | None = None
-    # how model drafters draft for a sampled request (vLLM's key): "greedy" (the argmax, vLLM's
-    # default), "coupled" (the token the target's sampler would pick from q with the target's
-    # uniform) or "probabilistic" (sampled from q, Leviathan/Chen acceptance: same
-    # distribution, not the same text as plain). ngram and suffix drafts are point masses.
+    # how model drafters draft for a sampled request (vLLM's key): "greedy" (the argmax, a point
+    # mass: output identical to plain sampling) or "probabilistic" (sampled from q, Leviathan/Chen
+    # acceptance: same distribution, not the same text). ngram and suffix drafts are point masses.
     draft_sample_method: str = "greedy"
     # suffix decoding (vLLM's names and defaults): tree depth caps match + draft length; the global
     # tree caches this many finished responses (FIFO, 0 = off); draft length <= factor * match

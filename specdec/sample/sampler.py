@@ -12,8 +12,7 @@ Definitions (every path below computes exactly these):
 - min-p keeps the tokens whose probability is >= ``min_p`` times the top token's;
 - sampling order: the leading tokens (those above the ``NUM_LEADING``-th largest logit) in
   canonical order, then every other kept token by id. The CDF is walked in that order with
-  ``u`` times the kept mass. Putting the likely tokens first makes two close distributions
-  pick the same token for most ``u``, which is what coupled drafts rely on.
+  ``u`` times the kept mass, so a small ``u`` picks a likely token.
 
 NOTE: a full sort of a 49k vocabulary costs ~3 ms on this CPU, as much as a decode step; the
 truncation is found among the top ``NUM_LEADING`` (then ``NUM_CANDIDATES``) logits whenever

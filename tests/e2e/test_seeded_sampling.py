@@ -30,18 +30,11 @@ def _tiny_methods(tiny_llama, tiny_draft) -> dict[str, dict]:
         "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3},
         "suffix": {"method": "suffix", "num_speculative_tokens": 6},
         "layer_skip": {"method": "layer_skip", "num_speculative_tokens": 3, "num_draft_layers": 3},
-        "layer_skip_coupled": {
-            "method": "layer_skip",
-            "num_speculative_tokens": 3,
-            "num_draft_layers": 3,
-            "draft_sample_method": "coupled",
-        },
         "draft_model": {"method": "draft_model", "model": str(tiny_draft)},
-        "draft_self_coupled": {
+        "draft_self": {
             "method": "draft_model",
             "model": str(tiny_llama),
             "num_speculative_tokens": 4,
-            "draft_sample_method": "coupled",
             "adaptive": False,
         },
     }
@@ -71,7 +64,7 @@ def plain_tiny(tiny_llama):
 
 @pytest.mark.parametrize(
     "method",
-    ["ngram", "suffix", "layer_skip", "layer_skip_coupled", "draft_model", "draft_self_coupled"],
+    ["ngram", "suffix", "layer_skip", "draft_model", "draft_self"],
 )
 def test_tiny_seeded_sampling_identical_to_plain(
     method: str, tiny_llama, tiny_draft, plain_tiny
@@ -82,8 +75,8 @@ def test_tiny_seeded_sampling_identical_to_plain(
         assert got == plain_tiny[name], f"{method} / {name}"
     stats = spec.spec_decode_stats
     assert stats.num_draft_tokens > 0
-    if method == "draft_self_coupled":  # q == p and the same uniform: every draft matches
-        assert stats.num_accepted_tokens == stats.num_draft_tokens
+    if method == "draft_self":  # the target's own argmax is the likeliest sample
+        assert stats.num_accepted_tokens > 0
 
 
 def test_same_text_alone_batched_and_for_any_k(tiny_llama, plain_tiny) -> None:
@@ -147,7 +140,7 @@ def test_real_model_seeded_sampling_identical_to_plain() -> None:
     configs = [
         {"method": "ngram", "num_speculative_tokens": 5},
         {"method": "suffix"},
-        {"method": "layer_skip", "num_speculative_tokens": 3, "draft_sample_method": "coupled"},
+        {"method": "layer_skip", "num_speculative_tokens": 3},
         {"method": "draft_model", "model": "smollm2-135m", "num_speculative_tokens": 3},
     ]
     for cfg in configs:
