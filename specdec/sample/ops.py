@@ -6,10 +6,32 @@ verification compares like with like.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
 from specdec import kernels
 from specdec.sampling_params import SamplingParams
+
+
+@contextmanager
+def one_thread(device: torch.device) -> Iterator[None]:
+    """Run torch's CPU ops on the calling thread only.
+
+    NOTE: an op over one 49k-vocabulary row splits across the OpenMP pool, and waking the
+    sleeping (OMP_WAIT_POLICY=PASSIVE) threads costs more than the op: exp over a row took
+    250 us on 2 threads and 24 us on one; a whole sampled token 665 vs 169 us.
+    """
+    num = torch.get_num_threads()
+    if device.type != "cpu" or num == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(num)
 
 
 def argmax_rows(logits: torch.Tensor) -> list[int]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.sample.ops import argmax_rows, processed_logits
+from specdec.sample.ops import argmax_rows, one_thread, processed_logits
 from specdec.sample.random import Purpose, uniform
 from specdec.sample.sampler import row_probs, sample_row
 from specdec.sampling_params import SamplingParams
@@ -57,13 +57,15 @@ def verify(
     assert target_logits.shape[0] == k + 1
     counts = penalty.rows(draft_token_ids) if (penalty is not None and sp.has_penalties) else None
     mask = penalty.prompt_mask if penalty is not None else None
-    logits = processed_logits(target_logits, sp, mask, counts)  # [k+1, V]
     if sp.is_greedy:
-        tokens = _greedy(logits, draft_token_ids)
-    elif draft_probs is None:
-        tokens = _sample_and_match(logits, draft_token_ids, sp, seed, position)
+        tokens = _greedy(processed_logits(target_logits, sp, mask, counts), draft_token_ids)
     else:
-        tokens = _rejection(logits, draft_token_ids, draft_probs, sp, seed, position)
+        with one_thread(target_logits.device):
+            logits = processed_logits(target_logits, sp, mask, counts)  # [k+1, V]
+            if draft_probs is None:
+                tokens = _sample_and_match(logits, draft_token_ids, sp, seed, position)
+            else:
+                tokens = _rejection(logits, draft_token_ids, draft_probs, sp, seed, position)
     logprobs = None
     if sp.logprobs is not None:
         raw = target_logits[: len(tokens)].float().log_softmax(dim=-1)

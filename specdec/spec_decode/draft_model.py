@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.model.llama import LlamaModel, SeqBatch
-from specdec.sample.ops import argmax_rows, processed_logits
+from specdec.sample.ops import argmax_rows, one_thread, processed_logits
 from specdec.sample.random import Purpose, uniform
 from specdec.sample.sampler import row_probs, sample_row
 from specdec.spec_decode.base import DraftInput, DraftOutput, DraftRequest, Proposer
@@ -134,12 +134,13 @@ class DraftModelProposer(Proposer):
         sp = r.sampling
         if sp.is_greedy or self.sample_method == "greedy":
             return argmax_rows(logits)[0], None
-        mask = counts = None
-        if sp.has_penalties:  # q sees the penalties the target applies at this position
-            mask, counts = _penalty_inputs(r, earlier, logits.shape[-1], logits.device)
-        z = processed_logits(logits, sp, mask, counts)[0]  # [V]
-        token = sample_row(z, sp, uniform(r.seed, position, Purpose.DRAFT))
-        return token, row_probs(z, sp).unsqueeze(0)
+        with one_thread(logits.device):
+            mask = counts = None
+            if sp.has_penalties:  # q sees the penalties the target applies at this position
+                mask, counts = _penalty_inputs(r, earlier, logits.shape[-1], logits.device)
+            z = processed_logits(logits, sp, mask, counts)[0]  # [V]
+            token = sample_row(z, sp, uniform(r.seed, position, Purpose.DRAFT))
+            return token, row_probs(z, sp).unsqueeze(0)
 
 
 def _penalty_inputs(
