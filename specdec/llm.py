@@ -96,12 +96,23 @@ class LLM:
             params = list(sampling_params)
             if len(params) != len(prompts):
                 raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
-        ids = []
-        for p, sp in zip(prompts, params):
-            if isinstance(p, dict):
-                p = p.get("prompt_token_ids") or p.get("prompt")
-            ids.append(self.engine.add_request(p, sp))
-        return self._run(ids, use_tqdm)
+        # NOTE: every request is checked before any is queued: a bad one raises naming its
+        # index, and nothing of the call is left behind.
+        reqs = []
+        for i, (p, sp) in enumerate(zip(prompts, params)):
+            if not isinstance(sp, SamplingParams):
+                raise ValueError(f"sampling_params[{i}] must be a SamplingParams")
+            try:
+                sp.validate()
+            except ValueError as e:
+                raise ValueError(f"sampling_params[{i}]: {e}") from e
+            try:
+                if isinstance(p, dict):
+                    p = p.get("prompt_token_ids") or p.get("prompt")
+                reqs.append(self.engine.make_request(p, sp))
+            except ValueError as e:
+                raise ValueError(f"prompts[{i}]: {e}") from e
+        return self._run([self.engine.enqueue(r) for r in reqs], use_tqdm)
 
     def chat(
         self,
@@ -120,6 +131,8 @@ class LLM:
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def _run(self, req_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        """Step until this call's requests finish. If a step raises (or the user interrupts),
+        the call's unfinished requests are aborted, so none of them runs in a later call."""
         done: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(req_ids), desc="Processed prompts", disable=not use_tqdm)
         try:
@@ -128,6 +141,11 @@ class LLM:
                     if out.finished:
                         done[out.request_id] = out
                         bar.update(1)
+        except BaseException:
+            for i in req_ids:
+                if i not in done:
+                    self.engine.abort_request(i)
+            raise
         finally:
             bar.close()
         return [done[i] for i in req_ids if i in done]

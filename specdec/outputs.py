@@ -12,7 +12,7 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | None while running
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" | None while running
     stop_reason: int | str | None = None
     logprobs: list[float] | None = None  # log p of each chosen token (raw target distribution)
 
@@ -43,3 +43,4 @@ class RequestOutput:
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     delta_text: str = ""  # text new since the previous output of this request (streaming)
     delta_token_ids: list[int] = field(default_factory=list)
+    error: str | None = None  # why the request failed (finish_reason "error"); others go on

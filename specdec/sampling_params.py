@@ -2,9 +2,43 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 _GREEDY_EPS = 1e-5
+# Bounds every request is checked against (the server's protocol reads them too).
+TEMPERATURE_MAX = 100.0
+PENALTY_RANGE = (-2.0, 2.0)  # presence and frequency penalties, as OpenAI's
+REPETITION_PENALTY_RANGE = (0.01, 100.0)
+SEED_RANGE = (-(2**63), 2**64)  # [low, high)
+INT_MAX = 2**31 - 1
+MAX_LOGPROBS = 20
+MAX_STOP_STRINGS = 256
+MAX_STOP_CHARS = 4096
+MAX_STOP_TOKEN_IDS = 4096
+
+
+def _check_real(name: str, value: object, low: float, high: float, low_open: bool = False) -> None:
+    ok = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and (low < value if low_open else low <= value)
+        and value <= high
+    )
+    if not ok:
+        bracket = "(" if low_open else "["
+        raise ValueError(
+            f"{name} must be a finite number in {bracket}{low:g}, {high:g}], got {value!r}"
+        )
+
+
+def _check_int(name: str, value: object, low: int, high: int, message: str | None = None) -> None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+    if not ok:
+        raise ValueError(
+            f"{message or f'{name} must be an integer in [{low}, {high}]'}, got {value!r}"
+        )
 
 
 @dataclass
@@ -36,60 +70,39 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k == 0:
             self.top_k = -1
-        self._validate()
+        self.validate()
 
-    def _validate(self) -> None:
-        checks = [
-            (self.n == 1, f"n must be 1 (got {self.n}): parallel sampling is not supported"),
-            (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
-            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-            (
-                self.top_k == -1 or self.top_k >= 1,
-                f"top_k must be -1 (off) or >= 1, got {self.top_k}",
-            ),
-            (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
-            (
-                -2 <= self.presence_penalty <= 2,
-                f"presence_penalty must be in [-2, 2], got {self.presence_penalty}",
-            ),
-            (
-                -2 <= self.frequency_penalty <= 2,
-                f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}",
-            ),
-            (
-                self.repetition_penalty > 0,
-                f"repetition_penalty must be > 0, got {self.repetition_penalty}",
-            ),
-            (
-                self.max_tokens is None or self.max_tokens >= 1,
-                f"max_tokens must be >= 1, got {self.max_tokens}",
-            ),
-            (self.min_tokens >= 0, f"min_tokens must be >= 0, got {self.min_tokens}"),
-            (
-                self.seed is None
-                or (
-                    isinstance(self.seed, int)
-                    and not isinstance(self.seed, bool)
-                    and -(2**63) <= self.seed < 2**64
-                ),
-                f"seed must be an integer in [-2**63, 2**64), got {self.seed!r}",
-            ),
-            (
-                self.logprobs is None or 0 <= self.logprobs <= 20,
-                f"logprobs must be in [0, 20], got {self.logprobs}",
-            ),
-            (
-                all(isinstance(s, str) for s in self.stop),
-                "stop must be a string or a list of strings",
-            ),
-            (
-                all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
-                "stop_token_ids must be non-negative integers",
-            ),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad field (its message starts with the name)."""
+        _check_int("n", self.n, 1, 1, "n must be 1 (parallel sampling is not supported)")
+        _check_real("temperature", self.temperature, 0.0, TEMPERATURE_MAX)
+        _check_real("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        if self.top_k != -1:
+            _check_int("top_k", self.top_k, 1, INT_MAX, "top_k must be -1 (off) or >= 1")
+        _check_real("min_p", self.min_p, 0.0, 1.0)
+        _check_real("presence_penalty", self.presence_penalty, *PENALTY_RANGE)
+        _check_real("frequency_penalty", self.frequency_penalty, *PENALTY_RANGE)
+        _check_real("repetition_penalty", self.repetition_penalty, *REPETITION_PENALTY_RANGE)
+        if self.seed is not None:
+            _check_int("seed", self.seed, SEED_RANGE[0], SEED_RANGE[1] - 1)
+        if self.max_tokens is not None:
+            _check_int("max_tokens", self.max_tokens, 1, INT_MAX)
+        _check_int("min_tokens", self.min_tokens, 0, INT_MAX)
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        if not all(isinstance(s, str) for s in self.stop):
+            raise ValueError("stop must be a string or a list of strings")
+        if len(self.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in self.stop):
+            raise ValueError(
+                f"stop: at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters"
+            )
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT_MAX
+            for t in self.stop_token_ids
+        ):
+            raise ValueError(
+                f"stop_token_ids must be at most {MAX_STOP_TOKEN_IDS} non-negative integers"
+            )
 
     @property
     def is_greedy(self) -> bool:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import itertools
+import logging
 import random
 import time
 
@@ -26,7 +28,9 @@ from specdec.sampling_params import SamplingParams
 from specdec.spec_decode import PROPOSERS, DraftInput, DraftRequest, Proposer
 from specdec.spec_decode.controller import SpecController, measure_verify_cost
 from specdec.spec_decode.metrics import SpecDecodeStats
-from specdec.worker.model_runner import ModelRunner
+from specdec.worker.model_runner import ModelRunner, RequestFailure, failure
+
+logger = logging.getLogger("specdec.engine")
 
 _DTYPES = {
     "float32": torch.float32,
@@ -111,6 +115,8 @@ class LLMEngine:
         self.spec_stats = SpecDecodeStats()
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
+        self.num_failed_requests = 0  # finished with finish_reason "error"
+        self._failed: list[Request] = []  # this step's
         self._ids = itertools.count()
 
     def _num_kv_slots(self, config: EngineConfig) -> tuple[int, int]:
@@ -198,13 +204,31 @@ class LLMEngine:
         prompt: str | list[int],
         sampling: SamplingParams | None = None,
         req_id: str | None = None,
+        cache_salt: str | None = None,
     ) -> str:
+        """Queue a request. ``cache_salt`` (vLLM's): prompts share cached prefixes only with
+        requests of the same salt. Raises ValueError (the queue unchanged) for a bad request."""
+        return self.enqueue(self.make_request(prompt, sampling, req_id, cache_salt))
+
+    def make_request(
+        self,
+        prompt: str | list[int],
+        sampling: SamplingParams | None = None,
+        req_id: str | None = None,
+        cache_salt: str | None = None,
+    ) -> Request:
+        """A checked request, not yet queued (``enqueue`` queues it)."""
         sampling = sampling or SamplingParams()
+        if not isinstance(sampling, SamplingParams):
+            raise ValueError(
+                f"sampling params must be a SamplingParams, not {type(sampling).__name__}"
+            )
+        sampling.validate()  # NOTE: fields may have been changed since it was made
         req_id = req_id or f"req-{next(self._ids)}"
         if req_id in self.requests:
             raise ValueError(f"request id {req_id!r} is already in use")
         text = prompt if isinstance(prompt, str) else None
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        ids = self._prompt_ids(prompt)
         self._check_prompt(ids)
         req = Request(
             req_id=req_id,
@@ -221,12 +245,33 @@ class LLMEngine:
             mask = torch.zeros(vocab, dtype=torch.bool, device=self.device)
             mask[torch.tensor(ids, device=self.device)] = True
             req.penalty = PenaltyState(mask, torch.zeros(vocab, device=self.device))
-        self.requests[req_id] = req
+        if cache_salt is not None:
+            if not isinstance(cache_salt, str) or not cache_salt:
+                raise ValueError("cache_salt must be a non-empty string")
+            digest = hashlib.sha256(cache_salt.encode("utf-8", "surrogatepass")).digest()
+            req.cache_salt = int.from_bytes(digest[:8], "little", signed=True) or 1
+        return req
+
+    def enqueue(self, req: Request) -> str:
+        if req.req_id in self.requests:
+            raise ValueError(f"request id {req.req_id!r} is already in use")
+        self.requests[req.req_id] = req
         self.scheduler.add(req)
         if self.proposer is not None:
-            self.proposer.add_request(req_id)
-        self.num_prompt_tokens += len(ids)
-        return req_id
+            self.proposer.add_request(req.req_id)
+        self.num_prompt_tokens += len(req.prompt_token_ids)
+        return req.req_id
+
+    def _prompt_ids(self, prompt: object) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        if isinstance(prompt, (list, tuple)) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        ):
+            return list(prompt)
+        raise ValueError(
+            f"prompt must be a string or a list of token ids, not {type(prompt).__name__}"
+        )
 
     def _check_prompt(self, ids: list[int]) -> None:
         if not ids:
@@ -296,8 +341,12 @@ class LLMEngine:
             return []
         out = self.runner.execute_model(sched)
         changed: list[Request] = []
+        self._failed = []
         for s, result in zip(sched.scheduled, out.results):
             req = s.req
+            if isinstance(result, RequestFailure):
+                self._fail(req, result)
+                continue
             if result is None:
                 req.num_computed_tokens += len(s.token_ids)
                 continue
@@ -307,20 +356,34 @@ class LLMEngine:
             if self.controller is not None and s.num_drafts:
                 self.controller.observe(req.req_id, s.num_drafts, result.num_accepted)
             req.draft_token_ids, req.draft_probs = [], None
-            self._commit(req, result)
+            try:
+                self._commit(req, result)
+            except Exception as e:  # noqa: BLE001 - this request's failure alone
+                self._fail(req, failure("detokenizing", e))
+                continue
             if req.shadow_draft_ids and not req.is_finished:
                 self._score_shadow(req)
             changed.append(req)
         if self.controller is not None:
             decode_only = all(
-                r is not None and len(s.token_ids) == 1 + s.num_drafts
+                isinstance(r, VerifyResult) and len(s.token_ids) == 1 + s.num_drafts
                 for s, r in zip(sched.scheduled, out.results)
             )
             num_drafts = sum(s.num_drafts for s in sched.scheduled)
-            num_tokens = sum(len(r.token_ids) for r in out.results if r is not None)
+            num_tokens = sum(len(r.token_ids) for r in out.results if isinstance(r, VerifyResult))
             self.controller.observe_step(len(sched.scheduled), num_drafts, num_tokens, decode_only)
         self._propose()
+        changed += [r for r in self._failed if r not in changed]
         return [self._make_output(r) for r in changed]
+
+    def _fail(self, req: Request, why: RequestFailure) -> None:
+        """Finish one request with an error; its KV is not cached, the others go on."""
+        req.error = why.message
+        req.finish_reason, req.stop_reason = "error", None
+        self.num_failed_requests += 1
+        logger.warning("request %r failed: %s", req.req_id, why.message)
+        self._finish(req, cache=False)
+        self._failed.append(req)
 
     def _commit(self, req: Request, result: VerifyResult) -> None:
         """Append tokens one by one, stopping at EOS / stop ids / stop strings / length."""
@@ -375,11 +438,12 @@ class LLMEngine:
                 return True
         return False
 
-    def _finish(self, req: Request) -> None:
+    def _finish(self, req: Request, cache: bool = True) -> None:
+        """``cache=False``: nothing of the request is kept (prefix cache, drafter trees)."""
         req.metrics.finished_time = time.monotonic()
-        self.scheduler.finish(req)
+        self.scheduler.finish(req, cache)
         if self.proposer is not None:
-            self.proposer.remove_request(req.req_id, req.all_token_ids)
+            self.proposer.remove_request(req.req_id, req.all_token_ids if cache else None)
         if self.controller is not None:
             self.controller.remove_request(req.req_id)
 
@@ -424,8 +488,9 @@ class LLMEngine:
             r.draft_token_ids, r.draft_probs = [], None
         if self.controller is not None:
             drafted = {r.req_id: len(r.draft_token_ids) for r, _ in todo}
+            live = [r for r in reqs if not r.is_finished]  # drafting may have failed some
             self.controller.observe_drafts(
-                [r.req_id for r in reqs], [drafted.get(r.req_id, 0) for r in reqs]
+                [r.req_id for r in live], [drafted.get(r.req_id, 0) for r in live]
             )
 
     def _next_step_prefills(self, num_decoding: int) -> bool:
@@ -460,10 +525,24 @@ class LLMEngine:
                 for r, cap in todo
             ]
         )
-        out = self.proposer.propose(inp)
+        try:
+            out = self.proposer.propose(inp)
+        except Exception:  # noqa: BLE001 - find whose drafting fails, fail only those
+            self._draft_one_by_one(inp, todo)
+            return
         for i, (r, _) in enumerate(todo):
             r.draft_token_ids = list(out.draft_token_ids[i])
             r.draft_probs = out.draft_probs[i] if out.draft_probs else None
+
+    def _draft_one_by_one(self, inp: DraftInput, todo: list[tuple[Request, int]]) -> None:
+        for d, (r, _) in zip(inp.requests, todo):
+            try:
+                out = self.proposer.propose(DraftInput([d]))
+            except Exception as e:  # noqa: BLE001
+                self._fail(r, failure("drafting", e))
+                continue
+            r.draft_token_ids = list(out.draft_token_ids[0])
+            r.draft_probs = out.draft_probs[0] if out.draft_probs else None
 
     # ---- outputs -----------------------------------------------------------------------------
     def _make_output(self, req: Request) -> RequestOutput:
@@ -496,6 +575,7 @@ class LLMEngine:
             spec_decode_stats=req.spec_stats.copy(),
             metrics=req.metrics,
             num_cached_tokens=req.num_cached_tokens,
+            error=req.error,
             delta_text=delta_text,
             delta_token_ids=delta_ids,
         )

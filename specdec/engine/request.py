@@ -48,6 +48,8 @@ class Request:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     penalty: PenaltyState | None = None
+    error: str | None = None  # set when the request failed (finish_reason "error")
+    cache_salt: int = 0  # prefixes are shared only between requests of the same salt
 
     @property
     def all_token_ids(self) -> list[int]:

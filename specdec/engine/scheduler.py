@@ -69,7 +69,9 @@ class Scheduler:
             and self.kv.num_free_slots
         ):
             req = self.waiting.popleft()
-            req.slot, req.num_cached_tokens = self.kv.allocate_for_prompt(req.prompt_token_ids)
+            req.slot, req.num_cached_tokens = self.kv.allocate_for_prompt(
+                req.prompt_token_ids, req.cache_salt
+            )
             req.num_computed_tokens = req.num_cached_tokens  # prefill starts after the prefix
             req.status = RequestStatus.RUNNING
             self.running.append(req)
@@ -94,7 +96,9 @@ class Scheduler:
         room = self.max_model_len - req.num_tokens
         return max(0, min(budget, left, room))
 
-    def finish(self, req: Request) -> None:
+    def finish(self, req: Request, cache: bool = True) -> None:
+        """Take the request out and free its KV slot; ``cache=False`` forgets the slot's KV
+        (a failed request's KV may be garbage, so no later prompt reuses it)."""
         req.status = RequestStatus.FINISHED
         if req in self.running:
             self.running.remove(req)
@@ -103,5 +107,6 @@ class Scheduler:
         if req.slot is not None:
             # NOTE: KV past num_computed_tokens (rejected drafts) is stale; it is never cached.
             # A stop inside an accepted run leaves num_computed_tokens past the last token.
-            self.kv.free(req.slot, req.all_token_ids[: req.num_computed_tokens])
+            cached = req.all_token_ids[: req.num_computed_tokens] if cache else []
+            self.kv.free(req.slot, cached, req.cache_salt)
             req.slot = None

@@ -58,6 +58,7 @@ class KVCache:
         self._cached_token_ids = np.zeros((num_slots, max_len), dtype=np.int64)  # [S, max_len]
         self._num_cached = np.zeros(num_slots, dtype=np.int64)  # [S]
         self._last_used = np.zeros(num_slots, dtype=np.int64)  # [S] LRU clock at the last free
+        self._salt = np.zeros(num_slots, dtype=np.int64)  # [S] cache salt of the cached tokens
         self._clock = 0
         # vLLM's prefix_cache_queries / prefix_cache_hits, in tokens.
         self.num_prefix_cache_queries = 0
@@ -105,18 +106,22 @@ class KVCache:
             return self._free.pop()
         return self._take(self._lru(exclude=None))
 
-    def allocate_for_prompt(self, prompt_token_ids: Sequence[int]) -> tuple[int, int]:
+    def allocate_for_prompt(
+        self, prompt_token_ids: Sequence[int], cache_salt: int = 0
+    ) -> tuple[int, int]:
         """A free slot for a new request and how many leading prompt tokens' KV it holds.
 
         The reused count is at most ``len(prompt) - 1``: the last prompt token is always
-        computed, so there are logits to sample from.
+        computed, so there are logits to sample from. Only slots freed with the same
+        ``cache_salt`` are reused (vLLM's per-request ``cache_salt``: one tenant's prefixes
+        never serve, or reveal themselves to, another's).
         """
         if not self.enable_prefix_caching:
             return self.allocate(), 0
         if not self._free:
             raise RuntimeError("KV pool exhausted")
         prompt = np.asarray(prompt_token_ids, dtype=np.int64)  # [P]
-        best, lcp = self._longest_prefix(prompt)
+        best, lcp = self._longest_prefix(prompt, cache_salt)
         num_reused = max(0, min(lcp, len(prompt) - 1))
         self.num_prefix_cache_queries += len(prompt)
         self.num_prefix_cache_hits += num_reused
@@ -134,7 +139,7 @@ class KVCache:
         self.v[:, victim, :, :num_reused] = self.v[:, best, :, :num_reused]
         return self._take(victim), num_reused
 
-    def free(self, slot: int, cached_token_ids: Sequence[int] = ()) -> None:
+    def free(self, slot: int, cached_token_ids: Sequence[int] = (), cache_salt: int = 0) -> None:
         """Return a slot; under prefix caching it remembers ``cached_token_ids`` (whose KV it
         holds at positions 0..n-1) for later requests."""
         if slot in self._free or not 0 <= slot < self.num_slots:
@@ -144,6 +149,7 @@ class KVCache:
             n = len(cached_token_ids)
             self._cached_token_ids[slot, :n] = cached_token_ids
         self._num_cached[slot] = n
+        self._salt[slot] = cache_salt
         self._clock += 1
         self._last_used[slot] = self._clock
         self._free.append(slot)
@@ -153,9 +159,9 @@ class KVCache:
         self._num_cached[self._free] = 0
 
     # ---- prefix lookup ------------------------------------------------------------------------
-    def _longest_prefix(self, prompt: np.ndarray) -> tuple[int, int]:
-        """The free slot sharing the longest prefix with ``prompt`` and that length (vectorised:
-        one comparison over [free slots, prompt length])."""
+    def _longest_prefix(self, prompt: np.ndarray, cache_salt: int) -> tuple[int, int]:
+        """The free slot of the same salt sharing the longest prefix with ``prompt`` and that
+        length (vectorised: one comparison over [free slots, prompt length])."""
         free = np.asarray(self._free)  # [F]
         n = min(len(prompt), int(self._num_cached[free].max()))
         if n == 0:
@@ -163,6 +169,7 @@ class KVCache:
         same = self._cached_token_ids[free, :n] == prompt[:n]  # [F, n]
         lcp = np.where(same.all(axis=1), n, same.argmin(axis=1))  # [F] first mismatch
         lcp = np.minimum(lcp, self._num_cached[free])
+        lcp = np.where(self._salt[free] == cache_salt, lcp, 0)
         # Ties: the slot that loses nothing (fully reused), then the most recently used.
         order = np.lexsort((self._last_used[free], lcp == self._num_cached[free], lcp))
         i = int(order[-1])

@@ -76,6 +76,9 @@ def verify(
 
 def _greedy(logits: torch.Tensor, draft_token_ids: list[int]) -> list[int]:
     best = argmax_rows(logits)  # [k+1]
+    chosen = logits[torch.arange(len(best), device=logits.device), best]  # [k+1]
+    if not bool(torch.isfinite(chosen).all()):
+        raise ValueError("the logits are not finite")
     tokens: list[int] = []
     for i, draft in enumerate(draft_token_ids):
         if draft != best[i]:

@@ -127,7 +127,10 @@ def _truncate(
 def _kept_set(z: torch.Tensor, sp: SamplingParams) -> tuple[_Kept, torch.Tensor, int]:
     """(the kept set, the row's weights exp(z - max) [V], the number of leading tokens)."""
     num = z.numel()
-    w = (z - z.max()).exp_()  # [V]
+    top = z.max()
+    if not math.isfinite(float(top)):
+        raise ValueError(f"the logits are not finite (max {float(top)})")
+    w = (z - top).exp_()  # [V]
     top_k = sp.top_k if sp.top_k != -1 and sp.top_k < num else 0
     needs_mass = sp.top_p < 1.0 and not top_k
     row_mass = float(w.sum(dtype=torch.float64)) if needs_mass else 0.0
