@@ -84,7 +84,13 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
-        """Generate for one prompt or a batch (strings, token id lists or {"prompt_token_ids": ...})."""
+        """Generate for one prompt or a batch: strings, token id lists, or vLLM's dicts
+        ``{"prompt": ...}`` / ``{"prompt_token_ids": ...}`` with an optional ``"cache_salt"``.
+
+        Every request is checked first; a bad one raises ValueError naming ``prompts[i]`` or
+        ``sampling_params[i]``, with nothing queued. A request that fails while running (say,
+        non-finite logits) comes back with ``finish_reason == "error"`` and ``.error``; the
+        others are unaffected."""
         if isinstance(prompts, (str, dict)) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
@@ -107,9 +113,11 @@ class LLM:
             except ValueError as e:
                 raise ValueError(f"sampling_params[{i}]: {e}") from e
             try:
-                if isinstance(p, dict):
+                salt = None
+                if isinstance(p, dict):  # vLLM's TextPrompt / TokensPrompt
+                    salt = p.get("cache_salt")
                     p = p.get("prompt_token_ids") or p.get("prompt")
-                reqs.append(self.engine.make_request(p, sp))
+                reqs.append(self.engine.make_request(p, sp, cache_salt=salt))
             except ValueError as e:
                 raise ValueError(f"prompts[{i}]: {e}") from e
         return self._run([self.engine.enqueue(r) for r in reqs], use_tqdm)
