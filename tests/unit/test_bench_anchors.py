@@ -20,6 +20,75 @@ from specdec.bench.serve import ServeOptions, run_serve
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "bench_tiny.jsonl"
 EOG = {0}  # any id: the tiny model's replies are random bytes
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
+    " + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def write_tiny_gguf(path: Path, seed: int = 0) -> Path:
+    """A random-weight llama in float32 GGUF, with a byte-level vocabulary and a chat template:
+    small enough for llama.cpp and our engine alike to load in a blink."""
+    import gguf
+    import numpy as np
+
+    from specdec.model.tokenizer import bytes_to_unicode
+
+    rng = np.random.default_rng(seed)
+    merges = ["Ġ t", "h e", "i n", "Ġ a"]
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tokens = list(bytes_to_unicode().values()) + [m.replace(" ", "") for m in merges] + specials
+    types = [1] * (len(tokens) - len(specials)) + [3] * len(specials)
+    hidden, ff, heads, kv_heads, layers = 64, 128, 4, 2, 2
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(512)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ff)
+    w.add_block_count(layers)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_dimension_count(hidden // heads)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(len(tokens) - 3)
+    w.add_eos_token_id(len(tokens) - 1)
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHATML)
+
+    def add(name: str, *shape: int, scale: float = 0.3) -> None:
+        data = rng.normal(0.0, scale, shape) if len(shape) > 1 else 1.0 + rng.normal(0, 0.1, shape)
+        w.add_tensor(name, data.astype(np.float32))
+
+    add("token_embd.weight", len(tokens), hidden)
+    add("output_norm.weight", hidden)
+    head_dim = hidden // heads
+    for i in range(layers):
+        add(f"blk.{i}.attn_norm.weight", hidden)
+        add(f"blk.{i}.attn_q.weight", hidden, hidden)
+        add(f"blk.{i}.attn_k.weight", kv_heads * head_dim, hidden)
+        add(f"blk.{i}.attn_v.weight", kv_heads * head_dim, hidden)
+        add(f"blk.{i}.attn_output.weight", hidden, hidden)
+        add(f"blk.{i}.ffn_norm.weight", hidden)
+        add(f"blk.{i}.ffn_gate.weight", ff, hidden)
+        add(f"blk.{i}.ffn_up.weight", ff, hidden)
+        add(f"blk.{i}.ffn_down.weight", hidden, ff)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("tiny_gguf") / "tiny-llama.f32.gguf")
 
 
 def test_anchor_environment_strips_what_specdec_sets(monkeypatch) -> None:
@@ -184,3 +253,33 @@ def test_serve_first_prompt_does_not_depend_on_the_warm_up(tiny_llama, tmp_path)
 
     assert figures(repeat) == figures(fresh)
     assert sum(r["spec_decode"]["num_drafts"] for r in repeat if r["config"] == SUFFIX) > 0
+
+
+def test_llama_cpp_anchors_run_plain_and_as_their_api_needs(tiny_gguf, tmp_path) -> None:
+    pytest.importorskip("llama_cpp")  # an optional extra: CI does not install it
+    lookup = "llama_cpp:prompt_lookup:k=4"
+    opts = LatencyOptions(
+        model=str(tiny_gguf), datasets=[str(FIXTURE)], configs=["plain", "llama_cpp:plain", lookup],
+        max_tokens=12, output_dir=str(tmp_path / "run"), plots=False, progress=False,
+    )  # fmt: skip
+    result = run_latency(opts)
+    assert result.exit_code == 0 and result.payload["skipped"] == {}
+    anchors = result.payload["anchors"]
+    plain = anchors["llama_cpp:plain"]
+    cores = len(os.sched_getaffinity(0))
+    assert plain["settings"] == {
+        "n_ctx": 4096, "n_batch": 512, "n_threads": cores, "n_threads_batch": cores,
+        "flash_attn": True, "logits_all": False, "draft_model": None, "seed": 0, "verbose": False,
+    }  # fmt: skip
+    assert anchors[lookup]["settings"]["logits_all"] is True
+    assert anchors[lookup]["settings"]["draft_model"]["num_pred_tokens"] == 4
+    for info in anchors.values():
+        assert info["environment"]["omp_wait_policy"] is None
+        assert info["environment"]["specdec_imported"] is False
+        assert info["library"]["llama_cpp_python"]
+    for r in result.payload["records"]:
+        assert r["error"] is None and r["output_tokens"] > 0 and 0 < r["ttft_s"] <= r["seconds"]
+        if r["config"] == "llama_cpp:plain":  # float32 weights: the same greedy tokens as ours
+            assert r["identical_to_plain"] is True
+    table = (tmp_path / "run" / "table.md").read_text()
+    assert "- `llama_cpp:plain`: llama_cpp_python " in table and "logits_all False" in table
