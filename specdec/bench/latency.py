@@ -305,10 +305,7 @@ def run_latency(opts: LatencyOptions) -> LatencyResult:
         "records": run.records,
     }
     table = report.format_latency_table(rows, greedy, run.reference)
-    notes = report.anchor_notes(run.anchors)
-    notes += "".join(f"- skipped `{k}`: {v}\n" for k, v in run.skipped.items())
-    if notes:
-        table += "\n" + notes
+    table += report.anchor_notes(run.anchors, run.skipped)
     report.write_outputs(out_dir, payload, table)
     if opts.plots:
         title = f"{Path(str(opts.model)).name}, max_tokens {opts.max_tokens}"

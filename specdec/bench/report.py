@@ -244,8 +244,9 @@ def _round_notes(s: dict, reference: str) -> list[str]:
     return [note + "\n"]
 
 
-def anchor_notes(anchors: dict[str, dict[str, Any]]) -> str:
-    """One markdown line per anchor: library, process environment and the settings it ran with."""
+def anchor_notes(anchors: dict[str, dict[str, Any]], skipped: dict[str, str]) -> str:
+    """After a blank line, one markdown line per anchor (library, process environment, the
+    settings it ran with) and per skipped configuration; nothing when there are none."""
     lines = []
     for label, info in anchors.items():
         env = info["environment"]
@@ -260,7 +261,8 @@ def anchor_notes(anchors: dict[str, dict[str, Any]]) -> str:
             if k not in ("verbose", "seed")
         )
         lines.append(f"- `{label}`: {library}, own process, {omp}; {settings}\n")
-    return "".join(lines)
+    lines += [f"- skipped `{label}`: {why}\n" for label, why in skipped.items()]
+    return "\n" + "".join(lines) if lines else ""
 
 
 def _setting(value: Any) -> str:

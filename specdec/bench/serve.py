@@ -36,7 +36,6 @@ import gc
 import json
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +50,11 @@ from specdec.bench.aggregate import (
     summarize_level,
     tpot,
 )
+from specdec.bench.anchor_server import (
+    LLAMA_CPP_REQUEST_EXTRAS,
+    LlamaCppServer,
+    ReplyTokenCounter,
+)
 from specdec.bench.configs import PLAIN, BenchConfig, parse_config, parse_configs
 from specdec.bench.dataset import (
     DEFAULT_CODE_PREFIX,
@@ -60,7 +64,9 @@ from specdec.bench.dataset import (
     load_items,
     warmup_item,
 )
+from specdec.bench.latency import DEFAULT_ANCHOR_CTX
 from specdec.bench.report import fmt, loud, warn
+from specdec.bench.runners import AnchorUnavailable
 from specdec.config import ConfigError
 
 SCHEMA = "specdec.bench.serve/1"
@@ -108,6 +114,15 @@ class ServeResult:
 
 
 # ---- the clients --------------------------------------------------------------------------------
+@dataclass
+class RequestStyle:
+    """What a server needs from the clients beyond the OpenAI API: extra body fields, and a
+    token counter when it streams no usage (llama.cpp's)."""
+
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    counter: ReplyTokenCounter | None = None
+
+
 def _error_text(body: bytes | str) -> str:
     text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
     try:
@@ -118,7 +133,13 @@ def _error_text(body: bytes | str) -> str:
 
 
 async def stream_chat(
-    client: Any, base_url: str, model: str, messages: list[dict], max_tokens: int, ignore_eos: bool
+    client: Any,
+    base_url: str,
+    model: str,
+    messages: list[dict],
+    max_tokens: int,
+    ignore_eos: bool,
+    style: RequestStyle | None = None,
 ) -> dict:
     """One streaming chat completion, timed; a partial record (no id/config fields)."""
     import httpx
@@ -133,6 +154,8 @@ async def stream_chat(
     }
     if ignore_eos:
         body["ignore_eos"] = True
+    if style is not None:
+        body.update(style.extra_body)
     parts: list[str] = []
     ttft = None
     usage: dict | None = None
@@ -171,6 +194,8 @@ async def stream_chat(
     except (httpx.HTTPError, ValueError) as e:
         error = f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS]
     end = time.perf_counter()
+    if error is None and usage is None and style is not None and style.counter is not None:
+        usage = style.counter.usage(messages, "".join(parts), finish)
     if error is None and usage is None:
         error = "the stream carried no usage (stream_options.include_usage unsupported?)"
     output_tokens = int(usage["completion_tokens"]) if usage else 0
@@ -211,6 +236,7 @@ async def run_level(
     duration_limit: float | None = None,
     request_timeout: float = 600.0,
     api_key: str | None = None,
+    style: RequestStyle | None = None,
 ) -> _Level:
     """``concurrency`` closed-loop clients over the conversations; every turn is one request."""
     import httpx
@@ -236,7 +262,9 @@ async def run_level(
                     not_sent += len(item.turns) - turn
                     break
                 messages.append({"role": "user", "content": builder.user_text(item, turn)})
-                row = await stream_chat(client, base_url, model, messages, max_tokens, ignore_eos)
+                row = await stream_chat(
+                    client, base_url, model, messages, max_tokens, ignore_eos, style
+                )
                 row["start_s"] = row.pop("start_perf") - start
                 rows.append({"id": item.id, "category": item.category, "turn": turn, **row})
                 if row["error"]:
@@ -323,11 +351,12 @@ class _Run:
             self.configs = [parse_config(opts.configs[0])]
         else:
             self.configs = parse_configs(opts.configs)
-        anchors = [c.label for c in self.configs if c.is_anchor]
-        if anchors:
-            raise ConfigError(
-                f"bench serve measures our server only, not {', '.join(anchors)} (see bench latency)"
-            )
+        for c in self.configs:
+            if c.is_anchor and (opts.base_url or (c.backend, c.method) != ("llama_cpp", PLAIN)):
+                raise ConfigError(
+                    f"bench serve measures our server and llama.cpp's (llama_cpp:plain, not with "
+                    f"--base-url), not {c.label} (see bench latency)"
+                )
         self.reference = PLAIN
         self.items = load_items(opts.datasets, opts.categories, opts.num_prompts)
         self.model_path: Path | None = None
@@ -342,8 +371,11 @@ class _Run:
         self.records: list[dict] = []
         self.summary: list[dict] = []
         self.config_errors: dict[str, str] = {}
+        self.skipped: dict[str, str] = {}
+        self.anchors: dict[str, dict[str, Any]] = {}  # label -> LlamaCppServer.info
+        self.out_dir = Path(".")  # where the llama.cpp server writes its log
 
-    def _warm_up(self, url: str, model: str) -> None:
+    def _warm_up(self, t: _Target) -> None:
         """One excluded request on ``warmup_prompt``; an in-process server forgets it before the
         first level (``reset_caches``)."""
         messages = [{"role": "user", "content": warmup_item(self.opts.warmup_prompt).turns[0]}]
@@ -352,33 +384,28 @@ class _Run:
             import httpx
 
             async with httpx.AsyncClient(timeout=self.opts.request_timeout) as client:
+                max_tokens = min(WARMUP_MAX_TOKENS, self.opts.max_tokens)
                 return await stream_chat(
-                    client,
-                    url,
-                    model,
-                    messages,
-                    min(WARMUP_MAX_TOKENS, self.opts.max_tokens),
-                    False,
+                    client, t.url, t.model, messages, max_tokens, False, t.style
                 )
 
         row = asyncio.run(once())
         if row["error"]:
             warn(f"warm-up request failed: {row['error']}")
 
-    def _measure_level(
-        self, cfg: BenchConfig, url: str, model: str, c: int, reset: Callable[[], None] | None
-    ) -> _Level:
-        if reset is not None:
-            reset()
+    def _measure_level(self, t: _Target, c: int) -> _Level:
+        cfg = t.cfg
+        if t.server is not None:
+            t.server.reset_caches()
         level = asyncio.run(
             run_level(
-                url, model, self.items, self.builder, c, self.opts.max_tokens,
+                t.url, t.model, self.items, self.builder, c, self.opts.max_tokens,
                 self.opts.ignore_eos, self.opts.duration_limit, self.opts.request_timeout,
-                self.opts.api_key,
+                self.opts.api_key, t.style,
             )
         )  # fmt: skip
         for r in level.rows:
-            r.update(config=cfg.label, concurrency=c)
+            r.update(config=cfg.label, concurrency=c, backend=cfg.backend)
             if cfg.is_plain:
                 r["spec_decode"] = None  # the server reports zero counters for plain
         self.records.extend(level.rows)
@@ -400,16 +427,45 @@ class _Run:
             url = self.opts.base_url.rstrip("/")
             target = _Target(self.configs[0], url, served_model_name(url, self.opts.api_key))
             targets.append(target)
-            self._warm_up(target.url, target.model)
+            self._warm_up(target)
             return
         assert self.model_path is not None
         for cfg in self.configs:
             try:
-                server = _InProcessServer(self.opts, cfg, self.model_path)
-                targets.append(_Target(cfg, server.url, server.name, server))
-                self._warm_up(server.url, server.name)
+                if cfg.is_anchor:
+                    target = self._start_llama_cpp(cfg, self.model_path)
+                else:
+                    server = _InProcessServer(self.opts, cfg, self.model_path)
+                    target = _Target(cfg, server.url, server.name, server)
+                if target is None:
+                    continue
+                targets.append(target)
+                self._warm_up(target)
             except Exception as e:
                 self._crashed(cfg, e)
+
+    def _start_llama_cpp(self, cfg: BenchConfig, model_path: Path) -> _Target | None:
+        """llama.cpp's server in its own process (None when it is skipped)."""
+        n_ctx = self.opts.max_model_len or DEFAULT_ANCHOR_CTX
+        log = self.out_dir / "llama_cpp_server.log"
+        try:
+            counter = ReplyTokenCounter(model_path)
+            server = LlamaCppServer(model_path, n_ctx, self.opts.seed, log)
+        except AnchorUnavailable as e:
+            self.skipped[cfg.label] = str(e)
+            print(f"skipped {cfg.label}: {e}")
+            return None
+        extra = dict(LLAMA_CPP_REQUEST_EXTRAS)
+        if self.opts.ignore_eos:
+            extra["min_tokens"] = self.opts.max_tokens
+        self.anchors[cfg.label] = server.info
+        self.anchors[cfg.label]["settings"]["request"] = extra
+        try:
+            model = served_model_name(server.url)
+        except BaseException:
+            server.stop()
+            raise
+        return _Target(cfg, server.url, model, server, RequestStyle(extra, counter))
 
     def _crashed(self, cfg: BenchConfig, e: Exception) -> None:
         if cfg.is_reference or self.opts.base_url:
@@ -433,9 +489,8 @@ class _Run:
                     for t in targets[shift:] + targets[:shift]:
                         if t.cfg.label in self.config_errors:
                             continue
-                        reset = t.server.reset_caches if t.server is not None else None
                         try:
-                            level = self._measure_level(t.cfg, t.url, t.model, c, reset)
+                            level = self._measure_level(t, c)
                         except Exception as e:
                             self._crashed(t.cfg, e)
                             continue
@@ -453,6 +508,7 @@ class _Run:
                     continue
                 s = {
                     "config": cfg.label,
+                    "backend": cfg.backend,
                     "concurrency": c,
                     "rounds": len(runs),
                     "num_clients": runs[0].num_clients,
@@ -478,7 +534,8 @@ class _Target:
     cfg: BenchConfig
     url: str
     model: str
-    server: _InProcessServer | None = None
+    server: _InProcessServer | LlamaCppServer | None = None  # None: --base-url, not ours to reset
+    style: RequestStyle | None = None
 
 
 def run_serve(opts: ServeOptions) -> ServeResult:
@@ -495,8 +552,9 @@ def run_serve(opts: ServeOptions) -> ServeResult:
     run = _Run(opts)
     out_dir = Path(opts.output_dir) if opts.output_dir else report.default_output_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
+    run.out_dir = out_dir
     n_requests = sum(len(it.turns) for it in run.items)
-    where = opts.base_url or "an in-process server per configuration"
+    where = opts.base_url or "a server per configuration"
     print(f"{len(run.items)} conversations ({n_requests} requests), {len(run.configs)} "
           f"configurations x concurrency {','.join(map(str, run.levels))}, max_tokens "
           f"{opts.max_tokens}, against {where}; output in {out_dir}")  # fmt: skip
@@ -520,6 +578,8 @@ def run_serve(opts: ServeOptions) -> ServeResult:
         "greedy": True,
         "configs": [asdict(c) for c in run.configs],
         "concurrency": run.levels,
+        "anchors": run.anchors,
+        "skipped": run.skipped,
         "config_errors": run.config_errors,
         "failures": failures,
         "passed": not failures,
@@ -527,6 +587,7 @@ def run_serve(opts: ServeOptions) -> ServeResult:
         "records": run.records,
     }
     table = report.format_serve_table(run.summary, run.reference)
+    table += report.anchor_notes(run.anchors, run.skipped)
     report.write_outputs(out_dir, payload, table)
     errors = [f"{r['config']} @ {r['concurrency']} / {r['id']} turn {r['turn']}: {r['error']}"
               for r in run.records if r["error"]]  # fmt: skip
@@ -536,9 +597,12 @@ def run_serve(opts: ServeOptions) -> ServeResult:
 
 # ---- the command ---------------------------------------------------------------------------------
 SERVE_EPILOG = """\
-Each configuration ([method][:key=value,...], as bench latency; anchors are not supported) gets
-its own in-process server; with --base-url, the one running server is measured under the single
---configs label given. Concurrency 1 replies that differ from plain's are a FAILURE (exit code 1).
+Each configuration ([method][:key=value,...], as bench latency) gets its own in-process server;
+llama_cpp:plain starts llama-cpp-python's server (pip install 'llama-cpp-python[server]') in its
+own process, with our environment minus OMP_WAIT_POLICY (its replies are compared for
+information only, and their tokens counted here: it streams no usage). With --base-url, the one
+running server is measured under the single --configs label given. Concurrency 1 replies that
+differ from plain's are a FAILURE (exit code 1).
 
 example:
   specdec bench serve --model smollm2-135m --dataset ../shared/bench/data/mt_bench.jsonl \\

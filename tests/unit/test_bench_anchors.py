@@ -283,3 +283,34 @@ def test_llama_cpp_anchors_run_plain_and_as_their_api_needs(tiny_gguf, tmp_path)
             assert r["identical_to_plain"] is True
     table = (tmp_path / "run" / "table.md").read_text()
     assert "- `llama_cpp:plain`: llama_cpp_python " in table and "logits_all False" in table
+
+
+def test_serve_measures_llama_cpp_server_in_its_own_process(tiny_gguf, tmp_path) -> None:
+    for module in ("llama_cpp", "sse_starlette", "starlette_context", "pydantic_settings"):
+        pytest.importorskip(module)  # llama-cpp-python[server]: an optional extra
+    opts = ServeOptions(
+        model=str(tiny_gguf), datasets=[str(FIXTURE)], configs=["plain", "llama_cpp:plain"],
+        max_tokens=8, concurrency=(1, 2), max_model_len=256, output_dir=str(tmp_path / "run"),
+    )  # fmt: skip
+    result = run_serve(opts)
+    assert result.exit_code == 0 and result.payload["skipped"] == {}  # its differences inform
+    info = result.payload["anchors"]["llama_cpp:plain"]
+    assert info["environment"]["omp_wait_policy"] is None
+    assert "OMP_WAIT_POLICY" in info["environment"]["removed_from_ours"]
+    settings = info["settings"]
+    assert settings["logits_all"] is False and settings["flash_attn"] is True
+    assert settings["interrupt_requests"] is False and settings["request"]["repeat_penalty"] == 1.0
+    records = result.payload["records"]
+    ours = {(r["id"], r["turn"]): r for r in records if r["config"] == "plain"}
+    theirs = [r for r in records if r["config"] == "llama_cpp:plain"]
+    assert len(theirs) == 8 and all(r["backend"] == "llama_cpp" for r in theirs)
+    for r in theirs:
+        assert r["error"] is None and 1 <= r["output_tokens"] <= 9 and 0 < r["ttft_s"] <= r["e2e_s"]
+        if r["turn"] == 0:  # counted here with the same chat template: the same prompt tokens
+            assert r["prompt_tokens"] == ours[r["id"], 0]["prompt_tokens"]
+    rows = [s for s in result.payload["summary"] if s["config"] == "llama_cpp:plain"]
+    assert [s["concurrency"] for s in rows] == [1, 2] and all(s["speedup"] for s in rows)
+    table = (tmp_path / "run" / "table.md").read_text()
+    assert "| llama_cpp:plain | 1 | 4 |" in table and "FAIL" not in table
+    assert "- `llama_cpp:plain`: llama_cpp_python " in table
+    assert (tmp_path / "run" / "llama_cpp_server.log").exists()

@@ -292,7 +292,7 @@ def test_serve_against_a_running_server_with_duration_limit(tiny_llama, tmp_path
 
 def test_bad_arguments_are_clear_cli_errors(tiny_llama, tmp_path, capsys) -> None:
     assert _bench(tiny_llama, tmp_path / "a", "--configs", "hf:plain") == 2
-    assert "measures our server only" in capsys.readouterr().err
+    assert "not hf:plain (see bench latency)" in capsys.readouterr().err
     code = main([
         "bench", "serve", "--base-url", "http://127.0.0.1:9", "--dataset", str(FIXTURE),
         "--configs", "plain", "ngram:k=3", "--output-dir", str(tmp_path / "b"),
