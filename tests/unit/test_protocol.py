@@ -48,6 +48,27 @@ def _error(model, body: dict) -> RequestError:
             "stream_options.include_usage",
             "invalid_type",
         ),
+        ({"messages": CHAT, "top_k": -7}, "top_k", "invalid_value"),
+        # every float in range, every integer in range (issue 16)
+        ({"messages": CHAT, "repetition_penalty": 1e-300}, "repetition_penalty", "invalid_value"),
+        ({"messages": CHAT, "repetition_penalty": 0}, "repetition_penalty", "invalid_value"),
+        ({"messages": CHAT, "repetition_penalty": 1e6}, "repetition_penalty", "invalid_value"),
+        ({"messages": CHAT, "temperature": 1e300}, "temperature", "invalid_value"),
+        ({"messages": CHAT, "temperature": float("inf")}, "temperature", "invalid_value"),
+        ({"messages": CHAT, "top_p": float("nan")}, "top_p", "invalid_value"),
+        ({"messages": CHAT, "min_p": 1.5}, "min_p", "invalid_value"),
+        ({"messages": CHAT, "frequency_penalty": -2.5}, "frequency_penalty", "invalid_value"),
+        ({"messages": CHAT, "seed": 2**70}, "seed", "invalid_value"),
+        ({"messages": CHAT, "seed": -(2**63) - 1}, "seed", "invalid_value"),
+        ({"messages": CHAT, "max_tokens": 2**40}, "max_tokens", "invalid_value"),
+        ({"messages": CHAT, "min_tokens": -1}, "min_tokens", "invalid_value"),
+        ({"messages": CHAT, "stop_token_ids": [-1]}, "stop_token_ids[0]", "invalid_value"),
+        ({"messages": CHAT, "stop": "x" * 5000}, "stop", "invalid_value"),
+        ({"messages": CHAT, "stop": ["a", "x" * 5000]}, "stop[1]", "invalid_value"),
+        ({"messages": CHAT, "stop": ["s"] * 1000}, "stop", "invalid_value"),
+        ({"messages": CHAT, "cache_salt": ""}, "cache_salt", "invalid_value"),
+        ({"messages": CHAT, "cache_salt": "s" * 1000}, "cache_salt", "invalid_value"),
+        ({"messages": CHAT, "cache_salt": 5}, "cache_salt", "invalid_type"),
     ],
 )
 def test_validation_error_names_the_field(body: dict, param: str, code: str) -> None:
@@ -60,6 +81,26 @@ def test_validation_error_names_the_field(body: dict, param: str, code: str) -> 
 def test_union_errors_list_the_accepted_shapes() -> None:
     err = _error(CompletionRequest, {"prompt": 3.5})
     assert err.param == "prompt" and "str" in err.message and "list[int]" in err.message
+    assert "constrained" not in err.message
+    # the branch of the right type failed a bound: that bound is the message
+    err = _error(CompletionRequest, {"prompt": [1, 2, -5]})
+    assert err.param == "prompt[2]" and "greater than or equal to 0" in err.message
+
+
+def test_sampling_params_errors_name_the_field() -> None:
+    """SamplingParams' own checks (the one source of the bounds) come back as a 400 on the field."""
+    req = ChatCompletionRequest.model_validate({"messages": CHAT, "min_tokens": 50})
+    req.min_tokens = 10**30  # past pydantic: SamplingParams still refuses it, naming the field
+    with pytest.raises(RequestError) as e:
+        req.to_sampling_params(8)
+    assert (e.value.param, e.value.status) == ("min_tokens", 400)
+    assert ChatCompletionRequest.field_named_by("stop: at most 256 strings") == "stop"
+    assert ChatCompletionRequest.field_named_by("prompt has 300 tokens") is None
+
+
+def test_cache_salt_is_a_field() -> None:
+    req = CompletionRequest.model_validate({"prompt": "x", "cache_salt": "tenant-a"})
+    assert req.cache_salt == "tenant-a" and req.ignored_fields == []
 
 
 @pytest.mark.parametrize(
@@ -75,7 +116,6 @@ def test_union_errors_list_the_accepted_shapes() -> None:
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"top_logprobs": 2, "logprobs": True}, "top_logprobs"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
-        ({"top_k": -7}, "top_k"),
     ],
 )
 def test_unsupported_fields_are_refused(body: dict, param: str) -> None:

@@ -14,7 +14,18 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from specdec.sampling_params import SamplingParams
+from specdec.sampling_params import (
+    INT_MAX,
+    MAX_LOGPROBS,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    PENALTY_RANGE,
+    REPETITION_PENALTY_RANGE,
+    SEED_RANGE,
+    TEMPERATURE_MAX,
+    SamplingParams,
+)
 
 # Fields we do not implement whose presence changes the output: reject rather than ignore.
 _UNSUPPORTED: dict[str, str] = {
@@ -35,10 +46,24 @@ _UNSUPPORTED: dict[str, str] = {
     "continue_final_message": "continue_final_message is not supported",
 }
 
-NonNegFloat = Annotated[float, Field(ge=0)]
-Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+# NOTE: the numbers come from SamplingParams, which checks them again; floats are finite here
+# (allow_inf_nan=False below, and the body parser refuses NaN, Infinity and 1e999 before this).
+Temperature = Annotated[float, Field(ge=0.0, le=TEMPERATURE_MAX)]
+Penalty = Annotated[float, Field(ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])]
+RepetitionPenalty = Annotated[
+    float, Field(ge=REPETITION_PENALTY_RANGE[0], le=REPETITION_PENALTY_RANGE[1])
+]
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 TopP = Annotated[float, Field(gt=0.0, le=1.0)]
-PositiveInt = Annotated[int, Field(ge=1)]
+PositiveInt = Annotated[int, Field(ge=1, le=INT_MAX)]
+NonNegInt = Annotated[int, Field(ge=0, le=INT_MAX)]
+TokenId = Annotated[int, Field(ge=0, le=INT_MAX)]
+Seed = Annotated[int, Field(ge=SEED_RANGE[0], lt=SEED_RANGE[1])]
+Logprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
+StopString = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
+MAX_CACHE_SALT_CHARS = 256
+MAX_CHAT_TEMPLATE_CHARS = 128 * 1024
+MAX_NAME_CHARS = 256
 
 
 class RequestError(ValueError):
@@ -69,8 +94,11 @@ _TYPE_LABELS = frozenset({"str", "int", "float", "bool", "dict", "list", "none"}
 
 
 def _is_union_label(part: int | str) -> bool:
-    """pydantic adds the failing branch's type (``str``, ``list[int]``) to a union's location."""
-    return isinstance(part, str) and (part in _TYPE_LABELS or "[" in part)
+    """pydantic adds the failing branch's type (``str``, ``list[int]``, ``constrained-str``) to a
+    union's location."""
+    return isinstance(part, str) and (
+        part in _TYPE_LABELS or "[" in part or part.startswith("constrained-")
+    )
 
 
 def _loc_to_param(loc: tuple[int | str, ...]) -> str:
@@ -90,13 +118,15 @@ def validation_error(e: ValidationError) -> RequestError:
     loc = tuple(errors[0].get("loc", ()))
     kind = errors[0].get("type", "")
     cut = next((i for i, part in enumerate(loc) if _is_union_label(part)), None)
-    if cut is not None:  # a union fails once per branch: list the branches
+    if cut is not None:  # a union fails once per branch
         base = loc[:cut]
-        labels = dict.fromkeys(
-            str(x["loc"][cut])
-            for x in errors
-            if tuple(x["loc"][:cut]) == base and len(x["loc"]) > cut
-        )
+        branches = [x for x in errors if tuple(x["loc"][:cut]) == base and len(x["loc"]) > cut]
+        for x in branches:  # a branch of the right type failed a bound: say which
+            if not x["type"].endswith(("_type", "_parsing")):
+                rest = tuple(p for p in x["loc"][cut + 1 :] if not _is_union_label(p))
+                param = _loc_to_param(base + rest)
+                return RequestError(f"{param}: {x['msg']}", param, code="invalid_value")
+        labels = dict.fromkeys(str(x["loc"][cut]).replace("constrained-", "") for x in branches)
         param = _loc_to_param(base)
         return RequestError(
             f"{param}: invalid type or value, expected one of: {', '.join(labels)}",
@@ -115,7 +145,7 @@ def validation_error(e: ValidationError) -> RequestError:
 
 
 class OpenAIBaseModel(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     @property
     def ignored_fields(self) -> list[str]:
@@ -136,28 +166,29 @@ class StreamOptions(OpenAIBaseModel):
 class _SamplingRequest(OpenAIBaseModel):
     """The sampling fields both endpoints share."""
 
-    model: str | None = None
-    n: int = 1
-    temperature: NonNegFloat | None = None
+    model: Annotated[str, Field(max_length=MAX_NAME_CHARS)] | None = None
+    n: Annotated[int, Field(ge=1, le=INT_MAX)] = 1
+    temperature: Temperature | None = None
     top_p: TopP | None = None
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
-    seed: int | None = None
-    stop: str | list[str] | None = None
+    seed: Seed | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None
-    user: str | None = None
+    user: Annotated[str, Field(max_length=MAX_NAME_CHARS)] | None = None
     # vLLM's extras
-    top_k: int | None = None
-    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
-    repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
+    top_k: Annotated[int, Field(ge=-1, le=INT_MAX)] | None = None
+    min_p: Probability | None = None
+    repetition_penalty: RepetitionPenalty | None = None
     ignore_eos: bool = False
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
-    min_tokens: Annotated[int, Field(ge=0)] = 0
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
+    min_tokens: NonNegInt = 0
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     echo: bool = False
+    cache_salt: Annotated[str, Field(min_length=1, max_length=MAX_CACHE_SALT_CHARS)] | None = None
 
     def check_supported(self) -> None:
         super().check_supported()
@@ -174,10 +205,6 @@ class _SamplingRequest(OpenAIBaseModel):
         if self.stream_options is not None and not self.stream:
             raise RequestError(
                 "stream_options is only allowed when stream is true", "stream_options"
-            )
-        if self.top_k is not None and self.top_k < -1:
-            raise RequestError(
-                f"top_k must be -1 (off), 0 (off) or >= 1, got {self.top_k}", "top_k"
             )
 
     def to_sampling_params(self, max_tokens: int) -> SamplingParams:
@@ -210,19 +237,25 @@ class _SamplingRequest(OpenAIBaseModel):
                 include_stop_str_in_output=self.include_stop_str_in_output,
                 skip_special_tokens=self.skip_special_tokens,
             )
-        except ValueError as e:  # messages start with the field name
-            field = str(e).split(" ", 1)[0]
-            raise RequestError(str(e), field if field in type(self).model_fields else None) from e
+        except ValueError as e:
+            raise RequestError(str(e), self.field_named_by(str(e))) from e
+
+    @classmethod
+    def field_named_by(cls, message: str) -> str | None:
+        """The request field an error message starts with (SamplingParams' and the engine's
+        messages name the field first), or None."""
+        field = message.split(" ", 1)[0].rstrip(":,")
+        return field if field in cls.model_fields else None
 
 
 # ---- /v1/completions ------------------------------------------------------------------------
 
 
 class CompletionRequest(_SamplingRequest):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
     max_tokens: PositiveInt | None = 16
-    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    best_of: int | None = None
+    logprobs: Logprobs | None = None
+    best_of: Annotated[int, Field(ge=1, le=INT_MAX)] | None = None
     suffix: str | None = None
 
     def check_supported(self) -> None:
@@ -292,13 +325,13 @@ class ChatCompletionRequest(_SamplingRequest):
     max_tokens: PositiveInt | None = None
     max_completion_tokens: PositiveInt | None = None
     logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    top_logprobs: Logprobs | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
     # vLLM's chat extras
     add_generation_prompt: bool = True
-    chat_template: str | None = None
+    chat_template: Annotated[str, Field(max_length=MAX_CHAT_TEMPLATE_CHARS)] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
     def check_supported(self) -> None:
