@@ -18,7 +18,8 @@ configurations ([backend:]method[:key=value,...]):
   METHOD:key=value                   any other key goes to speculative_config unchanged
   hf:plain  hf:prompt_lookup:k=10  hf:assistant:model=M,k=5     transformers generate (anchor)
   llama_cpp:plain  llama_cpp:prompt_lookup:k=10                 llama-cpp-python (anchor)
-Anchors are skipped with one line when their package is missing. Under greedy sampling, a
+Anchors run in processes of their own with their libraries' defaults (results.json records
+them) and are skipped with one line when their package is missing. Under greedy sampling, a
 speculative output that differs from plain's is a FAILURE and the exit code is 1.
 
 example:
@@ -57,7 +58,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         help="auto, float32, float16 or bfloat16 (as specdec serve)",
     )
     p.add_argument(
-        "--threads", type=int, default=None, help="torch threads (default: torch's choice)"
+        "--threads",
+        type=int,
+        default=None,
+        help="our engine's torch threads (default: torch's choice); anchors keep their own",
     )
 
 
