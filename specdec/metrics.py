@@ -70,6 +70,12 @@ class EngineMetrics:
             ["model_name", "finished_reason"],
             registry=r,
         )
+        self.request_failure = Counter(
+            "specdec:request_failure",
+            "Requests the engine failed (finish_reason error, or a failed step); others went on.",
+            m,
+            registry=r,
+        )
         self.num_running = Gauge(
             "specdec:num_requests_running", "Requests in the running batch.", m, registry=r
         )
@@ -133,9 +139,14 @@ class EngineMetrics:
         self.prefix_cache_hits.labels(name).inc(
             self._delta("prefix_hits", engine.num_prefix_cache_hits)
         )
+        self.request_failure.labels(name).inc(self._delta("failed", engine.num_failed_requests))
         self.num_running.labels(name).set(engine.num_running)
         self.num_waiting.labels(name).set(engine.num_waiting)
         self.kv_usage.labels(name).set(engine.kv_cache_usage)
+
+    def observe_failures(self, n: int) -> None:
+        """``n`` requests failed with their whole step (the engine's own count misses them)."""
+        self.request_failure.labels(self.model_name).inc(n)
 
     def observe_first_token(self, out: RequestOutput) -> None:
         ttft = out.metrics.time_to_first_token if out.metrics is not None else None

@@ -33,7 +33,16 @@ class EngineError(RuntimeError):
 
 
 class EngineDeadError(EngineError):
-    """The engine loop stopped or cannot recover; no request can be served."""
+    """The engine loop stopped or cannot recover, or the server is shutting down: no request can
+    be served."""
+
+
+class RequestFailed(EngineError):
+    """The engine failed this one request (finish_reason "error"); the others go on."""
+
+    def __init__(self, req_id: str, message: str) -> None:
+        super().__init__(message)
+        self.req_id = req_id
 
 
 _ACCEPTED = object()  # queue marker: add_request succeeded
@@ -104,6 +113,7 @@ class _Add:
     prompt: str | list[int]
     sampling: SamplingParams
     stream: RequestStream
+    cache_salt: str | None = None
 
 
 @dataclass
@@ -136,6 +146,7 @@ class AsyncLLM:
         self._streams: dict[str, RequestStream] = {}  # engine thread only
         self._stop = False
         self.dead_error: BaseException | None = None
+        self._refusing: str | None = None  # set by abort_all: why new requests are refused
         self._thread: threading.Thread | None = None
         self._log = _StatsLog(engine)
 
@@ -164,13 +175,23 @@ class AsyncLLM:
 
     # ---- the public API ----------------------------------------------------------------------
     async def add_request(
-        self, prompt: str | list[int], sampling: SamplingParams, req_id: str | None = None
+        self,
+        prompt: str | list[int],
+        sampling: SamplingParams,
+        req_id: str | None = None,
+        cache_salt: str | None = None,
     ) -> RequestStream:
-        """Queue a request; returns once the engine accepted it (raises its ValueError if not)."""
+        """Queue a request; returns once the engine accepted it (raises its ValueError if not).
+
+        ``cache_salt`` (vLLM's): cached prefixes are shared only between requests with the same
+        salt. A request the engine fails alone ends its stream with ``RequestFailed``.
+        """
+        if self._refusing is not None:
+            raise EngineDeadError(self._refusing)
         if not self.is_running:
             raise EngineDeadError(f"the engine is not running: {self.dead_error or 'stopped'}")
         stream = RequestStream(req_id or f"req-{uuid.uuid4().hex}", self)
-        self._submit(_Add(stream.req_id, prompt, sampling, stream))
+        self._submit(_Add(stream.req_id, prompt, sampling, stream, cache_salt))
         try:
             await stream._wait_accepted()
         except asyncio.CancelledError:
@@ -179,10 +200,14 @@ class AsyncLLM:
         return stream
 
     async def generate(
-        self, prompt: str | list[int], sampling: SamplingParams, req_id: str | None = None
+        self,
+        prompt: str | list[int],
+        sampling: SamplingParams,
+        req_id: str | None = None,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield the request's outputs step by step; closing or cancelling the iterator aborts it."""
-        stream = await self.add_request(prompt, sampling, req_id)
+        stream = await self.add_request(prompt, sampling, req_id, cache_salt)
         try:
             async for out in stream:
                 yield out
@@ -191,6 +216,16 @@ class AsyncLLM:
 
     def abort(self, req_id: str) -> None:
         self._submit(_Abort(req_id))
+
+    async def abort_all(self, reason: str) -> int:
+        """Refuse new requests from now on and end every running one: its stream raises
+        ``EngineDeadError(reason)``. Returns how many were ended (for a graceful shutdown)."""
+        self._refusing = reason
+        if not self.is_running:
+            return 0
+        ended = await self.call(lambda engine: self._fail_all(EngineDeadError(reason)))
+        assert isinstance(ended, int)
+        return ended
 
     async def call(self, fn: Callable[[LLMEngine], object]) -> object:
         """Run ``fn(engine)`` on the engine thread between steps (for inspection and tests)."""
@@ -273,8 +308,11 @@ class AsyncLLM:
                     cmd.done(e)
 
     def _add(self, cmd: _Add) -> None:
+        if self._refusing is not None:  # queued before abort_all, applied after it
+            cmd.stream.put_threadsafe(EngineDeadError(self._refusing))
+            return
         try:
-            self.engine.add_request(cmd.prompt, cmd.sampling, cmd.req_id)
+            self.engine.add_request(cmd.prompt, cmd.sampling, cmd.req_id, cmd.cache_salt)
         except Exception as e:  # noqa: BLE001 - the caller's error, not the engine's
             cmd.stream.put_threadsafe(e)
             return
@@ -297,26 +335,34 @@ class AsyncLLM:
             logger.exception(
                 "engine step failed; failing %d in-flight request(s)", len(self._streams)
             )
-            self._fail_all(EngineError(f"engine step failed: {type(e).__name__}: {e}"))
+            failed = self._fail_all(EngineError(f"engine step failed: {type(e).__name__}: {e}"))
+            if self.metrics is not None:
+                self.metrics.observe_failures(failed)
             return
         for out in outputs:
             self._dispatch(out)
 
     def _dispatch(self, out: RequestOutput) -> None:
         stream = self._streams.get(out.request_id)
+        failed = out.finished and out.outputs[0].finish_reason == "error"
         if self.metrics is not None:
             if len(out.outputs[0].token_ids) == len(out.delta_token_ids) and out.delta_token_ids:
                 self.metrics.observe_first_token(out)
-            if out.finished:
+            if out.finished and not failed:  # NOTE: failures: engine.num_failed_requests
                 self.metrics.observe_finished(out)
         if stream is None:
             return
         if out.finished:
             del self._streams[out.request_id]
-        stream.put_threadsafe(out)
+        if failed:
+            # NOTE: the engine has logged the failure (one line with the request id).
+            stream.put_threadsafe(RequestFailed(out.request_id, out.error or "request failed"))
+        else:
+            stream.put_threadsafe(out)
 
-    def _fail_all(self, error: BaseException) -> None:
-        """Abort every in-flight request (freeing its KV) and hand ``error`` to its caller."""
+    def _fail_all(self, error: BaseException) -> int:
+        """Abort every in-flight request (freeing its KV) and hand ``error`` to its caller;
+        returns how many callers got it."""
         streams, self._streams = self._streams, {}
         for req_id, stream in streams.items():
             try:
@@ -333,6 +379,7 @@ class AsyncLLM:
             self.dead_error = error
             with self._cv:
                 self._stop = True
+        return len(streams)
 
 
 class _StatsLog:
