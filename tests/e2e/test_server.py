@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -26,8 +27,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _start(
-    model: str, spec: dict | None = None, api_key: str | None = None, **kw
+    model: str,
+    spec: dict | None = None,
+    api_key: str | None = None,
+    app: dict | None = None,
+    **kw,
 ) -> BackgroundServer:
+    """An in-process server on the tiny model: ``kw`` go to EngineConfig, ``app`` to build_app."""
     config = EngineConfig(
         model=model,
         max_model_len=MAX_MODEL_LEN,
@@ -37,7 +43,8 @@ def _start(
         **kw,
     )
     llm = AsyncLLM.from_config(config, log_stats=False)
-    return BackgroundServer(build_app(llm, ["tiny"], api_key=api_key, model_root=model)).start()
+    built = build_app(llm, ["tiny"], api_key=api_key, model_root=model, **(app or {}))
+    return BackgroundServer(built).start()
 
 
 @pytest.fixture(scope="module")
@@ -523,6 +530,49 @@ def test_engine_step_error_fails_requests_and_keeps_serving(server) -> None:
     )
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 5
     assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+BAD_SEED = 666
+
+
+def test_one_failed_request_ends_alone(server, monkeypatch, caplog) -> None:
+    """A request the engine fails (NaN logits here) gets a 500, or an error event and [DONE]; a
+    concurrent request's greedy text is unchanged; one log line names each failed request."""
+    import concurrent.futures
+
+    from specdec.sample import rejection_sampler
+
+    body = {"prompt": "the cat sat", "max_tokens": 24, "ignore_eos": True, "temperature": 0.8}
+    good = {**body, "temperature": 0.0, "max_tokens": 40}
+    url = f"{server.url}/v1/completions"
+    want = httpx.post(url, json=good).json()["choices"][0]["text"]
+    failures = _metric(server, "specdec:request_failure_total")
+    real = rejection_sampler.processed_logits
+
+    def poisoned(logits, sp, mask, counts):
+        out = real(logits, sp, mask, counts)
+        return out * float("nan") if sp.seed == BAD_SEED else out
+
+    monkeypatch.setattr(rejection_sampler, "processed_logits", poisoned)
+    caplog.set_level(logging.INFO)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        other = pool.submit(httpx.post, url, json=good, timeout=30)
+        bad = httpx.post(url, json={**body, "seed": BAD_SEED})
+        with httpx.stream("POST", url, json={**body, "seed": BAD_SEED, "stream": True}) as r:
+            events = [line for line in r.iter_lines() if line]
+        assert other.result().json()["choices"][0]["text"] == want
+    monkeypatch.undo()
+    assert bad.status_code == 500 and "not finite" in bad.json()["error"]["message"]
+    assert (
+        events[-1] == "data: [DONE]"
+        and "not finite" in json.loads(events[-2][6:])["error"]["message"]
+    )
+    _wait_idle(server)
+    assert _metric(server, "specdec:request_failure_total") == failures + 2
+    failed_lines = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert len(failed_lines) == 2 and not any(r.exc_info for r in caplog.records)
+    assert all("'cmpl-" in r.getMessage() for r in failed_lines)  # the request id
+    assert httpx.post(url, json=good).json()["choices"][0]["text"] == want
 
 
 def test_async_llm_generate_cancel_and_errors(tiny_llama) -> None:

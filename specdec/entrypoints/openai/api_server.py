@@ -6,6 +6,13 @@
 Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
 GET /metrics (Prometheus). FastAPI and uvicorn are imported only when a server is built, so the
 ``specdec`` command stays quick for its other subcommands.
+
+In front of every route (``_Guard``): the Host check (``--allowed-hosts``; DNS rebinding), POST
+bodies only as ``application/json`` (a cross-origin "simple" POST from a web page cannot be),
+503 while shutting down, and one log line, never a traceback, for an unexpected failure. CORS is
+off unless ``--allowed-origins`` is given. On SIGTERM the server stops admitting, lets running
+requests finish for ``--shutdown-timeout`` seconds, then ends the rest with an error event and
+``[DONE]``.
 """
 
 # NOTE: no `from __future__ import annotations`: FastAPI reads the handlers' annotations, and the
@@ -21,8 +28,9 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from specdec.config import ConfigError
@@ -32,6 +40,17 @@ logger = logging.getLogger("specdec.entrypoints.openai.api_server")
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 API_KEY_ENV = "SPECDEC_API_KEY"
+DEFAULT_SHUTDOWN_TIMEOUT_S = 10.0
+_FLUSH_TIMEOUT_S = 3.0  # after the drain: for the last events and [DONE] to reach the clients
+
+
+@dataclass
+class _ServerState:
+    """What the guard middleware and the shutdown drain share."""
+
+    allowed_hosts: list[str] | None
+    draining: bool = False
+    in_flight: int = 0  # POST requests being answered (streams included)
 
 
 # ---- the app ---------------------------------------------------------------------------------
@@ -43,24 +62,39 @@ def build_app(
     api_key: str | None = None,
     model_root: str | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
+    *,
+    trust_request_chat_template: bool = False,
+    allowed_hosts: list[str] | None = None,
+    allowed_origins: list[str] | None = None,
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
+    chat_template_timeout: float | None = None,
 ) -> Any:
-    """A FastAPI app serving ``llm`` (an AsyncLLM); its lifespan starts and stops the engine thread."""
+    """A FastAPI app serving ``llm`` (an AsyncLLM); its lifespan starts and stops the engine thread.
+
+    ``allowed_hosts`` None accepts any Host header (``specdec serve`` defaults to the loopback
+    names when bound to loopback); ``allowed_origins`` None: no CORS. ``app.state.drain`` is the
+    graceful shutdown that ``make_server``'s servers run on SIGTERM.
+    """
     from fastapi import APIRouter, Depends, FastAPI, Request
     from fastapi.responses import JSONResponse, Response, StreamingResponse
-    from pydantic import ValidationError
 
+    from specdec.entrypoints.openai.chat_sandbox import DEFAULT_TIMEOUT_S, TemplateSandbox
     from specdec.entrypoints.openai.protocol import (
         ChatCompletionRequest,
         CompletionRequest,
         RequestError,
-        validation_error,
+        random_id,
     )
     from specdec.entrypoints.openai.serving import EventStream, OpenAIServing
     from specdec.metrics import CONTENT_TYPE, EngineMetrics
 
     if llm.metrics is None:
         llm.metrics = EngineMetrics(served_model_names[0])
-    serving = OpenAIServing(llm, served_model_names, model_root)
+    sandbox = None
+    if trust_request_chat_template:
+        sandbox = TemplateSandbox(timeout_s=chat_template_timeout or DEFAULT_TIMEOUT_S)
+    serving = OpenAIServing(llm, served_model_names, model_root, template_sandbox=sandbox)
+    state = _ServerState(allowed_hosts=list(allowed_hosts) if allowed_hosts is not None else None)
 
     class SSEResponse(StreamingResponse):
         """Streams an EventStream and aborts its request however the response ends."""
@@ -79,14 +113,41 @@ def build_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         llm.start()
+        if sandbox is not None:
+            await sandbox.start()
         try:
             yield
         finally:
+            await serving.close()
             llm.shutdown()
+
+    async def drain(force_exit: Callable[[], bool] = lambda: False) -> None:
+        """Stop admitting; wait up to ``shutdown_timeout`` for running requests; end the rest."""
+        state.draining = True
+        loop = asyncio.get_running_loop()
+        if state.in_flight:
+            logger.info(
+                "shutting down: no new requests; waiting up to %g s for %d running",
+                shutdown_timeout,
+                state.in_flight,
+            )
+        await _wait_until(lambda: not state.in_flight or force_exit(), loop, shutdown_timeout)
+        if not state.in_flight:
+            return
+        reason = f"the server is shutting down (its {shutdown_timeout:g} s shutdown timeout passed)"
+        try:
+            ended = await asyncio.wait_for(llm.abort_all(reason), 5.0)
+        except Exception as e:  # noqa: BLE001 - the engine is gone: uvicorn cancels what is left
+            logger.warning("shutting down: could not end the running requests: %s", e)
+            return
+        logger.warning("shutting down: ended %d request(s) still running", ended)
+        await _wait_until(lambda: not state.in_flight or force_exit(), loop, _FLUSH_TIMEOUT_S)
 
     app = FastAPI(title="specdec", lifespan=lifespan)
     app.state.llm = llm
     app.state.serving = serving
+    app.state.server_state = state
+    app.state.drain = drain
 
     async def check_api_key(request: Request) -> None:
         if api_key is None:
@@ -103,25 +164,24 @@ def build_app(
     async def request_error(request: Request, exc: RequestError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
 
-    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        logger.error("unhandled error on %s", request.url.path, exc_info=exc)
-        err = RequestError(
-            f"internal server error: {type(exc).__name__}",
-            status=500,
-            code=None,
-            type="internal_server_error",
-        )
-        return JSONResponse(err.body(), status_code=500)
-
     app.add_exception_handler(RequestError, request_error)
-    app.add_exception_handler(Exception, internal_error)
+    # NOTE: unexpected exceptions are answered by _Guard: Starlette's handler for Exception
+    # re-raises after answering, and uvicorn then logs a ~120-line traceback per request.
+    app.add_middleware(_Guard, state=state)
+    if allowed_origins:
+        from starlette.middleware.cors import CORSMiddleware
 
-    async def read_body(request: Request, model: Any) -> Any:
-        data = await _read_json(request, max_body_bytes, RequestError)
-        try:
-            return model.model_validate(data)
-        except ValidationError as e:
-            raise validation_error(e) from e
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(allowed_origins),
+            allow_methods=["*"],
+            allow_headers=["*"],
+        )
+
+    async def read_body(request: Request, model: Any, prefix: str) -> Any:
+        request.state.request_id = rid = random_id(prefix)
+        body = await _read_body(request, max_body_bytes, RequestError)
+        return rid, await serving.run_blocking(_parse_request, body, model)
 
     def respond(result: Any) -> Any:
         if result is _DISCONNECTED:
@@ -138,18 +198,20 @@ def build_app(
 
     @v1.post("/chat/completions")
     async def chat_completions(request: Request) -> Any:
-        req = await read_body(request, ChatCompletionRequest)
-        return respond(await _with_cancellation(serving.create_chat_completion(req), request))
+        rid, req = await read_body(request, ChatCompletionRequest, "chatcmpl")
+        return respond(await _with_cancellation(serving.create_chat_completion(req, rid), request))
 
     @v1.post("/completions")
     async def completions(request: Request) -> Any:
-        req = await read_body(request, CompletionRequest)
-        return respond(await _with_cancellation(serving.create_completion(req), request))
+        rid, req = await read_body(request, CompletionRequest, "cmpl")
+        return respond(await _with_cancellation(serving.create_completion(req, rid), request))
 
     app.include_router(v1)
 
     @app.get("/health")
     async def health() -> Any:
+        if state.draining:
+            return JSONResponse({"error": {"message": "shutting down"}}, status_code=503)
         if llm.is_running:
             return Response(status_code=200)
         return JSONResponse(
@@ -163,8 +225,8 @@ def build_app(
     return app
 
 
-async def _read_json(request: Any, limit: int, error: type) -> Any:
-    """The body as JSON, refusing bodies over ``limit`` bytes (413) and malformed JSON (400)."""
+async def _read_body(request: Any, limit: int, error: type) -> bytes:
+    """The body's bytes, refusing bodies over ``limit`` bytes (413)."""
     too_large = error(
         f"request body is larger than the {limit // (1024 * 1024)} MiB limit",
         status=413,
@@ -178,13 +240,102 @@ async def _read_json(request: Any, limit: int, error: type) -> Any:
         body += chunk
         if len(body) > limit:
             raise too_large
+    return bytes(body)
+
+
+def _parse_request(body: bytes, model: Any) -> Any:
+    """The body as a request ``model`` (on the preparation pool: parsing holds the GIL)."""
+    from pydantic import ValidationError
+
+    from specdec.entrypoints.openai.protocol import validation_error
+    from specdec.entrypoints.openai.safety import parse_json_body
+
+    data = parse_json_body(body)
     try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise error(f"request body is not valid JSON: {e}", code="invalid_json") from e
-    if not isinstance(data, dict):
-        raise error("request body must be a JSON object", code="invalid_json")
-    return data
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise validation_error(e) from None
+
+
+async def _wait_until(
+    done: Callable[[], bool], loop: asyncio.AbstractEventLoop, timeout: float
+) -> None:
+    deadline = loop.time() + timeout
+    while not done() and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+
+
+class _Guard:
+    """ASGI middleware in front of every route: the Host check, JSON-only POST bodies, 503 while
+    shutting down, the in-flight count, and one log line for an unexpected failure."""
+
+    def __init__(self, app: Any, state: _ServerState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refusal = self._refusal(scope)
+        if refusal is not None:
+            await _send_error(refusal, scope, receive, send)
+            return
+        post = scope["method"] == "POST"
+        started = False
+
+        async def tracking_send(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        self.state.in_flight += post
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as e:  # noqa: BLE001 - answer it and log one line, never a traceback
+            from specdec.entrypoints.openai.protocol import random_id
+            from specdec.entrypoints.openai.serving import _internal_error
+
+            rid = scope.get("state", {}).get("request_id") or random_id("req")
+            err = _internal_error(e, rid)
+            if not started:
+                await _send_error(err, scope, receive, send)
+        finally:
+            self.state.in_flight -= post
+
+    def _refusal(self, scope: dict) -> Any:
+        from specdec.entrypoints.openai.protocol import RequestError
+        from specdec.entrypoints.openai.safety import host_allowed
+
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if not host_allowed(headers.get("host"), self.state.allowed_hosts):
+            return RequestError(
+                "the Host header does not name this server (see --allowed-hosts)",
+                status=400,
+                code="invalid_host",
+            )
+        if scope["method"] != "POST":
+            return None
+        if self.state.draining:
+            return RequestError(
+                "the server is shutting down", status=503, code=None, type="service_unavailable"
+            )
+        media_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if media_type != "application/json":
+            # NOTE: a web page can POST text/plain, form data or an untyped body to any address
+            # without asking (a CORS "simple" request); it cannot send application/json so.
+            return RequestError(
+                "request bodies must be sent with 'Content-Type: application/json'",
+                status=415,
+                code="unsupported_media_type",
+            )
+        return None
+
+
+async def _send_error(err: Any, scope: dict, receive: Callable, send: Callable) -> None:
+    from fastapi.responses import JSONResponse
+
+    await JSONResponse(err.body(), status_code=err.status)(scope, receive, send)
 
 
 _DISCONNECTED = object()
@@ -218,6 +369,22 @@ async def _wait_disconnect(request: Any) -> None:
 # ---- running it --------------------------------------------------------------------------------
 
 
+def make_server(config: Any) -> Any:
+    """A uvicorn Server whose shutdown first runs the app's graceful drain (``app.state.drain``):
+    on SIGTERM (or ``should_exit``) new requests get a 503 and running ones finish or are ended
+    with an error event and ``[DONE]`` before uvicorn closes the connections."""
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            drain = getattr(getattr(self.config.app, "state", None), "drain", None)
+            if drain is not None:
+                await drain(lambda: self.force_exit)
+            await super().shutdown(sockets)
+
+    return _Server(config)
+
+
 class BackgroundServer:
     """uvicorn on a daemon thread, bound to ``host:port`` (port 0: a free one). For tests/benches."""
 
@@ -231,9 +398,9 @@ class BackgroundServer:
         self.sock.bind((host, port))
         self.host, self.port = self.sock.getsockname()[:2]
         config = uvicorn.Config(
-            app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=5
+            app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=_FLUSH_TIMEOUT_S
         )
-        self.server = uvicorn.Server(config)
+        self.server = make_server(config)
         self.thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
         )
@@ -251,7 +418,7 @@ class BackgroundServer:
             time.sleep(0.01)
         return self
 
-    def stop(self, timeout: float = 15.0) -> None:
+    def stop(self, timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S + 15.0) -> None:
         self.server.should_exit = True
         self.thread.join(timeout)
         self.sock.close()
@@ -280,6 +447,35 @@ def make_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help=f"require 'Authorization: Bearer KEY' (or set {API_KEY_ENV})",
     )
     p.add_argument(
+        "--allowed-hosts",
+        nargs="+",
+        type=_name_list,
+        default=None,
+        help="Host header names to accept ('*' any, '*.example.com' its subdomains); default: "
+        "the loopback names when bound to a loopback address, any otherwise",
+    )
+    p.add_argument(
+        "--allowed-origins",
+        nargs="+",
+        type=_name_list,
+        default=None,
+        help="origins (https://app.example.com, or '*') that browsers may call from (CORS); "
+        "default: none, CORS off",
+    )
+    p.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="accept a chat_template in requests (rendered in a sandboxed worker process with "
+        "bounded time and memory); refused by default",
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=DEFAULT_SHUTDOWN_TIMEOUT_S,
+        help="on SIGTERM, seconds running requests may take to finish before they are ended "
+        f"with an error (default {DEFAULT_SHUTDOWN_TIMEOUT_S:g})",
+    )
+    p.add_argument(
         "--tensor-parallel-size", "-tp", type=int, default=1, help="only 1 (one CPU device)"
     )
     p.add_argument(
@@ -287,6 +483,20 @@ def make_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     p.add_argument("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug", "trace"])  # fmt: skip
     return p
+
+
+def _name_list(value: str) -> list[str]:
+    """One flag value: a name, or (as vLLM's flags take them) a JSON list of names."""
+    if value.lstrip().startswith("["):
+        names = json.loads(value)
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise argparse.ArgumentTypeError(f"expected a JSON list of strings, got {value!r}")
+        return names
+    return [value]
+
+
+def _flatten(groups: list[list[str]] | None) -> list[str] | None:
+    return None if groups is None else [name for group in groups for name in group]
 
 
 def add_serve_parser(subparsers: Any) -> None:
@@ -302,6 +512,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--tensor-parallel-size must be 1 (got {args.tensor_parallel_size}): specdec runs on one CPU device"
         )
+    if not args.shutdown_timeout >= 0:
+        raise ConfigError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
+    from specdec.entrypoints.openai.safety import default_allowed_hosts
+
+    allowed_hosts = _flatten(args.allowed_hosts)
+    if allowed_hosts is None:
+        allowed_hosts = default_allowed_hosts(args.host)
     args.model = getattr(args, "model_tag", None) or args.model
     spec = speculative_from_args(args)  # bad JSON / method: exit 2 before loading anything
     from specdec.model.registry import resolve_model_path
@@ -320,8 +537,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # NOTE: the same engine construction as `specdec generate`, so every engine flag applies here.
     llm = AsyncLLM(build_llm(args, spec).engine, log_stats=not args.disable_log_stats)
     names = args.served_model_name or [args.model]
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     app = build_app(
-        llm, names, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None, model_root=root
+        llm,
+        names,
+        api_key=api_key,
+        model_root=root,
+        trust_request_chat_template=args.trust_request_chat_template,
+        allowed_hosts=allowed_hosts,
+        allowed_origins=_flatten(args.allowed_origins),
+        shutdown_timeout=args.shutdown_timeout,
     )
     logger.info(
         "serving %s (%s) on http://%s:%d/v1, max_model_len %d, KV slots %d (%d running), "
@@ -330,14 +555,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
         llm.engine.scheduler.max_num_seqs, "on" if args.enable_prefix_caching else "off",
         f"{spec.method} k={spec.num_speculative_tokens}" if spec else "off",
     )  # fmt: skip
-    uvicorn.run(
+    logger.info(
+        "API key: %s; accepted Host names: %s; CORS origins: %s; request chat templates: %s",
+        "required" if api_key else "none (anyone who can connect may use the server)",
+        ", ".join(allowed_hosts) if allowed_hosts is not None else "any",
+        ", ".join(_flatten(args.allowed_origins) or []) or "none",
+        "trusted (sandboxed)" if args.trust_request_chat_template else "refused",
+    )
+    config = uvicorn.Config(
         app,
         host=args.host,
         port=args.port,
         log_level=args.uvicorn_log_level,
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=_FLUSH_TIMEOUT_S,
     )
-    return 0
+    server = make_server(config)
+    server.run()
+    return 0 if server.started else 1
 
 
 def main(argv: list[str] | None = None) -> int:

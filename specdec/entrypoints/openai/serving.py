@@ -2,7 +2,8 @@
 
 Everything that can be checked before the engine sees the request is checked here, so a bad
 request costs a 400 and nothing else; streaming responses only start once the engine accepted
-the request.
+the request. Parsing, template rendering and tokenization run on a small thread pool (and a
+request's own template in a worker process), never on the event loop or the engine's thread.
 """
 
 from __future__ import annotations
@@ -10,11 +11,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from specdec.engine.async_llm import AsyncLLM, EngineDeadError, EngineError, RequestStream
+from specdec.engine.async_llm import (
+    AsyncLLM,
+    EngineDeadError,
+    EngineError,
+    RequestFailed,
+    RequestStream,
+)
+from specdec.entrypoints.openai.chat_sandbox import TemplateRenderError, TemplateSandbox
 from specdec.entrypoints.openai.protocol import (
     ChatChoiceLogprobs,
     ChatCompletionChoice,
@@ -39,17 +48,37 @@ from specdec.entrypoints.openai.protocol import (
     now,
     random_id,
 )
+from specdec.entrypoints.openai.safety import for_log
+from specdec.model.tokenizer import _prepare_messages
 from specdec.outputs import RequestOutput
 
 logger = logging.getLogger(__name__)
 
 DONE = "data: [DONE]\n\n"
 _RESERVED_TEMPLATE_KEYS = ("messages", "add_generation_prompt", "tokenize", "chat_template")
+_T = TypeVar("_T")
 
 
-def _engine_error(e: EngineError) -> RequestError:
-    status = 503 if isinstance(e, EngineDeadError) else 500
-    return RequestError(str(e), status=status, code=None, type="internal_server_error")
+def _engine_error(e: EngineError, req_id: str) -> RequestError:
+    """The response for a request the engine could not finish (logged as one line)."""
+    if isinstance(e, EngineDeadError):
+        logger.warning("request %s ended: %s", req_id, for_log(e))
+        return RequestError(str(e), status=503, code=None, type="service_unavailable")
+    if not isinstance(e, RequestFailed):  # NOTE: the engine logs its per-request failures
+        logger.error("request %s failed: %s", req_id, for_log(e))
+    return RequestError(str(e), status=500, code=None, type="internal_server_error")
+
+
+def _internal_error(e: Exception, req_id: str) -> RequestError:
+    """An unexpected exception: one log line with the request id (the traceback at debug)."""
+    logger.error("request %s failed: %s: %s", req_id, type(e).__name__, for_log(e))
+    logger.debug("request %s traceback", req_id, exc_info=e)
+    return RequestError(
+        f"internal server error ({type(e).__name__}); request id {req_id}",
+        status=500,
+        code=None,
+        type="internal_server_error",
+    )
 
 
 def _usage(out: RequestOutput) -> UsageInfo:
@@ -82,8 +111,16 @@ class EventStream:
 
 
 class OpenAIServing:
+    """The endpoints' logic. ``template_sandbox`` set: requests may send their own chat template
+    (vLLM's ``--trust-request-chat-template``), rendered there; otherwise such requests get a 400."""
+
     def __init__(
-        self, llm: AsyncLLM, served_model_names: list[str], model_root: str | None = None
+        self,
+        llm: AsyncLLM,
+        served_model_names: list[str],
+        model_root: str | None = None,
+        template_sandbox: TemplateSandbox | None = None,
+        num_prepare_threads: int = 2,
     ) -> None:
         if not served_model_names:
             raise ValueError("at least one served model name is needed")
@@ -92,6 +129,22 @@ class OpenAIServing:
         self.model_root = model_root
         self.tokenizer = llm.engine.tokenizer
         self.max_model_len = llm.engine.max_model_len
+        self.template_sandbox = template_sandbox
+        self._pool = ThreadPoolExecutor(num_prepare_threads, thread_name_prefix="specdec-prepare")
+
+    async def run_blocking(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """``fn(*args)`` on the preparation pool: parsing, templates, tokenization."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.template_sandbox is not None:
+            await self.template_sandbox.close()
+
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        # NOTE: encode_batch releases the GIL while it works, encode does not: a 3 MB prompt held
+        # the event loop (and /health) for 1.6 s through encode, 24 ms at most through this.
+        return self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0]
 
     # ---- shared ----------------------------------------------------------------------------
     def models(self) -> ModelList:
@@ -112,7 +165,10 @@ class OpenAIServing:
                 code="model_not_found",
             )
         if req.ignored_fields:
-            logger.warning("ignoring unknown request field(s): %s", ", ".join(req.ignored_fields))
+            names = req.ignored_fields
+            listed = ", ".join(for_log(name, 64) for name in names[:8])
+            more = f" and {len(names) - 8} more" if len(names) > 8 else ""
+            logger.warning("ignoring unknown request field(s): %s%s", listed, more)
         return req.model or self.served_model_names[0]
 
     def _max_tokens(
@@ -141,15 +197,15 @@ class OpenAIServing:
         return requested
 
     async def _start(
-        self, prompt_ids: list[int], req: _SamplingRequest, max_tokens: int, param: str
+        self, prompt_ids: list[int], req: _SamplingRequest, max_tokens: int, param: str, rid: str
     ) -> RequestStream:
         sampling = req.to_sampling_params(max_tokens)
         try:
-            return await self.llm.add_request(prompt_ids, sampling, random_id("req"))
+            return await self.llm.add_request(prompt_ids, sampling, rid, req.cache_salt)
         except EngineError as e:
-            raise _engine_error(e) from e
+            raise _engine_error(e, rid) from e
         except ValueError as e:
-            raise RequestError(str(e), param=param) from e
+            raise RequestError(str(e), param=req.field_named_by(str(e)) or param) from e
 
     @staticmethod
     async def _collect(stream: RequestStream) -> RequestOutput:
@@ -158,7 +214,7 @@ class OpenAIServing:
             async for out in stream:
                 final = out
         except EngineError as e:
-            raise _engine_error(e) from e
+            raise _engine_error(e, stream.req_id) from e
         finally:
             stream.abort()  # no-op once finished; frees the KV if we were cancelled
         assert final is not None
@@ -170,13 +226,14 @@ class OpenAIServing:
     async def _sse_events(
         self, events: AsyncIterator[str], stream: RequestStream
     ) -> AsyncIterator[str]:
-        """Wrap a chunk generator: engine errors become an error event; always end with [DONE]."""
+        """Wrap a chunk generator: a failure becomes an error event; always end with [DONE]."""
         try:
             async for event in events:
                 yield event
         except EngineError as e:
-            err = _engine_error(e)
-            yield f"data: {json.dumps(err.body())}\n\n"
+            yield _error_event(_engine_error(e, stream.req_id))
+        except Exception as e:  # noqa: BLE001 - the stream has started: report it in-band
+            yield _error_event(_internal_error(e, stream.req_id))
         finally:
             stream.abort()
         yield DONE
@@ -186,35 +243,19 @@ class OpenAIServing:
 
     # ---- /v1/chat/completions ------------------------------------------------------------------
     async def create_chat_completion(
-        self, req: ChatCompletionRequest
+        self, req: ChatCompletionRequest, rid: str | None = None
     ) -> dict[str, Any] | EventStream:
+        rid = rid or random_id("chatcmpl")
         model = self._check_request(req)
-        messages = req.template_messages()
-        extra = {
-            k: v
-            for k, v in (req.chat_template_kwargs or {}).items()
-            if k not in _RESERVED_TEMPLATE_KEYS
-        }
-        if req.chat_template:
-            extra["chat_template"] = req.chat_template
-        try:
-            prompt_ids = await asyncio.to_thread(
-                self.tokenizer.apply_chat_template,
-                messages,
-                add_generation_prompt=req.add_generation_prompt,
-                tokenize=True,
-                **extra,
-            )
-        except (ValueError, TypeError) as e:
-            raise RequestError(str(e), param="messages") from e
+        prompt_ids = await self._chat_prompt_ids(req)
         max_param = (
             "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         )
         max_tokens = self._max_tokens(
             len(prompt_ids), req.requested_max_tokens, "messages", max_param
         )
-        stream = await self._start(prompt_ids, req, max_tokens, "messages")
-        rid, created = random_id("chatcmpl"), now()
+        stream = await self._start(prompt_ids, req, max_tokens, "messages", rid)
+        created = now()
         if req.stream:
             return self._sse(self._chat_chunks(req, stream, rid, created, model), stream)
         out = await self._collect(stream)
@@ -230,6 +271,60 @@ class OpenAIServing:
             id=rid, created=created, model=model, choices=[choice], usage=_usage(out),
             spec_decode=out.spec_decode_stats.as_dict(),
         ).model_dump()  # fmt: skip
+
+    async def _chat_prompt_ids(self, req: ChatCompletionRequest) -> list[int]:
+        """Render the conversation with the model's template (a thread) or, on a server that
+        trusts them, the request's own (the sandbox process), then tokenize it (a thread)."""
+        messages = req.template_messages()
+        extra = {
+            k: v
+            for k, v in (req.chat_template_kwargs or {}).items()
+            if k not in _RESERVED_TEMPLATE_KEYS
+        }
+        if not req.chat_template:
+            try:
+                text = await self.run_blocking(
+                    self._render_model_template, messages, req.add_generation_prompt, extra
+                )
+            except Exception as e:  # noqa: BLE001 - the template is fixed: the request broke it
+                message = (
+                    str(e)
+                    if isinstance(e, (ValueError, TypeError))
+                    else f"chat template error: {type(e).__name__}: {e}"
+                )
+                raise RequestError(message, param="messages") from e  # fmt: skip
+            return await self.run_blocking(self._encode, text, False)
+        if self.template_sandbox is None:
+            raise RequestError(
+                "chat_template was sent with the request, but the server was not started with "
+                "--trust-request-chat-template: refused",
+                param="chat_template",
+                code="untrusted_chat_template",
+            )
+        variables = {
+            "tools": None,
+            "documents": None,
+            **self.tokenizer.special_tokens_map,
+            **extra,
+            "messages": _prepare_messages(messages),
+            "add_generation_prompt": req.add_generation_prompt,
+        }  # NOTE: the variables Tokenizer.apply_chat_template gives the model's template
+        try:
+            text = await self.template_sandbox.render(req.chat_template, variables)
+        except TemplateRenderError as e:
+            raise RequestError(str(e), param="chat_template") from e
+        if not text.isascii() and any(0xD800 <= ord(c) <= 0xDFFF for c in text):
+            raise RequestError("chat template produced invalid Unicode", param="chat_template")
+        return await self.run_blocking(self._encode, text, False)
+
+    def _render_model_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool, extra: dict[str, Any]
+    ) -> str:
+        text = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, tokenize=False, **extra
+        )
+        assert isinstance(text, str)
+        return text
 
     def _chat_logprobs(self, token_ids: list[int], logprobs: list[float]) -> ChatChoiceLogprobs:
         content = [
@@ -269,16 +364,19 @@ class OpenAIServing:
             yield chunk([], usage=_usage(out), spec_decode=out.spec_decode_stats.as_dict())
 
     # ---- /v1/completions -----------------------------------------------------------------------
-    async def create_completion(self, req: CompletionRequest) -> dict[str, Any] | EventStream:
+    async def create_completion(
+        self, req: CompletionRequest, rid: str | None = None
+    ) -> dict[str, Any] | EventStream:
+        rid = rid or random_id("cmpl")
         model = self._check_request(req)
         prompt = req.single_prompt()
         if isinstance(prompt, str):
-            prompt_ids = await asyncio.to_thread(self.tokenizer.encode, prompt)
+            prompt_ids = await self.run_blocking(self._encode, prompt, True)
         else:
             prompt_ids = list(prompt)
         max_tokens = self._max_tokens(len(prompt_ids), req.max_tokens, "prompt", "max_tokens")
-        stream = await self._start(prompt_ids, req, max_tokens, "prompt")
-        rid, created = random_id("cmpl"), now()
+        stream = await self._start(prompt_ids, req, max_tokens, "prompt", rid)
+        created = now()
         if req.stream:
             return self._sse(self._completion_chunks(req, stream, rid, created, model), stream)
         out = await self._collect(stream)
@@ -345,3 +443,7 @@ class OpenAIServing:
             )
         if req.include_usage and out is not None:
             yield chunk([], usage=_usage(out), spec_decode=out.spec_decode_stats.as_dict())
+
+
+def _error_event(err: RequestError) -> str:
+    return f"data: {json.dumps(err.body())}\n\n"

@@ -1,0 +1,431 @@
+"""The server against a hostile client (issue 16): every cost a client controls is bounded, a
+bad request is a 400 naming the field (never a 500), browsers cannot drive it, tenants keep their
+prefixes apart, logs stay one escaped line per failure, and shutdown ends streams properly."""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import threading
+import time
+
+import httpx
+import pytest
+
+from specdec.entrypoints.openai.safety import LOOPBACK_NAMES
+from tests.e2e.test_server import _SlowSteps, _start, _wait_idle
+
+CHAT = [{"role": "user", "content": "Say something about the cat."}]
+ORIGIN = "https://app.example"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama):
+    """Defaults of `specdec serve` on loopback: loopback Host names only, no CORS, request
+    templates refused."""
+    srv = _start(str(tiny_llama), app={"allowed_hosts": list(LOOPBACK_NAMES)})
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def trusting_server(tiny_llama):
+    """--trust-request-chat-template, with a 1 s render limit; CORS for one origin."""
+    srv = _start(
+        str(tiny_llama),
+        app={
+            "trust_request_chat_template": True,
+            "chat_template_timeout": 1.0,
+            "allowed_origins": [ORIGIN],
+        },
+    )
+    yield srv
+    srv.stop()
+
+
+def _post_raw(srv, path: str, raw: bytes | str, **headers: str) -> httpx.Response:
+    headers = {"content-type": "application/json", **headers}
+    return httpx.post(f"{srv.url}{path}", content=raw, headers=headers, timeout=30)
+
+
+class _HealthProbe:
+    """Polls /health from a thread, 10 ms apart; ``latencies`` holds the time from one answer to
+    the next, less the 10 ms.
+
+    NOTE: the gaps, not each request's round trip: this thread shares the server's GIL, so a
+    C call holding it (``9**(9**7)``) stops the probe too, often while it sleeps between requests.
+    """
+
+    def __init__(self, srv) -> None:
+        self.url, self.latencies, self.codes = f"{srv.url}/health", [], []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=10) as client:
+            last = time.perf_counter()
+            while not self._stop.is_set():
+                self.codes.append(client.get(self.url).status_code)
+                now = time.perf_counter()
+                self.latencies.append(now - last - 0.01)
+                last = now
+                time.sleep(0.01)
+
+    def __enter__(self) -> _HealthProbe:
+        self._thread.start()
+        time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+# ---- 400, never 500 ------------------------------------------------------------------------------
+
+_DEEP = 10_000
+_HOSTILE = [
+    # JSON nested 10,000 levels, three ways
+    ("deep-list", "/v1/chat/completions", '{"messages": ' + "[" * _DEEP + "]" * _DEEP + "}", None),
+    (
+        "deep-object",
+        "/v1/completions",
+        '{"prompt": "x", "x": ' + '{"a":' * _DEEP + "1" + "}" * _DEEP + "}",
+        None,
+    ),  # fmt: skip
+    (
+        "deep-content",
+        "/v1/chat/completions",
+        '{"messages": [{"role": "user", "content": ' + "[" * _DEEP + "]" * _DEEP + "}]}",
+        None,
+    ),  # fmt: skip
+    (
+        "depth-100",
+        "/v1/completions",
+        '{"prompt": "x", "x": ' + "[" * 100 + "]" * 100 + "}",
+        "x" + "[0]" * 63,
+    ),  # fmt: skip
+    ("unclosed", "/v1/completions", '{"prompt": "' + "[" * 100_000 + '"}', None),
+    # lone surrogates: not valid Unicode, cannot be tokenized or encoded in a response
+    ("surrogate-prompt", "/v1/completions", '{"prompt": "ab\\ud800cd"}', "prompt"),
+    ("surrogate-model", "/v1/completions", '{"prompt": "x", "model": "\\udfff"}', "model"),
+    ("surrogate-key", "/v1/completions", '{"prompt": "x", "\\ud800": 1}', None),
+    (
+        "surrogate-message",
+        "/v1/chat/completions",
+        '{"messages": [{"role": "user", "content": "\\ud83d"}]}',
+        "messages[0].content",
+    ),  # fmt: skip
+    # non-finite and out-of-range numbers
+    ("nan", "/v1/completions", '{"prompt": "x", "temperature": NaN}', None),
+    ("infinity", "/v1/completions", '{"prompt": "x", "top_p": -Infinity}', None),
+    ("1e999", "/v1/completions", '{"prompt": "x", "temperature": 1e999}', None),
+    ("huge-int", "/v1/completions", '{"prompt": "x", "seed": ' + "9" * 5000 + "}", None),
+    ("seed-2**70", "/v1/chat/completions", json.dumps({"messages": CHAT, "seed": 2**70}), "seed"),
+    (
+        "rep-penalty-1e-300",
+        "/v1/chat/completions",
+        json.dumps({"messages": CHAT, "temperature": 0.8, "repetition_penalty": 1e-300}),
+        "repetition_penalty",
+    ),  # fmt: skip
+    (
+        "max-tokens-2**40",
+        "/v1/completions",
+        json.dumps({"prompt": "x", "max_tokens": 2**40}),
+        "max_tokens",
+    ),  # fmt: skip
+    # sizes
+    ("many-numbers", "/v1/completions", json.dumps({"prompt": "x", "x": [1] * 200_000}), None),
+    ("long-list", "/v1/completions", json.dumps({"prompt": "x", "x": [""] * 200_000}), "x"),
+    (
+        "many-keys",
+        "/v1/completions",
+        json.dumps({"prompt": "x", "x": {str(i): 0 for i in range(2000)}}),
+        "x",
+    ),  # fmt: skip
+    ("long-string", "/v1/completions", json.dumps({"prompt": "x" * (1 << 20) + "y"}), "prompt"),
+    ("many-stops", "/v1/completions", json.dumps({"prompt": "x", "stop": ["a"] * 1000}), "stop"),
+    (
+        "long-salt",
+        "/v1/completions",
+        json.dumps({"prompt": "x", "cache_salt": "s" * 1000}),
+        "cache_salt",
+    ),  # fmt: skip
+    (
+        "empty-salt",
+        "/v1/completions",
+        json.dumps({"prompt": "x", "cache_salt": ""}),
+        "cache_salt",
+    ),  # fmt: skip
+    ("not-an-object", "/v1/completions", "[]", None),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "raw", "param"), [h[1:] for h in _HOSTILE], ids=[h[0] for h in _HOSTILE]
+)
+def test_hostile_bodies_get_400_naming_the_field(server, path: str, raw: str, param: str | None) -> None:  # fmt: skip
+    r = _post_raw(server, path, raw)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["message"]
+    if param is not None:
+        assert err["param"] == param, err
+
+
+def test_hostile_bodies_leave_the_server_serving(server) -> None:
+    for _, path, raw, _ in _HOSTILE:
+        _post_raw(server, path, raw)
+    ok = httpx.post(
+        f"{server.url}/v1/completions",
+        json={"prompt": "hi", "max_tokens": 4, "ignore_eos": True, "temperature": 0},
+    )
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    _wait_idle(server)
+
+
+def test_long_prompt_is_refused_without_stalling_health(server) -> None:
+    """A ~1 MB prompt is tokenized off the event loop with the GIL released: /health keeps
+    answering while it is, and the prompt gets its 400 for length."""
+    prompt = "hello world, this is a long prompt. " * 29_000  # just under the 1 Mi-character limit
+    with _HealthProbe(server) as probe:
+        t0 = time.perf_counter()
+        r = httpx.post(f"{server.url}/v1/completions", json={"prompt": prompt}, timeout=60)
+        took = time.perf_counter() - t0
+        time.sleep(0.05)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert set(probe.codes) == {200} and len(probe.latencies) >= 3, (took, probe.latencies)
+    # NOTE: before, tokenizing on the loop stalled /health for the whole 1-2 s.
+    assert statistics.median(probe.latencies) < 0.1, probe.latencies
+    assert max(probe.latencies) < 0.5, probe.latencies
+
+
+# ---- browser safety ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "content_type", [None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data"]
+)
+def test_post_bodies_must_be_json(server, content_type: str | None) -> None:
+    """What a web page can POST cross-origin without a preflight is refused before parsing."""
+    body = json.dumps({"prompt": "hi", "max_tokens": 2}).encode()
+    headers = {} if content_type is None else {"content-type": content_type}
+    r = httpx.post(f"{server.url}/v1/completions", content=body, headers=headers)
+    assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type"
+    r = _post_raw(server, "/v1/completions", body, **{"content-type": "Application/JSON; charset=utf-8"})  # fmt: skip
+    assert r.status_code == 200
+
+
+@pytest.mark.parametrize(
+    "host", ["evil.example", "evil.example:8000", "127.0.0.1.evil.example", ""]
+)
+def test_dns_rebinding_host_is_refused(server, host: str) -> None:
+    for method, path in (("GET", "/v1/models"), ("GET", "/health"), ("POST", "/v1/completions")):
+        r = httpx.request(
+            method, f"{server.url}{path}", headers={"host": host}, json={"prompt": "x"}
+        )
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_host", (method, path)
+
+
+@pytest.mark.parametrize("host", ["localhost", "LOCALHOST:8000", "127.0.0.1", "[::1]:8000"])
+def test_loopback_hosts_are_accepted(server, host: str) -> None:
+    assert httpx.get(f"{server.url}/health", headers={"host": host}).status_code == 200
+
+
+def test_cors_is_off_unless_origins_are_given(server, trusting_server) -> None:
+    preflight = {
+        "origin": ORIGIN,
+        "access-control-request-method": "POST",
+        "access-control-request-headers": "content-type",
+    }
+    r = httpx.options(f"{server.url}/v1/completions", headers=preflight)
+    assert "access-control-allow-origin" not in r.headers and r.status_code >= 400
+    r = httpx.get(f"{server.url}/v1/models", headers={"origin": ORIGIN})
+    assert "access-control-allow-origin" not in r.headers
+    r = httpx.options(f"{trusting_server.url}/v1/completions", headers=preflight)
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ORIGIN
+    r = httpx.options(
+        f"{trusting_server.url}/v1/completions",
+        headers={**preflight, "origin": "https://evil.example"},
+    )
+    assert r.headers.get("access-control-allow-origin") != "https://evil.example"
+
+
+# ---- request chat templates ---------------------------------------------------------------------
+
+_BOMBS = {
+    "power": "{{ (9**(9**7)) % 7 }}",
+    "recursive-macro": "{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}",
+    "huge-range": "{% for i in range(10**9) %}x{% endfor %}",
+    "repeat": "{{ 'x' * 10**9 }}",
+    "format-width": "{{ '%0999999999d' % 1 }}",
+    "nested-loops": "{% for a in range(10000) %}{% for b in range(10000) %}{% endfor %}{% endfor %}",
+    "doubling": "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",  # fmt: skip
+    "exponential-macro": "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(60) }}",  # fmt: skip
+    "attribute": "{{ messages.__class__.__mro__ }}",
+}
+
+
+def test_request_template_refused_unless_trusted(server) -> None:
+    r = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json={"messages": CHAT, "chat_template": "{{ messages[0].content }}"},
+    )
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] == "chat_template" and err["code"] == "untrusted_chat_template"
+    assert "--trust-request-chat-template" in err["message"]
+
+
+@pytest.mark.parametrize("name", list(_BOMBS))
+def test_template_bombs_get_400_and_health_stays_up(trusting_server, name: str) -> None:
+    with _HealthProbe(trusting_server) as probe:
+        t0 = time.perf_counter()
+        r = httpx.post(
+            f"{trusting_server.url}/v1/chat/completions",
+            json={"messages": CHAT, "max_tokens": 2, "chat_template": _BOMBS[name]},
+            timeout=30,
+        )
+        took = time.perf_counter() - t0
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "chat_template"
+    assert took < 3.0, took  # the 1 s render limit, a worker restart, and a loaded machine
+    assert set(probe.codes) == {200}
+    assert max(probe.latencies) < 0.25, probe.latencies
+
+
+def test_trusted_request_template_renders(trusting_server) -> None:
+    template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+    body = {"messages": CHAT, "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+    r = httpx.post(
+        f"{trusting_server.url}/v1/chat/completions", json={**body, "chat_template": template}
+    )
+    assert r.status_code == 200, r.text
+    engine = trusting_server.server.config.app.state.llm.engine
+    want = len(engine.tokenizer.encode("[user] Say something about the cat.\n", False))
+    assert r.json()["usage"]["prompt_tokens"] == want
+    # the worker restarts after an overrun and renders the next template
+    httpx.post(
+        f"{trusting_server.url}/v1/chat/completions",
+        json={**body, "chat_template": _BOMBS["nested-loops"]},
+    )
+    r = httpx.post(
+        f"{trusting_server.url}/v1/chat/completions", json={**body, "chat_template": template}
+    )
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == want
+
+
+# ---- tenants -------------------------------------------------------------------------------------
+
+
+def test_cache_salt_keeps_prefixes_apart(server) -> None:
+    url = f"{server.url}/v1/completions"
+    prompt = "The secret plan of tenant A is to buy seven lighthouses."
+    body = {"prompt": prompt, "max_tokens": 2, "temperature": 0, "ignore_eos": True}
+
+    def cached(**extra: str) -> tuple[int, int]:
+        usage = httpx.post(url, json={**body, **extra}).json()["usage"]
+        return usage["prompt_tokens_details"]["cached_tokens"], usage["prompt_tokens"]
+
+    first, n = cached(cache_salt="tenant-a")
+    assert first == 0
+    assert cached(cache_salt="tenant-a") == (n - 1, n)  # the same tenant shares its prefix
+    assert cached(cache_salt="tenant-b")[0] == 0  # another tenant learns nothing
+    assert cached()[0] == 0  # nor does an unsalted request
+
+
+# ---- logs -------------------------------------------------------------------------------------
+
+
+def test_client_text_is_logged_escaped(server, caplog) -> None:
+    caplog.set_level(logging.INFO)
+    forged = "x\nCRITICAL root: forged line\r\x1b[31m"
+    r = httpx.post(
+        f"{server.url}/v1/completions",
+        json={"prompt": "hi", "max_tokens": 1, forged: 1},
+    )
+    assert r.status_code == 200
+    lines = [r.getMessage() for r in caplog.records if "unknown request field" in r.getMessage()]
+    assert len(lines) == 1 and "\n" not in lines[0] and "\r" not in lines[0]
+    assert "\x1b" not in lines[0] and "\\nCRITICAL" in lines[0]
+
+
+def test_unexpected_error_is_one_line_with_request_id(server, monkeypatch, caplog) -> None:
+    serving = server.server.config.app.state.serving
+
+    async def broken(req, rid=None):
+        raise RuntimeError("surprise\nsecond line")
+
+    monkeypatch.setattr(serving, "create_completion", broken)
+    caplog.set_level(logging.DEBUG, logger="specdec")
+    r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi"})
+    monkeypatch.undo()
+    assert r.status_code == 500
+    err = r.json()["error"]
+    assert err["type"] == "internal_server_error" and "cmpl-" in err["message"]
+    rid = err["message"].rsplit(" ", 1)[1]
+    errors = [rec for rec in caplog.records if rec.levelno >= logging.WARNING]
+    assert len(errors) == 1 and rid in errors[0].getMessage() and errors[0].exc_info is None
+    assert "\n" not in errors[0].getMessage()
+
+
+# ---- shutdown ----------------------------------------------------------------------------------
+
+
+def _read_stream(srv, body: dict, out: list[str], started: threading.Event) -> None:
+    with httpx.stream("POST", f"{srv.url}/v1/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line:
+                out.append(line)
+                started.set()
+
+
+def test_shutdown_ends_running_streams_with_error_and_done(tiny_llama) -> None:
+    """Past the shutdown timeout, running streams end with an error event and [DONE]; new
+    requests get a 503 meanwhile, and /health says so."""
+    srv = _start(str(tiny_llama), app={"shutdown_timeout": 1.0})
+    body = {"prompt": "hi", "max_tokens": 200, "ignore_eos": True, "stream": True}
+    outs: list[list[str]] = [[] for _ in range(3)]
+    started = [threading.Event() for _ in outs]
+    with _SlowSteps(srv, delay=0.05):  # 200 tokens: ~10 s per stream
+        readers = [
+            threading.Thread(target=_read_stream, args=(srv, body, out, ev))
+            for out, ev in zip(outs, started)
+        ]
+        for t in readers:
+            t.start()
+        assert all(ev.wait(10) for ev in started)
+        t0 = time.perf_counter()
+        stopper = threading.Thread(target=srv.stop)
+        stopper.start()
+        time.sleep(0.3)
+        assert httpx.get(f"{srv.url}/health").status_code == 503
+        r = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "hi"})
+        assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"]
+        for t in readers:
+            t.join(15)
+        stopper.join(15)
+        took = time.perf_counter() - t0
+    assert 0.9 < took < 6.0, took
+    for out in outs:
+        assert out[-1] == "data: [DONE]", out[-3:]
+        err = json.loads(out[-2][6:])["error"]
+        assert "shutting down" in err["message"] and err["type"] == "service_unavailable"
+        assert any('"text"' in line for line in out[:-2])  # it was streaming before
+
+
+def test_shutdown_lets_running_requests_finish(tiny_llama) -> None:
+    srv = _start(str(tiny_llama), app={"shutdown_timeout": 10.0})
+    body = {"prompt": "hi", "max_tokens": 30, "ignore_eos": True, "stream": True}
+    out: list[str] = []
+    started = threading.Event()
+    with _SlowSteps(srv, delay=0.05):  # ~1.5 s
+        reader = threading.Thread(target=_read_stream, args=(srv, body, out, started))
+        reader.start()
+        assert started.wait(10)
+        srv.stop()
+        reader.join(15)
+    assert out[-1] == "data: [DONE]"
+    assert json.loads(out[-2][6:])["choices"][0]["finish_reason"] == "length"

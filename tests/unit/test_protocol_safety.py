@@ -1,0 +1,146 @@
+"""The server's input guards without a server: bounded JSON, Host names, log escaping, and the
+chat template sandbox's operator guards."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from jinja2.exceptions import SecurityError
+
+from specdec.entrypoints.openai.chat_sandbox import render_guarded
+from specdec.entrypoints.openai.protocol import RequestError
+from specdec.entrypoints.openai.safety import (
+    DEFAULT_JSON_LIMITS,
+    JSONLimits,
+    default_allowed_hosts,
+    for_log,
+    host_allowed,
+    host_name,
+    parse_json_body,
+)
+
+
+def _refused(body: bytes | str, limits: JSONLimits = DEFAULT_JSON_LIMITS) -> RequestError:
+    raw = body.encode() if isinstance(body, str) else body
+    with pytest.raises(RequestError) as e:
+        parse_json_body(raw, limits)
+    assert e.value.status == 400
+    return e.value
+
+
+def test_parse_json_body_accepts_a_request() -> None:
+    body = {
+        "messages": [{"role": "user", "content": "héllo \U0001f600"}],
+        "seed": 2**63,
+        "top_p": 0.5,
+    }
+    assert parse_json_body(json.dumps(body).encode()) == body
+    assert parse_json_body(json.dumps(body, ensure_ascii=False).encode("utf-16")) == body
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "param"),
+    [
+        ("{not json", "invalid_json", None),
+        ("[1]", "invalid_json", None),
+        (b"\xff\xfe\xfd", "invalid_json", None),
+        ('{"t": NaN}', "invalid_json", None),
+        ('{"t": -Infinity}', "invalid_json", None),
+        ('{"t": 1e400}', "invalid_json", None),
+        ('{"t": ' + "1" * 5000 + "}", "invalid_json", None),
+        ('{"a": ' + "[" * 5000 + "]" * 5000 + "}", "request_too_complex", None),
+        ('{"a": ' + "[" * 65 + "]" * 65 + "}", "request_too_complex", "a" + "[0]" * 63),
+        ('{"a": "\\ud800"}', "invalid_value", "a"),
+        ('{"a": [{"b": "x\\udc00"}]}', "invalid_value", "a[0].b"),
+        ('{"\\ud800": 1}', "invalid_value", None),
+    ],
+)
+def test_parse_json_body_refuses(body: str | bytes, code: str, param: str | None) -> None:
+    err = _refused(body)
+    assert err.code == code and err.param == param, err.message
+
+
+def test_parse_json_body_limits_name_the_path() -> None:
+    small = JSONLimits(max_depth=4, max_containers=10, max_numbers=5, max_list_items=3,
+                       max_object_keys=2, max_string_chars=4)  # fmt: skip
+    assert _refused('{"a": [[[[1]]]]}', small).param == "a[0][0][0]"
+    assert "limit is 10" in _refused('{"a": "' + "[" * 11 + '"}', small).message  # raw bytes
+    assert "more than 5 numbers" in _refused('{"a": [1, 2, 3.5], "b": [4, 5, 6]}', small).message
+    assert _refused('{"a": ["", "", "", ""]}', small).param == "a"
+    assert _refused('{"a": {"x": 1, "y": 2, "z": 3}}', small).param == "a"
+    assert _refused('{"a": ["12345"]}', small).param == "a[0]"
+
+
+def test_parse_json_body_is_quick_on_the_worst_bodies() -> None:
+    """Bodies that took ~0.1-0.9 s to parse with the GIL held are refused in a few ms."""
+    worst = [
+        b"[" + b",".join([b"[[[[[[[[]]]]]]]]"] * 230_000) + b"]",
+        b'{"a": [' + b",".join([b"1"] * 1_500_000) + b"]}",
+        b'{"a": [' + b",".join([b'{"a":1}'] * 500_000) + b"]}",
+    ]
+    for body in worst:
+        t0 = time.perf_counter()
+        _refused(body)
+        assert time.perf_counter() - t0 < 0.1
+
+
+@pytest.mark.parametrize(
+    ("header", "name"),
+    [("example.com:8000", "example.com"), ("[::1]:80", "::1"), ("::1", "::1"), ("LocalHost", "localhost"), ("", "")],
+)  # fmt: skip
+def test_host_name(header: str, name: str) -> None:
+    assert host_name(header) == name
+
+
+def test_host_allowed() -> None:
+    loop = default_allowed_hosts("127.0.0.1")
+    assert loop is not None and "localhost" in loop and "::1" in loop
+    assert host_allowed("127.0.0.1:8000", loop) and host_allowed("localhost.", loop)
+    assert not host_allowed("evil.example", loop) and not host_allowed(None, loop)
+    assert not host_allowed("localhost.evil.example", loop)
+    assert (
+        default_allowed_hosts("::1") is not None and default_allowed_hosts("127.0.0.2") is not None
+    )
+    assert default_allowed_hosts("0.0.0.0") is None and default_allowed_hosts("10.1.2.3") is None
+    assert host_allowed("anything", None) and host_allowed("anything", ["*"])
+    assert host_allowed("api.example.com", ["*.example.com"])
+    assert not host_allowed("example.com.evil", ["*.example.com"])
+
+
+def test_for_log_escapes_and_cuts() -> None:
+    line = for_log("a\nb\r\x1b[31mc\u2028" + "x" * 500, limit=20)
+    assert line.isprintable() and line.isascii() and "\n" not in line and line.endswith("...")
+    assert "\\n" in line and len(line) < 60
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ 9 ** (9 ** 7) }}",
+        "{{ 2 ** 5000 }}",
+        "{% set x = 2 ** 4000 %}{{ x * x }}",
+        "{{ 'ab' * 10 ** 7 }}",
+        "{{ [1] * 10 ** 7 }}",
+        "{% set s = 'x' * 1000000 %}{{ s + s }}",
+        "{{ '%099999d' % 1 }}",
+        "{{ '%.*f' % (5, 1.0) }}",
+    ],
+)
+def test_guards_refuse_blowups_at_once(template: str) -> None:
+    t0 = time.perf_counter()
+    with pytest.raises(SecurityError):
+        render_guarded(template, {})
+    assert time.perf_counter() - t0 < 0.5
+
+
+def test_guards_leave_ordinary_templates_alone() -> None:
+    template = (
+        "{% for m in messages %}{{ '<|' + m.role + '|>' }}{{ m.content }}{% endfor %}"
+        "{{ '-' * 3 }}{{ 2 ** 10 }}{{ '%5d' % 7 }}{{ (messages | length) * 2 }}"
+    )
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    assert (
+        render_guarded(template, {"messages": messages}) == "<|user|>hi<|assistant|>yo---1024    74"
+    )
