@@ -74,7 +74,7 @@ class HFAnchor:
             import transformers
         except ImportError as e:
             raise Unavailable(
-                "transformers is not installed (pip install transformers accelerate)"
+                f"transformers cannot be imported ({e}; pip install transformers accelerate)"
             ) from e
         self.torch = torch
         self.model = self._load(transformers, Path(req["model_path"]))
@@ -171,7 +171,7 @@ class LlamaCppAnchor:
             import llama_cpp
         except ImportError as e:
             raise Unavailable(
-                "llama-cpp-python is not installed (pip install llama-cpp-python)"
+                f"llama-cpp-python cannot be imported ({e}; pip install llama-cpp-python)"
             ) from e
         path = Path(req["model_path"])
         if path.suffix != ".gguf":

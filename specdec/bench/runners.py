@@ -203,7 +203,10 @@ class SpecdecRunner:
 
 # ---- anchors (transformers, llama.cpp), each in a process of its own ------------------------------
 ANCHOR_WORKER = Path(__file__).with_name("anchor_worker.py")
-ANCHOR_MODULES = {"hf": "transformers", "llama_cpp": "llama_cpp"}
+ANCHOR_MODULES = {  # backend -> (module, how to install it)
+    "hf": ("transformers", "pip install transformers accelerate"),
+    "llama_cpp": ("llama_cpp", "pip install llama-cpp-python"),
+}
 # NOTE: what specdec sets in its own environment (specdec/__init__.py; scripts/test.sh exports it
 # too): passive OpenMP waiting suits our kernels but makes llama.cpp's per-op thread barriers
 # sleep (45 instead of ~170 tok/s). Anchors run with the library defaults, so it goes, whoever set it.
@@ -234,9 +237,9 @@ class AnchorRunner:
         n_ctx: int,
         seed: int,
     ) -> None:
-        module = ANCHOR_MODULES[config.backend]
+        module, install = ANCHOR_MODULES[config.backend]
         if importlib.util.find_spec(module) is None:  # NOTE: looks, does not import
-            raise AnchorUnavailable(f"{module} is not installed here")
+            raise AnchorUnavailable(f"{module} is not installed ({install})")
         if config.backend == "llama_cpp" and model_path.suffix != ".gguf":
             raise AnchorUnavailable(f"llama.cpp needs a GGUF file, not {model_path}")
         options = dict(config.options)
@@ -279,7 +282,8 @@ class AnchorRunner:
         if not line:
             code = proc.wait(timeout=CLOSE_TIMEOUT_S)
             self.proc = None
-            raise RuntimeError(f"{self.label}: the anchor process exited with code {code}")
+            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+            raise RuntimeError(f"{self.label}: the anchor process {how} (its stderr is above)")
         reply = json.loads(line)
         if reply["ok"]:
             return reply

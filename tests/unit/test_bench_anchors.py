@@ -186,6 +186,15 @@ worker.main()
     assert "python noise" in done.stderr and "fd noise" in done.stderr
 
 
+def test_missing_anchor_package_is_unavailable_before_any_process(monkeypatch, tmp_path) -> None:
+    from specdec.bench import runners
+
+    monkeypatch.setattr(runners.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(runners.subprocess, "Popen", None)  # would fail if a child were started
+    with pytest.raises(runners.AnchorUnavailable, match="pip install llama-cpp-python"):
+        AnchorRunner(parse_config("llama_cpp:plain"), tmp_path / "m.gguf", EOG, n_ctx=64, seed=0)
+
+
 def test_anchor_load_failure_is_an_error_not_a_hang(tmp_path) -> None:
     with pytest.raises(RuntimeError, match="hf:plain: .*Error"):
         AnchorRunner(parse_config("hf:plain"), tmp_path / "missing", EOG, n_ctx=64, seed=0)
