@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
+import socket
 import statistics
+import subprocess
+import sys
 import threading
 import time
 
@@ -14,7 +19,7 @@ import httpx
 import pytest
 
 from specdec.entrypoints.openai.safety import LOOPBACK_NAMES
-from tests.e2e.test_server import _SlowSteps, _start, _wait_idle
+from tests.e2e.test_server import REPO, _SlowSteps, _start, _wait_idle
 
 CHAT = [{"role": "user", "content": "Say something about the cat."}]
 ORIGIN = "https://app.example"
@@ -429,3 +434,96 @@ def test_shutdown_lets_running_requests_finish(tiny_llama) -> None:
         reader.join(15)
     assert out[-1] == "data: [DONE]"
     assert json.loads(out[-2][6:])["choices"][0]["finish_reason"] == "length"
+
+
+def test_sigterm_under_load_ends_streams_properly(tiny_llama) -> None:
+    """`specdec serve` in a subprocess, one seat and a queue of streams: SIGTERM stops admitting,
+    lets the running ones go on for --shutdown-timeout, then ends every stream still open with an
+    error event and [DONE], and exits. Also its defaults: loopback Host names only, JSON bodies
+    only, request templates refused."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specdec.entrypoints.cli", "serve", str(tiny_llama),
+         "--port", str(port), "--max-model-len", "512", "--max-num-seqs", "1",
+         "--shutdown-timeout", "0.5", "--uvicorn-log-level", "warning"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+        env={**os.environ, "SPECDEC_API_KEY": ""},
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(proc, url)
+        assert httpx.get(f"{url}/health", headers={"host": "evil.example"}).status_code == 400
+        r = httpx.post(f"{url}/v1/completions", content=b'{"prompt": "x"}')
+        assert r.status_code == 415
+        r = httpx.post(
+            f"{url}/v1/chat/completions", json={"messages": CHAT, "chat_template": "{{ 1 }}"}
+        )
+        assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template"
+        body = {"prompt": "hi", "max_tokens": 500, "ignore_eos": True, "stream": True}
+        outs: list[list[str]] = [[] for _ in range(12)]
+        started = [threading.Event() for _ in outs]
+        readers = [
+            threading.Thread(target=_read_stream_url, args=(url, body, out, ev))
+            for out, ev in zip(outs, started)
+        ]
+        for t in readers:
+            t.start()
+        assert started[0].wait(30)
+        t0 = time.perf_counter()
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        try:  # new requests: 503 while draining, or refused once the listener closed
+            late = httpx.post(f"{url}/v1/completions", json={"prompt": "hi"}, timeout=5)
+            assert late.status_code == 503
+        except httpx.TransportError:
+            pass
+        for t in readers:
+            t.join(30)
+        proc.wait(30)
+        took = time.perf_counter() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = proc.stdout.read()
+    assert proc.returncode in (0, -signal.SIGTERM), log
+    assert took < 10, took
+    ended = 0
+    for out in outs:
+        assert out and out[-1] == "data: [DONE]", (out[-2:], log)
+        last = json.loads(out[-2][6:])
+        if "error" in last:
+            assert "shutting down" in last["error"]["message"]
+            ended += 1
+        else:
+            assert last["choices"][0]["finish_reason"] == "length"
+    assert ended >= 1, log  # 12 x 500 tokens one at a time outlast 0.5 s
+    assert "Traceback" not in log and "ended" in log, log
+
+
+def _read_stream_url(url: str, body: dict, out: list[str], started: threading.Event) -> None:
+    try:
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if line:
+                    out.append(line)
+                    started.set()
+    except httpx.TransportError as e:  # a stream cut short shows as a missing [DONE]
+        out.append(f"transport error: {e}")
+
+
+def _wait_healthy(proc: subprocess.Popen, url: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.stdout.read()
+    raise AssertionError("the server did not start")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
