@@ -14,7 +14,7 @@ import torch
 
 from specdec.sample.ops import argmax_rows, one_thread, processed_logits
 from specdec.sample.random import Purpose, uniform
-from specdec.sample.sampler import row_probs, sample_row
+from specdec.sample.sampler import row_probs, sample_row, search_cdf
 from specdec.sampling_params import SamplingParams
 
 
@@ -144,8 +144,4 @@ def _rejection(
 
 def _inverse_cdf(weights: torch.Tensor, u: float) -> int:  # weights [V] float64, not all 0
     cum = weights.cumsum(0)
-    x = torch.tensor([u * float(cum[-1])], dtype=cum.dtype, device=cum.device)
-    j = int(torch.searchsorted(cum, x, right=True))
-    if j >= cum.numel() or weights[j] <= 0:
-        return int(weights.nonzero()[-1])
-    return j
+    return search_cdf(weights, cum, u * float(cum[-1]))

@@ -184,10 +184,18 @@ def sample_row(z: torch.Tensor, sp: SamplingParams, u: float) -> int:  # z [V] f
     token = _walk(head_ids, head_w, x)
     if token is not None:
         return token
-    j = int(torch.searchsorted(cum, torch.tensor([x - head_mass], dtype=torch.float64), right=True))
-    if j >= cum.numel() or rest[j] <= 0:  # x rounded up to the total: the last kept token
-        nonzero = rest.nonzero()
-        return int(nonzero[-1]) if nonzero.numel() else head_ids[-1]
+    if not bool((rest > 0).any()):
+        return head_ids[-1]  # x rounded up to the head's mass
+    return search_cdf(rest, cum, x - head_mass)
+
+
+def search_cdf(weights: torch.Tensor, cum: torch.Tensor, x: float) -> int:
+    """The first index whose cumulative weight exceeds ``x`` (weights, cum [V] float64, some
+    weight > 0); the last weighted index when rounding put ``x`` at or past the total."""
+    target = torch.tensor([x], dtype=cum.dtype, device=cum.device)
+    j = int(torch.searchsorted(cum, target, right=True))
+    if j >= cum.numel() or weights[j] <= 0:
+        return int(weights.nonzero()[-1])
     return j
 
 
