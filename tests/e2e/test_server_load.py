@@ -1,4 +1,6 @@
-"""Load: 16 concurrent streaming clients for a minute with random aborts, on the tiny model.
+"""Load: 16 concurrent streaming clients for a minute with random aborts, on the tiny model, with
+hostile requests mixed in (issue 16): each must get its 4xx, never a 500, and change nobody's
+greedy text.
 
 Everything stays on 127.0.0.1 and every loop is bounded by a deadline and a request cap.
 SPECDEC_LOAD_SECONDS shortens the run (default 60).
@@ -21,6 +23,7 @@ import pytest
 from specdec.config import EngineConfig, SpeculativeConfig
 from specdec.engine.async_llm import AsyncLLM
 from specdec.entrypoints.openai.api_server import BackgroundServer, build_app
+from tests.e2e.test_server_safety import _BOMBS, _HOSTILE
 
 NUM_CLIENTS = 16
 DURATION_S = float(os.environ.get("SPECDEC_LOAD_SECONDS", "60"))
@@ -33,19 +36,51 @@ PROMPTS = [
     "def f(x):\n    return x",
 ]
 MAX_TOKENS = (8, 24, 64, 120)
+HOSTILE_PROB = 0.15
+# NOTE: the template bombs that end at once; those that run into the 2 s render limit would
+# only measure the sandbox worker's CPU.
+QUICK_BOMBS = ("power", "recursive-macro", "huge-range", "repeat", "format-width", "attribute")
 
 
 @dataclass
 class Tally:
     completed: int = 0
     aborted: int = 0
+    hostile: int = 0
     errors: list[str] = field(default_factory=list)
     greedy_texts: dict[tuple[str, int], set[str]] = field(default_factory=dict)
+
+
+async def _one_hostile_request(
+    client: httpx.AsyncClient, url: str, rng: random.Random, tally: Tally
+) -> None:
+    """A request from test_server_safety's hostile list, a template bomb or a non-JSON body."""
+    choice = rng.randrange(3)
+    headers = {"content-type": "application/json"}
+    if choice == 0:
+        _, path, raw, _ = rng.choice(_HOSTILE)
+        want = {400}
+    elif choice == 1:
+        template = _BOMBS[rng.choice(QUICK_BOMBS)]
+        path, want = "/v1/chat/completions", {400}
+        raw = json.dumps(
+            {"messages": [{"role": "user", "content": "hi"}], "chat_template": template}
+        )
+    else:
+        path, raw, want = "/v1/completions", '{"prompt": "hi"}', {415}
+        headers = {"content-type": "text/plain"}
+    r = await client.post(url + path, content=raw, headers=headers)
+    tally.hostile += 1
+    if r.status_code not in want or "error" not in r.json():
+        tally.errors.append(f"hostile {path}: HTTP {r.status_code} {r.text[:200]!r}")
 
 
 async def _one_request(
     client: httpx.AsyncClient, url: str, rng: random.Random, tally: Tally
 ) -> None:
+    if rng.random() < HOSTILE_PROB:
+        await _one_hostile_request(client, url, rng, tally)
+        return
     prompt, max_tokens = rng.choice(PROMPTS), rng.choice(MAX_TOKENS)
     chat = rng.random() < 0.5
     greedy = rng.random() < 0.5
@@ -116,7 +151,8 @@ def test_sixteen_streaming_clients_with_random_aborts(tiny_llama, caplog) -> Non
     )
     llm = AsyncLLM.from_config(config, log_interval=5.0)
     proc = psutil.Process()
-    with BackgroundServer(build_app(llm, ["tiny"])) as srv:
+    app = build_app(llm, ["tiny"], trust_request_chat_template=True)
+    with BackgroundServer(app) as srv:
         warm = Tally()
         asyncio.run(
             _run_load(srv.url, min(8.0, DURATION_S / 4), warm)
@@ -136,6 +172,7 @@ def test_sixteen_streaming_clients_with_random_aborts(tiny_llama, caplog) -> Non
 
     assert warm.errors == [] and tally.errors == [], (warm.errors + tally.errors)[:5]
     assert tally.completed > 50 and tally.aborted > 10, (tally.completed, tally.aborted)
+    assert tally.hostile > 10, tally.hostile
     assert engine.kv.num_used_slots == 0 and not engine.has_unfinished_requests()
     assert engine.requests == {}  # nothing leaked by aborts
     assert llm._streams == {}
@@ -148,6 +185,7 @@ def test_sixteen_streaming_clients_with_random_aborts(tiny_llama, caplog) -> Non
     assert growth_mib < 64, f"RSS grew {growth_mib:.0f} MiB under load"
     assert any("generation throughput" in r.getMessage() for r in caplog.records)
     print(
-        f"\nload: {tally.completed} completed, {tally.aborted} aborted in {DURATION_S:.0f} s; "
+        f"\nload: {tally.completed} completed, {tally.aborted} aborted, {tally.hostile} hostile "
+        f"in {DURATION_S:.0f} s; "
         f"RSS {rss_start / 2**20:.0f} -> {rss_end / 2**20:.0f} MiB"
     )
