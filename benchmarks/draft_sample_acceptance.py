@@ -1,7 +1,7 @@
 """Acceptance of draft_sample_method greedy vs probabilistic on draft_model and layer_skip.
 
-12 writing and code-completion prompts of tests/fixtures/bench_prompts.jsonl (in no benchmark
-set's measured prompts of BENCHMARKS.md), 96 tokens, top-p 0.95, k=3, adaptive off:
+12 writing and code-completion prompts of tests/fixtures/bench_prompts.jsonl (copied from the
+shared bench data; nothing is trained here), 96 tokens, top-p 0.95, k=3, adaptive off:
 
     .venv/bin/python benchmarks/draft_sample_acceptance.py
 """
