@@ -270,6 +270,7 @@ _BOMBS = {
     "doubling": "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",  # fmt: skip
     "exponential-macro": "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(60) }}",  # fmt: skip
     "attribute": "{{ messages.__class__.__mro__ }}",
+    "surrogate": '{{ "\\ud800" }}',
 }
 
 
@@ -311,15 +312,22 @@ def test_trusted_request_template_renders(trusting_server) -> None:
     engine = trusting_server.server.config.app.state.llm.engine
     want = len(engine.tokenizer.encode("[user] Say something about the cat.\n", False))
     assert r.json()["usage"]["prompt_tokens"] == want
-    # the worker restarts after an overrun and renders the next template
+    # the worker restarts after an overrun, or a client gone mid-render, and renders the next
     httpx.post(
         f"{trusting_server.url}/v1/chat/completions",
         json={**body, "chat_template": _BOMBS["nested-loops"]},
     )
-    r = httpx.post(
-        f"{trusting_server.url}/v1/chat/completions", json={**body, "chat_template": template}
-    )
-    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == want
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"{trusting_server.url}/v1/chat/completions",
+            json={**body, "chat_template": _BOMBS["nested-loops"]},
+            timeout=0.3,
+        )
+    for _ in range(2):
+        r = httpx.post(
+            f"{trusting_server.url}/v1/chat/completions", json={**body, "chat_template": template}
+        )
+        assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == want
 
 
 # ---- tenants -------------------------------------------------------------------------------------

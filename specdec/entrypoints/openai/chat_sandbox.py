@@ -186,12 +186,18 @@ class TemplateSandbox:
             await self.start()
             proc = self._proc
             assert proc is not None and proc.stdin is not None and proc.stdout is not None
-            if not self._ready:
-                ready = await self._read_line(proc, _START_TIMEOUT_S, "start")
-                self._ready = b"ready" in ready
-            proc.stdin.write(job.encode() + b"\n")
-            await proc.stdin.drain()
-            answer = json.loads(await self._read_line(proc, self.timeout_s, "render"))
+            try:
+                if not self._ready:
+                    ready = await self._read_line(proc, _START_TIMEOUT_S, "start")
+                    self._ready = b"ready" in ready
+                proc.stdin.write(job.encode() + b"\n")
+                await proc.stdin.drain()
+                answer = json.loads(await self._read_line(proc, self.timeout_s, "render"))
+            except (asyncio.CancelledError, ConnectionError):
+                # NOTE: the client went away mid-render (or the worker did): the worker's late
+                # answer would be read as the next render's, so it goes.
+                self._kill()
+                raise
         if "error" in answer:
             raise TemplateRenderError(answer["error"])
         return answer["text"]
@@ -214,6 +220,12 @@ class TemplateSandbox:
             await self.close()
             raise TemplateRenderError("chat template worker died while rendering (memory limit?)")
         return line
+
+    def _kill(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
 
     async def close(self) -> None:
         """Stop the worker (the next render starts a new one)."""

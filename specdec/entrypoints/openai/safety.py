@@ -118,7 +118,8 @@ def check_json_value(value: Any, limits: JSONLimits = DEFAULT_JSON_LIMITS) -> No
                 raise _limit(path, f"has {len(item)} keys; the limit is {limits.max_object_keys}")
             for key, child in item.items():
                 _check_string(key, path, limits)
-                stack.append((child, f"{path}.{key}" if path else key, depth + 1))
+                name = key if len(key) <= 64 else key[:64] + "..."
+                stack.append((child, f"{path}.{name}" if path else name, depth + 1))
         elif isinstance(item, list):
             if depth >= limits.max_depth:
                 raise _too_deep(path, limits)
@@ -132,12 +133,17 @@ def _check_string(s: str, path: str, limits: JSONLimits) -> None:
         raise _limit(
             path, f"is a string of {len(s)} characters; the limit is {limits.max_string_chars}"
         )
-    if not s.isascii() and _SURROGATE.search(s):
+    if has_surrogates(s):
         raise RequestError(
             f"{path or 'request body'}: a lone UTF-16 surrogate is not valid Unicode text",
             param=path or None,
             code="invalid_value",
         )
+
+
+def has_surrogates(s: str) -> bool:
+    """Whether ``s`` holds a lone UTF-16 surrogate (which no UTF-8 encoder accepts)."""
+    return not s.isascii() and _SURROGATE.search(s) is not None
 
 
 def _limit(path: str, what: str) -> RequestError:

@@ -48,7 +48,7 @@ from specdec.entrypoints.openai.protocol import (
     now,
     random_id,
 )
-from specdec.entrypoints.openai.safety import for_log
+from specdec.entrypoints.openai.safety import for_log, has_surrogates
 from specdec.model.tokenizer import _prepare_messages
 from specdec.outputs import RequestOutput
 
@@ -313,9 +313,12 @@ class OpenAIServing:
             text = await self.template_sandbox.render(req.chat_template, variables)
         except TemplateRenderError as e:
             raise RequestError(str(e), param="chat_template") from e
-        if not text.isascii() and any(0xD800 <= ord(c) <= 0xDFFF for c in text):
+        return await self.run_blocking(self._encode_rendered, text)
+
+    def _encode_rendered(self, text: str) -> list[int]:
+        if has_surrogates(text):  # e.g. a "\ud800" literal in the template
             raise RequestError("chat template produced invalid Unicode", param="chat_template")
-        return await self.run_blocking(self._encode, text, False)
+        return self._encode(text, False)
 
     def _render_model_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool, extra: dict[str, Any]
