@@ -126,6 +126,7 @@ def test_models_health_metrics(server) -> None:
         "specdec:kv_cache_usage_perc",
         "specdec:prefix_cache_queries_total",
         "specdec:prefix_cache_hits_total",
+        "specdec:request_failure_total",
         "specdec:time_to_first_token_seconds",
         "specdec:time_per_output_token_seconds",
     ):
