@@ -122,26 +122,7 @@ def build_app(
             llm.shutdown()
 
     async def drain(force_exit: Callable[[], bool] = lambda: False) -> None:
-        """Stop admitting; wait up to ``shutdown_timeout`` for running requests; end the rest."""
-        state.draining = True
-        loop = asyncio.get_running_loop()
-        if state.in_flight:
-            logger.info(
-                "shutting down: no new requests; waiting up to %g s for %d running",
-                shutdown_timeout,
-                state.in_flight,
-            )
-        await _wait_until(lambda: not state.in_flight or force_exit(), loop, shutdown_timeout)
-        if not state.in_flight:
-            return
-        reason = f"the server is shutting down (its {shutdown_timeout:g} s shutdown timeout passed)"
-        try:
-            ended = await asyncio.wait_for(llm.abort_all(reason), 5.0)
-        except Exception as e:  # noqa: BLE001 - the engine is gone: uvicorn cancels what is left
-            logger.warning("shutting down: could not end the running requests: %s", e)
-            return
-        logger.warning("shutting down: ended %d request(s) still running", ended)
-        await _wait_until(lambda: not state.in_flight or force_exit(), loop, _FLUSH_TIMEOUT_S)
+        await _drain(state, llm, shutdown_timeout, force_exit)
 
     app = FastAPI(title="specdec", lifespan=lifespan)
     app.state.llm = llm
@@ -255,6 +236,32 @@ def _parse_request(body: bytes, model: Any) -> Any:
         return model.model_validate(data)
     except ValidationError as e:
         raise validation_error(e) from None
+
+
+async def _drain(
+    state: _ServerState, llm: Any, timeout: float, force_exit: Callable[[], bool]
+) -> None:
+    """Stop admitting; wait up to ``timeout`` s for running requests; end the rest (their streams
+    get an error event and [DONE]) and give them a moment to reach the clients."""
+    state.draining = True
+    loop = asyncio.get_running_loop()
+    if state.in_flight:
+        logger.info(
+            "shutting down: no new requests; waiting up to %g s for %d running",
+            timeout,
+            state.in_flight,
+        )
+    await _wait_until(lambda: not state.in_flight or force_exit(), loop, timeout)
+    if not state.in_flight:
+        return
+    reason = f"the server is shutting down (its {timeout:g} s shutdown timeout passed)"
+    try:
+        ended = await asyncio.wait_for(llm.abort_all(reason), 5.0)
+    except Exception as e:  # noqa: BLE001 - the engine is gone: uvicorn cancels what is left
+        logger.warning("shutting down: could not end the running requests: %s", e)
+        return
+    logger.warning("shutting down: ended %d request(s) still running", ended)
+    await _wait_until(lambda: not state.in_flight or force_exit(), loop, _FLUSH_TIMEOUT_S)
 
 
 async def _wait_until(
