@@ -301,10 +301,10 @@ class _Guard:
             await self.app(scope, receive, tracking_send)
         except Exception as e:  # noqa: BLE001 - answer it and log one line, never a traceback
             from specdec.entrypoints.openai.protocol import random_id
-            from specdec.entrypoints.openai.serving import _internal_error
+            from specdec.entrypoints.openai.serving import internal_error
 
             rid = scope.get("state", {}).get("request_id") or random_id("req")
-            err = _internal_error(e, rid)
+            err = internal_error(e, rid)
             if not started:
                 await _send_error(err, scope, receive, send)
         finally:

@@ -69,7 +69,7 @@ def _engine_error(e: EngineError, req_id: str) -> RequestError:
     return RequestError(str(e), status=500, code=None, type="internal_server_error")
 
 
-def _internal_error(e: Exception, req_id: str) -> RequestError:
+def internal_error(e: Exception, req_id: str) -> RequestError:
     """An unexpected exception: one log line with the request id (the traceback at debug)."""
     logger.error("request %s failed: %s: %s", req_id, type(e).__name__, for_log(e))
     logger.debug("request %s traceback", req_id, exc_info=e)
@@ -233,7 +233,7 @@ class OpenAIServing:
         except EngineError as e:
             yield _error_event(_engine_error(e, stream.req_id))
         except Exception as e:  # noqa: BLE001 - the stream has started: report it in-band
-            yield _error_event(_internal_error(e, stream.req_id))
+            yield _error_event(internal_error(e, stream.req_id))
         finally:
             stream.abort()
         yield DONE
