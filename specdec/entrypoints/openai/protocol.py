@@ -63,7 +63,8 @@ Logprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
 StopString = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
 MAX_CACHE_SALT_CHARS = 256
 MAX_CHAT_TEMPLATE_CHARS = 128 * 1024
-MAX_NAME_CHARS = 256
+MAX_NAME_CHARS = 256  # user
+MAX_MODEL_NAME_CHARS = 4096  # served names default to the model path
 
 
 class RequestError(ValueError):
@@ -166,7 +167,7 @@ class StreamOptions(OpenAIBaseModel):
 class _SamplingRequest(OpenAIBaseModel):
     """The sampling fields both endpoints share."""
 
-    model: Annotated[str, Field(max_length=MAX_NAME_CHARS)] | None = None
+    model: Annotated[str, Field(max_length=MAX_MODEL_NAME_CHARS)] | None = None
     n: Annotated[int, Field(ge=1, le=INT_MAX)] = 1
     temperature: Temperature | None = None
     top_p: TopP | None = None
