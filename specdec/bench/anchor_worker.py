@@ -13,6 +13,7 @@ Protocol: one JSON object per line on stdin, one reply per line on the original 
 - ``{"op": "generate", "prompt_ids", "max_tokens", "temperature", "seed", "ignore_eos"}`` ->
   ``{"ok": true, "output_token_ids", "seconds", "ttft_s", "finish_reason"}``, timed here around
   the anchor's own call (the pipe is not charged to it)
+- ``{"op": "reset"}`` -> ``{"ok": true}``: forget earlier requests (llama.cpp's reused prefix)
 - ``{"op": "close"}`` or end of input: exit.
 A failure replies ``{"ok": false, "error_type", "error", "unavailable"}``. Whatever the libraries
 print goes to stderr: file descriptor 1 is pointed there before they load.
@@ -100,6 +101,9 @@ class HFAnchor:
             model = auto.from_pretrained(str(path), dtype=dtype)
         return model.eval()
 
+    def reset(self) -> None:
+        pass  # NOTE: generate keeps nothing between calls
+
     def generate(
         self,
         prompt_ids: list[int],
@@ -183,9 +187,17 @@ class LlamaCppAnchor:
 
             kwargs["draft_model"] = LlamaPromptLookupDecoding(**req["options"])
         self.llm = llama_cpp.Llama(model_path=str(path), **kwargs)
+        # NOTE: llama-cpp-python's default: a request reuses the KV of the longest prefix it
+        # shares with the previous request (one cached sequence; ours keeps several). Off when
+        # the benchmark turns prefix caching off for our engine too.
+        self.prefix_reuse = bool(req.get("prefix_reuse", True))
+        self.settings["prefix_reuse"] = self.prefix_reuse
         self.n_ctx = req["n_ctx"]
         self.eog = set(req["eog_token_ids"]) | {self.llm.token_eos()}
         self.library = {"llama_cpp_python": llama_cpp.__version__}
+
+    def reset(self) -> None:
+        self.llm.reset()
 
     def generate(
         self,
@@ -197,7 +209,8 @@ class LlamaCppAnchor:
     ) -> dict[str, Any]:
         if len(prompt_ids) >= self.n_ctx:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit n_ctx {self.n_ctx}")
-        self.llm.reset()  # NOTE: no prompt-prefix reuse across requests
+        if not self.prefix_reuse:
+            self.llm.reset()
         room = min(max_tokens, self.n_ctx - len(prompt_ids))
         tokens: list[int] = []
         first = None
@@ -243,6 +256,9 @@ def serve(requests: TextIO, replies: TextIO) -> None:
             if op == "load":
                 anchor, info = load(req)
                 reply: dict[str, Any] = {"ok": True, "info": info}
+            elif op == "reset" and anchor is not None:
+                anchor.reset()
+                reply = {"ok": True}
             elif op == "generate" and anchor is not None:
                 args = (req["max_tokens"], req["temperature"], req["seed"], req["ignore_eos"])
                 reply = {"ok": True, **anchor.generate(req["prompt_ids"], *args)}

@@ -129,7 +129,9 @@ class _Run:
         if cfg.backend == "specdec":
             return SpecdecRunner(cfg, self.engine)
         n_ctx = self.opts.max_model_len or DEFAULT_ANCHOR_CTX
-        runner = AnchorRunner(cfg, self.model_path, self.eog, n_ctx, self.opts.seed)
+        runner = AnchorRunner(
+            cfg, self.model_path, self.eog, n_ctx, self.opts.seed, self.opts.enable_prefix_caching
+        )
         self.anchors[cfg.label] = runner.info
         return runner
 

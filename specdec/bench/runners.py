@@ -236,6 +236,7 @@ class AnchorRunner:
         eog_token_ids: set[int],
         n_ctx: int,
         seed: int,
+        prefix_reuse: bool = True,
     ) -> None:
         module, install = ANCHOR_MODULES[config.backend]
         if importlib.util.find_spec(module) is None:  # NOTE: looks, does not import
@@ -262,6 +263,7 @@ class AnchorRunner:
                 "op": "load", "backend": config.backend, "method": config.method,
                 "options": options, "model_path": str(model_path),
                 "eog_token_ids": sorted(eog_token_ids), "n_ctx": n_ctx, "seed": seed,
+                "prefix_reuse": prefix_reuse,
             })  # fmt: skip
         except BaseException:
             self.close()
@@ -308,7 +310,7 @@ class AnchorRunner:
         )
 
     def reset_caches(self) -> None:
-        pass  # NOTE: nothing outlives a request: llama.cpp's KV is reset before each one
+        self._call({"op": "reset"})
 
     def close(self) -> None:
         proc, self.proc = self.proc, None

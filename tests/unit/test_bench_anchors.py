@@ -279,6 +279,7 @@ def test_llama_cpp_anchors_run_plain_and_as_their_api_needs(tiny_gguf, tmp_path)
     assert plain["settings"] == {
         "n_ctx": 4096, "n_batch": 512, "n_threads": cores, "n_threads_batch": cores,
         "flash_attn": True, "logits_all": False, "draft_model": None, "seed": 0, "verbose": False,
+        "prefix_reuse": True,  # llama-cpp-python's default, as our prefix caching is on
     }  # fmt: skip
     assert anchors[lookup]["settings"]["logits_all"] is True
     assert anchors[lookup]["settings"]["draft_model"]["num_pred_tokens"] == 4
