@@ -400,9 +400,12 @@ def _strftime_now(format: str) -> str:
     return datetime.now().strftime(format)
 
 
-@functools.lru_cache(maxsize=32)
-def _compile_chat_template(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(
+def chat_template_environment(
+    env_class: type[ImmutableSandboxedEnvironment] = ImmutableSandboxedEnvironment,
+) -> ImmutableSandboxedEnvironment:
+    """A jinja environment set up as transformers sets up chat templates' (its filters,
+    globals and ``{% generation %}`` blocks), of ``env_class`` (a sandbox, or a stricter one)."""
+    env = env_class(
         trim_blocks=True,
         lstrip_blocks=True,
         extensions=[_GenerationBlock, jinja2.ext.loopcontrols],
@@ -410,13 +413,18 @@ def _compile_chat_template(source: str) -> jinja2.Template:
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
-    return env.from_string(source)
+    return env
+
+
+@functools.lru_cache(maxsize=32)
+def _compile_chat_template(source: str) -> jinja2.Template:
+    return chat_template_environment().from_string(source)
 
 
 _REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
 
 
-def _prepare_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def prepare_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Copy the messages, dropping None values (as transformers does: templates handle a missing
     key better than a literal None) and mirroring reasoning text under the names templates read."""
     out: list[dict[str, Any]] = []
@@ -627,8 +635,11 @@ class Tokenizer:
         return self._hf.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of `text`; with `add_special_tokens`, BOS/EOS as the model's config says."""
-        return self._hf.encode(text, add_special_tokens=add_special_tokens).ids
+        """Token ids of `text`; with `add_special_tokens`, BOS/EOS as the model's config says.
+
+        NOTE: through ``encode_batch``, which releases the GIL while it works (``encode`` holds
+        it: a 3 MB prompt stalled every other thread, the server's event loop included, 4 s)."""
+        return self.encode_batch([text], add_special_tokens)[0]
 
     def encode_batch(
         self, texts: Sequence[str], add_special_tokens: bool = True
@@ -700,12 +711,14 @@ class Tokenizer:
         }
         try:
             rendered = _compile_chat_template(template).render(
-                messages=_prepare_messages(messages),
+                messages=prepare_messages(messages),
                 add_generation_prompt=add_generation_prompt,
                 **variables,
             )
         except jinja2.exceptions.TemplateError as e:
             raise ChatTemplateError(f"chat template error: {e}") from e
+        except (OverflowError, RecursionError, MemoryError) as e:
+            raise ChatTemplateError(f"chat template error: {type(e).__name__}: {e}") from e
         if tokenize:
             return self.encode(rendered, add_special_tokens=False)
         return rendered

@@ -37,7 +37,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # NOTE: the model's template environment is built from these in specdec/model/tokenizer.py; the
 # worker builds the same one on the guarded class.
-from specdec.model.tokenizer import _GenerationBlock, _raise_exception, _strftime_now, _tojson
+from specdec.model.tokenizer import chat_template_environment
 
 MAX_INT_BITS = 4096  # integers a template may compute
 MAX_SEQUENCE = 1 << 20  # characters or items a template may build with * or +
@@ -92,15 +92,7 @@ class GuardedEnvironment(ImmutableSandboxedEnvironment):
 
 @functools.lru_cache(maxsize=16)
 def _compile(source: str) -> jinja2.Template:
-    env = GuardedEnvironment(
-        trim_blocks=True,
-        lstrip_blocks=True,
-        extensions=[_GenerationBlock, jinja2.ext.loopcontrols],
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    return env.from_string(source)
+    return chat_template_environment(GuardedEnvironment).from_string(source)
 
 
 def render_guarded(source: str, variables: dict[str, Any]) -> str:

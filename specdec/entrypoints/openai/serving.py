@@ -49,7 +49,7 @@ from specdec.entrypoints.openai.protocol import (
     random_id,
 )
 from specdec.entrypoints.openai.safety import for_log, has_surrogates
-from specdec.model.tokenizer import _prepare_messages
+from specdec.model.tokenizer import prepare_messages
 from specdec.outputs import RequestOutput
 
 logger = logging.getLogger(__name__)
@@ -306,7 +306,7 @@ class OpenAIServing:
             "documents": None,
             **self.tokenizer.special_tokens_map,
             **extra,
-            "messages": _prepare_messages(messages),
+            "messages": prepare_messages(messages),
             "add_generation_prompt": req.add_generation_prompt,
         }  # NOTE: the variables Tokenizer.apply_chat_template gives the model's template
         try:
