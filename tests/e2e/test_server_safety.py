@@ -497,6 +497,10 @@ def test_sigterm_under_load_ends_streams_properly(tiny_llama) -> None:
     assert took < 10, took
     ended = 0
     for out in outs:
+        if len(out) == 1 and not out[0].startswith("data:"):
+            # NOTE: this client's request reached the server after SIGTERM: a 503, never admitted
+            assert json.loads(out[0])["error"]["message"] == "the server is shutting down", out
+            continue
         assert out and out[-1] == "data: [DONE]", (out[-2:], log)
         last = json.loads(out[-2][6:])
         if "error" in last:
