@@ -1,0 +1,176 @@
+"""Random-weight GGUF files of real Llama shapes, for speed measurements at 1-8B on a machine
+where no such model can be installed. Random weights do not change speed.
+
+Each file carries SmolLM2's tokenizer (and chat template) from the installed SmolLM2-135M GGUF,
+so every engine reads prompts the same way. Q8_0, Q4_0, Q4_1, F16 and F32 are written with the
+`gguf` package's own quantizers; K-quants (Q4_K_M, Q5_K_M, Q6_K) need llama.cpp's quantizer
+(llama-cpp-python): an F16 file is written first, then quantized.
+
+    .venv/bin/python benchmarks/make_synthetic_gguf.py --shape smollm2-1.7b \\
+        --types Q4_0 Q4_1 Q8_0 Q4_K_M --out bench_out/synthetic
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+from gguf import quants
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaShape:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    rope_theta: float = 100000.0
+    context: int = 8192
+    tie_embeddings: bool = True
+
+
+SHAPES = {
+    "smollm2-1.7b": LlamaShape(2048, 24, 32, 32, 8192, rope_theta=130000.0),
+    "smollm2-360m": LlamaShape(960, 32, 15, 5, 2560),
+    "smollm2-135m": LlamaShape(576, 30, 9, 3, 1536),
+    "llama-3.2-1b-like": LlamaShape(2048, 16, 32, 8, 8192, rope_theta=500000.0),
+    "tiny": LlamaShape(256, 2, 4, 2, 512, context=512),  # tests (256: K-quant rows)
+}
+GGUF_TYPES = {"F32": QT.F32, "F16": QT.F16, "Q8_0": QT.Q8_0, "Q4_0": QT.Q4_0, "Q4_1": QT.Q4_1}
+# llama.cpp's quantizer: the name of the llama_ftype constant in llama_cpp
+LLAMA_FTYPES = {
+    "Q4_K_M": "LLAMA_FTYPE_MOSTLY_Q4_K_M",
+    "Q5_K_M": "LLAMA_FTYPE_MOSTLY_Q5_K_M",
+    "Q6_K": "LLAMA_FTYPE_MOSTLY_Q6_K",
+}
+
+
+def smollm2_gguf() -> Path:
+    from specdec.model.registry import resolve_model_path
+
+    return Path(resolve_model_path("smollm2-135m"))
+
+
+@functools.lru_cache(maxsize=2)
+def _tokenizer_fields(source: Path) -> list[tuple[str, object, gguf.GGUFValueType, object]]:
+    """(key, value, type, array item type) of every tokenizer.* field of ``source``."""
+    reader = gguf.GGUFReader(str(source))
+    out = []
+    for key, field in reader.fields.items():
+        if key.startswith("tokenizer."):
+            sub = field.types[1] if len(field.types) > 1 else None
+            out.append((key, field.contents(), field.types[0], sub))
+    return out
+
+
+def _tensor(rng: np.random.Generator, shape: tuple[int, ...], qtype: QT, std: float) -> np.ndarray:
+    """Random weights [rows, cols] in ``qtype`` (norms are written as F32 ones by the caller)."""
+    data = (rng.standard_normal(shape, dtype=np.float32) * std).astype(np.float32)
+    if qtype == QT.F32:
+        return data
+    if qtype == QT.F16:
+        return data.astype(np.float16)
+    return quants.quantize(data, qtype)
+
+
+def _add(w: gguf.GGUFWriter, name: str, data: np.ndarray, qtype: QT) -> None:
+    """Quantized data are bytes [rows, bytes per row]: gguf needs their type to know the shape."""
+    w.add_tensor(name, data, raw_dtype=None if qtype in (QT.F32, QT.F16) else qtype)
+
+
+def write_gguf(path: Path, shape: LlamaShape, type_name: str, seed: int = 0) -> Path:
+    """A Llama GGUF of ``shape`` with random weights in ``type_name`` (see GGUF_TYPES)."""
+    qtype = GGUF_TYPES[type_name]
+    fields = _tokenizer_fields(smollm2_gguf())
+    vocab = next(len(v) for k, v, _, _ in fields if k == "tokenizer.ggml.tokens")
+    head_dim = shape.hidden // shape.heads
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name(f"synthetic {type_name}")
+    w.add_context_length(shape.context)
+    w.add_embedding_length(shape.hidden)
+    w.add_block_count(shape.layers)
+    w.add_feed_forward_length(shape.ffn)
+    w.add_head_count(shape.heads)
+    w.add_head_count_kv(shape.kv_heads)
+    w.add_rope_freq_base(shape.rope_theta)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(head_dim)
+    w.add_vocab_size(vocab)
+    for key, value, vtype, sub in fields:
+        w.add_key_value(key, value, vtype, sub_type=sub)
+    rng = np.random.default_rng(seed)
+    std = 1.0 / np.sqrt(shape.hidden)
+    ones = np.ones(shape.hidden, dtype=np.float32)
+    # NOTE: the embedding stays Q8_0 (as in llama.cpp's files) unless the file is a float one
+    embd_type = qtype if qtype in (QT.F32, QT.F16, QT.Q8_0) else QT.Q8_0
+    _add(w, "token_embd.weight", _tensor(rng, (vocab, shape.hidden), embd_type, 1.0), embd_type)
+    kv = shape.kv_heads * head_dim
+    for i in range(shape.layers):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", ones)
+        w.add_tensor(p + "ffn_norm.weight", ones)
+        for name, rows, cols in (
+            ("attn_q", shape.hidden, shape.hidden),
+            ("attn_k", kv, shape.hidden),
+            ("attn_v", kv, shape.hidden),
+            ("attn_output", shape.hidden, shape.hidden),
+            ("ffn_gate", shape.ffn, shape.hidden),
+            ("ffn_up", shape.ffn, shape.hidden),
+            ("ffn_down", shape.hidden, shape.ffn),
+        ):
+            _add(w, p + name + ".weight", _tensor(rng, (rows, cols), qtype, std), qtype)
+    w.add_tensor("output_norm.weight", ones)
+    if not shape.tie_embeddings:
+        _add(w, "output.weight", _tensor(rng, (vocab, shape.hidden), embd_type, std), embd_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def quantize_with_llama_cpp(source: Path, dest: Path, type_name: str) -> Path:
+    """A K-quant file from an F16/F32 one, with llama.cpp's own quantizer."""
+    try:
+        import llama_cpp
+    except ImportError as e:
+        raise SystemExit(f"{type_name} needs llama-cpp-python's quantizer: {e}") from e
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, LLAMA_FTYPES[type_name])
+    rc = llama_cpp.llama_model_quantize(str(source).encode(), str(dest).encode(), params)
+    if rc != 0:
+        raise SystemExit(f"llama_model_quantize failed ({rc}) for {type_name}")
+    return dest
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-1.7b")
+    ap.add_argument(
+        "--types", nargs="+", default=["Q4_0"], choices=sorted(GGUF_TYPES) + sorted(LLAMA_FTYPES)
+    )
+    ap.add_argument("--out", type=Path, default=Path("bench_out/synthetic"))
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    shape = SHAPES[args.shape]
+    f16: Path | None = None
+    for name in args.types:
+        dest = args.out / f"{args.shape}-{name}.gguf"
+        if name in GGUF_TYPES:
+            write_gguf(dest, shape, name, args.seed)
+        else:
+            if f16 is None:
+                f16 = write_gguf(args.out / f"{args.shape}-F16.gguf", shape, "F16", args.seed)
+            quantize_with_llama_cpp(f16, dest, name)
+        print(f"wrote {dest} ({dest.stat().st_size / 1e6:.0f} MB)")
+
+
+if __name__ == "__main__":
+    main()
