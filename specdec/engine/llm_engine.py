@@ -225,8 +225,6 @@ class LLMEngine:
             )
         sampling.validate()  # NOTE: fields may have been changed since it was made
         req_id = req_id or f"req-{next(self._ids)}"
-        if req_id in self.requests:
-            raise ValueError(f"request id {req_id!r} is already in use")
         text = prompt if isinstance(prompt, str) else None
         ids = self._prompt_ids(prompt)
         self._check_prompt(ids)

@@ -166,7 +166,18 @@ def _walk(ids: list[int], weights: list[float], x: float) -> int | None:
 def sample_row(z: torch.Tensor, sp: SamplingParams, u: float) -> int:  # z [V] float32
     """The token that uniform ``u`` picks from the row's truncated distribution. ``z`` holds
     the temperature-scaled (and penalised) logits."""
+    return _sample(*_kept_set(z, sp), u)
+
+
+def sample_row_and_probs(
+    z: torch.Tensor, sp: SamplingParams, u: float
+) -> tuple[int, torch.Tensor]:  # z [V] -> (token, probs [V] float64)
+    """``sample_row`` and ``row_probs`` of one row, truncating it once (drafts sampled from q)."""
     kept, w, num_lead = _kept_set(z, sp)
+    return _sample(kept, w, num_lead, u), _probs(kept, w)
+
+
+def _sample(kept: _Kept, w: torch.Tensor, num_lead: int, u: float) -> int:
     if kept.positions is not None:
         ids, weights = _ordered(kept, num_lead)
         token = _walk(ids, weights, u * math.fsum(weights))
@@ -174,19 +185,19 @@ def sample_row(z: torch.Tensor, sp: SamplingParams, u: float) -> int:  # z [V] f
     head = [p for p in range(num_lead) if kept.cands.weights[p] >= kept.min_weight]
     head_ids = [kept.cands.ids[p] for p in head]
     head_w = [kept.cands.weights[p] for p in head]
-    rest = w.double()
+    rest = w.double()  # [V]: the kept tokens outside the head
     rest[kept.cands.ids[:num_lead]] = 0.0
     if kept.min_weight > 0.0:
         rest[w < kept.min_weight] = 0.0
-    cum = rest.cumsum(0)  # [V] float64
-    head_mass = math.fsum(head_w)
-    x = u * (head_mass + float(cum[-1]))
+    head_mass, rest_mass = math.fsum(head_w), float(rest.sum())
+    x = u * (head_mass + rest_mass)
     token = _walk(head_ids, head_w, x)
     if token is not None:
         return token
-    if not bool((rest > 0).any()):
+    if rest_mass <= 0.0:
         return head_ids[-1]  # x rounded up to the head's mass
-    return search_cdf(rest, cum, x - head_mass)
+    # NOTE: the prefix sums only when the head did not take x (the head holds most of the mass)
+    return search_cdf(rest, rest.cumsum(0), x - head_mass)
 
 
 def search_cdf(weights: torch.Tensor, cum: torch.Tensor, x: float) -> int:
@@ -202,12 +213,16 @@ def search_cdf(weights: torch.Tensor, cum: torch.Tensor, x: float) -> int:
 def row_probs(z: torch.Tensor, sp: SamplingParams) -> torch.Tensor:  # [V] float64
     """The distribution ``sample_row`` samples from (for Leviathan/Chen acceptance tests)."""
     kept, w, _ = _kept_set(z, sp)
+    return _probs(kept, w)
+
+
+def _probs(kept: _Kept, w: torch.Tensor) -> torch.Tensor:  # w [V] -> [V] float64
     if kept.positions is not None:
-        probs = torch.zeros(z.numel(), dtype=torch.float64, device=z.device)
+        probs = torch.zeros(w.numel(), dtype=torch.float64, device=w.device)
         ids = [kept.cands.ids[p] for p in kept.positions]
         probs[ids] = torch.tensor(
             [kept.cands.weights[p] for p in kept.positions], dtype=torch.float64
-        ).to(z.device)
+        ).to(w.device)
     else:
         probs = w.double()
         if kept.min_weight > 0.0:

@@ -15,7 +15,7 @@ import torch
 from specdec.model.llama import LlamaModel, SeqBatch
 from specdec.sample.ops import argmax_rows, one_thread, processed_logits
 from specdec.sample.random import Purpose, uniform
-from specdec.sample.sampler import row_probs, sample_row
+from specdec.sample.sampler import sample_row_and_probs
 from specdec.spec_decode.base import DraftInput, DraftOutput, DraftRequest, Proposer
 
 
@@ -139,8 +139,8 @@ class DraftModelProposer(Proposer):
             if sp.has_penalties:  # q sees the penalties the target applies at this position
                 mask, counts = _penalty_inputs(r, earlier, logits.shape[-1], logits.device)
             z = processed_logits(logits, sp, mask, counts)[0]  # [V]
-            token = sample_row(z, sp, uniform(r.seed, position, Purpose.DRAFT))
-            return token, row_probs(z, sp).unsqueeze(0)
+            token, q = sample_row_and_probs(z, sp, uniform(r.seed, position, Purpose.DRAFT))
+            return token, q.unsqueeze(0)
 
 
 def _penalty_inputs(

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specdec.sample.random import Purpose, normalize_seed, uniform
-from specdec.sample.sampler import NUM_LEADING, row_probs, sample_row
+from specdec.sample.sampler import NUM_LEADING, row_probs, sample_row, sample_row_and_probs
 from specdec.sampling_params import SamplingParams
 
 
@@ -83,6 +83,8 @@ def test_sample_row_matches_its_definition() -> None:
             assert sample_row(z, sp, u) == _reference_sample(z, sp, u), (trial, sp, u)
         kept, w = _reference_kept(z, sp)
         probs = row_probs(z, sp)
+        token, probs_too = sample_row_and_probs(z, sp, u)
+        assert token == sample_row(z, sp, u) and torch.equal(probs_too, probs)
         assert set(probs.nonzero().flatten().tolist()) == kept
         total = math.fsum(w[i] for i in kept)
         for i in kept:
