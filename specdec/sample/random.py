@@ -15,8 +15,6 @@ import enum
 
 _MASK = (1 << 64) - 1
 _GAMMA = 0x9E3779B97F4A7C15
-SEED_MIN = -(1 << 63)
-SEED_MAX = (1 << 64) - 1
 
 
 class Purpose(enum.IntEnum):
