@@ -6,10 +6,6 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-# Methods that exist today, and those coming in later work (a clear error until then).
-SUPPORTED_METHODS = ("ngram", "draft_model", "layer_skip", "suffix")
-PLANNED_METHODS = ("eagle", "eagle3", "medusa", "mtp")
-MODEL_DRAFT_METHODS = ("draft_model", "layer_skip")
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
 
 
@@ -45,16 +41,17 @@ class SpeculativeConfig:
     suffix_decoding_min_token_prob: float = 0.1
 
     def __post_init__(self) -> None:
-        if self.method in PLANNED_METHODS:
+        from specdec.spec_decode import METHODS, canonical_method
+
+        method = canonical_method(self.method) if isinstance(self.method, str) else None
+        if method is None:
             raise ConfigError(
-                f"speculative_config.method '{self.method}' is not yet supported; "
-                f"supported: {', '.join(SUPPORTED_METHODS)}"
+                f"unknown speculative_config.method {self.method!r}; allowed: "
+                f"{', '.join(METHODS)} (and the aliases "
+                f"{', '.join(a for m in METHODS.values() for a in m.aliases)})"
             )
-        if self.method not in SUPPORTED_METHODS:
-            raise ConfigError(
-                f"unknown speculative_config.method '{self.method}'; "
-                f"allowed: {', '.join(SUPPORTED_METHODS + PLANNED_METHODS)}"
-            )
+        self.method = method
+        info = METHODS[method]
         if self.num_speculative_tokens is None:
             self.num_speculative_tokens = 32 if self.method == "suffix" else 5
         _check_int(self.num_speculative_tokens, "num_speculative_tokens", 1)
@@ -80,14 +77,15 @@ class SpeculativeConfig:
                 f"speculative_config.draft_sample_method must be one of "
                 f"{', '.join(DRAFT_SAMPLE_METHODS)}, got {self.draft_sample_method!r}"
             )
-        if self.draft_sample_method != "greedy" and self.method not in MODEL_DRAFT_METHODS:
+        if self.draft_sample_method != "greedy" and not info.samples_q:
+            q_methods = ", ".join(m for m, i in METHODS.items() if i.samples_q)
             raise ConfigError(
                 f"speculative_config.draft_sample_method '{self.draft_sample_method}' applies to "
-                f"model drafters ({', '.join(MODEL_DRAFT_METHODS)}); '{self.method}' drafts are "
+                f"drafters with a distribution ({q_methods}); '{self.method}' drafts are "
                 "point masses"
             )
-        if self.method == "draft_model" and not self.model:
-            raise ConfigError("speculative_config.model is required for method 'draft_model'")
+        if info.needs_model and not self.model:
+            raise ConfigError(f"speculative_config.model is required for method '{self.method}'")
         _check_int(self.suffix_decoding_max_tree_depth, "suffix_decoding_max_tree_depth", 1)
         _check_int(
             self.suffix_decoding_max_cached_requests, "suffix_decoding_max_cached_requests", 0

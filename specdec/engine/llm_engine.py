@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import itertools
 import logging
@@ -15,6 +14,7 @@ from specdec.config import ConfigError, EngineConfig, SpeculativeConfig
 from specdec.engine.detokenizer import IncrementalDetokenizer
 from specdec.engine.request import Request
 from specdec.engine.scheduler import Scheduler
+from specdec.engine.speculator import Speculator
 from specdec.kernels import get_ops
 from specdec.kv_cache.pool import KVCache
 from specdec.model.llama import LlamaModel
@@ -23,12 +23,10 @@ from specdec.model.registry import resolve_model_path
 from specdec.model.tokenizer import Tokenizer
 from specdec.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from specdec.sample.random import normalize_seed
-from specdec.sample.rejection_sampler import PenaltyState, VerifyResult
+from specdec.sample.rejection_sampler import PenaltyState
 from specdec.sampling_params import SamplingParams
-from specdec.spec_decode import PROPOSERS, DraftInput, DraftRequest, Proposer
-from specdec.spec_decode.controller import SpecController, measure_verify_cost
 from specdec.spec_decode.metrics import SpecDecodeStats
-from specdec.worker.model_runner import ModelRunner, RequestFailure, failure
+from specdec.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("specdec.engine")
 
@@ -96,27 +94,26 @@ class LLMEngine:
         self.kv = self.model.make_kv_cache(num_running_slots + num_cache_slots, self.max_model_len)
         self.kv.enable_prefix_caching = config.enable_prefix_caching
         self.scheduler = Scheduler(
-            self.kv, num_running_slots, config.max_num_batched_tokens, self.max_model_len
+            self.kv,
+            num_running_slots,
+            config.max_num_batched_tokens,
+            self.max_model_len,
+            self.tokenizer.eog_token_ids,
         )
         # NOTE: requests without a seed draw one here, at admission, and then take the same
         # keyed path as seeded ones.
         self._seeds = random.Random(config.seed)
-        self.runner = ModelRunner(self.model, self.kv)
         self.spec: SpeculativeConfig | None = config.speculative
-        self.proposer: Proposer | None = None
+        self.speculator: Speculator | None = None
         if self.spec is not None:
-            self.proposer = PROPOSERS[self.spec.method](
-                self.spec, self.model, self._load_draft, config.max_num_seqs, self.max_model_len
-            )
-        self.controller: SpecController | None = None
-        if self.spec is not None and self.spec.adaptive:
-            self.controller = self._make_controller()
+            self.speculator = Speculator(
+                self.spec, self.model, self.kv, self.scheduler, self._load_draft,
+                config.max_num_batched_tokens,
+            )  # fmt: skip
+        hidden_layers = self.speculator.hidden_layers if self.speculator else ()
+        self.runner = ModelRunner(self.model, self.kv, hidden_layers)
         self.requests: dict[str, Request] = {}
-        self.spec_stats = SpecDecodeStats()
         self.num_prompt_tokens = 0
-        self.num_generation_tokens = 0
-        self.num_failed_requests = 0  # finished with finish_reason "error"
-        self._failed: list[Request] = []  # this step's
         self._ids = itertools.count()
 
     def _num_kv_slots(self, config: EngineConfig) -> tuple[int, int]:
@@ -158,29 +155,6 @@ class LLMEngine:
         num_running = min(slots, config.max_num_seqs)
         num_cache = min(slots - num_running, MAX_PREFIX_CACHE_SLOTS)
         return num_running, num_cache if config.enable_prefix_caching else 0
-
-    def _make_controller(self) -> SpecController:
-        """Measure the verification cost curve once, on a free slot, before any request."""
-        k = self.spec.num_speculative_tokens
-        slot = self.kv.allocate()
-        try:
-            # The curve up to one request's k + 1 tokens, then up to a full batch with drafts.
-            # One slot holds context + the widest row count: keep both within max_model_len.
-            max_n = max(k + 1, 4)
-            widest = min(
-                self.scheduler.max_num_seqs * (k + 1),
-                self.config.max_num_batched_tokens,
-                self.max_model_len // 2,
-            )
-            batch_ns = tuple(
-                n for n in (2 * (k + 1), 4 * (k + 1), 8 * (k + 1), widest) if max_n < n <= widest
-            )
-            context = max(1, min(64, self.max_model_len - max((max_n, *batch_ns)) - 1))
-            cost = measure_verify_cost(self.model, self.kv, slot, max_n, context, batch_ns=batch_ns)
-        finally:
-            self.kv.free(slot)
-        self._measured_cost = copy.deepcopy(cost)
-        return SpecController(k, cost)
 
     def _load_draft(self, spec: SpeculativeConfig) -> LlamaModel:
         draft, draft_tok = load_model(
@@ -255,8 +229,8 @@ class LLMEngine:
             raise ValueError(f"request id {req.req_id!r} is already in use")
         self.requests[req.req_id] = req
         self.scheduler.add(req)
-        if self.proposer is not None:
-            self.proposer.add_request(req.req_id)
+        if self.speculator is not None:
+            self.speculator.add_request(req)
         self.num_prompt_tokens += len(req.prompt_token_ids)
         return req.req_id
 
@@ -287,7 +261,9 @@ class LLMEngine:
         if req is None or req.is_finished:
             return
         req.finish_reason = "abort"
-        self._finish(req)
+        self.scheduler.finish(req)
+        if self.speculator is not None:
+            self.speculator.remove_request(req, keep=True)
         self.requests.pop(req_id, None)
 
     def has_unfinished_requests(self) -> bool:
@@ -324,223 +300,34 @@ class LLMEngine:
         """Forget what finished requests taught speculation (suffix decoding's global tree, the
         adaptive controller's learnt costs and rates), so a benchmark's warm-up or a repeated
         prompt is not measured as a repeated task. Running requests keep their drafter state."""
-        if self.proposer is not None:
-            self.proposer.reset_cache()
-        if self.controller is not None and self.spec is not None:
-            self.controller = SpecController(
-                self.spec.num_speculative_tokens, copy.deepcopy(self._measured_cost)
-            )
+        if self.speculator is not None:
+            self.speculator.reset_cache()
+
+    @property
+    def spec_stats(self) -> SpecDecodeStats:
+        """Acceptance statistics of every request so far (empty without speculation)."""
+        return self.speculator.stats if self.speculator is not None else SpecDecodeStats()
+
+    @property
+    def num_generation_tokens(self) -> int:
+        return self.scheduler.num_generation_tokens
+
+    @property
+    def num_failed_requests(self) -> int:
+        """Requests that finished with finish_reason "error"."""
+        return self.scheduler.num_failed_requests
 
     # ---- the step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Schedule, run the target once, verify, commit, propose; return what changed."""
+        """Schedule, execute (target forward + verification), update, propose; the outputs."""
         sched = self.scheduler.schedule()
         if not sched.scheduled:
             return []
         out = self.runner.execute_model(sched)
-        changed: list[Request] = []
-        self._failed = []
-        for s, result in zip(sched.scheduled, out.results):
-            req = s.req
-            if isinstance(result, RequestFailure):
-                self._fail(req, result)
-                continue
-            if result is None:
-                req.num_computed_tokens += len(s.token_ids)
-                continue
-            req.num_computed_tokens += len(s.token_ids) - s.num_drafts + result.num_accepted
-            req.spec_stats.observe(s.num_drafts, result.num_accepted)
-            self.spec_stats.observe(s.num_drafts, result.num_accepted)
-            if self.controller is not None and s.num_drafts:
-                self.controller.observe(req.req_id, s.num_drafts, result.num_accepted)
-            req.draft_token_ids, req.draft_probs = [], None
-            try:
-                self._commit(req, result)
-            except Exception as e:  # noqa: BLE001 - this request's failure alone
-                self._fail(req, failure("detokenizing", e))
-                continue
-            if req.shadow_draft_ids and not req.is_finished:
-                self._score_shadow(req)
-            changed.append(req)
-        if self.controller is not None:
-            decode_only = all(
-                isinstance(r, VerifyResult) and len(s.token_ids) == 1 + s.num_drafts
-                for s, r in zip(sched.scheduled, out.results)
-            )
-            num_drafts = sum(s.num_drafts for s in sched.scheduled)
-            num_tokens = sum(len(r.token_ids) for r in out.results if isinstance(r, VerifyResult))
-            self.controller.observe_step(len(sched.scheduled), num_drafts, num_tokens, decode_only)
-        self._propose()
-        changed += [r for r in self._failed if r not in changed]
-        return [self._make_output(r) for r in changed]
-
-    def _fail(self, req: Request, why: RequestFailure) -> None:
-        """Finish one request with an error; its KV is not cached, the others go on."""
-        req.error = why.message
-        req.finish_reason, req.stop_reason = "error", None
-        self.num_failed_requests += 1
-        logger.warning("request %r failed: %s", req.req_id, why.message)
-        self._finish(req, cache=False)
-        self._failed.append(req)
-
-    def _commit(self, req: Request, result: VerifyResult) -> None:
-        """Append tokens one by one, stopping at EOS / stop ids / stop strings / length."""
-        now = time.monotonic()
-        if req.metrics.first_token_time is None:
-            req.metrics.first_token_time = now
-        for i, tok in enumerate(result.token_ids):
-            req.output_token_ids.append(tok)
-            self.num_generation_tokens += 1
-            if result.logprobs is not None:
-                req.output_logprobs.append(result.logprobs[i])
-            if req.penalty is not None:
-                req.penalty.output_counts[tok] += 1
-            delta = req.detokenizer.add_tokens([tok])
-            req.output_text += delta
-            if self._check_stop(req, tok, delta):
-                if not isinstance(req.stop_reason, str):
-                    req.output_text += req.detokenizer.finalize()  # flush held-back bytes
-                self._finish(req)
-                return
-
-    def _check_stop(self, req: Request, tok: int, delta: str) -> bool:
-        sp = req.sampling
-        n_out = len(req.output_token_ids)
-        if n_out >= sp.min_tokens:
-            if not sp.ignore_eos and tok in self.tokenizer.eog_token_ids:
-                req.finish_reason, req.stop_reason = "stop", None
-                return True
-            if tok in sp.stop_token_ids:
-                req.finish_reason, req.stop_reason = "stop", tok
-                return True
-            if sp.stop and delta and self._check_stop_strings(req, len(delta)):
-                return True
-        if sp.max_tokens is not None and n_out >= sp.max_tokens:
-            req.finish_reason = "length"
-            return True
-        if req.num_tokens >= self.max_model_len:
-            req.finish_reason = "length"
-            return True
-        return False
-
-    def _check_stop_strings(self, req: Request, new_chars: int) -> bool:
-        text = req.output_text
-        longest = max(len(s) for s in req.sampling.stop)
-        search_from = max(0, len(text) - new_chars - longest + 1)
-        for stop in req.sampling.stop:
-            idx = text.find(stop, search_from)
-            if idx != -1:
-                end = idx + len(stop) if req.sampling.include_stop_str_in_output else idx
-                req.output_text = text[:end]
-                req.finish_reason, req.stop_reason = "stop", stop
-                return True
-        return False
-
-    def _finish(self, req: Request, cache: bool = True) -> None:
-        """``cache=False``: nothing of the request is kept (prefix cache, drafter trees)."""
-        req.metrics.finished_time = time.monotonic()
-        self.scheduler.finish(req, cache)
-        if self.proposer is not None:
-            self.proposer.remove_request(req.req_id, req.all_token_ids if cache else None)
-        if self.controller is not None:
-            self.controller.remove_request(req.req_id)
-
-    def _propose(self) -> None:
-        if self.proposer is None or self.spec is None:
-            return
-        if self.controller is not None:
-            self.controller.end_cycle()
-        limit = self.spec.disable_by_batch_size
-        if limit is not None and len(self.scheduler.running) > limit:
-            return
-        reqs = [r for r in self.scheduler.running if not r.is_prefilling]
-        if not reqs:
-            return
-        if self.controller is not None and self._next_step_prefills(len(reqs)):
-            # NOTE: prompt chunks fill the next step already; on a CPU the forward is then
-            # compute-bound, so drafts would cost a full row each and delay those prompts.
-            return
-        k = self.spec.num_speculative_tokens
-        caps = limits = [min(k, self.scheduler.max_drafts(r, k)) for r in reqs]
-        free = self.proposer.free_drafts
-        if self.controller is not None:
-            caps = self.controller.choose(
-                [r.req_id for r in reqs], limits, [r.num_tokens for r in reqs], all_or_nothing=free
-            )
-            for r, cap in zip(reqs, caps):
-                predicted = self.controller.predicted(r.req_id)
-                r.spec_stats.observe_choice(cap, predicted)
-                self.spec_stats.observe_choice(cap, predicted)
-        todo = [(r, cap) for r, cap in zip(reqs, caps) if cap > 0]
-        shadow: list[tuple[Request, int]] = []
-        if self.controller is not None and free:
-            for r, cap, limit in zip(reqs, caps, limits):
-                if cap > 0:
-                    r.shadow_draft_ids = []  # verified drafts tell the controller the same
-                elif limit > 0 and not r.shadow_draft_ids:
-                    shadow.append((r, limit))
-        if todo or shadow:
-            self._draft(todo + shadow)
-        for r, _ in shadow:
-            r.shadow_draft_ids, r.shadow_start = r.draft_token_ids, r.num_tokens
-            r.draft_token_ids, r.draft_probs = [], None
-        if self.controller is not None:
-            drafted = {r.req_id: len(r.draft_token_ids) for r, _ in todo}
-            live = [r for r in reqs if not r.is_finished]  # drafting may have failed some
-            self.controller.observe_drafts(
-                [r.req_id for r in live], [drafted.get(r.req_id, 0) for r in live]
-            )
-
-    def _next_step_prefills(self, num_decoding: int) -> bool:
-        """A running request is still prefilling, or a waiting one will be admitted."""
-        sched = self.scheduler
-        if num_decoding < len(sched.running):
-            return True
-        return bool(
-            sched.waiting and len(sched.running) < sched.max_num_seqs and self.kv.num_free_slots
-        )
-
-    def _score_shadow(self, req: Request) -> None:
-        """Score unverified drafts against the tokens generated since they were proposed: once
-        one differs, or all have arrived, the controller learns from them as from a verification
-        (greedy: the same test; sampling: a point-mass draft survives with probability p(token),
-        the chance that the sampled token equals it)."""
-        drafts = req.shadow_draft_ids
-        arrived = req.token_ids_from(req.shadow_start)
-        m = 0
-        while m < len(arrived) and m < len(drafts) and arrived[m] == drafts[m]:
-            m += 1
-        if m < len(arrived) or m == len(drafts):
-            self.controller.observe(req.req_id, len(drafts), m)
-            req.shadow_draft_ids = []
-
-    def _draft(self, todo: list[tuple[Request, int]]) -> None:
-        inp = DraftInput(
-            [
-                DraftRequest(
-                    r.req_id, r.all_token_ids, cap, r.sampling, r.seed, len(r.prompt_token_ids)
-                )
-                for r, cap in todo
-            ]
-        )
-        try:
-            out = self.proposer.propose(inp)
-        except Exception:  # noqa: BLE001 - find whose drafting fails, fail only those
-            self._draft_one_by_one(inp, todo)
-            return
-        for i, (r, _) in enumerate(todo):
-            r.draft_token_ids = list(out.draft_token_ids[i])
-            r.draft_probs = out.draft_probs[i] if out.draft_probs else None
-
-    def _draft_one_by_one(self, inp: DraftInput, todo: list[tuple[Request, int]]) -> None:
-        for d, (r, _) in zip(inp.requests, todo):
-            try:
-                out = self.proposer.propose(DraftInput([d]))
-            except Exception as e:  # noqa: BLE001
-                self._fail(r, failure("drafting", e))
-                continue
-            r.draft_token_ids = list(out.draft_token_ids[0])
-            r.draft_probs = out.draft_probs[0] if out.draft_probs else None
+        update = self.scheduler.update_from_output(sched, out.results, self.requests)
+        if self.speculator is not None:
+            self.speculator.step(sched, out.results, out.hidden_states, update, self.requests)
+        return [self._make_output(r) for r in update.changed]
 
     # ---- outputs -----------------------------------------------------------------------------
     def _make_output(self, req: Request) -> RequestOutput:

@@ -35,12 +35,9 @@ class Request:
     slot: int | None = None
     num_computed_tokens: int = 0  # tokens whose KV is in the target cache
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    # drafts proposed for the next step (the scheduler hands them to the runner once)
     draft_token_ids: list[int] = field(default_factory=list)
     draft_probs: torch.Tensor | None = None  # [k, V] or None (point-mass drafts)
-    # Drafts proposed but not verified (the controller chose none), scored against the tokens
-    # generated from position shadow_start on; see Proposer.free_drafts.
-    shadow_draft_ids: list[int] = field(default_factory=list)
-    shadow_start: int = 0
     spec_stats: SpecDecodeStats = field(default_factory=SpecDecodeStats)
     output_text: str = ""  # text after stop-string truncation
     num_streamed_chars: int = 0

@@ -1,30 +1,51 @@
-"""Decides, each step, which requests run and which tokens each feeds.
+"""Decides, each step, which requests run and which tokens each feeds; commits what comes back.
 
 Running requests go first, each with its last token plus its pending drafts (clipped by the
 token budget, max_tokens and max_model_len); waiting requests are admitted while KV slots and
 ``max_num_seqs`` allow, their prompts prefilled in chunks of the remaining budget, starting after
 whatever prefix their KV slot already holds (prefix caching).
+
+``update_from_output`` takes the runner's results: it appends accepted tokens one by one with
+the stop checks, moves each request's KV length back past rejected drafts (rollback is only that
+length: the stale entries are overwritten later) and finishes requests that stopped or failed.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import torch
 
 from specdec.engine.request import Request, RequestStatus
 from specdec.kv_cache.pool import KVCache
+from specdec.sample.rejection_sampler import PenaltyState, VerifyResult
+from specdec.sampling_params import SamplingParams
+
+logger = logging.getLogger("specdec.engine")
 
 
 @dataclass
 class ScheduledRequest:
-    req: Request
+    """What the runner needs of one request this step (it never reads ``Request``)."""
+
+    req_id: str
+    slot: int
+    start_pos: int  # position of the first fed token (= tokens already in the KV cache)
     token_ids: list[int]  # fed this step: missing real tokens, then drafts
     num_drafts: int
     needs_logits: bool  # the chunk reaches the end of the known tokens: sample / verify
+    sampling: SamplingParams
+    seed: int
+    output_pos: int  # output position of the first token sampled this step
+    penalty: PenaltyState | None = None
+    draft_probs: torch.Tensor | None = None  # [num_drafts, V] or None (point-mass drafts)
 
     @property
-    def start_pos(self) -> int:
-        return self.req.num_computed_tokens
+    def draft_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.token_ids) - self.num_drafts :]
 
 
 @dataclass
@@ -36,16 +57,48 @@ class SchedulerOutput:
         return sum(len(s.token_ids) for s in self.scheduled)
 
 
+@dataclass
+class RequestFailure:
+    """The request cannot go on; ``message`` says why (one line)."""
+
+    message: str
+
+
+def failure(stage: str, e: BaseException) -> RequestFailure:
+    return RequestFailure(f"{stage} failed: {type(e).__name__}: {e}".splitlines()[0][:500])
+
+
+StepResult = VerifyResult | RequestFailure | None  # None: a prefill chunk, nothing sampled
+
+
+@dataclass
+class SchedulerUpdate:
+    """What one step changed: requests with new tokens or a new end, in step order."""
+
+    changed: list[Request] = field(default_factory=list)
+    # requests that ended this step, and whether their tokens may be kept (prefix cache,
+    # drafter memory): False for failures
+    finished: list[tuple[Request, bool]] = field(default_factory=list)
+
+
 class Scheduler:
     def __init__(
-        self, kv: KVCache, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int
+        self,
+        kv: KVCache,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        eog_token_ids: frozenset[int] | set[int] = frozenset(),
     ) -> None:
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
+        self.eog_token_ids = eog_token_ids
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.num_generation_tokens = 0
+        self.num_failed_requests = 0  # finished with finish_reason "error"
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -53,6 +106,7 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    # ---- schedule ------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         budget = self.max_num_batched_tokens
         out: list[ScheduledRequest] = []
@@ -83,12 +137,27 @@ class Scheduler:
     def _schedule_one(self, req: Request, budget: int) -> ScheduledRequest:
         missing = req.token_ids_from(req.num_computed_tokens)
         if len(missing) > budget:
-            return ScheduledRequest(req, missing[:budget], 0, needs_logits=False)
+            return self._item(req, missing[:budget], 0, False, None)
         drafts = req.draft_token_ids[: self.max_drafts(req, budget - len(missing))]
-        if len(drafts) < len(req.draft_token_ids) and req.draft_probs is not None:
-            req.draft_probs = req.draft_probs[: len(drafts)]
-        req.draft_token_ids = drafts
-        return ScheduledRequest(req, missing + drafts, len(drafts), needs_logits=True)
+        probs = req.draft_probs
+        if probs is not None and len(drafts) < len(req.draft_token_ids):
+            probs = probs[: len(drafts)]
+        # NOTE: drafts are verified once; whatever happens, the next step drafts anew.
+        req.draft_token_ids, req.draft_probs = [], None
+        return self._item(req, missing + drafts, len(drafts), True, probs)
+
+    def _item(
+        self,
+        req: Request,
+        token_ids: list[int],
+        num_drafts: int,
+        needs_logits: bool,
+        probs: torch.Tensor | None,
+    ) -> ScheduledRequest:
+        return ScheduledRequest(
+            req.req_id, req.slot, req.num_computed_tokens, token_ids, num_drafts, needs_logits,
+            req.sampling, req.seed, len(req.output_token_ids), req.penalty, probs,
+        )  # fmt: skip
 
     def max_drafts(self, req: Request, budget: int) -> int:
         """Drafts this request may verify: each verified step yields at most drafts + 1 tokens."""
@@ -96,10 +165,89 @@ class Scheduler:
         room = self.max_model_len - req.num_tokens
         return max(0, min(budget, left, room))
 
+    # ---- update --------------------------------------------------------------------------
+    def update_from_output(
+        self, sched: SchedulerOutput, results: list[StepResult], requests: dict[str, Request]
+    ) -> SchedulerUpdate:
+        """Commit each request's accepted tokens (stop checks one by one), roll its KV length
+        back past rejected drafts, finish the requests that stopped or failed."""
+        update = SchedulerUpdate()
+        for s, result in zip(sched.scheduled, results):
+            req = requests[s.req_id]
+            if isinstance(result, RequestFailure):
+                self.fail(req, result, update)
+                continue
+            if result is None:
+                req.num_computed_tokens += len(s.token_ids)
+                continue
+            req.num_computed_tokens += len(s.token_ids) - s.num_drafts + result.num_accepted
+            try:
+                self._commit(req, result)
+            except Exception as e:  # noqa: BLE001 - this request's failure alone
+                self.fail(req, failure("detokenizing", e), update)
+                continue
+            if req.is_finished:
+                update.finished.append((req, True))
+            update.changed.append(req)
+        return update
+
+    def fail(self, req: Request, why: RequestFailure, update: SchedulerUpdate) -> None:
+        """Finish one request with an error; its KV is not cached, the others go on."""
+        req.error = why.message
+        req.finish_reason, req.stop_reason = "error", None
+        self.num_failed_requests += 1
+        logger.warning("request %r failed: %s", req.req_id, why.message)
+        self.finish(req, cache=False)
+        update.finished.append((req, False))
+        if req not in update.changed:
+            update.changed.append(req)
+
+    def _commit(self, req: Request, result: VerifyResult) -> None:
+        """Append tokens one by one, stopping at EOS / stop ids / stop strings / length."""
+        if req.metrics.first_token_time is None:
+            req.metrics.first_token_time = time.monotonic()
+        for i, tok in enumerate(result.token_ids):
+            req.output_token_ids.append(tok)
+            self.num_generation_tokens += 1
+            if result.logprobs is not None:
+                req.output_logprobs.append(result.logprobs[i])
+            if req.penalty is not None:
+                req.penalty.output_counts[tok] += 1
+            delta = req.detokenizer.add_tokens([tok])
+            req.output_text += delta
+            if self._check_stop(req, tok, delta):
+                if not isinstance(req.stop_reason, str):
+                    req.output_text += req.detokenizer.finalize()  # flush held-back bytes
+                self.finish(req)
+                return
+
+    def _check_stop(self, req: Request, tok: int, delta: str) -> bool:
+        sp = req.sampling
+        n_out = len(req.output_token_ids)
+        if n_out >= sp.min_tokens:
+            if not sp.ignore_eos and tok in self.eog_token_ids:
+                req.finish_reason, req.stop_reason = "stop", None
+                return True
+            if tok in sp.stop_token_ids:
+                req.finish_reason, req.stop_reason = "stop", tok
+                return True
+            if sp.stop and delta and _check_stop_strings(req, len(delta)):
+                return True
+        if sp.max_tokens is not None and n_out >= sp.max_tokens:
+            req.finish_reason = "length"
+            return True
+        if req.num_tokens >= self.max_model_len:
+            req.finish_reason = "length"
+            return True
+        return False
+
+    # ---- finish --------------------------------------------------------------------------
     def finish(self, req: Request, cache: bool = True) -> None:
         """Take the request out and free its KV slot; ``cache=False`` forgets the slot's KV
         (a failed request's KV may be garbage, so no later prompt reuses it)."""
         req.status = RequestStatus.FINISHED
+        req.metrics.finished_time = time.monotonic()
+        req.draft_token_ids, req.draft_probs = [], None
         if req in self.running:
             self.running.remove(req)
         elif req in self.waiting:
@@ -110,3 +258,17 @@ class Scheduler:
             cached = req.all_token_ids[: req.num_computed_tokens] if cache else []
             self.kv.free(req.slot, cached, req.cache_salt)
             req.slot = None
+
+
+def _check_stop_strings(req: Request, new_chars: int) -> bool:
+    text = req.output_text
+    longest = max(len(s) for s in req.sampling.stop)
+    search_from = max(0, len(text) - new_chars - longest + 1)
+    for stop in req.sampling.stop:
+        idx = text.find(stop, search_from)
+        if idx != -1:
+            end = idx + len(stop) if req.sampling.include_stop_str_in_output else idx
+            req.output_text = text[:end]
+            req.finish_reason, req.stop_reason = "stop", stop
+            return True
+    return False

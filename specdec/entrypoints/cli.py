@@ -182,14 +182,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
     _run_one(
         llm, prompt_ids[:8], SamplingParams(max_tokens=4, temperature=0.0), stream=False
     )  # warm-up
-    llm.engine.spec_stats = SpecDecodeStats()
+    if llm.engine.speculator is not None:
+        llm.engine.speculator.stats = SpecDecodeStats()
     plain = None
     # NOTE: each timed run starts with an empty prefix cache, so neither reuses the other's prompt.
     if args.compare_plain and spec is not None:
-        proposer, llm.engine.proposer = llm.engine.proposer, None
+        llm.engine.speculator.enabled = False
         llm.engine.reset_prefix_cache()
         plain, plain_time = _run_one(llm, prompt_ids, sp, stream=False)
-        llm.engine.proposer = proposer
+        llm.engine.speculator.enabled = True
     llm.engine.reset_prefix_cache()
     out, elapsed = _run_one(llm, prompt_ids, sp, stream=not args.quiet)
     n = len(out.outputs[0].token_ids)

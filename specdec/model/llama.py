@@ -19,6 +19,7 @@ from specdec.model.layers import Linear, Rotary, make_linear, rope_inv_freq
 from specdec.model.loader import LoadedCheckpoint, RawTensor
 
 ACTIVATION_DTYPES = ("auto", "float32", "int8")
+HIDDEN_FINAL = -1  # in a capture list: the final normed hidden state (what the LM head reads)
 
 
 @dataclass
@@ -168,9 +169,25 @@ class LlamaModel:
         kv: KVCache,
         num_layers: int | None = None,
     ) -> torch.Tensor:  # [T, H] hidden states after the final norm
+        return self.forward_capture(input_ids, positions, batch, kv, (), num_layers)[0]
+
+    def forward_capture(
+        self,
+        input_ids: torch.Tensor,  # [T] int64
+        positions: torch.Tensor,  # [T] int64
+        batch: SeqBatch,
+        kv: KVCache,
+        capture: tuple[int, ...] = (),
+        num_layers: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The final normed states [T, H], and the states named in ``capture`` side by side
+        [T, H * len(capture)] (None when it is empty): ``HIDDEN_FINAL`` is the final normed
+        state, ``i`` the residual stream entering layer i (layer i - 1's output; vLLM's and
+        EAGLE-3's convention for auxiliary hidden states)."""
         x = self.embed(input_ids)
         positions = positions.to(self.device)
         layers = self.layers[: num_layers or len(self.layers)]
+        taken: dict[int, torch.Tensor] = {}
         if self.use_fused_layers:
             fused = self._fused_layers()
             rows = {
@@ -178,14 +195,23 @@ class LlamaModel:
                 for theta, rot in self._rotary.items()
             }
             for i in range(len(layers)):
+                if i in capture:
+                    taken[i] = x
                 cos, sin = rows[self.cfg.layer_rope_theta(i)]
                 x = fused[i].forward(
                     x, cos, sin, kv.k[i], kv.v[i], batch.slots, batch.start_pos, batch.num_tokens
                 )
         else:
             for i, layer in enumerate(layers):
+                if i in capture:
+                    taken[i] = x
                 x = self._layer(i, layer, x, positions, batch, kv)
-        return self.ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps)
+        taken[len(layers)] = x
+        final = self.ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps)
+        if not capture:
+            return final, None
+        taken[HIDDEN_FINAL] = final
+        return final, torch.cat([taken[i] for i in capture], dim=-1)
 
     def _fused_layers(self) -> list:
         if self._fused is None:

@@ -1,63 +1,83 @@
-"""Drafters, by method name. The runner looks the method up here and never branches on it."""
+"""Drafters, by method name: ``METHODS`` is the one list. Config validation, the engine and the
+"every drafter" tests read it; nothing else branches on the method.
+
+A drafter is one module of this package with a ``make(cfg, target, load_draft, max_num_seqs,
+max_len) -> Proposer`` function, plus one entry here. Modules are imported when a method is used.
+"""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from specdec.spec_decode.base import DraftInput, DraftOutput, DraftRequest, Proposer
-from specdec.spec_decode.draft_model import DraftModelProposer
-from specdec.spec_decode.ngram import NgramProposer
-from specdec.spec_decode.suffix import SuffixProposer
 
 if TYPE_CHECKING:
     from specdec.config import SpeculativeConfig
     from specdec.model.llama import LlamaModel
 
 
-def _ngram(
-    cfg: SpeculativeConfig, target: LlamaModel, load_draft, max_num_seqs: int, max_len: int
-) -> Proposer:
-    return NgramProposer(cfg.prompt_lookup_min, cfg.prompt_lookup_max)
+@dataclass(frozen=True)
+class Method:
+    module: str  # specdec.spec_decode.<module>.make builds the proposer
+    samples_q: bool  # may draft from its own distribution (draft_sample_method probabilistic)
+    needs_model: bool  # speculative_config.model names the drafter's weights
+    aliases: tuple[str, ...] = ()  # other names users paste (vLLM's)
 
 
-def _draft_model(
-    cfg: SpeculativeConfig, target: LlamaModel, load_draft, max_num_seqs: int, max_len: int
-) -> Proposer:
-    return DraftModelProposer(
-        load_draft(cfg), max_num_seqs, max_len, sample_method=cfg.draft_sample_method
-    )
-
-
-def _layer_skip(
-    cfg: SpeculativeConfig, target: LlamaModel, load_draft, max_num_seqs: int, max_len: int
-) -> Proposer:
-    # NOTE: on SmolLM2-135M (not trained for early exit) acceptance collapses below the last few
-    # layers: 8 layers accept 4% of first drafts, 24 layers 40%, 28 layers 57% (BENCHMARKS.md).
-    layers = cfg.num_draft_layers or max(1, target.cfg.num_layers - 2)
-    layers = min(layers, target.cfg.num_layers)
-    return DraftModelProposer(
-        target, max_num_seqs, max_len, num_layers=layers, sample_method=cfg.draft_sample_method
-    )
-
-
-def _suffix(
-    cfg: SpeculativeConfig, target: LlamaModel, load_draft, max_num_seqs: int, max_len: int
-) -> Proposer:
-    return SuffixProposer(
-        cfg.num_speculative_tokens,
-        max_tree_depth=cfg.suffix_decoding_max_tree_depth,
-        max_cached_requests=cfg.suffix_decoding_max_cached_requests,
-        max_spec_factor=cfg.suffix_decoding_max_spec_factor,
-        min_token_prob=cfg.suffix_decoding_min_token_prob,
-    )
-
-
-PROPOSERS: dict[str, Callable[..., Proposer]] = {
-    "ngram": _ngram,
-    "draft_model": _draft_model,
-    "layer_skip": _layer_skip,
-    "suffix": _suffix,
+METHODS: dict[str, Method] = {
+    "ngram": Method("ngram", samples_q=False, needs_model=False),
+    "suffix": Method("suffix", samples_q=False, needs_model=False),
+    "draft_model": Method("draft_model", samples_q=True, needs_model=True),
+    "layer_skip": Method("layer_skip", samples_q=True, needs_model=False),
+    "eagle": Method("eagle", samples_q=True, needs_model=True),
+    "eagle3": Method("eagle3", samples_q=True, needs_model=True),
+    "medusa": Method("medusa", samples_q=True, needs_model=True),
+    "mtp": Method(
+        "mtp",
+        samples_q=True,
+        needs_model=False,
+        aliases=(
+            "deepseek_mtp",
+            "mimo_mtp",
+            "ernie_mtp",
+            "qwen3_next_mtp",
+            "glm4_moe_mtp",
+            "longcat_flash_mtp",
+            "pangu_ultra_moe_mtp",
+            "openpangu_mtp",
+        ),  # fmt: skip
+    ),
 }
 
-__all__ = ["PROPOSERS", "DraftInput", "DraftOutput", "DraftRequest", "Proposer"]
+
+def canonical_method(name: str) -> str | None:
+    """The table's name for ``name`` (itself or an alias), or None if unknown."""
+    if name in METHODS:
+        return name
+    return next((m for m, spec in METHODS.items() if name in spec.aliases), None)
+
+
+def make_proposer(
+    cfg: SpeculativeConfig,
+    target: LlamaModel,
+    load_draft: Callable[[SpeculativeConfig], LlamaModel],
+    max_num_seqs: int,
+    max_len: int,
+) -> Proposer:
+    module = importlib.import_module(f"specdec.spec_decode.{METHODS[cfg.method].module}")
+    return module.make(cfg, target, load_draft, max_num_seqs, max_len)
+
+
+__all__ = [
+    "METHODS",
+    "DraftInput",
+    "DraftOutput",
+    "DraftRequest",
+    "Method",
+    "Proposer",
+    "canonical_method",
+    "make_proposer",
+]

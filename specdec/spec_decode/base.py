@@ -18,6 +18,13 @@ class DraftRequest:
     sampling: SamplingParams
     seed: int = 0  # the request's seed: drafts sampled for output position t use uniform(seed, t)
     num_prompt_tokens: int = 0  # token_ids[:num_prompt_tokens] is the prompt
+    # drafters with hidden_layers: the target's states for positions hidden_start.. that it
+    # computed since the last draft for this request, [n, H * len(hidden_layers)]; None if none.
+    # They stop one short of token_ids (the last token has not been through the target yet).
+    # NOTE: after a prefix-cache hit the first rows start past 0 (the cached prefix was never
+    # computed); a drafter keeps what it has and drafts from that.
+    hidden_states: torch.Tensor | None = None
+    hidden_start: int = 0
 
     @property
     def next_position(self) -> int:
@@ -28,7 +35,6 @@ class DraftRequest:
 @dataclass
 class DraftInput:
     requests: list[DraftRequest]
-    hidden_states: list[torch.Tensor] | None = None  # only for drafters with needs_hidden_states
 
 
 @dataclass
@@ -46,7 +52,9 @@ class Proposer(ABC):
     against ``p`` alone is still exact.
     """
 
-    needs_hidden_states: bool = False
+    # The target states this drafter reads (see LlamaModel.forward_capture): HIDDEN_FINAL for
+    # the final normed state, i for the residual stream entering layer i. Empty: none.
+    hidden_layers: tuple[int, ...] = ()
     # Proposing costs next to nothing and the drafter sizes its own drafts (prompt lookup, suffix
     # trees). The controller then only decides whether to draft (all of the cap or nothing), and
     # while it says no, the engine still asks for drafts and scores them against the tokens that

@@ -156,3 +156,9 @@ def _penalty_inputs(
     )
     counts = torch.bincount(out, minlength=vocab).to(torch.float32).unsqueeze(0)
     return mask, counts
+
+
+def make(cfg, target, load_draft, max_num_seqs: int, max_len: int) -> Proposer:
+    return DraftModelProposer(
+        load_draft(cfg), max_num_seqs, max_len, sample_method=cfg.draft_sample_method
+    )

@@ -70,3 +70,7 @@ class NgramProposer(Proposer):
 
     def remove_request(self, req_id: str, token_ids: list[int] | None = None) -> None:
         self.indexes.pop(req_id, None)
+
+
+def make(cfg, target, load_draft, max_num_seqs: int, max_len: int) -> Proposer:
+    return NgramProposer(cfg.prompt_lookup_min, cfg.prompt_lookup_max)

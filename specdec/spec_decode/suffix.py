@@ -715,3 +715,13 @@ class SuffixProposer(Proposer):
             "request_nodes": sum(m["num_nodes"] for m in per_request),
             "request_bytes": sum(m["approx_bytes"] for m in per_request),
         }
+
+
+def make(cfg, target, load_draft, max_num_seqs: int, max_len: int) -> Proposer:
+    return SuffixProposer(
+        cfg.num_speculative_tokens,
+        max_tree_depth=cfg.suffix_decoding_max_tree_depth,
+        max_cached_requests=cfg.suffix_decoding_max_cached_requests,
+        max_spec_factor=cfg.suffix_decoding_max_spec_factor,
+        min_token_prob=cfg.suffix_decoding_min_token_prob,
+    )

@@ -1,93 +1,104 @@
 """One target forward over every scheduled token, then verification (or plain sampling).
 
-A failure that belongs to one request (its logits are not finite, its sampling fails, the
-forward fails on its tokens) comes back as a ``RequestFailure`` for that request alone; the
-others' results are unchanged.
+The runner reads only the ``SchedulerOutput``. A failure that belongs to one request (its logits
+are not finite, its sampling fails, the forward fails on its tokens) comes back as a
+``RequestFailure`` for that request alone; the others' results are unchanged.
+
+Drafters that read the target's hidden states name them once (``hidden_layers``); the runner
+then returns, per scheduled request, those states for every token it fed.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from specdec.engine.scheduler import ScheduledRequest, SchedulerOutput
+from specdec.engine.scheduler import (
+    RequestFailure,
+    ScheduledRequest,
+    SchedulerOutput,
+    StepResult,
+    failure,
+)
 from specdec.kv_cache.pool import KVCache
-from specdec.model.llama import LlamaModel, SeqBatch
-from specdec.sample.rejection_sampler import VerifyResult, verify
+from specdec.model.llama import HIDDEN_FINAL, LlamaModel, SeqBatch
+from specdec.sample.rejection_sampler import verify
 
-
-@dataclass
-class RequestFailure:
-    """The request cannot go on; ``message`` says why (one line)."""
-
-    message: str
-
-
-StepResult = VerifyResult | RequestFailure | None  # None: a prefill chunk, nothing sampled
+__all__ = ["HIDDEN_FINAL", "ModelRunner", "ModelRunnerOutput", "RequestFailure", "failure"]
 
 
 @dataclass
 class ModelRunnerOutput:
     results: list[StepResult]  # per scheduled request
-
-
-def failure(stage: str, e: BaseException) -> RequestFailure:
-    return RequestFailure(f"{stage} failed: {type(e).__name__}: {e}".splitlines()[0][:500])
+    # per scheduled request, with hidden_layers: [num_fed_tokens, H * len(hidden_layers)]
+    # (None for a request whose forward failed)
+    hidden_states: list[torch.Tensor | None] = field(default_factory=list)
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, kv: KVCache) -> None:
+    def __init__(self, model: LlamaModel, kv: KVCache, hidden_layers: tuple[int, ...] = ()) -> None:
         self.model = model
         self.kv = kv
+        # the states the drafter reads: HIDDEN_FINAL (what the LM head reads) and/or i, the
+        # residual stream entering layer i (layer i - 1's output)
+        self.hidden_layers = hidden_layers
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         try:
-            logits = self._forward(sched.scheduled)
+            logits, hidden = self._forward(sched.scheduled)
         except Exception as e:  # noqa: BLE001 - isolated below
             if len(sched.scheduled) == 1:
-                return ModelRunnerOutput([failure("the forward pass", e)])
-            return ModelRunnerOutput(self._one_by_one(sched.scheduled))
-        return ModelRunnerOutput(self._verify(sched.scheduled, logits))
+                return ModelRunnerOutput([failure("the forward pass", e)], [None])
+            return self._one_by_one(sched.scheduled)
+        return ModelRunnerOutput(self._verify(sched.scheduled, logits), hidden)
 
-    def _one_by_one(self, scheduled: list[ScheduledRequest]) -> list[StepResult]:
+    def _one_by_one(self, scheduled: list[ScheduledRequest]) -> ModelRunnerOutput:
         """After a batched forward failed: each request alone, so only the one whose tokens
         fail is failed. NOTE: rewriting the same KV positions with the same tokens is harmless."""
-        results: list[StepResult] = []
+        out = ModelRunnerOutput([], [])
         for s in scheduled:
             try:
-                logits = self._forward([s])
+                logits, hidden = self._forward([s])
             except Exception as e:  # noqa: BLE001
-                results.append(failure("the forward pass", e))
+                out.results.append(failure("the forward pass", e))
+                out.hidden_states.append(None)
                 continue
-            results.extend(self._verify([s], logits))
-        return results
+            out.results.extend(self._verify([s], logits))
+            out.hidden_states.extend(hidden)
+        return out
 
-    def _forward(self, scheduled: list[ScheduledRequest]) -> torch.Tensor | None:
-        """The target over every scheduled token; logits [R, V] of the rows that need them."""
+    def _forward(
+        self, scheduled: list[ScheduledRequest]
+    ) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
+        """The target over every scheduled token: logits [R, V] of the rows that need them,
+        and each request's hidden rows when a drafter reads them."""
         ids, pos, logit_rows = [], [], []
         batch = SeqBatch([], [], [])
         for s in scheduled:
-            start = s.start_pos
-            n = len(s.token_ids)
+            start, n = s.start_pos, len(s.token_ids)
             if s.needs_logits:
                 first = len(ids) + n - 1 - s.num_drafts
                 logit_rows.extend(range(first, len(ids) + n))
             ids.extend(s.token_ids)
             pos.extend(range(start, start + n))
-            batch.slots.append(s.req.slot)
+            batch.slots.append(s.slot)
             batch.start_pos.append(start)
             batch.num_tokens.append(n)
         device = self.model.device
-        hidden = self.model.forward(
+        final, captured = self.model.forward_capture(
             torch.tensor(ids, dtype=torch.long, device=device),
             torch.tensor(pos, dtype=torch.long, device=device),
             batch,
             self.kv,
-        )  # [T, H]
+            self.hidden_layers,
+        )  # [T, H], [T, H * len(hidden_layers)] or None
+        hidden: list[torch.Tensor | None] = [None] * len(scheduled)
+        if captured is not None:
+            hidden = list(captured.split(batch.num_tokens))
         if not logit_rows:
-            return None
-        return self.model.compute_logits(hidden[torch.tensor(logit_rows, device=device)])
+            return None, hidden
+        return self.model.compute_logits(final[torch.tensor(logit_rows, device=device)]), hidden
 
     def _verify(
         self,
@@ -100,19 +111,18 @@ class ModelRunner:
             if not s.needs_logits:
                 results.append(None)
                 continue
-            req = s.req
             rows = logits[row : row + s.num_drafts + 1]
             row += s.num_drafts + 1
             try:
                 results.append(
                     verify(
                         rows,
-                        req.draft_token_ids,
-                        req.draft_probs,
-                        req.sampling,
-                        req.penalty,
-                        req.seed,
-                        len(req.output_token_ids),
+                        s.draft_token_ids,
+                        s.draft_probs,
+                        s.sampling,
+                        s.penalty,
+                        s.seed,
+                        s.output_pos,
                     )  # fmt: skip
                 )
             except Exception as e:  # noqa: BLE001 - this request's failure alone

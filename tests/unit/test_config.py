@@ -36,7 +36,7 @@ def test_default_num_speculative_tokens_per_method() -> None:
         ({"method": "ngram", "bogus": 1}, "bogus"),
         ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
         ({"method": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 2}, "prompt_lookup_min"),
-        ({"method": "eagle"}, "not yet supported"),
+        ({"method": "eagle"}, "model is required"),
         ({"method": "nonsense"}, "allowed"),
         ({"method": "draft_model"}, "model"),
         ("{not json", "not valid JSON"),

@@ -167,7 +167,7 @@ def test_bad_drafter_is_switched_off_within_a_few_steps(tiny_llama) -> None:
     )
     plain = _run(LLM(str(tiny_llama), max_model_len=256), "hello there", 60).outputs[0].token_ids
     never = next(t for t in range(200) if t not in plain)
-    llm.engine.proposer = _WrongProposer(never)
+    llm.engine.speculator.proposer = _WrongProposer(never)
     out = _run(llm, "hello there", 60)
     assert out.outputs[0].token_ids == plain
     st = out.spec_decode_stats
@@ -181,7 +181,7 @@ def test_perfect_drafter_grows_to_the_bound(tiny_llama) -> None:
     llm = LLM(str(tiny_llama), max_model_len=256, speculative_config=cfg)
     # drafting with the target itself costs as much as verifying; pretend it is free to test the
     # rule: a clock that never moves, and no cycle teaches the cost model anything
-    ctl = llm.engine.controller
+    ctl = llm.engine.speculator.controller
     ctl.clock = lambda: 0.0
     ctl._record = lambda *_: None
     ctl.cost = CostModel([10.0 + 0.1 * n for n in range(8)])
@@ -200,7 +200,7 @@ def test_adaptive_false_keeps_fixed_k(tiny_llama) -> None:
         "adaptive": False,
     }
     llm = LLM(str(tiny_llama), max_model_len=256, speculative_config=cfg)
-    assert llm.engine.controller is None
+    assert llm.engine.speculator.controller is None
     st = _run(llm, "hello there", 41).spec_decode_stats
     assert st.num_draft_tokens == 3 * st.num_drafts
 
@@ -403,7 +403,7 @@ def test_unverified_drafts_keep_the_rates_current(tiny_llama) -> None:
         max_model_len=256,
         speculative_config={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1},
     )
-    ctl = llm.engine.controller
+    ctl = llm.engine.speculator.controller
     ctl.clock = lambda: 0.0
     ctl._record = lambda *_: None
     ctl.cost = CostModel([10.0] + [1000.0] * 7)
@@ -428,12 +428,12 @@ def test_cost_curve_covers_batches_with_drafts(tiny_llama) -> None:
     # measured), not extrapolated from one request's k + 1 tokens.
     cfg = {"method": "ngram", "num_speculative_tokens": 3}
     llm = LLM(str(tiny_llama), max_model_len=256, max_num_seqs=4, speculative_config=cfg)
-    curve = llm.engine.controller.cost.verify_ms
+    curve = llm.engine.speculator.controller.cost.verify_ms
     assert len(curve) == 4 * (3 + 1)
     assert all(b >= a for a, b in zip(curve, curve[1:]))
     # A short max_model_len bounds the rows measured in one slot (context + rows must fit).
     small = LLM(str(tiny_llama), max_model_len=32, max_num_seqs=8, speculative_config=cfg)
-    assert len(small.engine.controller.cost.verify_ms) == 32 // 2
+    assert len(small.engine.speculator.controller.cost.verify_ms) == 32 // 2
 
 
 class _ConstantProposer(Proposer):
@@ -452,8 +452,8 @@ def test_no_drafts_while_prompts_are_being_prefilled(tiny_llama) -> None:
         speculative_config=cfg,
     )  # fmt: skip
     eng = llm.engine
-    eng.proposer = _ConstantProposer()
-    ctl = eng.controller
+    eng.speculator.proposer = _ConstantProposer()
+    ctl = eng.speculator.controller
     ctl.clock = lambda: 0.0
     ctl._record = lambda *_: None
     ctl.cost = CostModel([10.0 + 0.01 * n for n in range(64)])  # drafting is all but free

@@ -53,7 +53,7 @@ def _check_isolated(llm: LLM, outs, want, bad: int, needle: str, temperature: fl
 def test_nan_logits_fail_one_request(tiny_llama, monkeypatch, temperature) -> None:
     llm = _llm(tiny_llama, {"method": "ngram", "num_speculative_tokens": 3})
     want = llm.generate(PROMPTS, _params(None, temperature))
-    llm.engine.num_failed_requests = 0
+    llm.engine.scheduler.num_failed_requests = 0
     real = rejection_sampler.processed_logits
 
     def poisoned(logits, sp, mask, counts):
@@ -69,7 +69,7 @@ def test_nan_logits_fail_one_request(tiny_llama, monkeypatch, temperature) -> No
 def test_sampler_error_fails_one_request(tiny_llama, monkeypatch) -> None:
     llm = _llm(tiny_llama)
     want = llm.generate(PROMPTS, _params(None))
-    llm.engine.num_failed_requests = 0
+    llm.engine.scheduler.num_failed_requests = 0
     real = rejection_sampler.verify
 
     def broken(logits, drafts, probs, sp, penalty, seed, position):
@@ -87,8 +87,8 @@ def test_sampler_error_fails_one_request(tiny_llama, monkeypatch) -> None:
 def test_drafter_error_fails_one_request(tiny_llama, monkeypatch) -> None:
     llm = _llm(tiny_llama, {"method": "ngram", "num_speculative_tokens": 3, "adaptive": False})
     want = llm.generate(PROMPTS, _params(None))
-    llm.engine.num_failed_requests = 0
-    proposer = llm.engine.proposer
+    llm.engine.scheduler.num_failed_requests = 0
+    proposer = llm.engine.speculator.proposer
     real = proposer.propose
 
     def broken(inp):
@@ -109,16 +109,16 @@ def test_model_error_fails_one_request(tiny_llama, monkeypatch) -> None:
     prompts = list(PROMPTS)
     prompts[3] = "the " * 60  # the only request that reaches position 50
     want = llm.generate(prompts, _params(None))
-    llm.engine.num_failed_requests = 0
+    llm.engine.scheduler.num_failed_requests = 0
     model = llm.engine.model
-    real = model.forward
+    real = model.forward_capture
 
-    def broken(ids, positions, batch, kv, **kw):
+    def broken(ids, positions, batch, kv, *args, **kw):
         if bool((positions >= 50).any()):
             raise RuntimeError("injected model failure")
-        return real(ids, positions, batch, kv, **kw)
+        return real(ids, positions, batch, kv, *args, **kw)
 
-    monkeypatch.setattr(model, "forward", broken)
+    monkeypatch.setattr(model, "forward_capture", broken)
     outs = llm.generate(prompts, _params(None))
     monkeypatch.undo()
     assert outs[3].outputs[0].finish_reason == "error" and "injected model failure" in outs[3].error

@@ -96,7 +96,9 @@ def test_engine_with_a_half_cache_speculates_exactly(tiny_llama, tiny_draft) -> 
         llm = LLM(str(tiny_llama), kv_cache_dtype="float16", speculative_config=spec)
         got = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
         assert got == want, spec["method"]
-        drafter_kv = getattr(llm.engine.proposer, "kv", None)  # a model drafter's own cache
+        drafter_kv = getattr(
+            llm.engine.speculator.proposer, "kv", None
+        )  # a model drafter's own cache
         assert drafter_kv is None or drafter_kv.k.dtype == torch.float16
         assert llm.engine.spec_stats.num_drafts > 0
 

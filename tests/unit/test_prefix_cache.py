@@ -186,7 +186,7 @@ def test_never_reuses_stale_kv_past_num_computed(tiny_llama, plain) -> None:
     engine: LLMEngine = llm.engine
     num_prompt = len(llm.get_tokenizer().encode(prompt))
     # Each step verifies [right, wrong]: the recovered tokens are ref[2], ref[4], ...
-    engine.proposer = _ScriptedProposer(ref, num_prompt, num_right=1, k=2)
+    engine.speculator.proposer = _ScriptedProposer(ref, num_prompt, num_right=1, k=2)
     stop = _first_new(ref, range(2, 40, 2))
     sp = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, stop_token_ids=[ref[stop]])
     req_id = engine.add_request(prompt, sp)
@@ -203,7 +203,7 @@ def test_never_reuses_stale_kv_past_num_computed(tiny_llama, plain) -> None:
         == (req.all_token_ids[: req.num_computed_tokens])
     )
     # a prompt that extends the whole sequence reuses exactly num_computed_tokens
-    engine.proposer = None
+    engine.speculator.enabled = False
     longer = req.all_token_ids + ref[stop + 1 : stop + 4]
     out = llm.generate([longer], _greedy(12))[0]
     assert out.num_cached_tokens == req.num_computed_tokens
@@ -219,7 +219,7 @@ def test_stop_inside_an_accepted_run_caches_only_real_tokens(tiny_llama, plain) 
     )
     engine = llm.engine
     num_prompt = len(llm.get_tokenizer().encode(prompt))
-    engine.proposer = _ScriptedProposer(ref, num_prompt, num_right=5, k=5)
+    engine.speculator.proposer = _ScriptedProposer(ref, num_prompt, num_right=5, k=5)
     stop = _first_new(ref, range(1, 5))  # the first step drafts ref[1..5], all right
     sp = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, stop_token_ids=[ref[stop]])
     req_id = engine.add_request(prompt, sp)
@@ -230,7 +230,7 @@ def test_stop_inside_an_accepted_run_caches_only_real_tokens(tiny_llama, plain) 
     assert req.num_computed_tokens > req.num_tokens
     slot = int(next(s for s in engine.kv._free if engine.kv._num_cached[s]))
     assert engine.kv._num_cached[slot] == req.num_tokens
-    engine.proposer = None
+    engine.speculator.enabled = False
     longer = req.all_token_ids + [ref[0]]
     out = llm.generate([longer], _greedy(8))[0]
     assert out.num_cached_tokens == req.num_tokens

@@ -11,7 +11,7 @@ import pytest
 
 from specdec.config import ConfigError, SpeculativeConfig
 from specdec.sampling_params import SamplingParams
-from specdec.spec_decode import PROPOSERS
+from specdec.spec_decode import make_proposer
 from specdec.spec_decode.base import DraftInput, DraftRequest
 from specdec.spec_decode.suffix import SuffixProposer, SuffixTree, _Node, _subtree_size
 
@@ -448,7 +448,7 @@ def test_config_keys_defaults_and_errors() -> None:
         cfg.suffix_decoding_max_spec_factor,
         cfg.suffix_decoding_min_token_prob,
     ) == (24, 10000, 1.0, 0.1)
-    prop = PROPOSERS["suffix"](cfg, None, None, 4, 256)
+    prop = make_proposer(cfg, None, None, 4, 256)
     assert isinstance(prop, SuffixProposer) and prop.max_tree_depth == 24
     bad = {
         "suffix_decoding_max_tree_depth": 0,

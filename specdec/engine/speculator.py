@@ -1,0 +1,283 @@
+"""Everything about drafting, behind one call per engine step.
+
+The ``Speculator`` owns the proposer (looked up in the method table), the adaptive controller
+that picks each request's draft length, shadow drafts (proposed but not verified, scored against
+the tokens that arrive so the controller stays informed at no verification cost), the hidden
+states a drafter reads, and the acceptance statistics. ``LLMEngine.step`` calls ``step`` once,
+after the scheduler has committed the runner's results.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec.config import SpeculativeConfig
+from specdec.engine.request import Request
+from specdec.engine.scheduler import (
+    Scheduler,
+    SchedulerOutput,
+    SchedulerUpdate,
+    StepResult,
+    failure,
+)
+from specdec.kv_cache.pool import KVCache
+from specdec.model.llama import LlamaModel
+from specdec.sample.rejection_sampler import VerifyResult
+from specdec.spec_decode import DraftInput, DraftRequest, Proposer, make_proposer
+from specdec.spec_decode.controller import SpecController, measure_verify_cost
+from specdec.spec_decode.metrics import SpecDecodeStats
+
+
+@dataclass
+class _Shadow:
+    draft_token_ids: list[int]
+    start: int  # the request's token count when they were proposed
+
+
+@dataclass
+class _Hidden:
+    """Target hidden rows not yet handed to the drafter, contiguous from position ``start``."""
+
+    start: int
+    rows: list[torch.Tensor] = field(default_factory=list)  # each [n, D]
+
+    @property
+    def end(self) -> int:
+        return self.start + sum(r.shape[0] for r in self.rows)
+
+
+class Speculator:
+    def __init__(
+        self,
+        spec: SpeculativeConfig,
+        target: LlamaModel,
+        kv: KVCache,
+        scheduler: Scheduler,
+        load_draft: Callable[[SpeculativeConfig], LlamaModel],
+        max_batched_tokens: int,
+    ) -> None:
+        self.spec = spec
+        self.scheduler = scheduler
+        self.proposer: Proposer = make_proposer(
+            spec, target, load_draft, scheduler.max_num_seqs, scheduler.max_model_len
+        )
+        self.enabled = True  # False: propose nothing (plain decoding with the same engine)
+        self.stats = SpecDecodeStats()
+        self.controller: SpecController | None = None
+        self._measured_cost = None
+        if spec.adaptive:
+            self._measured_cost = self._measure_cost(target, kv, max_batched_tokens)
+            self.controller = SpecController(
+                spec.num_speculative_tokens, copy.deepcopy(self._measured_cost)
+            )
+        self._shadow: dict[str, _Shadow] = {}
+        self._hidden: dict[str, _Hidden] = {}
+
+    @property
+    def hidden_layers(self) -> tuple[int, ...]:
+        """The target states the runner returns for the drafter (see LlamaModel.forward_capture)."""
+        return tuple(self.proposer.hidden_layers)
+
+    def _measure_cost(self, target: LlamaModel, kv: KVCache, max_batched_tokens: int):
+        """The verification cost curve, measured once on a free slot before any request."""
+        k = self.spec.num_speculative_tokens
+        slot = kv.allocate()
+        try:
+            # The curve up to one request's k + 1 tokens, then up to a full batch with drafts.
+            # One slot holds context + the widest row count: keep both within max_model_len.
+            max_n = max(k + 1, 4)
+            widest = min(
+                self.scheduler.max_num_seqs * (k + 1),
+                max_batched_tokens,
+                self.scheduler.max_model_len // 2,
+            )
+            batch_ns = tuple(
+                n for n in (2 * (k + 1), 4 * (k + 1), 8 * (k + 1), widest) if max_n < n <= widest
+            )
+            context = max(1, min(64, self.scheduler.max_model_len - max((max_n, *batch_ns)) - 1))
+            return measure_verify_cost(target, kv, slot, max_n, context, batch_ns=batch_ns)
+        finally:
+            kv.free(slot)
+
+    # ---- request lifecycle ------------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        self.proposer.add_request(req.req_id)
+
+    def remove_request(self, req: Request, keep: bool) -> None:
+        """``keep=False``: nothing of the request is learnt (a failed request)."""
+        self.proposer.remove_request(req.req_id, req.all_token_ids if keep else None)
+        if self.controller is not None:
+            self.controller.remove_request(req.req_id)
+        self._shadow.pop(req.req_id, None)
+        self._hidden.pop(req.req_id, None)
+
+    def reset_cache(self) -> None:
+        """Forget what finished requests taught speculation (suffix decoding's global tree, the
+        controller's learnt costs and rates); running requests keep their drafter state."""
+        self.proposer.reset_cache()
+        if self.controller is not None:
+            self.controller = SpecController(
+                self.spec.num_speculative_tokens, copy.deepcopy(self._measured_cost)
+            )
+
+    # ---- the step -----------------------------------------------------------------------------
+    def step(
+        self,
+        sched: SchedulerOutput,
+        results: list[StepResult],
+        hidden: list[torch.Tensor | None],
+        update: SchedulerUpdate,
+        requests: dict[str, Request],
+    ) -> None:
+        """Learn from this step's verification, then propose the next drafts."""
+        self._observe(sched, results, hidden, requests)
+        for req, keep in update.finished:
+            self.remove_request(req, keep)
+        if self.enabled:
+            self._propose(update)
+
+    def _observe(
+        self,
+        sched: SchedulerOutput,
+        results: list[StepResult],
+        hidden: list[torch.Tensor | None],
+        requests: dict[str, Request],
+    ) -> None:
+        for i, (s, result) in enumerate(zip(sched.scheduled, results)):
+            req = requests[s.req_id]
+            if result is not None and not isinstance(result, VerifyResult):
+                continue  # failed
+            num_valid = len(s.token_ids)
+            if isinstance(result, VerifyResult):
+                num_valid += result.num_accepted - s.num_drafts
+                req.spec_stats.observe(s.num_drafts, result.num_accepted)
+                self.stats.observe(s.num_drafts, result.num_accepted)
+                if self.controller is not None and s.num_drafts:
+                    self.controller.observe(s.req_id, s.num_drafts, result.num_accepted)
+            if hidden and hidden[i] is not None:
+                self._keep_hidden(s.req_id, s.start_pos, hidden[i][:num_valid])
+            if s.req_id in self._shadow and not req.is_finished:
+                self._score_shadow(req)
+        if self.controller is not None:
+            decode_only = all(
+                isinstance(r, VerifyResult) and len(s.token_ids) == 1 + s.num_drafts
+                for s, r in zip(sched.scheduled, results)
+            )
+            num_drafts = sum(s.num_drafts for s in sched.scheduled)
+            num_tokens = sum(len(r.token_ids) for r in results if isinstance(r, VerifyResult))
+            self.controller.observe_step(len(sched.scheduled), num_drafts, num_tokens, decode_only)
+
+    def _keep_hidden(self, req_id: str, start: int, rows: torch.Tensor) -> None:
+        pending = self._hidden.get(req_id)
+        if pending is None or pending.end != start:
+            # NOTE: a gap (nothing computed for a prefix-cache hit) or a rewind starts afresh.
+            pending = self._hidden[req_id] = _Hidden(start)
+        pending.rows.append(rows)
+
+    def _score_shadow(self, req: Request) -> None:
+        """Score unverified drafts against the tokens generated since they were proposed: once
+        one differs, or all have arrived, the controller learns from them as from a verification
+        (greedy: the same test; sampling: a point-mass draft survives with probability p(token),
+        the chance that the sampled token equals it)."""
+        shadow = self._shadow[req.req_id]
+        drafts = shadow.draft_token_ids
+        arrived = req.token_ids_from(shadow.start)
+        m = 0
+        while m < len(arrived) and m < len(drafts) and arrived[m] == drafts[m]:
+            m += 1
+        if m < len(arrived) or m == len(drafts):
+            self.controller.observe(req.req_id, len(drafts), m)
+            del self._shadow[req.req_id]
+
+    def _propose(self, update: SchedulerUpdate) -> None:
+        ctl = self.controller
+        if ctl is not None:
+            ctl.end_cycle()
+        sched = self.scheduler
+        limit = self.spec.disable_by_batch_size
+        if limit is not None and len(sched.running) > limit:
+            return
+        reqs = [r for r in sched.running if not r.is_prefilling]
+        if not reqs:
+            return
+        if ctl is not None and self._next_step_prefills(len(reqs)):
+            # NOTE: prompt chunks fill the next step already; on a CPU the forward is then
+            # compute-bound, so drafts would cost a full row each and delay those prompts.
+            return
+        k = self.spec.num_speculative_tokens
+        caps = limits = [min(k, sched.max_drafts(r, k)) for r in reqs]
+        free = self.proposer.free_drafts
+        if ctl is not None:
+            caps = ctl.choose(
+                [r.req_id for r in reqs], limits, [r.num_tokens for r in reqs], all_or_nothing=free
+            )
+            for r, cap in zip(reqs, caps):
+                predicted = ctl.predicted(r.req_id)
+                r.spec_stats.observe_choice(cap, predicted)
+                self.stats.observe_choice(cap, predicted)
+        todo = [(r, cap) for r, cap in zip(reqs, caps) if cap > 0]
+        shadow: list[tuple[Request, int]] = []
+        if ctl is not None and free:
+            for r, cap, lim in zip(reqs, caps, limits):
+                if cap > 0:
+                    self._shadow.pop(r.req_id, None)  # verified drafts tell the controller the same
+                elif lim > 0 and r.req_id not in self._shadow:
+                    shadow.append((r, lim))
+        if todo or shadow:
+            self._draft(todo + shadow, update)
+        for r, _ in shadow:
+            if r.draft_token_ids:
+                self._shadow[r.req_id] = _Shadow(r.draft_token_ids, r.num_tokens)
+            r.draft_token_ids, r.draft_probs = [], None
+        if ctl is not None:
+            drafted = {r.req_id: len(r.draft_token_ids) for r, _ in todo}
+            live = [r for r in reqs if not r.is_finished]  # drafting may have failed some
+            ctl.observe_drafts([r.req_id for r in live], [drafted.get(r.req_id, 0) for r in live])
+
+    def _next_step_prefills(self, num_decoding: int) -> bool:
+        """A running request is still prefilling, or a waiting one will be admitted."""
+        sched = self.scheduler
+        if num_decoding < len(sched.running):
+            return True
+        return bool(
+            sched.waiting and len(sched.running) < sched.max_num_seqs and sched.kv.num_free_slots
+        )
+
+    def _draft_request(self, r: Request, cap: int) -> DraftRequest:
+        d = DraftRequest(
+            r.req_id, r.all_token_ids, cap, r.sampling, r.seed, len(r.prompt_token_ids)
+        )
+        pending = self._hidden.get(r.req_id)
+        if pending is not None and pending.rows:
+            rows = pending.rows[0] if len(pending.rows) == 1 else torch.cat(pending.rows)
+            d.hidden_states, d.hidden_start = rows, pending.start
+            self._hidden[r.req_id] = _Hidden(pending.end)
+        return d
+
+    def _draft(self, todo: list[tuple[Request, int]], update: SchedulerUpdate) -> None:
+        inp = DraftInput([self._draft_request(r, cap) for r, cap in todo])
+        try:
+            out = self.proposer.propose(inp)
+        except Exception:  # noqa: BLE001 - find whose drafting fails, fail only those
+            self._draft_one_by_one(inp, todo, update)
+            return
+        for i, (r, _) in enumerate(todo):
+            r.draft_token_ids = list(out.draft_token_ids[i])
+            r.draft_probs = out.draft_probs[i] if out.draft_probs else None
+
+    def _draft_one_by_one(
+        self, inp: DraftInput, todo: list[tuple[Request, int]], update: SchedulerUpdate
+    ) -> None:
+        for d, (r, _) in zip(inp.requests, todo):
+            try:
+                out = self.proposer.propose(DraftInput([d]))
+            except Exception as e:  # noqa: BLE001
+                self.scheduler.fail(r, failure("drafting", e), update)
+                self.remove_request(r, keep=False)
+                continue
+            r.draft_token_ids = list(out.draft_token_ids[0])
+            r.draft_probs = out.draft_probs[0] if out.draft_probs else None
