@@ -16,16 +16,25 @@ Key layout: native CPU kernels read keys blocked and transposed (``key_block`` k
 element of 16 consecutive keys, so a score needs no horizontal sum); the torch path keeps the
 usual ``[layers, slots, Hkv, max_len, D]`` (``key_block = 0``). Values are always row-major.
 
+Memory follows use: the pool reserves address space (see ``specdec.kv_cache.memory``), a page
+is committed when a sequence first writes it, and a freed slot gives back every page past the
+prefix it keeps cached (all of them without prefix caching); evicting or forgetting a cached
+prefix gives back its pages too. Resident KV is then what running sequences wrote plus the cached
+prefixes, whatever the pool's size.
+
 Element type: ``kv_cache_dtype`` (float16 by default on the native kernels: it halves the memory
 and what attention reads; entries are rounded once, when written), else the model's dtype.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 import torch
+
+from specdec.kv_cache.memory import PagedBuffer
 
 
 class KVCache:
@@ -47,9 +56,10 @@ class KVCache:
         if key_block:
             num_blocks = -(-max_len // key_block)
             k_shape = (num_layers, num_slots, num_kv_heads, num_blocks, head_dim, key_block)
-        # NOTE: torch.empty does not touch the pages: memory is committed as slots fill.
-        self.k = torch.empty(k_shape, dtype=dtype, device=device)  # see the module docstring
-        self.v = torch.empty(shape, dtype=dtype, device=device)  # [L, S, Hkv, max_len, D]
+        self._k_buf = _paged(k_shape, dtype, device)
+        self._v_buf = _paged(shape, dtype, device)
+        self.k = self._k_buf.tensor.view(dtype).view(k_shape)  # see the module docstring
+        self.v = self._v_buf.tensor.view(dtype).view(shape)  # [L, S, Hkv, max_len, D]
         self.num_slots = num_slots
         self.max_len = max_len
         self._free = list(range(num_slots - 1, -1, -1))
@@ -90,6 +100,15 @@ class KVCache:
         )
 
     @property
+    def reserved_bytes(self) -> int:
+        """Address space the pool reserves (what every slot holds at ``max_len``)."""
+        return self._k_buf.nbytes + self._v_buf.nbytes
+
+    def resident_bytes(self) -> int:
+        """Bytes of the pool committed in RAM now (0 where the platform cannot tell)."""
+        return self._k_buf.resident_bytes() + self._v_buf.resident_bytes()
+
+    @property
     def num_free_slots(self) -> int:
         return len(self._free)
 
@@ -104,7 +123,7 @@ class KVCache:
             raise RuntimeError("KV pool exhausted")
         if not self.enable_prefix_caching:
             return self._free.pop()
-        return self._take(self._lru(exclude=None))
+        return self._take(self._lru(exclude=None), 0)
 
     def allocate_for_prompt(
         self, prompt_token_ids: Sequence[int], cache_salt: int = 0
@@ -126,18 +145,19 @@ class KVCache:
         self.num_prefix_cache_queries += len(prompt)
         self.num_prefix_cache_hits += num_reused
         if num_reused == 0:
-            return self._take(self._lru(exclude=None)), 0
+            return self._take(self._lru(exclude=None), 0), 0
         victim = self._lru(exclude=best)
         lost_in_place = int(self._num_cached[best]) - num_reused  # best's tail, overwritten
         if victim is None or lost_in_place <= 0 or lost_in_place < self._num_cached[victim]:
-            return self._take(best), num_reused
+            return self._take(best, num_reused), num_reused
         # NOTE: taking `best` would overwrite more cached tokens than evicting `victim` (a shared
         # system prompt would otherwise make each new request evict the previous one). Copy the
         # shared prefix into the victim instead: a memory copy is far cheaper than a forward.
+        self._take(victim, 0)
         nk = -(-num_reused // self.key_block) if self.key_block else num_reused
         self.k[:, victim, :, :nk] = self.k[:, best, :, :nk]  # a partial last block: stale tail
         self.v[:, victim, :, :num_reused] = self.v[:, best, :, :num_reused]
-        return self._take(victim), num_reused
+        return victim, num_reused
 
     def free(self, slot: int, cached_token_ids: Sequence[int] = (), cache_salt: int = 0) -> None:
         """Return a slot; under prefix caching it remembers ``cached_token_ids`` (whose KV it
@@ -153,10 +173,14 @@ class KVCache:
         self._clock += 1
         self._last_used[slot] = self._clock
         self._free.append(slot)
+        self._release(slot, n)
 
     def reset_prefix_cache(self) -> None:
-        """Forget every cached prefix (running sequences keep their KV)."""
-        self._num_cached[self._free] = 0
+        """Forget every cached prefix and give back its pages (running sequences keep their KV)."""
+        for slot in self._free:
+            if self._num_cached[slot]:
+                self._num_cached[slot] = 0
+                self._release(slot, 0)
 
     # ---- prefix lookup ------------------------------------------------------------------------
     def _longest_prefix(self, prompt: np.ndarray, cache_salt: int) -> tuple[int, int]:
@@ -183,10 +207,34 @@ class KVCache:
         order = np.lexsort((free, self._last_used[free], self._num_cached[free] > 0))
         return int(free[order[0]])
 
-    def _take(self, slot: int) -> int:
+    def _take(self, slot: int, num_reused: int) -> int:
+        """Take a free slot whose first ``num_reused`` positions a new sequence keeps."""
         self._free.remove(slot)
+        if self._num_cached[slot] > num_reused:  # an evicted prefix, or a tail not reused
+            self._release(slot, num_reused)
         self._num_cached[slot] = 0
         return slot
+
+    # ---- memory -------------------------------------------------------------------------------
+    def _release(self, slot: int, num_kept: int) -> None:
+        """Give back the pages of ``slot`` past its first ``num_kept`` positions."""
+        kept_blocks = -(-num_kept // self.key_block) if self.key_block else num_kept
+        self._k_buf.release(_slot_ranges(self.k, slot, kept_blocks))
+        self._v_buf.release(_slot_ranges(self.v, slot, num_kept))
+
+
+def _paged(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> PagedBuffer:
+    return PagedBuffer(int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size(), device)
+
+
+def _slot_ranges(t: torch.Tensor, slot: int, num_kept: int) -> list[tuple[int, int]]:
+    """Byte ranges of ``t`` ``[L, S, Hkv, N, ...]`` (contiguous) holding ``slot``'s entries past
+    the first ``num_kept`` along N: one per (layer, head)."""
+    num_layers, num_slots, num_heads, n = t.shape[:4]
+    row = math.prod(t.shape[4:]) * t.element_size()  # bytes per entry along N
+    heads = np.arange(num_layers)[:, None] * num_slots * num_heads + slot * num_heads
+    starts = (heads + np.arange(num_heads)).ravel() * (n * row)  # [L * Hkv] head starts
+    return [(int(s) + num_kept * row, int(s) + n * row) for s in starts]
 
 
 def blocked_keys(k: torch.Tensor, key_block: int) -> torch.Tensor:

@@ -540,6 +540,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from specdec.engine.async_llm import AsyncLLM
+    from specdec.kv_cache.sizing import describe_pool
 
     # NOTE: the same engine construction as `specdec generate`, so every engine flag applies here.
     llm = AsyncLLM(build_llm(args, spec).engine, log_stats=not args.disable_log_stats)
@@ -556,12 +557,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         shutdown_timeout=args.shutdown_timeout,
     )
     logger.info(
-        "serving %s (%s) on http://%s:%d/v1, max_model_len %d, KV slots %d (%d running), "
-        "prefix caching: %s, speculation: %s",
-        names[0], root, args.host, args.port, llm.engine.max_model_len, llm.engine.kv.num_slots,
-        llm.engine.scheduler.max_num_seqs, "on" if args.enable_prefix_caching else "off",
+        "serving %s (%s) on http://%s:%d/v1, max_model_len %d, prefix caching: %s, "
+        "speculation: %s",
+        names[0], root, args.host, args.port, llm.engine.max_model_len,
+        "on" if args.enable_prefix_caching else "off",
         f"{spec.method} k={spec.num_speculative_tokens}" if spec else "off",
     )  # fmt: skip
+    logger.info("KV cache: %s", describe_pool(llm.engine.kv, llm.engine.scheduler.max_num_seqs))
     logger.info(
         "API key: %s; accepted Host names: %s; CORS origins: %s; request chat templates: %s",
         "required" if api_key else "none (anyone who can connect may use the server)",
