@@ -4,7 +4,7 @@
 Project metadata lives in pyproject.toml; this file only adds the C++ extensions:
 
 * ``specdec/kernels/csrc/ops.cpp`` (torch binding), ``layer.cpp`` (a whole decoder layer in one
-  call) and ``kernels_portable.cpp`` are compiled with
+  call), ``kernels_portable.cpp`` and ``kquants.cpp`` (K-quant tiles) are compiled with
   the flags torch's ``BuildExtension`` uses (no ISA flags), so the module imports on any x86-64 CPU;
 * ``kernels_avx2.cpp`` is compiled on its own with ``-mavx2 -mfma -mf16c -O3``, and
   ``kernels_avx512.cpp`` with AVX-512 F/DQ/BW/VL added, ``kernels_vnni.cpp`` (8-bit activation
@@ -114,7 +114,10 @@ def _native_build():
 
     ext = CppExtension(
         name=KERNELS_EXT,
-        sources=[os.path.join(CSRC, f) for f in ("ops.cpp", "layer.cpp", "kernels_portable.cpp")],
+        sources=[
+            os.path.join(CSRC, f)
+            for f in ("ops.cpp", "layer.cpp", "kernels_portable.cpp", "kquants.cpp")
+        ],
         include_dirs=[os.path.abspath(CSRC)],
         extra_compile_args=list(COMMON_FLAGS),
     )

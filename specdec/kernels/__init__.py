@@ -37,6 +37,7 @@ except Exception as exc:  # extension not built, or built against another torch
 
 __all__ = [
     "A8_QTYPES",
+    "KQUANT_QTYPES",
     "QTYPES",
     "KernelOps",
     "NativeOps",
@@ -46,6 +47,7 @@ __all__ = [
     "cpu_features",
     "get_ops",
     "int8_activations_fast",
+    "kquant_supported",
     "native_available",
     "native_isa",
     "pack_weight",
@@ -53,13 +55,21 @@ __all__ = [
     "set_native_isa",
 ]
 
+# Formats quantize_weight makes (and pack_weight takes as GGUF blocks of 32).
 QTYPES = ("f32", "q8_0", "q4_0", "q4_1")
+# GGUF K-quants (super-blocks of 256): pack_weight takes their GGUF blocks and keeps them, repacked
+# into tiles of 16 rows at about their size; nothing here quantizes to them.
+KQUANT_QTYPES = ("q4_k", "q5_k", "q6_k")
 
 BLOCK_SIZE = 32  # elements per GGUF block for every quantized QTYPE
 BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
-_QT_CODE = {"f32": 0, "q8_0": 1, "q4_0": 2, "q4_1": 3}
-# Weight formats the 8-bit activation kernels take (repacked once, see PackedWeight.enable_a8).
-A8_QTYPES = ("q8_0", "q4_0", "q4_1")
+KQUANT_BLOCK = 256  # elements per K-quant super-block
+KQUANT_GGUF_BYTES = {"q4_k": 144, "q5_k": 176, "q6_k": 210}  # per super-block in GGUF
+KQUANT_TILE_BYTES = {"q4_k": 2368, "q5_k": 2880, "q6_k": 3360}  # per 16 rows x 256 (kquants.cpp)
+_QT_CODE = {"f32": 0, "q8_0": 1, "q4_0": 2, "q4_1": 3, "q4_k": 4, "q5_k": 5, "q6_k": 6}
+_QT_KQUANT = 8  # _C.linear's qtype for K-quant tiles (kernels.h QT_KQUANT)
+# Weight formats the 8-bit activation kernels take (see PackedWeight.enable_a8).
+A8_QTYPES = ("q8_0", "q4_0", "q4_1", *KQUANT_QTYPES)
 
 
 def native_available() -> bool:
@@ -129,7 +139,19 @@ def set_native_isa(isa: str) -> None:
 def _row_bytes(qtype: str, in_features: int) -> int:
     if qtype == "f32":
         return in_features * 4
+    if qtype in KQUANT_QTYPES:
+        return in_features // KQUANT_BLOCK * KQUANT_GGUF_BYTES[qtype]
     return in_features // BLOCK_SIZE * BLOCK_BYTES[qtype]
+
+
+def kquant_supported(qtype: str, out_features: int, in_features: int) -> bool:
+    """Whether a GGUF K-quant weight of this shape can stay native (else convert it)."""
+    return (
+        _C is not None
+        and qtype in KQUANT_QTYPES
+        and out_features % 16 == 0
+        and in_features % KQUANT_BLOCK == 0
+    )
 
 
 @dataclass(eq=False)
@@ -140,31 +162,42 @@ class PackedWeight:
     ``[N, row_bytes]`` holding each row's GGUF blocks unchanged (32 elements per block; q8_0:
     f16 scale + 32 int8; q4_0: f16 scale + 16 bytes of nibbles, value (q - 8) * d; q4_1: f16 d,
     f16 m + nibbles, value q * d + m; low nibbles are elements 0-15 of a block, high 16-31).
+
+    K-quants (q4_k, q5_k, q6_k) hold flat uint8 tiles of 16 rows x 256 inputs instead of their
+    GGUF blocks (about the same size, layouts in csrc/kquants.cpp); ``parts`` lists
+    ``(format, rows)`` in row order, so a fused weight may mix them (its ``qtype`` then reads
+    e.g. ``"q4_k+q6_k"``).  One copy serves the float and the 8-bit activation kernels.
     """
 
     qtype: str
     out_features: int
     in_features: int
     data: torch.Tensor
+    parts: tuple[tuple[str, int], ...] = ()
     # Float copies made by TorchOps for quantized weights, one per device (lazily).
     _float_cache: dict[str, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
     # The same weight repacked for the 8-bit activation kernels (enable_a8); NativeOps.linear
     # uses it when set.  ``data`` stays (embedding lookups and the float kernels read it).
     a8: torch.Tensor | None = field(default=None, init=False, repr=False)
 
+    @property
+    def is_kquant(self) -> bool:
+        return bool(self.parts)
+
     def a8_eligible(self) -> bool:
         """Whether :meth:`enable_a8` can repack this weight (format and shape)."""
         return (
             _C is not None
-            and self.qtype in A8_QTYPES
+            and (self.qtype in A8_QTYPES or self.is_kquant)
             and self.out_features % 16 == 0
             and self.data.device.type == "cpu"
         )
 
     def enable_a8(self) -> None:
-        """Repack for the 8-bit activation kernels: activations are then quantized to int8 per
-        block of 32 (as llama.cpp does for quantized weights) and dotted with integer
-        instructions.  Results differ slightly from the float path but stay batch-invariant."""
+        """Use the 8-bit activation kernels: activations are then quantized to int8 per block of
+        32 (q8_0/q4_0/q4_1, whose weights are repacked once) or of 256 (K-quants, llama.cpp's
+        Q8_K; their tiles serve as they are) and dotted with integer instructions.  Results
+        differ slightly from the float path but stay batch-invariant."""
         if not self.a8_eligible():
             raise ValueError(
                 f"8-bit activations need a native {'/'.join(A8_QTYPES)} weight with "
@@ -172,8 +205,12 @@ class PackedWeight:
                 f"{self.in_features}]"
             )
         if self.a8 is None:
-            self.a8 = _C.repack_a8(
-                self.data, _QT_CODE[self.qtype], self.out_features, self.in_features
+            self.a8 = (
+                self.data
+                if self.is_kquant
+                else _C.repack_a8(
+                    self.data, _QT_CODE[self.qtype], self.out_features, self.in_features
+                )
             )
 
     def disable_a8(self) -> None:
@@ -181,7 +218,11 @@ class PackedWeight:
 
     @property
     def qtype_code(self) -> int:
-        return _QT_CODE[self.qtype]
+        return _QT_KQUANT if self.is_kquant else _QT_CODE[self.qtype]
+
+    def part_codes(self) -> list[int]:
+        """``parts`` as _C takes them: [format code, rows, ...] (empty unless K-quant)."""
+        return [v for fmt, rows in self.parts for v in (_QT_CODE[fmt], rows)]
 
     @property
     def nbytes(self) -> int:
@@ -196,12 +237,22 @@ class PackedWeight:
         """
         if self.qtype == "f32":
             return self.data
+        if self.is_kquant:
+            return self._dequantize_kq(None)
         return _dequantize(self.qtype, self.data, self.out_features, self.in_features)
 
     def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """Float32 ``[len(rows), K]`` of the selected output rows (e.g. an embedding lookup)."""
+        if self.is_kquant:
+            return self._dequantize_kq(rows.reshape(-1).cpu()).to(self.data.device)
         idx = rows.reshape(-1).to(self.data.device)
         return _dequantize(self.qtype, self.data[idx], idx.numel(), self.in_features)
+
+    def _dequantize_kq(self, rows: torch.Tensor | None) -> torch.Tensor:
+        data = self.data.cpu()
+        return _C.dequantize_kq(
+            data, self.part_codes(), self.out_features, self.in_features, rows
+        ).to(self.data.device)
 
     def float_weight(self, device: torch.device | str) -> torch.Tensor:
         """Float32 ``[N, K]`` on ``device``, made once and cached (used by TorchOps)."""
@@ -211,9 +262,12 @@ class PackedWeight:
         key = str(device)
         cached = self._float_cache.get(key)
         if cached is None:
-            cached = _dequantize(
-                self.qtype, self.data.to(device), self.out_features, self.in_features
-            )
+            if self.is_kquant:
+                cached = self._dequantize_kq(None).to(device)
+            else:
+                cached = _dequantize(
+                    self.qtype, self.data.to(device), self.out_features, self.in_features
+                )
             self._float_cache[key] = cached
         return cached
 
@@ -247,14 +301,18 @@ def pack_weight(
     ``qtype == "f32"``: ``data`` is float32 ``[N, K]``.  Quantized types: ``data`` holds the raw
     GGUF block bytes of each row, uint8 ``[N, row_bytes]`` (e.g.
     ``torch.from_numpy(reader_tensor.data)``); it stays quantized, no float copy is made.
+    K-quants are repacked into their tiles (the GGUF bytes are not kept); they need the native
+    extension, ``N % 16 == 0`` and ``K % 256 == 0`` (see :func:`kquant_supported`).
     """
-    if qtype not in QTYPES:
-        raise ValueError(f"unknown qtype {qtype!r}; expected one of {QTYPES}")
+    if qtype not in QTYPES and qtype not in KQUANT_QTYPES:
+        raise ValueError(f"unknown qtype {qtype!r}; expected one of {QTYPES + KQUANT_QTYPES}")
     if isinstance(data, np.ndarray):
         with warnings.catch_warnings():  # read-only memmaps: the kernels never write weights
             warnings.simplefilter("ignore", UserWarning)
             data = torch.from_numpy(np.ascontiguousarray(data))
     n, k = int(out_features), int(in_features)
+    if qtype in KQUANT_QTYPES:
+        return _pack_kquant(qtype, data, n, k)
     if qtype == "f32":
         if data.dtype != torch.float32:
             raise TypeError(f"f32 weight must be float32, got {data.dtype}")
@@ -273,6 +331,25 @@ def pack_weight(
     return PackedWeight(qtype, n, k, data.reshape(n, rb).contiguous())
 
 
+def _pack_kquant(qtype: str, data: torch.Tensor, n: int, k: int) -> PackedWeight:
+    if not kquant_supported(qtype, n, k):
+        reason = "the native extension" if _C is None else "N % 16 == 0 and K % 256 == 0"
+        raise ValueError(f"{qtype} weights [{n}, {k}] need {reason}")
+    if data.dtype != torch.uint8:
+        raise TypeError(f"{qtype} weight must be uint8 GGUF block bytes, got {data.dtype}")
+    rb = _row_bytes(qtype, k)
+    if data.numel() != n * rb:
+        raise ValueError(
+            f"{qtype} weight has {data.numel()} bytes, expected {n} rows x {rb} bytes ({n}x{k})"
+        )
+    tiles = _C.repack_kq(data.reshape(n, rb).contiguous(), _QT_CODE[qtype], n, k)
+    return PackedWeight(qtype, n, k, tiles, parts=((qtype, n),))
+
+
+def _kquant_qtype(parts: tuple[tuple[str, int], ...]) -> str:
+    return "+".join(dict.fromkeys(fmt for fmt, _ in parts))
+
+
 def concat_weights(weights: list[PackedWeight] | tuple[PackedWeight, ...]) -> PackedWeight:
     """Stack weights with the same qtype and in_features along out_features (fused QKV, gate/up).
 
@@ -282,6 +359,12 @@ def concat_weights(weights: list[PackedWeight] | tuple[PackedWeight, ...]) -> Pa
     if not weights:
         raise ValueError("concat_weights needs at least one weight")
     qtype, k = weights[0].qtype, weights[0].in_features
+    if all(w.is_kquant for w in weights) and all(w.in_features == k for w in weights):
+        # K-quant formats mix: each part keeps its own tiles
+        parts = tuple(p for w in weights for p in w.parts)
+        n = sum(w.out_features for w in weights)
+        data = torch.cat([w.data for w in weights])
+        return PackedWeight(_kquant_qtype(parts), n, k, data, parts=parts)
     for w in weights:
         if w.qtype != qtype or w.in_features != k:
             raise ValueError(
@@ -399,11 +482,13 @@ class KernelOps:
         return f"{type(self).__name__}()"
 
 
-def _kernel_weight(w: PackedWeight) -> tuple[torch.Tensor, int]:
-    """The tensor and qtype code _C.linear takes for ``w`` (its repacked copy when enabled)."""
+def _kernel_weight(w: PackedWeight) -> tuple[torch.Tensor, int, list[int]]:
+    """The tensor, qtype code and parts _C.linear takes for ``w`` (8-bit activations when
+    enabled)."""
+    code = w.qtype_code
     if w.a8 is not None:
-        return w.a8, int(_C.QT_A8_BASE) + _QT_CODE[w.qtype]
-    return w.data, _QT_CODE[w.qtype]
+        return w.a8, int(_C.QT_A8_BASE) + code, w.part_codes()
+    return w.data, code, w.part_codes()
 
 
 class NativeOps(KernelOps):
@@ -427,12 +512,12 @@ class NativeOps(KernelOps):
     def linear(
         self, x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        data, code = _kernel_weight(w)
+        data, code, parts = _kernel_weight(w)
         if x.dim() == 2:
-            return self._C.linear(x, data, code, w.out_features, w.in_features, bias)
+            return self._C.linear(x, data, code, w.out_features, w.in_features, bias, parts)
         lead = x.shape[:-1]
         y = self._C.linear(
-            x.reshape(-1, x.shape[-1]), data, code, w.out_features, w.in_features, bias
+            x.reshape(-1, x.shape[-1]), data, code, w.out_features, w.in_features, bias, parts
         )
         return y.reshape(*lead, w.out_features)
 
@@ -450,8 +535,13 @@ class NativeOps(KernelOps):
         """
 
         def lin(prefix: str, linear: Any) -> dict[str, Any]:
-            data, code = _kernel_weight(linear.weight)
-            return {f"{prefix}_w": data, f"{prefix}_qt": code, f"{prefix}_bias": linear.bias}
+            data, code, parts = _kernel_weight(linear.weight)
+            return {
+                f"{prefix}_w": data,
+                f"{prefix}_qt": code,
+                f"{prefix}_bias": linear.bias,
+                f"{prefix}_parts": parts,
+            }
 
         return self._C.DecoderLayer(
             num_heads=cfg.num_heads,

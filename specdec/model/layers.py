@@ -12,7 +12,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdec.kernels import QTYPES, KernelOps, PackedWeight, pack_weight, quantize_weight
+from specdec.kernels import (
+    KQUANT_QTYPES,
+    QTYPES,
+    KernelOps,
+    PackedWeight,
+    concat_weights,
+    kquant_supported,
+    pack_weight,
+    quantize_weight,
+)
 from specdec.model.loader import RawTensor
 
 QUANTIZATION_CHOICES = ("auto", "fp32", "q8_0", "q4_0", "q4_1")
@@ -42,7 +51,10 @@ def _target_qtype(raw: RawTensor, quantization: str, native: bool) -> str:
         return quantization
     if raw.qtype in QTYPES:
         return raw.qtype
-    # NOTE: formats without a native kernel (k-quants, Q5_x) go to Q8_0: near-lossless.
+    if len(raw.shape) == 2 and kquant_supported(raw.qtype, raw.shape[0], raw.shape[1]):
+        return raw.qtype
+    # NOTE: formats without a native kernel (Q5_x, K-quants of odd shapes) go to Q8_0:
+    # near-lossless.
     return "q8_0" if raw.is_quantized else "f32"
 
 
@@ -54,7 +66,12 @@ def pack_linear(
 ) -> PackedWeight:
     """Pack one weight, or several fused along the output dimension (q|k|v, gate|up)."""
     native = ops.name == "native"
-    targets = {_target_qtype(r, quantization, native) for r in raws}
+    kinds = [_target_qtype(r, quantization, native) for r in raws]
+    if all(k in KQUANT_QTYPES for k in kinds):  # kept as they are (formats may differ by part)
+        parts = [pack_weight(r.qtype, r.data, r.shape[0], r.shape[1]) for r in raws]
+        return parts[0] if len(parts) == 1 else concat_weights(parts)
+    # NOTE: a K-quant fused with a part of another format goes to Q8_0 with the rest.
+    targets = {"q8_0" if k in KQUANT_QTYPES else k for k in kinds}
     in_features = raws[0].shape[1]
     out_features = sum(r.shape[0] for r in raws)
     if (

@@ -444,7 +444,7 @@ def _a8_weight(qtype: str, n: int, k: int, seed: int = 0) -> K.PackedWeight:
     return w
 
 
-@pytest.mark.parametrize("qtype", K.A8_QTYPES)
+@pytest.mark.parametrize("qtype", QUANT)  # K-quants: test_kquants.py
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_a8_linear_matches_quantized_reference(native, qtype, with_bias):
     w = _a8_weight(qtype, 48, 96)
@@ -460,7 +460,7 @@ def test_a8_linear_matches_quantized_reference(native, qtype, with_bias):
     assert 0 < diff < 0.05 * ref.abs().max().item()
 
 
-@pytest.mark.parametrize("qtype", K.A8_QTYPES)
+@pytest.mark.parametrize("qtype", QUANT)  # K-quants: test_kquants.py
 def test_a8_linear_batch_invariant(native, qtype):
     w = _a8_weight(qtype, 80, 64)  # 5 tile groups: the two-group tiles and a one-group tail
     bias = _randn(80, seed=5)
@@ -480,7 +480,7 @@ def test_a8_kernels_agree_across_isas():
         K.set_native_isa(isa)
         try:
             ops = K.get_ops("native")
-            for qtype in K.A8_QTYPES:
+            for qtype in QUANT:
                 w = _a8_weight(qtype, 64, 128, seed=2)
                 results.setdefault(qtype, {})[isa] = ops.linear(_randn(9, 128) * 3, w, None)
         finally:

@@ -15,7 +15,18 @@
 
 namespace specdec {
 
-enum QType : int { QT_F32 = 0, QT_Q8_0 = 1, QT_Q4_0 = 2, QT_Q4_1 = 3 };
+enum QType : int {
+    QT_F32 = 0,
+    QT_Q8_0 = 1,
+    QT_Q4_0 = 2,
+    QT_Q4_1 = 3,
+    // GGUF K-quants, stored as the tiles of kquants.cpp (never as GGUF blocks).  These three are
+    // the formats of a weight's parts; linear() takes a K-quant weight as QT_KQUANT plus its parts.
+    QT_Q4_K = 4,
+    QT_Q5_K = 5,
+    QT_Q6_K = 6,
+    QT_KQUANT = 8,
+};
 
 // Rows of activations processed together; each weight block is read once per chunk.
 constexpr int64_t kChunkRows = 16;
@@ -90,9 +101,47 @@ struct A8Table {
                           const float* bias, float* y, int64_t N, int64_t g0, int64_t g1);
 };
 
+// ---------------------------------------------------------------------------------------------
+// K-quants (Q4_K, Q5_K, Q6_K: super-blocks of 256 inputs).  A weight is stored as tiles of 16
+// output rows x 256 inputs, each tile replacing the 16 rows' GGUF blocks at about their size
+// (layouts in kquants.cpp); the tiles of a 16-row group are consecutive, groups follow each other.
+// A fused weight may mix formats part by part (Q4_K_M's q|k|v with v in Q6_K): its parts are
+// listed as (format, rows) pairs, rows % 16 == 0, and their tiles follow each other.
+constexpr int64_t kKqBlock = 256;
+constexpr int64_t kKqTileRows = 16;
+constexpr int64_t kq_tile_bytes(int fmt) {
+    return fmt == QT_Q4_K ? 2368 : fmt == QT_Q5_K ? 2880 : fmt == QT_Q6_K ? 3360 : 0;
+}
+// GGUF's bytes per block of 256 (what the tiles replace).
+constexpr int64_t kq_gguf_block_bytes(int fmt) {
+    return fmt == QT_Q4_K ? 144 : fmt == QT_Q5_K ? 176 : fmt == QT_Q6_K ? 210 : 0;
+}
+
+// kquants.cpp (plain C++, no ISA flags).  repack: rows [0, N) of GGUF blocks (row_bytes = K / 256
+// * kq_gguf_block_bytes) -> N / 16 groups of tiles.  decode: rows [r0, r1) of the tiles to float
+// rows of K, the same float32 operations as gguf.quants.dequantize (bit-exact).
+void kq_repack(int fmt, const uint8_t* src, int64_t N, int64_t K, uint8_t* dst);
+void kq_decode_rows(int fmt, const uint8_t* tiles, int64_t K, int64_t r0, int64_t r1, float* out);
+
+// 8-bit activation path for K-quants.  Activations are quantized like llama.cpp's Q8_K: one scale
+// per block of 256 (dk = amax / 127, codes round(x / dk) to nearest even), plus the sums of the codes
+// per 16 (bs16) and per 32 (bs32), which the weights' offsets and minimums multiply.
+struct KqA8Table {
+    // Rows [m0, m1) of x [M, K] (K % 256 == 0): xq int8 [M, K], dk [M, K / 256],
+    // bs16 [M, K / 16], bs32 [M, K / 32].
+    void (*quantize_rows)(const float* x, int64_t K, int8_t* xq, float* dk, int16_t* bs16,
+                          int16_t* bs32, int64_t m0, int64_t m1);
+    // y[m * ldy + n] for all M rows and the rows n of tile groups [g0, g1) of one part (format
+    // fmt, tiles w), + bias[n] when bias is not null.
+    void (*linear_groups)(int fmt, const int8_t* xq, const float* dk, const int16_t* bs16,
+                          const int16_t* bs32, int64_t M, int64_t K, const uint8_t* w,
+                          const float* bias, float* y, int64_t ldy, int64_t g0, int64_t g1);
+};
+
 const KernelTable* portable_table();
 // Scalar 8-bit activation kernels: bit-identical to the VNNI ones, for CPUs without VNNI and tests.
 const A8Table* portable_a8_table();
+const KqA8Table* portable_kq_a8_table();
 #ifdef SPECDEC_HAVE_AVX2
 const KernelTable* avx2_table();
 #endif
@@ -103,6 +152,7 @@ const KernelTable* avx512_table();
 
 #ifdef SPECDEC_HAVE_VNNI
 const A8Table* vnni_table();
+const KqA8Table* vnni_kq_table();
 #endif
 
 }  // namespace specdec

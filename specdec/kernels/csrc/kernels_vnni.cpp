@@ -24,6 +24,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "kernels.h"
 
 namespace specdec {
@@ -194,7 +196,277 @@ void linear_a8_groups(int kind, const int8_t* xq, const float* dx, const int32_t
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// K-quants (tiles of kquants.cpp).  Activations are quantized per block of 256 (Q8_K-like): codes
+// xq, scale dk, code sums bs16 / bs32 per 16 / 32.  Per output and block of 256, exactly:
+//   Q4_K / Q5_K:  S = sum_s sc_s * (sum_i u_i * xq_i)  over the 8 sub-blocks of 32   (int32)
+//                 mins = sum_s min_s * bs32_s                                        (int32)
+//                 acc = fma(float(S) * dk, d, acc);  acc = fma(-(float(mins) * dk), dmin, acc)
+//   Q6_K:         S = sum_s sc_s * (sum_i u_i * xq_i - 32 * bs16_s)  over 16 sub-blocks of 16
+//                 acc = fma(float(S) * dk, d, acc)
+// then + bias.  |S| < 2^28, so no integer sum overflows; the integer parts may be added in any
+// order and every float operation is in a fixed order per output, whatever M, tile or thread.
+
+void kq_quantize_rows(const float* x, int64_t K, int8_t* xq, float* dk, int16_t* bs16, int16_t* bs32,
+                      int64_t m0, int64_t m1) {
+    const int64_t nb = K / kKqBlock;
+    const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    for (int64_t m = m0; m < m1; ++m) {
+        for (int64_t b = 0; b < nb; ++b) {
+            const float* xb = x + m * K + b * kKqBlock;
+            __m512 a = _mm512_setzero_ps();
+            for (int v = 0; v < 16; ++v) a = _mm512_max_ps(a, _mm512_and_ps(_mm512_loadu_ps(xb + 16 * v), sign));
+            const float amax = _mm512_reduce_max_ps(a);
+            const float d = amax / 127.0f;
+            const __m512 idv = _mm512_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+            int8_t* dst = xq + m * K + b * kKqBlock;
+            int16_t* s16 = bs16 + m * (K / 16) + b * 16;
+            for (int v = 0; v < 16; ++v) {
+                const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 16 * v), idv));
+                const __m128i q8 = _mm512_cvtsepi32_epi8(q);  // saturated, as stored
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16 * v), q8);
+                s16[v] = static_cast<int16_t>(_mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(q8)));
+            }
+            for (int k = 0; k < 8; ++k)
+                bs32[m * (K / 32) + b * 8 + k] = static_cast<int16_t>(s16[2 * k] + s16[2 * k + 1]);
+            dk[m * nb + b] = d;
+        }
+    }
+}
+
+inline __m512i bcast4u(const void* p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+inline __mmask64 load_mask64(const uint8_t* p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return _cvtu64_mask64(v);
+}
+
+// Prefetch the eighth `part` (0..7) of a tile.
+template <int64_t TB>
+inline void prefetch_eighth(const uint8_t* tile, int part) {
+    constexpr int64_t kSpan = (TB / 8 + 63) / 64 * 64;
+    for (int64_t o = part * kSpan; o < (part + 1) * kSpan; o += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(tile + o), _MM_HINT_T0);
+}
+
+constexpr int64_t kKqPrefetchTiles = 2;
+
+// NG consecutive 16-row groups of a Q4_K / Q5_K part against MR activation rows.
+template <int FMT, int NG, int MR>
+inline void kq4_tile(const int8_t* xq, const float* dk, const int16_t* bs32, int64_t K,
+                     const uint8_t* tiles, const float* bias, float* y, int64_t ldy) {
+    constexpr int64_t TB = kq_tile_bytes(FMT);
+    const int64_t nb = K / kKqBlock, gs = nb * TB;
+    const __m512i lo4 = _mm512_set1_epi8(0x0F), b16 = _mm512_set1_epi8(0x10);
+    __m512 acc[NG][MR];
+    for (int g = 0; g < NG; ++g)
+        for (int m = 0; m < MR; ++m) acc[g][m] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        const int8_t* xb = xq + b * kKqBlock;
+        __m512i S[NG][MR];
+        for (int g = 0; g < NG; ++g)
+            for (int m = 0; m < MR; ++m) S[g][m] = _mm512_setzero_si512();
+        for (int s = 0; s < 8; ++s) {
+            __m512i si[NG][MR];
+            for (int g = 0; g < NG; ++g) {
+                prefetch_eighth<TB>(tiles + g * gs + (b + kKqPrefetchTiles) * TB, s);
+                for (int m = 0; m < MR; ++m) si[g][m] = _mm512_setzero_si512();
+            }
+            for (int p = 0; p < 4; ++p) {
+                __m512i wlo[NG], whi[NG];
+                for (int g = 0; g < NG; ++g) {
+                    const uint8_t* t = tiles + g * gs + b * TB;
+                    const __m512i packed = _mm512_loadu_si512(t + 320 + 256 * s + 64 * p);
+                    wlo[g] = _mm512_and_si512(packed, lo4);
+                    whi[g] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), lo4);
+                    if (FMT == QT_Q5_K) {
+                        const uint8_t* h = t + 2368 + 64 * s;
+                        wlo[g] = _mm512_mask_add_epi8(wlo[g], load_mask64(h + 8 * p), wlo[g], b16);
+                        whi[g] = _mm512_mask_add_epi8(whi[g], load_mask64(h + 8 * (4 + p)), whi[g], b16);
+                    }
+                }
+                for (int m = 0; m < MR; ++m) {
+                    const int8_t* xs = xb + m * K + 32 * s;
+                    const __m512i xlo = bcast4u(xs + 4 * p), xhi = bcast4u(xs + 16 + 4 * p);
+                    for (int g = 0; g < NG; ++g) {
+                        si[g][m] = _mm512_dpbusd_epi32(si[g][m], wlo[g], xlo);
+                        si[g][m] = _mm512_dpbusd_epi32(si[g][m], whi[g], xhi);
+                    }
+                }
+            }
+            for (int g = 0; g < NG; ++g) {
+                const uint8_t* t = tiles + g * gs + b * TB;
+                const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 64 + 16 * s)));
+                for (int m = 0; m < MR; ++m) S[g][m] = _mm512_add_epi32(S[g][m], _mm512_mullo_epi32(si[g][m], sc));
+            }
+        }
+        for (int g = 0; g < NG; ++g) {
+            const uint8_t* t = tiles + g * gs + b * TB;
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
+            const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32)));
+            __m512i mp[4];
+            for (int p = 0; p < 4; ++p)
+                mp[p] = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 192 + 32 * p)));
+            for (int m = 0; m < MR; ++m) {
+                const int16_t* bs = bs32 + m * (K / 32) + b * 8;
+                __m512i mins = _mm512_setzero_si512();
+                for (int p = 0; p < 4; ++p) mins = _mm512_dpwssd_epi32(mins, mp[p], bcast4u(bs + 2 * p));
+                const __m512 dx = _mm512_set1_ps(dk[m * nb + b]);
+                acc[g][m] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(S[g][m]), dx), d, acc[g][m]);
+                acc[g][m] = _mm512_fnmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(mins), dx), dmin, acc[g][m]);
+            }
+        }
+    }
+    for (int g = 0; g < NG; ++g) {
+        const __m512 bv = bias ? _mm512_loadu_ps(bias + g * kKqTileRows) : _mm512_setzero_ps();
+        for (int m = 0; m < MR; ++m)
+            _mm512_storeu_ps(y + m * ldy + g * kKqTileRows, bias ? _mm512_add_ps(acc[g][m], bv) : acc[g][m]);
+    }
+}
+
+// Bits 2p, 2p + 1 of every byte of h moved to bits 4-5 (other bits: garbage, masked by the caller).
+template <int P>
+inline __m512i q6_high(__m512i h) {
+    if (P == 0) return _mm512_slli_epi16(h, 4);
+    if (P == 1) return _mm512_slli_epi16(h, 2);
+    if (P == 2) return h;
+    return _mm512_srli_epi16(h, 2);
+}
+
+template <int FMT, int NG, int MR>
+inline void kq6_tile(const int8_t* xq, const float* dk, const int16_t* bs16, int64_t K,
+                     const uint8_t* tiles, const float* bias, float* y, int64_t ldy) {
+    constexpr int64_t TB = kq_tile_bytes(QT_Q6_K);
+    const int64_t nb = K / kKqBlock, gs = nb * TB;
+    const __m512i lo4 = _mm512_set1_epi8(0x0F), hi2 = _mm512_set1_epi8(0x30);
+    __m512 acc[NG][MR];
+    for (int g = 0; g < NG; ++g)
+        for (int m = 0; m < MR; ++m) acc[g][m] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        const int8_t* xb = xq + b * kKqBlock;
+        __m512i S[NG][MR];
+        for (int g = 0; g < NG; ++g)
+            for (int m = 0; m < MR; ++m) S[g][m] = _mm512_setzero_si512();
+        for (int u = 0; u < 8; ++u) {
+            __m512i sa[NG][MR], sb[NG][MR], h0[NG], h1[NG];
+            for (int g = 0; g < NG; ++g) {
+                const uint8_t* unit = tiles + g * gs + b * TB + 288 + 384 * u;
+                prefetch_eighth<TB>(tiles + g * gs + (b + kKqPrefetchTiles) * TB, u);
+                h0[g] = _mm512_loadu_si512(unit + 256);
+                h1[g] = _mm512_loadu_si512(unit + 320);
+                for (int m = 0; m < MR; ++m) sa[g][m] = sb[g][m] = _mm512_setzero_si512();
+            }
+            auto step = [&](auto pc) {
+                constexpr int p = decltype(pc)::value;
+                __m512i wlo[NG], whi[NG];
+                for (int g = 0; g < NG; ++g) {
+                    const __m512i packed = _mm512_loadu_si512(tiles + g * gs + b * TB + 288 + 384 * u + 64 * p);
+                    // (a & 0x0F) | (h & 0x30): two ternary-logic steps
+                    const __m512i hl = _mm512_and_si512(q6_high<p>(h0[g]), hi2);
+                    const __m512i hh = _mm512_and_si512(q6_high<p>(h1[g]), hi2);
+                    wlo[g] = _mm512_ternarylogic_epi32(packed, lo4, hl, 0xEA);
+                    whi[g] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(packed, 4), lo4, hh, 0xEA);
+                }
+                for (int m = 0; m < MR; ++m) {
+                    const int8_t* xs = xb + m * K + 32 * u;
+                    const __m512i xlo = bcast4u(xs + 4 * p), xhi = bcast4u(xs + 16 + 4 * p);
+                    for (int g = 0; g < NG; ++g) {
+                        sa[g][m] = _mm512_dpbusd_epi32(sa[g][m], wlo[g], xlo);
+                        sb[g][m] = _mm512_dpbusd_epi32(sb[g][m], whi[g], xhi);
+                    }
+                }
+            };
+            step(std::integral_constant<int, 0>());
+            step(std::integral_constant<int, 1>());
+            step(std::integral_constant<int, 2>());
+            step(std::integral_constant<int, 3>());
+            for (int g = 0; g < NG; ++g) {
+                const uint8_t* sc = tiles + g * gs + b * TB + 32 + 16 * 2 * u;
+                const __m512i sca = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
+                const __m512i scb = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + 16)));
+                for (int m = 0; m < MR; ++m) {
+                    const int16_t* bs = bs16 + m * (K / 16) + b * 16 + 2 * u;
+                    const __m512i a = _mm512_sub_epi32(sa[g][m], _mm512_set1_epi32(32 * bs[0]));
+                    const __m512i c = _mm512_sub_epi32(sb[g][m], _mm512_set1_epi32(32 * bs[1]));
+                    S[g][m] = _mm512_add_epi32(S[g][m], _mm512_mullo_epi32(a, sca));
+                    S[g][m] = _mm512_add_epi32(S[g][m], _mm512_mullo_epi32(c, scb));
+                }
+            }
+        }
+        for (int g = 0; g < NG; ++g) {
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tiles + g * gs + b * TB)));
+            for (int m = 0; m < MR; ++m) {
+                const __m512 dx = _mm512_set1_ps(dk[m * nb + b]);
+                acc[g][m] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(S[g][m]), dx), d, acc[g][m]);
+            }
+        }
+    }
+    for (int g = 0; g < NG; ++g) {
+        const __m512 bv = bias ? _mm512_loadu_ps(bias + g * kKqTileRows) : _mm512_setzero_ps();
+        for (int m = 0; m < MR; ++m)
+            _mm512_storeu_ps(y + m * ldy + g * kKqTileRows, bias ? _mm512_add_ps(acc[g][m], bv) : acc[g][m]);
+    }
+}
+
+template <int FMT, int NG, int MR>
+inline void kq_tile(const int8_t* xq, const float* dk, const int16_t* bs16, const int16_t* bs32,
+                    int64_t K, const uint8_t* tiles, const float* bias, float* y, int64_t ldy) {
+    if (FMT == QT_Q6_K) kq6_tile<FMT, NG, MR>(xq, dk, bs16, K, tiles, bias, y, ldy);
+    else kq4_tile<FMT, NG, MR>(xq, dk, bs32, K, tiles, bias, y, ldy);
+}
+
+// NG groups against all M rows, MR rows at a time (the remainder one row at a time).
+template <int FMT, int NG, int MR>
+void kq_rows(const int8_t* xq, const float* dk, const int16_t* bs16, const int16_t* bs32, int64_t M,
+             int64_t K, const uint8_t* tiles, const float* bias, float* y, int64_t ldy) {
+    const int64_t nb = K / kKqBlock;
+    int64_t m = 0;
+    for (; m + MR <= M; m += MR)
+        kq_tile<FMT, NG, MR>(xq + m * K, dk + m * nb, bs16 + m * (K / 16), bs32 + m * (K / 32), K, tiles,
+                             bias, y + m * ldy, ldy);
+    for (; m < M; ++m)
+        kq_tile<FMT, NG, 1>(xq + m * K, dk + m * nb, bs16 + m * (K / 16), bs32 + m * (K / 32), K, tiles,
+                            bias, y + m * ldy, ldy);
+}
+
+template <int FMT>
+void kq_groups(const int8_t* xq, const float* dk, const int16_t* bs16, const int16_t* bs32, int64_t M,
+               int64_t K, const uint8_t* w, const float* bias, float* y, int64_t ldy, int64_t g0,
+               int64_t g1) {
+    constexpr int64_t TB = kq_tile_bytes(FMT);
+    constexpr int NG = 2, MR = FMT == QT_Q6_K ? 2 : 3;
+    const int64_t gs = K / kKqBlock * TB;
+    int64_t g = g0;
+    for (; g + NG <= g1; g += NG)
+        kq_rows<FMT, NG, MR>(xq, dk, bs16, bs32, M, K, w + g * gs, bias ? bias + g * kKqTileRows : nullptr,
+                             y + g * kKqTileRows, ldy);
+    for (; g < g1; ++g)
+        kq_rows<FMT, 1, MR>(xq, dk, bs16, bs32, M, K, w + g * gs, bias ? bias + g * kKqTileRows : nullptr,
+                            y + g * kKqTileRows, ldy);
+}
+
+void kq_linear_groups(int fmt, const int8_t* xq, const float* dk, const int16_t* bs16,
+                      const int16_t* bs32, int64_t M, int64_t K, const uint8_t* w, const float* bias,
+                      float* y, int64_t ldy, int64_t g0, int64_t g1) {
+    switch (fmt) {
+        case QT_Q4_K: kq_groups<QT_Q4_K>(xq, dk, bs16, bs32, M, K, w, bias, y, ldy, g0, g1); break;
+        case QT_Q5_K: kq_groups<QT_Q5_K>(xq, dk, bs16, bs32, M, K, w, bias, y, ldy, g0, g1); break;
+        case QT_Q6_K: kq_groups<QT_Q6_K>(xq, dk, bs16, bs32, M, K, w, bias, y, ldy, g0, g1); break;
+        default: break;
+    }
+}
+
 }  // namespace
+
+const KqA8Table* vnni_kq_table() {
+    static const KqA8Table table = {kq_quantize_rows, kq_linear_groups};
+    return &table;
+}
 
 const A8Table* vnni_table() {
     static const A8Table table = {"avx512vnni", quantize_rows, linear_a8_groups};

@@ -11,6 +11,7 @@
 
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ops.h"
@@ -19,12 +20,24 @@ namespace specdec {
 namespace {
 
 struct LinearSpec {
-    torch::Tensor w;  // f32 [N, K] or uint8 [N, row_bytes]
+    torch::Tensor w;  // f32 [N, K], uint8 [N, row_bytes], or K-quant tiles (uint8, flat)
     int64_t qtype;
     int64_t K;
     c10::optional<torch::Tensor> bias;
+    std::vector<int64_t> parts;  // K-quants: [format, rows, ...] (kernels.h); else empty
+    int64_t N;
 
-    torch::Tensor operator()(const torch::Tensor& x) const { return linear(x, w, qtype, w.size(0), K, bias); }
+    LinearSpec(torch::Tensor w_, int64_t qtype_, int64_t K_, c10::optional<torch::Tensor> bias_,
+               std::vector<int64_t> parts_)
+        : w(std::move(w_)), qtype(qtype_), K(K_), bias(std::move(bias_)), parts(std::move(parts_)), N(0) {
+        if (parts.empty()) {
+            N = w.size(0);
+        } else {
+            for (size_t i = 1; i < parts.size(); i += 2) N += parts[i];
+        }
+    }
+
+    torch::Tensor operator()(const torch::Tensor& x) const { return linear(x, w, qtype, N, K, bias, parts); }
 };
 
 // A float stored into a cache element: as is, or rounded to the nearest half (ties to even, as
@@ -62,7 +75,9 @@ class DecoderLayer {
                  c10::optional<torch::Tensor> gate_up_bias, torch::Tensor down_w, int64_t down_qt,
                  c10::optional<torch::Tensor> down_bias, c10::optional<torch::Tensor> q_norm,
                  c10::optional<torch::Tensor> k_norm, c10::optional<torch::Tensor> post_attn_out_norm,
-                 c10::optional<torch::Tensor> post_ffw_norm)
+                 c10::optional<torch::Tensor> post_ffw_norm, std::vector<int64_t> qkv_parts,
+                 std::vector<int64_t> o_parts, std::vector<int64_t> gate_up_parts,
+                 std::vector<int64_t> down_parts)
         : H_(num_heads),
           Hkv_(num_kv_heads),
           D_(head_dim),
@@ -74,10 +89,10 @@ class DecoderLayer {
           gelu_(activation == "gelu_tanh"),
           input_norm_(input_norm),
           post_attn_norm_(post_attn_norm),
-          qkv_{qkv_w, qkv_qt, hidden, qkv_bias},
-          o_{o_w, o_qt, num_heads * head_dim, o_bias},
-          gate_up_{gate_up_w, gate_up_qt, hidden, gate_up_bias},
-          down_{down_w, down_qt, intermediate, down_bias},
+          qkv_(qkv_w, qkv_qt, hidden, qkv_bias, std::move(qkv_parts)),
+          o_(o_w, o_qt, num_heads * head_dim, o_bias, std::move(o_parts)),
+          gate_up_(gate_up_w, gate_up_qt, hidden, gate_up_bias, std::move(gate_up_parts)),
+          down_(down_w, down_qt, intermediate, down_bias, std::move(down_parts)),
           q_norm_(q_norm),
           k_norm_(k_norm),
           post_attn_out_norm_(post_attn_out_norm),
@@ -206,14 +221,18 @@ void bind_decoder_layer(py::module_& m) {
                       torch::Tensor, int64_t, c10::optional<torch::Tensor>, torch::Tensor, int64_t,
                       c10::optional<torch::Tensor>, c10::optional<torch::Tensor>,
                       c10::optional<torch::Tensor>, c10::optional<torch::Tensor>,
-                      c10::optional<torch::Tensor>>(),
+                      c10::optional<torch::Tensor>, std::vector<int64_t>, std::vector<int64_t>,
+                      std::vector<int64_t>, std::vector<int64_t>>(),
              py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("hidden"),
              py::arg("intermediate"), py::arg("eps"), py::arg("attn_scale"), py::arg("sliding_window"),
              py::arg("softcap"), py::arg("activation"), py::arg("input_norm"), py::arg("post_attn_norm"),
              py::arg("qkv_w"), py::arg("qkv_qt"), py::arg("qkv_bias"), py::arg("o_w"), py::arg("o_qt"),
              py::arg("o_bias"), py::arg("gate_up_w"), py::arg("gate_up_qt"), py::arg("gate_up_bias"),
              py::arg("down_w"), py::arg("down_qt"), py::arg("down_bias"), py::arg("q_norm"),
-             py::arg("k_norm"), py::arg("post_attn_out_norm"), py::arg("post_ffw_norm"))
+             py::arg("k_norm"), py::arg("post_attn_out_norm"), py::arg("post_ffw_norm"),
+             py::arg("qkv_parts") = std::vector<int64_t>{}, py::arg("o_parts") = std::vector<int64_t>{},
+             py::arg("gate_up_parts") = std::vector<int64_t>{},
+             py::arg("down_parts") = std::vector<int64_t>{})
         .def("forward", &DecoderLayer::forward, py::arg("x"), py::arg("cos"), py::arg("sin"),
              py::arg("k_cache"), py::arg("v_cache"), py::arg("slots"), py::arg("starts"),
              py::arg("counts"), py::call_guard<py::gil_scoped_release>());

@@ -193,7 +193,167 @@ torch::Tensor linear_a8(const torch::Tensor& x_in, const torch::Tensor& w, int64
     return y;
 }
 
+const KqA8Table* kq_a8_table() {
+#if defined(SPECDEC_HAVE_VNNI)
+    if (g_table == avx512_table() && a8_usable()) return vnni_kq_table();
+#endif
+    return portable_kq_a8_table();
+}
+
+bool kq_format_ok(int64_t fmt) { return fmt == QT_Q4_K || fmt == QT_Q5_K || fmt == QT_Q6_K; }
+
+// One part of a K-quant weight: its format, first row, rows and tile bytes from the start.
+struct KqPart {
+    int fmt;
+    int64_t row0, rows;
+    int64_t offset;
+};
+
+// parts = [format, rows, format, rows, ...] (kernels.h); checks them against N, K and w.
+std::vector<KqPart> kq_parts(const std::vector<int64_t>& parts, const torch::Tensor& w, int64_t N, int64_t K,
+                             const char* op) {
+    TORCH_CHECK(!parts.empty() && parts.size() % 2 == 0, "specdec ", op,
+                ": a K-quant weight needs its parts as [format, rows, ...]");
+    TORCH_CHECK(K > 0 && K % kKqBlock == 0, "specdec ", op, ": K-quant K must be a multiple of 256, got ", K);
+    std::vector<KqPart> out;
+    int64_t row = 0, offset = 0;
+    for (size_t i = 0; i < parts.size(); i += 2) {
+        const int64_t fmt = parts[i], rows = parts[i + 1];
+        TORCH_CHECK(kq_format_ok(fmt), "specdec ", op, ": unknown K-quant format ", fmt);
+        TORCH_CHECK(rows > 0 && rows % kKqTileRows == 0, "specdec ", op, ": K-quant parts need rows % 16 == 0, got ",
+                    rows);
+        out.push_back({static_cast<int>(fmt), row, rows, offset});
+        row += rows;
+        offset += rows / kKqTileRows * (K / kKqBlock) * kq_tile_bytes(static_cast<int>(fmt));
+    }
+    TORCH_CHECK(row == N, "specdec ", op, ": the parts hold ", row, " rows, expected ", N);
+    TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == torch::kUInt8 && w.is_contiguous() && w.numel() == offset,
+                "specdec ", op, ": K-quant tiles must be contiguous CPU uint8 with ", offset, " bytes");
+    return out;
+}
+
+// fn(part, local g0, local g1) for the parts' tile groups within global groups [g0, g1).
+template <typename Fn>
+void for_part_groups(const std::vector<KqPart>& parts, int64_t g0, int64_t g1, Fn&& fn) {
+    for (const KqPart& p : parts) {
+        const int64_t pg0 = p.row0 / kKqTileRows, pg1 = pg0 + p.rows / kKqTileRows;
+        const int64_t a = std::max(g0, pg0), b = std::min(g1, pg1);
+        if (a < b) fn(p, a - pg0, b - pg0);
+    }
+}
+
+// x [M, K] float32 -> y [M, N] for a K-quant weight: 8-bit activations (a8) or, otherwise, each
+// 16-row group decoded exactly to floats and run through the f32 kernel (so the result equals the
+// f32 kernel's on the dequantized weight, bit for bit).
+torch::Tensor linear_kq(const torch::Tensor& x_in, const torch::Tensor& w, const std::vector<int64_t>& part_list,
+                        int64_t N, int64_t K, const float* bias, bool a8) {
+    const std::vector<KqPart> parts = kq_parts(part_list, w, N, K, "linear");
+    torch::Tensor x = x_in.contiguous();
+    const int64_t M = x.size(0), nb = K / kKqBlock, groups = N / kKqTileRows;
+    auto y = torch::empty({M, N}, x.options());
+    if (M == 0 || N == 0) return y;
+    const float* xp = x.data_ptr<float>();
+    const uint8_t* wp = w.data_ptr<uint8_t>();
+    float* yp = y.data_ptr<float>();
+    if (!a8) {
+        const KernelTable* tab = g_table;
+        const double group_ns = kKqTileRows * K * (0.5 + 0.02 * static_cast<double>(std::min<int64_t>(M, kChunkRows)));
+        parallel_range(groups, grain_for(group_ns), [&](int64_t g0, int64_t g1) {
+            float* s = scratch(kKqTileRows * K);
+            for_part_groups(parts, g0, g1, [&](const KqPart& p, int64_t a, int64_t b) {
+                for (int64_t g = a; g < b; ++g) {
+                    const int64_t n = p.row0 + g * kKqTileRows;
+                    kq_decode_rows(p.fmt, wp + p.offset, K, g * kKqTileRows, (g + 1) * kKqTileRows, s);
+                    tab->linear_rows(QT_F32, xp, M, K, reinterpret_cast<const uint8_t*>(s), K * 4,
+                                     bias ? bias + n : nullptr, yp + n, N, 0, kKqTileRows, nullptr);
+                }
+            });
+        });
+        return y;
+    }
+    const KqA8Table* tab = kq_a8_table();
+    thread_local std::vector<int8_t> xq_buf;
+    thread_local std::vector<float> dk_buf;
+    thread_local std::vector<int16_t> bs16_buf, bs32_buf;
+    if (static_cast<int64_t>(xq_buf.size()) < M * K) xq_buf.resize(static_cast<size_t>(M * K));
+    if (static_cast<int64_t>(bs16_buf.size()) < M * K / 16) {
+        dk_buf.resize(static_cast<size_t>(M * nb));
+        bs16_buf.resize(static_cast<size_t>(M * K / 16));
+        bs32_buf.resize(static_cast<size_t>(M * K / 32));
+    }
+    int8_t* xq = xq_buf.data();
+    float* dk = dk_buf.data();
+    int16_t* bs16 = bs16_buf.data();
+    int16_t* bs32 = bs32_buf.data();
+    parallel_range(M, grain_for(K * 0.5), [&](int64_t m0, int64_t m1) {
+        tab->quantize_rows(xp, K, xq, dk, bs16, bs32, m0, m1);
+    });
+    const double tile_ns = kq_tile_bytes(parts[0].fmt) / 15.0 + 20.0 * static_cast<double>(M);
+    parallel_range(groups, grain_for(tile_ns * nb), [&](int64_t g0, int64_t g1) {
+        for_part_groups(parts, g0, g1, [&](const KqPart& p, int64_t a, int64_t b) {
+            tab->linear_groups(p.fmt, xq, dk, bs16, bs32, M, K, wp + p.offset, bias ? bias + p.row0 : nullptr,
+                               yp + p.row0, N, a, b);
+        });
+    });
+    return y;
+}
+
 }  // namespace
+
+torch::Tensor repack_kq(torch::Tensor w, int64_t fmt, int64_t N, int64_t K) {
+    TORCH_CHECK(kq_format_ok(fmt), "specdec repack_kq: format must be q4_k, q5_k or q6_k, got ", fmt);
+    TORCH_CHECK(K > 0 && K % kKqBlock == 0 && N % kKqTileRows == 0,
+                "specdec repack_kq: need K % 256 == 0 and N % 16 == 0, got N=", N, " K=", K);
+    const int64_t row_bytes = K / kKqBlock * kq_gguf_block_bytes(static_cast<int>(fmt));
+    TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == torch::kUInt8 && w.numel() == N * row_bytes,
+                "specdec repack_kq: weight must be CPU uint8 GGUF blocks [", N, ", ", row_bytes, "]");
+    w = w.contiguous();
+    const int64_t group_bytes = K / kKqBlock * kq_tile_bytes(static_cast<int>(fmt));
+    auto out = torch::empty({N / kKqTileRows * group_bytes}, w.options());
+    const uint8_t* src = w.data_ptr<uint8_t>();
+    uint8_t* dst = out.data_ptr<uint8_t>();
+    parallel_range(N / kKqTileRows, grain_for(kKqTileRows * K * 2.0), [&](int64_t g0, int64_t g1) {
+        kq_repack(static_cast<int>(fmt), src + g0 * kKqTileRows * row_bytes, (g1 - g0) * kKqTileRows, K,
+                  dst + g0 * group_bytes);
+    });
+    return out;
+}
+
+torch::Tensor dequantize_kq(torch::Tensor w, const std::vector<int64_t>& part_list, int64_t N, int64_t K,
+                            c10::optional<torch::Tensor> rows) {
+    const std::vector<KqPart> parts = kq_parts(part_list, w, N, K, "dequantize_kq");
+    const uint8_t* wp = w.data_ptr<uint8_t>();
+    auto part_of = [&](int64_t n) -> const KqPart& {
+        for (const KqPart& p : parts)
+            if (n < p.row0 + p.rows) return p;
+        return parts.back();
+    };
+    if (!rows.has_value() || !rows->defined()) {
+        auto out = torch::empty({N, K}, torch::dtype(torch::kFloat32));
+        float* op = out.data_ptr<float>();
+        parallel_range(N / kKqTileRows, grain_for(kKqTileRows * K * 0.5), [&](int64_t g0, int64_t g1) {
+            for_part_groups(parts, g0, g1, [&](const KqPart& p, int64_t a, int64_t b) {
+                kq_decode_rows(p.fmt, wp + p.offset, K, a * kKqTileRows, b * kKqTileRows,
+                               op + (p.row0 + a * kKqTileRows) * K);
+            });
+        });
+        return out;
+    }
+    torch::Tensor idx = rows->to(torch::kLong).contiguous().reshape({-1});
+    const int64_t R = idx.numel();
+    const int64_t* ip = idx.data_ptr<int64_t>();
+    for (int64_t i = 0; i < R; ++i)
+        TORCH_CHECK(ip[i] >= 0 && ip[i] < N, "specdec dequantize_kq: row ", ip[i], " out of range [0, ", N, ")");
+    auto out = torch::empty({R, K}, torch::dtype(torch::kFloat32));
+    float* op = out.data_ptr<float>();
+    parallel_range(R, grain_for(K * 0.5), [&](int64_t r0, int64_t r1) {
+        for (int64_t i = r0; i < r1; ++i) {
+            const KqPart& p = part_of(ip[i]);
+            kq_decode_rows(p.fmt, wp + p.offset, K, ip[i] - p.row0, ip[i] - p.row0 + 1, op + i * K);
+        }
+    });
+    return out;
+}
 
 torch::Tensor repack_a8(torch::Tensor w, int64_t qtype, int64_t N, int64_t K) {
     TORCH_CHECK(a8_kind_ok(qtype), "specdec repack_a8: qtype must be q8_0, q4_0 or q4_1, got ", qtype);
@@ -241,7 +401,7 @@ torch::Tensor repack_a8(torch::Tensor w, int64_t qtype, int64_t N, int64_t K) {
 }
 
 torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K,
-                     c10::optional<torch::Tensor> bias) {
+                     c10::optional<torch::Tensor> bias, const std::vector<int64_t>& parts) {
     check_float_cpu(x, "linear x");
     TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "specdec native linear: x must be [M, ", K, "], got ",
                 x.sizes());
@@ -254,6 +414,8 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N,
         TORCH_CHECK(b.numel() == N, "specdec native linear: bias must have ", N, " elements");
         bias_ptr = b.data_ptr<float>();
     }
+    if (qtype == QT_KQUANT || qtype == kA8QtypeBase + QT_KQUANT)
+        return linear_kq(x, w, parts, N, K, bias_ptr, qtype != QT_KQUANT);
     if (qtype >= kA8QtypeBase) return linear_a8(x, w, qtype - kA8QtypeBase, N, K, bias_ptr);
     int64_t row_bytes;
     if (qtype == QT_F32) {
@@ -458,7 +620,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     const auto nogil = py::call_guard<py::gil_scoped_release>();
     m.def("linear", &linear, "y = x @ W.T (+ bias) for f32 / GGUF-block weights", py::arg("x"),
           py::arg("w"), py::arg("qtype"), py::arg("n"), py::arg("k"), py::arg("bias") = py::none(),
-          nogil);
+          py::arg("parts") = std::vector<int64_t>{}, nogil);
     m.def("argmax", &argmax_rows, "Index of the first maximum of each row of x [R, V]", py::arg("x"),
           nogil);
     m.def("rms_norm", &rms_norm, py::arg("x"), py::arg("weight"), py::arg("eps"), nogil);
@@ -467,6 +629,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("softcap") = 0.0, nogil);
     m.def("repack_a8", &repack_a8, "Repack GGUF q8_0/q4_0/q4_1 rows for the 8-bit activation kernels",
           py::arg("w"), py::arg("qtype"), py::arg("n"), py::arg("k"), nogil);
+    m.def("repack_kq", &repack_kq, "GGUF Q4_K/Q5_K/Q6_K rows -> the K-quant tiles of kquants.cpp",
+          py::arg("w"), py::arg("fmt"), py::arg("n"), py::arg("k"), nogil);
+    m.def("dequantize_kq", &dequantize_kq, "K-quant tiles -> float32 rows (all, or the given ones)",
+          py::arg("w"), py::arg("parts"), py::arg("n"), py::arg("k"), py::arg("rows") = py::none(), nogil);
     m.def("a8_available", &a8_usable, "True when the 8-bit activation (AVX-512 VNNI) kernels can run");
     m.attr("QT_A8_BASE") = static_cast<int>(kA8QtypeBase);
     m.attr("KEY_BLOCK") = static_cast<int>(kKeyBlock);
@@ -480,4 +646,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.attr("QT_Q8_0") = static_cast<int>(QT_Q8_0);
     m.attr("QT_Q4_0") = static_cast<int>(QT_Q4_0);
     m.attr("QT_Q4_1") = static_cast<int>(QT_Q4_1);
+    m.attr("QT_Q4_K") = static_cast<int>(QT_Q4_K);
+    m.attr("QT_Q5_K") = static_cast<int>(QT_Q5_K);
+    m.attr("QT_Q6_K") = static_cast<int>(QT_Q6_K);
+    m.attr("QT_KQUANT") = static_cast<int>(QT_KQUANT);
 }

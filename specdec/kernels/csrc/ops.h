@@ -9,9 +9,11 @@
 
 namespace specdec {
 
-// y = x @ W.T (+ bias): x float32 [M, K]; w f32 [N, K] or GGUF blocks (uint8 [N, row_bytes]).
+// y = x @ W.T (+ bias): x float32 [M, K]; w f32 [N, K], GGUF blocks (uint8 [N, row_bytes]), the
+// 8-bit activation repack (qtype kA8QtypeBase + format) or K-quant tiles (qtype QT_KQUANT, or
+// kA8QtypeBase + QT_KQUANT for 8-bit activations; parts = [format, rows, ...], kernels.h).
 torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K,
-                     c10::optional<torch::Tensor> bias);
+                     c10::optional<torch::Tensor> bias, const std::vector<int64_t>& parts = {});
 
 // RMS norm over the last dimension.
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);

@@ -1,0 +1,295 @@
+// GGUF K-quants (Q4_K, Q5_K, Q6_K) in tiles of 16 output rows x 256 inputs: the repack from GGUF
+// blocks and the exact decode to floats.  Plain C++, compiled without ISA flags and with
+// -ffp-contract=off (decode must do gguf.quants.dequantize's float32 operations, no fused ones).
+//
+// A tile holds what the 16 rows' GGUF blocks hold (Q6_K: the same 3360 bytes; Q4_K and Q5_K: 64
+// bytes more, their 6-bit scales and minimums stored as bytes), laid out for the VNNI kernels
+// (kernels_vnni.cpp): lane j of a 64-byte vector is row j, four consecutive inputs per lane, so a
+// vpdpbusd adds 4 products for each of the 16 rows and a tile's results need no horizontal sums.
+//
+// Q4_K, 2368 bytes:
+//   [0, 32)       d     16 x f16 (row j at 2j)
+//   [32, 64)      dmin  16 x f16
+//   [64, 192)     sc    [8 sub-blocks][16 rows] u8 (6-bit)
+//   [192, 320)    min   [4 pairs][16 rows][2] u8: the minimums of sub-blocks 2p and 2p + 1
+//   [320, 2368)   q     [8 sub-blocks][4 p][16 rows][4 i]: low nibble = code of input 32s + 4p + i,
+//                       high nibble = code of input 32s + 16 + 4p + i
+//   value = (d * sc) * q - dmin * min
+// Q5_K, 2880 bytes: Q4_K's tile (nibbles = the codes' low 4 bits), then
+//   [2368, 2880)  qh    [8 sub-blocks][8 vectors] 64-bit masks: bit 4j + i of vector v is bit 4 of
+//                       the code in byte (j, i) of the sub-block's v-th nibble vector (v < 4: the
+//                       low nibbles of p = v; v >= 4: the high nibbles of p = v - 4)
+// Q6_K, 3360 bytes:
+//   [0, 32)       d     16 x f16
+//   [32, 288)     sc    [16 sub-blocks of 16 inputs][16 rows] int8
+//   [288, 3360)   8 units of 32 inputs, 384 bytes each:
+//                   [4 p][16 rows][4 i] low 4 bits (low nibble: input 32u + 4p + i, high nibble:
+//                   input 32u + 16 + 4p + i), then [2 halves][16 rows][4 i] high 2 bits: bits
+//                   2p, 2p + 1 of byte (h, j, i) = bits 4-5 of the code of input 32u + 16h + 4p + i
+//   value = (d * sc) * (code - 32)
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "half.h"
+#include "kernels.h"
+
+namespace specdec {
+namespace {
+
+constexpr int64_t kQ4kMin = 192, kQ4kQuants = 320, kQ5kHigh = 2368;
+constexpr int64_t kQ6kScales = 32, kQ6kUnits = 288, kQ6kUnitBytes = 384;
+
+inline float f16_at(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return half_to_float(h);
+}
+
+// One GGUF block of 256, unpacked: codes (0..63) of every input, per sub-block scale and minimum.
+struct Unpacked {
+    uint8_t q[256];
+    uint8_t sc[16];  // Q4_K / Q5_K: 8 sub-blocks of 32; Q6_K: 16 of 16 (int8 bits)
+    uint8_t mn[8];
+    uint8_t d[2], dmin[2];  // f16 bits
+};
+
+// gguf.quants.Q4_K.get_scale_min: 6-bit scales and minimums of 8 sub-blocks packed in 12 bytes.
+void scale_min(const uint8_t* s, uint8_t* sc, uint8_t* mn) {
+    for (int j = 0; j < 4; ++j) {
+        sc[j] = s[j] & 63;
+        mn[j] = s[4 + j] & 63;
+        sc[4 + j] = static_cast<uint8_t>((s[8 + j] & 0x0F) | ((s[j] >> 6) << 4));
+        mn[4 + j] = static_cast<uint8_t>((s[8 + j] >> 4) | ((s[4 + j] >> 6) << 4));
+    }
+}
+
+void unpack_block(int fmt, const uint8_t* b, Unpacked& u) {
+    if (fmt == QT_Q6_K) {  // ql[128], qh[64], scales[16], d
+        for (int e = 0; e < 256; ++e) {
+            const int h = e / 128, r = e % 128;
+            const int lo = (b[64 * h + r % 64] >> (4 * (r / 64))) & 0x0F;
+            const int hi = (b[128 + 32 * h + r % 32] >> (2 * (r / 32))) & 0x03;
+            u.q[e] = static_cast<uint8_t>(lo | (hi << 4));
+        }
+        std::memcpy(u.sc, b + 192, 16);
+        std::memcpy(u.d, b + 208, 2);
+        return;
+    }
+    // Q4_K: d, dmin, scales[12], qs[128]; Q5_K: d, dmin, scales[12], qh[32], qs[128]
+    std::memcpy(u.d, b, 2);
+    std::memcpy(u.dmin, b + 2, 2);
+    scale_min(b + 4, u.sc, u.mn);
+    const uint8_t* qs = b + (fmt == QT_Q5_K ? 48 : 16);
+    for (int e = 0; e < 256; ++e) {
+        const int s = e / 32, i = e % 32;
+        int q = (qs[32 * (s / 2) + i] >> (4 * (s % 2))) & 0x0F;
+        if (fmt == QT_Q5_K) q |= ((b[16 + i] >> s) & 1) << 4;
+        u.q[e] = static_cast<uint8_t>(q);
+    }
+}
+
+// Byte of the nibble vectors holding input i (0..31) of a 32-input unit for row j, and whether
+// it is the high nibble.
+inline int64_t nibble_byte(int64_t j, int i) { return 64 * ((i % 16) / 4) + 4 * j + i % 4; }
+
+void write_row(int fmt, const Unpacked& u, int64_t j, uint8_t* t) {
+    std::memcpy(t + 2 * j, u.d, 2);
+    if (fmt == QT_Q6_K) {
+        for (int s = 0; s < 16; ++s) t[kQ6kScales + 16 * s + j] = u.sc[s];
+        for (int e = 0; e < 256; ++e) {
+            uint8_t* unit = t + kQ6kUnits + kQ6kUnitBytes * (e / 32);
+            const int i = e % 32, half = i / 16, p = (i % 16) / 4;
+            unit[nibble_byte(j, i)] |= static_cast<uint8_t>((u.q[e] & 0x0F) << (4 * half));
+            unit[256 + 64 * half + 4 * j + i % 4] |= static_cast<uint8_t>((u.q[e] >> 4) << (2 * p));
+        }
+        return;
+    }
+    std::memcpy(t + 32 + 2 * j, u.dmin, 2);
+    for (int s = 0; s < 8; ++s) {
+        t[64 + 16 * s + j] = u.sc[s];
+        t[kQ4kMin + 32 * (s / 2) + 2 * j + s % 2] = u.mn[s];
+    }
+    for (int e = 0; e < 256; ++e) {
+        const int s = e / 32, i = e % 32, half = i / 16;
+        t[kQ4kQuants + 256 * s + nibble_byte(j, i)] |= static_cast<uint8_t>((u.q[e] & 0x0F) << (4 * half));
+        if (fmt == QT_Q5_K && (u.q[e] >> 4)) {
+            const int v = 4 * half + (i % 16) / 4;
+            const int bit = static_cast<int>(4 * j + i % 4);
+            t[kQ5kHigh + 64 * s + 8 * v + bit / 8] |= static_cast<uint8_t>(1u << (bit % 8));
+        }
+    }
+}
+
+// Code of input e (0..255) of row j in a tile.
+inline int code_at(int fmt, const uint8_t* t, int64_t j, int e) {
+    const int i = e % 32, half = i / 16;
+    if (fmt == QT_Q6_K) {
+        const uint8_t* unit = t + kQ6kUnits + kQ6kUnitBytes * (e / 32);
+        const int lo = (unit[nibble_byte(j, i)] >> (4 * half)) & 0x0F;
+        const int hi = (unit[256 + 64 * half + 4 * j + i % 4] >> (2 * ((i % 16) / 4))) & 0x03;
+        return lo | (hi << 4);
+    }
+    const int s = e / 32;
+    int q = (t[kQ4kQuants + 256 * s + nibble_byte(j, i)] >> (4 * half)) & 0x0F;
+    if (fmt == QT_Q5_K) {
+        const int v = 4 * half + (i % 16) / 4;
+        const int bit = static_cast<int>(4 * j + i % 4);
+        q |= ((t[kQ5kHigh + 64 * s + 8 * v + bit / 8] >> (bit % 8)) & 1) << 4;
+    }
+    return q;
+}
+
+}  // namespace
+
+void kq_repack(int fmt, const uint8_t* src, int64_t N, int64_t K, uint8_t* dst) {
+    const int64_t nb = K / kKqBlock, bb = kq_gguf_block_bytes(fmt), tb = kq_tile_bytes(fmt);
+    std::memset(dst, 0, static_cast<size_t>(N / kKqTileRows * nb * tb));
+    Unpacked u;
+    for (int64_t n = 0; n < N; ++n) {
+        const int64_t g = n / kKqTileRows, j = n % kKqTileRows;
+        for (int64_t b = 0; b < nb; ++b) {
+            unpack_block(fmt, src + n * nb * bb + b * bb, u);
+            write_row(fmt, u, j, dst + (g * nb + b) * tb);
+        }
+    }
+}
+
+void kq_decode_rows(int fmt, const uint8_t* tiles, int64_t K, int64_t r0, int64_t r1, float* out) {
+    const int64_t nb = K / kKqBlock, tb = kq_tile_bytes(fmt);
+    for (int64_t n = r0; n < r1; ++n) {
+        const int64_t g = n / kKqTileRows, j = n % kKqTileRows;
+        for (int64_t b = 0; b < nb; ++b) {
+            const uint8_t* t = tiles + (g * nb + b) * tb;
+            float* o = out + (n - r0) * K + b * kKqBlock;
+            const float d = f16_at(t + 2 * j);
+            if (fmt == QT_Q6_K) {
+                for (int u = 0; u < 8; ++u) {
+                    const uint8_t* unit = t + kQ6kUnits + kQ6kUnitBytes * u;
+                    for (int half = 0; half < 2; ++half) {
+                        const int8_t sc = static_cast<int8_t>(t[kQ6kScales + 16 * (2 * u + half) + j]);
+                        const float dl = d * static_cast<float>(sc);
+                        for (int p = 0; p < 4; ++p) {
+                            for (int i = 0; i < 4; ++i) {
+                                const int lo = (unit[64 * p + 4 * j + i] >> (4 * half)) & 0x0F;
+                                const int hi = (unit[256 + 64 * half + 4 * j + i] >> (2 * p)) & 0x03;
+                                o[32 * u + 16 * half + 4 * p + i] = dl * static_cast<float>((lo | (hi << 4)) - 32);
+                            }
+                        }
+                    }
+                }
+                continue;
+            }
+            const float dmin = f16_at(t + 32 + 2 * j);
+            for (int s = 0; s < 8; ++s) {
+                const float dl = d * static_cast<float>(t[64 + 16 * s + j]);
+                const float ml = dmin * static_cast<float>(t[kQ4kMin + 32 * (s / 2) + 2 * j + s % 2]);
+                uint64_t high[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                if (fmt == QT_Q5_K) std::memcpy(high, t + kQ5kHigh + 64 * s, 64);
+                for (int p = 0; p < 4; ++p) {
+                    for (int i = 0; i < 4; ++i) {
+                        const uint8_t byte = t[kQ4kQuants + 256 * s + 64 * p + 4 * j + i];
+                        const int bit = static_cast<int>(4 * j + i);
+                        const int lo = (byte & 0x0F) | static_cast<int>(((high[p] >> bit) & 1) << 4);
+                        const int hi = (byte >> 4) | static_cast<int>(((high[4 + p] >> bit) & 1) << 4);
+                        o[32 * s + 4 * p + i] = dl * static_cast<float>(lo) - ml;
+                        o[32 * s + 16 + 4 * p + i] = dl * static_cast<float>(hi) - ml;
+                    }
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8-bit activations: the scalar twin of kernels_vnni.cpp's K-quant kernels.  Integer sums are
+// exact and every float step is the same single operation (std::fma: one rounding, like vfmadd),
+// so the results equal the VNNI kernels bit for bit on any CPU.
+
+namespace {
+
+void a8_quantize_rows(const float* x, int64_t K, int8_t* xq, float* dk, int16_t* bs16, int16_t* bs32,
+                      int64_t m0, int64_t m1) {
+    const int64_t nb = K / kKqBlock;
+    for (int64_t m = m0; m < m1; ++m) {
+        for (int64_t b = 0; b < nb; ++b) {
+            const float* xb = x + m * K + b * kKqBlock;
+            float amax = 0.0f;
+            for (int i = 0; i < 256; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
+            const float d = amax / 127.0f;
+            const float id = d != 0.0f ? 1.0f / d : 0.0f;
+            int8_t* q = xq + m * K + b * kKqBlock;
+            for (int v = 0; v < 16; ++v) {
+                int32_t s = 0;
+                for (int i = 16 * v; i < 16 * v + 16; ++i) {
+                    float r = std::nearbyint(xb[i] * id);  // round to nearest even, as cvtps2dq
+                    r = r > 127.0f ? 127.0f : (r < -128.0f ? -128.0f : r);
+                    q[i] = static_cast<int8_t>(r);
+                    s += q[i];
+                }
+                bs16[m * (K / 16) + b * 16 + v] = static_cast<int16_t>(s);
+            }
+            for (int k = 0; k < 8; ++k) {
+                const int16_t* p = bs16 + m * (K / 16) + b * 16 + 2 * k;
+                bs32[m * (K / 32) + b * 8 + k] = static_cast<int16_t>(p[0] + p[1]);
+            }
+            dk[m * nb + b] = d;
+        }
+    }
+}
+
+// One output: row j of tile group g against activation row m, all blocks.
+float a8_dot(int fmt, const uint8_t* group, int64_t j, const int8_t* xq, const float* dk,
+             const int16_t* bs16, const int16_t* bs32, int64_t nb) {
+    const int64_t tb = kq_tile_bytes(fmt);
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* t = group + b * tb;
+        const int8_t* xb = xq + b * kKqBlock;
+        int32_t S = 0;
+        if (fmt == QT_Q6_K) {
+            for (int s = 0; s < 16; ++s) {
+                int32_t si = 0;
+                for (int e = 16 * s; e < 16 * s + 16; ++e) si += code_at(fmt, t, j, e) * xb[e];
+                si -= 32 * bs16[b * 16 + s];
+                S += static_cast<int8_t>(t[kQ6kScales + 16 * s + j]) * si;
+            }
+            acc = std::fma(static_cast<float>(S) * dk[b], f16_at(t + 2 * j), acc);
+            continue;
+        }
+        int32_t mins = 0;
+        for (int s = 0; s < 8; ++s) {
+            int32_t si = 0;
+            for (int e = 32 * s; e < 32 * s + 32; ++e) si += code_at(fmt, t, j, e) * xb[e];
+            S += t[64 + 16 * s + j] * si;
+            mins += t[kQ4kMin + 32 * (s / 2) + 2 * j + s % 2] * bs32[b * 8 + s];
+        }
+        acc = std::fma(static_cast<float>(S) * dk[b], f16_at(t + 2 * j), acc);
+        acc = std::fma(-(static_cast<float>(mins) * dk[b]), f16_at(t + 32 + 2 * j), acc);
+    }
+    return acc;
+}
+
+void a8_linear_groups(int fmt, const int8_t* xq, const float* dk, const int16_t* bs16,
+                      const int16_t* bs32, int64_t M, int64_t K, const uint8_t* w, const float* bias,
+                      float* y, int64_t ldy, int64_t g0, int64_t g1) {
+    const int64_t nb = K / kKqBlock, tb = kq_tile_bytes(fmt);
+    for (int64_t g = g0; g < g1; ++g) {
+        for (int64_t j = 0; j < kKqTileRows; ++j) {
+            const int64_t n = g * kKqTileRows + j;
+            for (int64_t m = 0; m < M; ++m) {
+                const float acc = a8_dot(fmt, w + g * nb * tb, j, xq + m * K, dk + m * nb,
+                                         bs16 + m * (K / 16), bs32 + m * (K / 32), nb);
+                y[m * ldy + n] = bias ? acc + bias[n] : acc;
+            }
+        }
+    }
+}
+
+const KqA8Table kPortableKq = {a8_quantize_rows, a8_linear_groups};
+
+}  // namespace
+
+const KqA8Table* portable_kq_a8_table() { return &kPortableKq; }
+
+}  // namespace specdec

@@ -1,0 +1,469 @@
+"""Native GGUF K-quants (Q4_K, Q5_K, Q6_K): exact dequantization against `gguf`, the float and
+8-bit activation kernels (accuracy, batch and thread invariance, AVX-512 VNNI equal to the
+scalar twin), fused weights mixing formats, and a tiny K-quant GGUF that loads natively and
+decodes the same alone and batched.
+
+`gguf` has no K-quant quantizer and llama.cpp's is not in CI, so the tensors are built here:
+random blocks (every bit pattern of codes and scales) and a simple quantizer for model weights.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as GT
+
+from specdec import kernels as K
+
+KQ = K.KQUANT_QTYPES
+GGML = {"q4_k": GT.Q4_K, "q5_k": GT.Q5_K, "q6_k": GT.Q6_K}
+
+
+def _avx512_usable() -> bool:
+    feats = K.cpu_features()
+    return all(feats.get(f, False) for f in ("avx512f", "avx512dq", "avx512bw", "avx512vl"))
+
+
+def _isas() -> list[str]:
+    if K.native_available() and K._C.has_avx512_build() and _avx512_usable():
+        return ["avx512", "portable"]
+    return ["portable"]
+
+
+@pytest.fixture(params=_isas())
+def native(request):
+    if not K.native_available():
+        pytest.fail(f"native kernels not built: {K.native_unavailable_reason()}")
+    K.set_native_isa(request.param)
+    try:
+        yield K.get_ops("native")
+    finally:
+        K.set_native_isa("auto")
+
+
+# ---------------------------------------------------------------------------------------------
+# Building K-quant tensors
+
+
+def random_blocks(qtype: str, n: int, k: int, seed: int = 0) -> np.ndarray:
+    """uint8 [n, row_bytes]: random bytes (every code and scale pattern) with finite f16 scales:
+    normal, subnormal, zero and negative ones."""
+    rng = np.random.default_rng(seed)
+    nb, bb = k // 256, K.KQUANT_GGUF_BYTES[qtype]
+    raw = rng.integers(0, 256, size=(n, nb, bb), dtype=np.uint8)
+
+    def f16(scale: float) -> np.ndarray:
+        v = rng.standard_normal((n, nb)) * scale
+        v.flat[::7] = 3e-7  # f16 subnormal
+        v.flat[::11] = 0.0
+        return v.astype(np.float16).view(np.uint8).reshape(n, nb, 2)
+
+    if qtype == "q6_k":
+        raw[..., 208:210] = f16(1e-3)
+    else:
+        raw[..., 0:2] = f16(1e-3)
+        raw[..., 2:4] = f16(1e-3)
+    return raw.reshape(n, nb * bb)
+
+
+def _f16(v: np.ndarray) -> np.ndarray:
+    return v.astype(np.float16)
+
+
+def _nearest(v: np.ndarray) -> np.ndarray:
+    return np.floor(v + 0.5)
+
+
+def _scale_bytes(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
+    """Inverse of gguf.quants.Q4_K.get_scale_min: [nb, 8] x2 (6-bit) -> [nb, 12]."""
+    lo, hi = slice(0, 4), slice(4, 8)
+    b0 = sc[:, lo] | ((sc[:, hi] >> 4) << 6)
+    b1 = mn[:, lo] | ((mn[:, hi] >> 4) << 6)
+    b2 = (sc[:, hi] & 0x0F) | ((mn[:, hi] & 0x0F) << 4)
+    return np.concatenate([b0, b1, b2], axis=1).astype(np.uint8)
+
+
+def quantize(w: np.ndarray, qtype: str) -> np.ndarray:
+    """float32 [n, k] -> GGUF K-quant bytes [n, row_bytes] (a simple min/max quantizer, not
+    llama.cpp's search; enough for weights that behave like a model's)."""
+    n, k = w.shape
+    x = w.reshape(-1, 256).astype(np.float32)
+    nbk = x.shape[0]
+    if qtype == "q6_k":
+        xs = x.reshape(nbk, 16, 16)
+        scale = np.abs(xs).max(-1) / 31
+        d = _f16(scale.max(-1) / 127).astype(np.float32)
+        inv_d = np.where(d > 0, 1 / np.where(d > 0, d, 1), 0)
+        sc = np.clip(_nearest(scale * inv_d[:, None]), -128, 127).astype(np.int8)
+        eff = d[:, None] * sc.astype(np.float32)
+        q = np.where(eff[..., None] > 0, xs / np.where(eff > 0, eff, 1)[..., None], 0)
+        u = (np.clip(_nearest(q), -32, 31) + 32).astype(np.uint8).reshape(nbk, 2, 128)
+        ql = (u[..., :64] & 0x0F) | ((u[..., 64:] & 0x0F) << 4)  # [nb, 2, 64]
+        hi = (u >> 4).reshape(nbk, 2, 4, 32)
+        qh = hi[:, :, 0] | (hi[:, :, 1] << 2) | (hi[:, :, 2] << 4) | (hi[:, :, 3] << 6)
+        out = np.concatenate(
+            [
+                ql.reshape(nbk, 128),
+                qh.reshape(nbk, 64),
+                sc.view(np.uint8),
+                _f16(d).view(np.uint8).reshape(nbk, 2),
+            ],
+            axis=1,
+        )
+        return out.reshape(n, -1)
+    levels = 15 if qtype == "q4_k" else 31
+    xs = x.reshape(nbk, 8, 32)
+    mn = np.minimum(xs.min(-1), 0.0)
+    scale = (xs.max(-1) - mn) / levels
+    d = _f16(scale.max(-1) / 63).astype(np.float32)
+    dmin = _f16(-mn.min(-1) / 63).astype(np.float32)
+    sc = np.clip(_nearest(scale / np.where(d > 0, d, 1)[:, None]), 0, 63).astype(np.uint8)
+    m = np.clip(_nearest(-mn / np.where(dmin > 0, dmin, 1)[:, None]), 0, 63).astype(np.uint8)
+    eff = d[:, None] * sc.astype(np.float32)
+    offs = dmin[:, None] * m.astype(np.float32)
+    q = (xs + offs[..., None]) / np.where(eff > 0, eff, 1)[..., None]
+    q = np.where(eff[..., None] > 0, np.clip(_nearest(q), 0, levels), 0).astype(np.uint8)
+    q = q.reshape(nbk, 4, 2, 32)
+    qs = ((q[:, :, 0] & 0x0F) | ((q[:, :, 1] & 0x0F) << 4)).reshape(nbk, 128)
+    head = [
+        _f16(d).view(np.uint8).reshape(nbk, 2),
+        _f16(dmin).view(np.uint8).reshape(nbk, 2),
+        _scale_bytes(sc, m),
+    ]
+    if qtype == "q5_k":
+        bits = (q.reshape(nbk, 8, 32) >> 4) & 1
+        qh = np.zeros((nbk, 32), dtype=np.uint8)
+        for s in range(8):
+            qh |= (bits[:, s] << s).astype(np.uint8)
+        head.append(qh)
+    return np.concatenate([*head, qs], axis=1).reshape(n, -1)
+
+
+def _deq(raw: np.ndarray, qtype: str) -> np.ndarray:
+    return gguf.quants.dequantize(raw, GGML[qtype])
+
+
+def _randn(*shape: int, seed: int = 1) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _packed(qtype: str, n: int, k: int, seed: int = 0) -> tuple[K.PackedWeight, np.ndarray]:
+    raw = random_blocks(qtype, n, k, seed)
+    return K.pack_weight(qtype, raw, n, k), raw
+
+
+# ---------------------------------------------------------------------------------------------
+# Formats
+
+
+@pytest.mark.parametrize("qtype", KQ)
+def test_quantizer_helper_is_close(qtype):
+    w = np.random.default_rng(3).standard_normal((16, 512)).astype(np.float32) * 0.05
+    back = _deq(quantize(w, qtype), qtype).reshape(w.shape)
+    bits = {"q4_k": 4, "q5_k": 5, "q6_k": 6}[qtype]
+    assert np.abs(back - w).max() < 0.3 * 2 ** (4 - bits) * np.abs(w).max()
+
+
+@pytest.mark.parametrize("qtype", KQ)
+def test_dequantize_is_exact_and_size_kept(qtype):
+    raw = random_blocks(qtype, 48, 768, seed=1)
+    w = K.pack_weight(qtype, raw, 48, 768)
+    assert (w.qtype, w.out_features, w.in_features, w.parts) == (qtype, 48, 768, ((qtype, 48),))
+    assert w.nbytes <= 1.03 * raw.nbytes  # tiles replace the GGUF blocks at about their size
+    ref = _deq(raw, qtype)
+    np.testing.assert_array_equal(w.dequantize().numpy(), ref)
+    rows = torch.tensor([3, 0, 47, 17, 3])
+    np.testing.assert_array_equal(w.dequantize_rows(rows).numpy(), ref[rows.numpy()])
+    raw.flags.writeable = False  # a GGUFReader memmap
+    assert torch.equal(K.pack_weight(qtype, raw, 48, 768).data, w.data)
+
+
+def test_pack_errors():
+    raw = random_blocks("q4_k", 16, 256)
+    with pytest.raises(ValueError, match="N % 16"):
+        K.pack_weight("q4_k", raw[:8], 8, 256)
+    with pytest.raises(ValueError, match="bytes"):
+        K.pack_weight("q4_k", raw[:, :100], 16, 256)
+    with pytest.raises(TypeError):
+        K.pack_weight("q4_k", torch.zeros(16, 144, dtype=torch.int8), 16, 256)
+    assert K.kquant_supported("q6_k", 32, 512) and not K.kquant_supported("q6_k", 40, 512)
+    assert not K.kquant_supported("q6_k", 32, 576) and not K.kquant_supported("q8_0", 32, 512)
+
+
+# ---------------------------------------------------------------------------------------------
+# Float activations
+
+
+@pytest.mark.parametrize("qtype", KQ)
+def test_float_path_is_f32_kernel_on_dequantized(native, qtype):
+    # Each tile group is decoded exactly and run through the f32 kernel: equal bit for bit.
+    w, raw = _packed(qtype, 48, 512, seed=2)
+    wf = K.pack_weight("f32", torch.from_numpy(_deq(raw, qtype)), 48, 512)
+    bias = _randn(48, seed=4)
+    x = _randn(20, 512)
+    for m in (1, 2, 3, 5, 8, 16, 20):
+        assert torch.equal(native.linear(x[:m], w, bias), native.linear(x[:m], wf, bias)), m
+
+
+def test_torch_ops_use_the_exact_dequantization():
+    w, raw = _packed("q5_k", 32, 256)
+    x = _randn(3, 256)
+    ref = x @ torch.from_numpy(_deq(raw, "q5_k")).T
+    assert torch.equal(K.get_ops("torch").linear(x, w), ref)
+
+
+# ---------------------------------------------------------------------------------------------
+# 8-bit activations
+
+
+def _q8k(x: torch.Tensor) -> torch.Tensor:
+    """x as the kernels quantize it (per block of 256: dk = amax / 127, codes round half to even),
+    in float64."""
+    m, k = x.shape
+    xb = x.reshape(m, k // 256, 256)
+    d = xb.abs().amax(-1) / 127
+    inv = torch.where(d != 0, 1 / d, torch.zeros_like(d))
+    xq = torch.round(xb * inv[..., None]).clamp(-128, 127)
+    return (xq.double() * d.double()[..., None]).reshape(m, k)
+
+
+@pytest.mark.parametrize("qtype", KQ)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_a8_accuracy(native, qtype, with_bias):
+    w, raw = _packed(qtype, 64, 768, seed=3)
+    w.enable_a8()
+    assert w.a8 is w.data  # no second copy
+    wd = torch.from_numpy(_deq(raw, qtype)).double()
+    bias = _randn(64, seed=5) if with_bias else None
+    x = _randn(9, 768) * 2
+    x[2, :256] = 0.0  # a zero block (scale 0)
+    x[4, 300] = 40.0  # an outlier: that block's other codes get coarse
+    y = native.linear(x, w, bias).double()
+    b = bias.double() if with_bias else 0.0
+    # Against the quantized activations: only float32 rounding (per block sums < 2^28 are exact).
+    ref_q = _q8k(x) @ wd.T + b
+    scale = _q8k(x).abs() @ wd.abs().T + 1e-30
+    assert ((y - ref_q).abs() / scale).max().item() < 2e-6
+    # Against float64 x @ W.T: within the activation rounding, |dk| / 2 per element.
+    ref = x.double() @ wd.T + b
+    dk = x.reshape(9, 3, 256).abs().amax(-1).double() / 127
+    bound = (dk / 2).repeat_interleave(256, 1) @ wd.abs().T
+    assert ((y - ref).abs() <= bound * 1.001 + 1e-6 * scale).all()
+
+
+@pytest.mark.parametrize("qtype", KQ)
+def test_a8_batch_invariant(native, qtype):
+    w, _ = _packed(qtype, 80, 512, seed=4)  # 5 tile groups: pairs and a single one
+    w.enable_a8()
+    bias = _randn(80, seed=6)
+    x = _randn(40, 512)
+    single = torch.cat([native.linear(x[i : i + 1], w, bias) for i in range(40)])
+    for m in list(range(1, 17)) + [17, 33]:
+        for off in {0, 40 - m, (40 - m) // 2}:
+            assert torch.equal(native.linear(x[off : off + m], w, bias), single[off : off + m])
+
+
+def test_a8_vnni_equals_scalar_twin():
+    # Same integer sums and float operations: bit for bit (the twin runs where VNNI does not).
+    results: dict[str, list[torch.Tensor]] = {}
+    for isa in _isas():
+        K.set_native_isa(isa)
+        try:
+            ops = K.get_ops("native")
+            for qtype in KQ:
+                w, _ = _packed(qtype, 48, 1024, seed=7)
+                w.enable_a8()
+                for m in (1, 4, 7):
+                    results.setdefault(isa, []).append(ops.linear(_randn(m, 1024, seed=m) * 3, w))
+        finally:
+            K.set_native_isa("auto")
+    first = next(iter(results.values()))
+    for isa, ys in results.items():
+        assert all(torch.equal(a, b) for a, b in zip(ys, first)), isa
+
+
+@pytest.mark.parametrize("a8", [False, True])
+def test_thread_invariant(a8):
+    ops = K.get_ops("native")
+    w, _ = _packed("q4_k", 640, 512, seed=8)
+    if a8:
+        w.enable_a8()
+    x = _randn(20, 512)
+    prev = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = [ops.linear(x[:m], w) for m in (1, 3, 20)]
+        torch.set_num_threads(2)
+        two = [ops.linear(x[:m], w) for m in (1, 3, 20)]
+    finally:
+        torch.set_num_threads(prev)
+    assert all(torch.equal(a, b) for a, b in zip(one, two))
+    assert torch.equal(two[2][:3], two[1]) and torch.equal(two[2][:1], two[0])
+
+
+@pytest.mark.parametrize("a8", [False, True])
+def test_fused_parts_of_mixed_formats(native, a8):
+    # Q4_K_M's q|k|v with v in Q6_K: one weight whose parts keep their formats.
+    parts = [_packed(qt, n, 512, seed=n)[0] for qt, n in (("q4_k", 48), ("q6_k", 16), ("q5_k", 32))]
+    fused = K.concat_weights(parts)
+    assert fused.qtype == "q4_k+q6_k+q5_k" and fused.out_features == 96
+    assert fused.parts == (("q4_k", 48), ("q6_k", 16), ("q5_k", 32))
+    assert torch.equal(fused.dequantize(), torch.cat([p.dequantize() for p in parts]))
+    rows = torch.tensor([50, 2, 95])
+    assert torch.equal(fused.dequantize_rows(rows), fused.dequantize()[rows])
+    for w in [fused, *parts] if a8 else []:
+        w.enable_a8()
+    bias = _randn(96, seed=9)
+    x = _randn(6, 512)
+    want = torch.cat(
+        [native.linear(x, p, bias[i : i + p.out_features]) for p, i in zip(parts, (0, 48, 64))], 1
+    )
+    assert torch.equal(native.linear(x, fused, bias), want)
+    with pytest.raises(ValueError):
+        K.concat_weights([parts[0], K.quantize_weight(_randn(16, 512), "q8_0")])
+
+
+def test_linear_rejects_bad_parts():
+    w, _ = _packed("q4_k", 32, 256)
+    x = _randn(2, 256)
+    kq = int(K._C.QT_KQUANT)
+    with pytest.raises(RuntimeError, match="parts"):
+        K._C.linear(x, w.data, kq, 32, 256, None, [])
+    with pytest.raises(RuntimeError, match="rows"):
+        K._C.linear(x, w.data, kq, 32, 256, None, [4, 16])
+    with pytest.raises(RuntimeError, match="bytes"):
+        K._C.linear(x, w.data, kq, 32, 256, None, [6, 32])
+
+
+# ---------------------------------------------------------------------------------------------
+# A tiny K-quant GGUF end to end
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "make_synthetic_gguf.py"
+
+
+@pytest.fixture(scope="module")
+def mk():
+    spec = importlib.util.spec_from_file_location("make_synthetic_gguf", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # NOTE: dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+# Per file: (embedding = tied output, layer 0 v / down, other q k o gate up v / down), like
+# llama.cpp's mixes (Q4_K_M: Q6_K for the output and for v and down in some layers).
+MIXES = {
+    "Q4_K_M": ("q6_k", ("q6_k", "q6_k"), "q4_k", ("q4_k", "q4_k")),
+    "Q5_K_M": ("q6_k", ("q6_k", "q6_k"), "q5_k", ("q5_k", "q5_k")),
+}
+
+
+def write_kquant_gguf(mk, path: Path, mix: str, seed: int = 0) -> Path:
+    shape = mk.SHAPES["tiny"]
+    embd, (v0, down0), rest, (v1, down1) = MIXES[mix]
+    fields = mk._tokenizer_fields(mk.smollm2_gguf())
+    vocab = next(len(v) for key, v, _, _ in fields if key == "tokenizer.ggml.tokens")
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name(f"tiny {mix}")
+    w.add_context_length(shape.context)
+    w.add_embedding_length(shape.hidden)
+    w.add_block_count(shape.layers)
+    w.add_feed_forward_length(shape.ffn)
+    w.add_head_count(shape.heads)
+    w.add_head_count_kv(shape.kv_heads)
+    w.add_rope_freq_base(shape.rope_theta)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(shape.hidden // shape.heads)
+    w.add_vocab_size(vocab)
+    for key, value, vtype, sub in fields:
+        w.add_key_value(key, value, vtype, sub_type=sub)
+    rng = np.random.default_rng(seed)
+
+    def add(name: str, rows: int, cols: int, qtype: str, std: float) -> None:
+        data = rng.standard_normal((rows, cols), dtype=np.float32) * std
+        w.add_tensor(name, quantize(data, qtype), raw_dtype=GGML[qtype])
+
+    add("token_embd.weight", vocab, shape.hidden, embd, 1.0)
+    kv = shape.kv_heads * shape.hidden // shape.heads
+    std = 1.0 / np.sqrt(shape.hidden)
+    for i in range(shape.layers):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", np.ones(shape.hidden, dtype=np.float32))
+        w.add_tensor(p + "ffn_norm.weight", np.ones(shape.hidden, dtype=np.float32))
+        v, down = (v0, down0) if i == 0 else (v1, down1)
+        for name, rows, cols, qtype in (
+            ("attn_q", shape.hidden, shape.hidden, rest),
+            ("attn_k", kv, shape.hidden, rest),
+            ("attn_v", kv, shape.hidden, v),
+            ("attn_output", shape.hidden, shape.hidden, rest),
+            ("ffn_gate", shape.ffn, shape.hidden, rest),
+            ("ffn_up", shape.ffn, shape.hidden, rest),
+            ("ffn_down", shape.hidden, shape.ffn, down),
+        ):
+            add(p + name + ".weight", rows, cols, qtype, std)
+    w.add_tensor("output_norm.weight", np.ones(shape.hidden, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("mix", sorted(MIXES))
+def test_kquant_gguf_loads_native_and_decodes_batch_invariant(mix, mk, tmp_path):
+    from specdec import LLM, SamplingParams
+
+    path = write_kquant_gguf(mk, tmp_path / f"tiny-{mix}.gguf", mix)
+    plain = LLM(str(path), max_model_len=256)
+    model = plain.engine.model
+    rest = MIXES[mix][2]
+    layer0, layer1 = model.layers[0], model.layers[1]
+    assert layer0.qkv.weight.qtype == f"{rest}+q6_k"  # q|k in one format, v in Q6_K
+    assert layer1.qkv.weight.qtype == rest and layer1.gate_up.weight.qtype == rest
+    assert layer0.down.weight.qtype == "q6_k" and model.lm_head.weight.qtype == "q6_k"
+    want_dtype = "int8" if K.int8_activations_fast() else "float32"
+    assert model.activation_dtype == want_dtype and model.use_fused_layers
+    prompts = ["a b c a b c a b", "def f(x):\n    return", "Once upon a time"]
+    sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    batched = [o.outputs[0].token_ids for o in plain.generate(prompts, sp)]
+    alone = [plain.generate([p], sp)[0].outputs[0].token_ids for p in prompts]
+    assert batched == alone and all(len(t) == 16 for t in batched)
+    assert len({tuple(t) for t in batched}) > 1  # not a degenerate model
+    spec = LLM(str(path), max_model_len=256, speculative_config={"method": "ngram"})
+    assert [o.outputs[0].token_ids for o in spec.generate(prompts, sp)] == batched
+    # Float activations read the same tiles: also batch-invariant.
+    model.set_activation_dtype("float32")
+    float_batched = [o.outputs[0].token_ids for o in plain.generate(prompts, sp)]
+    assert float_batched == [plain.generate([p], sp)[0].outputs[0].token_ids for p in prompts]
+
+
+def test_kquant_model_fused_layers_equal_python_layers(mk, tmp_path):
+    from specdec.kernels import get_ops
+    from specdec.model.llama import LlamaModel, SeqBatch
+    from specdec.model.loader import load_checkpoint
+
+    path = write_kquant_gguf(mk, tmp_path / "tiny-Q4_K_M.gguf", "Q4_K_M", seed=1)
+    cpu = torch.device("cpu")
+    model = LlamaModel(load_checkpoint(path), get_ops("native"), cpu, torch.float32, "auto", 64)
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, 1000, (20,), generator=gen)
+    by_dtype = {}
+    for activations in ("int8", "float32"):
+        model.set_activation_dtype(activations)
+        logits = []
+        for fused in (False, True):
+            model.use_fused_layers = fused
+            kv = model.make_kv_cache(1, 64)
+            h = model.forward(prompt, torch.arange(20), SeqBatch([0], [0], [20]), kv)
+            logits.append(model.compute_logits(h))
+        assert torch.equal(logits[0], logits[1]), activations
+        by_dtype[activations] = logits[1]
+    # Int8 activations stay close to the float ones (random weights: loose).
+    a, b = by_dtype["int8"], by_dtype["float32"]
+    assert not torch.equal(a, b) and (a - b).abs().max().item() < 0.2 * b.abs().max().item()
