@@ -59,6 +59,7 @@ class LlamaModel:
         activation_dtype: str = "float32",
     ) -> None:
         self.cfg: ArchConfig = ckpt.arch
+        self.source_path = ckpt.path  # the checkpoint it was loaded from (MTP layers live there)
         self.ops = ops
         self.device = device
         self.dtype = dtype

@@ -70,7 +70,9 @@ class DraftModelProposer(Proposer):
             logits = self._forward(live, [feed[r.req_id] for r in live])  # [len(live), V]
             for row, r in enumerate(live):
                 position = r.next_position + len(drafts[r.req_id])
-                token, q = self._draw(logits[row : row + 1], r, position, drafts[r.req_id])
+                token, q = draw_draft(
+                    logits[row : row + 1], r, position, drafts[r.req_id], self.sample_method
+                )
                 drafts[r.req_id].append(token)
                 if q is not None:
                     probs[r.req_id].append(q)
@@ -118,29 +120,34 @@ class DraftModelProposer(Proposer):
         last_rows = torch.tensor(counts, device=device).cumsum(0) - 1
         return self.model.compute_logits(hidden[last_rows])
 
-    def _draw(
-        self, logits: torch.Tensor, r: DraftRequest, position: int, earlier: list[int]
-    ) -> tuple[int, torch.Tensor | None]:
-        """The draft for output position ``position`` (logits [1, V]), and q [1, V] when it was
-        sampled from q (``probabilistic``: Leviathan/Chen acceptance); otherwise the draft
-        model's argmax, a point mass that verification accepts iff the target samples it.
 
-        NOTE: a third way was measured and dropped: drafting what the target's sampler would
-        pick from q with the target's own uniform (a point mass, so still plain's text). On
-        SmolLM2 it accepted slightly fewer drafts than the argmax (layer_skip T=0.7: 0.263 vs
-        0.266; draft_model q4_0 T=1.0: 0.241 vs 0.278): inverse-CDF coupling is poor when p and
-        q rank their top tokens differently.
-        """
-        sp = r.sampling
-        if sp.is_greedy or self.sample_method == "greedy":
-            return argmax_rows(logits)[0], None
-        with one_thread(logits.device):
-            mask = counts = None
-            if sp.has_penalties:  # q sees the penalties the target applies at this position
-                mask, counts = _penalty_inputs(r, earlier, logits.shape[-1], logits.device)
-            z = processed_logits(logits, sp, mask, counts)[0]  # [V]
-            token, q = sample_row_and_probs(z, sp, uniform(r.seed, position, Purpose.DRAFT))
-            return token, q.unsqueeze(0)
+def draw_draft(
+    logits: torch.Tensor,  # [1, V]
+    r: DraftRequest,
+    position: int,
+    earlier: list[int],
+    sample_method: str,
+) -> tuple[int, torch.Tensor | None]:
+    """The draft for output position ``position``, and q [1, V] when it was sampled from q
+    (``probabilistic``: Leviathan/Chen acceptance); otherwise the drafter's argmax, a point mass
+    that verification accepts iff the target samples it. ``earlier``: this step's drafts so far.
+
+    NOTE: a third way was measured and dropped: drafting what the target's sampler would
+    pick from q with the target's own uniform (a point mass, so still plain's text). On
+    SmolLM2 it accepted slightly fewer drafts than the argmax (layer_skip T=0.7: 0.263 vs
+    0.266; draft_model q4_0 T=1.0: 0.241 vs 0.278): inverse-CDF coupling is poor when p and
+    q rank their top tokens differently.
+    """
+    sp = r.sampling
+    if sp.is_greedy or sample_method == "greedy":
+        return argmax_rows(logits)[0], None
+    with one_thread(logits.device):
+        mask = counts = None
+        if sp.has_penalties:  # q sees the penalties the target applies at this position
+            mask, counts = _penalty_inputs(r, earlier, logits.shape[-1], logits.device)
+        z = processed_logits(logits, sp, mask, counts)[0]  # [V]
+        token, q = sample_row_and_probs(z, sp, uniform(r.seed, position, Purpose.DRAFT))
+        return token, q.unsqueeze(0)
 
 
 def _penalty_inputs(

@@ -1,0 +1,157 @@
+"""EAGLE-3 (Li et al., 2025): the target's low, middle and high states fused by ``fc``, one
+decoder layer whose attention reads [normed embedding; normed feature], and a head of its own
+over a reduced draft vocabulary (``d2t[i]``: draft id i is target id ``i + d2t[i]``).
+
+Loads SafeAILab's releases (``config.json`` with ``draft_vocab_size``; keys ``fc.weight``,
+``midlayer.*``, ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d``) and vLLM's ``speculators``
+format (``speculators_model_type: eagle3``, ``transformer_layer_config``, keys ``layers.0.*``,
+``eagle_aux_hidden_state_layer_ids``, ``norm_before_residual``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from specdec.config import ConfigError
+from specdec.model.llama import LlamaModel, SeqBatch
+from specdec.spec_decode.base import Proposer
+from specdec.spec_decode.eagle import check_hidden_size
+from specdec.spec_decode.hidden_head import (
+    HiddenStateProposer,
+    check_shape,
+    head_folder,
+    head_layer,
+    read_config,
+    read_weights,
+    rms_norm,
+    strip_prefix,
+)
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def default_aux_layers(num_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's choice: the states entering layers 2, L // 2 and L - 3."""
+    return (min(2, num_layers - 1), num_layers // 2, max(0, num_layers - 3))
+
+
+def layer_config(cfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the decoder layer's config, the head's own keys) for either layout."""
+    if cfg.get("speculators_model_type") is not None:
+        if cfg["speculators_model_type"] != "eagle3":
+            raise ConfigError(
+                "speculative_config.model: a speculators head of type "
+                f"{cfg['speculators_model_type']!r}, method 'eagle3' needs type 'eagle3'"
+            )
+        return dict(cfg.get("transformer_layer_config") or {}), cfg
+    return cfg, cfg
+
+
+class Eagle3Proposer(HiddenStateProposer):
+    def __init__(
+        self, target: LlamaModel, path: str, max_num_seqs: int, max_len: int, sample_method: str
+    ) -> None:
+        folder = head_folder(path, "eagle3")
+        raw = read_config(folder)
+        layer_cfg, own = layer_config(raw)
+        speculators = raw.get("speculators_model_type") is not None
+        check_hidden_size(layer_cfg, target, "eagle3")
+        w = strip_prefix(read_weights(folder, WEIGHT_FILES), ("model.",))
+        w = {k.replace("midlayer.", "layers.0.", 1): v for k, v in w.items()}
+        tcfg = target.cfg
+        H, V = tcfg.hidden_size, tcfg.vocab_size
+        ids = own.get("eagle_aux_hidden_state_layer_ids") or default_aux_layers(tcfg.num_layers)
+        self.hidden_layers = tuple(int(i) for i in ids)
+        if not all(0 <= i < tcfg.num_layers for i in self.hidden_layers):
+            raise ConfigError(
+                f"speculative_config.model: eagle_aux_hidden_state_layer_ids {list(ids)} are not "
+                f"all layers of the target (it has {tcfg.num_layers})"
+            )
+        for key in ("fc.weight", "norm.weight", "lm_head.weight"):
+            if key not in w:
+                raise ConfigError(
+                    f"speculative_config.model: {folder} has no {key} (not an EAGLE-3 head)"
+                )
+        check_shape("fc.weight", w["fc.weight"], (H, len(ids) * H),
+                    f"[hidden, {len(ids)} x the target's hidden]")  # fmt: skip
+        draft_vocab = w["lm_head.weight"].shape[0]
+        if "d2t" in w:
+            check_shape("d2t", w["d2t"], (draft_vocab,), "one offset per draft token")
+        elif draft_vocab != V:
+            raise ConfigError(
+                f"speculative_config.model: the head's vocabulary is {draft_vocab} tokens with no "
+                f"d2t map, the target's is {V}"
+            )
+        if "t2d" in w:
+            check_shape("t2d", w["t2d"], (V,), "the target's vocabulary")
+        super().__init__(target, layer_cfg, max_num_seqs, max_len, sample_method)
+        dev = self.device
+        f32 = {
+            k: v.to(device=dev, dtype=torch.float32) for k, v in w.items() if v.is_floating_point()
+        }
+        self.fc, self.norm, self.lm_head = (
+            f32["fc.weight"],
+            f32["norm.weight"],
+            f32["lm_head.weight"],
+        )
+        self.layer = head_layer(w, "layers.0.", dev)
+        if self.layer.input_norm is None or "layers.0.hidden_norm.weight" not in w:
+            raise ConfigError(
+                "speculative_config.model: the EAGLE-3 layer needs input_layernorm and hidden_norm"
+            )
+        check_shape(
+            "q_proj", self.layer.q, (self.layer.q.shape[0], 2 * H), "reads [embedding; hidden]"
+        )
+        self.hidden_norm = f32["layers.0.hidden_norm.weight"]
+        self.embed = f32.get("embed_tokens.weight")
+        if self.embed is not None:
+            check_shape(
+                "embed_tokens.weight", self.embed, (V, H), "the target's vocabulary x hidden"
+            )
+        # NOTE: vLLM reads speculators heads with norm_before_residual true unless it says not
+        default = speculators
+        self.norm_before_residual = bool(own.get("norm_before_residual", default))
+        self.target_ids = None
+        if "d2t" in w:
+            self.target_ids = torch.arange(draft_vocab, device=dev) + w["d2t"].to(dev, torch.long)
+            if int(self.target_ids.min()) < 0 or int(self.target_ids.max()) >= V:
+                raise ConfigError(
+                    "speculative_config.model: d2t maps draft tokens outside the target's vocabulary"
+                )
+
+    def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        if self.embed is not None:
+            return self.embed[token_ids]
+        return super()._embed(token_ids)
+
+    def _step(
+        self,
+        token_ids: torch.Tensor,  # [T]
+        feats: torch.Tensor,  # [T, 3 H] the target's states, or [T, H] the head's outputs
+        from_target: bool,
+        positions: torch.Tensor,  # [T]
+        batch: SeqBatch,
+    ) -> torch.Tensor:  # [T, H] before the final norm
+        if from_target:
+            feats = F.linear(feats, self.fc)
+        hidden = rms_norm(feats, self.hidden_norm, self.eps)
+        emb = rms_norm(self._embed(token_ids), self.layer.input_norm, self.eps)
+        residual = hidden if self.norm_before_residual else feats
+        return self._layer(
+            0, self.layer, residual, torch.cat([emb, hidden], dim=-1), positions, batch
+        )
+
+    def _logits(self, out: torch.Tensor) -> torch.Tensor:  # [R, H] -> [R, V]
+        z = F.linear(rms_norm(out, self.norm, self.eps), self.lm_head)
+        if self.target_ids is None:
+            return z
+        full = torch.full((z.shape[0], self.target.cfg.vocab_size), float("-inf"), device=z.device)
+        full[:, self.target_ids] = z
+        return full
+
+
+def make(cfg, target, load_draft, max_num_seqs: int, max_len: int) -> Proposer:
+    return Eagle3Proposer(target, cfg.model, max_num_seqs, max_len, cfg.draft_sample_method)

@@ -1,0 +1,236 @@
+"""The drafters that read the target's hidden states (EAGLE, EAGLE-3, Medusa, MTP), each in
+every official layout, on the tiny model with random heads the test writes: the tests every
+drafter must pass (DESIGN.md), plus one that only a hidden-state drafter needs: after many
+steps of acceptance and rejection, the head sees exactly the (token, state) pairs a fresh head
+fed the whole context sees.
+
+Random heads rarely guess the target's next token, so a second mode lets an oracle choose most
+greedy drafts (the reference token at that position, 3 times in 4): the head's layer, KV cache
+and catch-up still run every step, and acceptance runs, bonus tokens and stops inside accepted
+runs happen.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from specdec import LLM, SamplingParams
+from specdec.model.llama import SeqBatch
+from specdec.spec_decode import DraftInput, DraftRequest, hidden_head, make_proposer, medusa
+from tests.e2e.test_spec_greedy import PROMPTS
+from tests.heads import write_eagle, write_eagle3, write_medusa, write_mtp_target
+
+LAYOUTS = {
+    "eagle-safeailab": ("eagle", "safeailab"),
+    "eagle-vllm": ("eagle", "vllm"),
+    "eagle3-safeailab": ("eagle3", "safeailab"),
+    "eagle3-speculators": ("eagle3", "speculators"),
+    "medusa-fasterdecoding": ("medusa", "fasterdecoding"),
+    "medusa-vllm": ("medusa", "vllm"),
+    "mtp-deepseek": ("deepseek_mtp", "deepseek"),
+    "mtp-mimo": ("mimo_mtp", "mimo"),
+}
+
+
+@pytest.fixture(scope="module")
+def heads(tiny_llama, tmp_path_factory) -> dict[str, tuple[str, dict]]:
+    """name -> (target folder, speculative_config)"""
+    tmp = tmp_path_factory.mktemp("heads")
+    out = {}
+    for name, (method, layout) in LAYOUTS.items():
+        cfg = {"method": method, "num_speculative_tokens": 3}
+        target = str(tiny_llama)
+        if method == "eagle":
+            cfg["model"] = str(write_eagle(tmp / name, tiny_llama, layout))
+        elif method == "eagle3":
+            # a reduced draft vocabulary in one layout, the full one in the other
+            vocab = 150 if layout == "safeailab" else 0
+            cfg["model"] = str(write_eagle3(tmp / name, tiny_llama, layout, draft_vocab=vocab))
+        elif method == "medusa":
+            cfg["model"] = str(write_medusa(tmp / name, tiny_llama, layout))
+        else:
+            target = str(write_mtp_target(tmp / name, tiny_llama, layout))
+        out[name] = (target, cfg)
+    return out
+
+
+def _llm(target: str, spec: dict | None, **kw) -> LLM:
+    # Few slots and a small token budget: requests join mid-flight and prefill in chunks while
+    # others verify.
+    args = dict(max_model_len=256, max_num_seqs=3, max_num_batched_tokens=24) | kw
+    return LLM(target, speculative_config=spec, **args)
+
+
+def _ids(outs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def _greedy(n: int, **kw) -> list[SamplingParams]:
+    return [
+        SamplingParams(temperature=0, max_tokens=n + 5 * i, ignore_eos=True, **kw)
+        for i in range(len(PROMPTS))
+    ]
+
+
+@pytest.fixture(scope="module")
+def plain_ref(tiny_llama) -> list[list[int]]:
+    return _ids(_llm(str(tiny_llama), None).generate(PROMPTS, _greedy(24)))
+
+
+class Oracle:
+    """Chooses most greedy drafts from the reference outputs; records first-draft logits."""
+
+    def __init__(self, llm: LLM, ref: list[list[int]], monkeypatch) -> None:
+        tok = llm.get_tokenizer()
+        self.ref = {tuple(tok.encode(p)): r for p, r in zip(PROMPTS, ref)}
+        self.seen: list[tuple[list[int], torch.Tensor]] = []
+        self.real = hidden_head.draw_draft
+        monkeypatch.setattr(hidden_head, "draw_draft", self)
+        monkeypatch.setattr(medusa, "draw_draft", self)
+
+    def __call__(self, logits, r: DraftRequest, position: int, earlier, method):
+        if not earlier:
+            self.seen.append((list(r.token_ids), logits.clone()))
+        ref = self.ref.get(tuple(r.token_ids[: r.num_prompt_tokens]), [])
+        if r.sampling.is_greedy and position < len(ref) and (position * 7 + len(ref)) % 4:
+            return ref[position], None
+        return self.real(logits, r, position, earlier, method)
+
+
+@pytest.mark.parametrize("oracle", [False, True], ids=["random", "oracle"])
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_greedy_identical_to_plain(name, oracle, heads, plain_ref, monkeypatch) -> None:
+    target, spec = heads[name]
+    llm = _llm(target, spec | {"adaptive": False})
+    if oracle:
+        Oracle(llm, plain_ref, monkeypatch)
+    assert _ids(llm.generate(PROMPTS, _greedy(24))) == plain_ref
+    st = llm.engine.spec_stats
+    assert st.num_draft_tokens > 0
+    if oracle:
+        assert st.num_accepted_tokens > st.num_draft_tokens // 3
+        assert st.accepted_per_pos[2] > 0  # whole runs accepted: bonus tokens
+    # prefix-cache hits: the head starts from a context whose first states were never computed
+    again = llm.generate(PROMPTS, _greedy(24))
+    assert _ids(again) == plain_ref
+    assert sum(o.num_cached_tokens for o in again) > 0
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_stops_inside_accepted_runs(name, heads, plain_ref, monkeypatch) -> None:
+    target, spec = heads[name]
+    llm = _llm(target, spec | {"adaptive": False}, enable_prefix_caching=False)
+    Oracle(llm, plain_ref, monkeypatch)
+    # stop at a token the oracle drafts: the stop lands inside accepted drafts
+    stops = [ref[9] for ref in plain_ref]
+    params = [
+        SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop_token_ids=[s])
+        for s in stops
+    ]
+    got = _ids(llm.generate(PROMPTS, params))
+    for out, ref, stop in zip(got, plain_ref, stops):
+        assert out == ref[: ref.index(stop) + 1]
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_head_sees_what_a_fresh_head_sees(name, heads, plain_ref, monkeypatch) -> None:
+    """After steps of accepted and rejected drafts, the head's first-draft logits equal those
+    of a fresh head fed the whole context's target states at once."""
+    target, spec = heads[name]
+    llm = _llm(target, spec | {"adaptive": False}, enable_prefix_caching=False)
+    oracle = Oracle(llm, plain_ref, monkeypatch)
+    llm.generate(PROMPTS[:3], _greedy(24)[:3])
+    engine = llm.engine
+    fresh = make_proposer(engine.spec, engine.model, None, 1, engine.max_model_len)
+    layers = engine.speculator.hidden_layers
+    checked = 0
+    for token_ids, logits in oracle.seen[-12:]:
+        slot = engine.kv.allocate()
+        try:
+            n = len(token_ids) - 1
+            _, states = engine.model.forward_capture(
+                torch.tensor(token_ids[:n]), torch.arange(n), SeqBatch([slot], [0], [n]),
+                engine.kv, layers,
+            )  # fmt: skip
+        finally:
+            engine.kv.free(slot)
+        d = DraftRequest("fresh", token_ids, 1, SamplingParams(temperature=0), 0, 1)
+        d.hidden_states, d.hidden_start = states, 0
+        oracle.seen.clear()
+        fresh.propose(DraftInput([d]))
+        fresh.remove_request("fresh")
+        torch.testing.assert_close(oracle.seen[0][1], logits, atol=2e-3, rtol=1e-3)
+        checked += 1
+    assert checked >= 6
+
+
+SAMPLINGS = [
+    dict(temperature=0.7),
+    dict(temperature=1.0, top_p=0.9, top_k=40),
+    dict(temperature=1.0, min_p=0.05, repetition_penalty=1.2),
+]
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_seeded_sampling_identical_to_plain(name, heads, tiny_llama) -> None:
+    target, spec = heads[name]
+    llm = _llm(target, spec | {"adaptive": False})
+    plain = _llm(str(tiny_llama), None)
+    for kw in SAMPLINGS:
+        params = [
+            SamplingParams(**kw, seed=100 + i, max_tokens=20 + 7 * i) for i in range(len(PROMPTS))
+        ]
+        assert _ids(llm.generate(PROMPTS, params)) == _ids(plain.generate(PROMPTS, params))
+
+
+def _exact_second_token(tiny_llama, prompt_ids: list[int], temperature: float) -> torch.Tensor:
+    """The target's marginal distribution of output token 1 (summed over token 0), [V]."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_llama))
+    with torch.no_grad():
+        p0 = torch.softmax(model(torch.tensor([prompt_ids])).logits[0, -1] / temperature, -1)
+        V = p0.shape[0]
+        rows = torch.tensor([prompt_ids]).repeat(V, 1)
+        rows = torch.cat([rows, torch.arange(V).unsqueeze(1)], dim=1)
+        p1 = torch.softmax(model(rows).logits[:, -1] / temperature, -1)  # [V, V]
+    return (p0.unsqueeze(1) * p1).sum(0)
+
+
+@pytest.mark.parametrize("method", ["eagle3-safeailab", "medusa-vllm", "mtp-deepseek"])
+def test_probabilistic_drafts_keep_the_distribution(method, heads, tiny_llama) -> None:
+    """draft_sample_method probabilistic: the head's q is used (a random head's q is far from
+    p, so most drafts are rejected and recovered tokens come from norm(max(0, p - q))); the
+    second output token's distribution over many seeds is still the target's."""
+    target, spec = heads[method]
+    T, n = 0.3, 8000
+    llm = _llm(target, spec | {"adaptive": False, "draft_sample_method": "probabilistic"},
+               max_num_seqs=8, max_num_batched_tokens=256)  # fmt: skip
+    prompt = "the cat sat on the"
+    params = [
+        SamplingParams(temperature=T, seed=s, max_tokens=3, ignore_eos=True) for s in range(n)
+    ]
+    outs = llm.generate([prompt] * n, params)
+    assert llm.engine.spec_stats.num_draft_tokens > n // 2
+    want = _exact_second_token(tiny_llama, llm.get_tokenizer().encode(prompt), T)
+    counts = torch.bincount(torch.tensor([o.outputs[0].token_ids[1] for o in outs]),
+                            minlength=want.shape[0]).double()  # fmt: skip
+    stat, df = _chi_square(counts, want.double() * n)
+    assert stat < _chi_square_quantile(df), (stat, df)
+
+
+def _chi_square(counts: torch.Tensor, expected: torch.Tensor) -> tuple[float, int]:
+    """Pearson's statistic over the bins expecting >= 5 draws, the rest pooled into one."""
+    big = expected >= 5
+    obs = torch.cat([counts[big], counts[~big].sum().view(1)])
+    exp = torch.cat([expected[big], expected[~big].sum().view(1)])
+    return float(((obs - exp) ** 2 / exp).sum()), int(big.sum())  # df = bins - 1
+
+
+def _chi_square_quantile(df: int, z: float = 3.72) -> float:
+    """The chi-square quantile at 1 - 1e-4 (z = 3.72), Wilson-Hilferty."""
+    h = 2.0 / (9.0 * df)
+    return df * (1.0 - h + z * math.sqrt(h)) ** 3
