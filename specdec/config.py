@@ -3,10 +3,23 @@
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
+# vLLM speculative_config keys about GPU execution (batch padding, kernels, block hashing,
+# distributed drafting): accepted and logged once, they change nothing here.
+VLLM_IGNORED_KEYS = (
+    "disable_padded_drafter_batch", "disable_eagle_block_drop", "disable_lookahead_block_hashes",
+    "enforce_eager", "attention_backend", "moe_backend", "index_share_for_mtp_iteration",
+    "use_local_argmax_reduction", "use_heterogeneous_vocab", "parallel_drafting",
+    "draft_load_config", "revision", "code_revision", "max_model_len", "kv_cache_dtype",
+    "draft_lm_head_quantization", "num_speculative_tokens_per_batch_size", "disable_log_stats",
+    "disable_logprobs", "acceptance_method", "rejection_sample_method",
+    "enable_adaptive_verification",
+)  # fmt: skip
+logger = logging.getLogger("specdec.config")
 
 
 class ConfigError(ValueError):
@@ -116,6 +129,16 @@ class SpeculativeConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SpeculativeConfig:
         d = dict(d)
+        ignored = sorted(k for k in d if k in VLLM_IGNORED_KEYS)
+        if ignored:
+            logger.info("speculative_config: ignored on CPU: %s", ", ".join(ignored))
+        for k in ignored:
+            del d[k]
+        tp = d.pop("tensor_parallel_size", 1)
+        if tp != 1:
+            raise ConfigError("speculative_config.tensor_parallel_size must be 1 (one device)")
+        if "quantization" in d:
+            d.setdefault("draft_quantization", d.pop("quantization"))
         allowed = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - allowed)
         if unknown:

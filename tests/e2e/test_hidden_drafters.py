@@ -19,7 +19,14 @@ import torch
 
 from specdec import LLM, SamplingParams
 from specdec.model.llama import SeqBatch
-from specdec.spec_decode import DraftInput, DraftRequest, hidden_head, make_proposer, medusa
+from specdec.spec_decode import (
+    METHODS,
+    DraftInput,
+    DraftRequest,
+    hidden_head,
+    make_proposer,
+    medusa,
+)
 from tests.e2e.test_spec_greedy import PROMPTS
 from tests.heads import write_eagle, write_eagle3, write_medusa, write_mtp_target
 
@@ -234,3 +241,26 @@ def _chi_square_quantile(df: int, z: float = 3.72) -> float:
     """The chi-square quantile at 1 - 1e-4 (z = 3.72), Wilson-Hilferty."""
     h = 2.0 / (9.0 * df)
     return df * (1.0 - h + z * math.sqrt(h)) ** 3
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_every_method_in_the_table(method, heads, tiny_llama, tiny_draft, plain_ref) -> None:
+    """Each entry of the method table drafts and stays exact; a new entry fails here until
+    it has a case."""
+    tiny = str(tiny_llama)
+    cases = {
+        "ngram": (tiny, {"method": "ngram", "num_speculative_tokens": 3}),
+        "suffix": (tiny, {"method": "suffix", "num_speculative_tokens": 8}),
+        "draft_model": (tiny, {"method": "draft_model", "model": str(tiny_draft)}),
+        "layer_skip": (tiny, {"method": "layer_skip", "num_draft_layers": 2}),
+        "eagle": heads["eagle-safeailab"],
+        "eagle3": heads["eagle3-speculators"],
+        "medusa": heads["medusa-fasterdecoding"],
+        "mtp": heads["mtp-deepseek"],
+    }
+    assert method in cases, f"method {method!r} has no case in this test"
+    target, spec = cases[method]
+    llm = _llm(target, spec | {"adaptive": False})
+    assert llm.engine.spec.method == method
+    assert _ids(llm.generate(PROMPTS, _greedy(24))) == plain_ref
+    assert llm.engine.spec_stats.num_draft_tokens > 0

@@ -1,0 +1,43 @@
+"""The states the runner hands to drafters: the fused native layer loop and the op-by-op path
+give the same bits, and a row's states do not depend on what shares its batch."""
+
+from __future__ import annotations
+
+import torch
+
+from specdec import LLM
+from specdec.model.llama import HIDDEN_FINAL, SeqBatch
+
+CAPTURE = (1, HIDDEN_FINAL, 3, 0)
+
+
+def _capture(model, kv, seqs: list[list[int]], slots: list[int]) -> torch.Tensor:
+    ids = [t for s in seqs for t in s]
+    pos = [p for s in seqs for p in range(len(s))]
+    batch = SeqBatch(slots, [0] * len(seqs), [len(s) for s in seqs])
+    final, states = model.forward_capture(torch.tensor(ids), torch.tensor(pos), batch, kv, CAPTURE)
+    H = model.cfg.hidden_size
+    assert states.shape == (len(ids), H * len(CAPTURE))
+    assert torch.equal(states[:, H : 2 * H], final)  # HIDDEN_FINAL is the final normed state
+    return states
+
+
+def test_fused_and_op_by_op_states_are_identical(tiny_llama) -> None:
+    llm = LLM(str(tiny_llama), max_model_len=128, kernels="native")
+    model, kv = llm.engine.model, llm.engine.kv
+    assert model.use_fused_layers
+    seqs = [[5, 6, 7, 8, 9], [20, 21], [30, 31, 32]]
+    slots = [kv.allocate() for _ in seqs]
+    fused = _capture(model, kv, seqs, slots)
+    model.use_fused_layers = False
+    try:
+        op_by_op = _capture(model, kv, seqs, slots)
+    finally:
+        model.use_fused_layers = True
+    assert torch.equal(fused, op_by_op)
+    alone = _capture(model, kv, seqs[1:2], slots[1:2])
+    assert torch.equal(alone, fused[5:7])  # batch-invariant
+    # layer 0's input is the embedding; the state entering layer 1 differs from it
+    H = model.cfg.hidden_size
+    assert torch.equal(fused[:5, 3 * H :], model.embed(torch.tensor(seqs[0])))
+    assert not torch.equal(fused[:, :H], fused[:, 3 * H :])
