@@ -9,12 +9,12 @@ prefix. The head's ``embed_tokens`` copy of the target's, when present, is only 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from specdec.config import ConfigError
 from specdec.model.llama import HIDDEN_FINAL, LlamaModel, SeqBatch
 from specdec.spec_decode.base import Proposer
 from specdec.spec_decode.hidden_head import (
+    HeadLinear,
     HiddenStateProposer,
     check_shape,
     head_folder,
@@ -49,11 +49,8 @@ class EagleProposer(HiddenStateProposer):
                         (target.cfg.vocab_size, H), "the target's vocabulary x hidden")  # fmt: skip
         num_layers = 1 + max(int(k.split(".")[1]) for k in w if k.startswith("layers."))
         super().__init__(target, cfg, max_num_seqs, max_len, sample_method, num_layers)
-        dev = self.device
-        self.fc = w["fc.weight"].to(device=dev, dtype=torch.float32)
-        bias = w.get("fc.bias")
-        self.fc_bias = None if bias is None else bias.to(device=dev, dtype=torch.float32)
-        self.layers = [head_layer(w, f"layers.{i}.", dev) for i in range(num_layers)]
+        self.fc = HeadLinear(w["fc.weight"], w.get("fc.bias"), target)
+        self.layers = [head_layer(w, f"layers.{i}.", target) for i in range(num_layers)]
         self.layers[0].input_norm = None  # NOTE: EAGLE's first layer reads fc's output as it is
 
     def _step(
@@ -64,7 +61,7 @@ class EagleProposer(HiddenStateProposer):
         positions: torch.Tensor,  # [T]
         batch: SeqBatch,
     ) -> torch.Tensor:  # [T, H]
-        x = F.linear(torch.cat([self._embed(token_ids), feats], dim=-1), self.fc, self.fc_bias)
+        x = self.fc(torch.cat([self._embed(token_ids), feats], dim=-1))
         for i, lw in enumerate(self.layers):
             attn_in = x if lw.input_norm is None else rms_norm(x, lw.input_norm, self.eps)
             x = self._layer(i, lw, x, attn_in, positions, batch)

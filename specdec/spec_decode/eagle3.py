@@ -13,13 +13,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from specdec.config import ConfigError
 from specdec.model.llama import LlamaModel, SeqBatch
 from specdec.spec_decode.base import Proposer
 from specdec.spec_decode.eagle import check_hidden_size
 from specdec.spec_decode.hidden_head import (
+    HeadLinear,
     HiddenStateProposer,
     check_shape,
     head_folder,
@@ -92,19 +92,16 @@ class Eagle3Proposer(HiddenStateProposer):
         f32 = {
             k: v.to(device=dev, dtype=torch.float32) for k, v in w.items() if v.is_floating_point()
         }
-        self.fc, self.norm, self.lm_head = (
-            f32["fc.weight"],
-            f32["norm.weight"],
-            f32["lm_head.weight"],
-        )
-        self.layer = head_layer(w, "layers.0.", dev)
+        self.fc = HeadLinear(w["fc.weight"], None, target)
+        self.lm_head = HeadLinear(w["lm_head.weight"], None, target)
+        self.norm = f32["norm.weight"]
+        self.layer = head_layer(w, "layers.0.", target)
         if self.layer.input_norm is None or "layers.0.hidden_norm.weight" not in w:
             raise ConfigError(
                 "speculative_config.model: the EAGLE-3 layer needs input_layernorm and hidden_norm"
             )
-        check_shape(
-            "q_proj", self.layer.q, (self.layer.q.shape[0], 2 * H), "reads [embedding; hidden]"
-        )
+        check_shape("q_proj", w["layers.0.self_attn.q_proj.weight"],
+                    (self.layer.q.out_features, 2 * H), "reads [embedding; hidden]")  # fmt: skip
         self.hidden_norm = f32["layers.0.hidden_norm.weight"]
         self.embed = f32.get("embed_tokens.weight")
         if self.embed is not None:
@@ -136,7 +133,7 @@ class Eagle3Proposer(HiddenStateProposer):
         batch: SeqBatch,
     ) -> torch.Tensor:  # [T, H] before the final norm
         if from_target:
-            feats = F.linear(feats, self.fc)
+            feats = self.fc(feats)
         hidden = rms_norm(feats, self.hidden_norm, self.eps)
         emb = rms_norm(self._embed(token_ids), self.layer.input_norm, self.eps)
         residual = hidden if self.norm_before_residual else feats
@@ -145,7 +142,7 @@ class Eagle3Proposer(HiddenStateProposer):
         )
 
     def _logits(self, out: torch.Tensor) -> torch.Tensor:  # [R, H] -> [R, V]
-        z = F.linear(rms_norm(out, self.norm, self.eps), self.lm_head)
+        z = self.lm_head(rms_norm(out, self.norm, self.eps))
         if self.target_ids is None:
             return z
         full = torch.full((z.shape[0], self.target.cfg.vocab_size), float("-inf"), device=z.device)

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.config import ConfigError
+from specdec.kernels import KernelOps, quantize_weight
 from specdec.kv_cache.pool import KVCache
 from specdec.model.layers import Rotary, rope_inv_freq
 from specdec.model.llama import LlamaModel, SeqBatch
@@ -114,41 +115,68 @@ def check_shape(name: str, t: torch.Tensor, shape: tuple[int, ...], what: str) -
 
 
 # ---- the decoder layer -----------------------------------------------------------------------
+class HeadLinear:
+    """A head's linear layer: Q8_0 weights with 8-bit activations where the target runs those
+    kernels (a head's numerics never change the output, only how often drafts are right),
+    float32 elsewhere."""
+
+    def __init__(
+        self,
+        weight: torch.Tensor,  # [N, K]
+        bias: torch.Tensor | None,  # [N]
+        target: LlamaModel,
+    ) -> None:
+        dev = target.device
+        self.out_features, self.in_features = weight.shape
+        self.bias = None if bias is None else bias.to(device=dev, dtype=torch.float32)
+        self.ops: KernelOps = target.ops
+        self.weight: torch.Tensor | None = weight.to(device=dev, dtype=torch.float32)
+        self.packed = None
+        if target.activation_dtype == "int8" and weight.shape[1] % 32 == 0:
+            packed = quantize_weight(self.weight, "q8_0")
+            if packed.a8_eligible():
+                packed.enable_a8()
+                self.packed, self.weight = packed, None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
+        if self.packed is not None:
+            return self.ops.linear(x.contiguous(), self.packed, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+
 @dataclass
 class HeadLayer:
-    """A Llama decoder layer in float32 (q/k/v may read a wider input, as EAGLE-3's does)."""
+    """A Llama decoder layer (q/k/v may read a wider input, as EAGLE-3's does)."""
 
-    q: torch.Tensor  # [Hq * D, in]
-    k: torch.Tensor  # [Hkv * D, in]
-    v: torch.Tensor  # [Hkv * D, in]
-    o: torch.Tensor  # [H, Hq * D]
-    gate: torch.Tensor  # [I, H]
-    up: torch.Tensor  # [I, H]
-    down: torch.Tensor  # [H, I]
+    q: HeadLinear  # [Hq * D, in]
+    k: HeadLinear  # [Hkv * D, in]
+    v: HeadLinear  # [Hkv * D, in]
+    o: HeadLinear  # [H, Hq * D]
+    gate: HeadLinear  # [I, H]
+    up: HeadLinear  # [I, H]
+    down: HeadLinear  # [H, I]
     post_norm: torch.Tensor  # [H]
     input_norm: torch.Tensor | None  # [H]; None: attention reads the input as it is
-    q_bias: torch.Tensor | None = None
-    k_bias: torch.Tensor | None = None
-    v_bias: torch.Tensor | None = None
 
 
-def head_layer(w: dict[str, torch.Tensor], prefix: str, device: torch.device) -> HeadLayer:
+def head_layer(w: dict[str, torch.Tensor], prefix: str, target: LlamaModel) -> HeadLayer:
     """The layer under ``prefix`` (``layers.0.``, ``midlayer.``...), Hugging Face key names."""
 
-    def get(name: str, required: bool = True) -> torch.Tensor | None:
-        t = w.get(prefix + name)
-        if t is None and required:
+    def get(name: str) -> torch.Tensor:
+        if prefix + name not in w:
             raise ConfigError(f"speculative_config.model: the head has no tensor {prefix}{name}")
-        return None if t is None else t.to(device=device, dtype=torch.float32)
+        return w[prefix + name]
 
+    def lin(name: str) -> HeadLinear:
+        return HeadLinear(get(name + ".weight"), w.get(prefix + name + ".bias"), target)
+
+    norm = w.get(prefix + "input_layernorm.weight")
     return HeadLayer(
-        q=get("self_attn.q_proj.weight"), k=get("self_attn.k_proj.weight"),
-        v=get("self_attn.v_proj.weight"), o=get("self_attn.o_proj.weight"),
-        gate=get("mlp.gate_proj.weight"), up=get("mlp.up_proj.weight"),
-        down=get("mlp.down_proj.weight"), post_norm=get("post_attention_layernorm.weight"),
-        input_norm=get("input_layernorm.weight", required=False),
-        q_bias=get("self_attn.q_proj.bias", False), k_bias=get("self_attn.k_proj.bias", False),
-        v_bias=get("self_attn.v_proj.bias", False),
+        q=lin("self_attn.q_proj"), k=lin("self_attn.k_proj"), v=lin("self_attn.v_proj"),
+        o=lin("self_attn.o_proj"), gate=lin("mlp.gate_proj"), up=lin("mlp.up_proj"),
+        down=lin("mlp.down_proj"),
+        post_norm=get("post_attention_layernorm.weight").to(target.device, torch.float32),
+        input_norm=None if norm is None else norm.to(target.device, torch.float32),
     )  # fmt: skip
 
 
@@ -231,9 +259,9 @@ class HiddenStateProposer(Proposer):
         batch: SeqBatch,
     ) -> torch.Tensor:  # [T, H]
         T, D = x.shape[0], self.head_dim
-        q = F.linear(attn_in, lw.q, lw.q_bias).view(T, self.num_heads, D)
-        k = F.linear(attn_in, lw.k, lw.k_bias).view(T, self.num_kv_heads, D)
-        v = F.linear(attn_in, lw.v, lw.v_bias).view(T, self.num_kv_heads, D)
+        q = lw.q(attn_in).view(T, self.num_heads, D)
+        k = lw.k(attn_in).view(T, self.num_kv_heads, D)
+        v = lw.v(attn_in).view(T, self.num_kv_heads, D)
         q, k = self.rotary(q, positions), self.rotary(k, positions)
         out = torch.empty_like(q)
         offset = 0
@@ -244,9 +272,9 @@ class HiddenStateProposer(Proposer):
                 start, D**-0.5,
             )  # fmt: skip
             offset += n
-        x = x + F.linear(out.view(T, -1), lw.o)
+        x = x + lw.o(out.view(T, -1))
         h = rms_norm(x, lw.post_norm, self.eps)
-        return x + F.linear(F.silu(F.linear(h, lw.gate)) * F.linear(h, lw.up), lw.down)
+        return x + lw.down(F.silu(lw.gate(h)) * lw.up(h))
 
     def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, H] float32
         return self.target.embed(token_ids).to(torch.float32)

@@ -20,6 +20,7 @@ from specdec.spec_decode.base import DraftInput, DraftOutput, DraftRequest, Prop
 from specdec.spec_decode.draft_model import draw_draft
 from specdec.spec_decode.eagle import check_hidden_size
 from specdec.spec_decode.hidden_head import (
+    HeadLinear,
     check_shape,
     head_folder,
     read_config,
@@ -75,16 +76,14 @@ class MedusaProposer(Proposer):
         if not heads:
             raise ConfigError(f"speculative_config.model: no Medusa heads in {folder}")
         H, V = target.cfg.hidden_size, target.cfg.vocab_size
-        dev, f32 = target.device, torch.float32
         self.heads = []
         for i, (blocks, proj) in enumerate(heads):
             check_shape(f"head {i} projection", proj, (V, H), "the target's vocabulary x hidden")
             for j, (wt, _) in enumerate(blocks):
                 check_shape(f"head {i} block {j}", wt, (H, H), "hidden x hidden")
-            self.heads.append((
-                [(wt.to(dev, f32), None if b is None else b.to(dev, f32)) for wt, b in blocks],
-                proj.to(dev, f32),
-            ))  # fmt: skip
+            self.heads.append(
+                ([HeadLinear(wt, b, target) for wt, b in blocks], HeadLinear(proj, None, target))
+            )
         self.target = target
         self.sample_method = sample_method
         self._last: dict[str, tuple[int, torch.Tensor]] = {}  # req -> (position, state [H])
@@ -115,9 +114,9 @@ class MedusaProposer(Proposer):
                 self.heads[: max(inp.requests[i].max_num_drafts for i in live)]
             ):
                 x = x0
-                for wt, b in blocks:
-                    x = x + F.silu(F.linear(x, wt, b))
-                logits = F.linear(x, proj)  # [R, V]
+                for block in blocks:
+                    x = x + F.silu(block(x))
+                logits = proj(x)  # [R, V]
                 for row, i in enumerate(live):
                     r = inp.requests[i]
                     if h < r.max_num_drafts:

@@ -21,12 +21,12 @@ import json
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from specdec.config import ConfigError
 from specdec.model.llama import HIDDEN_FINAL, LlamaModel, SeqBatch
 from specdec.spec_decode.base import Proposer
 from specdec.spec_decode.hidden_head import (
+    HeadLinear,
     HiddenStateProposer,
     check_shape,
     head_layer,
@@ -101,13 +101,15 @@ class MtpProposer(HiddenStateProposer):
         def f32(name: str) -> torch.Tensor:
             return w[p + name + ".weight"].to(device=dev, dtype=torch.float32)
 
-        self.token_norm, self.hidden_norm, self.proj, self.final_norm = (f32(x) for x in names)
-        check_shape(p + names[2], self.proj, (H, 2 * H), "[hidden, 2 * hidden]")
-        self.layer = head_layer(w, p, dev)
+        self.token_norm, self.hidden_norm, self.final_norm = (f32(x) for x in names[:2] + names[3:])
+        check_shape(p + names[2], w[p + names[2] + ".weight"], (H, 2 * H), "[hidden, 2 * hidden]")
+        self.proj = HeadLinear(w[p + names[2] + ".weight"], None, target)
+        self.layer = head_layer(w, p, target)
         self.head = None
         if p + "shared_head.head.weight" in w:
-            self.head = f32("shared_head.head")
-            check_shape(p + "shared_head.head", self.head, (V, H), "the target's vocabulary")
+            head = w[p + "shared_head.head.weight"]
+            check_shape(p + "shared_head.head", head, (V, H), "the target's vocabulary")
+            self.head = HeadLinear(head, None, target)
 
     def _step(
         self,
@@ -122,7 +124,7 @@ class MtpProposer(HiddenStateProposer):
         emb = rms_norm(emb, self.token_norm, self.eps)
         hidden = rms_norm(feats, self.hidden_norm, self.eps)
         pair = [hidden, emb] if self.hidden_first else [emb, hidden]
-        x = F.linear(torch.cat(pair, dim=-1), self.proj)
+        x = self.proj(torch.cat(pair, dim=-1))
         x = self._layer(
             0, self.layer, x, rms_norm(x, self.layer.input_norm, self.eps), positions, batch
         )
@@ -130,7 +132,7 @@ class MtpProposer(HiddenStateProposer):
 
     def _logits(self, out: torch.Tensor) -> torch.Tensor:  # [R, H] -> [R, V]
         if self.head is not None:
-            return F.linear(out, self.head)
+            return self.head(out)
         return self.target.compute_logits(out.to(self.target.dtype))
 
 
