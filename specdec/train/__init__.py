@@ -1,0 +1,1 @@
+"""``specdec train``: self-distilled drafter heads for any target (``data``, ``trainer``)."""

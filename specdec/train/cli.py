@@ -1,0 +1,84 @@
+"""``specdec train data|eagle3|eagle|medusa`` (also ``python -m specdec.train``).
+
+specdec train data --model smollm2-135m --out data/smollm2 --num-prompts 2000
+specdec train eagle3 --model smollm2-135m --data data/smollm2 --out heads/smollm2-eagle3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from specdec.train.trainer import TrainConfig
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``train`` on a ``specdec`` sub-command parser."""
+    p = sub.add_parser("train", help="train drafter heads (EAGLE-3, EAGLE, Medusa) for a model")
+    build(p)
+
+
+def build(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    kinds = p.add_subparsers(dest="train_command", required=True)
+    d = kinds.add_parser("data", help="self-distillation records from the target's own outputs")
+    d.add_argument("--model", required=True)
+    d.add_argument("--out", required=True, help="folder for the shards")
+    d.add_argument("--prompts", help="JSONL of prompts (default: the target writes them)")
+    d.add_argument("--num-prompts", type=int, default=1000)
+    d.add_argument("--max-tokens", type=int, default=256, help="response length cap")
+    d.add_argument("--sampled-fraction", type=float, default=0.5,
+                   help="share of responses sampled at T 0.7 (the rest greedy)")  # fmt: skip
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--max-num-seqs", type=int, default=16)
+    for method in ("eagle3", "eagle", "medusa"):
+        t = kinds.add_parser(method, help=f"train a {method} head on `train data` records")
+        t.add_argument("--model", required=True)
+        t.add_argument("--data", required=True)
+        t.add_argument("--out", required=True, help="folder: checkpoint.pt, train_log.jsonl, head/")
+        t.add_argument("--resume", action="store_true", help="continue from out/checkpoint.pt")
+        defaults = TrainConfig()
+        for name in ("epochs", "lr", "batch", "ttt_steps", "medusa_heads", "draft_vocab",
+                     "max_len", "val_fraction", "eval_every", "ckpt_every", "seed", "device"):  # fmt: skip
+            value = getattr(defaults, name)
+            t.add_argument("--" + name.replace("_", "-"), type=type(value), default=value)
+    return p
+
+
+def run(args: argparse.Namespace) -> None:
+    from specdec import LLM
+    from specdec.train import data
+
+    if args.train_command == "data":
+        llm = LLM(args.model, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=2048)
+        start = time.monotonic()
+        if args.prompts:
+            prompts = data.read_prompts(args.prompts)[: args.num_prompts]
+        else:
+            prompts = data.magpie_prompts(llm, args.num_prompts, seed=args.seed)
+            print(f"{len(prompts)} prompts written by the model", file=sys.stderr)
+        manifest = data.collect(
+            llm, prompts, args.out, args.max_tokens, args.sampled_fraction, args.seed
+        )
+        manifest["seconds"] = round(time.monotonic() - start, 1)
+        print(json.dumps(manifest))
+        return
+    from specdec.train.trainer import Trainer
+
+    cfg = TrainConfig(method=args.train_command, **{
+        k: getattr(args, k) for k in TrainConfig.__dataclass_fields__ if k != "method"
+    })  # fmt: skip
+    trainer = Trainer(LLM(args.model, max_num_seqs=1), args.data, args.out, cfg)
+    if args.resume and trainer.resume():
+        print(f"resumed at step {trainer.step}", file=sys.stderr)
+    result = trainer.fit()
+    head = trainer.export()
+    print(json.dumps({"head": str(head), "steps": trainer.step, **result}))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build(
+        argparse.ArgumentParser(prog="specdec train", description=__doc__.splitlines()[0])
+    )
+    run(parser.parse_args(argv))

@@ -1,0 +1,253 @@
+"""Training data for drafter heads, by self-distillation: the target's own responses, its hidden
+states and its next-token distributions.
+
+``collect`` writes shards of records to a folder:
+
+* ``shard-{i:04d}/tokens.npy`` int32 [N]: every sequence's prompt + response, back to back;
+* ``starts.npy`` int64 [S + 1] and ``prompt_lens.npy`` int32 [S]: where sequences begin and how
+  many of their tokens are prompt (the loss covers response positions);
+* ``aux.npy`` float16 [N, 3 H]: the states entering the target's EAGLE-3 layers;
+* ``final.npy`` float16 [N, H]: the final normed states (EAGLE, Medusa);
+* ``topk_ids.npy`` int32 / ``topk_probs.npy`` float16 [N, K]: the target's next-token
+  distribution at each position, its K likeliest tokens (soft labels).
+
+Shards are memory-mapped when read (``TrainData``). Prompts come from a JSONL file of the user's,
+or, by default, from the target itself: a chat model given only its template's opening of a user
+turn writes one (the "Magpie" trick, Xu et al., 2024), deduplicated and filtered by length.
+NOTE: never point this at a benchmark's prompts; heads are measured on prompts they never saw.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specdec.model.llama import HIDDEN_FINAL, SeqBatch
+from specdec.sampling_params import SamplingParams
+from specdec.spec_decode.eagle3 import default_aux_layers
+
+SHARD_TOKENS = 200_000
+TOP_K = 20
+USER_MARK = "\x00USER\x00"
+
+
+def magpie_prompts(llm, num: int, seed: int = 0, max_tokens: int = 96) -> list[str]:
+    """``num`` distinct user turns the target writes itself after its template's user opening."""
+    tok = llm.get_tokenizer()
+    rendered = tok.apply_chat_template(
+        [{"role": "user", "content": USER_MARK}], add_generation_prompt=False
+    )
+    opening = tok.encode(rendered[: rendered.index(USER_MARK)])
+    seen: set[str] = set()
+    out: list[str] = []
+    attempt = 0
+    while len(out) < num and attempt < 8:
+        want = num - len(out)
+        params = [
+            SamplingParams(
+                temperature=1.0,
+                top_p=0.95,
+                max_tokens=max_tokens,
+                seed=seed + attempt * 1_000_003 + i,
+            )  # fmt: skip
+            for i in range(2 * want)
+        ]
+        for o in llm.generate([list(opening)] * len(params), params, use_tqdm=False):
+            text = o.outputs[0].text.strip()
+            key = " ".join(text.lower().split())[:80]
+            ok = o.outputs[0].finish_reason == "stop" and 12 <= len(text) <= 600
+            if ok and key not in seen:
+                seen.add(key)
+                out.append(text)
+        attempt += 1
+    return out[:num]
+
+
+def read_prompts(path: str | Path) -> list[str]:
+    """A JSONL file: each line a string, or an object with "prompt" or "turns"[0]."""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if isinstance(row, str):
+            out.append(row)
+        elif "prompt" in row:
+            out.append(row["prompt"])
+        else:
+            out.append(row["turns"][0])
+    return out
+
+
+@dataclass
+class _Shard:
+    tokens: list[np.ndarray]
+    prompt_lens: list[int]
+    aux: list[np.ndarray]
+    final: list[np.ndarray]
+    topk_ids: list[np.ndarray]
+    topk_probs: list[np.ndarray]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+
+def _empty_shard() -> _Shard:
+    return _Shard([], [], [], [], [], [])
+
+
+def _write(shard: _Shard, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    lens = [len(t) for t in shard.tokens]
+    np.save(folder / "tokens.npy", np.concatenate(shard.tokens).astype(np.int32))
+    np.save(folder / "starts.npy", np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
+    np.save(folder / "prompt_lens.npy", np.array(shard.prompt_lens, dtype=np.int32))
+    for name in ("aux", "final", "topk_ids", "topk_probs"):
+        np.save(folder / f"{name}.npy", np.concatenate(getattr(shard, name)))
+
+
+@torch.inference_mode()
+def states_of(llm, ids: list[int], chunk: int = 256) -> dict[str, np.ndarray]:
+    """The target over ``ids``: EAGLE-3's states, final states, top-k next-token probabilities."""
+    engine = llm.engine
+    model, kv = engine.model, engine.kv
+    layers = default_aux_layers(model.cfg.num_layers)
+    capture = (*layers, HIDDEN_FINAL)
+    H = model.cfg.hidden_size
+    slot = kv.allocate()
+    parts = []
+    try:
+        for start in range(0, len(ids), chunk):
+            piece = ids[start : start + chunk]
+            n = len(piece)
+            _, states = model.forward_capture(
+                torch.tensor(piece, device=model.device),
+                torch.arange(start, start + n, device=model.device),
+                SeqBatch([slot], [start], [n]), kv, capture,
+            )  # fmt: skip
+            parts.append(states)
+    finally:
+        kv.free(slot)
+    states = torch.cat(parts)  # [N, 4 H]
+    final = states[:, 3 * H :]
+    probs = torch.softmax(model.compute_logits(final), dim=-1)
+    top = probs.topk(TOP_K, dim=-1)
+    return {
+        "aux": states[:, : 3 * H].to(torch.float16).cpu().numpy(),
+        "final": final.to(torch.float16).cpu().numpy(),
+        "topk_ids": top.indices.to(torch.int32).cpu().numpy(),
+        "topk_probs": top.values.to(torch.float16).cpu().numpy(),
+    }
+
+
+def collect(
+    llm,
+    prompts: list[str],
+    out: str | Path,
+    max_tokens: int = 256,
+    sampled_fraction: float = 0.5,
+    seed: int = 0,
+    batch: int = 32,
+    progress: bool = True,
+) -> dict:
+    """Responses of the target to ``prompts`` (greedy, and sampled at T 0.7 for a fraction),
+    with their states and soft labels, in shards under ``out``. Returns the manifest."""
+    from tqdm import tqdm
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = llm.get_tokenizer()
+    shard, num_shards, num_tokens, num_seqs = _empty_shard(), 0, 0, 0
+    bar = tqdm(total=len(prompts), desc="responses", disable=not progress, unit="prompt")
+    for b0 in range(0, len(prompts), batch):
+        chunk = prompts[b0 : b0 + batch]
+        ids = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=True)
+               for p in chunk]  # fmt: skip
+        params = []
+        for i in range(len(chunk)):
+            k = b0 + i  # sampled when the running share of sampled responses steps up
+            sampled = math.floor((k + 1) * sampled_fraction) > math.floor(k * sampled_fraction)
+            params.append(SamplingParams(temperature=0.7 if sampled else 0.0, top_p=0.95,
+                                         max_tokens=max_tokens, seed=seed + b0 + i))  # fmt: skip
+        for p_ids, o in zip(ids, llm.generate(ids, params, use_tqdm=False)):
+            seq = list(p_ids) + list(o.outputs[0].token_ids)
+            st = states_of(llm, seq)
+            shard.tokens.append(np.array(seq, dtype=np.int32))
+            shard.prompt_lens.append(len(p_ids))
+            for name in ("aux", "final", "topk_ids", "topk_probs"):
+                getattr(shard, name).append(st[name])
+            num_tokens += len(seq)
+            num_seqs += 1
+            if shard.num_tokens >= SHARD_TOKENS:
+                _write(shard, out / f"shard-{num_shards:04d}")
+                shard, num_shards = _empty_shard(), num_shards + 1
+        bar.update(len(chunk))
+        bar.set_postfix(tokens=num_tokens)
+    bar.close()
+    if shard.tokens:
+        _write(shard, out / f"shard-{num_shards:04d}")
+        num_shards += 1
+    model = llm.engine.model
+    manifest = {
+        "num_sequences": num_seqs,
+        "num_tokens": num_tokens,
+        "num_shards": num_shards,
+        "hidden_size": model.cfg.hidden_size,
+        "vocab_size": model.cfg.vocab_size,
+        "num_layers": model.cfg.num_layers,
+        "aux_layers": list(default_aux_layers(model.cfg.num_layers)),
+        "top_k": TOP_K,
+        "max_tokens": max_tokens,
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return manifest
+
+
+class TrainData:
+    """The shards of a ``collect`` folder, memory-mapped; sequences by index."""
+
+    def __init__(self, folder: str | Path) -> None:
+        folder = Path(folder)
+        self.manifest = json.loads((folder / "manifest.json").read_text())
+        self.shards = []
+        self.index: list[tuple[int, int]] = []  # (shard, sequence in shard)
+        for i in range(self.manifest["num_shards"]):
+            d = folder / f"shard-{i:04d}"
+            arrays = {p.stem: np.load(p, mmap_mode="r") for p in d.glob("*.npy")}
+            self.shards.append(arrays)
+            self.index += [(i, j) for j in range(len(arrays["prompt_lens"]))]
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def sequence(self, k: int) -> dict[str, np.ndarray]:
+        i, j = self.index[k]
+        a = self.shards[i]
+        lo, hi = int(a["starts"][j]), int(a["starts"][j + 1])
+        out = {
+            name: a[name][lo:hi] for name in ("tokens", "aux", "final", "topk_ids", "topk_probs")
+        }
+        out["prompt_len"] = int(a["prompt_lens"][j])
+        return out
+
+    def token_counts(self, vocab_size: int) -> np.ndarray:
+        """How often each token is the target's top choice at a response position."""
+        counts = np.zeros(vocab_size, dtype=np.int64)
+        for k in range(len(self)):
+            s = self.sequence(k)
+            top = np.asarray(s["topk_ids"][s["prompt_len"] - 1 : -1, 0])
+            counts += np.bincount(top, minlength=vocab_size)
+        return counts
+
+
+def split(n: int, val_fraction: float, seed: int = 0) -> tuple[list[int], list[int]]:
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(n).tolist()
+    num_val = max(1, math.ceil(n * val_fraction)) if n > 1 else 0
+    return order[num_val:], order[:num_val]
