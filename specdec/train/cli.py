@@ -40,7 +40,8 @@ def build(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         t.add_argument("--resume", action="store_true", help="continue from out/checkpoint.pt")
         defaults = TrainConfig()
         for name in ("epochs", "lr", "batch", "ttt_steps", "medusa_heads", "draft_vocab",
-                     "max_len", "val_fraction", "eval_every", "ckpt_every", "seed", "device"):  # fmt: skip
+                     "max_len", "val_fraction", "eval_every", "ckpt_every", "warmup", "seed",
+                     "device"):  # fmt: skip
             value = getattr(defaults, name)
             t.add_argument("--" + name.replace("_", "-"), type=type(value), default=value)
     return p

@@ -121,7 +121,7 @@ class Trainer:
         dev = self.device
 
         def t(name: str, dtype: torch.dtype) -> torch.Tensor:
-            return torch.from_numpy(np.asarray(s[name][:L])).to(device=dev, dtype=dtype)
+            return torch.from_numpy(np.array(s[name][:L])).to(device=dev, dtype=dtype)
 
         return {
             "tokens": t("tokens", torch.long), "aux": t("aux", torch.float32),
