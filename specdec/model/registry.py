@@ -22,6 +22,25 @@ ALIASES: dict[str, str] = {
 DEFAULT_MODEL = "smollm2-135m"
 
 
+# Drafter heads shipped inside the package, by (model, method): specdec/heads/<folder>.
+DEFAULT_HEADS: dict[tuple[str, str], str] = {("smollm2-135m", "eagle3"): "smollm2-135m-eagle3"}
+
+
+def default_head(method: str, model_path: Path) -> Path | None:
+    """The shipped head of ``method`` for the model at ``model_path``, if there is one."""
+    for (model, m), folder in DEFAULT_HEADS.items():
+        if (
+            m != method
+            or model != "smollm2-135m"
+            or Path(model_path).name != Path(SMOLLM2_FILE).name
+        ):
+            continue
+        path = Path(__file__).resolve().parent.parent / "heads" / folder
+        if (path / "config.json").is_file():
+            return path
+    return None
+
+
 class ModelNotFoundError(ValueError):
     """The model name is neither a known alias nor an existing file or folder."""
 

@@ -33,8 +33,11 @@ METHODS: dict[str, Method] = {
     "draft_model": Method("draft_model", samples_q=True, needs_model=True),
     "layer_skip": Method("layer_skip", samples_q=True, needs_model=False),
     "eagle": Method("eagle", samples_q=True, needs_model=True),
-    "eagle3": Method("eagle3", samples_q=True, needs_model=True),
+    # eagle3: a head ships for the default model; elsewhere `model` is required (at load)
+    "eagle3": Method("eagle3", samples_q=True, needs_model=False),
     "medusa": Method("medusa", samples_q=True, needs_model=True),
+    # suffix decoding and an EAGLE-3 head, each step the one expected to yield more
+    "hybrid": Method("hybrid", samples_q=True, needs_model=False),
     "mtp": Method(
         "mtp",
         samples_q=True,

@@ -16,6 +16,7 @@ import torch
 
 from specdec.config import ConfigError
 from specdec.model.llama import LlamaModel, SeqBatch
+from specdec.model.registry import default_head
 from specdec.spec_decode.base import Proposer
 from specdec.spec_decode.eagle import check_hidden_size
 from specdec.spec_decode.hidden_head import (
@@ -150,5 +151,20 @@ class Eagle3Proposer(HiddenStateProposer):
         return full
 
 
+def head_path(cfg, target: LlamaModel) -> str:
+    """``speculative_config.model``, or the head shipped for the target (smollm2-135m)."""
+    if cfg.model:
+        return cfg.model
+    shipped = default_head("eagle3", target.source_path)
+    if shipped is None:
+        raise ConfigError(
+            "speculative_config.model: method 'eagle3' needs a head folder for this model "
+            "(a head ships only for smollm2-135m; `specdec train eagle3` makes one)"
+        )
+    return str(shipped)
+
+
 def make(cfg, target, load_draft, max_num_seqs: int, max_len: int) -> Proposer:
-    return Eagle3Proposer(target, cfg.model, max_num_seqs, max_len, cfg.draft_sample_method)
+    return Eagle3Proposer(
+        target, head_path(cfg, target), max_num_seqs, max_len, cfg.draft_sample_method
+    )

@@ -55,7 +55,7 @@ def magpie_prompts(llm, num: int, seed: int = 0, max_tokens: int = 96) -> list[s
                 max_tokens=max_tokens,
                 seed=seed + attempt * 1_000_003 + i,
             )  # fmt: skip
-            for i in range(2 * want)
+            for i in range(want + want // 4 + 4)
         ]
         for o in llm.generate([list(opening)] * len(params), params, use_tqdm=False):
             text = o.outputs[0].text.strip()

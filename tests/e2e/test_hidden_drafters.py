@@ -22,7 +22,9 @@ from specdec.model.llama import SeqBatch
 from specdec.spec_decode import (
     METHODS,
     DraftInput,
+    DraftOutput,
     DraftRequest,
+    Proposer,
     hidden_head,
     make_proposer,
     medusa,
@@ -257,6 +259,7 @@ def test_every_method_in_the_table(method, heads, tiny_llama, tiny_draft, plain_
         "eagle3": heads["eagle3-speculators"],
         "medusa": heads["medusa-fasterdecoding"],
         "mtp": heads["mtp-deepseek"],
+        "hybrid": (tiny, {"method": "hybrid", "model": heads["eagle3-safeailab"][1]["model"]}),
     }
     assert method in cases, f"method {method!r} has no case in this test"
     target, spec = cases[method]
@@ -283,3 +286,41 @@ def test_quantized_target_runs_heads_on_8_bit_kernels(name, heads) -> None:
     assert any(lin.packed is not None for lin in linears)
     params = _greedy(16)
     assert _ids(llm.generate(PROMPTS, params)) == _ids(plain.generate(PROMPTS, params))
+
+
+class _Fixed(Proposer):
+    """A stand-in drafter: always the same drafts (and a suffix-style score)."""
+
+    def __init__(self, drafts: list[int], score: float = 0.0) -> None:
+        self.drafts, self.last_scores, self.hidden_layers = drafts, {}, ()
+        self.score, self.seen = score, []
+
+    def propose(self, inp: DraftInput) -> DraftOutput:
+        self.seen.append([r.max_num_drafts for r in inp.requests])
+        for r in inp.requests:
+            self.last_scores[r.req_id] = self.score
+        return DraftOutput([self.drafts[: r.max_num_drafts] for r in inp.requests])
+
+
+def test_hybrid_takes_the_drafter_expected_to_yield_more() -> None:
+    from specdec.spec_decode.hybrid import HybridProposer
+
+    def req(tokens: list[int]) -> DraftRequest:
+        return DraftRequest("a", tokens, 3, SamplingParams(temperature=0), 0, 2)
+
+    suffix, head = _Fixed([7, 7, 7], score=2.5), _Fixed([5, 6, 8])
+    hybrid = HybridProposer(suffix, head)
+    # prior head rate 0.5: 0.5 + 0.25 + 0.125 < 2.5, so suffix wins; the head drafts one token
+    assert hybrid.propose(DraftInput([req([1, 2])])).draft_token_ids == [[7, 7, 7]]
+    assert head.seen[-1] == [1]
+    suffix.score = 0.5  # suffix now expects less than the head
+    assert hybrid.propose(DraftInput([req([1, 2, 9])])).draft_token_ids == [[5, 6, 8]]
+    assert head.seen[-1] == [3]
+    # every head draft was right: its rate rises, so it wins against a better suffix score
+    for _ in range(12):
+        tokens = [1, 2, 9, 5, 6, 8, 4]
+        hybrid.propose(DraftInput([req(tokens)]))
+        hybrid.last["a"].start = 3  # pretend the drafts were proposed at 3 tokens
+    suffix.score = 1.5
+    assert hybrid.rate["a"] > 0.8
+    assert hybrid.propose(DraftInput([req([1, 2, 9])])).draft_token_ids == [[5, 6, 8]]

@@ -126,3 +126,8 @@ def test_missing_heads_and_mtp_layers(tiny_llama, tmp_path) -> None:
     assert llm.engine.spec.method == "mtp"
     out = llm.generate(["hello"], SamplingParams(temperature=0, max_tokens=8))[0]
     assert len(out.outputs[0].token_ids) == 8
+
+
+def test_eagle3_without_a_head_names_where_one_ships(tiny_llama) -> None:
+    with pytest.raises(ConfigError, match="a head ships only for smollm2-135m"):
+        _llm(tiny_llama, {"method": "eagle3"})
