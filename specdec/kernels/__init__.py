@@ -363,7 +363,7 @@ def concat_weights(weights: list[PackedWeight] | tuple[PackedWeight, ...]) -> Pa
         # K-quant formats mix: each part keeps its own tiles
         parts = tuple(p for w in weights for p in w.parts)
         n = sum(w.out_features for w in weights)
-        data = torch.cat([w.data for w in weights])
+        data = _C.weight_cat([w.data for w in weights])
         return PackedWeight(_kquant_qtype(parts), n, k, data, parts=parts)
     for w in weights:
         if w.qtype != qtype or w.in_features != k:

@@ -4,6 +4,7 @@
 // head) pairs for attention) across the threads of parallel.h, so it never changes an output's
 // arithmetic.
 #include <ATen/Parallel.h>
+#include <sys/mman.h>
 #include <torch/extension.h>
 
 #include <algorithm>
@@ -300,6 +301,46 @@ torch::Tensor linear_kq(const torch::Tensor& x_in, const torch::Tensor& w, const
 
 }  // namespace
 
+// A uint8 tensor of n bytes for a weight that is streamed whole at every step: a mapping of its own,
+// 2 MiB aligned, whose whole 2 MiB chunks are advised to use transparent huge pages (far fewer
+// TLB misses while streaming; the tail keeps 4 KiB pages, so nothing is wasted).  Released with
+// the tensor; torch's allocator when the mapping fails.
+torch::Tensor weight_bytes(int64_t n) {
+    constexpr size_t kHuge = size_t(2) << 20, kPage = 4096;
+    const size_t len = (static_cast<size_t>(n) + kPage - 1) / kPage * kPage;
+    if (len >= kHuge) {
+        void* raw = mmap(nullptr, len + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (raw != MAP_FAILED) {
+            const uintptr_t base = reinterpret_cast<uintptr_t>(raw), end = base + len + kHuge;
+            const uintptr_t start = (base + kHuge - 1) / kHuge * kHuge;
+            if (start > base) munmap(raw, start - base);
+            if (end > start + len) munmap(reinterpret_cast<void*>(start + len), end - (start + len));
+            void* p = reinterpret_cast<void*>(start);
+            madvise(p, len / kHuge * kHuge, MADV_HUGEPAGE);
+            return torch::from_blob(
+                p, {n}, [len](void* q) { munmap(q, len); }, torch::dtype(torch::kUInt8));
+        }
+    }
+    return torch::empty({n}, torch::dtype(torch::kUInt8));
+}
+
+// The bytes of several CPU uint8 tensors, one after the other, in a weight_bytes tensor.
+torch::Tensor weight_cat(const std::vector<torch::Tensor>& parts) {
+    int64_t n = 0;
+    for (const torch::Tensor& t : parts) {
+        TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == torch::kUInt8, "specdec weight_cat: CPU uint8 tensors");
+        n += t.numel();
+    }
+    torch::Tensor out = weight_bytes(n);
+    uint8_t* dst = out.data_ptr<uint8_t>();
+    for (const torch::Tensor& t : parts) {
+        const torch::Tensor c = t.contiguous();
+        std::memcpy(dst, c.data_ptr<uint8_t>(), static_cast<size_t>(c.numel()));
+        dst += c.numel();
+    }
+    return out;
+}
+
 torch::Tensor repack_kq(torch::Tensor w, int64_t fmt, int64_t N, int64_t K) {
     TORCH_CHECK(kq_format_ok(fmt), "specdec repack_kq: format must be q4_k, q5_k or q6_k, got ", fmt);
     TORCH_CHECK(K > 0 && K % kKqBlock == 0 && N % kKqTileRows == 0,
@@ -309,7 +350,7 @@ torch::Tensor repack_kq(torch::Tensor w, int64_t fmt, int64_t N, int64_t K) {
                 "specdec repack_kq: weight must be CPU uint8 GGUF blocks [", N, ", ", row_bytes, "]");
     w = w.contiguous();
     const int64_t group_bytes = K / kKqBlock * kq_tile_bytes(static_cast<int>(fmt));
-    auto out = torch::empty({N / kKqTileRows * group_bytes}, w.options());
+    auto out = weight_bytes(N / kKqTileRows * group_bytes);
     const uint8_t* src = w.data_ptr<uint8_t>();
     uint8_t* dst = out.data_ptr<uint8_t>();
     parallel_range(N / kKqTileRows, grain_for(kKqTileRows * K * 2.0), [&](int64_t g0, int64_t g1) {
@@ -364,7 +405,8 @@ torch::Tensor repack_a8(torch::Tensor w, int64_t qtype, int64_t N, int64_t K) {
                 "specdec repack_a8: weight must be CPU uint8 [", N, ", ", row_bytes, "]");
     w = w.contiguous();
     const int64_t TB = a8_tile_bytes(static_cast<int>(qtype));
-    auto out = torch::zeros({N, a8_row_bytes(qtype, K)}, w.options());
+    auto out = weight_bytes(N * a8_row_bytes(qtype, K)).view({N, a8_row_bytes(qtype, K)});
+    out.zero_();
     const uint8_t* src = w.data_ptr<uint8_t>();
     uint8_t* dst = out.data_ptr<uint8_t>();
     for (int64_t g = 0; g < N / kA8TileRows; ++g) {
@@ -631,6 +673,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("w"), py::arg("qtype"), py::arg("n"), py::arg("k"), nogil);
     m.def("repack_kq", &repack_kq, "GGUF Q4_K/Q5_K/Q6_K rows -> the K-quant tiles of kquants.cpp",
           py::arg("w"), py::arg("fmt"), py::arg("n"), py::arg("k"), nogil);
+    m.def("weight_cat", &weight_cat, "Concatenate uint8 weight tensors (huge-page backed)", py::arg("parts"),
+          nogil);
     m.def("dequantize_kq", &dequantize_kq, "K-quant tiles -> float32 rows (all, or the given ones)",
           py::arg("w"), py::arg("parts"), py::arg("n"), py::arg("k"), py::arg("rows") = py::none(), nogil);
     m.def("a8_available", &a8_usable, "True when the 8-bit activation (AVX-512 VNNI) kernels can run");
