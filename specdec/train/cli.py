@@ -32,6 +32,9 @@ def build(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="share of responses sampled at T 0.7 (the rest greedy)")  # fmt: skip
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--max-num-seqs", type=int, default=16)
+    pl = kinds.add_parser("plot", help="draw a run's train_log.jsonl (loss, validation)")
+    pl.add_argument("--log", required=True)
+    pl.add_argument("--out", required=True, help="PNG file")
     for method in ("eagle3", "eagle", "medusa"):
         t = kinds.add_parser(method, help=f"train a {method} head on `train data` records")
         t.add_argument("--model", required=True)
@@ -48,6 +51,11 @@ def build(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.train_command == "plot":
+        from specdec.train.plot import plot_log
+
+        print(plot_log(args.log, args.out))
+        return
     from specdec import LLM
     from specdec.train import data
 
