@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
+from dataclasses import fields
 from typing import Any
 
 from tqdm import tqdm
 
-from specdec.config import EngineConfig, SpeculativeConfig
+from specdec.config import EngineArgs, SpeculativeConfig
 from specdec.engine.llm_engine import LLMEngine
 from specdec.model.registry import DEFAULT_MODEL
 from specdec.outputs import RequestOutput
@@ -19,56 +21,30 @@ Message = dict[str, str]
 
 
 class LLM:
-    """``LLM("smollm2-135m", speculative_config={...}).generate(prompts, SamplingParams(...))``."""
+    """``LLM("smollm2-135m", speculative_config={...}).generate(prompts, SamplingParams(...))``.
+
+    Keyword arguments are ``EngineArgs``' fields (``specdec.config``): the engine options,
+    vLLM's older speculative keys (``speculative_model``, ``num_speculative_tokens``, ...), and
+    vLLM's GPU options (``tensor_parallel_size=1``, ``enforce_eager``, ``trust_remote_code``, ...),
+    accepted and logged once as ignored on CPU. An unknown keyword is a TypeError naming the
+    closest known one."""
 
     def __init__(
         self,
         model: str = DEFAULT_MODEL,
         speculative_config: SpeculativeConfig | dict[str, Any] | str | None = None,
-        *,
-        speculative_model: str | None = None,
-        num_speculative_tokens: int | None = None,
-        ngram_prompt_lookup_max: int | None = None,
-        ngram_prompt_lookup_min: int | None = None,
-        dtype: str = "float32",
-        device: str = "cpu",
-        kernels: str = "auto",
-        quantization: str = "auto",
-        activation_dtype: str = "auto",
-        max_model_len: int | None = None,
-        max_num_seqs: int = 8,
-        max_num_batched_tokens: int = 512,
-        seed: int = 0,
-        kv_cache_memory: float | None = None,
-        enable_prefix_caching: bool = True,
-        kv_cache_dtype: str = "auto",
+        **kwargs: Any,
     ) -> None:
-        spec = SpeculativeConfig.from_any(speculative_config)
-        if spec is None:
-            spec = SpeculativeConfig.from_legacy(
-                speculative_model,
-                num_speculative_tokens,
-                ngram_prompt_lookup_max,
-                ngram_prompt_lookup_min,
-            )
-        self.engine = LLMEngine(
-            EngineConfig(
-                model=model,
-                dtype=dtype,
-                device=device,
-                kernels=kernels,
-                quantization=quantization,
-                activation_dtype=activation_dtype,
-                max_model_len=max_model_len,
-                max_num_seqs=max_num_seqs,
-                max_num_batched_tokens=max_num_batched_tokens,
-                seed=seed,
-                kv_cache_memory=kv_cache_memory,
-                enable_prefix_caching=enable_prefix_caching,
-                kv_cache_dtype=kv_cache_dtype,
-                speculative=spec,
-            )
+        args = EngineArgs.from_kwargs(
+            "LLM()", model=model, speculative_config=speculative_config, **kwargs
         )
+        self.engine = LLMEngine(args.create_engine_config())
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> LLM:
+        llm = cls.__new__(cls)
+        llm.engine = LLMEngine(args.create_engine_config())
+        return llm
 
     def get_tokenizer(self):
         return self.engine.tokenizer
@@ -157,3 +133,19 @@ class LLM:
         finally:
             bar.close()
         return [done[i] for i in req_ids if i in done]
+
+
+def _signature() -> inspect.Signature:
+    """``LLM.__init__``'s signature as help() and IDEs show it: every EngineArgs field."""
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for f in fields(EngineArgs):
+        kind = (
+            inspect.Parameter.POSITIONAL_OR_KEYWORD
+            if f.name in ("model", "speculative_config")
+            else inspect.Parameter.KEYWORD_ONLY
+        )
+        params.append(inspect.Parameter(f.name, kind, default=f.default))
+    return inspect.Signature(params)
+
+
+LLM.__init__.__signature__ = _signature()  # type: ignore[attr-defined]

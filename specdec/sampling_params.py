@@ -62,6 +62,14 @@ class SamplingParams:
     logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # Per-request speculation (None: the engine's). At most this many drafts per step, 0 = no
+    # speculation for this request; the adaptive controller chooses within it.
+    num_speculative_tokens: int | None = None
+    # llama.cpp's speculative.n_min / p_min (None: the engine's --draft-min / --draft-p-min):
+    # fewer drafts than n_min are not verified; drafting stops where the draft distribution's top
+    # probability falls below p_min (drafters that report it). Output is unchanged either way.
+    speculative_n_min: int | None = None
+    speculative_p_min: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -90,6 +98,12 @@ class SamplingParams:
         _check_int("min_tokens", self.min_tokens, 0, INT_MAX)
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        if self.num_speculative_tokens is not None:
+            _check_int("num_speculative_tokens", self.num_speculative_tokens, 0, INT_MAX)
+        if self.speculative_n_min is not None:
+            _check_int("speculative_n_min", self.speculative_n_min, 0, INT_MAX)
+        if self.speculative_p_min is not None:
+            _check_real("speculative_p_min", self.speculative_p_min, 0.0, 1.0)
         if not all(isinstance(s, str) for s in self.stop):
             raise ValueError("stop must be a string or a list of strings")
         if len(self.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in self.stop):

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import argparse
 
+from specdec.bench.args import (
+    FORWARD_COST_ENGINE_ARGS,
+    LATENCY_ENGINE_ARGS,
+    add_dataset_args,
+    int_csv,
+)
 from specdec.bench.dataset import DEFAULT_CODE_PREFIX
 from specdec.bench.forward_cost import DEFAULT_NS
-from specdec.entrypoints.cli import add_prefix_caching_arg
-from specdec.model.registry import DEFAULT_MODEL
+from specdec.bench.serve import add_serve_parser
+from specdec.config import EngineArgs
 
 LATENCY_EPILOG = """\
 configurations ([backend:]method[:key=value,...]):
@@ -29,52 +35,6 @@ example:
 """
 
 
-def _csv(text: str) -> list[str]:
-    return [x.strip() for x in text.split(",") if x.strip()]
-
-
-def _int_csv(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in _csv(text))
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got '{text}'") from e
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got '{text}'")
-    return values
-
-
-def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--model", "-m", default=DEFAULT_MODEL, help="alias, .gguf file or Hugging Face folder"
-    )
-    p.add_argument("--kernels", default="auto", choices=["auto", "native", "torch"])
-    p.add_argument(
-        "--quantization", default="auto", choices=["auto", "fp32", "q8_0", "q4_0", "q4_1"]
-    )
-    p.add_argument("--activation-dtype", default="auto", choices=["auto", "float32", "int8"])
-    p.add_argument(
-        "--kv-cache-dtype",
-        default="auto",
-        help="auto, float32, float16 or bfloat16 (as specdec serve)",
-    )
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="our engine's torch threads (default: torch's choice); anchors keep their own",
-    )
-
-
-def _dataset_args(p: argparse.ArgumentParser) -> None:
-    """--dataset / --categories / --num-prompts, shared by the latency and serve benchmarks."""
-    p.add_argument("--dataset", action="append", required=True, metavar="FILE.jsonl",
-                   help="prompt set (lines {id, category, turns}); repeatable")  # fmt: skip
-    p.add_argument(
-        "--categories", type=_csv, default=None, help="comma-separated categories to keep"
-    )
-    p.add_argument("--num-prompts", type=int, default=None, help="first N prompts of each category")
-
-
 def _latency_parser(sub) -> None:
     p = sub.add_parser(
         "latency",
@@ -82,16 +42,13 @@ def _latency_parser(sub) -> None:
         epilog=LATENCY_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _model_args(p)
-    _dataset_args(p)
+    EngineArgs.add_cli_args(p, LATENCY_ENGINE_ARGS)
+    add_dataset_args(p)
     p.add_argument("--configs", nargs="+", default=["plain", "ngram:k=5"], metavar="CONFIG",
                    help="configurations to compare (syntax below; default: plain ngram:k=5)")  # fmt: skip
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument(
         "--temperature", type=float, default=0.0, help="0 = greedy (exactness is checked)"
-    )
-    p.add_argument(
-        "--seed", type=int, default=0, help="sampling seed per request when temperature > 0"
     )
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
@@ -99,8 +56,6 @@ def _latency_parser(sub) -> None:
     p.add_argument("--code-prefix", default=DEFAULT_CODE_PREFIX,
                    help="with --chat, put this before code_completion prompts (HumanEval), as EAGLE "
                         "does; '' for none (default: %(default)r)")  # fmt: skip
-    p.add_argument("--max-model-len", type=int, default=None)
-    add_prefix_caching_arg(p)
     p.add_argument("--output-dir", default=None, help="default: bench_out/<timestamp>")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars")
@@ -114,10 +69,10 @@ def _forward_cost_parser(sub) -> None:
     p = sub.add_parser(
         "forward-cost", help="ms of one target forward over N new tokens (with logits)"
     )
-    _model_args(p)
+    EngineArgs.add_cli_args(p, FORWARD_COST_ENGINE_ARGS)
     p.add_argument("--context", type=int, default=200, help="tokens already in the KV cache")
     p.add_argument(
-        "--ns", type=_int_csv, default=DEFAULT_NS, help="comma-separated N (default: %(default)s)"
+        "--ns", type=int_csv, default=DEFAULT_NS, help="comma-separated N (default: %(default)s)"
     )
     p.add_argument("--repeats", type=int, default=10, help="timed runs per N (median reported)")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs per N before the timed ones")
@@ -129,20 +84,11 @@ def _forward_cost_parser(sub) -> None:
 
 def add_bench_parser(subparsers) -> None:
     """Register ``bench`` and its subcommands on the main ``specdec`` parser."""
-    from specdec.bench.serve import add_serve_parser
-
     p = subparsers.add_parser("bench", help="benchmarks: latency, forward-cost, serve")
     sub = p.add_subparsers(dest="bench_command", required=True)
     _latency_parser(sub)
     _forward_cost_parser(sub)
     add_serve_parser(sub)
-
-
-def _set_threads(threads: int | None) -> None:
-    if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)
 
 
 def cmd_latency(args: argparse.Namespace) -> int:
@@ -152,25 +98,17 @@ def cmd_latency(args: argparse.Namespace) -> int:
         raise ValueError("--num-prompts must be >= 1")
     if args.max_tokens < 1:
         raise ValueError("--max-tokens must be >= 1")
-    _set_threads(args.threads)
     opts = LatencyOptions(
-        model=args.model,
+        engine=EngineArgs.from_cli_args(args),
         datasets=args.dataset,
         configs=args.configs,
         categories=args.categories,
         num_prompts=args.num_prompts,
         max_tokens=args.max_tokens,
         temperature=args.temperature,
-        seed=args.seed,
         ignore_eos=args.ignore_eos,
         chat=args.chat,
         code_prefix=args.code_prefix,
-        kernels=args.kernels,
-        quantization=args.quantization,
-        activation_dtype=args.activation_dtype,
-        kv_cache_dtype=args.kv_cache_dtype,
-        max_model_len=args.max_model_len,
-        enable_prefix_caching=args.enable_prefix_caching,
         output_dir=args.output_dir,
         plots=not args.no_plots,
         progress=not args.no_progress,
@@ -184,14 +122,9 @@ def cmd_forward_cost(args: argparse.Namespace) -> int:
 
     if args.repeats < 1 or args.warmup < 0 or args.context < 1:
         raise ValueError("--repeats and --context must be >= 1, --warmup >= 0")
-    _set_threads(args.threads)
     run_forward_cost(
         ForwardCostOptions(
-            model=args.model,
-            kernels=args.kernels,
-            quantization=args.quantization,
-            activation_dtype=args.activation_dtype,
-            kv_cache_dtype=args.kv_cache_dtype,
+            engine=EngineArgs.from_cli_args(args),
             context=args.context,
             ns=tuple(args.ns),
             repeats=args.repeats,

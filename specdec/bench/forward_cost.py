@@ -16,16 +16,15 @@ from typing import Any
 
 import torch
 
+from specdec.bench.args import FORWARD_COST_ENGINE_ARGS, engine_settings
+from specdec.config import EngineArgs
+
 DEFAULT_NS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
 @dataclass
 class ForwardCostOptions:
-    model: str
-    kernels: str = "auto"
-    quantization: str = "auto"
-    activation_dtype: str = "auto"
-    kv_cache_dtype: str = "auto"
+    engine: EngineArgs  # the engine options (FORWARD_COST_ENGINE_ARGS on the command line)
     context: int = 200
     ns: tuple[int, ...] = DEFAULT_NS
     repeats: int = 10
@@ -103,29 +102,25 @@ def run_forward_cost(opts: ForwardCostOptions) -> dict[str, Any]:
     from specdec.model.registry import resolve_model_path
 
     max_len = max(16, opts.context + max(opts.ns) + 1)
-    llm = LLM(
-        opts.model,
-        kernels=opts.kernels,
-        quantization=opts.quantization,
-        activation_dtype=opts.activation_dtype,
-        kv_cache_dtype=opts.kv_cache_dtype,
-        max_model_len=max_len,
-        max_num_seqs=1,
-    )
+    llm = LLM.from_engine_args(opts.engine.replace(max_model_len=max_len, max_num_seqs=1))
     model = llm.engine.model
     rows = measure_forward_cost(
         model, opts.context, list(opts.ns), opts.repeats, opts.warmup, opts.seed
     )
     title = (
-        f"N (context {opts.context}, kernels {opts.kernels}, quantization {opts.quantization}, "
+        f"N (context {opts.context}, kernels {opts.engine.kernels}, quantization "
+        f"{opts.engine.quantization}, "
         f"activations {model.activation_dtype}, KV cache {str(model.kv_dtype).removeprefix('torch.')})"
     )
     print(format_forward_cost(rows, title))
-    settings = {k: v for k, v in asdict(opts).items() if k != "json_path"}
-    model_path = str(resolve_model_path(opts.model))
+    settings = {k: v for k, v in asdict(opts).items() if k not in ("json_path", "engine")}
+    settings.update(engine_settings(opts.engine, FORWARD_COST_ENGINE_ARGS))
+    model_path = str(resolve_model_path(opts.engine.model))
     payload = {
         "schema": "specdec.bench.forward_cost/1",
-        "environment": report.collect_environment(opts.model, model_path, {"settings": settings}),
+        "environment": report.collect_environment(
+            opts.engine.model, model_path, {"settings": settings}
+        ),
         "rows": rows,
     }
     if opts.json_path:

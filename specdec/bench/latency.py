@@ -25,6 +25,7 @@ from typing import Any
 from tqdm import tqdm
 
 from specdec.bench import aggregate, report
+from specdec.bench.args import LATENCY_ENGINE_ARGS, engine_settings
 from specdec.bench.configs import BenchConfig, parse_configs
 from specdec.bench.dataset import (
     DEFAULT_CODE_PREFIX,
@@ -38,12 +39,12 @@ from specdec.bench.report import loud, warn
 from specdec.bench.runners import (
     AnchorRunner,
     AnchorUnavailable,
-    EngineArgs,
     GenParams,
     Runner,
     SpecdecRunner,
     run_item,
 )
+from specdec.config import EngineArgs
 
 WARMUP_MAX_TOKENS = 32
 DEFAULT_ANCHOR_CTX = 4096
@@ -51,23 +52,16 @@ DEFAULT_ANCHOR_CTX = 4096
 
 @dataclass
 class LatencyOptions:
-    model: str
+    engine: EngineArgs  # the engine options (LATENCY_ENGINE_ARGS on the command line)
     datasets: list[str]
     configs: list[str]
     categories: list[str] | None = None
     num_prompts: int | None = None
     max_tokens: int = 256
-    temperature: float = 0.0
-    seed: int = 0
+    temperature: float = 0.0  # sampled requests are seeded with engine.seed
     ignore_eos: bool = False
     chat: bool | None = None  # None: chat when the model has a chat template
     code_prefix: str = DEFAULT_CODE_PREFIX
-    kernels: str = "auto"
-    quantization: str = "auto"
-    activation_dtype: str = "auto"
-    kv_cache_dtype: str = "auto"
-    max_model_len: int | None = None
-    enable_prefix_caching: bool = True
     output_dir: str | None = None
     plots: bool = True
     progress: bool = True
@@ -106,18 +100,11 @@ class _Run:
         self.reference = self.configs[0].label
         _validate_models(self.configs)
         self.items: list[BenchItem] = load_items(opts.datasets, opts.categories, opts.num_prompts)
-        self.model_path = resolve_model_path(opts.model)
-        self.params = GenParams(opts.max_tokens, opts.temperature, opts.seed, opts.ignore_eos)
-        self.engine = EngineArgs(
-            opts.model,
-            opts.kernels,
-            opts.quantization,
-            opts.max_model_len,
-            opts.seed,
-            opts.enable_prefix_caching,
-            opts.activation_dtype,
-            opts.kv_cache_dtype,
+        self.model_path = resolve_model_path(opts.engine.model)
+        self.params = GenParams(
+            opts.max_tokens, opts.temperature, opts.engine.seed, opts.ignore_eos
         )
+        self.engine = opts.engine
         self.records: list[dict] = []
         self.config_errors: dict[str, str] = {}
         self.skipped: dict[str, str] = {}
@@ -128,10 +115,11 @@ class _Run:
     def _make_runner(self, cfg: BenchConfig) -> Runner:
         if cfg.backend == "specdec":
             return SpecdecRunner(cfg, self.engine)
-        n_ctx = self.opts.max_model_len or DEFAULT_ANCHOR_CTX
+        n_ctx = self.engine.max_model_len or DEFAULT_ANCHOR_CTX
         runner = AnchorRunner(
-            cfg, self.model_path, self.eog, n_ctx, self.opts.seed, self.opts.enable_prefix_caching
-        )
+            cfg, self.model_path, self.eog, n_ctx, self.engine.seed,
+            self.engine.enable_prefix_caching,
+        )  # fmt: skip
         self.anchors[cfg.label] = runner.info
         return runner
 
@@ -288,12 +276,13 @@ def run_latency(opts: LatencyOptions) -> LatencyResult:
     failures = aggregate.find_failures(run.records, run.reference, run.config_errors)
     ran = [(c.label, c.backend) for c in run.configs if c.label not in run.skipped]
     rows = aggregate.summarize(run.records, ran, run.reference)
-    settings = {k: v for k, v in asdict(opts).items() if k not in ("plots", "progress")}
+    settings = {k: v for k, v in asdict(opts).items() if k not in ("plots", "progress", "engine")}
+    settings.update(engine_settings(opts.engine, LATENCY_ENGINE_ARGS))
     settings["chat"] = run.builder.chat if run.builder else opts.chat
     payload = {
         "schema": "specdec.bench.latency/1",
         "environment": report.collect_environment(
-            opts.model, str(run.model_path), {"settings": settings}
+            opts.engine.model, str(run.model_path), {"settings": settings}
         ),
         "reference": run.reference,
         "greedy": greedy,
@@ -310,7 +299,7 @@ def run_latency(opts: LatencyOptions) -> LatencyResult:
     table += report.anchor_notes(run.anchors, run.skipped)
     report.write_outputs(out_dir, payload, table)
     if opts.plots:
-        title = f"{Path(str(opts.model)).name}, max_tokens {opts.max_tokens}"
+        title = f"{Path(str(opts.engine.model)).name}, max_tokens {opts.max_tokens}"
         report.plot_speedup(
             rows, run.reference, out_dir / "speedup.png", f"Speedup over plain ({title})"
         )

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from specdec.bench.configs import BenchConfig
 from specdec.bench.dataset import BenchItem, PromptBuilder
+from specdec.config import EngineArgs
 from specdec.spec_decode.metrics import SpecDecodeStats
 
 
@@ -38,18 +39,6 @@ class GenParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
-
-
-@dataclass
-class EngineArgs:
-    model: str
-    kernels: str = "auto"
-    quantization: str = "auto"
-    max_model_len: int | None = None
-    seed: int = 0
-    enable_prefix_caching: bool = True
-    activation_dtype: str = "auto"
-    kv_cache_dtype: str = "auto"
 
 
 @dataclass
@@ -141,17 +130,9 @@ class SpecdecRunner:
     def __init__(self, config: BenchConfig, engine: EngineArgs) -> None:
         from specdec.llm import LLM
 
-        self.llm = LLM(
-            engine.model,
-            speculative_config=config.speculative_config(),
-            kernels=engine.kernels,
-            quantization=engine.quantization,
-            activation_dtype=engine.activation_dtype,
-            max_model_len=engine.max_model_len,
-            max_num_seqs=1,  # NOTE: batch size 1; one running slot (plus prefix cache slots)
-            seed=engine.seed,
-            enable_prefix_caching=engine.enable_prefix_caching,
-            kv_cache_dtype=engine.kv_cache_dtype,
+        # NOTE: batch size 1; one running slot (plus prefix cache slots)
+        self.llm = LLM.from_engine_args(
+            engine.replace(speculative_config=config.speculative_config(), max_num_seqs=1)
         )
 
     @property

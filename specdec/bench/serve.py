@@ -55,6 +55,7 @@ from specdec.bench.anchor_server import (
     LlamaCppServer,
     ReplyTokenCounter,
 )
+from specdec.bench.args import SERVE_ENGINE_ARGS, add_dataset_args, engine_settings, int_csv
 from specdec.bench.configs import PLAIN, BenchConfig, parse_config, parse_configs
 from specdec.bench.dataset import (
     DEFAULT_CODE_PREFIX,
@@ -67,7 +68,7 @@ from specdec.bench.dataset import (
 from specdec.bench.latency import DEFAULT_ANCHOR_CTX
 from specdec.bench.report import fmt, loud, warn
 from specdec.bench.runners import AnchorUnavailable
-from specdec.config import ConfigError
+from specdec.config import ConfigError, EngineArgs
 
 SCHEMA = "specdec.bench.serve/1"
 DEFAULT_CONCURRENCY = (1, 4, 16)
@@ -77,7 +78,9 @@ MAX_ERROR_CHARS = 300
 
 @dataclass
 class ServeOptions:
-    model: str
+    # the engine options (SERVE_ENGINE_ARGS on the command line, where --max-num-seqs defaults
+    # to the highest concurrency); ignored with base_url
+    engine: EngineArgs
     datasets: list[str]
     configs: list[str]
     categories: list[str] | None = None
@@ -89,16 +92,6 @@ class ServeOptions:
     api_key: str | None = None
     ignore_eos: bool = False
     code_prefix: str = DEFAULT_CODE_PREFIX
-    kernels: str = "auto"
-    quantization: str = "auto"
-    activation_dtype: str = "auto"
-    kv_cache_dtype: str = "auto"
-    max_model_len: int | None = None
-    max_num_seqs: int | None = None  # None: the highest concurrency
-    max_num_batched_tokens: int = 512
-    kv_cache_memory: float | None = None
-    enable_prefix_caching: bool = True
-    seed: int = 0
     request_timeout: float = 600.0
     rounds: int = 1  # every level of every configuration once per round, interleaved
     output_dir: str | None = None
@@ -302,21 +295,12 @@ class _InProcessServer:
         from specdec.entrypoints.openai.api_server import BackgroundServer, build_app
         from specdec.llm import LLM
 
-        llm = LLM(
-            opts.model,
+        engine = opts.engine.replace(
             speculative_config=cfg.speculative_config(),
-            kernels=opts.kernels,
-            quantization=opts.quantization,
-            activation_dtype=opts.activation_dtype,
-            max_model_len=opts.max_model_len,
-            max_num_seqs=opts.max_num_seqs or max(opts.concurrency),
-            max_num_batched_tokens=opts.max_num_batched_tokens,
-            seed=opts.seed,
-            kv_cache_memory=opts.kv_cache_memory,
-            enable_prefix_caching=opts.enable_prefix_caching,
-            kv_cache_dtype=opts.kv_cache_dtype,
+            max_num_seqs=opts.engine.max_num_seqs or max(opts.concurrency),
         )
-        self.name = opts.model
+        llm = LLM.from_engine_args(engine)
+        self.name = opts.engine.model
         self.llm = AsyncLLM(llm.engine, log_stats=False)
         app = build_app(self.llm, [self.name], model_root=str(model_path))
         self.server = BackgroundServer(app).start(timeout=120.0)
@@ -365,7 +349,7 @@ class _Run:
             from specdec.model.registry import resolve_model_path
 
             _validate_models(self.configs)
-            self.model_path = resolve_model_path(opts.model)
+            self.model_path = resolve_model_path(opts.engine.model)
         # NOTE: chat completions: the server applies the template; turns are user messages.
         self.builder = PromptBuilder(None, chat=True, code_prefix=opts.code_prefix)
         self.records: list[dict] = []
@@ -446,11 +430,11 @@ class _Run:
 
     def _start_llama_cpp(self, cfg: BenchConfig, model_path: Path) -> _Target | None:
         """llama.cpp's server in its own process (None when it is skipped)."""
-        n_ctx = self.opts.max_model_len or DEFAULT_ANCHOR_CTX
+        n_ctx = self.opts.engine.max_model_len or DEFAULT_ANCHOR_CTX
         log = self.out_dir / "llama_cpp_server.log"
         try:
             counter = ReplyTokenCounter(model_path)
-            server = LlamaCppServer(model_path, n_ctx, self.opts.seed, log)
+            server = LlamaCppServer(model_path, n_ctx, self.opts.engine.seed, log)
         except AnchorUnavailable as e:
             self.skipped[cfg.label] = str(e)
             print(f"skipped {cfg.label}: {e}")
@@ -567,11 +551,15 @@ def run_serve(opts: ServeOptions) -> ServeResult:
     failures = find_failures(run.records, run.reference, run.config_errors)
     settings = asdict(opts)
     settings.pop("api_key")
+    settings.pop("engine")
+    settings.update(engine_settings(opts.engine, SERVE_ENGINE_ARGS))
     settings["concurrency"] = run.levels
     payload = {
         "schema": SCHEMA,
         "environment": report.collect_environment(
-            opts.model, str(run.model_path) if run.model_path else None, {"settings": settings}
+            opts.engine.model,
+            str(run.model_path) if run.model_path else None,
+            {"settings": settings},
         ),
         "reference": run.reference,
         "reference_concurrency": REFERENCE_CONCURRENCY,
@@ -611,19 +599,16 @@ example:
 
 
 def add_serve_parser(sub) -> None:
-    from specdec.bench.cli import _dataset_args, _int_csv, _model_args
-    from specdec.entrypoints.cli import add_prefix_caching_arg
-
     p = sub.add_parser(
         "serve",
         help="the OpenAI server under concurrent streaming clients: TTFT, TPOT, tokens/s",
         epilog=SERVE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _model_args(p)
-    _dataset_args(p)
+    EngineArgs.add_cli_args(p, SERVE_ENGINE_ARGS, defaults={"max_num_seqs": None})
+    add_dataset_args(p)
     p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--concurrency", type=_int_csv, default=DEFAULT_CONCURRENCY,
+    p.add_argument("--concurrency", type=int_csv, default=DEFAULT_CONCURRENCY,
                    help="comma-separated client counts (default: 1,4,16)")  # fmt: skip
     p.add_argument("--configs", nargs="+", default=["plain", "ngram:k=5"], metavar="CONFIG",
                    help="configurations to compare (default: plain ngram:k=5)")  # fmt: skip
@@ -635,14 +620,6 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
     p.add_argument("--code-prefix", default=DEFAULT_CODE_PREFIX,
                    help="put this before code_completion prompts (default: %(default)r)")  # fmt: skip
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=None,
-                   help="server batch size (default: the highest concurrency)")  # fmt: skip
-    p.add_argument("--max-num-batched-tokens", type=int, default=512)
-    p.add_argument("--kv-cache-memory", type=float, default=None,
-                   help="KV pool budget: bytes, or a fraction (<= 1) of available RAM")  # fmt: skip
-    add_prefix_caching_arg(p)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
     p.add_argument("--rounds", type=int, default=1,
                    help="run every level of every configuration this many times, configurations "
@@ -652,11 +629,8 @@ def add_serve_parser(sub) -> None:
 
 
 def cmd_bench_serve(args: argparse.Namespace) -> int:
-    from specdec.bench.cli import _set_threads
-
-    _set_threads(args.threads)
     opts = ServeOptions(
-        model=args.model,
+        engine=EngineArgs.from_cli_args(args),
         datasets=args.dataset,
         configs=args.configs,
         categories=args.categories,
@@ -668,16 +642,6 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         ignore_eos=args.ignore_eos,
         code_prefix=args.code_prefix,
-        kernels=args.kernels,
-        quantization=args.quantization,
-        activation_dtype=args.activation_dtype,
-        kv_cache_dtype=args.kv_cache_dtype,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        kv_cache_memory=args.kv_cache_memory,
-        enable_prefix_caching=args.enable_prefix_caching,
-        seed=args.seed,
         request_timeout=args.request_timeout,
         rounds=args.rounds,
         output_dir=args.output_dir,

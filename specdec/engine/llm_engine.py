@@ -17,6 +17,7 @@ from specdec.engine.scheduler import Scheduler
 from specdec.engine.speculator import Speculator
 from specdec.kernels import get_ops
 from specdec.kv_cache.pool import KVCache
+from specdec.kv_cache.sizing import plan_kv_slots
 from specdec.model.llama import LlamaModel
 from specdec.model.loader import load_checkpoint
 from specdec.model.registry import resolve_model_path
@@ -37,11 +38,10 @@ _DTYPES = {
     "auto": torch.float32,
 }
 DEFAULT_MAX_MODEL_LEN = 4096
-# Prefix cache slots beyond the running ones: without kv_cache_memory, this many, no more than fit
-# (each full) in this fraction of the available RAM; with it, what the budget holds, up to the cap.
-DEFAULT_PREFIX_CACHE_SLOTS = 32
-DEFAULT_PREFIX_CACHE_RAM_FRACTION = 0.25
-MAX_PREFIX_CACHE_SLOTS = 256
+# NOTE: decoding SmolLM2-135M on the torch kernels in bfloat16 against the native kernels'
+# default (float32 activations, int8 for the GGUF's Q4_1 weights): 33 vs 334 tokens/s on the
+# development machine (issue 20); 9 vs 61 on a loaded 2-core VM. Quoted when the slower one runs.
+TORCH_HALF_SLOWDOWN = "33 vs 334 tokens/s decoding SmolLM2-135M, measured"
 
 
 def load_model(
@@ -74,16 +74,62 @@ def load_model(
     return model, tokenizer
 
 
+def resolve_dtype(config: EngineConfig) -> tuple[torch.dtype, str]:
+    """(compute dtype, kernels) for the requested ``dtype`` and ``kernels``.
+
+    bfloat16 / float16 need the torch kernels. Under ``kernels="auto"`` on a CPU with the native
+    kernels built, they keep the native kernels instead (float32 activations, int8 for quantized
+    weights; ~10x faster decoding), and say so: a pasted ``--dtype bfloat16`` never makes
+    decoding silently slower. With ``kernels="torch"`` they run as asked, with a warning."""
+    dtype = _DTYPES[config.dtype]
+    if dtype == torch.float32 or config.device != "cpu":
+        return dtype, config.kernels
+    if config.kernels == "auto" and get_ops("auto", config.device).name == "native":
+        logger.warning(
+            "dtype %s: kept the native kernels, which compute in float32 (int8 activations for "
+            "quantized weights): the torch kernels %s needs decode ~10x slower (%s); pass "
+            "--kernels torch (kernels='torch') to compute in %s anyway",
+            config.dtype, config.dtype, TORCH_HALF_SLOWDOWN, config.dtype,
+        )  # fmt: skip
+        return torch.float32, "native"
+    if config.kernels != "native":
+        logger.warning(
+            "dtype %s runs on the torch kernels: decoding is ~10x slower than the native "
+            "kernels' default (dtype auto: %s)",
+            config.dtype, TORCH_HALF_SLOWDOWN,
+        )  # fmt: skip
+    return dtype, config.kernels
+
+
+def describe_model(model: LlamaModel) -> str:
+    """dtype, kernels, activations, weight format and KV format, for the start-up line."""
+    formats: dict[str, int] = {}
+    for lw in model.layers:
+        for lin in (lw.qkv, lw.o_proj, lw.gate_up, lw.down):
+            formats[lin.weight.qtype] = formats.get(lin.weight.qtype, 0) + 1
+    layers = "/".join(sorted(formats, key=lambda q: -formats[q]))
+    isa = getattr(model.ops, "isa", None) if model.ops.name == "native" else None
+    return (
+        f"dtype {str(model.dtype).removeprefix('torch.')}, kernels {model.ops.name}"
+        f"{f' ({isa})' if isa else ''}, activations {model.activation_dtype}, weights {layers} "
+        f"(lm_head {model.lm_head.weight.qtype}), KV cache "
+        f"{str(model.kv_dtype).removeprefix('torch.')}"
+    )
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.device = torch.device(config.device)
-        dtype = _DTYPES[config.dtype]
+        if config.threads is not None:
+            torch.set_num_threads(config.threads)
+        dtype, kernels = resolve_dtype(config)
+        self._kernels = kernels
         self.model, self.tokenizer = load_model(
             config.model,
             self.device,
             dtype,
-            config.kernels,
+            kernels,
             config.quantization,
             config.max_model_len,
             config.activation_dtype,
@@ -115,50 +161,38 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.num_prompt_tokens = 0
         self._ids = itertools.count()
+        logger.info(
+            "engine: %s; %s; max_model_len %d; KV slots: %d running, %d prefix cache; "
+            "speculation: %s",
+            config.model, describe_model(self.model), self.max_model_len, num_running_slots,
+            num_cache_slots,
+            f"{self.spec.method} k={self.spec.num_speculative_tokens}" if self.spec else "off",
+        )  # fmt: skip
 
     def _num_kv_slots(self, config: EngineConfig) -> tuple[int, int]:
-        """Slots of max_model_len positions: (for running sequences, extra for the prefix cache).
-
-        Running sequences get max_num_seqs slots, fewer if kv_cache_memory holds fewer. Prefix
-        caching adds the slots the rest of that budget holds (at most MAX_PREFIX_CACHE_SLOTS),
-        or without a budget DEFAULT_PREFIX_CACHE_SLOTS, no more than fit in
-        DEFAULT_PREFIX_CACHE_RAM_FRACTION of the RAM available now.
-
-        NOTE: slots are reserved virtually (torch.empty); pages are committed as sequences grow
-        and stay committed, so every slot is counted at its full max_model_len: the most it can
-        commit. A cached slot holds the pages its last sequence wrote.
-        """
+        """Slots of max_model_len positions: (for running sequences, extra for the prefix
+        cache); see ``plan_kv_slots``. Fewer running slots than max_num_seqs are logged."""
         cfg = self.model.cfg
-        per_slot = self.max_model_len * KVCache.bytes_per_token(
+        per_token = KVCache.bytes_per_token(
             cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.model.kv_dtype
         )
-        if config.kv_cache_memory is None:
-            num_running = config.max_num_seqs
-            num_cache = 0
-            if config.enable_prefix_caching:
-                import psutil
-
-                ram = DEFAULT_PREFIX_CACHE_RAM_FRACTION * psutil.virtual_memory().available
-                num_cache = min(DEFAULT_PREFIX_CACHE_SLOTS, int(ram // per_slot))
-            return num_running, num_cache
-        budget = config.kv_cache_memory
-        if budget <= 1:
-            import psutil
-
-            budget *= psutil.virtual_memory().available
-        slots = int(budget // per_slot)
-        if slots < 1:
-            raise ConfigError(
-                f"kv_cache_memory {int(budget)} bytes holds no sequence of max_model_len "
-                f"{self.max_model_len} ({per_slot} bytes); raise it or lower max_model_len"
-            )
-        num_running = min(slots, config.max_num_seqs)
-        num_cache = min(slots - num_running, MAX_PREFIX_CACHE_SLOTS)
-        return num_running, num_cache if config.enable_prefix_caching else 0
+        num_running, num_cache = plan_kv_slots(
+            self.max_model_len, per_token, config.max_num_seqs, config.enable_prefix_caching,
+            config.kv_cache_memory,
+        )  # fmt: skip
+        if num_running < config.max_num_seqs and config.kv_cache_memory is not None:
+            logger.warning(
+                "max_num_seqs %d lowered to %d: the KV budget (kv_cache_memory / "
+                "gpu_memory_utilization %g) holds %d sequences of max_model_len %d; raise it or "
+                "lower max_model_len",
+                config.max_num_seqs, num_running, config.kv_cache_memory, num_running,
+                self.max_model_len,
+            )  # fmt: skip
+        return num_running, num_cache
 
     def _load_draft(self, spec: SpeculativeConfig) -> LlamaModel:
         draft, draft_tok = load_model(
-            spec.model, self.device, self.model.dtype, self.config.kernels,
+            spec.model, self.device, self.model.dtype, self._kernels,
             spec.draft_quantization or self.config.quantization, self.max_model_len,
             self.config.activation_dtype, self.config.kv_cache_dtype,
         )  # fmt: skip

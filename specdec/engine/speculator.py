@@ -209,12 +209,27 @@ class Speculator:
             # compute-bound, so drafts would cost a full row each and delay those prompts.
             return
         k = self.spec.num_speculative_tokens
-        caps = limits = [min(k, sched.max_drafts(r, k)) for r in reqs]
+        # NOTE: each request's own settings bound what the controller may choose: its cap
+        # (SamplingParams.num_speculative_tokens, 0 = off) and its n_min (speculative_n_min, by
+        # default draft_min): fewer drafts are not verified, so a smaller limit or choice is 0.
+        n_mins = {
+            r.req_id: self.spec.draft_min
+            if r.sampling.speculative_n_min is None
+            else r.sampling.speculative_n_min
+            for r in reqs
+        }
+        limits = []
+        for r in reqs:
+            own = r.sampling.num_speculative_tokens
+            lim = min(k if own is None else min(k, own), sched.max_drafts(r, k))
+            limits.append(lim if lim >= max(1, n_mins[r.req_id]) else 0)
+        caps = limits
         free = self.proposer.free_drafts
         if ctl is not None:
             caps = ctl.choose(
                 [r.req_id for r in reqs], limits, [r.num_tokens for r in reqs], all_or_nothing=free
             )
+            caps = [cap if cap >= n_mins[r.req_id] else 0 for r, cap in zip(reqs, caps)]
             for r, cap in zip(reqs, caps):
                 predicted = ctl.predicted(r.req_id)
                 r.spec_stats.observe_choice(cap, predicted)
@@ -229,6 +244,24 @@ class Speculator:
                     shadow.append((r, lim))
         if todo or shadow:
             self._draft(todo + shadow, update)
+        for r, _ in todo:
+            # llama.cpp's p_min: drafting stops where the draft distribution's top probability
+            # falls below it (a rule on the prefix, so Leviathan/Chen acceptance stays exact);
+            # point-mass drafts (no q) shorter than n_min are dropped (sample-and-match is exact
+            # for any drafts). NOTE: q drafts cut below n_min stay: dropping them would make
+            # keeping draft i depend on draft i itself.
+            p_min = self.spec.draft_p_min
+            if r.sampling.speculative_p_min is not None:
+                p_min = r.sampling.speculative_p_min
+            q, n = r.draft_probs, len(r.draft_token_ids)  # q: [n, V] or None
+            if p_min > 0 and q is not None and n:
+                weak = (q[:n].max(dim=-1).values < p_min).nonzero()
+                n = int(weak[0]) if weak.numel() else n
+            if q is None and n < n_mins[r.req_id]:
+                n = 0
+            if n < len(r.draft_token_ids):
+                r.draft_token_ids = r.draft_token_ids[:n]
+                r.draft_probs = q[:n] if q is not None and n else None
         for r, _ in shadow:
             if r.draft_token_ids:
                 self._shadow[r.req_id] = _Shadow(r.draft_token_ids, r.num_tokens)

@@ -1,4 +1,4 @@
-"""The ``specdec`` command: generate (and, as they land, serve and bench)."""
+"""The ``specdec`` command: generate, serve and bench. Engine flags come from ``EngineArgs``."""
 
 from __future__ import annotations
 
@@ -7,120 +7,37 @@ import random
 import sys
 import time
 
-from specdec.config import ConfigError, SpeculativeConfig
-from specdec.model.arch import UnsupportedModelError
-from specdec.model.registry import DEFAULT_MODEL, ModelNotFoundError
+from specdec.bench.cli import add_bench_parser
+from specdec.config import EngineArgs
+from specdec.entrypoints.openai.api_server import add_serve_parser
+from specdec.entrypoints.utils import (
+    add_sampling_args,
+    configure_logging,
+    run_command,
+    sampling_defaults,
+)
 
 # A code edit from ../shared/bench/data/stdlib_edit.jsonl (CPython's Lib/colorsys.py, PSF License):
 # the answer copies most of the prompt, which is where prompt lookup shines.
 DEFAULT_PROMPT = "Here is a Python function `hsv_to_rgb` from the Python standard library file `Lib/colorsys.py`.\n\n```python\ndef hsv_to_rgb(h, s, v):\n    if s == 0.0:\n        return v, v, v\n    i = int(h*6.0) # XXX assume int() truncates!\n    f = (h*6.0) - i\n    p = v*(1.0 - s)\n    q = v*(1.0 - s*f)\n    t = v*(1.0 - s*(1.0-f))\n    i = i%6\n    if i == 0:\n        return v, t, p\n    if i == 1:\n        return q, v, p\n    if i == 2:\n        return p, v, t\n    if i == 3:\n        return p, q, v\n    if i == 4:\n        return t, p, v\n    if i == 5:\n        return v, p, q\n```\n\nRename this function from `hsv_to_rgb` to `hsvToRgb`. Do not change anything else. Reply with only the complete updated function in a single ```python code block, with no explanation."
 
 
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--model", "-m", default=DEFAULT_MODEL, help="alias, .gguf file or Hugging Face folder"
-    )
-    p.add_argument("--speculative-config", default=None, help="JSON, vLLM's keys")
-    p.add_argument("--model-draft", "-md", default=None, help="draft model (llama.cpp style)")
-    p.add_argument(
-        "--draft", type=int, default=None, help="drafts per step with -md (llama.cpp style)"
-    )
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "auto"])
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--kernels", default="auto", choices=["auto", "native", "torch"])
-    p.add_argument(
-        "--quantization", default="auto", choices=["auto", "fp32", "q8_0", "q4_0", "q4_1"]
-    )
-    p.add_argument(
-        "--activation-dtype",
-        default="auto",
-        choices=["auto", "float32", "int8"],
-        help="int8: llama.cpp-style 8-bit activations for quantized weights (fast on AVX-512 "
-        "VNNI); float32: exact float activations (matches transformers); auto: int8 where fast",
-    )
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=8)
-    p.add_argument("--max-num-batched-tokens", type=int, default=512)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--kv-cache-memory",
-        type=float,
-        default=None,
-        help="KV pool budget: bytes, or a fraction (<= 1) of available RAM",
-    )
-    p.add_argument(
-        "--gpu-memory-utilization",
-        type=float,
-        default=None,
-        help="vLLM's name for --kv-cache-memory as a fraction (accepted on any device)",
-    )
-    p.add_argument(
-        "--kv-cache-dtype",
-        default="auto",
-        help="KV cache element type: float16 (half the memory; llama.cpp's default f16), float32 "
-        "(transformers' arithmetic), bfloat16 (torch kernels only); auto: float16 on the native "
-        "CPU kernels, else the model's dtype",
-    )
-    add_prefix_caching_arg(p)
-
-
-def add_prefix_caching_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--enable-prefix-caching",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="reuse the KV of earlier requests' shared prompt prefixes (default: on)",
-    )
-
-
-def speculative_from_args(args: argparse.Namespace) -> SpeculativeConfig | None:
-    if args.speculative_config and args.model_draft:
-        raise ConfigError("use either --speculative-config or -md/--model-draft, not both")
-    if args.model_draft:
-        d = {"method": "draft_model", "model": args.model_draft}
-        if args.draft is not None:
-            d["num_speculative_tokens"] = args.draft
-        return SpeculativeConfig.from_dict(d)
-    if args.draft is not None:
-        raise ConfigError("--draft needs -md/--model-draft")
-    return SpeculativeConfig.from_any(args.speculative_config)
-
-
-def build_llm(args: argparse.Namespace, spec: SpeculativeConfig | None):
-    from specdec.llm import LLM
-
-    return LLM(
-        args.model,
-        speculative_config=spec,
-        dtype=args.dtype,
-        device=args.device,
-        kernels=args.kernels,
-        quantization=args.quantization,
-        activation_dtype=args.activation_dtype,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        seed=args.seed,
-        kv_cache_memory=args.kv_cache_memory or args.gpu_memory_utilization,
-        enable_prefix_caching=args.enable_prefix_caching,
-        kv_cache_dtype=args.kv_cache_dtype,
-    )
-
-
 def _generate_parser(sub) -> None:
     p = sub.add_parser("generate", help="generate text for one prompt, streaming to stdout")
-    add_engine_args(p)
+    EngineArgs.add_cli_args(p)
     p.add_argument("--prompt", "-p", default=DEFAULT_PROMPT)
     p.add_argument(
         "--chat", action="store_true", help="wrap the prompt in the model's chat template"
     )
-    p.add_argument("--max-tokens", "-n", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=-1)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
-    p.add_argument("--sampling-seed", type=int, default=None)
+    p.add_argument("--max-tokens", "-n", "--n-predict", dest="max_tokens", type=int, default=256)
+    add_sampling_args(
+        p,
+        {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0},
+        "sampling (llama.cpp's --temp and --repeat-penalty too)",
+    )
+    p.add_argument(
+        "--sampling-seed", type=int, default=None, help="the request's seed (default: from --seed)"
+    )
     p.add_argument("--stop", action="append", default=None)
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument(
@@ -151,27 +68,26 @@ def _run_one(llm, prompt_ids: list[int], sp, stream: bool) -> tuple[object, floa
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from specdec.llm import LLM
     from specdec.sampling_params import SamplingParams
     from specdec.spec_decode.metrics import SpecDecodeStats
 
-    spec = speculative_from_args(args)
+    engine_args = EngineArgs.from_cli_args(args)
+    spec = engine_args.speculative()  # a bad config fails before the model loads
     sp = SamplingParams(
         max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        min_p=args.min_p,
-        repetition_penalty=args.repetition_penalty,
         seed=args.sampling_seed,
         stop=args.stop,
         ignore_eos=args.ignore_eos,
+        **sampling_defaults(args),
     )
     if args.compare_plain and spec is not None and sp.seed is None and not sp.is_greedy:
         # NOTE: both runs need one seed to be comparable; a seeded sampled run is a pure
         # function of (seed, prompt, sampling parameters), with or without speculation.
         sp.seed = random.Random(args.seed).getrandbits(63)
         print(f"--- sampling seed {sp.seed} (set --sampling-seed to choose it)")
-    llm = build_llm(args, spec)
+    configure_logging()
+    llm = LLM.from_engine_args(engine_args)
     tok = llm.get_tokenizer()
     if args.chat:
         prompt_ids = tok.apply_chat_template(
@@ -217,31 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
-    try:
-        from specdec.entrypoints.openai.api_server import add_serve_parser
-    except ImportError:
-        add_serve_parser = None
-    if add_serve_parser is not None:
-        add_serve_parser(sub)
-    try:
-        from specdec.bench.cli import add_bench_parser
-    except ImportError:
-        add_bench_parser = None
-    if add_bench_parser is not None:
-        add_bench_parser(sub)
+    add_serve_parser(sub)
+    add_bench_parser(sub)
     args = parser.parse_args(argv)
     return run_command(args.func, args)
-
-
-def run_command(func, args: argparse.Namespace) -> int:
-    """Run a subcommand; a user error becomes one line on stderr and exit code 2."""
-    try:
-        return int(func(args) or 0)
-    except (ConfigError, ModelNotFoundError, UnsupportedModelError, ValueError) as e:
-        print(f"specdec: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
 
 
 if __name__ == "__main__":

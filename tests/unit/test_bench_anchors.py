@@ -17,6 +17,7 @@ from specdec.bench.dataset import WARMUP_PROMPT, load_items
 from specdec.bench.latency import LatencyOptions, run_latency
 from specdec.bench.runners import ANCHOR_WORKER, AnchorRunner, GenParams, anchor_environment
 from specdec.bench.serve import ServeOptions, run_serve
+from specdec.config import EngineArgs
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "bench_tiny.jsonl"
 EOG = {0}  # any id: the tiny model's replies are random bytes
@@ -219,7 +220,7 @@ def test_latency_first_prompt_does_not_depend_on_the_warm_up(tiny_llama, tmp_pat
 
     def run(warmup: str, name: str) -> list[dict]:
         opts = LatencyOptions(
-            model=str(tiny_llama), datasets=[str(FIXTURE)], configs=["plain", SUFFIX],
+            engine=EngineArgs(model=str(tiny_llama)), datasets=[str(FIXTURE)], configs=["plain", SUFFIX],
             max_tokens=12, output_dir=str(tmp_path / name), plots=False, progress=False,
             warmup_prompt=warmup,
         )  # fmt: skip
@@ -246,8 +247,8 @@ def test_serve_first_prompt_does_not_depend_on_the_warm_up(tiny_llama, tmp_path)
 
     def run(warmup: str, name: str) -> list[dict]:
         opts = ServeOptions(
-            model=str(tiny_llama), datasets=[str(FIXTURE)], configs=["plain", SUFFIX],
-            max_tokens=8, concurrency=(1,), max_model_len=256, output_dir=str(tmp_path / name),
+            engine=EngineArgs(model=str(tiny_llama), max_model_len=256), datasets=[str(FIXTURE)],
+            configs=["plain", SUFFIX], max_tokens=8, concurrency=(1,), output_dir=str(tmp_path / name),
             warmup_prompt=warmup,
         )  # fmt: skip
         result = run_serve(opts)
@@ -268,7 +269,7 @@ def test_llama_cpp_anchors_run_plain_and_as_their_api_needs(tiny_gguf, tmp_path)
     pytest.importorskip("llama_cpp")  # an optional extra: CI does not install it
     lookup = "llama_cpp:prompt_lookup:k=4"
     opts = LatencyOptions(
-        model=str(tiny_gguf), datasets=[str(FIXTURE)], configs=["plain", "llama_cpp:plain", lookup],
+        engine=EngineArgs(model=str(tiny_gguf)), datasets=[str(FIXTURE)], configs=["plain", "llama_cpp:plain", lookup],
         max_tokens=12, output_dir=str(tmp_path / "run"), plots=False, progress=False,
     )  # fmt: skip
     result = run_latency(opts)
@@ -299,8 +300,8 @@ def test_serve_measures_llama_cpp_server_in_its_own_process(tiny_gguf, tmp_path)
     for module in ("llama_cpp", "sse_starlette", "starlette_context", "pydantic_settings"):
         pytest.importorskip(module)  # llama-cpp-python[server]: an optional extra
     opts = ServeOptions(
-        model=str(tiny_gguf), datasets=[str(FIXTURE)], configs=["plain", "llama_cpp:plain"],
-        max_tokens=8, concurrency=(1, 2), max_model_len=256, output_dir=str(tmp_path / "run"),
+        engine=EngineArgs(model=str(tiny_gguf), max_model_len=256), datasets=[str(FIXTURE)],
+        configs=["plain", "llama_cpp:plain"], max_tokens=8, concurrency=(1, 2), output_dir=str(tmp_path / "run"),
     )  # fmt: skip
     result = run_serve(opts)
     assert result.exit_code == 0 and result.payload["skipped"] == {}  # its differences inform

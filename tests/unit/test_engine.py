@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from specdec import LLM, SamplingParams
 from specdec.config import ConfigError
@@ -120,8 +121,9 @@ def test_penalties_apply_identically_with_speculation(tiny_llama) -> None:
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_half_precision_runs_on_the_torch_kernels(tiny_llama, dtype: str) -> None:
-    llm = LLM(str(tiny_llama), max_model_len=128, dtype=dtype)
+    llm = LLM(str(tiny_llama), max_model_len=128, dtype=dtype, kernels="torch")
     assert llm.engine.model.ops.name == "torch"
+    assert llm.engine.model.dtype == getattr(torch, dtype)
     out = llm.generate(["hello"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0]
     ref = LLM(str(tiny_llama), max_model_len=128).generate(
         ["hello"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)

@@ -33,8 +33,13 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from specdec.config import ConfigError
-from specdec.entrypoints.cli import add_engine_args, build_llm, run_command, speculative_from_args
+from specdec.config import ConfigError, EngineArgs, log_ignored
+from specdec.entrypoints.utils import (
+    LOG_FORMAT,
+    add_sampling_args,
+    run_command,
+    sampling_defaults,
+)
 
 logger = logging.getLogger("specdec.entrypoints.openai.api_server")
 
@@ -68,6 +73,7 @@ def build_app(
     allowed_origins: list[str] | None = None,
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
     chat_template_timeout: float | None = None,
+    sampling_defaults: dict[str, Any] | None = None,
 ) -> Any:
     """A FastAPI app serving ``llm`` (an AsyncLLM); its lifespan starts and stops the engine thread.
 
@@ -93,7 +99,10 @@ def build_app(
     sandbox = None
     if trust_request_chat_template:
         sandbox = TemplateSandbox(timeout_s=chat_template_timeout or DEFAULT_TIMEOUT_S)
-    serving = OpenAIServing(llm, served_model_names, model_root, template_sandbox=sandbox)
+    serving = OpenAIServing(
+        llm, served_model_names, model_root, template_sandbox=sandbox,
+        sampling_defaults=sampling_defaults,
+    )  # fmt: skip
     state = _ServerState(allowed_hosts=list(allowed_hosts) if allowed_hosts is not None else None)
 
     class SSEResponse(StreamingResponse):
@@ -437,9 +446,22 @@ class BackgroundServer:
         self.stop()
 
 
+# vLLM server flags with no effect here: accepted, logged once (name, takes a value)
+IGNORED_SERVER_FLAGS = (
+    ("disable_log_requests", False), ("enable_log_requests", False),
+    ("disable_frontend_multiprocessing", False), ("enable_auto_tool_choice", False),
+    ("tool_call_parser", True), ("max_log_len", True), ("disable_fastapi_docs", False),
+    ("enable_request_id_headers", False), ("api_server_count", True),
+)  # fmt: skip
+
+
 def make_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The engine flags of ``specdec generate`` plus vLLM's server flags."""
-    add_engine_args(p)
+    """The engine flags (EngineArgs, as ``specdec generate``) plus vLLM's server flags, and
+    llama.cpp's server sampling defaults (--temp, --top-k, --top-p, --repeat-penalty)."""
+    EngineArgs.add_cli_args(p)
+    add_sampling_args(
+        p, {}, "default sampling for requests that do not set it (llama.cpp's server flags)"
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
@@ -482,12 +504,13 @@ def make_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="on SIGTERM, seconds running requests may take to finish before they are ended "
         f"with an error (default {DEFAULT_SHUTDOWN_TIMEOUT_S:g})",
     )
-    p.add_argument(
-        "--tensor-parallel-size", "-tp", type=int, default=1, help="only 1 (one CPU device)"
-    )
-    p.add_argument(
-        "--disable-log-stats", action="store_true", help="no periodic throughput log line"
-    )
+    ignored = p.add_argument_group("vLLM server flags without effect here (logged once)")
+    for name, takes_value in IGNORED_SERVER_FLAGS:
+        flag = f"--{name.replace('_', '-')}"
+        if takes_value:
+            ignored.add_argument(flag, dest=name, default=None)
+        else:
+            ignored.add_argument(flag, dest=name, action="store_true")
     p.add_argument("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug", "trace"])  # fmt: skip
     return p
 
@@ -515,10 +538,6 @@ def add_serve_parser(subparsers: Any) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Validate the flags, load the model, serve until interrupted."""
-    if args.tensor_parallel_size != 1:
-        raise ConfigError(
-            f"--tensor-parallel-size must be 1 (got {args.tensor_parallel_size}): specdec runs on one CPU device"
-        )
     if not args.shutdown_timeout >= 0:
         raise ConfigError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
     from specdec.entrypoints.openai.safety import default_allowed_hosts
@@ -527,23 +546,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if allowed_hosts is None:
         allowed_hosts = default_allowed_hosts(args.host)
     args.model = getattr(args, "model_tag", None) or args.model
-    spec = speculative_from_args(args)  # bad JSON / method: exit 2 before loading anything
+    # NOTE: every engine flag is checked (bad JSON, method, parallel size: exit 2) before loading
+    config = EngineArgs.from_cli_args(args).create_engine_config()
+    spec = config.speculative
+    defaults = sampling_defaults(args)
+    from specdec.sampling_params import SamplingParams
+
+    SamplingParams(**defaults)  # bad sampling defaults: exit 2 before loading anything
     from specdec.model.registry import resolve_model_path
 
     root = str(resolve_model_path(args.model))
     import prometheus_client
 
     prometheus_client.disable_created_metrics()  # as vLLM: no *_created series
-    logging.basicConfig(
-        level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s"
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    log_ignored(
+        [name for name, _ in IGNORED_SERVER_FLAGS if getattr(args, name) not in (None, False)]
     )
     import uvicorn
 
     from specdec.engine.async_llm import AsyncLLM
+    from specdec.engine.llm_engine import LLMEngine
     from specdec.kv_cache.sizing import describe_pool
 
     # NOTE: the same engine construction as `specdec generate`, so every engine flag applies here.
-    llm = AsyncLLM(build_llm(args, spec).engine, log_stats=not args.disable_log_stats)
+    llm = AsyncLLM(LLMEngine(config), log_stats=not args.disable_log_stats)
     names = args.served_model_name or [args.model]
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     app = build_app(
@@ -555,6 +582,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         allowed_hosts=allowed_hosts,
         allowed_origins=_flatten(args.allowed_origins),
         shutdown_timeout=args.shutdown_timeout,
+        sampling_defaults=defaults,
     )
     logger.info(
         "serving %s (%s) on http://%s:%d/v1, max_model_len %d, prefix caching: %s, "

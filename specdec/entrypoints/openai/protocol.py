@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from specdec.sampling_params import (
     INT_MAX,
@@ -171,8 +171,8 @@ class _SamplingRequest(OpenAIBaseModel):
     n: Annotated[int, Field(ge=1, le=INT_MAX)] = 1
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    presence_penalty: Penalty = 0.0
-    frequency_penalty: Penalty = 0.0
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
     seed: Seed | None = None
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     stream: bool = False
@@ -190,6 +190,18 @@ class _SamplingRequest(OpenAIBaseModel):
     skip_special_tokens: bool = True
     echo: bool = False
     cache_salt: Annotated[str, Field(min_length=1, max_length=MAX_CACHE_SALT_CHARS)] | None = None
+    # per-request speculation: at most this many drafts per step (0 = off), in vLLM's key, and
+    # llama.cpp's server keys speculative.n_max (the same) / n_min / p_min
+    num_speculative_tokens: NonNegInt | None = None
+    speculative_n_max: NonNegInt | None = Field(
+        None, validation_alias=AliasChoices("speculative.n_max", "speculative_n_max")
+    )
+    speculative_n_min: NonNegInt | None = Field(
+        None, validation_alias=AliasChoices("speculative.n_min", "speculative_n_min")
+    )
+    speculative_p_min: Probability | None = Field(
+        None, validation_alias=AliasChoices("speculative.p_min", "speculative_p_min")
+    )
 
     def check_supported(self) -> None:
         super().check_supported()
@@ -208,26 +220,44 @@ class _SamplingRequest(OpenAIBaseModel):
                 "stream_options is only allowed when stream is true", "stream_options"
             )
 
-    def to_sampling_params(self, max_tokens: int) -> SamplingParams:
+    def to_sampling_params(
+        self, max_tokens: int, defaults: dict[str, Any] | None = None
+    ) -> SamplingParams:
         raise NotImplementedError
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def _sampling(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
-        """SamplingParams for this request (``max_tokens`` already resolved against the context)."""
+    def _sampling(
+        self, max_tokens: int, logprobs: int | None, defaults: dict[str, Any] | None
+    ) -> SamplingParams:
+        """SamplingParams for this request (``max_tokens`` already resolved against the
+        context); ``defaults`` (the server's) fill the sampling fields the request leaves out."""
+        d = defaults or {}
+        max_drafts = self.num_speculative_tokens
+        if self.speculative_n_max is not None:
+            if max_drafts is not None and max_drafts != self.speculative_n_max:
+                raise RequestError(
+                    f"num_speculative_tokens ({max_drafts}) and speculative.n_max "
+                    f"({self.speculative_n_max}) disagree; give one",
+                    "num_speculative_tokens",
+                )
+            max_drafts = self.speculative_n_max
+
+        def pick(name: str, fallback: Any) -> Any:
+            value = getattr(self, name)
+            return value if value is not None else d.get(name, fallback)
+
         try:
             return SamplingParams(
-                temperature=1.0 if self.temperature is None else self.temperature,
-                top_p=1.0 if self.top_p is None else self.top_p,
-                top_k=-1 if self.top_k is None else self.top_k,
-                min_p=self.min_p or 0.0,
-                presence_penalty=self.presence_penalty,
-                frequency_penalty=self.frequency_penalty,
-                repetition_penalty=1.0
-                if self.repetition_penalty is None
-                else self.repetition_penalty,
+                temperature=pick("temperature", 1.0),
+                top_p=pick("top_p", 1.0),
+                top_k=pick("top_k", -1),
+                min_p=pick("min_p", 0.0),
+                presence_penalty=pick("presence_penalty", 0.0),
+                frequency_penalty=pick("frequency_penalty", 0.0),
+                repetition_penalty=pick("repetition_penalty", 1.0),
                 seed=self.seed,
                 stop=self.stop,
                 stop_token_ids=list(self.stop_token_ids or []),
@@ -237,6 +267,9 @@ class _SamplingRequest(OpenAIBaseModel):
                 logprobs=logprobs,
                 include_stop_str_in_output=self.include_stop_str_in_output,
                 skip_special_tokens=self.skip_special_tokens,
+                num_speculative_tokens=max_drafts,
+                speculative_n_min=self.speculative_n_min,
+                speculative_p_min=self.speculative_p_min,
             )
         except ValueError as e:
             raise RequestError(str(e), self.field_named_by(str(e))) from e
@@ -286,8 +319,10 @@ class CompletionRequest(_SamplingRequest):
             raise RequestError("prompt is empty", "prompt")
         return p  # type: ignore[return-value]
 
-    def to_sampling_params(self, max_tokens: int) -> SamplingParams:
-        return self._sampling(max_tokens, self.logprobs)
+    def to_sampling_params(
+        self, max_tokens: int, defaults: dict[str, Any] | None = None
+    ) -> SamplingParams:
+        return self._sampling(max_tokens, self.logprobs, defaults)
 
 
 # ---- /v1/chat/completions -------------------------------------------------------------------
@@ -369,8 +404,10 @@ class ChatCompletionRequest(_SamplingRequest):
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.to_template_dict(i) for i, m in enumerate(self.messages)]
 
-    def to_sampling_params(self, max_tokens: int) -> SamplingParams:
-        return self._sampling(max_tokens, 0 if self.logprobs else None)
+    def to_sampling_params(
+        self, max_tokens: int, defaults: dict[str, Any] | None = None
+    ) -> SamplingParams:
+        return self._sampling(max_tokens, 0 if self.logprobs else None, defaults)
 
 
 # ---- responses --------------------------------------------------------------------------------

@@ -121,6 +121,7 @@ class OpenAIServing:
         model_root: str | None = None,
         template_sandbox: TemplateSandbox | None = None,
         num_prepare_threads: int = 2,
+        sampling_defaults: dict[str, Any] | None = None,
     ) -> None:
         if not served_model_names:
             raise ValueError("at least one served model name is needed")
@@ -130,6 +131,8 @@ class OpenAIServing:
         self.tokenizer = llm.engine.tokenizer
         self.max_model_len = llm.engine.max_model_len
         self.template_sandbox = template_sandbox
+        # the server's defaults for sampling fields a request leaves out (llama.cpp's --temp ...)
+        self.sampling_defaults = dict(sampling_defaults or {})
         self._pool = ThreadPoolExecutor(num_prepare_threads, thread_name_prefix="specdec-prepare")
 
     async def run_blocking(self, fn: Callable[..., _T], *args: Any) -> _T:
@@ -199,7 +202,7 @@ class OpenAIServing:
     async def _start(
         self, prompt_ids: list[int], req: _SamplingRequest, max_tokens: int, param: str, rid: str
     ) -> RequestStream:
-        sampling = req.to_sampling_params(max_tokens)
+        sampling = req.to_sampling_params(max_tokens, self.sampling_defaults)
         try:
             return await self.llm.add_request(prompt_ids, sampling, rid, req.cache_salt)
         except EngineError as e:
@@ -238,6 +241,18 @@ class OpenAIServing:
             stream.abort()
         yield DONE
 
+    def _spec_decode(self, out: RequestOutput, req: _SamplingRequest) -> dict[str, Any]:
+        """The response's ``spec_decode``: the request's acceptance figures, and the most drafts
+        per step it allowed (its own cap within the engine's; 0: speculation off for it)."""
+        d = out.spec_decode_stats.as_dict()
+        spec = self.llm.engine.spec
+        if spec is not None:
+            own = req.num_speculative_tokens
+            own = req.speculative_n_max if own is None else own
+            k = spec.num_speculative_tokens
+            d["num_speculative_tokens"] = k if own is None else min(own, k)
+        return d
+
     def _token_strings(self, token_ids: list[int]) -> list[str]:
         return [self.tokenizer.decode([t], skip_special_tokens=False) for t in token_ids]
 
@@ -269,7 +284,7 @@ class OpenAIServing:
         )
         return ChatCompletionResponse(
             id=rid, created=created, model=model, choices=[choice], usage=_usage(out),
-            spec_decode=out.spec_decode_stats.as_dict(),
+            spec_decode=self._spec_decode(out, req),
         ).model_dump()  # fmt: skip
 
     async def _chat_prompt_ids(self, req: ChatCompletionRequest) -> list[int]:
@@ -361,10 +376,10 @@ class OpenAIServing:
             yield chunk(
                 [choice],
                 usage=_usage(out) if continuous else None,
-                spec_decode=out.spec_decode_stats.as_dict() if out.finished else None,
+                spec_decode=self._spec_decode(out, req) if out.finished else None,
             )
         if req.include_usage and out is not None:
-            yield chunk([], usage=_usage(out), spec_decode=out.spec_decode_stats.as_dict())
+            yield chunk([], usage=_usage(out), spec_decode=self._spec_decode(out, req))
 
     # ---- /v1/completions -----------------------------------------------------------------------
     async def create_completion(
@@ -392,7 +407,7 @@ class OpenAIServing:
         )
         return CompletionResponse(
             id=rid, created=created, model=model, choices=[choice], usage=_usage(out),
-            spec_decode=out.spec_decode_stats.as_dict(),
+            spec_decode=self._spec_decode(out, req),
         ).model_dump()  # fmt: skip
 
     def _completion_logprobs(
@@ -442,10 +457,10 @@ class OpenAIServing:
             yield chunk(
                 [choice],
                 usage=_usage(out) if continuous else None,
-                spec_decode=out.spec_decode_stats.as_dict() if out.finished else None,
+                spec_decode=self._spec_decode(out, req) if out.finished else None,
             )
         if req.include_usage and out is not None:
-            yield chunk([], usage=_usage(out), spec_decode=out.spec_decode_stats.as_dict())
+            yield chunk([], usage=_usage(out), spec_decode=self._spec_decode(out, req))
 
 
 def _error_event(err: RequestError) -> str:

@@ -1,0 +1,49 @@
+"""Flags and option helpers the benchmark subcommands share. Engine options come from
+``EngineArgs`` (specdec.config): each benchmark takes the subset named here."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from specdec.config import EngineArgs
+
+# The engine options each benchmark exposes (flags and results.json settings).
+FORWARD_COST_ENGINE_ARGS = (
+    "model", "kernels", "quantization", "activation_dtype", "kv_cache_dtype", "threads",
+)  # fmt: skip
+LATENCY_ENGINE_ARGS = (
+    *FORWARD_COST_ENGINE_ARGS, "max_model_len", "enable_prefix_caching", "seed",
+)  # fmt: skip
+SERVE_ENGINE_ARGS = (
+    *LATENCY_ENGINE_ARGS, "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory",
+)  # fmt: skip
+
+
+def engine_settings(engine: EngineArgs, names: tuple[str, ...]) -> dict[str, Any]:
+    """The engine options a benchmark exposes, for its results' settings."""
+    return {name: getattr(engine, name) for name in names}
+
+
+def csv(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def int_csv(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in csv(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got '{text}'") from e
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got '{text}'")
+    return values
+
+
+def add_dataset_args(p: argparse.ArgumentParser) -> None:
+    """--dataset / --categories / --num-prompts, shared by the latency and serve benchmarks."""
+    p.add_argument("--dataset", action="append", required=True, metavar="FILE.jsonl",
+                   help="prompt set (lines {id, category, turns}); repeatable")  # fmt: skip
+    p.add_argument(
+        "--categories", type=csv, default=None, help="comma-separated categories to keep"
+    )
+    p.add_argument("--num-prompts", type=int, default=None, help="first N prompts of each category")

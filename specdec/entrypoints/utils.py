@@ -1,0 +1,59 @@
+"""What every entry point shares: running a subcommand, logging, the engine from the flags, and
+the sampling flags (vLLM's names with llama.cpp's spellings). Imports nothing of the other entry
+points, so none of them imports another in a circle."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from specdec.config import ConfigError
+from specdec.model.arch import UnsupportedModelError
+from specdec.model.registry import ModelNotFoundError
+
+LOG_FORMAT = "%(levelname)s %(asctime)s %(name)s: %(message)s"
+
+
+def configure_logging() -> None:
+    """specdec's INFO lines (the start-up line, ignored options) on stderr."""
+    logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)
+    logging.getLogger("specdec").setLevel(logging.INFO)
+
+
+def run_command(func: Callable[[argparse.Namespace], Any], args: argparse.Namespace) -> int:
+    """Run a subcommand; a user error becomes one line on stderr and exit code 2."""
+    try:
+        return int(func(args) or 0)
+    except (ConfigError, ModelNotFoundError, UnsupportedModelError, ValueError) as e:
+        print(f"specdec: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+# (flags, dest, type, help): llama.cpp's spellings follow vLLM's / OpenAI's names
+SAMPLING_FLAGS: tuple[tuple[tuple[str, ...], str, type, str], ...] = (
+    (("--temperature", "--temp"), "temperature", float, "0 = greedy"),
+    (("--top-p",), "top_p", float, "nucleus sampling mass"),
+    (("--top-k",), "top_k", int, "-1 = off"),
+    (("--min-p",), "min_p", float, "minimum probability relative to the top token's"),
+    (("--repetition-penalty", "--repeat-penalty"), "repetition_penalty", float, "1 = off"),
+    (("--presence-penalty",), "presence_penalty", float, "0 = off"),
+    (("--frequency-penalty",), "frequency_penalty", float, "0 = off"),
+)
+
+
+def add_sampling_args(p: argparse.ArgumentParser, defaults: dict[str, Any], title: str) -> None:
+    """The sampling flags; ``defaults`` per dest (None: not given)."""
+    group = p.add_argument_group(title)
+    for flags, dest, type_, help_ in SAMPLING_FLAGS:
+        group.add_argument(*flags, dest=dest, type=type_, default=defaults.get(dest), help=help_)
+
+
+def sampling_defaults(args: argparse.Namespace) -> dict[str, Any]:
+    """The sampling flags that were given (or have a default), by SamplingParams field."""
+    values = {dest: getattr(args, dest, None) for _, dest, _, _ in SAMPLING_FLAGS}
+    return {k: v for k, v in values.items() if v is not None}

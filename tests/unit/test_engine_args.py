@@ -1,0 +1,216 @@
+"""EngineArgs: one declaration of every engine option, from which LLM() kwargs, the CLI flags of
+generate / serve / bench and the benchmarks' options derive; vLLM's and llama.cpp's spellings."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import logging
+from pathlib import Path
+
+import pytest
+
+from specdec import LLM, SamplingParams, config
+from specdec.bench.args import FORWARD_COST_ENGINE_ARGS, LATENCY_ENGINE_ARGS, SERVE_ENGINE_ARGS
+from specdec.config import (
+    ALIAS,
+    ENGINE,
+    IGNORED,
+    SINGLE,
+    ConfigError,
+    EngineArgs,
+    EngineConfig,
+)
+from specdec.entrypoints import cli
+from specdec.entrypoints.openai import api_server
+
+PACKAGE = Path(__file__).resolve().parents[2] / "specdec"
+
+
+def _subparser(command: list[str]) -> argparse.ArgumentParser:
+    """The argparse parser of ``specdec <command...>``."""
+    parser = argparse.ArgumentParser(prog="specdec")
+    sub = parser.add_subparsers(dest="command")
+    cli._generate_parser(sub)
+    api_server.add_serve_parser(sub)
+    cli.add_bench_parser(sub)
+    for name in command:
+        actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        parser = actions[0].choices[name]
+    return parser
+
+
+def _dests(parser: argparse.ArgumentParser) -> set[str]:
+    return {a.dest for a in parser._actions}
+
+
+def test_every_option_is_declared_once_and_reaches_every_entry_point() -> None:
+    names = EngineArgs.names()
+    # LLM() takes exactly EngineArgs' fields, with their defaults
+    params = inspect.signature(LLM).parameters
+    assert list(params) == names
+    for f in dataclasses.fields(EngineArgs):
+        assert params[f.name].default == f.default
+        assert f.metadata["help"], f.name
+    # every engine field of EngineConfig is an EngineArgs field with the same default
+    config_fields = {f.name: f for f in dataclasses.fields(EngineConfig)}
+    for name in EngineArgs.names(ENGINE)[1:]:  # model: required in EngineConfig
+        assert config_fields[name].default == EngineArgs.__dataclass_fields__[name].default, name
+    assert set(EngineArgs.names(ENGINE)) == set(config_fields) - {"speculative", "extra"}
+    # generate and serve have a flag per argument; the benchmarks their subsets
+    for command in (["generate"], ["serve"]):
+        assert set(names) <= _dests(_subparser(command)), command
+    for command, subset in (
+        (["bench", "latency"], LATENCY_ENGINE_ARGS),
+        (["bench", "serve"], SERVE_ENGINE_ARGS),
+        (["bench", "forward-cost"], FORWARD_COST_ENGINE_ARGS),
+    ):
+        dests = _dests(_subparser(command))
+        assert set(subset) <= dests and not (set(names) - set(subset)) & dests, command
+    server = api_server.make_arg_parser(argparse.ArgumentParser())
+    assert set(names) <= _dests(server)
+
+
+def test_cli_flags_parse_to_the_same_engine_args_as_kwargs() -> None:
+    argv = [
+        "generate", "--model=m.gguf", "--max-num-seqs=256", "--max-model-len=8192",
+        "--max-num-batched-tokens=8192", "--dtype=bfloat16", "--tensor-parallel-size=1",
+        "--gpu-memory-utilization=0.8", "--trust-remote-code", "--no-enable-prefix-caching",
+        "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}',
+    ]  # fmt: skip
+    args = _subparser([]).parse_args(argv)
+    got = EngineArgs.from_cli_args(args)
+    want = EngineArgs.from_kwargs(
+        model="m.gguf", max_num_seqs=256, max_model_len=8192, max_num_batched_tokens=8192,
+        dtype="bfloat16", tensor_parallel_size=1, gpu_memory_utilization=0.8,
+        trust_remote_code=True, enable_prefix_caching=False,
+        speculative_config='{"method": "ngram", "num_speculative_tokens": 3}',
+    )  # fmt: skip
+    assert got == want
+    config = got.create_engine_config()
+    assert config.kv_cache_memory == 0.8 and config.speculative.num_speculative_tokens == 3
+
+
+@pytest.mark.parametrize("command", [["generate"], ["serve", "m"]])
+def test_legacy_speculative_flags_on_every_entry_point(command: list[str]) -> None:
+    argv = [*command, "--speculative-model", "[ngram]", "--num-speculative-tokens", "5",
+            "--speculative-draft-tensor-parallel-size", "1", "--ngram-prompt-lookup-max", "4",
+            "--ngram-prompt-lookup-min", "2", "--speculative-disable-by-batch-size", "3"]  # fmt: skip
+    spec = EngineArgs.from_cli_args(_subparser([]).parse_args(argv)).speculative()
+    assert (spec.method, spec.num_speculative_tokens) == ("ngram", 5)
+    assert (spec.prompt_lookup_min, spec.prompt_lookup_max, spec.disable_by_batch_size) == (2, 4, 3)
+    # python -m specdec.entrypoints.openai.api_server takes the same flags
+    server = api_server.make_arg_parser(argparse.ArgumentParser())
+    same = EngineArgs.from_cli_args(server.parse_args(argv[len(command) :])).speculative()
+    assert same == spec
+
+
+def test_llama_cpp_flags(tiny_llama) -> None:
+    argv = ["generate", "-m", "t.gguf", "-md", "d.gguf", "--draft-max", "6", "--draft-min", "2",
+            "--draft-p-min", "0.6", "-c", "2048", "-t", "1", "-s", "7", "-ngl", "99", "-np", "3",
+            "--temp", "0.5", "--top-k", "20", "--top-p", "0.9", "--repeat-penalty", "1.1",
+            "-n", "12"]  # fmt: skip
+    args = _subparser([]).parse_args(argv)
+    assert args.max_tokens == 12  # -ngl is not read as -n gl
+    assert (args.temperature, args.top_k, args.top_p, args.repetition_penalty) == (
+        0.5, 20, 0.9, 1.1,
+    )  # fmt: skip
+    engine = EngineArgs.from_cli_args(args)
+    assert (engine.model, engine.max_model_len, engine.threads, engine.seed) == (
+        "t.gguf", 2048, 1, 7,
+    )  # fmt: skip
+    assert (engine.n_gpu_layers, engine.max_num_seqs) == (99, 3)
+    spec = engine.speculative()
+    assert (spec.method, spec.model, spec.num_speculative_tokens) == ("draft_model", "d.gguf", 6)
+    assert (spec.draft_min, spec.draft_p_min) == (2, 0.6)
+    with pytest.raises(ConfigError, match="need a speculative method"):
+        EngineArgs(draft_max=4).speculative()
+    with pytest.raises(ConfigError, match="disagree"):
+        EngineArgs(model_draft="d", draft_max=4, num_speculative_tokens=5).speculative()
+
+
+def test_vllm_kwargs_run_and_unsupported_ones_fail_clearly(tiny_llama, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="specdec")
+    config._LOGGED_IGNORED.clear()  # logged once per process: forget earlier tests' lines
+    llm = LLM(
+        str(tiny_llama), max_model_len=64, tensor_parallel_size=1, enforce_eager=True,
+        async_scheduling=True, distributed_executor_backend="mp", gpu_memory_utilization=0.01,
+        trust_remote_code=True, speculative_model="[ngram]", num_speculative_tokens=3,
+        speculative_draft_tensor_parallel_size=1, use_v2_block_manager=True, n_gpu_layers=99,
+    )  # fmt: skip
+    ignored = [r.getMessage() for r in caplog.records if "ignored on CPU" in r.getMessage()]
+    assert len(ignored) == 1
+    for name in ("enforce_eager", "async_scheduling", "distributed_executor_backend",
+                 "trust_remote_code", "use_v2_block_manager", "n_gpu_layers"):  # fmt: skip
+        assert name in ignored[0]
+    assert llm.engine.spec.method == "ngram" and llm.engine.spec.num_speculative_tokens == 3
+    out = llm.generate("the the the", SamplingParams(temperature=0, max_tokens=8))[0]
+    assert len(out.outputs[0].token_ids) > 0
+    caplog.clear()
+    LLM(str(tiny_llama), max_model_len=64, enforce_eager=True)  # logged once per process
+    assert not [r for r in caplog.records if "ignored on CPU" in r.getMessage()]
+    for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        with pytest.raises(ConfigError, match=f"{key} .--[a-z-]+. must be 1, got 2: specdec runs"):
+            LLM(str(tiny_llama), **{key: 2})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'max_num_seq'; did you mean"):
+        LLM(str(tiny_llama), max_num_seq=4)
+    assert EngineArgs.names(SINGLE) and EngineArgs.names(IGNORED) and EngineArgs.names(ALIAS)
+
+
+def test_tensor_parallel_above_one_is_a_clear_cli_error(tiny_llama, capsys) -> None:
+    assert cli.main(["generate", "-m", str(tiny_llama), "--tensor-parallel-size", "2"]) == 2
+    assert "tensor_parallel_size (--tensor-parallel-size) must be 1, got 2" in (
+        capsys.readouterr().err
+    )
+
+
+def test_half_dtype_keeps_the_fast_kernels_and_says_so(tiny_llama, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="specdec")
+    fast = LLM(str(tiny_llama), max_model_len=64, dtype="bfloat16")
+    messages = " | ".join(r.getMessage() for r in caplog.records)
+    assert fast.engine.model.ops.name == "native"
+    assert "dtype bfloat16: kept the native kernels" in messages and "33 vs 334" in messages
+    start = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("engine:"))
+    for part in ("dtype float32", "kernels native", "weights f32", "KV cache float16"):
+        assert part in start
+    caplog.clear()
+    slow = LLM(str(tiny_llama), max_model_len=64, dtype="half", kernels="torch")
+    assert slow.engine.model.ops.name == "torch" and str(slow.engine.model.dtype) == "torch.float16"
+    assert any("~10x slower" in r.getMessage() for r in caplog.records)
+
+
+def _imports(path: Path) -> set[str]:
+    """specdec modules a file imports, at any depth (lazy imports included)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("specdec"):
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("specdec"))
+    return found
+
+
+def test_entry_points_do_not_import_each_other_in_a_circle() -> None:
+    files = [*PACKAGE.glob("entrypoints/**/*.py"), *PACKAGE.glob("bench/*.py")]
+    modules = {
+        "specdec." + ".".join(p.relative_to(PACKAGE).with_suffix("").parts): p for p in files
+    }
+    graph = {m: _imports(p) & set(modules) for m, p in modules.items()}
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> None:
+        if state.get(m) == 1:
+            raise AssertionError("import circle: " + " -> ".join([*path, m]))
+        if state.get(m) == 2:
+            return
+        state[m] = 1
+        for n in sorted(graph[m]):
+            visit(n, [*path, m])
+        state[m] = 2
+
+    for m in sorted(graph):
+        visit(m, [])
+    assert "specdec.entrypoints.openai.api_server" in graph["specdec.entrypoints.cli"]
