@@ -58,14 +58,14 @@ __all__ = [
 # Formats quantize_weight makes (and pack_weight takes as GGUF blocks of 32).
 QTYPES = ("f32", "q8_0", "q4_0", "q4_1")
 # GGUF K-quants (super-blocks of 256): pack_weight takes their GGUF blocks and keeps them, repacked
-# into tiles of 16 rows at about their size; nothing here quantizes to them.
+# into tiles of 16 rows of the same size; nothing here quantizes to them.
 KQUANT_QTYPES = ("q4_k", "q5_k", "q6_k")
 
 BLOCK_SIZE = 32  # elements per GGUF block for every quantized QTYPE
 BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
 KQUANT_BLOCK = 256  # elements per K-quant super-block
 KQUANT_GGUF_BYTES = {"q4_k": 144, "q5_k": 176, "q6_k": 210}  # per super-block in GGUF
-KQUANT_TILE_BYTES = {"q4_k": 2368, "q5_k": 2880, "q6_k": 3360}  # per 16 rows x 256 (kquants.cpp)
+KQUANT_TILE_BYTES = {"q4_k": 2304, "q5_k": 2816, "q6_k": 3360}  # 16 rows x 256: 16 GGUF blocks
 _QT_CODE = {"f32": 0, "q8_0": 1, "q4_0": 2, "q4_1": 3, "q4_k": 4, "q5_k": 5, "q6_k": 6}
 _QT_KQUANT = 8  # _C.linear's qtype for K-quant tiles (kernels.h QT_KQUANT)
 # Weight formats the 8-bit activation kernels take (see PackedWeight.enable_a8).
@@ -164,7 +164,7 @@ class PackedWeight:
     f16 m + nibbles, value q * d + m; low nibbles are elements 0-15 of a block, high 16-31).
 
     K-quants (q4_k, q5_k, q6_k) hold flat uint8 tiles of 16 rows x 256 inputs instead of their
-    GGUF blocks (about the same size, layouts in csrc/kquants.cpp); ``parts`` lists
+    GGUF blocks (the same bytes rearranged, layouts in csrc/kquants.cpp); ``parts`` lists
     ``(format, rows)`` in row order, so a fused weight may mix them (its ``qtype`` then reads
     e.g. ``"q4_k+q6_k"``).  One copy serves the float and the 8-bit activation kernels.
     """

@@ -103,14 +103,14 @@ struct A8Table {
 
 // ---------------------------------------------------------------------------------------------
 // K-quants (Q4_K, Q5_K, Q6_K: super-blocks of 256 inputs).  A weight is stored as tiles of 16
-// output rows x 256 inputs, each tile replacing the 16 rows' GGUF blocks at about their size
+// output rows x 256 inputs, each tile replacing the 16 rows' GGUF blocks in as many bytes
 // (layouts in kquants.cpp); the tiles of a 16-row group are consecutive, groups follow each other.
 // A fused weight may mix formats part by part (Q4_K_M's q|k|v with v in Q6_K): its parts are
 // listed as (format, rows) pairs, rows % 16 == 0, and their tiles follow each other.
 constexpr int64_t kKqBlock = 256;
 constexpr int64_t kKqTileRows = 16;
 constexpr int64_t kq_tile_bytes(int fmt) {
-    return fmt == QT_Q4_K ? 2368 : fmt == QT_Q5_K ? 2880 : fmt == QT_Q6_K ? 3360 : 0;
+    return fmt == QT_Q4_K ? 2304 : fmt == QT_Q5_K ? 2816 : fmt == QT_Q6_K ? 3360 : 0;
 }
 // GGUF's bytes per block of 256 (what the tiles replace).
 constexpr int64_t kq_gguf_block_bytes(int fmt) {
@@ -125,16 +125,18 @@ void kq_decode_rows(int fmt, const uint8_t* tiles, int64_t K, int64_t r0, int64_
 
 // 8-bit activation path for K-quants.  Activations are quantized like llama.cpp's Q8_K: one scale
 // per block of 256 (dk = amax / 127, codes round(x / dk) to nearest even), plus the sums of the codes
-// per 16 (bs16) and per 32 (bs32), which the weights' offsets and minimums multiply.
+// per 16 (bs16, which Q6_K's offset multiplies) and per 32, split as 128 * hi + lo with lo in
+// [0, 128) (bsm: per block 8 lo then 8 hi, int8 operands for the vpdpbusd that Q4_K / Q5_K's
+// minimums multiply).
 struct KqA8Table {
     // Rows [m0, m1) of x [M, K] (K % 256 == 0): xq int8 [M, K], dk [M, K / 256],
-    // bs16 [M, K / 16], bs32 [M, K / 32].
+    // bs16 [M, K / 16], bsm [M, K / 16].
     void (*quantize_rows)(const float* x, int64_t K, int8_t* xq, float* dk, int16_t* bs16,
-                          int16_t* bs32, int64_t m0, int64_t m1);
+                          int8_t* bsm, int64_t m0, int64_t m1);
     // y[m * ldy + n] for all M rows and the rows n of tile groups [g0, g1) of one part (format
     // fmt, tiles w), + bias[n] when bias is not null.
     void (*linear_groups)(int fmt, const int8_t* xq, const float* dk, const int16_t* bs16,
-                          const int16_t* bs32, int64_t M, int64_t K, const uint8_t* w,
+                          const int8_t* bsm, int64_t M, int64_t K, const uint8_t* w,
                           const float* bias, float* y, int64_t ldy, int64_t g0, int64_t g1);
 };
 

@@ -198,16 +198,17 @@ void linear_a8_groups(int kind, const int8_t* xq, const float* dx, const int32_t
 
 // ---------------------------------------------------------------------------------------------
 // K-quants (tiles of kquants.cpp).  Activations are quantized per block of 256 (Q8_K-like): codes
-// xq, scale dk, code sums bs16 / bs32 per 16 / 32.  Per output and block of 256, exactly:
+// xq, scale dk, code sums per 16 (bs16) and per 32 (bs32 = 128 * hi + lo, kernels.h).  Per output
+// and block of 256, exactly:
 //   Q4_K / Q5_K:  S = sum_s sc_s * (sum_i u_i * xq_i)  over the 8 sub-blocks of 32   (int32)
-//                 mins = sum_s min_s * bs32_s                                        (int32)
+//                 mins = sum_s min_s * bs32_s  (as 128 * sum min * hi + sum min * lo) (int32)
 //                 acc = fma(float(S) * dk, d, acc);  acc = fma(-(float(mins) * dk), dmin, acc)
 //   Q6_K:         S = sum_s sc_s * (sum_i u_i * xq_i - 32 * bs16_s)  over 16 sub-blocks of 16
 //                 acc = fma(float(S) * dk, d, acc)
 // then + bias.  |S| < 2^28, so no integer sum overflows; the integer parts may be added in any
 // order and every float operation is in a fixed order per output, whatever M, tile or thread.
 
-void kq_quantize_rows(const float* x, int64_t K, int8_t* xq, float* dk, int16_t* bs16, int16_t* bs32,
+void kq_quantize_rows(const float* x, int64_t K, int8_t* xq, float* dk, int16_t* bs16, int8_t* bsm,
                       int64_t m0, int64_t m1) {
     const int64_t nb = K / kKqBlock;
     const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
@@ -227,8 +228,12 @@ void kq_quantize_rows(const float* x, int64_t K, int8_t* xq, float* dk, int16_t*
                 _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16 * v), q8);
                 s16[v] = static_cast<int16_t>(_mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(q8)));
             }
-            for (int k = 0; k < 8; ++k)
-                bs32[m * (K / 32) + b * 8 + k] = static_cast<int16_t>(s16[2 * k] + s16[2 * k + 1]);
+            for (int k = 0; k < 8; ++k) {
+                const int32_t s32 = s16[2 * k] + s16[2 * k + 1];  // in [-4096, 4064]
+                const int32_t hi = s32 >= 0 ? s32 / 128 : -((-s32 + 127) / 128);  // floor
+                bsm[m * (K / 16) + b * 16 + k] = static_cast<int8_t>(s32 - 128 * hi);
+                bsm[m * (K / 16) + b * 16 + 8 + k] = static_cast<int8_t>(hi);
+            }
             dk[m * nb + b] = d;
         }
     }
@@ -256,9 +261,34 @@ inline void prefetch_eighth(const uint8_t* tile, int part) {
 
 constexpr int64_t kKqPrefetchTiles = 2;
 
+// Byte s of every 32-bit lane, zero-extended (vpshufb control, per 128-bit lane).
+inline __m512i byte_of_lanes(int s) {
+    const uint32_t c = 0x80808000u | static_cast<uint32_t>(s);
+    return _mm512_set_epi32(c + 12, c + 8, c + 4, c, c + 12, c + 8, c + 4, c, c + 12, c + 8, c + 4, c, c + 12,
+                            c + 8, c + 4, c);
+}
+
+// The 6-bit scales (sc) or minimums (mn) of sub-blocks 0-3 (lo) and 4-7 (hi) from a tile's three
+// scale vectors, one byte per sub-block in each row's lane (gguf.quants.Q4_K.get_scale_min).
+struct Q4kScales {
+    __m512i lo, hi;
+};
+inline Q4kScales q4k_scales(const uint8_t* t) {
+    const __m512i v0 = _mm512_loadu_si512(t + 64), v2 = _mm512_loadu_si512(t + 192);
+    const __m512i top = _mm512_and_si512(_mm512_srli_epi32(v0, 2), _mm512_set1_epi8(0x30));
+    return {_mm512_and_si512(v0, _mm512_set1_epi8(0x3F)),
+            _mm512_ternarylogic_epi32(v2, _mm512_set1_epi8(0x0F), top, 0xEA)};  // (v2 & 0F) | top
+}
+inline Q4kScales q4k_mins(const uint8_t* t) {
+    const __m512i v1 = _mm512_loadu_si512(t + 128), v2 = _mm512_loadu_si512(t + 192);
+    const __m512i top = _mm512_and_si512(_mm512_srli_epi32(v1, 2), _mm512_set1_epi8(0x30));
+    return {_mm512_and_si512(v1, _mm512_set1_epi8(0x3F)),
+            _mm512_ternarylogic_epi32(_mm512_srli_epi32(v2, 4), _mm512_set1_epi8(0x0F), top, 0xEA)};
+}
+
 // NG consecutive 16-row groups of a Q4_K / Q5_K part against MR activation rows.
 template <int FMT, int NG, int MR>
-inline void kq4_tile(const int8_t* xq, const float* dk, const int16_t* bs32, int64_t K,
+inline void kq4_tile(const int8_t* xq, const float* dk, const int8_t* bsm, int64_t K,
                      const uint8_t* tiles, const float* bias, float* y, int64_t ldy) {
     constexpr int64_t TB = kq_tile_bytes(FMT);
     const int64_t nb = K / kKqBlock, gs = nb * TB;
@@ -269,8 +299,11 @@ inline void kq4_tile(const int8_t* xq, const float* dk, const int16_t* bs32, int
     for (int64_t b = 0; b < nb; ++b) {
         const int8_t* xb = xq + b * kKqBlock;
         __m512i S[NG][MR];
-        for (int g = 0; g < NG; ++g)
+        Q4kScales sc[NG];
+        for (int g = 0; g < NG; ++g) {
+            sc[g] = q4k_scales(tiles + g * gs + b * TB);
             for (int m = 0; m < MR; ++m) S[g][m] = _mm512_setzero_si512();
+        }
         for (int s = 0; s < 8; ++s) {
             __m512i si[NG][MR];
             for (int g = 0; g < NG; ++g) {
@@ -281,11 +314,11 @@ inline void kq4_tile(const int8_t* xq, const float* dk, const int16_t* bs32, int
                 __m512i wlo[NG], whi[NG];
                 for (int g = 0; g < NG; ++g) {
                     const uint8_t* t = tiles + g * gs + b * TB;
-                    const __m512i packed = _mm512_loadu_si512(t + 320 + 256 * s + 64 * p);
+                    const __m512i packed = _mm512_loadu_si512(t + 256 + 256 * s + 64 * p);
                     wlo[g] = _mm512_and_si512(packed, lo4);
                     whi[g] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), lo4);
                     if (FMT == QT_Q5_K) {
-                        const uint8_t* h = t + 2368 + 64 * s;
+                        const uint8_t* h = t + 2304 + 64 * s;
                         wlo[g] = _mm512_mask_add_epi8(wlo[g], load_mask64(h + 8 * p), wlo[g], b16);
                         whi[g] = _mm512_mask_add_epi8(whi[g], load_mask64(h + 8 * (4 + p)), whi[g], b16);
                     }
@@ -300,22 +333,22 @@ inline void kq4_tile(const int8_t* xq, const float* dk, const int16_t* bs32, int
                 }
             }
             for (int g = 0; g < NG; ++g) {
-                const uint8_t* t = tiles + g * gs + b * TB;
-                const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 64 + 16 * s)));
-                for (int m = 0; m < MR; ++m) S[g][m] = _mm512_add_epi32(S[g][m], _mm512_mullo_epi32(si[g][m], sc));
+                const __m512i scs = _mm512_shuffle_epi8(s < 4 ? sc[g].lo : sc[g].hi, byte_of_lanes(s % 4));
+                for (int m = 0; m < MR; ++m) S[g][m] = _mm512_add_epi32(S[g][m], _mm512_mullo_epi32(si[g][m], scs));
             }
         }
         for (int g = 0; g < NG; ++g) {
             const uint8_t* t = tiles + g * gs + b * TB;
             const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
             const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32)));
-            __m512i mp[4];
-            for (int p = 0; p < 4; ++p)
-                mp[p] = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 192 + 32 * p)));
+            const Q4kScales mn = q4k_mins(t);
             for (int m = 0; m < MR; ++m) {
-                const int16_t* bs = bs32 + m * (K / 32) + b * 8;
-                __m512i mins = _mm512_setzero_si512();
-                for (int p = 0; p < 4; ++p) mins = _mm512_dpwssd_epi32(mins, mp[p], bcast4u(bs + 2 * p));
+                const int8_t* bs = bsm + m * (K / 16) + b * 16;  // 8 lo, then 8 hi
+                __m512i lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), mn.lo, bcast4u(bs));
+                lo = _mm512_dpbusd_epi32(lo, mn.hi, bcast4u(bs + 4));
+                __m512i hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), mn.lo, bcast4u(bs + 8));
+                hi = _mm512_dpbusd_epi32(hi, mn.hi, bcast4u(bs + 12));
+                const __m512i mins = _mm512_add_epi32(lo, _mm512_slli_epi32(hi, 7));
                 const __m512 dx = _mm512_set1_ps(dk[m * nb + b]);
                 acc[g][m] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(S[g][m]), dx), d, acc[g][m]);
                 acc[g][m] = _mm512_fnmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(mins), dx), dmin, acc[g][m]);
@@ -414,28 +447,28 @@ inline void kq6_tile(const int8_t* xq, const float* dk, const int16_t* bs16, int
 }
 
 template <int FMT, int NG, int MR>
-inline void kq_tile(const int8_t* xq, const float* dk, const int16_t* bs16, const int16_t* bs32,
+inline void kq_tile(const int8_t* xq, const float* dk, const int16_t* bs16, const int8_t* bsm,
                     int64_t K, const uint8_t* tiles, const float* bias, float* y, int64_t ldy) {
     if (FMT == QT_Q6_K) kq6_tile<FMT, NG, MR>(xq, dk, bs16, K, tiles, bias, y, ldy);
-    else kq4_tile<FMT, NG, MR>(xq, dk, bs32, K, tiles, bias, y, ldy);
+    else kq4_tile<FMT, NG, MR>(xq, dk, bsm, K, tiles, bias, y, ldy);
 }
 
 // NG groups against all M rows, MR rows at a time (the remainder one row at a time).
 template <int FMT, int NG, int MR>
-void kq_rows(const int8_t* xq, const float* dk, const int16_t* bs16, const int16_t* bs32, int64_t M,
+void kq_rows(const int8_t* xq, const float* dk, const int16_t* bs16, const int8_t* bsm, int64_t M,
              int64_t K, const uint8_t* tiles, const float* bias, float* y, int64_t ldy) {
     const int64_t nb = K / kKqBlock;
     int64_t m = 0;
     for (; m + MR <= M; m += MR)
-        kq_tile<FMT, NG, MR>(xq + m * K, dk + m * nb, bs16 + m * (K / 16), bs32 + m * (K / 32), K, tiles,
+        kq_tile<FMT, NG, MR>(xq + m * K, dk + m * nb, bs16 + m * (K / 16), bsm + m * (K / 16), K, tiles,
                              bias, y + m * ldy, ldy);
     for (; m < M; ++m)
-        kq_tile<FMT, NG, 1>(xq + m * K, dk + m * nb, bs16 + m * (K / 16), bs32 + m * (K / 32), K, tiles,
+        kq_tile<FMT, NG, 1>(xq + m * K, dk + m * nb, bs16 + m * (K / 16), bsm + m * (K / 16), K, tiles,
                             bias, y + m * ldy, ldy);
 }
 
 template <int FMT>
-void kq_groups(const int8_t* xq, const float* dk, const int16_t* bs16, const int16_t* bs32, int64_t M,
+void kq_groups(const int8_t* xq, const float* dk, const int16_t* bs16, const int8_t* bsm, int64_t M,
                int64_t K, const uint8_t* w, const float* bias, float* y, int64_t ldy, int64_t g0,
                int64_t g1) {
     constexpr int64_t TB = kq_tile_bytes(FMT);
@@ -443,20 +476,20 @@ void kq_groups(const int8_t* xq, const float* dk, const int16_t* bs16, const int
     const int64_t gs = K / kKqBlock * TB;
     int64_t g = g0;
     for (; g + NG <= g1; g += NG)
-        kq_rows<FMT, NG, MR>(xq, dk, bs16, bs32, M, K, w + g * gs, bias ? bias + g * kKqTileRows : nullptr,
+        kq_rows<FMT, NG, MR>(xq, dk, bs16, bsm, M, K, w + g * gs, bias ? bias + g * kKqTileRows : nullptr,
                              y + g * kKqTileRows, ldy);
     for (; g < g1; ++g)
-        kq_rows<FMT, 1, MR>(xq, dk, bs16, bs32, M, K, w + g * gs, bias ? bias + g * kKqTileRows : nullptr,
+        kq_rows<FMT, 1, MR>(xq, dk, bs16, bsm, M, K, w + g * gs, bias ? bias + g * kKqTileRows : nullptr,
                             y + g * kKqTileRows, ldy);
 }
 
 void kq_linear_groups(int fmt, const int8_t* xq, const float* dk, const int16_t* bs16,
-                      const int16_t* bs32, int64_t M, int64_t K, const uint8_t* w, const float* bias,
+                      const int8_t* bsm, int64_t M, int64_t K, const uint8_t* w, const float* bias,
                       float* y, int64_t ldy, int64_t g0, int64_t g1) {
     switch (fmt) {
-        case QT_Q4_K: kq_groups<QT_Q4_K>(xq, dk, bs16, bs32, M, K, w, bias, y, ldy, g0, g1); break;
-        case QT_Q5_K: kq_groups<QT_Q5_K>(xq, dk, bs16, bs32, M, K, w, bias, y, ldy, g0, g1); break;
-        case QT_Q6_K: kq_groups<QT_Q6_K>(xq, dk, bs16, bs32, M, K, w, bias, y, ldy, g0, g1); break;
+        case QT_Q4_K: kq_groups<QT_Q4_K>(xq, dk, bs16, bsm, M, K, w, bias, y, ldy, g0, g1); break;
+        case QT_Q5_K: kq_groups<QT_Q5_K>(xq, dk, bs16, bsm, M, K, w, bias, y, ldy, g0, g1); break;
+        case QT_Q6_K: kq_groups<QT_Q6_K>(xq, dk, bs16, bsm, M, K, w, bias, y, ldy, g0, g1); break;
         default: break;
     }
 }

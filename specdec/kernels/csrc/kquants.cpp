@@ -2,21 +2,22 @@
 // blocks and the exact decode to floats.  Plain C++, compiled without ISA flags and with
 // -ffp-contract=off (decode must do gguf.quants.dequantize's float32 operations, no fused ones).
 //
-// A tile holds what the 16 rows' GGUF blocks hold (Q6_K: the same 3360 bytes; Q4_K and Q5_K: 64
-// bytes more, their 6-bit scales and minimums stored as bytes), laid out for the VNNI kernels
-// (kernels_vnni.cpp): lane j of a 64-byte vector is row j, four consecutive inputs per lane, so a
-// vpdpbusd adds 4 products for each of the 16 rows and a tile's results need no horizontal sums.
+// A tile holds exactly what the 16 rows' GGUF blocks hold, in as many bytes, laid out for the VNNI
+// kernels (kernels_vnni.cpp): lane j of a 64-byte vector is row j, four consecutive inputs per
+// lane, so a vpdpbusd adds 4 products for each of the 16 rows and a tile's results need no
+// horizontal sums.
 //
-// Q4_K, 2368 bytes:
+// Q4_K, 2304 bytes:
 //   [0, 32)       d     16 x f16 (row j at 2j)
 //   [32, 64)      dmin  16 x f16
-//   [64, 192)     sc    [8 sub-blocks][16 rows] u8 (6-bit)
-//   [192, 320)    min   [4 pairs][16 rows][2] u8: the minimums of sub-blocks 2p and 2p + 1
-//   [320, 2368)   q     [8 sub-blocks][4 p][16 rows][4 i]: low nibble = code of input 32s + 4p + i,
+//   [64, 256)     the rows' 12 GGUF scale bytes (6-bit scales and minimums of the 8 sub-blocks,
+//                 packed as gguf.quants.Q4_K.get_scale_min reads them): 3 vectors, lane j of
+//                 vector k = bytes 4k .. 4k + 3 of row j
+//   [256, 2304)   q     [8 sub-blocks][4 p][16 rows][4 i]: low nibble = code of input 32s + 4p + i,
 //                       high nibble = code of input 32s + 16 + 4p + i
 //   value = (d * sc) * q - dmin * min
-// Q5_K, 2880 bytes: Q4_K's tile (nibbles = the codes' low 4 bits), then
-//   [2368, 2880)  qh    [8 sub-blocks][8 vectors] 64-bit masks: bit 4j + i of vector v is bit 4 of
+// Q5_K, 2816 bytes: Q4_K's tile (nibbles = the codes' low 4 bits), then
+//   [2304, 2816)  qh    [8 sub-blocks][8 vectors] 64-bit masks: bit 4j + i of vector v is bit 4 of
 //                       the code in byte (j, i) of the sub-block's v-th nibble vector (v < 4: the
 //                       low nibbles of p = v; v >= 4: the high nibbles of p = v - 4)
 // Q6_K, 3360 bytes:
@@ -37,7 +38,7 @@
 namespace specdec {
 namespace {
 
-constexpr int64_t kQ4kMin = 192, kQ4kQuants = 320, kQ5kHigh = 2368;
+constexpr int64_t kQ4kScales = 64, kQ4kQuants = 256, kQ5kHigh = 2304;
 constexpr int64_t kQ6kScales = 32, kQ6kUnits = 288, kQ6kUnitBytes = 384;
 
 inline float f16_at(const uint8_t* p) {
@@ -49,8 +50,8 @@ inline float f16_at(const uint8_t* p) {
 // One GGUF block of 256, unpacked: codes (0..63) of every input, per sub-block scale and minimum.
 struct Unpacked {
     uint8_t q[256];
-    uint8_t sc[16];  // Q4_K / Q5_K: 8 sub-blocks of 32; Q6_K: 16 of 16 (int8 bits)
-    uint8_t mn[8];
+    uint8_t sc[16];  // Q6_K: the scales of its 16 sub-blocks of 16 (int8 bits)
+    uint8_t packed[12];  // Q4_K / Q5_K: the 12 scale bytes of the 8 sub-blocks of 32
     uint8_t d[2], dmin[2];  // f16 bits
 };
 
@@ -79,7 +80,7 @@ void unpack_block(int fmt, const uint8_t* b, Unpacked& u) {
     // Q4_K: d, dmin, scales[12], qs[128]; Q5_K: d, dmin, scales[12], qh[32], qs[128]
     std::memcpy(u.d, b, 2);
     std::memcpy(u.dmin, b + 2, 2);
-    scale_min(b + 4, u.sc, u.mn);
+    std::memcpy(u.packed, b + 4, 12);
     const uint8_t* qs = b + (fmt == QT_Q5_K ? 48 : 16);
     for (int e = 0; e < 256; ++e) {
         const int s = e / 32, i = e % 32;
@@ -106,10 +107,7 @@ void write_row(int fmt, const Unpacked& u, int64_t j, uint8_t* t) {
         return;
     }
     std::memcpy(t + 32 + 2 * j, u.dmin, 2);
-    for (int s = 0; s < 8; ++s) {
-        t[64 + 16 * s + j] = u.sc[s];
-        t[kQ4kMin + 32 * (s / 2) + 2 * j + s % 2] = u.mn[s];
-    }
+    for (int k = 0; k < 3; ++k) std::memcpy(t + kQ4kScales + 64 * k + 4 * j, u.packed + 4 * k, 4);
     for (int e = 0; e < 256; ++e) {
         const int s = e / 32, i = e % 32, half = i / 16;
         t[kQ4kQuants + 256 * s + nibble_byte(j, i)] |= static_cast<uint8_t>((u.q[e] & 0x0F) << (4 * half));
@@ -119,6 +117,13 @@ void write_row(int fmt, const Unpacked& u, int64_t j, uint8_t* t) {
             t[kQ5kHigh + 64 * s + 8 * v + bit / 8] |= static_cast<uint8_t>(1u << (bit % 8));
         }
     }
+}
+
+// The 6-bit scales and minimums of row j's 8 sub-blocks in a Q4_K / Q5_K tile.
+inline void tile_scale_min(const uint8_t* t, int64_t j, uint8_t* sc, uint8_t* mn) {
+    uint8_t packed[12];
+    for (int k = 0; k < 3; ++k) std::memcpy(packed + 4 * k, t + kQ4kScales + 64 * k + 4 * j, 4);
+    scale_min(packed, sc, mn);
 }
 
 // Code of input e (0..255) of row j in a tile.
@@ -181,9 +186,11 @@ void kq_decode_rows(int fmt, const uint8_t* tiles, int64_t K, int64_t r0, int64_
                 continue;
             }
             const float dmin = f16_at(t + 32 + 2 * j);
+            uint8_t sc[8], mn[8];
+            tile_scale_min(t, j, sc, mn);
             for (int s = 0; s < 8; ++s) {
-                const float dl = d * static_cast<float>(t[64 + 16 * s + j]);
-                const float ml = dmin * static_cast<float>(t[kQ4kMin + 32 * (s / 2) + 2 * j + s % 2]);
+                const float dl = d * static_cast<float>(sc[s]);
+                const float ml = dmin * static_cast<float>(mn[s]);
                 uint64_t high[8] = {0, 0, 0, 0, 0, 0, 0, 0};
                 if (fmt == QT_Q5_K) std::memcpy(high, t + kQ5kHigh + 64 * s, 64);
                 for (int p = 0; p < 4; ++p) {
@@ -208,7 +215,7 @@ void kq_decode_rows(int fmt, const uint8_t* tiles, int64_t K, int64_t r0, int64_
 
 namespace {
 
-void a8_quantize_rows(const float* x, int64_t K, int8_t* xq, float* dk, int16_t* bs16, int16_t* bs32,
+void a8_quantize_rows(const float* x, int64_t K, int8_t* xq, float* dk, int16_t* bs16, int8_t* bsm,
                       int64_t m0, int64_t m1) {
     const int64_t nb = K / kKqBlock;
     for (int64_t m = m0; m < m1; ++m) {
@@ -231,7 +238,10 @@ void a8_quantize_rows(const float* x, int64_t K, int8_t* xq, float* dk, int16_t*
             }
             for (int k = 0; k < 8; ++k) {
                 const int16_t* p = bs16 + m * (K / 16) + b * 16 + 2 * k;
-                bs32[m * (K / 32) + b * 8 + k] = static_cast<int16_t>(p[0] + p[1]);
+                const int32_t s32 = p[0] + p[1];  // in [-4096, 4064]
+                const int32_t hi = s32 >= 0 ? s32 / 128 : -((-s32 + 127) / 128);  // floor
+                bsm[m * (K / 16) + b * 16 + k] = static_cast<int8_t>(s32 - 128 * hi);
+                bsm[m * (K / 16) + b * 16 + 8 + k] = static_cast<int8_t>(hi);
             }
             dk[m * nb + b] = d;
         }
@@ -240,7 +250,7 @@ void a8_quantize_rows(const float* x, int64_t K, int8_t* xq, float* dk, int16_t*
 
 // One output: row j of tile group g against activation row m, all blocks.
 float a8_dot(int fmt, const uint8_t* group, int64_t j, const int8_t* xq, const float* dk,
-             const int16_t* bs16, const int16_t* bs32, int64_t nb) {
+             const int16_t* bs16, const int8_t* bsm, int64_t nb) {
     const int64_t tb = kq_tile_bytes(fmt);
     float acc = 0.0f;
     for (int64_t b = 0; b < nb; ++b) {
@@ -257,12 +267,14 @@ float a8_dot(int fmt, const uint8_t* group, int64_t j, const int8_t* xq, const f
             acc = std::fma(static_cast<float>(S) * dk[b], f16_at(t + 2 * j), acc);
             continue;
         }
+        uint8_t sc[8], mn[8];
+        tile_scale_min(t, j, sc, mn);
         int32_t mins = 0;
         for (int s = 0; s < 8; ++s) {
             int32_t si = 0;
             for (int e = 32 * s; e < 32 * s + 32; ++e) si += code_at(fmt, t, j, e) * xb[e];
-            S += t[64 + 16 * s + j] * si;
-            mins += t[kQ4kMin + 32 * (s / 2) + 2 * j + s % 2] * bs32[b * 8 + s];
+            S += sc[s] * si;
+            mins += mn[s] * (128 * bsm[b * 16 + 8 + s] + bsm[b * 16 + s]);
         }
         acc = std::fma(static_cast<float>(S) * dk[b], f16_at(t + 2 * j), acc);
         acc = std::fma(-(static_cast<float>(mins) * dk[b]), f16_at(t + 32 + 2 * j), acc);
@@ -271,7 +283,7 @@ float a8_dot(int fmt, const uint8_t* group, int64_t j, const int8_t* xq, const f
 }
 
 void a8_linear_groups(int fmt, const int8_t* xq, const float* dk, const int16_t* bs16,
-                      const int16_t* bs32, int64_t M, int64_t K, const uint8_t* w, const float* bias,
+                      const int8_t* bsm, int64_t M, int64_t K, const uint8_t* w, const float* bias,
                       float* y, int64_t ldy, int64_t g0, int64_t g1) {
     const int64_t nb = K / kKqBlock, tb = kq_tile_bytes(fmt);
     for (int64_t g = g0; g < g1; ++g) {
@@ -279,7 +291,7 @@ void a8_linear_groups(int fmt, const int8_t* xq, const float* dk, const int16_t*
             const int64_t n = g * kKqTileRows + j;
             for (int64_t m = 0; m < M; ++m) {
                 const float acc = a8_dot(fmt, w + g * nb * tb, j, xq + m * K, dk + m * nb,
-                                         bs16 + m * (K / 16), bs32 + m * (K / 32), nb);
+                                         bs16 + m * (K / 16), bsm + m * (K / 16), nb);
                 y[m * ldy + n] = bias ? acc + bias[n] : acc;
             }
         }

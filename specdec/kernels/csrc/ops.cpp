@@ -275,24 +275,25 @@ torch::Tensor linear_kq(const torch::Tensor& x_in, const torch::Tensor& w, const
     const KqA8Table* tab = kq_a8_table();
     thread_local std::vector<int8_t> xq_buf;
     thread_local std::vector<float> dk_buf;
-    thread_local std::vector<int16_t> bs16_buf, bs32_buf;
+    thread_local std::vector<int16_t> bs16_buf;
+    thread_local std::vector<int8_t> bsm_buf;
     if (static_cast<int64_t>(xq_buf.size()) < M * K) xq_buf.resize(static_cast<size_t>(M * K));
     if (static_cast<int64_t>(bs16_buf.size()) < M * K / 16) {
         dk_buf.resize(static_cast<size_t>(M * nb));
         bs16_buf.resize(static_cast<size_t>(M * K / 16));
-        bs32_buf.resize(static_cast<size_t>(M * K / 32));
+        bsm_buf.resize(static_cast<size_t>(M * K / 16));
     }
     int8_t* xq = xq_buf.data();
     float* dk = dk_buf.data();
     int16_t* bs16 = bs16_buf.data();
-    int16_t* bs32 = bs32_buf.data();
+    int8_t* bsm = bsm_buf.data();
     parallel_range(M, grain_for(K * 0.5), [&](int64_t m0, int64_t m1) {
-        tab->quantize_rows(xp, K, xq, dk, bs16, bs32, m0, m1);
+        tab->quantize_rows(xp, K, xq, dk, bs16, bsm, m0, m1);
     });
     const double tile_ns = kq_tile_bytes(parts[0].fmt) / 15.0 + 20.0 * static_cast<double>(M);
     parallel_range(groups, grain_for(tile_ns * nb), [&](int64_t g0, int64_t g1) {
         for_part_groups(parts, g0, g1, [&](const KqPart& p, int64_t a, int64_t b) {
-            tab->linear_groups(p.fmt, xq, dk, bs16, bs32, M, K, wp + p.offset, bias ? bias + p.row0 : nullptr,
+            tab->linear_groups(p.fmt, xq, dk, bs16, bsm, M, K, wp + p.offset, bias ? bias + p.row0 : nullptr,
                                yp + p.row0, N, a, b);
         });
     });
