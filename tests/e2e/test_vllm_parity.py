@@ -1,0 +1,184 @@
+"""Drop-in for vLLM and llama.cpp users: the commands and snippets they paste run as pasted (the
+model name aside), per-request speculation control through the official client, and the
+sampling API they expect, exact under speculation."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from specdec import LLM, SamplingParams
+from specdec.config import EngineArgs
+from specdec.engine.async_llm import AsyncLLM
+from specdec.entrypoints.openai.api_server import BackgroundServer, build_app
+
+REPO = Path(__file__).resolve().parents[2]
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,"]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(argv: list[str], port: int) -> tuple[subprocess.Popen, list[str]]:
+    """Start a server command; return it once /health answers, with its log lines so far."""
+    env = {**os.environ, "SPECDEC_API_KEY": ""}
+    proc = subprocess.Popen(
+        [*argv, "--port", str(port), "--uvicorn-log-level", "warning"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.3)
+        if proc.poll() is not None:
+            raise AssertionError(proc.stdout.read())
+    return proc, []
+
+
+def _stop(proc: subprocess.Popen) -> str:
+    proc.terminate()
+    out, _ = proc.communicate(timeout=30)
+    return out
+
+
+def _curl_chat(port: int) -> dict:
+    """The seed's curl: a chat completion with the model's name."""
+    r = httpx.post(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        json={
+            "model": "smollm2-135m",
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 16,
+            "temperature": 0,
+        },  # fmt: skip
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+# ---- the pasted commands ----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_pasted_vllm_server_command() -> None:
+    spec = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}
+    port = _free_port()
+    proc, _ = _serve(
+        [sys.executable, "-m", "specdec.entrypoints.openai.api_server", "--model=smollm2-135m",
+         "--max-num-seqs=256", "--max-model-len=8192", "--max-num-batched-tokens=8192",
+         "--dtype=bfloat16", "--tensor-parallel-size=1", "--gpu-memory-utilization=0.8",
+         "--trust-remote-code", "--speculative-config", json.dumps(spec)],
+        port,
+    )  # fmt: skip
+    try:
+        body = _curl_chat(port)
+    finally:
+        log = _stop(proc)
+    assert body["choices"][0]["message"]["content"] and "num_drafts" in body["spec_decode"]
+    assert "ignored on CPU: trust_remote_code" in log
+    assert "dtype bfloat16: kept the native kernels" in log
+    start = re.search(r"engine: smollm2-135m; dtype float32, kernels native.*KV cache float16; "
+                      r"max_model_len 8192; KV slots: (\d+) running", log)  # fmt: skip
+    assert start, log
+    if int(start.group(1)) < 256:  # the budget held fewer sequences: said so
+        assert f"max_num_seqs 256 lowered to {start.group(1)}" in log
+
+
+def test_pasted_legacy_speculative_server_flags(tiny_llama) -> None:
+    port = _free_port()
+    proc, _ = _serve(
+        [sys.executable, "-m", "specdec.entrypoints.cli", "serve", str(tiny_llama),
+         "--served-model-name", "smollm2-135m", "--max-model-len", "128",
+         "--speculative-model", "[ngram]", "--num-speculative-tokens", "5",
+         "--speculative-draft-tensor-parallel-size", "1", "-ngl", "99", "-c", "128"],
+        port,
+    )  # fmt: skip
+    try:
+        body = _curl_chat(port)
+    finally:
+        log = _stop(proc)
+    assert body["spec_decode"]["num_speculative_tokens"] == 5
+    assert "speculation: ngram k=5" in log and "ignored on CPU: n_gpu_layers" in log
+
+
+@pytest.mark.slow
+def test_pasted_vllm_offline_snippets() -> None:
+    plain = LLM("smollm2-135m", max_model_len=512)
+    want = [o.outputs[0].token_ids for o in plain.generate(PROMPTS, GREEDY)]
+    del plain
+    for kwargs in (
+        dict(tensor_parallel_size=1, enforce_eager=True, async_scheduling=True,
+             distributed_executor_backend="mp", gpu_memory_utilization=0.8,
+             trust_remote_code=True, speculative_config={
+                 "method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}),
+        dict(speculative_model="[ngram]", num_speculative_tokens=5, ngram_prompt_lookup_max=4,
+             speculative_draft_tensor_parallel_size=1, use_v2_block_manager=True),
+    ):  # fmt: skip
+        llm = LLM("smollm2-135m", max_model_len=512, **kwargs)
+        assert llm.engine.spec.method == "ngram"
+        got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
+        assert got == want
+        del llm
+
+
+# ---- per-request speculation through the official client -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama):
+    spec = {"method": "draft_model", "model": str(tiny_llama), "num_speculative_tokens": 4,
+            "adaptive": False}  # fmt: skip
+    args = EngineArgs(model=str(tiny_llama), max_model_len=256, speculative_config=spec)
+    llm = AsyncLLM.from_config(args.create_engine_config(), log_stats=False)
+    with BackgroundServer(build_app(llm, ["tiny"])) as srv:
+        yield srv
+
+
+def _client(srv) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0)
+
+
+def test_request_turns_speculation_off_or_caps_it(server) -> None:
+    client = _client(server)
+
+    def complete(**extra) -> openai.types.Completion:
+        return client.completions.create(
+            model="tiny", prompt="hello there", max_tokens=16, temperature=0,
+            extra_body={"ignore_eos": True, **extra},
+        )  # fmt: skip
+
+    default, off, capped, llama = (
+        complete(),
+        complete(num_speculative_tokens=0),
+        complete(num_speculative_tokens=2),
+        complete(**{"speculative.n_max": 1, "speculative.n_min": 1}),
+    )
+    texts = {r.choices[0].text for r in (default, off, capped, llama)}
+    assert len(texts) == 1  # the same text whatever the speculation
+    stats = [r.model_extra["spec_decode"] for r in (default, off, capped, llama)]
+    assert [s["num_speculative_tokens"] for s in stats] == [4, 0, 2, 1]
+    assert stats[0]["num_drafts"] > 0 and len(stats[0]["accepted_per_pos"]) == 4
+    assert stats[1]["num_drafts"] == 0
+    assert len(stats[2]["accepted_per_pos"]) == 2 and len(stats[3]["accepted_per_pos"]) == 1
+    with pytest.raises(openai.BadRequestError, match="disagree"):
+        complete(num_speculative_tokens=2, **{"speculative.n_max": 3})
+    with pytest.raises(openai.BadRequestError, match="speculative.p_min"):
+        complete(**{"speculative.p_min": 1.5})
