@@ -67,11 +67,7 @@ class LLM:
         ``sampling_params[i]``, with nothing queued. A request that fails while running (say,
         non-finite logits) comes back with ``finish_reason == "error"`` and ``.error``; the
         others are unaffected."""
-        if isinstance(prompts, (str, dict)) or (
-            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
-        ):
-            prompts = [prompts]  # type: ignore[list-item]
-        prompts = list(prompts)  # type: ignore[arg-type]
+        prompts = _split_prompts(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(prompts)
         else:
@@ -89,11 +85,8 @@ class LLM:
             except ValueError as e:
                 raise ValueError(f"sampling_params[{i}]: {e}") from e
             try:
-                salt = None
-                if isinstance(p, dict):  # vLLM's TextPrompt / TokensPrompt
-                    salt = p.get("cache_salt")
-                    p = p.get("prompt_token_ids") or p.get("prompt")
-                reqs.append(self.engine.make_request(p, sp, cache_salt=salt))
+                prompt, salt = _unpack_prompt(p)
+                reqs.append(self.engine.make_request(prompt, sp, cache_salt=salt))
             except ValueError as e:
                 raise ValueError(f"prompts[{i}]: {e}") from e
         return self._run([self.engine.enqueue(r) for r in reqs], use_tqdm)
@@ -103,16 +96,67 @@ class LLM:
         messages: list[Message] | list[list[Message]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
+        *,
+        chat_template: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        lora_request: None = None,
+        chat_template_content_format: str = "auto",
     ) -> list[RequestOutput]:
-        """Apply the model's chat template to one conversation or a list of them, then generate."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        tok = self.engine.tokenizer
-        prompts: list[Prompt] = [
-            tok.apply_chat_template(c, add_generation_prompt=add_generation_prompt, tokenize=True)
-            for c in conversations  # type: ignore[union-attr]
-        ]
+        """Render one conversation or a list of them with the chat template, then generate (vLLM's
+        signature). ``chat_template`` replaces the model's; ``chat_template_kwargs`` (and
+        ``tools``) become template variables (``enable_thinking=False``, ...);
+        ``continue_final_message`` continues the last (assistant) message instead of opening a
+        new turn. Text content parts (``[{"type": "text", "text": ...}]``) are joined."""
+        if lora_request is not None:
+            raise ValueError("lora_request: LoRA adapters are not supported")
+        del chat_template_content_format  # NOTE: text parts are joined whatever the format
+        if continue_final_message and add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt exclude each other")
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise ValueError("messages must be a non-empty list of messages (or of conversations)")
+        single = isinstance(messages[0], dict)
+        conversations = [messages] if single else list(messages)
+        extra = dict(chat_template_kwargs or {})
+        if tools is not None:
+            extra["tools"] = tools
+        if chat_template is not None:
+            extra["chat_template"] = chat_template
+        prompts: list[Prompt] = []
+        for i, conv in enumerate(conversations):
+            try:
+                prompts.append(
+                    self._render_chat(conv, add_generation_prompt, continue_final_message, extra)
+                )
+            except (ValueError, TypeError) as e:
+                where = "messages" if single else f"messages[{i}]"
+                raise ValueError(f"{where}: {e}") from e
         return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _render_chat(
+        self,
+        conv: object,
+        add_generation_prompt: bool,
+        continue_final_message: bool,
+        extra: dict[str, Any],
+    ) -> list[int]:
+        if not isinstance(conv, (list, tuple)) or not conv:
+            raise ValueError("a conversation must be a non-empty list of message dicts")
+        msgs = [_text_message(m, j) for j, m in enumerate(conv)]
+        tok = self.engine.tokenizer
+        text = tok.apply_chat_template(
+            msgs, add_generation_prompt=add_generation_prompt, tokenize=False, **dict(extra)
+        )
+        if continue_final_message:
+            final = msgs[-1].get("content")
+            if not isinstance(final, str) or final not in text:
+                raise ValueError(
+                    "continue_final_message: the final message's text is not in the render"
+                )
+            text = text[: text.rindex(final) + len(final)]
+        return tok.encode(text, add_special_tokens=False)
 
     def _run(self, req_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         """Step until this call's requests finish. If a step raises (or the user interrupts),
@@ -149,3 +193,59 @@ def _signature() -> inspect.Signature:
 
 
 LLM.__init__.__signature__ = _signature()  # type: ignore[attr-defined]
+
+
+def _is_token_id(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _split_prompts(prompts: object) -> list[object]:
+    """One prompt (a string, a list of token ids, a prompt dict) or a list of them, as a list."""
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    if isinstance(prompts, (list, tuple)):
+        if prompts and all(_is_token_id(t) for t in prompts):
+            return [list(prompts)]
+        return list(prompts)
+    raise ValueError(
+        "prompts must be a string, a list of token ids, a prompt dict or a list of these, not "
+        f"{type(prompts).__name__}"
+    )
+
+
+def _unpack_prompt(p: object) -> tuple[object, str | None]:
+    """(text or token ids, cache salt) of one prompt; vLLM's TextPrompt / TokensPrompt dicts."""
+    if not isinstance(p, dict):
+        return p, None
+    salt = p.get("cache_salt")
+    if "prompt_token_ids" in p:
+        ids = p["prompt_token_ids"]
+        if not isinstance(ids, (list, tuple)):
+            raise ValueError(
+                f"prompt_token_ids must be a list of token ids, not {type(ids).__name__}"
+            )
+        if not ids:
+            raise ValueError("prompt_token_ids is empty")
+        return list(ids), salt
+    if "prompt" in p:
+        if not isinstance(p["prompt"], str):
+            raise ValueError(f"prompt must be a string, not {type(p['prompt']).__name__}")
+        return p["prompt"], salt
+    raise ValueError(
+        f"a prompt dict needs 'prompt' (text) or 'prompt_token_ids'; got keys {sorted(p)}"
+    )
+
+
+def _text_message(m: object, j: int) -> dict[str, Any]:
+    """A message dict for the template; text content parts joined into one string."""
+    if not isinstance(m, dict):
+        raise ValueError(f"message {j} must be a dict, not {type(m).__name__}")
+    content = m.get("content")
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise ValueError(f"message {j}: only text content parts are supported")
+            texts.append(str(part.get("text", "")))
+        m = {**m, "content": "".join(texts)}
+    return m

@@ -271,9 +271,12 @@ class LLMEngine:
     def _prompt_ids(self, prompt: object) -> list[int]:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
-        if isinstance(prompt, (list, tuple)) and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in prompt
-        ):
+        if isinstance(prompt, (list, tuple)):
+            for i, t in enumerate(prompt):
+                if not isinstance(t, int) or isinstance(t, bool):
+                    raise ValueError(
+                        f"prompt token ids must be integers; item {i} is {type(t).__name__}"
+                    )
             return list(prompt)
         raise ValueError(
             f"prompt must be a string or a list of token ids, not {type(prompt).__name__}"

@@ -182,3 +182,22 @@ def test_request_turns_speculation_off_or_caps_it(server) -> None:
         complete(num_speculative_tokens=2, **{"speculative.n_max": 3})
     with pytest.raises(openai.BadRequestError, match="speculative.p_min"):
         complete(**{"speculative.p_min": 1.5})
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"prompt": []}, "prompt"),
+        ({"prompt": [[]]}, "prompt"),
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": None}, "prompt"),
+        ({"prompt": [1, "a"]}, "prompt"),
+        ({"prompt": [10**6]}, "prompt"),
+        ({"prompt_token_ids": []}, "prompt"),
+    ],
+)
+def test_empty_or_malformed_prompts_get_a_400(server, body: dict, param: str) -> None:
+    r = httpx.post(f"{server.url}/v1/completions", json={"max_tokens": 4, **body}, timeout=30)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["message"]
