@@ -1,4 +1,5 @@
-"""Prometheus metrics for the server, named like vLLM's (``specdec:`` instead of ``vllm:``).
+"""Prometheus metrics for the server, named like vLLM's: ``specdec:*`` and, as aliases that
+dashboards built for vLLM find, ``vllm:*`` (``prefixes``; both by default).
 
 Each ``EngineMetrics`` owns its own ``CollectorRegistry`` so several servers can live in one
 process (tests). Counters are fed by diffing the engine's running totals after each step, so the
@@ -7,7 +8,7 @@ engine itself knows nothing about Prometheus.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client import generate_latest as _generate_latest
@@ -21,91 +22,103 @@ _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
 _E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+METRIC_PREFIXES = ("specdec", "vllm")  # ours, and vLLM's for dashboards built for it
+PREFIX_CHOICES = {"both": METRIC_PREFIXES, "specdec": ("specdec",), "vllm": ("vllm",)}
+
+
+class _Fanout:
+    """One metric under several prefixes: ``labels`` / ``inc`` / ``set`` / ``observe`` reach all."""
+
+    def __init__(self, metrics: list[Any]) -> None:
+        self.metrics = metrics
+
+    def labels(self, *values: str) -> _Fanout:
+        return _Fanout([m.labels(*values) for m in self.metrics])
+
+    def inc(self, amount: float = 1.0) -> None:
+        for m in self.metrics:
+            m.inc(amount)
+
+    def set(self, value: float) -> None:
+        for m in self.metrics:
+            m.set(value)
+
+    def observe(self, value: float) -> None:
+        for m in self.metrics:
+            m.observe(value)
 
 
 class EngineMetrics:
     """The server's metrics; ``update`` and ``observe_*`` are called from the engine thread."""
 
-    def __init__(self, model_name: str, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        registry: CollectorRegistry | None = None,
+        prefixes: tuple[str, ...] = METRIC_PREFIXES,
+    ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.model_name = model_name
-        r, m = self.registry, ["model_name"]
-        self.num_drafts = Counter(
-            "specdec:spec_decode_num_drafts",
-            "Verification steps that carried drafts.",
-            m,
-            registry=r,
+        self.prefixes = tuple(prefixes)
+        m, mp = ["model_name"], ["model_name", "position"]
+
+        def metric(kind: type, name: str, doc: str, labels: list[str], **kw: Any) -> _Fanout:
+            return _Fanout(
+                [kind(f"{p}:{name}", doc, labels, registry=self.registry, **kw) for p in prefixes]
+            )
+
+        self.num_drafts = metric(
+            Counter, "spec_decode_num_drafts", "Verification steps that carried drafts.", m
         )
-        self.num_draft_tokens = Counter(
-            "specdec:spec_decode_num_draft_tokens", "Draft tokens proposed.", m, registry=r
+        self.num_draft_tokens = metric(
+            Counter, "spec_decode_num_draft_tokens", "Draft tokens proposed.", m
         )
-        self.num_accepted_tokens = Counter(
-            "specdec:spec_decode_num_accepted_tokens", "Draft tokens accepted.", m, registry=r
+        self.num_accepted_tokens = metric(
+            Counter, "spec_decode_num_accepted_tokens", "Draft tokens accepted.", m
         )
-        self.accepted_per_pos = Counter(
-            "specdec:spec_decode_num_accepted_tokens_per_pos", "Accepted draft tokens by draft position.",
-            ["model_name", "position"], registry=r,
+        self.accepted_per_pos = metric(
+            Counter, "spec_decode_num_accepted_tokens_per_pos",
+            "Accepted draft tokens by draft position.", mp,
         )  # fmt: skip
-        self.prompt_tokens = Counter(
-            "specdec:prompt_tokens", "Prompt tokens admitted.", m, registry=r
+        self.prompt_tokens = metric(Counter, "prompt_tokens", "Prompt tokens admitted.", m)
+        self.generation_tokens = metric(Counter, "generation_tokens", "Tokens generated.", m)
+        self.prefix_cache_queries = metric(
+            Counter, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", m
         )
-        self.generation_tokens = Counter(
-            "specdec:generation_tokens", "Tokens generated.", m, registry=r
+        self.prefix_cache_hits = metric(
+            Counter, "prefix_cache_hits", "Prompt tokens served from the prefix cache.", m
         )
-        self.prefix_cache_queries = Counter(
-            "specdec:prefix_cache_queries",
-            "Prompt tokens looked up in the prefix cache.",
-            m,
-            registry=r,
-        )
-        self.prefix_cache_hits = Counter(
-            "specdec:prefix_cache_hits",
-            "Prompt tokens served from the prefix cache.",
-            m,
-            registry=r,
-        )
-        self.request_success = Counter(
-            "specdec:request_success",
-            "Finished requests by finish reason.",
+        self.request_success = metric(
+            Counter, "request_success", "Finished requests by finish reason.",
             ["model_name", "finished_reason"],
-            registry=r,
-        )
-        self.request_failure = Counter(
-            "specdec:request_failure",
+        )  # fmt: skip
+        self.request_failure = metric(
+            Counter, "request_failure",
             "Requests the engine failed (finish_reason error, or a failed step); others went on.",
             m,
-            registry=r,
-        )
-        self.num_running = Gauge(
-            "specdec:num_requests_running", "Requests in the running batch.", m, registry=r
-        )
-        self.num_waiting = Gauge(
-            "specdec:num_requests_waiting", "Requests waiting to be scheduled.", m, registry=r
-        )
-        self.kv_usage = Gauge(
-            "specdec:kv_cache_usage_perc",
-            "Fraction of the running sequences' KV-cache slots in use (0 to 1).",
-            m,
-            registry=r,
-        )
-        self.ttft = Histogram(
-            "specdec:time_to_first_token_seconds",
-            "Time to first token.",
-            m,
-            buckets=_TTFT_BUCKETS,
-            registry=r,
-        )
-        self.tpot = Histogram(
-            "specdec:time_per_output_token_seconds", "Mean time per output token after the first, per request.",
-            m, buckets=_TPOT_BUCKETS, registry=r,
         )  # fmt: skip
-        self.e2e = Histogram(
-            "specdec:e2e_request_latency_seconds",
-            "Arrival to finish.",
-            m,
-            buckets=_E2E_BUCKETS,
-            registry=r,
+        self.num_running = metric(
+            Gauge, "num_requests_running", "Requests in the running batch.", m
         )
+        self.num_waiting = metric(
+            Gauge, "num_requests_waiting", "Requests waiting to be scheduled.", m
+        )
+        self.kv_usage = metric(
+            Gauge, "kv_cache_usage_perc",
+            "Fraction of the running sequences' KV-cache slots in use (0 to 1).", m,
+        )  # fmt: skip
+        self.ttft = metric(
+            Histogram, "time_to_first_token_seconds", "Time to first token.", m,
+            buckets=_TTFT_BUCKETS,
+        )  # fmt: skip
+        self.tpot = metric(
+            Histogram, "time_per_output_token_seconds",
+            "Mean time per output token after the first, per request.", m, buckets=_TPOT_BUCKETS,
+        )  # fmt: skip
+        self.e2e = metric(
+            Histogram, "e2e_request_latency_seconds", "Arrival to finish.", m,
+            buckets=_E2E_BUCKETS,
+        )  # fmt: skip
         self._last: dict[str, int] = {}
         self._last_per_pos: list[int] = []
 

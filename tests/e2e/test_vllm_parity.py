@@ -4,6 +4,7 @@ sampling API they expect, exact under speculation."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -20,6 +21,7 @@ import pytest
 from specdec import LLM, SamplingParams
 from specdec.config import EngineArgs
 from specdec.engine.async_llm import AsyncLLM
+from specdec.entrypoints.openai import api_server
 from specdec.entrypoints.openai.api_server import BackgroundServer, build_app
 
 REPO = Path(__file__).resolve().parents[2]
@@ -201,3 +203,58 @@ def test_empty_or_malformed_prompts_get_a_400(server, body: dict, param: str) ->
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == param and error["message"]
+
+
+# ---- metrics: vllm:* aliases and the Grafana dashboard ---------------------------------------
+
+DASHBOARD = REPO / "docs" / "grafana" / "specdec_dashboard.json"
+
+
+def _exposed(text: str) -> dict[str, set[str]]:
+    """Sample name -> label names, from Prometheus' text format."""
+    out: dict[str, set[str]] = {}
+    for line in text.splitlines():
+        m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})? ", line)
+        if m and not line.startswith("#"):
+            labels = {kv.split("=", 1)[0] for kv in (m.group(3) or "").split(",") if kv}
+            out.setdefault(m.group(1), set()).update(labels)
+    return out
+
+
+def test_dashboard_queries_only_metrics_the_server_exposes(server) -> None:
+    _client(server).completions.create(
+        model="tiny", prompt="hello there", max_tokens=12, temperature=0,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    exposed = _exposed(httpx.get(f"{server.url}/metrics", timeout=30).text)
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    exprs = [t["expr"] for p in panels for t in p["targets"]]
+    assert len(panels) >= 10 and exprs
+    used = set()
+    for expr in exprs:
+        for name in re.findall(r"(vllm:[a-z0-9_]+)", expr):
+            used.add(name)
+            assert name in exposed, f"{name} (in {expr!r}) is not on /metrics"
+            assert "model_name" in exposed[name]
+        for group in re.findall(r"by \(([a-z_, ]+)\)", expr):
+            for label in (x.strip() for x in group.split(",")):
+                assert any(label in exposed[n] for n in re.findall(r"(vllm:[a-z0-9_]+)", expr))
+    assert {"vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_drafts_total",
+            "vllm:spec_decode_num_draft_tokens_total"} <= used  # fmt: skip
+    # every vllm:* series has its specdec:* twin with the same value
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    for line in text.splitlines():
+        if line.startswith("vllm:") and "_created" not in line:
+            assert "specdec:" + line[len("vllm:") :] in text, line
+
+
+def test_metrics_prefix_choice(tiny_llama) -> None:
+    from specdec.metrics import PREFIX_CHOICES, EngineMetrics
+
+    only_vllm = EngineMetrics("t", prefixes=PREFIX_CHOICES["vllm"]).render().decode()
+    only_ours = EngineMetrics("t", prefixes=PREFIX_CHOICES["specdec"]).render().decode()
+    assert "vllm:prompt_tokens" in only_vllm and "specdec:" not in only_vllm
+    assert "specdec:prompt_tokens" in only_ours and "vllm:" not in only_ours
+    parser = api_server.make_arg_parser(argparse.ArgumentParser())
+    assert parser.parse_args(["--metrics-prefix", "vllm"]).metrics_prefix == "vllm"
+    assert parser.parse_args([]).metrics_prefix == "both"

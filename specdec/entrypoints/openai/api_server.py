@@ -74,6 +74,7 @@ def build_app(
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
     chat_template_timeout: float | None = None,
     sampling_defaults: dict[str, Any] | None = None,
+    metrics_prefixes: tuple[str, ...] | None = None,
 ) -> Any:
     """A FastAPI app serving ``llm`` (an AsyncLLM); its lifespan starts and stops the engine thread.
 
@@ -92,10 +93,12 @@ def build_app(
         random_id,
     )
     from specdec.entrypoints.openai.serving import EventStream, OpenAIServing
-    from specdec.metrics import CONTENT_TYPE, EngineMetrics
+    from specdec.metrics import CONTENT_TYPE, METRIC_PREFIXES, EngineMetrics
 
     if llm.metrics is None:
-        llm.metrics = EngineMetrics(served_model_names[0])
+        llm.metrics = EngineMetrics(
+            served_model_names[0], prefixes=metrics_prefixes or METRIC_PREFIXES
+        )
     sandbox = None
     if trust_request_chat_template:
         sandbox = TemplateSandbox(timeout_s=chat_template_timeout or DEFAULT_TIMEOUT_S)
@@ -511,6 +514,13 @@ def make_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
             ignored.add_argument(flag, dest=name, default=None)
         else:
             ignored.add_argument(flag, dest=name, action="store_true")
+    p.add_argument(
+        "--metrics-prefix",
+        choices=["both", "specdec", "vllm"],
+        default="both",
+        help="/metrics names: specdec:*, vLLM's vllm:* (what dashboards built for vLLM query), "
+        "or both (default)",
+    )
     p.add_argument("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug", "trace"])  # fmt: skip
     return p
 
@@ -568,6 +578,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from specdec.engine.async_llm import AsyncLLM
     from specdec.engine.llm_engine import LLMEngine
     from specdec.kv_cache.sizing import describe_pool
+    from specdec.metrics import PREFIX_CHOICES
 
     # NOTE: the same engine construction as `specdec generate`, so every engine flag applies here.
     llm = AsyncLLM(LLMEngine(config), log_stats=not args.disable_log_stats)
@@ -583,6 +594,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         allowed_origins=_flatten(args.allowed_origins),
         shutdown_timeout=args.shutdown_timeout,
         sampling_defaults=defaults,
+        metrics_prefixes=PREFIX_CHOICES[args.metrics_prefix],
     )
     logger.info(
         "serving %s (%s) on http://%s:%d/v1, max_model_len %d, prefix caching: %s, "
