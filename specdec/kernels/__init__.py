@@ -47,6 +47,7 @@ __all__ = [
     "cpu_features",
     "get_ops",
     "int8_activations_fast",
+    "kquant_native_preferred",
     "kquant_supported",
     "native_available",
     "native_isa",
@@ -145,13 +146,20 @@ def _row_bytes(qtype: str, in_features: int) -> int:
 
 
 def kquant_supported(qtype: str, out_features: int, in_features: int) -> bool:
-    """Whether a GGUF K-quant weight of this shape can stay native (else convert it)."""
+    """Whether a GGUF K-quant weight of this shape can stay native (pack_weight takes it)."""
     return (
         _C is not None
         and qtype in KQUANT_QTYPES
         and out_features % 16 == 0
         and in_features % KQUANT_BLOCK == 0
     )
+
+
+def kquant_native_preferred(qtype: str, out_features: int, in_features: int) -> bool:
+    """Whether loading should keep a GGUF K-quant weight native: it can, and the 8-bit activation
+    kernels run natively here (AVX-512 VNNI).  Elsewhere Q8_0 is faster: its float kernels decode
+    in registers, while a K-quant tile needs the scalar twins there."""
+    return kquant_supported(qtype, out_features, in_features) and int8_activations_fast()
 
 
 @dataclass(eq=False)

@@ -18,7 +18,7 @@ from specdec.kernels import (
     KernelOps,
     PackedWeight,
     concat_weights,
-    kquant_supported,
+    kquant_native_preferred,
     pack_weight,
     quantize_weight,
 )
@@ -51,10 +51,10 @@ def _target_qtype(raw: RawTensor, quantization: str, native: bool) -> str:
         return quantization
     if raw.qtype in QTYPES:
         return raw.qtype
-    if len(raw.shape) == 2 and kquant_supported(raw.qtype, raw.shape[0], raw.shape[1]):
+    if len(raw.shape) == 2 and kquant_native_preferred(raw.qtype, raw.shape[0], raw.shape[1]):
         return raw.qtype
-    # NOTE: formats without a native kernel (Q5_x, K-quants of odd shapes) go to Q8_0:
-    # near-lossless.
+    # NOTE: formats without a native kernel (Q5_x; K-quants of odd shapes or without VNNI) go
+    # to Q8_0: near-lossless.
     return "q8_0" if raw.is_quantized else "f32"
 
 

@@ -201,14 +201,27 @@ def test_pack_errors():
 
 
 @pytest.mark.parametrize("qtype", KQ)
-def test_float_path_is_f32_kernel_on_dequantized(native, qtype):
-    # Each tile group is decoded exactly and run through the f32 kernel: equal bit for bit.
-    w, raw = _packed(qtype, 48, 512, seed=2)
-    wf = K.pack_weight("f32", torch.from_numpy(_deq(raw, qtype)), 48, 512)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_float_path_accuracy(native, qtype, with_bias):
+    w, raw = _packed(qtype, 48, 768, seed=2)
+    wd = torch.from_numpy(_deq(raw, qtype)).double()
+    bias = _randn(48, seed=4) if with_bias else None
+    x = _randn(7, 768)
+    y = native.linear(x, w, bias).double()
+    ref = x.double() @ wd.T + (bias.double() if with_bias else 0.0)
+    scale = x.double().abs() @ wd.abs().T + 1e-30  # four float32 chains of 192 products
+    assert ((y - ref).abs() / scale).max().item() < 1e-5
+
+
+@pytest.mark.parametrize("qtype", KQ)
+def test_float_path_batch_invariant(native, qtype):
+    w, _ = _packed(qtype, 48, 512, seed=3)
     bias = _randn(48, seed=4)
-    x = _randn(20, 512)
-    for m in (1, 2, 3, 5, 8, 16, 20):
-        assert torch.equal(native.linear(x[:m], w, bias), native.linear(x[:m], wf, bias)), m
+    x = _randn(24, 512)
+    single = torch.cat([native.linear(x[i : i + 1], w, bias) for i in range(24)])
+    for m in list(range(1, 17)) + [20, 24]:
+        for off in {0, 24 - m}:
+            assert torch.equal(native.linear(x[off : off + m], w, bias), single[off : off + m])
 
 
 def test_torch_ops_use_the_exact_dequantization():
@@ -269,8 +282,10 @@ def test_a8_batch_invariant(native, qtype):
             assert torch.equal(native.linear(x[off : off + m], w, bias), single[off : off + m])
 
 
-def test_a8_vnni_equals_scalar_twin():
-    # Same integer sums and float operations: bit for bit (the twin runs where VNNI does not).
+@pytest.mark.parametrize("a8", [False, True])
+def test_vnni_equals_scalar_twin(a8):
+    # Same integer sums and float operations: bit for bit (the twin runs where VNNI does not),
+    # with int8 activations and with float ones.
     results: dict[str, list[torch.Tensor]] = {}
     for isa in _isas():
         K.set_native_isa(isa)
@@ -278,7 +293,8 @@ def test_a8_vnni_equals_scalar_twin():
             ops = K.get_ops("native")
             for qtype in KQ:
                 w, _ = _packed(qtype, 48, 1024, seed=7)
-                w.enable_a8()
+                if a8:
+                    w.enable_a8()
                 for m in (1, 4, 7):
                     results.setdefault(isa, []).append(ops.linear(_randn(m, 1024, seed=m) * 3, w))
         finally:
@@ -327,6 +343,34 @@ def test_fused_parts_of_mixed_formats(native, a8):
     assert torch.equal(native.linear(x, fused, bias), want)
     with pytest.raises(ValueError):
         K.concat_weights([parts[0], K.quantize_weight(_randn(16, 512), "q8_0")])
+
+
+def test_loader_keeps_kquants_native_where_int8_is_fast(monkeypatch):
+    from specdec.model.layers import pack_linear
+    from specdec.model.loader import RawTensor
+
+    raws = [
+        RawTensor(qt, random_blocks(qt, n, 512, seed=n), (n, 512))
+        for qt, n in (("q4_k", 32), ("q4_k", 16), ("q6_k", 16))
+    ]
+    ops = K.get_ops("native")
+    for fast in (True, False):
+        monkeypatch.setattr(K, "int8_activations_fast", lambda fast=fast: fast)
+        w = pack_linear(raws, "auto", ops, torch.device("cpu"))
+        assert w.qtype == ("q4_k+q6_k" if fast else "q8_0")
+        if fast:
+            assert w.nbytes == sum(r.data.nbytes for r in raws)
+            want = np.concatenate([_deq(r.data, r.qtype) for r in raws])
+            np.testing.assert_array_equal(w.dequantize().numpy(), want)
+        # explicit choices are honoured either way
+        assert pack_linear(raws[:1], "q4_0", ops, torch.device("cpu")).qtype == "q4_0"
+        assert pack_linear(raws[:1], "fp32", ops, torch.device("cpu")).qtype == "f32"
+    # A K-quant fused with another format: the K-quant counts as Q8_0, then the most precise wins.
+    monkeypatch.setattr(K, "int8_activations_fast", lambda: True)
+    q4_0 = RawTensor("q4_0", K.quantize_weight(_randn(16, 512), "q4_0").data.numpy(), (16, 512))
+    assert pack_linear([raws[0], q4_0], "auto", ops, torch.device("cpu")).qtype == "q8_0"
+    f16 = RawTensor("f16", np.zeros((16, 512), dtype=np.float16), (16, 512))
+    assert pack_linear([raws[0], f16], "auto", ops, torch.device("cpu")).qtype == "f32"
 
 
 def test_linear_rejects_bad_parts():
@@ -424,11 +468,13 @@ def test_kquant_gguf_loads_native_and_decodes_batch_invariant(mix, mk, tmp_path)
     model = plain.engine.model
     rest = MIXES[mix][2]
     layer0, layer1 = model.layers[0], model.layers[1]
-    assert layer0.qkv.weight.qtype == f"{rest}+q6_k"  # q|k in one format, v in Q6_K
-    assert layer1.qkv.weight.qtype == rest and layer1.gate_up.weight.qtype == rest
-    assert layer0.down.weight.qtype == "q6_k" and model.lm_head.weight.qtype == "q6_k"
-    want_dtype = "int8" if K.int8_activations_fast() else "float32"
-    assert model.activation_dtype == want_dtype and model.use_fused_layers
+    if K.int8_activations_fast():  # K-quants stay native, int8 activations
+        assert layer0.qkv.weight.qtype == f"{rest}+q6_k"  # q|k in one format, v in Q6_K
+        assert layer1.qkv.weight.qtype == rest and layer1.gate_up.weight.qtype == rest
+        assert layer0.down.weight.qtype == "q6_k" and model.lm_head.weight.qtype == "q6_k"
+        assert model.activation_dtype == "int8" and model.use_fused_layers
+    else:  # converted to Q8_0, as before native K-quants
+        assert {lin.weight.qtype for lin in model.linears()} == {"q8_0"}
     prompts = ["a b c a b c a b", "def f(x):\n    return", "Once upon a time"]
     sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     batched = [o.outputs[0].token_ids for o in plain.generate(prompts, sp)]

@@ -128,7 +128,7 @@ void kq_decode_rows(int fmt, const uint8_t* tiles, int64_t K, int64_t r0, int64_
 // per 16 (bs16, which Q6_K's offset multiplies) and per 32, split as 128 * hi + lo with lo in
 // [0, 128) (bsm: per block 8 lo then 8 hi, int8 operands for the vpdpbusd that Q4_K / Q5_K's
 // minimums multiply).
-struct KqA8Table {
+struct KqTable {
     // Rows [m0, m1) of x [M, K] (K % 256 == 0): xq int8 [M, K], dk [M, K / 256],
     // bs16 [M, K / 16], bsm [M, K / 16].
     void (*quantize_rows)(const float* x, int64_t K, int8_t* xq, float* dk, int16_t* bs16,
@@ -138,12 +138,21 @@ struct KqA8Table {
     void (*linear_groups)(int fmt, const int8_t* xq, const float* dk, const int16_t* bs16,
                           const int8_t* bsm, int64_t M, int64_t K, const uint8_t* w,
                           const float* bias, float* y, int64_t ldy, int64_t g0, int64_t g1);
+    // Float activations: y[m * ldy + n] as linear_groups (x float32 [M, K]).  Per output, the
+    // exactly dequantized weights (as gguf.quants) w_k go through four FMA chains, chain c over
+    // k = c, c + 4, c + 8, ... in order, then (c0 + c1) + (c2 + c3), then + bias; the same in
+    // every table (the VNNI one keeps 16 rows in the lanes of a vector, tile by tile).  scratch:
+    // at least kKqFloatScratch + K + 64 * M floats, private to the calling thread.
+    void (*linear_groups_f32)(int fmt, const float* x, int64_t M, int64_t K, const uint8_t* w,
+                              const float* bias, float* y, int64_t ldy, int64_t g0, int64_t g1,
+                              float* scratch);
 };
+constexpr int64_t kKqFloatScratch = kKqBlock * kKqTileRows;
 
 const KernelTable* portable_table();
 // Scalar 8-bit activation kernels: bit-identical to the VNNI ones, for CPUs without VNNI and tests.
 const A8Table* portable_a8_table();
-const KqA8Table* portable_kq_a8_table();
+const KqTable* portable_kq_table();
 #ifdef SPECDEC_HAVE_AVX2
 const KernelTable* avx2_table();
 #endif
@@ -154,7 +163,7 @@ const KernelTable* avx512_table();
 
 #ifdef SPECDEC_HAVE_VNNI
 const A8Table* vnni_table();
-const KqA8Table* vnni_kq_table();
+const KqTable* vnni_kq_table();
 #endif
 
 }  // namespace specdec

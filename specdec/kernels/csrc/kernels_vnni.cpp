@@ -494,10 +494,133 @@ void kq_linear_groups(int fmt, const int8_t* xq, const float* dk, const int16_t*
     }
 }
 
+// ---- Float activations (kernels.h, KqTable::linear_groups_f32).  A tile is decoded exactly (the
+// float32 operations of gguf.quants.dequantize, no fused ones) into W[k][16], lane j = row j, in
+// L1; then each activation row runs its four FMA chains over it, the chains of all 16 rows side by
+// side in the lanes, carried in memory from tile to tile.
+
+template <int FMT>
+inline void decode_tile_lanes(const uint8_t* t, float* W) {
+    const __m512i lo4 = _mm512_set1_epi8(0x0F);
+    if (FMT == QT_Q6_K) {
+        const __m512i hi2 = _mm512_set1_epi8(0x30), c32 = _mm512_set1_epi32(32);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
+        for (int u = 0; u < 8; ++u) {
+            const uint8_t* unit = t + 288 + 384 * u;
+            __m512 dl[2];
+            for (int h = 0; h < 2; ++h) {
+                const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 32 + 16 * (2 * u + h)));
+                dl[h] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
+            }
+            const __m512i h0 = _mm512_loadu_si512(unit + 256), h1 = _mm512_loadu_si512(unit + 320);
+            auto step = [&](auto pc) {
+                constexpr int p = decltype(pc)::value;
+                const __m512i packed = _mm512_loadu_si512(unit + 64 * p);
+                const __m512i hl = _mm512_and_si512(q6_high<p>(h0), hi2);
+                const __m512i hh = _mm512_and_si512(q6_high<p>(h1), hi2);
+                const __m512i codes[2] = {_mm512_ternarylogic_epi32(packed, lo4, hl, 0xEA),
+                                          _mm512_ternarylogic_epi32(_mm512_srli_epi16(packed, 4), lo4, hh, 0xEA)};
+                for (int h = 0; h < 2; ++h)
+                    for (int i = 0; i < 4; ++i) {
+                        const __m512i q = _mm512_sub_epi32(_mm512_shuffle_epi8(codes[h], byte_of_lanes(i)), c32);
+                        _mm512_storeu_ps(W + 16 * (32 * u + 16 * h + 4 * p + i), _mm512_mul_ps(dl[h], _mm512_cvtepi32_ps(q)));
+                    }
+            };
+            step(std::integral_constant<int, 0>());
+            step(std::integral_constant<int, 1>());
+            step(std::integral_constant<int, 2>());
+            step(std::integral_constant<int, 3>());
+        }
+        return;
+    }
+    const __m512i b16 = _mm512_set1_epi8(0x10);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32)));
+    const Q4kScales sc = q4k_scales(t), mn = q4k_mins(t);
+    for (int s = 0; s < 8; ++s) {
+        const __m512i sel = byte_of_lanes(s % 4);
+        const __m512 dl = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_shuffle_epi8(s < 4 ? sc.lo : sc.hi, sel)));
+        const __m512 ml = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_shuffle_epi8(s < 4 ? mn.lo : mn.hi, sel)));
+        for (int p = 0; p < 4; ++p) {
+            const __m512i packed = _mm512_loadu_si512(t + 256 + 256 * s + 64 * p);
+            __m512i codes[2] = {_mm512_and_si512(packed, lo4), _mm512_and_si512(_mm512_srli_epi16(packed, 4), lo4)};
+            if (FMT == QT_Q5_K) {
+                const uint8_t* h = t + 2304 + 64 * s;
+                codes[0] = _mm512_mask_add_epi8(codes[0], load_mask64(h + 8 * p), codes[0], b16);
+                codes[1] = _mm512_mask_add_epi8(codes[1], load_mask64(h + 8 * (4 + p)), codes[1], b16);
+            }
+            for (int h = 0; h < 2; ++h)
+                for (int i = 0; i < 4; ++i) {
+                    const __m512 q = _mm512_cvtepi32_ps(_mm512_shuffle_epi8(codes[h], byte_of_lanes(i)));
+                    _mm512_storeu_ps(W + 16 * (32 * s + 16 * h + 4 * p + i), _mm512_sub_ps(_mm512_mul_ps(dl, q), ml));
+                }
+        }
+    }
+}
+
+// MR activation rows (stride ldx, this tile's 256 inputs) over a decoded tile; acc [MR][4][16].
+template <int MR>
+inline void f32_tile_rows(const float* W, const float* x, int64_t ldx, float* acc) {
+    __m512 a[MR][4];
+    for (int r = 0; r < MR; ++r)
+        for (int c = 0; c < 4; ++c) a[r][c] = _mm512_loadu_ps(acc + 64 * r + 16 * c);
+    for (int k = 0; k < kKqBlock; k += 4) {
+        for (int c = 0; c < 4; ++c) {
+            const __m512 wv = _mm512_loadu_ps(W + 16 * (k + c));
+            for (int r = 0; r < MR; ++r) a[r][c] = _mm512_fmadd_ps(wv, _mm512_set1_ps(x[r * ldx + k + c]), a[r][c]);
+        }
+    }
+    for (int r = 0; r < MR; ++r)
+        for (int c = 0; c < 4; ++c) _mm512_storeu_ps(acc + 64 * r + 16 * c, a[r][c]);
+}
+
+template <int FMT>
+void kq_f32_groups(const float* x, int64_t M, int64_t K, const uint8_t* w, const float* bias, float* y,
+                   int64_t ldy, int64_t g0, int64_t g1, float* scratch) {
+    constexpr int64_t TB = kq_tile_bytes(FMT);
+    const int64_t nb = K / kKqBlock;
+    float* W = scratch;
+    float* acc = scratch + kKqFloatScratch;  // [M][4 chains][16 rows]
+    for (int64_t g = g0; g < g1; ++g) {
+        memset(acc, 0, sizeof(float) * 64 * M);
+        for (int64_t b = 0; b < nb; ++b) {
+            const uint8_t* t = w + (g * nb + b) * TB;
+            _mm_prefetch(reinterpret_cast<const char*>(t + TB), _MM_HINT_T0);
+            decode_tile_lanes<FMT>(t, W);
+            const float* xb = x + b * kKqBlock;
+            int64_t m = 0;
+            for (; m + 4 <= M; m += 4) f32_tile_rows<4>(W, xb + m * K, K, acc + 64 * m);
+            switch (M - m) {
+                case 1: f32_tile_rows<1>(W, xb + m * K, K, acc + 64 * m); break;
+                case 2: f32_tile_rows<2>(W, xb + m * K, K, acc + 64 * m); break;
+                case 3: f32_tile_rows<3>(W, xb + m * K, K, acc + 64 * m); break;
+                default: break;
+            }
+        }
+        const __m512 bv = bias ? _mm512_loadu_ps(bias + g * kKqTileRows) : _mm512_setzero_ps();
+        for (int64_t m = 0; m < M; ++m) {
+            const float* a = acc + 64 * m;
+            const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_loadu_ps(a), _mm512_loadu_ps(a + 16)),
+                                           _mm512_add_ps(_mm512_loadu_ps(a + 32), _mm512_loadu_ps(a + 48)));
+            _mm512_storeu_ps(y + m * ldy + g * kKqTileRows, bias ? _mm512_add_ps(s, bv) : s);
+        }
+    }
+}
+
+void kq_linear_groups_f32(int fmt, const float* x, int64_t M, int64_t K, const uint8_t* w, const float* bias,
+                          float* y, int64_t ldy, int64_t g0, int64_t g1, float* scratch) {
+    switch (fmt) {
+        case QT_Q4_K: kq_f32_groups<QT_Q4_K>(x, M, K, w, bias, y, ldy, g0, g1, scratch); break;
+        case QT_Q5_K: kq_f32_groups<QT_Q5_K>(x, M, K, w, bias, y, ldy, g0, g1, scratch); break;
+        case QT_Q6_K: kq_f32_groups<QT_Q6_K>(x, M, K, w, bias, y, ldy, g0, g1, scratch); break;
+        default: break;
+    }
+}
+
 }  // namespace
 
-const KqA8Table* vnni_kq_table() {
-    static const KqA8Table table = {kq_quantize_rows, kq_linear_groups};
+const KqTable* vnni_kq_table() {
+    static const KqTable table = {kq_quantize_rows, kq_linear_groups, kq_linear_groups_f32};
     return &table;
 }
 

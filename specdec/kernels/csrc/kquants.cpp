@@ -209,9 +209,9 @@ void kq_decode_rows(int fmt, const uint8_t* tiles, int64_t K, int64_t r0, int64_
 }
 
 // ---------------------------------------------------------------------------------------------
-// 8-bit activations: the scalar twin of kernels_vnni.cpp's K-quant kernels.  Integer sums are
-// exact and every float step is the same single operation (std::fma: one rounding, like vfmadd),
-// so the results equal the VNNI kernels bit for bit on any CPU.
+// The scalar twins of kernels_vnni.cpp's K-quant kernels.  Integer sums are exact and every float
+// step is the same single operation (std::fma: one rounding, like vfmadd), so the results equal
+// the VNNI kernels bit for bit on any CPU.
 
 namespace {
 
@@ -298,10 +298,26 @@ void a8_linear_groups(int fmt, const int8_t* xq, const float* dk, const int16_t*
     }
 }
 
-const KqA8Table kPortableKq = {a8_quantize_rows, a8_linear_groups};
+// Float activations (kernels.h, KqTable::linear_groups_f32): one row decoded at a time.
+void f32_linear_groups(int fmt, const float* x, int64_t M, int64_t K, const uint8_t* w, const float* bias,
+                       float* y, int64_t ldy, int64_t g0, int64_t g1, float* scratch) {
+    float* row = scratch;
+    for (int64_t n = g0 * kKqTileRows; n < g1 * kKqTileRows; ++n) {
+        kq_decode_rows(fmt, w, K, n, n + 1, row);
+        for (int64_t m = 0; m < M; ++m) {
+            const float* xm = x + m * K;
+            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int64_t k = 0; k < K; ++k) c[k % 4] = std::fma(row[k], xm[k], c[k % 4]);
+            const float r = (c[0] + c[1]) + (c[2] + c[3]);
+            y[m * ldy + n] = bias ? r + bias[n] : r;
+        }
+    }
+}
+
+const KqTable kPortableKq = {a8_quantize_rows, a8_linear_groups, f32_linear_groups};
 
 }  // namespace
 
-const KqA8Table* portable_kq_a8_table() { return &kPortableKq; }
+const KqTable* portable_kq_table() { return &kPortableKq; }
 
 }  // namespace specdec

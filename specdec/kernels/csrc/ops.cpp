@@ -194,11 +194,13 @@ torch::Tensor linear_a8(const torch::Tensor& x_in, const torch::Tensor& w, int64
     return y;
 }
 
-const KqA8Table* kq_a8_table() {
+// K-quant kernels: the VNNI ones when a8_table() would pick VNNI, else their scalar twins (the
+// same results, float path included).
+const KqTable* kq_table() {
 #if defined(SPECDEC_HAVE_VNNI)
     if (g_table == avx512_table() && a8_usable()) return vnni_kq_table();
 #endif
-    return portable_kq_a8_table();
+    return portable_kq_table();
 }
 
 bool kq_format_ok(int64_t fmt) { return fmt == QT_Q4_K || fmt == QT_Q5_K || fmt == QT_Q6_K; }
@@ -243,9 +245,7 @@ void for_part_groups(const std::vector<KqPart>& parts, int64_t g0, int64_t g1, F
     }
 }
 
-// x [M, K] float32 -> y [M, N] for a K-quant weight: 8-bit activations (a8) or, otherwise, each
-// 16-row group decoded exactly to floats and run through the f32 kernel (so the result equals the
-// f32 kernel's on the dequantized weight, bit for bit).
+// x [M, K] float32 -> y [M, N] for a K-quant weight, with 8-bit activations (a8) or float ones.
 torch::Tensor linear_kq(const torch::Tensor& x_in, const torch::Tensor& w, const std::vector<int64_t>& part_list,
                         int64_t N, int64_t K, const float* bias, bool a8) {
     const std::vector<KqPart> parts = kq_parts(part_list, w, N, K, "linear");
@@ -256,23 +256,18 @@ torch::Tensor linear_kq(const torch::Tensor& x_in, const torch::Tensor& w, const
     const float* xp = x.data_ptr<float>();
     const uint8_t* wp = w.data_ptr<uint8_t>();
     float* yp = y.data_ptr<float>();
+    const KqTable* tab = kq_table();
     if (!a8) {
-        const KernelTable* tab = g_table;
-        const double group_ns = kKqTileRows * K * (0.5 + 0.02 * static_cast<double>(std::min<int64_t>(M, kChunkRows)));
+        const double group_ns = kKqTileRows * K * (0.2 + 0.07 * static_cast<double>(M));
         parallel_range(groups, grain_for(group_ns), [&](int64_t g0, int64_t g1) {
-            float* s = scratch(kKqTileRows * K);
+            float* s = scratch(kKqFloatScratch + K + 64 * M);
             for_part_groups(parts, g0, g1, [&](const KqPart& p, int64_t a, int64_t b) {
-                for (int64_t g = a; g < b; ++g) {
-                    const int64_t n = p.row0 + g * kKqTileRows;
-                    kq_decode_rows(p.fmt, wp + p.offset, K, g * kKqTileRows, (g + 1) * kKqTileRows, s);
-                    tab->linear_rows(QT_F32, xp, M, K, reinterpret_cast<const uint8_t*>(s), K * 4,
-                                     bias ? bias + n : nullptr, yp + n, N, 0, kKqTileRows, nullptr);
-                }
+                tab->linear_groups_f32(p.fmt, xp, M, K, wp + p.offset, bias ? bias + p.row0 : nullptr,
+                                       yp + p.row0, N, a, b, s);
             });
         });
         return y;
     }
-    const KqA8Table* tab = kq_a8_table();
     thread_local std::vector<int8_t> xq_buf;
     thread_local std::vector<float> dk_buf;
     thread_local std::vector<int16_t> bs16_buf;
