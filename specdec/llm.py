@@ -11,8 +11,9 @@ from tqdm import tqdm
 
 from specdec.config import EngineArgs, SpeculativeConfig
 from specdec.engine.llm_engine import LLMEngine
+from specdec.engine.request import Request
 from specdec.model.registry import DEFAULT_MODEL
-from specdec.outputs import RequestOutput
+from specdec.outputs import RequestOutput, merge_samples
 from specdec.sampling_params import SamplingParams
 from specdec.spec_decode.metrics import SpecDecodeStats
 
@@ -76,7 +77,7 @@ class LLM:
                 raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
         # NOTE: every request is checked before any is queued: a bad one raises naming its
         # index, and nothing of the call is left behind.
-        reqs = []
+        groups: list[tuple[list[Request], str | None]] = []  # per prompt: its samples, its salt
         for i, (p, sp) in enumerate(zip(prompts, params)):
             if not isinstance(sp, SamplingParams):
                 raise ValueError(f"sampling_params[{i}] must be a SamplingParams")
@@ -86,10 +87,46 @@ class LLM:
                 raise ValueError(f"sampling_params[{i}]: {e}") from e
             try:
                 prompt, salt = _unpack_prompt(p)
-                reqs.append(self.engine.make_request(prompt, sp, cache_salt=salt))
+                groups.append((self._make_samples(prompt, sp, salt), salt))
             except ValueError as e:
                 raise ValueError(f"prompts[{i}]: {e}") from e
-        return self._run([self.engine.enqueue(r) for r in reqs], use_tqdm)
+        warm = self._shared_prefills(groups)
+        if warm:
+            self._run([self.engine.enqueue(r) for r in warm], use_tqdm=False)
+        req_ids = [self.engine.enqueue(r) for samples, _ in groups for r in samples]
+        done = {o.request_id: o for o in self._run(req_ids, use_tqdm)}
+        outs = []
+        for (samples, _), sp in zip(groups, params):
+            finished = [done[r.req_id] for r in samples if r.req_id in done]
+            if len(samples) == 1 or not finished:
+                outs.extend(finished)
+                continue
+            group_id = samples[0].req_id.rsplit("-", 1)[0]
+            outs.append(merge_samples(group_id, finished, sp.n, sp.logprobs is not None))
+        return outs
+
+    def _make_samples(self, prompt: object, sp: SamplingParams, salt: str | None) -> list[Request]:
+        """One request, or for n / best_of one per sample (ids ``{group}-{i}``, seeds seed + i)."""
+        if sp.num_samples == 1:
+            return [self.engine.make_request(prompt, sp, cache_salt=salt)]
+        group = self.engine.new_request_id()
+        return [
+            self.engine.make_request(prompt, sp.for_sample(i), f"{group}-{i}", salt)
+            for i in range(sp.num_samples)
+        ]
+
+    def _shared_prefills(self, groups: list[tuple[list[Request], str | None]]) -> list[Request]:
+        """For prompts with several samples, one prefill each (one token, greedy) that leaves the
+        prompt's KV in the prefix cache, so the samples copy it instead of each computing it."""
+        if not self.engine.kv.enable_prefix_caching:
+            return []
+        warm = []
+        for samples, salt in groups:
+            ids = samples[0].prompt_token_ids
+            if len(samples) > 1 and len(ids) > 1 and samples[0].sampling.prompt_logprobs is None:
+                sp = SamplingParams(temperature=0.0, max_tokens=1, seed=0)
+                warm.append(self.engine.make_request(ids, sp, cache_salt=salt))
+        return warm
 
     def chat(
         self,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 _GREEDY_EPS = 1e-5
 # Bounds every request is checked against (the server's protocol reads them too).
@@ -16,6 +16,10 @@ MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 256
 MAX_STOP_CHARS = 4096
 MAX_STOP_TOKEN_IDS = 4096
+MAX_N = 128  # n and best_of
+LOGIT_BIAS_RANGE = (-100.0, 100.0)  # OpenAI's
+MAX_LOGIT_BIAS = 4096
+MAX_BAD_WORDS = 256
 
 
 def _check_real(name: str, value: object, low: float, high: float, low_open: bool = False) -> None:
@@ -43,9 +47,17 @@ def _check_int(name: str, value: object, low: int, high: int, message: str | Non
 
 @dataclass
 class SamplingParams:
-    """How to pick each token. ``temperature == 0`` is greedy; ``top_k`` -1 (or 0) is off."""
+    """How to pick each token. ``temperature == 0`` is greedy; ``top_k`` -1 (or 0) is off.
+
+    ``n`` samples per prompt (``best_of``: generate that many, return the ``n`` with the highest
+    cumulative log-probability); sample i is seeded ``seed + i`` (as vLLM) when ``seed`` is set.
+    ``logprobs=N``: per output position the chosen token's and the top-N tokens' log-probabilities
+    (vLLM's ``Logprob`` dicts); ``prompt_logprobs=N`` the same for each prompt token.
+    ``logit_bias`` (token id -> bias in [-100, 100]) and ``bad_words`` (strings never generated)
+    change the distribution every draw samples from, with or without speculation."""
 
     n: int = 1
+    best_of: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
@@ -60,6 +72,9 @@ class SamplingParams:
     min_tokens: int = 0
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    logit_bias: dict[int, float] | None = None
+    bad_words: list[str] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     # Per-request speculation (None: the engine's). At most this many drafts per step, 0 = no
@@ -82,7 +97,11 @@ class SamplingParams:
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field (its message starts with the name)."""
-        _check_int("n", self.n, 1, 1, "n must be 1 (parallel sampling is not supported)")
+        _check_int("n", self.n, 1, MAX_N)
+        if self.best_of is not None:
+            _check_int("best_of", self.best_of, 1, MAX_N)
+            if self.best_of < self.n:
+                raise ValueError(f"best_of must be >= n ({self.n}), got {self.best_of}")
         _check_real("temperature", self.temperature, 0.0, TEMPERATURE_MAX)
         _check_real("top_p", self.top_p, 0.0, 1.0, low_open=True)
         if self.top_k != -1:
@@ -98,6 +117,18 @@ class SamplingParams:
         _check_int("min_tokens", self.min_tokens, 0, INT_MAX)
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        if self.prompt_logprobs is not None:
+            _check_int("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
+        self._check_logit_bias()
+        if self.bad_words is not None and (
+            not isinstance(self.bad_words, list)
+            or len(self.bad_words) > MAX_BAD_WORDS
+            or not all(isinstance(w, str) and 0 < len(w) <= MAX_STOP_CHARS for w in self.bad_words)
+        ):
+            raise ValueError(
+                f"bad_words must be a list of at most {MAX_BAD_WORDS} non-empty strings of at most "
+                f"{MAX_STOP_CHARS} characters"
+            )
         if self.num_speculative_tokens is not None:
             _check_int("num_speculative_tokens", self.num_speculative_tokens, 0, INT_MAX)
         if self.speculative_n_min is not None:
@@ -117,6 +148,37 @@ class SamplingParams:
             raise ValueError(
                 f"stop_token_ids must be at most {MAX_STOP_TOKEN_IDS} non-negative integers"
             )
+
+    def _check_logit_bias(self) -> None:
+        bias = self.logit_bias
+        if bias is None:
+            return
+        if not isinstance(bias, dict) or len(bias) > MAX_LOGIT_BIAS:
+            raise ValueError(
+                f"logit_bias must be a dict of at most {MAX_LOGIT_BIAS} token ids -> biases"
+            )
+        for token, value in bias.items():
+            _check_int("logit_bias", token, 0, INT_MAX, "logit_bias keys must be token ids")
+            _check_real(f"logit_bias[{token}]", value, *LOGIT_BIAS_RANGE)
+
+    @property
+    def num_samples(self) -> int:
+        """Sequences generated for the prompt: ``best_of`` (or ``n``)."""
+        return self.best_of or self.n
+
+    def for_sample(self, index: int) -> SamplingParams:
+        """The parameters of sample ``index`` of ``n`` / ``best_of``: one sequence, seeded
+        ``seed + index`` (vLLM's rule; unseeded samples draw their own seeds); log-probabilities
+        are computed whenever samples are ranked (best_of > n)."""
+        seed = self.seed
+        if seed is not None:
+            seed += index
+            if seed >= SEED_RANGE[1]:
+                seed -= SEED_RANGE[1]
+        logprobs = self.logprobs
+        if logprobs is None and self.num_samples > self.n:
+            logprobs = 0
+        return replace(self, n=1, best_of=None, seed=seed, logprobs=logprobs)
 
     @property
     def is_greedy(self) -> bool:

@@ -7,6 +7,7 @@ import itertools
 import logging
 import random
 import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,7 +23,14 @@ from specdec.model.llama import LlamaModel
 from specdec.model.loader import load_checkpoint
 from specdec.model.registry import resolve_model_path
 from specdec.model.tokenizer import Tokenizer
-from specdec.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from specdec.outputs import (
+    CompletionOutput,
+    Logprob,
+    PositionLogprobs,
+    RequestMetrics,
+    RequestOutput,
+)
+from specdec.sample.logprobs import LogitsAdjust, TokenLogprobs, bad_words_token_ids
 from specdec.sample.random import normalize_seed
 from specdec.sample.rejection_sampler import PenaltyState
 from specdec.sampling_params import SamplingParams
@@ -117,6 +125,15 @@ def describe_model(model: LlamaModel) -> str:
     )
 
 
+@dataclass
+class _LogprobCache:
+    """A request's log-probability dicts as handed out (each position built once)."""
+
+    output: list[PositionLogprobs] = field(default_factory=list)
+    cumulative: float = 0.0
+    prompt: list[PositionLogprobs | None] = field(default_factory=lambda: [None])
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -161,6 +178,8 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.num_prompt_tokens = 0
         self._ids = itertools.count()
+        # per request with logprobs: the dicts built so far and the cumulative logprob
+        self._logprob_dicts: dict[str, _LogprobCache] = {}
         logger.info(
             "engine: %s; %s; max_model_len %d; KV slots: %d running, %d prefix cache; "
             "speculation: %s",
@@ -232,7 +251,12 @@ class LLMEngine:
                 f"sampling params must be a SamplingParams, not {type(sampling).__name__}"
             )
         sampling.validate()  # NOTE: fields may have been changed since it was made
-        req_id = req_id or f"req-{next(self._ids)}"
+        if sampling.num_samples > 1:
+            raise ValueError(
+                "n and best_of: one engine request is one sequence; LLM.generate and the server "
+                "expand them (SamplingParams.for_sample)"
+            )
+        req_id = req_id or self.new_request_id()
         text = prompt if isinstance(prompt, str) else None
         ids = self._prompt_ids(prompt)
         self._check_prompt(ids)
@@ -251,12 +275,38 @@ class LLMEngine:
             mask = torch.zeros(vocab, dtype=torch.bool, device=self.device)
             mask[torch.tensor(ids, device=self.device)] = True
             req.penalty = PenaltyState(mask, torch.zeros(vocab, device=self.device))
+        req.logits_adjust = self._logits_adjust(sampling)
         if cache_salt is not None:
             if not isinstance(cache_salt, str) or not cache_salt:
                 raise ValueError("cache_salt must be a non-empty string")
             digest = hashlib.sha256(cache_salt.encode("utf-8", "surrogatepass")).digest()
             req.cache_salt = int.from_bytes(digest[:8], "little", signed=True) or 1
         return req
+
+    def _logits_adjust(self, sampling: SamplingParams) -> LogitsAdjust | None:
+        """logit_bias as tensors (token ids checked against the vocabulary) and bad_words as
+        token sequences (vLLM's tokenization), or None."""
+        if not sampling.logit_bias and not sampling.bad_words:
+            return None
+        adjust = LogitsAdjust()
+        if sampling.logit_bias:
+            vocab = self.model.cfg.vocab_size
+            bad = [t for t in sampling.logit_bias if t >= vocab]
+            if bad:
+                raise ValueError(f"logit_bias: token id {bad[0]} is not in [0, {vocab})")
+            ids = list(sampling.logit_bias)
+            adjust.bias_token_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+            adjust.bias_values = torch.tensor(
+                [float(sampling.logit_bias[t]) for t in ids], device=self.device
+            )
+        if sampling.bad_words:
+            adjust.bad_words_token_ids = bad_words_token_ids(
+                sampling.bad_words, lambda text: self.tokenizer.encode(text, False)
+            )
+        return adjust
+
+    def new_request_id(self) -> str:
+        return f"req-{next(self._ids)}"
 
     def enqueue(self, req: Request) -> str:
         if req.req_id in self.requests:
@@ -298,6 +348,7 @@ class LLMEngine:
         if req is None or req.is_finished:
             return
         req.finish_reason = "abort"
+        self._logprob_dicts.pop(req_id, None)
         self.scheduler.finish(req)
         if self.speculator is not None:
             self.speculator.remove_request(req, keep=True)
@@ -361,7 +412,9 @@ class LLMEngine:
         if not sched.scheduled:
             return []
         out = self.runner.execute_model(sched)
-        update = self.scheduler.update_from_output(sched, out.results, self.requests)
+        update = self.scheduler.update_from_output(
+            sched, out.results, self.requests, out.prompt_logprobs
+        )
         if self.speculator is not None:
             self.speculator.step(sched, out.results, out.hidden_states, update, self.requests)
         return [self._make_output(r) for r in update.changed]
@@ -384,10 +437,15 @@ class LLMEngine:
             token_ids=list(req.output_token_ids),
             finish_reason=req.finish_reason,
             stop_reason=req.stop_reason,
-            logprobs=list(req.output_logprobs) if req.sampling.logprobs is not None else None,
         )
+        if req.sampling.logprobs is not None:
+            completion.logprobs, completion.cumulative_logprob = self._output_logprobs(req)
+        prompt_logprobs = None
+        if req.sampling.prompt_logprobs is not None:
+            prompt_logprobs = self._prompt_logprobs(req)
         if finished:
             self.requests.pop(req.req_id, None)
+            self._logprob_dicts.pop(req.req_id, None)
         return RequestOutput(
             request_id=req.req_id,
             prompt=req.prompt,
@@ -400,7 +458,35 @@ class LLMEngine:
             error=req.error,
             delta_text=delta_text,
             delta_token_ids=delta_ids,
+            prompt_logprobs=prompt_logprobs,
         )
+
+    def _output_logprobs(self, req: Request) -> tuple[list[PositionLogprobs], float]:
+        """vLLM's per-position dicts for the request's output so far (built once per position)
+        and the cumulative log-probability of its tokens."""
+        cache = self._logprob_dicts.setdefault(req.req_id, _LogprobCache())
+        for t in req.output_logprobs[len(cache.output) :]:
+            cache.output.append(self._logprob_dict(t))
+            cache.cumulative += t.logprob
+        return list(cache.output), cache.cumulative
+
+    def _prompt_logprobs(self, req: Request) -> list[PositionLogprobs | None]:
+        """None for the first prompt token, then each one's dict (built once)."""
+        cache = self._logprob_dicts.setdefault(req.req_id, _LogprobCache())
+        for t in req.prompt_logprobs[len(cache.prompt) - 1 :]:
+            cache.prompt.append(self._logprob_dict(t))
+        return list(cache.prompt)
+
+    def _logprob_dict(self, t: TokenLogprobs) -> PositionLogprobs:
+        """The chosen token, then the top-N: token id -> Logprob (rank, decoded text)."""
+        out: PositionLogprobs = {}
+        for rank, (tok, lp) in enumerate(zip(t.top_token_ids, t.top_logprobs), start=1):
+            out[tok] = Logprob(lp, rank, self._token_text(tok))
+        chosen = Logprob(t.logprob, t.rank, self._token_text(t.token_id))
+        return {t.token_id: chosen, **{k: v for k, v in out.items() if k != t.token_id}}
+
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def abort_output(self, req_id: str) -> RequestOutput | None:
         req = self.requests.get(req_id)

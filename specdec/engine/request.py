@@ -9,6 +9,7 @@ import torch
 
 from specdec.engine.detokenizer import IncrementalDetokenizer
 from specdec.outputs import RequestMetrics
+from specdec.sample.logprobs import LogitsAdjust, TokenLogprobs
 from specdec.sample.rejection_sampler import PenaltyState
 from specdec.sampling_params import SamplingParams
 from specdec.spec_decode.metrics import SpecDecodeStats
@@ -30,7 +31,9 @@ class Request:
     metrics: RequestMetrics
     seed: int = 0  # keys every random draw of this request (specdec.sample.random)
     output_token_ids: list[int] = field(default_factory=list)
-    output_logprobs: list[float] = field(default_factory=list)
+    output_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)  # prompt tokens 1..P-1
+    logits_adjust: LogitsAdjust | None = None  # logit_bias / bad_words
     status: RequestStatus = RequestStatus.WAITING
     slot: int | None = None
     num_computed_tokens: int = 0  # tokens whose KV is in the target cache

@@ -15,12 +15,13 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from specdec.engine.request import Request, RequestStatus
 from specdec.kv_cache.pool import KVCache
+from specdec.sample.logprobs import LogitsAdjust, TokenLogprobs
 from specdec.sample.rejection_sampler import PenaltyState, VerifyResult
 from specdec.sampling_params import SamplingParams
 
@@ -42,6 +43,11 @@ class ScheduledRequest:
     output_pos: int  # output position of the first token sampled this step
     penalty: PenaltyState | None = None
     draft_probs: torch.Tensor | None = None  # [num_drafts, V] or None (point-mass drafts)
+    adjust: LogitsAdjust | None = None  # logit_bias / bad_words (with the output's tail)
+    # prompt_logprobs: top-N, and the prompt token each fed prompt row predicts (rows of the fed
+    # prompt positions that have a next prompt token, in order)
+    prompt_logprobs: int | None = None
+    prompt_next_token_ids: list[int] = field(default_factory=list)
 
     @property
     def draft_token_ids(self) -> list[int]:
@@ -123,9 +129,13 @@ class Scheduler:
             and self.kv.num_free_slots
         ):
             req = self.waiting.popleft()
-            req.slot, req.num_cached_tokens = self.kv.allocate_for_prompt(
-                req.prompt_token_ids, req.cache_salt
-            )
+            if req.sampling.prompt_logprobs is not None:
+                # NOTE: every prompt row needs its logits: nothing comes from the prefix cache
+                req.slot, req.num_cached_tokens = self.kv.allocate(), 0
+            else:
+                req.slot, req.num_cached_tokens = self.kv.allocate_for_prompt(
+                    req.prompt_token_ids, req.cache_salt
+                )
             req.num_computed_tokens = req.num_cached_tokens  # prefill starts after the prefix
             req.status = RequestStatus.RUNNING
             self.running.append(req)
@@ -154,10 +164,26 @@ class Scheduler:
         needs_logits: bool,
         probs: torch.Tensor | None,
     ) -> ScheduledRequest:
-        return ScheduledRequest(
+        item = ScheduledRequest(
             req.req_id, req.slot, req.num_computed_tokens, token_ids, num_drafts, needs_logits,
             req.sampling, req.seed, len(req.output_token_ids), req.penalty, probs,
         )  # fmt: skip
+        adjust = req.logits_adjust
+        if adjust is not None and adjust.bad_words_token_ids:
+            longest = max(len(w) for w in adjust.bad_words_token_ids) - 1
+            tail = (
+                tuple(req.output_token_ids[len(req.output_token_ids) - longest :])
+                if longest
+                else ()
+            )
+            adjust = replace(adjust, output_tail=tail)
+        item.adjust = adjust
+        if req.sampling.prompt_logprobs is not None:
+            start, prompt = req.num_computed_tokens, req.prompt_token_ids
+            end = min(start + len(token_ids), len(prompt) - 1)  # rows with a next prompt token
+            item.prompt_logprobs = req.sampling.prompt_logprobs
+            item.prompt_next_token_ids = prompt[start + 1 : end + 1] if end > start else []
+        return item
 
     def max_drafts(self, req: Request, budget: int) -> int:
         """Drafts this request may verify: each verified step yields at most drafts + 1 tokens."""
@@ -167,13 +193,20 @@ class Scheduler:
 
     # ---- update --------------------------------------------------------------------------
     def update_from_output(
-        self, sched: SchedulerOutput, results: list[StepResult], requests: dict[str, Request]
+        self,
+        sched: SchedulerOutput,
+        results: list[StepResult],
+        requests: dict[str, Request],
+        prompt_logprobs: list[list[TokenLogprobs] | None] | None = None,
     ) -> SchedulerUpdate:
         """Commit each request's accepted tokens (stop checks one by one), roll its KV length
-        back past rejected drafts, finish the requests that stopped or failed."""
+        back past rejected drafts, finish the requests that stopped or failed. ``prompt_logprobs``
+        (per scheduled request): what its fed prompt rows report (prompt_logprobs)."""
         update = SchedulerUpdate()
-        for s, result in zip(sched.scheduled, results):
+        for i, (s, result) in enumerate(zip(sched.scheduled, results)):
             req = requests[s.req_id]
+            if prompt_logprobs and prompt_logprobs[i]:
+                req.prompt_logprobs.extend(prompt_logprobs[i])
             if isinstance(result, RequestFailure):
                 self.fail(req, result, update)
                 continue

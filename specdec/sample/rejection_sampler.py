@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.sample.logprobs import LogitsAdjust, TokenLogprobs, row_logprobs
 from specdec.sample.ops import argmax_rows, one_thread, processed_logits
 from specdec.sample.random import Purpose, uniform
 from specdec.sample.sampler import row_probs, sample_row, search_cdf
@@ -38,7 +39,8 @@ class PenaltyState:
 class VerifyResult:
     token_ids: list[int]  # accepted drafts, then one recovered or bonus token
     num_accepted: int  # drafts accepted
-    logprobs: list[float] | None  # log p(token) under the raw target distribution, if asked
+    # per token, if asked: log p(token), its rank and the top-N under the raw target distribution
+    logprobs: list[TokenLogprobs] | None
 
 
 def verify(
@@ -49,6 +51,7 @@ def verify(
     penalty: PenaltyState | None,
     seed: int,  # the request's seed (see specdec.sample.random)
     position: int,  # output position of the first row's token
+    adjust: LogitsAdjust | None = None,  # logit_bias / bad_words, before penalties
 ) -> VerifyResult:
     """Greedy rows accept drafts while they equal the argmax. Random rows with point-mass
     drafts sample each position with its keyed uniform and accept a draft iff it equals that
@@ -58,20 +61,19 @@ def verify(
     assert target_logits.shape[0] == k + 1
     counts = penalty.rows(draft_token_ids) if (penalty is not None and sp.has_penalties) else None
     mask = penalty.prompt_mask if penalty is not None else None
+    base = target_logits if adjust is None else adjust.apply(target_logits.float(), draft_token_ids)
     if sp.is_greedy:
-        tokens = _greedy(processed_logits(target_logits, sp, mask, counts), draft_token_ids)
+        tokens = _greedy(processed_logits(base, sp, mask, counts), draft_token_ids)
     else:
         with one_thread(target_logits.device):
-            logits = processed_logits(target_logits, sp, mask, counts)  # [k+1, V]
+            logits = processed_logits(base, sp, mask, counts)  # [k+1, V]
             if draft_probs is None:
                 tokens = _sample_and_match(logits, draft_token_ids, sp, seed, position)
             else:
                 tokens = _rejection(logits, draft_token_ids, draft_probs, sp, seed, position)
     logprobs = None
     if sp.logprobs is not None:
-        raw = target_logits[: len(tokens)].float().log_softmax(dim=-1)
-        idx = torch.tensor(tokens, device=raw.device).unsqueeze(1)
-        logprobs = raw.gather(1, idx).squeeze(1).tolist()
+        logprobs = row_logprobs(target_logits, tokens, sp.logprobs)
     return VerifyResult(tokens, len(tokens) - 1, logprobs)
 
 

@@ -23,6 +23,7 @@ from specdec.engine.scheduler import (
 )
 from specdec.kv_cache.pool import KVCache
 from specdec.model.llama import HIDDEN_FINAL, LlamaModel, SeqBatch
+from specdec.sample.logprobs import TokenLogprobs, row_logprobs
 from specdec.sample.rejection_sampler import verify
 
 __all__ = ["HIDDEN_FINAL", "ModelRunner", "ModelRunnerOutput", "RequestFailure", "failure"]
@@ -34,6 +35,8 @@ class ModelRunnerOutput:
     # per scheduled request, with hidden_layers: [num_fed_tokens, H * len(hidden_layers)]
     # (None for a request whose forward failed)
     hidden_states: list[torch.Tensor | None] = field(default_factory=list)
+    # per scheduled request: its fed prompt rows' log-probabilities (prompt_logprobs) or None
+    prompt_logprobs: list[list[TokenLogprobs] | None] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -49,34 +52,40 @@ class ModelRunner:
             logits, hidden = self._forward(sched.scheduled)
         except Exception as e:  # noqa: BLE001 - isolated below
             if len(sched.scheduled) == 1:
-                return ModelRunnerOutput([failure("the forward pass", e)], [None])
+                return ModelRunnerOutput([failure("the forward pass", e)], [None], [None])
             return self._one_by_one(sched.scheduled)
-        return ModelRunnerOutput(self._verify(sched.scheduled, logits), hidden)
+        results, prompt_logprobs = self._verify(sched.scheduled, logits)
+        return ModelRunnerOutput(results, hidden, prompt_logprobs)
 
     def _one_by_one(self, scheduled: list[ScheduledRequest]) -> ModelRunnerOutput:
         """After a batched forward failed: each request alone, so only the one whose tokens
         fail is failed. NOTE: rewriting the same KV positions with the same tokens is harmless."""
-        out = ModelRunnerOutput([], [])
+        out = ModelRunnerOutput([], [], [])
         for s in scheduled:
             try:
                 logits, hidden = self._forward([s])
             except Exception as e:  # noqa: BLE001
                 out.results.append(failure("the forward pass", e))
                 out.hidden_states.append(None)
+                out.prompt_logprobs.append(None)
                 continue
-            out.results.extend(self._verify([s], logits))
+            results, prompt_logprobs = self._verify([s], logits)
+            out.results.extend(results)
             out.hidden_states.extend(hidden)
+            out.prompt_logprobs.extend(prompt_logprobs)
         return out
 
     def _forward(
         self, scheduled: list[ScheduledRequest]
     ) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
-        """The target over every scheduled token: logits [R, V] of the rows that need them,
-        and each request's hidden rows when a drafter reads them."""
+        """The target over every scheduled token: logits [R, V] of the rows that need them (per
+        request: its prompt_logprobs rows, then its verification rows), and each request's hidden
+        rows when a drafter reads them."""
         ids, pos, logit_rows = [], [], []
         batch = SeqBatch([], [], [])
         for s in scheduled:
             start, n = s.start_pos, len(s.token_ids)
+            logit_rows.extend(range(len(ids), len(ids) + len(s.prompt_next_token_ids)))
             if s.needs_logits:
                 first = len(ids) + n - 1 - s.num_drafts
                 logit_rows.extend(range(first, len(ids) + n))
@@ -104,10 +113,19 @@ class ModelRunner:
         self,
         scheduled: list[ScheduledRequest],
         logits: torch.Tensor | None,  # [R, V]
-    ) -> list[StepResult]:
+    ) -> tuple[list[StepResult], list[list[TokenLogprobs] | None]]:
+        """Each request's sampled / verified tokens, and its prompt rows' log-probabilities."""
         results: list[StepResult] = []
+        prompt_logprobs: list[list[TokenLogprobs] | None] = []
         row = 0
         for s in scheduled:
+            num_prompt_rows = len(s.prompt_next_token_ids)
+            prompt_logprobs.append(None)
+            if num_prompt_rows:
+                prompt_rows = logits[row : row + num_prompt_rows]  # [m, V]
+                row += num_prompt_rows
+                num_top = s.prompt_logprobs or 0
+                prompt_logprobs[-1] = row_logprobs(prompt_rows, s.prompt_next_token_ids, num_top)
             if not s.needs_logits:
                 results.append(None)
                 continue
@@ -123,8 +141,9 @@ class ModelRunner:
                         s.penalty,
                         s.seed,
                         s.output_pos,
+                        s.adjust,
                     )  # fmt: skip
                 )
             except Exception as e:  # noqa: BLE001 - this request's failure alone
                 results.append(failure("sampling", e))
-        return results
+        return results, prompt_logprobs

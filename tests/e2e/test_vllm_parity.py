@@ -258,3 +258,87 @@ def test_metrics_prefix_choice(tiny_llama) -> None:
     parser = api_server.make_arg_parser(argparse.ArgumentParser())
     assert parser.parse_args(["--metrics-prefix", "vllm"]).metrics_prefix == "vllm"
     assert parser.parse_args([]).metrics_prefix == "both"
+
+
+# ---- the sampling API through the official client ---------------------------------------------
+
+
+def test_n_logprobs_echo_and_batched_prompts_through_the_client(server, tiny_llama) -> None:
+    client = _client(server)
+    kw = {"model": "tiny", "max_tokens": 8, "temperature": 0.9, "seed": 5}
+    extra = {"ignore_eos": True}
+    r = client.completions.create(prompt="hello there", n=2, logprobs=3, extra_body=extra, **kw)
+    assert [c.index for c in r.choices] == [0, 1] and r.usage.completion_tokens == 16
+    for c in r.choices:
+        lp = c.logprobs
+        assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 8
+        # top-3 and the chosen one (tokens that decode alike, as U+FFFD, share a key)
+        assert all(1 <= len(top) <= 4 for top in lp.top_logprobs)
+        assert max(len(top) for top in lp.top_logprobs) >= 3
+    # the same samples offline, plain decoding: sample i is seeded seed + i
+    plain = LLM(str(tiny_llama), max_model_len=256)
+    want = plain.generate(
+        "hello there", SamplingParams(temperature=0.9, seed=5, max_tokens=8, ignore_eos=True,
+                                      n=2, logprobs=3),
+    )[0]  # fmt: skip
+    assert [c.text for c in r.choices] == [c.text for c in want.outputs]
+    for c, w in zip(r.choices, want.outputs):
+        assert c.logprobs.token_logprobs == [d[t].logprob for d, t in zip(w.logprobs, w.token_ids)]
+    # streamed: the same text per choice
+    streamed = {0: "", 1: ""}
+    for chunk in client.completions.create(
+        prompt="hello there", n=2, stream=True, extra_body=extra, **kw
+    ):
+        for c in chunk.choices:
+            streamed[c.index] += c.text
+    assert [streamed[0], streamed[1]] == [c.text for c in r.choices]
+    # batched prompts with n: prompt-major choice indices, each prompt counted once
+    b = client.completions.create(prompt=["hello there", "a b a b"], n=2, extra_body=extra, **kw)
+    assert [c.index for c in b.choices] == [0, 1, 2, 3]
+    assert b.choices[0].text == r.choices[0].text and b.usage.completion_tokens == 32
+    # best_of: one returned, three generated
+    best = client.completions.create(prompt="hello there", best_of=3, extra_body=extra, **kw)
+    assert len(best.choices) == 1 and best.usage.completion_tokens == 24
+    # echo with logprobs: the prompt first, its first token without a log-probability
+    e = client.completions.create(prompt="hello there", echo=True, logprobs=1, extra_body=extra,
+                                  **kw)  # fmt: skip
+    assert e.choices[0].text.startswith("hello there")
+    assert e.choices[0].logprobs.token_logprobs[0] is None
+    num_prompt = e.usage.prompt_tokens
+    assert len(e.choices[0].logprobs.tokens) == num_prompt + 8
+    assert "".join(e.choices[0].logprobs.tokens[:num_prompt]) == "hello there"
+    # chat: n and top_logprobs
+    chat = client.chat.completions.create(
+        messages=[{"role": "user", "content": "hi"}], n=2, logprobs=True, top_logprobs=3,
+        extra_body=extra, **kw,
+    )  # fmt: skip
+    assert [c.index for c in chat.choices] == [0, 1]
+    assert all(len(t.top_logprobs) == 3 for t in chat.choices[0].logprobs.content)
+    assert chat.choices[0].logprobs.content[0].top_logprobs[0].logprob >= (
+        chat.choices[0].logprobs.content[0].top_logprobs[1].logprob
+    )
+
+
+def test_logit_bias_bad_words_and_prompt_logprobs_through_the_client(server, tiny_llama) -> None:
+    client = _client(server)
+    kw = {"model": "tiny", "max_tokens": 8, "temperature": 0}
+    forced = client.completions.create(
+        prompt="hello there", logit_bias={"5": 100}, extra_body={"ignore_eos": True}, **kw
+    )
+    tok = LLM(str(tiny_llama), max_model_len=64).get_tokenizer()
+    assert set(tok.encode(forced.choices[0].text, False)) == {5}
+    plain = client.completions.create(prompt="hello there", extra_body={"ignore_eos": True}, **kw)
+    first = plain.choices[0].text[0]
+    banned = client.completions.create(
+        prompt="hello there", extra_body={"ignore_eos": True, "bad_words": [first]}, **kw
+    )
+    assert first not in banned.choices[0].text
+    r = httpx.post(
+        f"{server.url}/v1/completions",
+        json={"prompt": "hello there", "prompt_logprobs": 2, **kw},
+        timeout=30,
+    ).json()
+    prompt_lp = r["choices"][0]["prompt_logprobs"]
+    assert prompt_lp[0] is None and len(prompt_lp) == r["usage"]["prompt_tokens"]
+    assert all(2 <= len(d) <= 3 for d in prompt_lp[1:])
+    assert {"logprob", "rank", "decoded_token"} == set(next(iter(prompt_lp[1].values())))

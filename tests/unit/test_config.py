@@ -55,7 +55,10 @@ def test_bad_speculative_config_names_the_key(value, needle: str) -> None:
         ({"top_p": 1.5}, "top_p"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"top_k": -3}, "top_k"),
-        ({"n": 2}, "n must be 1"),
+        ({"n": 0}, "n must be an integer in \\[1, 128\\]"),
+        ({"n": 2, "best_of": 1}, "best_of must be >= n"),
+        ({"logit_bias": {1: 200}}, "logit_bias\\[1\\]"),
+        ({"bad_words": [""]}, "bad_words"),
     ],
 )
 def test_bad_sampling_params(kwargs, needle: str) -> None:

@@ -106,15 +106,13 @@ def test_cache_salt_is_a_field() -> None:
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"n": 3}, "n"),
-        ({"logit_bias": {"1": 5}}, "logit_bias"),
         ({"echo": True}, "echo"),
+        ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
         ({"use_beam_search": True}, "use_beam_search"),
         ({"guided_regex": "a+"}, "guided_regex"),
         ({"tools": [{"type": "function"}]}, "tools"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
-        ({"top_logprobs": 2, "logprobs": True}, "top_logprobs"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
     ],
 )
@@ -155,12 +153,13 @@ def test_sampling_params_mapping() -> None:
 
 
 def test_prompt_shapes() -> None:
-    assert CompletionRequest.model_validate({"prompt": ["one"]}).single_prompt() == "one"
-    assert CompletionRequest.model_validate({"prompt": [[1, 2]]}).single_prompt() == [1, 2]
-    assert CompletionRequest.model_validate({"prompt": [3, 4]}).single_prompt() == [3, 4]
-    for prompt in (["a", "b"], "", []):
+    assert CompletionRequest.model_validate({"prompt": ["one"]}).prompts() == ["one"]
+    assert CompletionRequest.model_validate({"prompt": [[1, 2]]}).prompts() == [[1, 2]]
+    assert CompletionRequest.model_validate({"prompt": [3, 4]}).prompts() == [[3, 4]]
+    assert CompletionRequest.model_validate({"prompt": ["a", "b"]}).prompts() == ["a", "b"]
+    for prompt in ("", [], ["a", ""], [[1], []], ["a"] * 129):
         with pytest.raises(RequestError) as e:
-            CompletionRequest.model_validate({"prompt": prompt}).single_prompt()
+            CompletionRequest.model_validate({"prompt": prompt}).prompts()
         assert e.value.param == "prompt"
 
 

@@ -155,6 +155,6 @@ def test_logprobs_are_raw_target_logprobs() -> None:
         0,
     )
     expected = logits.log_softmax(-1)
-    assert res.logprobs == pytest.approx(
+    assert [lp.logprob for lp in res.logprobs] == pytest.approx(
         [float(expected[i, t]) for i, t in enumerate(res.token_ids)]
     )

@@ -16,7 +16,11 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from specdec.sampling_params import (
     INT_MAX,
+    LOGIT_BIAS_RANGE,
+    MAX_BAD_WORDS,
+    MAX_LOGIT_BIAS,
     MAX_LOGPROBS,
+    MAX_N,
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
     MAX_STOP_TOKEN_IDS,
@@ -30,14 +34,12 @@ from specdec.sampling_params import (
 # Fields we do not implement whose presence changes the output: reject rather than ignore.
 _UNSUPPORTED: dict[str, str] = {
     "use_beam_search": "beam search is not supported",
-    "prompt_logprobs": "prompt_logprobs is not supported",
     "guided_json": "guided decoding is not supported",
     "guided_regex": "guided decoding is not supported",
     "guided_choice": "guided decoding is not supported",
     "guided_grammar": "guided decoding is not supported",
     "structured_outputs": "structured outputs are not supported",
     "allowed_token_ids": "allowed_token_ids is not supported",
-    "bad_words": "bad_words is not supported",
     "logits_processors": "logits processors are not supported",
     "functions": "function calling is not supported",
     "function_call": "function calling is not supported",
@@ -62,6 +64,7 @@ Seed = Annotated[int, Field(ge=SEED_RANGE[0], lt=SEED_RANGE[1])]
 Logprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
 StopString = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
 MAX_CACHE_SALT_CHARS = 256
+MAX_PROMPTS = 128  # a batched completion request
 MAX_CHAT_TEMPLATE_CHARS = 128 * 1024
 MAX_NAME_CHARS = 256  # user
 MAX_MODEL_NAME_CHARS = 4096  # served names default to the model path
@@ -168,7 +171,7 @@ class _SamplingRequest(OpenAIBaseModel):
     """The sampling fields both endpoints share."""
 
     model: Annotated[str, Field(max_length=MAX_MODEL_NAME_CHARS)] | None = None
-    n: Annotated[int, Field(ge=1, le=INT_MAX)] = 1
+    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
     temperature: Temperature | None = None
     top_p: TopP | None = None
     presence_penalty: Penalty | None = None
@@ -177,7 +180,13 @@ class _SamplingRequest(OpenAIBaseModel):
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: (
+        Annotated[
+            dict[str, Annotated[float, Field(ge=LOGIT_BIAS_RANGE[0], le=LOGIT_BIAS_RANGE[1])]],
+            Field(max_length=MAX_LOGIT_BIAS),
+        ]
+        | None
+    ) = None
     user: Annotated[str, Field(max_length=MAX_NAME_CHARS)] | None = None
     # vLLM's extras
     top_k: Annotated[int, Field(ge=-1, le=INT_MAX)] | None = None
@@ -188,7 +197,12 @@ class _SamplingRequest(OpenAIBaseModel):
     min_tokens: NonNegInt = 0
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
-    echo: bool = False
+    prompt_logprobs: Logprobs | None = None
+    bad_words: (
+        Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]],
+                  Field(max_length=MAX_BAD_WORDS)]
+        | None
+    ) = None  # fmt: skip
     cache_salt: Annotated[str, Field(min_length=1, max_length=MAX_CACHE_SALT_CHARS)] | None = None
     # per-request speculation: at most this many drafts per step (0 = off), in vLLM's key, and
     # llama.cpp's server keys speculative.n_max (the same) / n_min / p_min
@@ -205,16 +219,6 @@ class _SamplingRequest(OpenAIBaseModel):
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.n != 1:
-            raise RequestError(
-                f"n must be 1 (got {self.n}): parallel sampling is not supported", "n"
-            )
-        if self.logit_bias:
-            raise RequestError(
-                "logit_bias is not supported", "logit_bias", code="unsupported_parameter"
-            )
-        if self.echo:
-            raise RequestError("echo is not supported", "echo", code="unsupported_parameter")
         if self.stream_options is not None and not self.stream:
             raise RequestError(
                 "stream_options is only allowed when stream is true", "stream_options"
@@ -229,8 +233,26 @@ class _SamplingRequest(OpenAIBaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def _logit_bias(self) -> dict[int, float] | None:
+        """OpenAI's token id strings as ints."""
+        if not self.logit_bias:
+            return None
+        out = {}
+        for key, value in self.logit_bias.items():
+            if not key.strip().isdigit():
+                raise RequestError(
+                    f"logit_bias keys must be token ids, got {key[:32]!r}", "logit_bias"
+                )
+            out[int(key)] = value
+        return out
+
     def _sampling(
-        self, max_tokens: int, logprobs: int | None, defaults: dict[str, Any] | None
+        self,
+        max_tokens: int,
+        logprobs: int | None,
+        defaults: dict[str, Any] | None,
+        best_of: int | None = None,
+        prompt_logprobs: int | None = None,
     ) -> SamplingParams:
         """SamplingParams for this request (``max_tokens`` already resolved against the
         context); ``defaults`` (the server's) fill the sampling fields the request leaves out."""
@@ -267,6 +289,11 @@ class _SamplingRequest(OpenAIBaseModel):
                 logprobs=logprobs,
                 include_stop_str_in_output=self.include_stop_str_in_output,
                 skip_special_tokens=self.skip_special_tokens,
+                n=self.n,
+                best_of=best_of,
+                prompt_logprobs=prompt_logprobs,
+                logit_bias=self._logit_bias(),
+                bad_words=self.bad_words,
                 num_speculative_tokens=max_drafts,
                 speculative_n_min=self.speculative_n_min,
                 speculative_p_min=self.speculative_p_min,
@@ -289,40 +316,38 @@ class CompletionRequest(_SamplingRequest):
     prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
     max_tokens: PositiveInt | None = 16
     logprobs: Logprobs | None = None
-    best_of: Annotated[int, Field(ge=1, le=INT_MAX)] | None = None
+    best_of: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
+    echo: bool = False
     suffix: str | None = None
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.best_of not in (None, 1):
-            raise RequestError("best_of must be 1", "best_of", code="unsupported_parameter")
         if self.suffix:
             raise RequestError("suffix is not supported", "suffix", code="unsupported_parameter")
-        if self.logprobs:
-            raise RequestError(
-                "logprobs must be 0: only the chosen tokens' log-probabilities are available",
-                "logprobs",
-                code="unsupported_parameter",
-            )
+        if self.best_of is not None and self.best_of < self.n:
+            raise RequestError(f"best_of must be >= n ({self.n}), got {self.best_of}", "best_of")
+        if self.stream and (self.best_of or self.n) > self.n:
+            raise RequestError("best_of > n cannot be streamed", "best_of")
 
-    def single_prompt(self) -> str | list[int]:
-        """The one prompt (a one-element batch is unwrapped; larger batches are refused)."""
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts: one, or a batch (a list of strings or of token id lists)."""
         p = self.prompt
-        if isinstance(p, list) and p and not isinstance(p[0], int):
-            if len(p) != 1:
-                raise RequestError(
-                    f"batched prompts are not supported (got {len(p)}); send one prompt per request",
-                    "prompt",
-                )
-            p = p[0]  # type: ignore[assignment]
-        if not p:
-            raise RequestError("prompt is empty", "prompt")
-        return p  # type: ignore[return-value]
+        batch = p if isinstance(p, list) and p and not isinstance(p[0], int) else [p]
+        if len(batch) > MAX_PROMPTS:
+            raise RequestError(f"at most {MAX_PROMPTS} prompts per request", "prompt")
+        for one in batch:
+            if not one:
+                raise RequestError("prompt is empty", "prompt")
+        return batch  # type: ignore[return-value]
 
     def to_sampling_params(
         self, max_tokens: int, defaults: dict[str, Any] | None = None
     ) -> SamplingParams:
-        return self._sampling(max_tokens, self.logprobs, defaults)
+        # NOTE: echo with logprobs reports the prompt's tokens too, as vLLM does
+        prompt_logprobs = self.prompt_logprobs
+        if self.echo and self.logprobs is not None and prompt_logprobs is None:
+            prompt_logprobs = self.logprobs
+        return self._sampling(max_tokens, self.logprobs, defaults, self.best_of, prompt_logprobs)
 
 
 # ---- /v1/chat/completions -------------------------------------------------------------------
@@ -386,12 +411,12 @@ class ChatCompletionRequest(_SamplingRequest):
                 "response_format",
                 code="unsupported_parameter",
             )
-        if self.top_logprobs:
+        if (self.model_extra or {}).get("echo"):
             raise RequestError(
-                "top_logprobs must be 0: only the chosen tokens' log-probabilities are available",
-                "top_logprobs",
-                code="unsupported_parameter",
+                "echo is not supported on chat completions", "echo", code="unsupported_parameter"
             )
+        if self.top_logprobs and not self.logprobs:
+            raise RequestError("top_logprobs needs logprobs: true", "top_logprobs")
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -407,7 +432,8 @@ class ChatCompletionRequest(_SamplingRequest):
     def to_sampling_params(
         self, max_tokens: int, defaults: dict[str, Any] | None = None
     ) -> SamplingParams:
-        return self._sampling(max_tokens, 0 if self.logprobs else None, defaults)
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        return self._sampling(max_tokens, logprobs, defaults, None, self.prompt_logprobs)
 
 
 # ---- responses --------------------------------------------------------------------------------
@@ -467,6 +493,10 @@ class ChatCompletionChoice(BaseModel):
     stop_reason: int | str | None = None
 
 
+# vLLM's prompt_logprobs: per prompt token (None for the first) token id -> its figures
+PromptLogprobs = list[dict[str, dict[str, Any]] | None]
+
+
 class ChatCompletionResponse(BaseModel):
     id: str
     object: Literal["chat.completion"] = "chat.completion"
@@ -474,6 +504,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatCompletionChoice]
     usage: UsageInfo
+    prompt_logprobs: PromptLogprobs | None = None
     spec_decode: dict[str, Any] | None = None
 
 
@@ -502,7 +533,7 @@ class ChatCompletionChunk(BaseModel):
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
     text_offset: list[int] = Field(default_factory=list)
 
@@ -513,6 +544,7 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionResponse(BaseModel):

@@ -40,6 +40,7 @@ from specdec.entrypoints.openai.protocol import (
     DeltaMessage,
     ModelCard,
     ModelList,
+    PromptLogprobs,
     PromptTokenUsageInfo,
     RequestError,
     UsageInfo,
@@ -50,7 +51,8 @@ from specdec.entrypoints.openai.protocol import (
 )
 from specdec.entrypoints.openai.safety import for_log, has_surrogates
 from specdec.model.tokenizer import prepare_messages
-from specdec.outputs import RequestOutput
+from specdec.outputs import CompletionOutput, PositionLogprobs, RequestOutput, merge_samples
+from specdec.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -81,33 +83,99 @@ def internal_error(e: Exception, req_id: str) -> RequestError:
     )
 
 
-def _usage(out: RequestOutput) -> UsageInfo:
-    n_prompt, n_out = len(out.prompt_token_ids), len(out.outputs[0].token_ids)
+def _usage(pairs: list[tuple[_Job, RequestOutput]]) -> UsageInfo:
+    """Usage of one response: each prompt once, every generated sample (best_of's included)."""
+    jobs: dict[int, tuple[_Job, int]] = {}  # id(job) -> (job, its most cached tokens)
+    for job, out in pairs:
+        cached = max(jobs.get(id(job), (job, 0))[1], out.num_cached_tokens)
+        jobs[id(job)] = (job, cached)
+    n_prompt = sum(len(job.prompt_ids) for job, _ in jobs.values())
+    n_out = sum(len(c.token_ids) for _, out in pairs for c in out.outputs)
     return UsageInfo(
         prompt_tokens=n_prompt,
         completion_tokens=n_out,
         total_tokens=n_prompt + n_out,
-        prompt_tokens_details=PromptTokenUsageInfo(cached_tokens=out.num_cached_tokens),
+        prompt_tokens_details=PromptTokenUsageInfo(cached_tokens=sum(c for _, c in jobs.values())),
     )
 
 
-def _new_logprobs(out: RequestOutput) -> tuple[list[int], list[float]]:
-    """The token ids of this output's delta and their log-probabilities."""
+def _new_logprobs(out: RequestOutput) -> tuple[list[int], list[PositionLogprobs]]:
+    """The token ids of this output's delta and their log-probability dicts."""
     lps = out.outputs[0].logprobs or []
     ids = out.delta_token_ids
     return ids, lps[len(lps) - len(ids) :] if ids else []
 
 
+class _Streams:
+    """The engine requests behind one response (samples, prompts) as one stream to abort."""
+
+    def __init__(self, req_id: str, streams: list[RequestStream]) -> None:
+        self.req_id = req_id
+        self.streams = streams
+
+    def abort(self) -> None:
+        for s in self.streams:
+            s.abort()
+
+
+@dataclass
+class _Job:
+    """One prompt of a response: its token ids, its samples' streams, its sampling."""
+
+    prompt_ids: list[int]
+    prompt_text: str | None
+    streams: list[RequestStream]
+    sampling: SamplingParams
+    first_index: int  # the choice index of its first sample
+
+
 @dataclass
 class EventStream:
-    """A streaming response: SSE events, and the request to abort if the client goes away."""
+    """A streaming response: SSE events, and the requests to abort if the client goes away."""
 
     events: AsyncIterator[str]
-    stream: RequestStream
+    stream: RequestStream | _Streams
 
     async def close(self) -> None:
         await self.events.aclose()  # type: ignore[attr-defined]
         self.stream.abort()
+
+
+_END = object()
+
+
+async def _merged(jobs: list[_Job]) -> AsyncIterator[tuple[int, _Job, RequestOutput]]:
+    """(choice index, its job, output) from every sample's stream, as they come."""
+    pairs = [(job.first_index + i, job, s) for job in jobs for i, s in enumerate(job.streams)]
+    if len(pairs) == 1:
+        index, job, stream = pairs[0]
+        async for out in stream:
+            yield index, job, out
+        return
+    queue: asyncio.Queue[tuple[int, _Job, object]] = asyncio.Queue()
+
+    async def pump(index: int, job: _Job, stream: RequestStream) -> None:
+        try:
+            async for out in stream:
+                await queue.put((index, job, out))
+        except Exception as e:  # noqa: BLE001 - handed to the consumer
+            await queue.put((index, job, e))
+        await queue.put((index, job, _END))
+
+    tasks = [asyncio.ensure_future(pump(*pair)) for pair in pairs]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, job, item = await queue.get()
+            if item is _END:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, job, item  # type: ignore[misc]
+    finally:
+        for t in tasks:
+            t.cancel()
 
 
 class OpenAIServing:
@@ -200,15 +268,67 @@ class OpenAIServing:
         return requested
 
     async def _start(
-        self, prompt_ids: list[int], req: _SamplingRequest, max_tokens: int, param: str, rid: str
-    ) -> RequestStream:
-        sampling = req.to_sampling_params(max_tokens, self.sampling_defaults)
+        self,
+        prompts: list[tuple[list[int], str | None]],
+        req: _SamplingRequest,
+        max_tokens: list[int],
+        param: str,
+        rid: str,
+    ) -> list[_Job]:
+        """Queue every prompt's samples (n / best_of: one engine request each, seeded seed + i;
+        their prompt is prefilled once and shared through the prefix cache). On a refusal, what
+        was queued is aborted."""
+        jobs: list[_Job] = []
         try:
-            return await self.llm.add_request(prompt_ids, sampling, rid, req.cache_salt)
+            for p, ((ids, text), budget) in enumerate(zip(prompts, max_tokens)):
+                sampling = req.to_sampling_params(budget, self.sampling_defaults)
+                prefix = rid if len(prompts) == 1 else f"{rid}-{p}"
+                jobs.append(await self._start_samples(ids, text, sampling, req, prefix, jobs))
+        except BaseException:
+            for job in jobs:
+                for stream in job.streams:
+                    stream.abort()
+            raise
+        return jobs
+
+    async def _start_samples(
+        self,
+        ids: list[int],
+        text: str | None,
+        sampling: SamplingParams,
+        req: _SamplingRequest,
+        prefix: str,
+        earlier: list[_Job],
+    ) -> _Job:
+        first = sum(j.sampling.n for j in earlier)
+        job = _Job(ids, text, [], sampling, first)
+        if sampling.num_samples == 1:
+            job.streams.append(await self._add(ids, sampling, prefix, req))
+            return job
+        engine = self.llm.engine
+        if engine.kv.enable_prefix_caching and len(ids) > 1 and sampling.prompt_logprobs is None:
+            warm = SamplingParams(temperature=0.0, max_tokens=1, seed=0)
+            await self._collect(await self._add(ids, warm, f"{prefix}-prefill", req))
+        for i in range(sampling.num_samples):
+            try:
+                job.streams.append(
+                    await self._add(ids, sampling.for_sample(i), f"{prefix}-{i}", req)
+                )
+            except BaseException:
+                for stream in job.streams:
+                    stream.abort()
+                raise
+        return job
+
+    async def _add(
+        self, ids: list[int], sampling: SamplingParams, req_id: str, req: _SamplingRequest
+    ) -> RequestStream:
+        try:
+            return await self.llm.add_request(ids, sampling, req_id, req.cache_salt)
         except EngineError as e:
-            raise _engine_error(e, rid) from e
+            raise _engine_error(e, req_id) from e
         except ValueError as e:
-            raise RequestError(str(e), param=req.field_named_by(str(e)) or param) from e
+            raise RequestError(str(e), param=req.field_named_by(str(e)) or "prompt") from e
 
     @staticmethod
     async def _collect(stream: RequestStream) -> RequestOutput:
@@ -223,12 +343,26 @@ class OpenAIServing:
         assert final is not None
         return final
 
-    def _sse(self, events: AsyncIterator[str], stream: RequestStream) -> EventStream:
-        return EventStream(self._sse_events(events, stream), stream)
+    async def _collect_jobs(self, jobs: list[_Job]) -> list[tuple[_Job, list[RequestOutput]]]:
+        """Every sample's final output, per job (on a failure the others are aborted)."""
+        streams = [s for job in jobs for s in job.streams]
+        try:
+            outs = await asyncio.gather(*(self._collect(s) for s in streams))
+        except BaseException:
+            for s in streams:
+                s.abort()
+            raise
+        grouped, k = [], 0
+        for job in jobs:
+            grouped.append((job, list(outs[k : k + len(job.streams)])))
+            k += len(job.streams)
+        return grouped
 
-    async def _sse_events(
-        self, events: AsyncIterator[str], stream: RequestStream
-    ) -> AsyncIterator[str]:
+    def _sse(self, events: AsyncIterator[str], jobs: list[_Job], rid: str) -> EventStream:
+        group = _Streams(rid, [s for job in jobs for s in job.streams])
+        return EventStream(self._sse_events(events, group), group)
+
+    async def _sse_events(self, events: AsyncIterator[str], stream: _Streams) -> AsyncIterator[str]:
         """Wrap a chunk generator: a failure becomes an error event; always end with [DONE]."""
         try:
             async for event in events:
@@ -253,9 +387,6 @@ class OpenAIServing:
             d["num_speculative_tokens"] = k if own is None else min(own, k)
         return d
 
-    def _token_strings(self, token_ids: list[int]) -> list[str]:
-        return [self.tokenizer.decode([t], skip_special_tokens=False) for t in token_ids]
-
     # ---- /v1/chat/completions ------------------------------------------------------------------
     async def create_chat_completion(
         self, req: ChatCompletionRequest, rid: str | None = None
@@ -269,22 +400,29 @@ class OpenAIServing:
         max_tokens = self._max_tokens(
             len(prompt_ids), req.requested_max_tokens, "messages", max_param
         )
-        stream = await self._start(prompt_ids, req, max_tokens, "messages", rid)
+        jobs = await self._start([(prompt_ids, None)], req, [max_tokens], "messages", rid)
         created = now()
         if req.stream:
-            return self._sse(self._chat_chunks(req, stream, rid, created, model), stream)
-        out = await self._collect(stream)
-        c = out.outputs[0]
-        logprobs = self._chat_logprobs(c.token_ids, c.logprobs or []) if req.logprobs else None
-        choice = ChatCompletionChoice(
-            message=ChatResponseMessage(content=c.text),
-            logprobs=logprobs,
-            finish_reason=c.finish_reason,
-            stop_reason=c.stop_reason,
-        )
+            return self._sse(self._chat_chunks(req, jobs, rid, created, model), jobs, rid)
+        ((job, outs),) = await self._collect_jobs(jobs)
+        merged = _merge(job, outs, rid)
+        top = req.top_logprobs or 0
+        choices = [
+            ChatCompletionChoice(
+                index=c.index,
+                message=ChatResponseMessage(content=c.text),
+                logprobs=self._chat_logprobs(c.token_ids, c.logprobs or [], top)
+                if req.logprobs
+                else None,
+                finish_reason=c.finish_reason,
+                stop_reason=c.stop_reason,
+            )
+            for c in merged.outputs
+        ]
         return ChatCompletionResponse(
-            id=rid, created=created, model=model, choices=[choice], usage=_usage(out),
-            spec_decode=self._spec_decode(out, req),
+            id=rid, created=created, model=model, choices=choices,
+            usage=_usage([(job, o) for o in outs]), prompt_logprobs=self._prompt_logprobs(merged),
+            spec_decode=self._spec_decode(merged, req),
         ).model_dump()  # fmt: skip
 
     async def _chat_prompt_ids(self, req: ChatCompletionRequest) -> list[int]:
@@ -344,15 +482,54 @@ class OpenAIServing:
         assert isinstance(text, str)
         return text
 
-    def _chat_logprobs(self, token_ids: list[int], logprobs: list[float]) -> ChatChoiceLogprobs:
-        content = [
-            ChatTokenLogprob(token=s, logprob=lp, bytes=list(s.encode("utf-8")))
-            for s, lp in zip(self._token_strings(token_ids), logprobs)
-        ]
+    def _chat_logprobs(
+        self, token_ids: list[int], logprobs: list[PositionLogprobs], top: int
+    ) -> ChatChoiceLogprobs:
+        """OpenAI's chat shape: each token with its log-probability and the ``top`` most likely."""
+        content = []
+        for tok, d in zip(token_ids, logprobs):
+            text = self._token_text(tok, d)
+            ranked = sorted((v.rank or 0, k, v) for k, v in d.items() if (v.rank or 0) <= top)
+            content.append(
+                ChatTokenLogprob(
+                    token=text,
+                    logprob=d[tok].logprob,
+                    bytes=list(text.encode("utf-8")),
+                    top_logprobs=[
+                        {
+                            "token": (t := self._token_text(k, d)),
+                            "logprob": v.logprob,
+                            "bytes": list(t.encode("utf-8")),
+                        }
+                        for _, k, v in ranked
+                    ],  # fmt: skip
+                )
+            )
         return ChatChoiceLogprobs(content=content)
 
+    def _token_text(self, token_id: int, d: PositionLogprobs | None = None) -> str:
+        lp = d.get(token_id) if d else None
+        if lp is not None and lp.decoded_token is not None:
+            return lp.decoded_token
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    @staticmethod
+    def _prompt_logprobs(out: RequestOutput) -> PromptLogprobs | None:
+        """vLLM's prompt_logprobs in JSON: None, then per prompt token id -> its figures."""
+        if out.prompt_logprobs is None:
+            return None
+        return [
+            None
+            if d is None
+            else {
+                str(k): {"logprob": v.logprob, "rank": v.rank, "decoded_token": v.decoded_token}
+                for k, v in d.items()
+            }
+            for d in out.prompt_logprobs
+        ]
+
     async def _chat_chunks(
-        self, req: ChatCompletionRequest, stream: RequestStream, rid: str, created: int, model: str
+        self, req: ChatCompletionRequest, jobs: list[_Job], rid: str, created: int, model: str
     ) -> AsyncIterator[str]:
         def chunk(choices: list[ChatStreamChoice], **kw: Any) -> str:
             return dump_chunk(
@@ -360,14 +537,20 @@ class OpenAIServing:
             )
 
         continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
-        yield chunk([ChatStreamChoice(delta=DeltaMessage(role="assistant", content=""))])
-        out: RequestOutput | None = None
-        async for out in stream:
+        for i in range(jobs[0].sampling.n):
+            yield chunk(
+                [ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))]
+            )
+        last: dict[int, tuple[_Job, RequestOutput]] = {}
+        top = req.top_logprobs or 0
+        async for index, job, out in _merged(jobs):
+            last[index] = (job, out)
             c = out.outputs[0]
-            logprobs = self._chat_logprobs(*_new_logprobs(out)) if req.logprobs else None
+            logprobs = self._chat_logprobs(*_new_logprobs(out), top) if req.logprobs else None
             if not (out.delta_text or out.finished or (logprobs and logprobs.content)):
                 continue
             choice = ChatStreamChoice(
+                index=index,
                 delta=DeltaMessage(content=out.delta_text),
                 logprobs=logprobs,
                 finish_reason=c.finish_reason if out.finished else None,
@@ -375,11 +558,13 @@ class OpenAIServing:
             )
             yield chunk(
                 [choice],
-                usage=_usage(out) if continuous else None,
+                usage=_usage(list(last.values())) if continuous else None,
                 spec_decode=self._spec_decode(out, req) if out.finished else None,
             )
-        if req.include_usage and out is not None:
-            yield chunk([], usage=_usage(out), spec_decode=self._spec_decode(out, req))
+        if req.include_usage and last:
+            pairs = list(last.values())
+            merged = _merge_all([o for _, o in pairs])
+            yield chunk([], usage=_usage(pairs), spec_decode=self._spec_decode(merged, req))
 
     # ---- /v1/completions -----------------------------------------------------------------------
     async def create_completion(
@@ -387,46 +572,98 @@ class OpenAIServing:
     ) -> dict[str, Any] | EventStream:
         rid = rid or random_id("cmpl")
         model = self._check_request(req)
-        prompt = req.single_prompt()
-        if isinstance(prompt, str):
-            prompt_ids = await self.run_blocking(self._encode, prompt, True)
-        else:
-            prompt_ids = list(prompt)
-        max_tokens = self._max_tokens(len(prompt_ids), req.max_tokens, "prompt", "max_tokens")
-        stream = await self._start(prompt_ids, req, max_tokens, "prompt", rid)
+        prompts: list[tuple[list[int], str | None]] = []
+        for p in req.prompts():
+            if isinstance(p, str):
+                prompts.append((await self.run_blocking(self._encode, p, True), p))
+            else:
+                prompts.append((list(p), None))
+        budgets = [
+            self._max_tokens(len(ids), req.max_tokens, "prompt", "max_tokens") for ids, _ in prompts
+        ]
+        jobs = await self._start(prompts, req, budgets, "prompt", rid)
         created = now()
         if req.stream:
-            return self._sse(self._completion_chunks(req, stream, rid, created, model), stream)
-        out = await self._collect(stream)
-        c = out.outputs[0]
-        logprobs = None
-        if req.logprobs is not None:
-            logprobs = self._completion_logprobs(c.token_ids, c.logprobs or [], 0)
-        choice = CompletionChoice(
-            text=c.text, logprobs=logprobs, finish_reason=c.finish_reason, stop_reason=c.stop_reason
-        )
+            return self._sse(self._completion_chunks(req, jobs, rid, created, model), jobs, rid)
+        choices, every = [], []
+        for job, outs in await self._collect_jobs(jobs):
+            every.extend((job, o) for o in outs)
+            merged = _merge(job, outs, rid)
+            for c in merged.outputs:
+                index = job.first_index + c.index
+                choices.append(self._completion_choice(req, job, merged, c, index))
         return CompletionResponse(
-            id=rid, created=created, model=model, choices=[choice], usage=_usage(out),
-            spec_decode=self._spec_decode(out, req),
+            id=rid, created=created, model=model, choices=choices, usage=_usage(every),
+            spec_decode=self._spec_decode(_merge_all([o for _, o in every]), req),
         ).model_dump()  # fmt: skip
 
-    def _completion_logprobs(
-        self, token_ids: list[int], logprobs: list[float], offset: int
-    ) -> CompletionLogprobs:
-        tokens = self._token_strings(token_ids)
-        offsets = []
-        for s in tokens:
-            offsets.append(offset)
-            offset += len(s)
-        return CompletionLogprobs(
-            tokens=tokens,
-            token_logprobs=list(logprobs),
-            top_logprobs=[None] * len(tokens),
-            text_offset=offsets,
-        )
+    def _echo_text(self, job: _Job) -> str:
+        if job.prompt_text is not None:
+            return job.prompt_text
+        return self.tokenizer.decode(job.prompt_ids, skip_special_tokens=False)
+
+    def _completion_choice(
+        self,
+        req: CompletionRequest,
+        job: _Job,
+        out: RequestOutput,
+        c: CompletionOutput,
+        index: int,
+    ) -> CompletionChoice:
+        text = c.text
+        logprobs = None
+        if req.logprobs is not None:
+            logprobs = CompletionLogprobs()
+            if req.echo:
+                self._add_prompt_logprobs(logprobs, job.prompt_ids, out.prompt_logprobs)
+            self._add_logprobs(logprobs, c.token_ids, c.logprobs or [], len(self._text(logprobs)))
+        if req.echo:
+            text = self._echo_text(job) + text
+        return CompletionChoice(
+            index=index, text=text, logprobs=logprobs, finish_reason=c.finish_reason,
+            stop_reason=c.stop_reason,
+            prompt_logprobs=self._prompt_logprobs(out) if req.prompt_logprobs is not None else None,
+        )  # fmt: skip
+
+    @staticmethod
+    def _text(logprobs: CompletionLogprobs) -> str:
+        return "".join(logprobs.tokens)
+
+    def _add_logprobs(
+        self,
+        into: CompletionLogprobs,
+        token_ids: list[int],
+        logprobs: list[PositionLogprobs],
+        offset: int,
+    ) -> int:
+        """Append tokens, their log-probabilities, the top ones (vLLM's: the chosen token and
+        the top-N) and text offsets; return the offset after them."""
+        for tok, d in zip(token_ids, logprobs):
+            text = self._token_text(tok, d)
+            into.tokens.append(text)
+            into.token_logprobs.append(d[tok].logprob)
+            into.top_logprobs.append({self._token_text(k, d): v.logprob for k, v in d.items()})
+            into.text_offset.append(offset)
+            offset += len(text)
+        return offset
+
+    def _add_prompt_logprobs(
+        self,
+        into: CompletionLogprobs,
+        prompt_ids: list[int],
+        prompt_logprobs: list[PositionLogprobs | None] | None,
+    ) -> None:
+        """echo with logprobs: the prompt's tokens first (the first one has no log-probability)."""
+        first = self._token_text(prompt_ids[0])
+        into.tokens.append(first)
+        into.token_logprobs.append(None)
+        into.top_logprobs.append(None)
+        into.text_offset.append(0)
+        rest = [d for d in (prompt_logprobs or [])[1:] if d is not None]
+        self._add_logprobs(into, prompt_ids[1 : 1 + len(rest)], rest, len(first))
 
     async def _completion_chunks(
-        self, req: CompletionRequest, stream: RequestStream, rid: str, created: int, model: str
+        self, req: CompletionRequest, jobs: list[_Job], rid: str, created: int, model: str
     ) -> AsyncIterator[str]:
         def chunk(choices: list[CompletionChoice], **kw: Any) -> str:
             return dump_chunk(
@@ -434,33 +671,58 @@ class OpenAIServing:
             )
 
         continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
-        out: RequestOutput | None = None
-        offset = 0
-        async for out in stream:
+        last: dict[int, tuple[_Job, RequestOutput]] = {}
+        offsets: dict[int, int] = {}
+        async for index, job, out in _merged(jobs):
+            first = index not in last
+            last[index] = (job, out)
             c = out.outputs[0]
-            logprobs = None
+            text, logprobs = out.delta_text, None
             if req.logprobs is not None:
-                logprobs = self._completion_logprobs(*_new_logprobs(out), offset)
-                offset = (
-                    logprobs.text_offset[-1] + len(logprobs.tokens[-1])
-                    if logprobs.tokens
-                    else offset
+                logprobs = CompletionLogprobs()
+                if first and req.echo:
+                    self._add_prompt_logprobs(logprobs, job.prompt_ids, out.prompt_logprobs)
+                    offsets[index] = len(self._text(logprobs))
+                offsets[index] = self._add_logprobs(
+                    logprobs, *_new_logprobs(out), offsets.get(index, 0)
                 )
-            if not (out.delta_text or out.finished or (logprobs and logprobs.tokens)):
+            if first and req.echo:
+                text = self._echo_text(job) + text
+            if not (text or out.finished or (logprobs and logprobs.tokens)):
                 continue
             choice = CompletionChoice(
-                text=out.delta_text,
+                index=index,
+                text=text,
                 logprobs=logprobs,
                 finish_reason=c.finish_reason if out.finished else None,
                 stop_reason=c.stop_reason if out.finished else None,
+                prompt_logprobs=self._prompt_logprobs(out)
+                if first and req.prompt_logprobs is not None
+                else None,
             )
             yield chunk(
                 [choice],
-                usage=_usage(out) if continuous else None,
+                usage=_usage(list(last.values())) if continuous else None,
                 spec_decode=self._spec_decode(out, req) if out.finished else None,
             )
-        if req.include_usage and out is not None:
-            yield chunk([], usage=_usage(out), spec_decode=self._spec_decode(out, req))
+        if req.include_usage and last:
+            pairs = list(last.values())
+            merged = _merge_all([o for _, o in pairs])
+            yield chunk([], usage=_usage(pairs), spec_decode=self._spec_decode(merged, req))
+
+
+def _merge(job: _Job, outs: list[RequestOutput], rid: str) -> RequestOutput:
+    """A job's samples as one output (best_of picks the n best)."""
+    if len(outs) == 1:
+        return outs[0]
+    return merge_samples(rid, outs, job.sampling.n, job.sampling.logprobs is not None)
+
+
+def _merge_all(outs: list[RequestOutput]) -> RequestOutput:
+    """Outputs of several requests with their acceptance statistics summed (for spec_decode)."""
+    if len(outs) == 1:
+        return outs[0]
+    return merge_samples(outs[0].request_id, outs, len(outs), True)
 
 
 def _error_event(err: RequestError) -> str:
