@@ -6,7 +6,7 @@ import argparse
 import difflib
 import json
 import logging
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
 from specdec.model.registry import DEFAULT_MODEL
@@ -560,7 +560,7 @@ class EngineArgs:
         given = {k: v for k, v in overrides.items() if v is not None}
         value = self.speculative_config
         if isinstance(value, SpeculativeConfig):
-            return dataclasses_replace(value, **given) if given else value
+            return replace(value, **given) if given else value
         if isinstance(value, str):
             try:
                 value = json.loads(value)
@@ -632,12 +632,6 @@ class EngineArgs:
         if getattr(args, "model_tag", None):
             values["model"] = args.model_tag
         return cls(**values)
-
-
-def dataclasses_replace(obj: Any, **changes: Any) -> Any:
-    import dataclasses
-
-    return dataclasses.replace(obj, **changes)
 
 
 def _cli_names(keys: dict[str, Any]) -> list[str]:
