@@ -16,6 +16,7 @@ from specdec.entrypoints.utils import (
     run_command,
     sampling_defaults,
 )
+from specdec.train.cli import add_parser as add_train_parser
 
 # A code edit from ../shared/bench/data/stdlib_edit.jsonl (CPython's Lib/colorsys.py, PSF License):
 # the answer copies most of the prompt, which is where prompt lookup shines.
@@ -135,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     _generate_parser(sub)
     add_serve_parser(sub)
     add_bench_parser(sub)
+    add_train_parser(sub)
     args = parser.parse_args(argv)
     return run_command(args.func, args)
 

@@ -18,6 +18,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``train`` on a ``specdec`` sub-command parser."""
     p = sub.add_parser("train", help="train drafter heads (EAGLE-3, EAGLE, Medusa) for a model")
     build(p)
+    p.set_defaults(func=run)
 
 
 def build(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
