@@ -46,7 +46,7 @@ def magpie_prompts(llm, num: int, seed: int = 0, max_tokens: int = 96) -> list[s
     seen: set[str] = set()
     out: list[str] = []
     attempt = 0
-    while len(out) < num and attempt < 8:
+    while len(out) < num and attempt < 12:
         want = num - len(out)
         params = [
             SamplingParams(
