@@ -475,9 +475,10 @@ void kq_rows(const int8_t* xq, const float* dk, const int16_t* bs16, const int8_
     }
 }
 
-// One activation row (decoding): two groups per pass, two weight streams.  Several rows: one
-// group per pass, 4 rows at a time (each unpacked weight vector feeds 4 vpdpbusd; Q6_K at M = 4
-// to 16 ran 1.4-1.6x faster than two groups x 2 rows, Q4_K / Q5_K 1.05-1.35x).
+// Up to 3 activation rows (2 for Q6_K, whose 4 accumulators per row fill the registers): two
+// groups per pass, two weight streams (a 1.7B Q4_K_M forward of 2-3 rows: 53 vs 60 ms with one).
+// More rows: one group per pass, 4 rows at a time (each unpacked weight vector feeds 4 vpdpbusd;
+// Q6_K at M = 4 to 16 ran 1.4-1.6x faster than two groups x 2 rows, Q4_K / Q5_K 1.05-1.35x).
 template <int FMT>
 void kq_groups(const int8_t* xq, const float* dk, const int16_t* bs16, const int8_t* bsm, int64_t M,
                int64_t K, const uint8_t* w, const float* bias, float* y, int64_t ldy, int64_t g0,
@@ -485,7 +486,7 @@ void kq_groups(const int8_t* xq, const float* dk, const int16_t* bs16, const int
     constexpr int64_t TB = kq_tile_bytes(FMT);
     const int64_t gs = K / kKqBlock * TB;
     int64_t g = g0;
-    if (M == 1)
+    if (M <= (FMT == QT_Q6_K ? 2 : 3))
         for (; g + 2 <= g1; g += 2)
             kq_rows<FMT, 2>(xq, dk, bs16, bsm, M, K, w + g * gs, bias ? bias + g * kKqTileRows : nullptr,
                             y + g * kKqTileRows, ldy);
