@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import gguf
@@ -69,14 +70,20 @@ def _tokenizer_fields(source: Path) -> list[tuple[str, object, gguf.GGUFValueTyp
     return out
 
 
-def _tensor(rng: np.random.Generator, shape: tuple[int, ...], qtype: QT, std: float) -> np.ndarray:
+def _tensor(
+    rng: np.random.Generator,
+    shape: tuple[int, ...],
+    qtype: QT,
+    std: float,
+    quantize: Callable[[np.ndarray, QT], np.ndarray] | None = None,
+) -> np.ndarray:
     """Random weights [rows, cols] in ``qtype`` (norms are written as F32 ones by the caller)."""
     data = (rng.standard_normal(shape, dtype=np.float32) * std).astype(np.float32)
     if qtype == QT.F32:
         return data
     if qtype == QT.F16:
         return data.astype(np.float16)
-    return quants.quantize(data, qtype)
+    return (quantize or quants.quantize)(data, qtype)
 
 
 def _add(w: gguf.GGUFWriter, name: str, data: np.ndarray, qtype: QT) -> None:
@@ -84,9 +91,27 @@ def _add(w: gguf.GGUFWriter, name: str, data: np.ndarray, qtype: QT) -> None:
     w.add_tensor(name, data, raw_dtype=None if qtype in (QT.F32, QT.F16) else qtype)
 
 
-def write_gguf(path: Path, shape: LlamaShape, type_name: str, seed: int = 0) -> Path:
-    """A Llama GGUF of ``shape`` with random weights in ``type_name`` (see GGUF_TYPES)."""
+def write_gguf(
+    path: Path,
+    shape: LlamaShape,
+    type_name: str,
+    seed: int = 0,
+    types: Callable[[str], QT] | None = None,
+    quantize: Callable[[np.ndarray, QT], np.ndarray] | None = None,
+) -> Path:
+    """A Llama GGUF of ``shape`` with random weights in ``type_name`` (see GGUF_TYPES).
+
+    ``types`` maps a tensor's name (``token_embd.weight``, ``blk.0.attn_v.weight``...) to its
+    type, for files that mix types as llama.cpp's K-quant files do; ``quantize(rows, type)``
+    makes the bytes of types ``gguf`` cannot quantize (tests pass their K-quant quantizer)."""
     qtype = GGUF_TYPES[type_name]
+    # NOTE: the embedding stays Q8_0 (as in llama.cpp's files) unless the file is a float one
+    embd_type = qtype if qtype in (QT.F32, QT.F16, QT.Q8_0) else QT.Q8_0
+    if types is None:
+
+        def types(name: str) -> QT:
+            return embd_type if name in ("token_embd.weight", "output.weight") else qtype
+
     fields = _tokenizer_fields(smollm2_gguf())
     vocab = next(len(v) for k, v, _, _ in fields if k == "tokenizer.ggml.tokens")
     head_dim = shape.hidden // shape.heads
@@ -107,9 +132,12 @@ def write_gguf(path: Path, shape: LlamaShape, type_name: str, seed: int = 0) -> 
     rng = np.random.default_rng(seed)
     std = 1.0 / np.sqrt(shape.hidden)
     ones = np.ones(shape.hidden, dtype=np.float32)
-    # NOTE: the embedding stays Q8_0 (as in llama.cpp's files) unless the file is a float one
-    embd_type = qtype if qtype in (QT.F32, QT.F16, QT.Q8_0) else QT.Q8_0
-    _add(w, "token_embd.weight", _tensor(rng, (vocab, shape.hidden), embd_type, 1.0), embd_type)
+
+    def add(name: str, rows: int, cols: int, scale: float) -> None:
+        t = types(name)
+        _add(w, name, _tensor(rng, (rows, cols), t, scale, quantize), t)
+
+    add("token_embd.weight", vocab, shape.hidden, 1.0)
     kv = shape.kv_heads * head_dim
     for i in range(shape.layers):
         p = f"blk.{i}."
@@ -124,10 +152,10 @@ def write_gguf(path: Path, shape: LlamaShape, type_name: str, seed: int = 0) -> 
             ("ffn_up", shape.ffn, shape.hidden),
             ("ffn_down", shape.hidden, shape.ffn),
         ):
-            _add(w, p + name + ".weight", _tensor(rng, (rows, cols), qtype, std), qtype)
+            add(p + name + ".weight", rows, cols, std)
     w.add_tensor("output_norm.weight", ones)
     if not shape.tie_embeddings:
-        _add(w, "output.weight", _tensor(rng, (vocab, shape.hidden), embd_type, std), embd_type)
+        add("output.weight", vocab, shape.hidden, std)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

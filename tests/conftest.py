@@ -143,3 +143,21 @@ def shared_prompts(n_per_file: int) -> list[dict]:
 @pytest.fixture(autouse=True, scope="session")
 def _threads() -> None:
     torch.set_num_threads(int(os.environ.get("SPECDEC_TEST_THREADS", "2")))
+
+
+SYNTHETIC_GGUF_SCRIPT = (
+    Path(__file__).resolve().parents[1] / "benchmarks" / "make_synthetic_gguf.py"
+)
+
+
+@pytest.fixture(scope="session")
+def mk():
+    """benchmarks/make_synthetic_gguf.py as a module (once: it caches SmolLM2's tokenizer)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("make_synthetic_gguf", SYNTHETIC_GGUF_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # NOTE: dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module

@@ -9,8 +9,6 @@ random blocks (every bit pattern of codes and scales) and a simple quantizer for
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import gguf
@@ -388,18 +386,6 @@ def test_linear_rejects_bad_parts():
 # ---------------------------------------------------------------------------------------------
 # A tiny K-quant GGUF end to end
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "make_synthetic_gguf.py"
-
-
-@pytest.fixture(scope="module")
-def mk():
-    spec = importlib.util.spec_from_file_location("make_synthetic_gguf", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # NOTE: dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 # Per file: (embedding = tied output, layer 0 v / down, other q k o gate up v / down), like
 # llama.cpp's mixes (Q4_K_M: Q6_K for the output and for v and down in some layers).
 MIXES = {
@@ -409,54 +395,23 @@ MIXES = {
 
 
 def write_kquant_gguf(mk, path: Path, mix: str, seed: int = 0) -> Path:
-    shape = mk.SHAPES["tiny"]
+    """The builder's tiny shape with ``mix``'s types, quantized by ``quantize`` above."""
     embd, (v0, down0), rest, (v1, down1) = MIXES[mix]
-    fields = mk._tokenizer_fields(mk.smollm2_gguf())
-    vocab = next(len(v) for key, v, _, _ in fields if key == "tokenizer.ggml.tokens")
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name(f"tiny {mix}")
-    w.add_context_length(shape.context)
-    w.add_embedding_length(shape.hidden)
-    w.add_block_count(shape.layers)
-    w.add_feed_forward_length(shape.ffn)
-    w.add_head_count(shape.heads)
-    w.add_head_count_kv(shape.kv_heads)
-    w.add_rope_freq_base(shape.rope_theta)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_dimension_count(shape.hidden // shape.heads)
-    w.add_vocab_size(vocab)
-    for key, value, vtype, sub in fields:
-        w.add_key_value(key, value, vtype, sub_type=sub)
-    rng = np.random.default_rng(seed)
 
-    def add(name: str, rows: int, cols: int, qtype: str, std: float) -> None:
-        data = rng.standard_normal((rows, cols), dtype=np.float32) * std
-        w.add_tensor(name, quantize(data, qtype), raw_dtype=GGML[qtype])
+    def types(name: str) -> GT:
+        if name in ("token_embd.weight", "output.weight"):
+            return GGML[embd]
+        first = name.startswith("blk.0.")
+        if ".attn_v." in name:
+            return GGML[v0 if first else v1]
+        if ".ffn_down." in name:
+            return GGML[down0 if first else down1]
+        return GGML[rest]
 
-    add("token_embd.weight", vocab, shape.hidden, embd, 1.0)
-    kv = shape.kv_heads * shape.hidden // shape.heads
-    std = 1.0 / np.sqrt(shape.hidden)
-    for i in range(shape.layers):
-        p = f"blk.{i}."
-        w.add_tensor(p + "attn_norm.weight", np.ones(shape.hidden, dtype=np.float32))
-        w.add_tensor(p + "ffn_norm.weight", np.ones(shape.hidden, dtype=np.float32))
-        v, down = (v0, down0) if i == 0 else (v1, down1)
-        for name, rows, cols, qtype in (
-            ("attn_q", shape.hidden, shape.hidden, rest),
-            ("attn_k", kv, shape.hidden, rest),
-            ("attn_v", kv, shape.hidden, v),
-            ("attn_output", shape.hidden, shape.hidden, rest),
-            ("ffn_gate", shape.ffn, shape.hidden, rest),
-            ("ffn_up", shape.ffn, shape.hidden, rest),
-            ("ffn_down", shape.hidden, shape.ffn, down),
-        ):
-            add(p + name + ".weight", rows, cols, qtype, std)
-    w.add_tensor("output_norm.weight", np.ones(shape.hidden, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    def kquant(rows: np.ndarray, t: GT) -> np.ndarray:
+        return quantize(rows, t.name.lower())
+
+    return mk.write_gguf(path, mk.SHAPES["tiny"], "F32", seed, types=types, quantize=kquant)
 
 
 @pytest.mark.parametrize("mix", sorted(MIXES))

@@ -4,25 +4,9 @@ plain)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 from specdec import LLM, SamplingParams
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "make_synthetic_gguf.py"
-
-
-@pytest.fixture(scope="module")
-def mk():
-    """The builder script as a module (once: it caches SmolLM2's tokenizer fields)."""
-    spec = importlib.util.spec_from_file_location("make_synthetic_gguf", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # NOTE: dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
