@@ -329,6 +329,11 @@ def pack_weight(
         return PackedWeight(qtype, n, k, data.reshape(n, k).contiguous())
     if k % BLOCK_SIZE:
         raise ValueError(f"{qtype} needs in_features divisible by {BLOCK_SIZE}, got {k}")
+    return PackedWeight(qtype, n, k, _block_rows(qtype, data, n, k))
+
+
+def _block_rows(qtype: str, data: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """GGUF block bytes as [n, row bytes], checked."""
     if data.dtype != torch.uint8:
         raise TypeError(f"{qtype} weight must be uint8 GGUF block bytes, got {data.dtype}")
     rb = _row_bytes(qtype, k)
@@ -336,21 +341,14 @@ def pack_weight(
         raise ValueError(
             f"{qtype} weight has {data.numel()} bytes, expected {n} rows x {rb} bytes ({n}x{k})"
         )
-    return PackedWeight(qtype, n, k, data.reshape(n, rb).contiguous())
+    return data.reshape(n, rb).contiguous()
 
 
 def _pack_kquant(qtype: str, data: torch.Tensor, n: int, k: int) -> PackedWeight:
     if not kquant_supported(qtype, n, k):
         reason = "the native extension" if _C is None else "N % 16 == 0 and K % 256 == 0"
         raise ValueError(f"{qtype} weights [{n}, {k}] need {reason}")
-    if data.dtype != torch.uint8:
-        raise TypeError(f"{qtype} weight must be uint8 GGUF block bytes, got {data.dtype}")
-    rb = _row_bytes(qtype, k)
-    if data.numel() != n * rb:
-        raise ValueError(
-            f"{qtype} weight has {data.numel()} bytes, expected {n} rows x {rb} bytes ({n}x{k})"
-        )
-    tiles = _C.repack_kq(data.reshape(n, rb).contiguous(), _QT_CODE[qtype], n, k)
+    tiles = _C.repack_kq(_block_rows(qtype, data, n, k), _QT_CODE[qtype], n, k)
     return PackedWeight(qtype, n, k, tiles, parts=((qtype, n),))
 
 
