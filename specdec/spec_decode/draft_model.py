@@ -68,15 +68,9 @@ class DraftModelProposer(Proposer):
             if not live:
                 break
             logits = self._forward(live, [feed[r.req_id] for r in live])  # [len(live), V]
-            for row, r in enumerate(live):
-                position = r.next_position + len(drafts[r.req_id])
-                token, q = draw_draft(
-                    logits[row : row + 1], r, position, drafts[r.req_id], self.sample_method
-                )
-                drafts[r.req_id].append(token)
-                if q is not None:
-                    probs[r.req_id].append(q)
-                feed[r.req_id] = [token]
+            draw_rows(logits, live, drafts, probs, self.sample_method)
+            for r in live:
+                feed[r.req_id] = [drafts[r.req_id][-1]]
         out_ids, out_probs = [], []
         for r in inp.requests:
             ids = drafts.get(r.req_id, [])
@@ -119,6 +113,22 @@ class DraftModelProposer(Proposer):
         )
         last_rows = torch.tensor(counts, device=device).cumsum(0) - 1
         return self.model.compute_logits(hidden[last_rows])
+
+
+def draw_rows(
+    logits: torch.Tensor,  # [len(reqs), V]
+    reqs: list[DraftRequest],
+    drafts: dict[str, list[int]],
+    probs: dict[str, list[torch.Tensor]],
+    sample_method: str,
+) -> None:
+    """One more draft per request from its row of ``logits`` (and its q when sampled)."""
+    for row, r in enumerate(reqs):
+        position = r.next_position + len(drafts[r.req_id])
+        token, q = draw_draft(logits[row : row + 1], r, position, drafts[r.req_id], sample_method)
+        drafts[r.req_id].append(token)
+        if q is not None:
+            probs[r.req_id].append(q)
 
 
 def draw_draft(

@@ -29,7 +29,7 @@ from specdec.kv_cache.pool import KVCache
 from specdec.model.layers import Rotary, rope_inv_freq
 from specdec.model.llama import LlamaModel, SeqBatch
 from specdec.spec_decode.base import DraftInput, DraftOutput, DraftRequest, Proposer
-from specdec.spec_decode.draft_model import draw_draft
+from specdec.spec_decode.draft_model import draw_rows
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
@@ -300,14 +300,7 @@ class HiddenStateProposer(Proposer):
             live = [fed[i] for i in keep]
             feats, logits = feats[keep], logits[keep]
             while live:
-                for row, r in enumerate(live):
-                    position = r.next_position + len(drafts[r.req_id])
-                    tok, q = draw_draft(
-                        logits[row : row + 1], r, position, drafts[r.req_id], self.sample_method
-                    )
-                    drafts[r.req_id].append(tok)
-                    if q is not None:
-                        probs[r.req_id].append(q)
+                draw_rows(logits, live, drafts, probs, self.sample_method)
                 keep = [i for i, r in enumerate(live) if len(drafts[r.req_id]) < r.max_num_drafts]
                 live = [live[i] for i in keep]
                 if live:

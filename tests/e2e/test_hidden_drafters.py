@@ -25,6 +25,7 @@ from specdec.spec_decode import (
     DraftOutput,
     DraftRequest,
     Proposer,
+    draft_model,
     hidden_head,
     make_proposer,
     medusa,
@@ -96,8 +97,8 @@ class Oracle:
         tok = llm.get_tokenizer()
         self.ref = {tuple(tok.encode(p)): r for p, r in zip(PROMPTS, ref)}
         self.seen: list[tuple[list[int], torch.Tensor]] = []
-        self.real = hidden_head.draw_draft
-        monkeypatch.setattr(hidden_head, "draw_draft", self)
+        self.real = draft_model.draw_draft
+        monkeypatch.setattr(draft_model, "draw_draft", self)
         monkeypatch.setattr(medusa, "draw_draft", self)
 
     def __call__(self, logits, r: DraftRequest, position: int, earlier, method):

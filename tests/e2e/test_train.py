@@ -15,7 +15,7 @@ import torch
 
 from specdec import LLM, SamplingParams
 from specdec.model.llama import HIDDEN_FINAL
-from specdec.spec_decode import DraftInput, DraftRequest, hidden_head
+from specdec.spec_decode import DraftInput, DraftRequest, draft_model, hidden_head
 from specdec.train import data
 from specdec.train.cli import main as train_main
 from specdec.train.trainer import TrainConfig, Trainer
@@ -125,7 +125,7 @@ def test_training_head_computes_what_the_drafter_computes(records, tmp_path, mon
         seen.append(logits.clone())
         return int(tokens[n - 1]), None  # the true token after the prefix
 
-    monkeypatch.setattr(hidden_head, "draw_draft", spy)
+    monkeypatch.setattr(draft_model, "draw_draft", spy)
     spec = {"method": "eagle3", "model": str(trainer.export()), "num_speculative_tokens": 2}
     engine = LLM(trainer.target.source, max_model_len=512, speculative_config=spec).engine
     m = n - 1  # the prefix the drafter extends: tokens[:m]; states for positions 0..m-2
