@@ -90,12 +90,14 @@ class Eagle3Proposer(HiddenStateProposer):
             check_shape("t2d", w["t2d"], (V,), "the target's vocabulary")
         super().__init__(target, layer_cfg, max_num_seqs, max_len, sample_method)
         dev = self.device
-        f32 = {
-            k: v.to(device=dev, dtype=torch.float32) for k, v in w.items() if v.is_floating_point()
-        }
+
+        def f32(name: str) -> torch.Tensor | None:  # the tensors kept as they are
+            t = w.get(name)
+            return None if t is None else t.to(device=dev, dtype=torch.float32)
+
         self.fc = HeadLinear(w["fc.weight"], None, target)
         self.lm_head = HeadLinear(w["lm_head.weight"], None, target)
-        self.norm = f32["norm.weight"]
+        self.norm = f32("norm.weight")
         self.layer = head_layer(w, "layers.0.", target)
         if self.layer.input_norm is None or "layers.0.hidden_norm.weight" not in w:
             raise ConfigError(
@@ -103,8 +105,8 @@ class Eagle3Proposer(HiddenStateProposer):
             )
         check_shape("q_proj", w["layers.0.self_attn.q_proj.weight"],
                     (self.layer.q.out_features, 2 * H), "reads [embedding; hidden]")  # fmt: skip
-        self.hidden_norm = f32["layers.0.hidden_norm.weight"]
-        self.embed = f32.get("embed_tokens.weight")
+        self.hidden_norm = f32("layers.0.hidden_norm.weight")
+        self.embed = f32("embed_tokens.weight")
         if self.embed is not None:
             check_shape(
                 "embed_tokens.weight", self.embed, (V, H), "the target's vocabulary x hidden"
