@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import statistics
@@ -476,7 +477,10 @@ def test_sigterm_under_load_ends_streams_properly(tiny_llama) -> None:
         ]
         for t in readers:
             t.start()
-        assert started[0].wait(30)
+        # NOTE: SIGTERM only once the whole queue reached the server: on a loaded machine the
+        # later clients may connect after the first stream has run its 500 tokens
+        _wait_queued(url, len(outs) - 1)
+        assert any(ev.wait(30) for ev in started)
         t0 = time.perf_counter()
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.2)
@@ -521,6 +525,18 @@ def _read_stream_url(url: str, body: dict, out: list[str], started: threading.Ev
                     started.set()
     except httpx.TransportError as e:  # a stream cut short shows as a missing [DONE]
         out.append(f"transport error: {e}")
+
+
+def _wait_queued(url: str, waiting: int, timeout: float = 60) -> None:
+    """Until the server's gauge shows at least ``waiting`` requests queued."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = httpx.get(f"{url}/metrics", timeout=5).text
+        m = re.search(r"^specdec:num_requests_waiting\{[^}]*\} (\S+)$", text, re.M)
+        if m and float(m.group(1)) >= waiting:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {waiting} requests queued after {timeout} s")
 
 
 def _wait_healthy(proc: subprocess.Popen, url: str, timeout: float = 60) -> None:
