@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from specdec.llm import LLM
     from specdec.outputs import CompletionOutput, RequestOutput
     from specdec.sampling_params import SamplingParams
+    from specdec.structured.params import GuidedDecodingParams, StructuredOutputsParams
 
 __all__ = [
     "LLM",
@@ -21,6 +22,8 @@ __all__ = [
     "RequestOutput",
     "SamplingParams",
     "SpeculativeConfig",
+    "StructuredOutputsParams",
+    "GuidedDecodingParams",
 ]
 __version__ = "0.1.0"
 
@@ -46,6 +49,8 @@ _WHERE = {
     "EngineConfig": "specdec.config",
     "RequestOutput": "specdec.outputs",
     "CompletionOutput": "specdec.outputs",
+    "StructuredOutputsParams": "specdec.structured.params",
+    "GuidedDecodingParams": "specdec.structured.params",
 }
 
 

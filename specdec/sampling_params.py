@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Any
+
+from specdec.structured.params import StructuredOutputsParams
 
 _GREEDY_EPS = 1e-5
 # Bounds every request is checked against (the server's protocol reads them too).
@@ -85,8 +88,18 @@ class SamplingParams:
     # probability falls below p_min (drafters that report it). Output is unchanged either way.
     speculative_n_min: int | None = None
     speculative_p_min: float | None = None
+    # The output must match a JSON schema, regex, choice list or grammar (vLLM's
+    # StructuredOutputsParams, or a dict of its fields); ``guided_decoding`` is vLLM's older name.
+    structured_outputs: StructuredOutputsParams | dict[str, Any] | None = None
+    guided_decoding: StructuredOutputsParams | dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        if self.guided_decoding is not None:
+            if self.structured_outputs is not None:
+                raise ValueError("give structured_outputs or guided_decoding, not both")
+            self.structured_outputs, self.guided_decoding = self.guided_decoding, None
+        if self.structured_outputs is not None:
+            self.structured_outputs = StructuredOutputsParams.from_any(self.structured_outputs)
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = [s for s in (self.stop or []) if s]
@@ -135,6 +148,10 @@ class SamplingParams:
             _check_int("speculative_n_min", self.speculative_n_min, 0, INT_MAX)
         if self.speculative_p_min is not None:
             _check_real("speculative_p_min", self.speculative_p_min, 0.0, 1.0)
+        if self.structured_outputs is not None:
+            if not isinstance(self.structured_outputs, StructuredOutputsParams):
+                raise ValueError("structured_outputs must be a StructuredOutputsParams")
+            self.structured_outputs.validate()
         if not all(isinstance(s, str) for s in self.stop):
             raise ValueError("stop must be a string or a list of strings")
         if len(self.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in self.stop):

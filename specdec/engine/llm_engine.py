@@ -35,6 +35,7 @@ from specdec.sample.random import normalize_seed
 from specdec.sample.rejection_sampler import PenaltyState
 from specdec.sampling_params import SamplingParams
 from specdec.spec_decode.metrics import SpecDecodeStats
+from specdec.structured.grammar import GrammarCompiler
 from specdec.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("specdec.engine")
@@ -175,6 +176,7 @@ class LLMEngine:
             )  # fmt: skip
         hidden_layers = self.speculator.hidden_layers if self.speculator else ()
         self.runner = ModelRunner(self.model, self.kv, hidden_layers)
+        self._grammars: GrammarCompiler | None = None  # built on the first structured request
         self.requests: dict[str, Request] = {}
         self.num_prompt_tokens = 0
         self._ids = itertools.count()
@@ -276,12 +278,23 @@ class LLMEngine:
             mask[torch.tensor(ids, device=self.device)] = True
             req.penalty = PenaltyState(mask, torch.zeros(vocab, device=self.device))
         req.logits_adjust = self._logits_adjust(sampling)
+        if sampling.structured_outputs is not None:
+            req.grammar = self.grammar_compiler.compile(sampling.structured_outputs)
         if cache_salt is not None:
             if not isinstance(cache_salt, str) or not cache_salt:
                 raise ValueError("cache_salt must be a non-empty string")
             digest = hashlib.sha256(cache_salt.encode("utf-8", "surrogatepass")).digest()
             req.cache_salt = int.from_bytes(digest[:8], "little", signed=True) or 1
         return req
+
+    @property
+    def grammar_compiler(self) -> GrammarCompiler:
+        """Compiles structured-output constraints against this model's tokenizer."""
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(
+                self.tokenizer, self.model.cfg.vocab_size, sorted(self.tokenizer.eog_token_ids)
+            )
+        return self._grammars
 
     def _logits_adjust(self, sampling: SamplingParams) -> LogitsAdjust | None:
         """logit_bias as tensors (token ids checked against the vocabulary) and bad_words as

@@ -13,6 +13,7 @@ from specdec.sample.logprobs import LogitsAdjust, TokenLogprobs
 from specdec.sample.rejection_sampler import PenaltyState
 from specdec.sampling_params import SamplingParams
 from specdec.spec_decode.metrics import SpecDecodeStats
+from specdec.structured.grammar import Grammar
 
 
 class RequestStatus(enum.Enum):
@@ -50,6 +51,8 @@ class Request:
     penalty: PenaltyState | None = None
     error: str | None = None  # set when the request failed (finish_reason "error")
     cache_salt: int = 0  # prefixes are shared only between requests of the same salt
+    grammar: Grammar | None = None  # structured output: follows the committed tokens
+    num_forced_drafts: int = 0  # of draft_token_ids, the last ones the grammar forced
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -24,6 +24,7 @@ from specdec.kv_cache.pool import KVCache
 from specdec.sample.logprobs import LogitsAdjust, TokenLogprobs
 from specdec.sample.rejection_sampler import PenaltyState, VerifyResult
 from specdec.sampling_params import SamplingParams
+from specdec.structured.grammar import Grammar, TokenMask
 
 logger = logging.getLogger("specdec.engine")
 
@@ -48,10 +49,16 @@ class ScheduledRequest:
     # prompt positions that have a next prompt token, in order)
     prompt_logprobs: int | None = None
     prompt_next_token_ids: list[int] = field(default_factory=list)
+    mask: TokenMask | None = None  # structured output: the tokens each verified row may take
+    num_forced_drafts: int = 0  # the last drafts, forced by the grammar
 
     @property
     def draft_token_ids(self) -> list[int]:
         return self.token_ids[len(self.token_ids) - self.num_drafts :]
+
+
+class GrammarViolation(RuntimeError):
+    """A committed token the request's grammar does not allow (a bug, never the user's)."""
 
 
 @dataclass
@@ -152,9 +159,14 @@ class Scheduler:
         probs = req.draft_probs
         if probs is not None and len(drafts) < len(req.draft_token_ids):
             probs = probs[: len(drafts)]
+        num_forced = max(0, req.num_forced_drafts - (len(req.draft_token_ids) - len(drafts)))
         # NOTE: drafts are verified once; whatever happens, the next step drafts anew.
-        req.draft_token_ids, req.draft_probs = [], None
-        return self._item(req, missing + drafts, len(drafts), True, probs)
+        req.draft_token_ids, req.draft_probs, req.num_forced_drafts = [], None, 0
+        item = self._item(req, missing + drafts, len(drafts), True, probs)
+        item.num_forced_drafts = num_forced
+        if req.grammar is not None:
+            item.mask = req.grammar.masks(drafts)
+        return item
 
     def _item(
         self,
@@ -216,6 +228,9 @@ class Scheduler:
             req.num_computed_tokens += len(s.token_ids) - s.num_drafts + result.num_accepted
             try:
                 self._commit(req, result)
+            except GrammarViolation as e:
+                self.fail(req, RequestFailure(str(e)), update)
+                continue
             except Exception as e:  # noqa: BLE001 - this request's failure alone
                 self.fail(req, failure("detokenizing", e), update)
                 continue
@@ -239,7 +254,12 @@ class Scheduler:
         """Append tokens one by one, stopping at EOS / stop ids / stop strings / length."""
         if req.metrics.first_token_time is None:
             req.metrics.first_token_time = time.monotonic()
+        grammar = req.grammar
         for i, tok in enumerate(result.token_ids):
+            if grammar is not None and not grammar.accept(tok):
+                raise GrammarViolation(
+                    f"token {tok} is outside the structured output's grammar: {grammar.error}"
+                )
             req.output_token_ids.append(tok)
             self.num_generation_tokens += 1
             if result.logprobs is not None:
@@ -248,11 +268,21 @@ class Scheduler:
                 req.penalty.output_counts[tok] += 1
             delta = req.detokenizer.add_tokens([tok])
             req.output_text += delta
-            if self._check_stop(req, tok, delta):
+            if self._check_stop(req, tok, delta) or (
+                grammar is not None and self._grammar_done(req, grammar)
+            ):
                 if not isinstance(req.stop_reason, str):
                     req.output_text += req.detokenizer.finalize()  # flush held-back bytes
                 self.finish(req)
                 return
+
+    @staticmethod
+    def _grammar_done(req: Request, grammar: Grammar) -> bool:
+        """The structured output is complete: nothing but the end may follow."""
+        if not grammar.is_finished:
+            return False
+        req.finish_reason, req.stop_reason = "stop", None
+        return True
 
     def _check_stop(self, req: Request, tok: int, delta: str) -> bool:
         sp = req.sampling

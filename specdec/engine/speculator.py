@@ -30,6 +30,7 @@ from specdec.sample.rejection_sampler import VerifyResult
 from specdec.spec_decode import DraftInput, DraftRequest, Proposer, make_proposer
 from specdec.spec_decode.controller import SpecController, measure_verify_cost
 from specdec.spec_decode.metrics import SpecDecodeStats
+from specdec.structured.grammar import MAX_FORCED_DRAFTS
 
 
 @dataclass
@@ -156,8 +157,16 @@ class Speculator:
                 num_valid += result.num_accepted - s.num_drafts
                 req.spec_stats.observe(s.num_drafts, result.num_accepted)
                 self.stats.observe(s.num_drafts, result.num_accepted)
-                if self.controller is not None and s.num_drafts:
-                    self.controller.observe(s.req_id, s.num_drafts, result.num_accepted)
+                # NOTE: grammar-forced drafts come last; the controller learns the drafter's
+                num_model = s.num_drafts - s.num_forced_drafts
+                if s.num_forced_drafts:
+                    forced_ok = max(0, result.num_accepted - num_model)
+                    req.spec_stats.observe_grammar(s.num_forced_drafts, forced_ok)
+                    self.stats.observe_grammar(s.num_forced_drafts, forced_ok)
+                if self.controller is not None and num_model:
+                    self.controller.observe(
+                        s.req_id, num_model, min(result.num_accepted, num_model)
+                    )
             if hidden and hidden[i] is not None:
                 self._keep_hidden(s.req_id, s.start_pos, hidden[i][:num_valid])
             if s.req_id in self._shadow and not req.is_finished:
@@ -270,6 +279,34 @@ class Speculator:
             drafted = {r.req_id: len(r.draft_token_ids) for r, _ in todo}
             live = [r for r in reqs if not r.is_finished]  # drafting may have failed some
             ctl.observe_drafts([r.req_id for r in live], [drafted.get(r.req_id, 0) for r in live])
+        for r in reqs:
+            if r.grammar is not None and not r.is_finished:
+                self._constrain(r)
+
+    def _constrain(self, r: Request) -> None:
+        """Structured output: cut the drafts where the grammar rejects one (never verified),
+        then append the tokens the grammar forces after them (a schema's next key, closing
+        braces) as drafts no model had to compute."""
+        grammar = r.grammar
+        drafts = r.draft_token_ids
+        n = grammar.valid_prefix(drafts)
+        if n < len(drafts):
+            r.draft_token_ids = drafts = drafts[:n]
+            r.draft_probs = r.draft_probs[:n] if r.draft_probs is not None and n else None
+        if r.sampling.num_speculative_tokens == 0:
+            return
+        room = min(MAX_FORCED_DRAFTS, self.scheduler.max_drafts(r, MAX_FORCED_DRAFTS) - n)
+        forced = grammar.forced_after(drafts, room)
+        if not forced:
+            return
+        if r.draft_probs is not None:
+            # NOTE: a forced draft was "sampled" from a point mass: q = one-hot keeps the
+            # Leviathan/Chen test exact for the rows after the drafter's
+            q = torch.zeros(len(forced), r.draft_probs.shape[-1], dtype=r.draft_probs.dtype)
+            q[torch.arange(len(forced)), torch.tensor(forced)] = 1.0
+            r.draft_probs = torch.cat([r.draft_probs[:n], q.to(r.draft_probs.device)])
+        r.draft_token_ids = drafts + forced
+        r.num_forced_drafts = len(forced)
 
     def _next_step_prefills(self, num_decoding: int) -> bool:
         """A running request is still prefilling, or a waiting one will be admitted."""

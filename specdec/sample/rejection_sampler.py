@@ -17,6 +17,7 @@ from specdec.sample.ops import argmax_rows, one_thread, processed_logits
 from specdec.sample.random import Purpose, uniform
 from specdec.sample.sampler import row_probs, sample_row, search_cdf
 from specdec.sampling_params import SamplingParams
+from specdec.structured.grammar import TokenMask
 
 
 @dataclass
@@ -52,21 +53,26 @@ def verify(
     seed: int,  # the request's seed (see specdec.sample.random)
     position: int,  # output position of the first row's token
     adjust: LogitsAdjust | None = None,  # logit_bias / bad_words, before penalties
+    mask: TokenMask | None = None,  # structured output: the tokens row r may take
 ) -> VerifyResult:
     """Greedy rows accept drafts while they equal the argmax. Random rows with point-mass
     drafts sample each position with its keyed uniform and accept a draft iff it equals that
     sample ("sample and match"): the output is exactly plain sampling's. With ``q`` they follow
-    Leviathan/Chen (accept with probability min(1, p/q), else draw from norm(max(0, p - q)))."""
+    Leviathan/Chen (accept with probability min(1, p/q), else draw from norm(max(0, p - q))).
+    With a grammar ``mask`` every row's distribution is the target's restricted to the tokens
+    the grammar allows after the drafts before it, exactly as plain constrained decoding."""
     k = len(draft_token_ids)
     assert target_logits.shape[0] == k + 1
     counts = penalty.rows(draft_token_ids) if (penalty is not None and sp.has_penalties) else None
-    mask = penalty.prompt_mask if penalty is not None else None
+    seen = penalty.prompt_mask if penalty is not None else None
     base = target_logits if adjust is None else adjust.apply(target_logits.float(), draft_token_ids)
     if sp.is_greedy:
-        tokens = _greedy(processed_logits(base, sp, mask, counts), draft_token_ids)
+        tokens = _greedy(processed_logits(base, sp, seen, counts), draft_token_ids, mask)
     else:
         with one_thread(target_logits.device):
-            logits = processed_logits(base, sp, mask, counts)  # [k+1, V]
+            if mask is not None:
+                base = mask.apply(base)
+            logits = processed_logits(base, sp, seen, counts)  # [k+1, V]
             if draft_probs is None:
                 tokens = _sample_and_match(logits, draft_token_ids, sp, seed, position)
             else:
@@ -77,8 +83,18 @@ def verify(
     return VerifyResult(tokens, len(tokens) - 1, logprobs)
 
 
-def _greedy(logits: torch.Tensor, draft_token_ids: list[int]) -> list[int]:
+def _greedy(
+    logits: torch.Tensor, draft_token_ids: list[int], mask: TokenMask | None = None
+) -> list[int]:
     best = argmax_rows(logits)  # [k+1]
+    if mask is not None:
+        # NOTE: the row's first maximum is the allowed tokens' first maximum when the grammar
+        # allows it (masking only lowers other tokens); only the other rows need the full mask.
+        for r in range(len(best)):
+            if not mask.allows(r, best[r]):
+                best[r] = _masked_argmax(logits[r], mask, r)
+                if r < len(draft_token_ids) and best[r] != draft_token_ids[r]:
+                    break  # later rows are not read
     if not _finite_at(logits, best):
         raise ValueError("the logits are not finite")
     tokens: list[int] = []
@@ -88,6 +104,13 @@ def _greedy(logits: torch.Tensor, draft_token_ids: list[int]) -> list[int]:
         tokens.append(draft)
     tokens.append(best[len(tokens)])
     return tokens
+
+
+def _masked_argmax(row: torch.Tensor, mask: TokenMask, r: int) -> int:  # row [V]
+    allowed = mask.allowed(r, row.device)
+    if not bool(allowed.any()):
+        raise ValueError("structured output: the grammar allows no token here")
+    return int(row.masked_fill(~allowed, float("-inf")).argmax())
 
 
 def _finite_at(logits: torch.Tensor, cols: list[int]) -> bool:  # logits [R, V]

@@ -16,6 +16,10 @@ class SpecDecodeStats:
     num_decisions: int = 0
     num_chosen_drafts: int = 0
     predicted_accepted_tokens: float = 0.0
+    # structured output: draft tokens the grammar forced (no model ran for them), and how many
+    # of those were accepted
+    num_grammar_draft_tokens: int = 0
+    num_grammar_accepted_tokens: int = 0
 
     def observe_choice(self, k: int, predicted_accepted: float) -> None:
         self.num_decisions += 1
@@ -33,6 +37,10 @@ class SpecDecodeStats:
         for pos in range(num_accepted):
             self.accepted_per_pos[pos] += 1
 
+    def observe_grammar(self, num_forced: int, num_accepted: int) -> None:
+        self.num_grammar_draft_tokens += num_forced
+        self.num_grammar_accepted_tokens += num_accepted
+
     def copy(self) -> SpecDecodeStats:
         return dataclasses.replace(self, accepted_per_pos=list(self.accepted_per_pos))
 
@@ -43,6 +51,8 @@ class SpecDecodeStats:
         self.num_decisions += other.num_decisions
         self.num_chosen_drafts += other.num_chosen_drafts
         self.predicted_accepted_tokens += other.predicted_accepted_tokens
+        self.num_grammar_draft_tokens += other.num_grammar_draft_tokens
+        self.num_grammar_accepted_tokens += other.num_grammar_accepted_tokens
         if len(self.accepted_per_pos) < len(other.accepted_per_pos):
             self.accepted_per_pos.extend(
                 [0] * (len(other.accepted_per_pos) - len(self.accepted_per_pos))
@@ -72,6 +82,8 @@ class SpecDecodeStats:
             "acceptance_rate": round(self.acceptance_rate, 4),
             "mean_chosen_k": round(self.mean_chosen_k, 4),
             "predicted_accepted_tokens": round(self.predicted_accepted_tokens, 2),
+            "num_grammar_draft_tokens": self.num_grammar_draft_tokens,
+            "num_grammar_accepted_tokens": self.num_grammar_accepted_tokens,
         }
 
     @property

@@ -142,6 +142,7 @@ class ModelRunner:
                         s.seed,
                         s.output_pos,
                         s.adjust,
+                        s.mask,
                     )  # fmt: skip
                 )
             except Exception as e:  # noqa: BLE001 - this request's failure alone

@@ -385,7 +385,11 @@ _BAD = [
         "tools",
     ),
     ("chat", {"messages": CHAT, "stream_options": {"include_usage": True}}, "stream_options"),
-    ("chat", {"messages": CHAT, "guided_json": {"type": "object"}}, "guided_json"),
+    (
+        "chat",
+        {"messages": CHAT, "guided_json": {"type": "object", "minProperties": "x"}},
+        "guided_json",
+    ),
     ("chat", {"messages": CHAT, "stop": 5}, "stop"),
     ("chat", {"messages": CHAT, "presence_penalty": 3}, "presence_penalty"),
     ("chat", {"messages": CHAT, "top_k": -5}, "top_k"),

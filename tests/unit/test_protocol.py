@@ -109,10 +109,11 @@ def test_cache_salt_is_a_field() -> None:
         ({"echo": True}, "echo"),
         ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
         ({"use_beam_search": True}, "use_beam_search"),
-        ({"guided_regex": "a+"}, "guided_regex"),
         ({"tools": [{"type": "function"}]}, "tools"),
         ({"tool_choice": "required"}, "tool_choice"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema.schema"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
+        ({"guided_regex": "a", "guided_json": {}}, "guided_regex"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
     ],
 )
@@ -120,6 +121,7 @@ def test_unsupported_fields_are_refused(body: dict, param: str) -> None:
     req = ChatCompletionRequest.model_validate({"messages": CHAT, **body})
     with pytest.raises(RequestError) as e:
         req.check_supported()
+        req.to_sampling_params(8)
     assert e.value.param == param and e.value.status == 400
 
 

@@ -1,7 +1,7 @@
 """Request and response bodies of the OpenAI-compatible API (with vLLM's sampling extras).
 
 Unknown fields are accepted and reported (``ignored_fields``), as vLLM does, except those that
-would silently change the result (tools, guided decoding, beam search, ...): those are rejected by
+would silently change the result (beam search, logits processors, ...): those are rejected by
 ``check_supported``.
 """
 
@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from specdec.sampling_params import (
     INT_MAX,
@@ -30,15 +30,11 @@ from specdec.sampling_params import (
     TEMPERATURE_MAX,
     SamplingParams,
 )
+from specdec.structured.params import StructuredOutputsParams
 
 # Fields we do not implement whose presence changes the output: reject rather than ignore.
 _UNSUPPORTED: dict[str, str] = {
     "use_beam_search": "beam search is not supported",
-    "guided_json": "guided decoding is not supported",
-    "guided_regex": "guided decoding is not supported",
-    "guided_choice": "guided decoding is not supported",
-    "guided_grammar": "guided decoding is not supported",
-    "structured_outputs": "structured outputs are not supported",
     "allowed_token_ids": "allowed_token_ids is not supported",
     "logits_processors": "logits processors are not supported",
     "functions": "function calling is not supported",
@@ -216,6 +212,16 @@ class _SamplingRequest(OpenAIBaseModel):
     speculative_p_min: Probability | None = Field(
         None, validation_alias=AliasChoices("speculative.p_min", "speculative_p_min")
     )
+    # structured output: OpenAI's response_format, vLLM's structured_outputs and guided_* fields
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None  # accepted: there is one backend (llguidance)
+    guided_whitespace_pattern: str | None = None
+    _structured_field: str | None = PrivateAttr(None)  # the field the constraint came from
 
     def check_supported(self) -> None:
         super().check_supported()
@@ -297,9 +303,67 @@ class _SamplingRequest(OpenAIBaseModel):
                 num_speculative_tokens=max_drafts,
                 speculative_n_min=self.speculative_n_min,
                 speculative_p_min=self.speculative_p_min,
+                structured_outputs=self.structured_params(),
             )
+        except RequestError:
+            raise
         except ValueError as e:
-            raise RequestError(str(e), self.field_named_by(str(e))) from e
+            raise self.error_for(str(e)) from e
+
+    def structured_params(self) -> StructuredOutputsParams | None:
+        """The request's output constraint, from whichever field gave it (at most one)."""
+        given: list[tuple[str, dict[str, Any]]] = []
+        rf = self.response_format
+        if rf is not None:
+            kind = rf.get("type", "text")
+            if kind == "json_object":
+                given.append(("response_format", {"json_object": True}))
+            elif kind == "json_schema":
+                js = rf.get("json_schema")
+                if not isinstance(js, dict) or not isinstance(js.get("schema"), (dict, bool)):
+                    raise RequestError(
+                        "response_format.json_schema.schema must be a JSON schema (an object)",
+                        "response_format.json_schema.schema",
+                    )
+                given.append(("response_format.json_schema.schema", {"json": js["schema"]}))
+            elif kind != "text":
+                raise RequestError(
+                    f"response_format.type must be text, json_object or json_schema, got {kind!r}",
+                    "response_format.type",
+                )
+        if self.structured_outputs is not None:
+            given.append(("structured_outputs", dict(self.structured_outputs)))
+        for name in ("json", "regex", "choice", "grammar"):
+            value = getattr(self, f"guided_{name}")
+            if value is not None:
+                given.append((f"guided_{name}", {name: value}))
+        if not given:
+            return None
+        if len(given) > 1:
+            raise RequestError(
+                f"give one output constraint, not {given[0][0]} and {given[1][0]}", given[1][0]
+            )
+        field, spec = given[0]
+        if self.guided_whitespace_pattern is not None and field != "structured_outputs":
+            spec["whitespace_pattern"] = self.guided_whitespace_pattern
+        self._structured_field = field
+        try:
+            params = StructuredOutputsParams.from_any(spec)
+            params.validate()
+        except (TypeError, ValueError) as e:
+            raise self.error_for(str(e)) from e
+        return params
+
+    def error_for(self, message: str) -> RequestError:
+        """A 400 for an error message from SamplingParams or the engine, naming the field the
+        user wrote (a structured-output error names response_format / guided_json / ...)."""
+        if message.startswith("structured_outputs") and self._structured_field:
+            head, _, rest = message.partition(":")
+            field = self._structured_field
+            if field == "structured_outputs":
+                field = head  # structured_outputs.json, ...
+            return RequestError(f"{field}:{rest}" if rest else message, field)
+        return RequestError(message, self.field_named_by(message))
 
     @classmethod
     def field_named_by(cls, message: str) -> str | None:
@@ -389,7 +453,6 @@ class ChatCompletionRequest(_SamplingRequest):
     top_logprobs: Logprobs | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
     # vLLM's chat extras
     add_generation_prompt: bool = True
     chat_template: Annotated[str, Field(max_length=MAX_CHAT_TEMPLATE_CHARS)] | None = None
@@ -404,12 +467,6 @@ class ChatCompletionRequest(_SamplingRequest):
         if self.tool_choice not in (None, "none", "auto"):
             raise RequestError(
                 "tool calling is not supported", "tool_choice", code="unsupported_parameter"
-            )
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise RequestError(
-                "response_format other than text is not supported",
-                "response_format",
-                code="unsupported_parameter",
             )
         if (self.model_extra or {}).get("echo"):
             raise RequestError(

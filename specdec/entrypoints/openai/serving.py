@@ -328,7 +328,9 @@ class OpenAIServing:
         except EngineError as e:
             raise _engine_error(e, req_id) from e
         except ValueError as e:
-            raise RequestError(str(e), param=req.field_named_by(str(e)) or "prompt") from e
+            err = req.error_for(str(e))
+            err.param = err.param or "prompt"
+            raise err from e
 
     @staticmethod
     async def _collect(stream: RequestStream) -> RequestOutput:

@@ -1,0 +1,217 @@
+"""Grammar-constrained decoding on llguidance: compile a request's constraint, follow its output,
+give the token mask of each verification row, cut drafts the grammar rejects, and propose the
+tokens the grammar forces.
+
+Why llguidance (measured, see BENCHMARKS.md "Session 9: structured output"): its masks cost
+~60 us per token for a nested JSON schema over SmolLM2's 49k vocabulary on this CPU, with no
+grammar-compile step worth caching (~1 ms for a schema); it has a rollback, a prefix check of
+draft tokens (``validate_tokens``) and the forced bytes we draft from, and its wheel needs
+nothing else (xgrammar's needs transformers and triton at run time).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from specdec.structured.params import StructuredOutputsParams
+
+if TYPE_CHECKING:
+    import llguidance
+
+    from specdec.model.tokenizer import Tokenizer
+
+MAX_FORCED_DRAFTS = 32  # grammar-forced drafts per step, at most
+
+
+class GrammarError(ValueError):
+    """The request's constraint does not compile; the message names the field."""
+
+
+@dataclass
+class TokenMask:
+    """The tokens each verification row may take: row r follows the output plus drafts[:r]."""
+
+    rows: list[bytes]  # per row, one bit per token id (little-endian within each byte)
+    vocab_size: int
+
+    def allows(self, row: int, token: int) -> bool:
+        if token >= self.vocab_size:
+            return False
+        return bool(self.rows[row][token >> 3] >> (token & 7) & 1)
+
+    def allowed(self, row: int, device: torch.device) -> torch.Tensor:  # [V] bool
+        bits = np.unpackbits(np.frombuffer(self.rows[row], dtype=np.uint8), bitorder="little")
+        return torch.from_numpy(bits[: self.vocab_size].view(np.bool_)).to(device)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:  # [R, V] -> [R, V], R <= len(rows)
+        """-inf where the grammar forbids the token."""
+        out = logits.clone()
+        for r in range(logits.shape[0]):
+            out[r].masked_fill_(~self.allowed(r, logits.device), float("-inf"))
+        return out
+
+
+def _schema_grammar(schema: Any, params: StructuredOutputsParams) -> str:
+    import llguidance
+
+    options: dict[str, Any] = {}
+    if params.disable_any_whitespace:
+        options["whitespace_flexible"] = False
+    if params.whitespace_pattern is not None:
+        options["whitespace_pattern"] = params.whitespace_pattern
+    if params.disable_additional_properties and isinstance(schema, dict):
+        schema = _closed_objects(schema)
+    return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=options or None)
+
+
+def _closed_objects(schema: Any) -> Any:
+    """The schema with ``additionalProperties: false`` wherever an object schema leaves it out."""
+    if isinstance(schema, list):
+        return [_closed_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _closed_objects(v) for k, v in schema.items()}
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def grammar_text(params: StructuredOutputsParams) -> str:
+    """The constraint as llguidance's grammar (raises GrammarError naming the field)."""
+    import llguidance
+
+    kind = params.kind
+    try:
+        if kind == "json":
+            return _schema_grammar(params.json, params)
+        if kind == "json_object":
+            return _schema_grammar({"type": "object"}, params)
+        if kind == "regex":
+            return llguidance.LLMatcher.grammar_from_regex(params.regex)
+        if kind == "choice":
+            alternatives = "|".join(re.escape(c) for c in params.choice)
+            return llguidance.LLMatcher.grammar_from_regex(f"(?:{alternatives})")
+        text = params.grammar
+        if "::=" in text:  # GBNF, as llama.cpp and vLLM's xgrammar take it
+            from llguidance.gbnf_to_lark import gbnf_to_lark
+
+            text = gbnf_to_lark(text)
+        return llguidance.LLMatcher.grammar_from_lark(text)
+    except (ValueError, RuntimeError, TypeError) as e:
+        raise GrammarError(f"structured_outputs.{kind}: {e}") from None
+
+
+class GrammarCompiler:
+    """One per engine: the tokenizer llguidance reads (built once, ~1 s) and compilation."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: list[int]) -> None:
+        self._tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self._eos = sorted(eos_token_ids)
+        self._llg: llguidance.LLTokenizer | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def llg_tokenizer(self) -> llguidance.LLTokenizer:
+        with self._lock:
+            if self._llg is None:
+                import llguidance
+
+                self._llg = llguidance.LLTokenizer(
+                    self._tokenizer.hf.to_str(),
+                    n_vocab=self.vocab_size,
+                    eos_token=self._eos or None,
+                )
+            return self._llg
+
+    def compile(self, params: StructuredOutputsParams | dict[str, Any]) -> Grammar:
+        import llguidance
+
+        params = StructuredOutputsParams.from_any(params)
+        params.validate()
+        text = grammar_text(params)
+        tok = self.llg_tokenizer
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text, tok)
+        if is_error:
+            raise GrammarError(f"structured_outputs.{params.kind}: {messages[0]}")
+        matcher = llguidance.LLMatcher(tok, text, log_level=0)
+        if matcher.is_error():
+            raise GrammarError(f"structured_outputs.{params.kind}: {matcher.get_error()}")
+        return Grammar(matcher, tok, self.vocab_size)
+
+
+class Grammar:
+    """One request's grammar state; it follows the committed output token by token."""
+
+    def __init__(
+        self, matcher: llguidance.LLMatcher, tokenizer: llguidance.LLTokenizer, vocab_size: int
+    ) -> None:
+        self._m = matcher
+        self._tok = tokenizer
+        self.vocab_size = vocab_size
+
+    # ---- the committed output ----------------------------------------------------------------
+    def accept(self, token: int) -> bool:
+        """Follow one committed token; False when the grammar does not allow it."""
+        return self._m.consume_token(token)
+
+    @property
+    def is_finished(self) -> bool:
+        """Nothing more may follow (the output is complete)."""
+        return self._m.is_stopped()
+
+    @property
+    def error(self) -> str:
+        return self._m.get_error()
+
+    # ---- drafts --------------------------------------------------------------------------------
+    def valid_prefix(self, draft_token_ids: list[int]) -> int:
+        """How many of the drafts the grammar allows, in order."""
+        if not draft_token_ids:
+            return 0
+        return self._m.validate_tokens(draft_token_ids)
+
+    def forced_after(self, draft_token_ids: list[int], limit: int) -> list[int]:
+        """Tokens for the bytes the grammar forces after the drafts (a schema's next key, a
+        closing brace), at most ``limit``; only tokens the grammar allows."""
+        if limit <= 0 or self._m.is_stopped():
+            return []
+        if draft_token_ids and not self._m.consume_tokens(draft_token_ids):
+            raise AssertionError(f"drafts outside the grammar: {self._m.get_error()}")
+        try:
+            forced = self._m.compute_ff_bytes()
+            tokens = self._tok.tokenize_bytes(forced)[:limit] if forced else []
+            return tokens[: self._m.validate_tokens(tokens)] if tokens else []
+        finally:
+            if draft_token_ids:
+                self._m.rollback(len(draft_token_ids))
+
+    def masks(self, draft_token_ids: list[int]) -> TokenMask:
+        """The mask of each verification row: row r after the output plus drafts[:r]."""
+        rows = []
+        done = 0
+        try:
+            for r in range(len(draft_token_ids) + 1):
+                rows.append(self._m.compute_bitmask())
+                if r < len(draft_token_ids):
+                    if not self._m.consume_token(draft_token_ids[r]):
+                        raise AssertionError(f"a draft outside the grammar: {self._m.get_error()}")
+                    done += 1
+        finally:
+            if done:
+                self._m.rollback(done)
+        return TokenMask(rows, self.vocab_size)
+
+
+def describe(params: StructuredOutputsParams) -> str:
+    """One line for logs."""
+    value = getattr(params, params.kind)
+    text = value if isinstance(value, str) else json.dumps(value)
+    return f"{params.kind}: {text[:60]}"
