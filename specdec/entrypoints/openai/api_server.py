@@ -573,6 +573,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     log_ignored(
         [name for name, _ in IGNORED_SERVER_FLAGS if getattr(args, name) not in (None, False)]
     )
+    if args.tool_call_parser not in (None, "hermes"):
+        logger.warning(
+            "--tool-call-parser %s: tool_choice auto reads Hermes <tool_call> blocks only (models "
+            "whose template writes them); tool_choice required and named functions work with "
+            "any model whose template lists tools",
+            args.tool_call_parser,
+        )
     import uvicorn
 
     from specdec.engine.async_llm import AsyncLLM

@@ -222,6 +222,7 @@ class _SamplingRequest(OpenAIBaseModel):
     guided_decoding_backend: str | None = None  # accepted: there is one backend (llguidance)
     guided_whitespace_pattern: str | None = None
     _structured_field: str | None = PrivateAttr(None)  # the field the constraint came from
+    _tool_plan: Any = PrivateAttr(None)  # chat with tools: a tools.ToolPlan
 
     def check_supported(self) -> None:
         super().check_supported()
@@ -337,6 +338,13 @@ class _SamplingRequest(OpenAIBaseModel):
             value = getattr(self, f"guided_{name}")
             if value is not None:
                 given.append((f"guided_{name}", {name: value}))
+        if self._tool_plan is not None:
+            if given:
+                raise RequestError(
+                    f"tools that may be called and {given[0][0]} cannot be combined", given[0][0]
+                )
+            self._structured_field = "tools"
+            return self._tool_plan.constraint()
         if not given:
             return None
         if len(given) > 1:
@@ -460,14 +468,6 @@ class ChatCompletionRequest(_SamplingRequest):
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.tools:
-            raise RequestError(
-                "tool calling is not supported", "tools", code="unsupported_parameter"
-            )
-        if self.tool_choice not in (None, "none", "auto"):
-            raise RequestError(
-                "tool calling is not supported", "tool_choice", code="unsupported_parameter"
-            )
         if (self.model_extra or {}).get("echo"):
             raise RequestError(
                 "echo is not supported on chat completions", "echo", code="unsupported_parameter"
@@ -539,7 +539,8 @@ class ChatChoiceLogprobs(BaseModel):
 
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class ChatCompletionChoice(BaseModel):
@@ -568,6 +569,7 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class ChatStreamChoice(BaseModel):

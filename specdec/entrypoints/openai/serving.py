@@ -50,6 +50,8 @@ from specdec.entrypoints.openai.protocol import (
     random_id,
 )
 from specdec.entrypoints.openai.safety import for_log, has_surrogates
+from specdec.entrypoints.openai.tools import ToolPlan, plan_tools
+from specdec.entrypoints.openai.tools import template_messages as tool_template_messages
 from specdec.model.tokenizer import prepare_messages
 from specdec.outputs import CompletionOutput, PositionLogprobs, RequestOutput, merge_samples
 from specdec.sampling_params import SamplingParams
@@ -395,7 +397,11 @@ class OpenAIServing:
     ) -> dict[str, Any] | EventStream:
         rid = rid or random_id("chatcmpl")
         model = self._check_request(req)
-        prompt_ids = await self._chat_prompt_ids(req)
+        plan = plan_tools(
+            req.tools, req.tool_choice, req.chat_template or self.tokenizer.chat_template
+        )
+        req._tool_plan = plan
+        prompt_ids = await self._chat_prompt_ids(req, plan)
         max_param = (
             "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         )
@@ -409,33 +415,53 @@ class OpenAIServing:
         ((job, outs),) = await self._collect_jobs(jobs)
         merged = _merge(job, outs, rid)
         top = req.top_logprobs or 0
-        choices = [
-            ChatCompletionChoice(
-                index=c.index,
-                message=ChatResponseMessage(content=c.text),
-                logprobs=self._chat_logprobs(c.token_ids, c.logprobs or [], top)
-                if req.logprobs
-                else None,
-                finish_reason=c.finish_reason,
-                stop_reason=c.stop_reason,
+        choices = []
+        for c in merged.outputs:
+            message, finish = self._chat_message(plan, c.text, c.finish_reason)
+            choices.append(
+                ChatCompletionChoice(
+                    index=c.index,
+                    message=message,
+                    logprobs=self._chat_logprobs(c.token_ids, c.logprobs or [], top)
+                    if req.logprobs
+                    else None,
+                    finish_reason=finish,
+                    stop_reason=c.stop_reason,
+                )
             )
-            for c in merged.outputs
-        ]
         return ChatCompletionResponse(
             id=rid, created=created, model=model, choices=choices,
             usage=_usage([(job, o) for o in outs]), prompt_logprobs=self._prompt_logprobs(merged),
             spec_decode=self._spec_decode(merged, req),
         ).model_dump()  # fmt: skip
 
-    async def _chat_prompt_ids(self, req: ChatCompletionRequest) -> list[int]:
+    @staticmethod
+    def _chat_message(
+        plan: ToolPlan | None, text: str, finish_reason: str | None
+    ) -> tuple[ChatResponseMessage, str | None]:
+        """The reply message (tool calls read out of the text) and its finish_reason."""
+        if plan is None:
+            return ChatResponseMessage(content=text), finish_reason
+        content, calls = plan.parse(text)
+        if calls and plan.mode != "named" and finish_reason == "stop":
+            finish_reason = "tool_calls"
+        message = ChatResponseMessage(content=content, tool_calls=[c.as_openai() for c in calls])
+        return message, finish_reason
+
+    async def _chat_prompt_ids(
+        self, req: ChatCompletionRequest, plan: ToolPlan | None = None
+    ) -> list[int]:
         """Render the conversation with the model's template (a thread) or, on a server that
-        trusts them, the request's own (the sandbox process), then tokenize it (a thread)."""
-        messages = req.template_messages()
+        trusts them, the request's own (the sandbox process), then tokenize it (a thread).
+        Tools that may be called are shown to the template as ``tools``."""
+        messages = tool_template_messages(req.template_messages())
         extra = {
             k: v
             for k, v in (req.chat_template_kwargs or {}).items()
             if k not in _RESERVED_TEMPLATE_KEYS
         }
+        if plan is not None:
+            extra["tools"] = plan.tools
         if not req.chat_template:
             try:
                 text = await self.run_blocking(
@@ -457,9 +483,9 @@ class OpenAIServing:
                 code="untrusted_chat_template",
             )
         variables = {
-            "tools": None,
             "documents": None,
             **self.tokenizer.special_tokens_map,
+            "tools": None,
             **extra,
             "messages": prepare_messages(messages),
             "add_generation_prompt": req.add_generation_prompt,
@@ -545,17 +571,26 @@ class OpenAIServing:
             )
         last: dict[int, tuple[_Job, RequestOutput]] = {}
         top = req.top_logprobs or 0
+        plan: ToolPlan | None = req._tool_plan
         async for index, job, out in _merged(jobs):
             last[index] = (job, out)
             c = out.outputs[0]
             logprobs = self._chat_logprobs(*_new_logprobs(out), top) if req.logprobs else None
-            if not (out.delta_text or out.finished or (logprobs and logprobs.content)):
+            delta, finish = DeltaMessage(content=out.delta_text), c.finish_reason
+            if plan is not None:
+                # NOTE: calls are read from the whole text: it comes in one delta at the end
+                if not out.finished:
+                    continue
+                message, finish = self._chat_message(plan, c.text, c.finish_reason)
+                calls = [{"index": i, **call} for i, call in enumerate(message.tool_calls)]
+                delta = DeltaMessage(content=message.content, tool_calls=calls or None)
+            if not (delta.content or out.finished or (logprobs and logprobs.content)):
                 continue
             choice = ChatStreamChoice(
                 index=index,
-                delta=DeltaMessage(content=out.delta_text),
+                delta=delta,
                 logprobs=logprobs,
-                finish_reason=c.finish_reason if out.finished else None,
+                finish_reason=finish if out.finished else None,
                 stop_reason=c.stop_reason if out.finished else None,
             )
             yield chunk(

@@ -1,0 +1,255 @@
+"""Tool calling in OpenAI's shape (``tools``, ``tool_choice``), with the call's arguments
+constrained by the grammar to the tool's JSON schema.
+
+- ``tool_choice`` a named function: the output is that function's arguments (a JSON object of
+  its ``parameters`` schema); the reply carries one call, finish_reason ``stop`` (OpenAI's).
+- ``required``: the output is a JSON array of ``{"name": ..., "parameters": {...}}``, at least
+  one, each matching its tool (vLLM's format, which needs nothing from the model's template).
+- ``auto``: the model writes text and, where it decides to call, ``<tool_call>{"name": ...,
+  "arguments": {...}}</tool_call>`` blocks (Hermes / Qwen 2.5 / SmolLM3 templates); after the
+  opening tag the grammar holds the call to a tool's schema; text is free. Models whose template
+  does not write that tag get a 400 for ``auto`` (``required`` and named calls still work).
+- ``none`` (the default without tools): plain chat, tools not shown to the model.
+
+The model's chat template must take ``tools`` (it lists them for the model); a template that
+never reads ``tools`` gets a 400 naming ``tools``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import jinja2
+import jinja2.meta
+
+from specdec.entrypoints.openai.protocol import RequestError
+from specdec.structured.params import StructuredOutputsParams
+
+MAX_TOOLS = 128
+_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+WS = r"[ ]?"  # JSON whitespace inside a call
+
+
+def template_reads_tools(template: str | None) -> bool:
+    """Whether the chat template uses the ``tools`` variable."""
+    if not template:
+        return False
+    try:
+        ast = jinja2.Environment().parse(template)
+    except jinja2.TemplateSyntaxError:
+        return "tools" in template
+    return "tools" in jinja2.meta.find_undeclared_variables(ast)
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: str  # JSON text
+
+    def as_openai(self) -> dict[str, Any]:
+        return {
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+@dataclass
+class ToolPlan:
+    """What a chat request with tools needs: the tools for the template, the output
+    constraint, and how to read calls back out of the text."""
+
+    tools: list[dict[str, Any]]
+    mode: str  # "auto", "required" or "named"
+    name: str | None = None  # the named function
+
+    @property
+    def schemas(self) -> dict[str, dict[str, Any]]:
+        return {
+            t["function"]["name"]: t["function"].get("parameters") or {"type": "object"}
+            for t in self.tools
+        }
+
+    def constraint(self) -> StructuredOutputsParams:
+        schemas = self.schemas
+        # NOTE: at most one space between JSON tokens: compact or json.dumps-style calls both
+        # fit, and a small model cannot fill max_tokens with whitespace inside a call
+        if self.mode == "named":
+            return StructuredOutputsParams(json=schemas[self.name], whitespace_pattern=WS)
+        if self.mode == "required":
+            calls = [
+                {
+                    "type": "object",
+                    "properties": {"name": {"const": name}, "parameters": schema},
+                    "required": ["name", "parameters"],
+                    "additionalProperties": False,
+                }
+                for name, schema in schemas.items()
+            ]
+            return StructuredOutputsParams(
+                json={"type": "array", "minItems": 1, "items": {"anyOf": calls}},
+                whitespace_pattern=WS,
+            )
+        return StructuredOutputsParams(grammar=self._auto_grammar())
+
+    def _auto_grammar(self) -> str:
+        """Free text with Hermes tool calls: after ``<tool_call>`` the call must name a tool
+        and give arguments of its schema (a lazy trigger, so text is unconstrained until it)."""
+        alternatives = []
+        for i, (name, schema) in enumerate(self.schemas.items()):
+            begin = json.dumps(f'\n{{"name": {json.dumps(name)}, "arguments": ')
+            alternatives.append(f'call_{i}: {begin} %json {json.dumps(schema)} "}}\\n"')
+        names = " | ".join(f"call_{i}" for i in range(len(alternatives)))
+        return "\n".join(
+            [
+                "%llguidance {}",
+                "start: (trigger (" + names + ') "</tool_call>")* TEXT',
+                f"trigger[lazy]: TEXT {json.dumps(HERMES_OPEN)}",
+                r"TEXT: /(.|\n)*/",
+                *alternatives,
+            ]
+        )
+
+    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        """(the message content, the calls) of the generated text."""
+        if self.mode == "named":
+            return None, [ToolCall(self.name, text)]
+        if self.mode == "required":
+            try:
+                items = json.loads(text)
+            except ValueError:
+                return text, []  # cut by max_tokens: no complete call
+            return None, [
+                ToolCall(it["name"], json.dumps(it["parameters"], ensure_ascii=False))
+                for it in items
+            ]
+        calls, content, pos = [], [], 0
+        while (start := text.find(HERMES_OPEN, pos)) != -1:
+            end = text.find(HERMES_CLOSE, start)
+            if end == -1:
+                break
+            content.append(text[pos:start])
+            try:
+                call = json.loads(text[start + len(HERMES_OPEN) : end])
+                calls.append(
+                    ToolCall(call["name"], json.dumps(call["arguments"], ensure_ascii=False))
+                )
+            except (ValueError, KeyError, TypeError):
+                content.append(text[start : end + len(HERMES_CLOSE)])
+            pos = end + len(HERMES_CLOSE)
+        content.append(text[pos:])
+        rest = "".join(content).strip()
+        return (rest or None) if calls else text, calls
+
+
+def plan_tools(tools: list[Any] | None, tool_choice: Any, template: str | None) -> ToolPlan | None:
+    """Check ``tools`` and ``tool_choice`` (400s name the field); None when no tool may be
+    called (no tools, or tool_choice "none")."""
+    if tool_choice is None:
+        tool_choice = "auto" if tools else "none"
+    if isinstance(tool_choice, str):
+        if tool_choice not in ("none", "auto", "required"):
+            raise RequestError(
+                f"tool_choice must be none, auto, required or a function, got {tool_choice!r:.40}",
+                "tool_choice",
+            )
+    elif not (
+        isinstance(tool_choice, dict)
+        and tool_choice.get("type") == "function"
+        and isinstance(tool_choice.get("function"), dict)
+        and isinstance(tool_choice["function"].get("name"), str)
+    ):
+        raise RequestError(
+            'tool_choice must be a string or {"type": "function", "function": {"name": ...}}',
+            "tool_choice",
+        )
+    if not tools:
+        if tool_choice != "none":
+            raise RequestError("tool_choice needs tools", "tool_choice")
+        return None
+    checked = _check_tools(tools)
+    if tool_choice == "none":
+        return None
+    if not template_reads_tools(template):
+        raise RequestError(
+            "this model's chat template does not support tools (it never reads `tools`); "
+            "send tool_choice none, or serve a model whose template lists tools",
+            "tools",
+            code="unsupported_parameter",
+        )
+    if isinstance(tool_choice, dict):
+        name = tool_choice["function"]["name"]
+        if name not in {t["function"]["name"] for t in checked}:
+            raise RequestError(
+                f"tool_choice names {name!r:.80}, which is not among the tools",
+                "tool_choice.function.name",
+            )
+        return ToolPlan(checked, "named", name)
+    if tool_choice == "auto" and HERMES_OPEN not in (template or ""):
+        raise RequestError(
+            "tool_choice auto: this model's template does not write <tool_call> blocks, so its "
+            "calls cannot be read from its text; use tool_choice required or a named function",
+            "tool_choice",
+            code="unsupported_parameter",
+        )
+    return ToolPlan(checked, tool_choice)
+
+
+def _check_tools(tools: Any) -> list[dict[str, Any]]:
+    if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
+        raise RequestError(f"tools must be a list of at most {MAX_TOOLS} tools", "tools")
+    out, seen = [], set()
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+            raise RequestError(f'{where}.type must be "function"', f"{where}.type")
+        fn = tool.get("function")
+        if not isinstance(fn, dict):
+            raise RequestError(f"{where}.function must be an object", f"{where}.function")
+        name = fn.get("name")
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise RequestError(
+                f"{where}.function.name must be 1-64 letters, digits, _ . or -",
+                f"{where}.function.name",
+            )
+        if name in seen:
+            raise RequestError(
+                f"{where}.function.name {name!r} is repeated", f"{where}.function.name"
+            )
+        seen.add(name)
+        params = fn.get("parameters")
+        if params is not None and not isinstance(params, dict):
+            raise RequestError(
+                f"{where}.function.parameters must be a JSON schema (an object)",
+                f"{where}.function.parameters",
+            )
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Assistant tool calls with their arguments as objects, as templates read them
+    (``tool_call.arguments | tojson``); OpenAI sends them as JSON text."""
+    out = []
+    for m in messages:
+        calls = m.get("tool_calls")
+        if isinstance(calls, list):
+            m = dict(m)
+            fixed = []
+            for c in calls:
+                fn = c.get("function") if isinstance(c, dict) else None
+                if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+                    try:
+                        fn = {**fn, "arguments": json.loads(fn["arguments"])}
+                    except ValueError:
+                        pass
+                    c = {**c, "function": fn}
+                fixed.append(c)
+            m["tool_calls"] = fixed
+        out.append(m)
+    return out

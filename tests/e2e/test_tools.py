@@ -1,0 +1,212 @@
+"""Tool calling through the OpenAI server: tool_choice named / required / auto / none on a tiny
+model whose template lists tools (Hermes style), the calls' arguments held to each tool's schema
+by the grammar, the OpenAI client reading them, and the 400s."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import httpx
+import pytest
+
+from specdec.entrypoints.openai.tools import ToolPlan, plan_tools
+from tests.e2e.test_server import _client, _start
+
+TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\nTools:{% for t in tools %} {{ t.function.name }}"
+    '{% endfor %}. Call one as <tool_call>{"name": ..., "arguments": ...}</tool_call>'
+    "<|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>\n"
+    '{{ {"name": c.function.name, "arguments": c.function.arguments} | tojson }}\n</tool_call>'
+    "{% endfor %}{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"enum": ["Paris", "Oslo", "Lima"]},
+                "unit": {"enum": ["c", "f"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 9},
+            },
+            "required": ["city", "unit", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
+CHAT = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def _check_weather(args: dict) -> None:
+    assert set(args) == {"city", "unit", "days"}
+    assert args["city"] in ("Paris", "Oslo", "Lima") and args["unit"] in ("c", "f")
+    assert 1 <= args["days"] <= 9
+
+
+@pytest.fixture(scope="module")
+def tool_model(tiny_llama, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny_tools")
+    for f in tiny_llama.iterdir():
+        shutil.copy(f, folder / f.name)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = TEMPLATE
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def servers(tool_model, tiny_llama):
+    tools = _start(str(tool_model))
+    spec = _start(str(tool_model), spec={"method": "ngram", "num_speculative_tokens": 4})
+    plain_template = _start(str(tiny_llama))
+    yield tools, spec, plain_template
+    for srv in (tools, spec, plain_template):
+        srv.stop()
+
+
+def _post(srv, body: dict) -> httpx.Response:
+    body = {"model": "tiny", "messages": CHAT, "temperature": 0, "max_tokens": 80, **body}
+    return httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=60)
+
+
+def test_named_tool_choice_returns_a_call_of_its_schema(servers) -> None:
+    tools, spec, _ = servers
+    body = {
+        "tools": [WEATHER, TIME],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+    }
+    replies = [_post(srv, body).json() for srv in (tools, spec)]
+    assert replies[0]["choices"] == replies[1]["choices"] or (
+        [c["message"]["tool_calls"][0]["function"] for c in replies[0]["choices"]]
+        == [c["message"]["tool_calls"][0]["function"] for c in replies[1]["choices"]]
+    )
+    choice = replies[0]["choices"][0]
+    assert choice["finish_reason"] == "stop", choice
+    (call,) = choice["message"]["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"]["name"] == "get_weather"
+    _check_weather(json.loads(call["function"]["arguments"]))
+    assert choice["message"]["content"] is None
+
+
+def test_required_with_the_openai_client(servers) -> None:
+    tools, _, _ = servers
+    client = _client(tools)
+    reply = client.chat.completions.create(
+        model="tiny", messages=CHAT, tools=[WEATHER, TIME], tool_choice="required",
+        temperature=0, max_tokens=100,
+    )  # fmt: skip
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    calls = choice.message.tool_calls
+    assert calls and all(c.function.name in ("get_weather", "get_time") for c in calls)
+    for c in calls:
+        args = json.loads(c.function.arguments)
+        if c.function.name == "get_weather":
+            _check_weather(args)
+        else:
+            assert args["zone"] in ("UTC", "CET")
+    # streamed: the same calls, in one delta at the end
+    stream = client.chat.completions.create(
+        model="tiny", messages=CHAT, tools=[WEATHER, TIME], tool_choice="required",
+        temperature=0, max_tokens=100, stream=True,
+    )  # fmt: skip
+    deltas = [c.choices[0] for c in stream if c.choices]
+    streamed = [tc for d in deltas for tc in (d.delta.tool_calls or [])]
+    assert [(t.function.name, t.function.arguments) for t in streamed] == [
+        (c.function.name, c.function.arguments) for c in calls
+    ]
+    assert deltas[-1].finish_reason == "tool_calls"
+    # the conversation goes on with the call and its result in the history
+    history = CHAT + [
+        {"role": "assistant", "content": None, "tool_calls": [c.model_dump() for c in calls]},
+        {"role": "tool", "tool_call_id": calls[0].id, "content": "sunny"},
+    ]
+    again = client.chat.completions.create(
+        model="tiny", messages=history, tools=[WEATHER], temperature=0, max_tokens=8
+    )
+    assert again.choices[0].message.content is not None
+
+
+def test_auto_leaves_text_free_and_reads_calls(servers) -> None:
+    tools, _, _ = servers
+    r = _post(tools, {"tools": [WEATHER]})
+    choice = r.json()["choices"][0]
+    assert r.status_code == 200 and choice["message"]["content"]
+    assert choice["message"]["tool_calls"] == [] and choice["finish_reason"] in ("stop", "length")
+
+
+def test_auto_grammar_holds_calls_to_the_schema(servers) -> None:
+    """After the model writes <tool_call>, only a call of a listed tool may follow."""
+    tools, _, _ = servers
+    engine = tools.server.config.app.state.llm.engine
+    plan = ToolPlan([WEATHER, TIME], "auto")
+    grammar = engine.grammar_compiler.compile(plan.constraint())
+    tok = engine.tokenizer
+    for t in tok.encode("Let me check. <tool_call>", add_special_tokens=False):
+        assert grammar.accept(t)
+    ok = tok.encode('\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>', False)
+    assert grammar.valid_prefix(ok) == len(ok)
+    bad = tok.encode('\n{"name": "get_stock", "arguments": {}}', False)
+    assert grammar.valid_prefix(bad) < len(bad)
+    wrong_args = tok.encode('\n{"name": "get_time", "arguments": {"zone": "PST"}}', False)
+    assert grammar.valid_prefix(wrong_args) < len(wrong_args)
+    content, calls = plan.parse('Sure. <tool_call>\n{"name": "get_time", "arguments": '
+                                '{"zone": "UTC"}}\n</tool_call>')  # fmt: skip
+    assert content == "Sure." and calls[0].name == "get_time"
+    assert json.loads(calls[0].arguments) == {"zone": "UTC"}
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "which"),
+    [
+        ({"tools": [WEATHER]}, "tools", 2),  # the template never reads tools
+        ({"tools": [{"type": "function", "function": {"name": "bad name"}}]},
+         "tools[0].function.name", 0),
+        ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name", 0),
+        ({"tools": [{"type": "retrieval"}]}, "tools[0].type", 0),
+        ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice", 0),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+         "tool_choice.function.name", 0),
+        ({"tool_choice": "required"}, "tool_choice", 0),
+        ({"tools": [WEATHER], "tool_choice": "required",
+          "response_format": {"type": "json_object"}}, "response_format", 0),
+    ],
+)  # fmt: skip
+def test_bad_tool_requests_get_400(servers, body, param, which) -> None:
+    r = _post(servers[which], body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.json()
+
+
+def test_tool_choice_none_is_plain_chat(servers) -> None:
+    """Tools with tool_choice none: not shown, not constrained; any template works."""
+    _, _, plain_template = servers
+    with_tools = _post(plain_template, {"tools": [WEATHER], "tool_choice": "none"}).json()
+    without = _post(plain_template, {}).json()
+    assert with_tools["choices"][0]["message"] == without["choices"][0]["message"]
+
+
+def test_auto_needs_a_template_that_writes_tool_call_tags() -> None:
+    template = "{% for m in messages %}{{ m.content }}{% endfor %}{{ tools }}"
+    assert plan_tools([WEATHER], "required", template).mode == "required"
+    with pytest.raises(ValueError, match="<tool_call>"):
+        plan_tools([WEATHER], "auto", template)
