@@ -5,7 +5,7 @@ tokens the grammar forces.
 Why llguidance (measured, see BENCHMARKS.md "Session 9: structured output"): its masks cost
 ~60 us per token for a nested JSON schema over SmolLM2's 49k vocabulary on this CPU, with no
 grammar-compile step worth caching (~1 ms for a schema); it has a rollback, a prefix check of
-draft tokens (``validate_tokens``) and the forced bytes we draft from, and its wheel needs
+draft tokens (``validate_tokens``) and the forced tokens we draft, and its wheel needs
 nothing else (xgrammar's needs transformers and triton at run time).
 """
 
@@ -179,16 +179,16 @@ class Grammar:
         return self._m.validate_tokens(draft_token_ids)
 
     def forced_after(self, draft_token_ids: list[int], limit: int) -> list[int]:
-        """Tokens for the bytes the grammar forces after the drafts (a schema's next key, a
-        closing brace), at most ``limit``; only tokens the grammar allows."""
+        """The tokens the grammar forces after the drafts (a schema's next key, a closing
+        brace), at most ``limit``. NOTE: llguidance's fast-forward tokens, which leave out a
+        last token that a longer token could extend: drafting every forced byte's token was
+        measured right 97 of 254 times on JSON extraction, these 78 of 78."""
         if limit <= 0 or self._m.is_stopped():
             return []
         if draft_token_ids and not self._m.consume_tokens(draft_token_ids):
             raise AssertionError(f"drafts outside the grammar: {self._m.get_error()}")
         try:
-            forced = self._m.compute_ff_bytes()
-            tokens = self._tok.tokenize_bytes(forced)[:limit] if forced else []
-            return tokens[: self._m.validate_tokens(tokens)] if tokens else []
+            return self._m.compute_ff_tokens()[:limit]
         finally:
             if draft_token_ids:
                 self._m.rollback(len(draft_token_ids))
