@@ -109,8 +109,6 @@ def test_cache_salt_is_a_field() -> None:
         ({"echo": True}, "echo"),
         ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
         ({"use_beam_search": True}, "use_beam_search"),
-        ({"tools": [{"type": "function"}]}, "tools"),
-        ({"tool_choice": "required"}, "tool_choice"),
         ({"response_format": {"type": "json_schema"}}, "response_format.json_schema.schema"),
         ({"response_format": {"type": "xml"}}, "response_format.type"),
         ({"guided_regex": "a", "guided_json": {}}, "guided_regex"),

@@ -631,10 +631,15 @@ class ModelList(BaseModel):
 
 
 def dump_chunk(chunk: BaseModel) -> str:
-    """One SSE event; ``usage`` and ``spec_decode`` appear only where set."""
+    """One SSE event; ``usage``, ``spec_decode`` and a delta's ``tool_calls`` appear only where
+    set."""
     d = chunk.model_dump()
     for key in ("usage", "spec_decode"):
         if d.get(key) is None:
             d.pop(key, None)
+    for choice in d.get("choices", []):
+        delta = choice.get("delta")
+        if isinstance(delta, dict) and delta.get("tool_calls") is None:
+            delta.pop("tool_calls", None)
     # NOTE: ASCII only: U+2028, U+0085 etc. would end the line for splitlines()-based SSE readers.
     return f"data: {json.dumps(d, separators=(',', ':'))}\n\n"
