@@ -156,16 +156,19 @@ class Scheduler:
         if len(missing) > budget:
             return self._item(req, missing[:budget], 0, False, None)
         drafts = req.draft_token_ids[: self.max_drafts(req, budget - len(missing))]
+        mask = None
+        if req.grammar is not None:
+            # NOTE: the speculator cut drafts the grammar forbids; the mask stops at one anyway
+            mask = req.grammar.masks(drafts)
+            drafts = drafts[: len(mask.rows) - 1]
         probs = req.draft_probs
         if probs is not None and len(drafts) < len(req.draft_token_ids):
-            probs = probs[: len(drafts)]
+            probs = probs[: len(drafts)] if drafts else None
         num_forced = max(0, req.num_forced_drafts - (len(req.draft_token_ids) - len(drafts)))
         # NOTE: drafts are verified once; whatever happens, the next step drafts anew.
         req.draft_token_ids, req.draft_probs, req.num_forced_drafts = [], None, 0
         item = self._item(req, missing + drafts, len(drafts), True, probs)
-        item.num_forced_drafts = num_forced
-        if req.grammar is not None:
-            item.mask = req.grammar.masks(drafts)
+        item.num_forced_drafts, item.mask = num_forced, mask
         return item
 
     def _item(

@@ -194,19 +194,15 @@ class Grammar:
                 self._m.rollback(len(draft_token_ids))
 
     def masks(self, draft_token_ids: list[int]) -> TokenMask:
-        """The mask of each verification row: row r after the output plus drafts[:r]."""
-        rows = []
-        done = 0
-        try:
-            for r in range(len(draft_token_ids) + 1):
-                rows.append(self._m.compute_bitmask())
-                if r < len(draft_token_ids):
-                    if not self._m.consume_token(draft_token_ids[r]):
-                        raise AssertionError(f"a draft outside the grammar: {self._m.get_error()}")
-                    done += 1
-        finally:
-            if done:
-                self._m.rollback(done)
+        """The mask of each verification row: row r after the output plus drafts[:r]. The rows
+        stop after the first draft the grammar forbids (those drafts are not to be verified)."""
+        n = self.valid_prefix(draft_token_ids)
+        rows = [self._m.compute_bitmask()]
+        for r in range(n):
+            self._m.consume_token(draft_token_ids[r])
+            rows.append(self._m.compute_bitmask())
+        if n:
+            self._m.rollback(n)
         return TokenMask(rows, self.vocab_size)
 
 
