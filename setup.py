@@ -4,8 +4,9 @@
 Project metadata lives in pyproject.toml; this file only adds the C++ extensions:
 
 * ``specdec/kernels/csrc/ops.cpp`` (torch binding), ``layer.cpp`` (a whole decoder layer in one
-  call), ``kernels_portable.cpp`` and ``kquants.cpp`` (K-quant tiles) are compiled with
-  the flags torch's ``BuildExtension`` uses (no ISA flags), so the module imports on any x86-64 CPU;
+  call), ``head.cpp`` (EAGLE-3's draft head), ``kernels_portable.cpp`` and ``kquants.cpp``
+  (K-quant tiles) are compiled with the flags torch's ``BuildExtension`` uses (no ISA flags), so
+  the module imports on any x86-64 CPU;
 * ``kernels_avx2.cpp`` is compiled on its own with ``-mavx2 -mfma -mf16c -O3``, and
   ``kernels_avx512.cpp`` with AVX-512 F/DQ/BW/VL added, ``kernels_vnni.cpp`` (8-bit activation
   kernels) with VNNI on top, and all are linked in; the binding only calls them after
@@ -116,7 +117,7 @@ def _native_build():
         name=KERNELS_EXT,
         sources=[
             os.path.join(CSRC, f)
-            for f in ("ops.cpp", "layer.cpp", "kernels_portable.cpp", "kquants.cpp")
+            for f in ("ops.cpp", "layer.cpp", "head.cpp", "kernels_portable.cpp", "kquants.cpp")
         ],
         include_dirs=[os.path.abspath(CSRC)],
         extra_compile_args=list(COMMON_FLAGS),

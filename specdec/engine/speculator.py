@@ -66,15 +66,15 @@ class Speculator:
         self.proposer: Proposer = make_proposer(
             spec, target, load_draft, scheduler.max_num_seqs, scheduler.max_model_len
         )
+        # The per-request cap: num_speculative_tokens, or the drafter's own when larger (hybrid)
+        self.max_k = max(spec.num_speculative_tokens, self.proposer.max_drafts or 0)
         self.enabled = True  # False: propose nothing (plain decoding with the same engine)
         self.stats = SpecDecodeStats()
         self.controller: SpecController | None = None
         self._measured_cost = None
         if spec.adaptive:
             self._measured_cost = self._measure_cost(target, kv, max_batched_tokens)
-            self.controller = SpecController(
-                spec.num_speculative_tokens, copy.deepcopy(self._measured_cost)
-            )
+            self.controller = SpecController(self.max_k, copy.deepcopy(self._measured_cost))
         self._shadow: dict[str, _Shadow] = {}
         self._hidden: dict[str, _Hidden] = {}
 
@@ -85,7 +85,7 @@ class Speculator:
 
     def _measure_cost(self, target: LlamaModel, kv: KVCache, max_batched_tokens: int):
         """The verification cost curve, measured once on a free slot before any request."""
-        k = self.spec.num_speculative_tokens
+        k = self.max_k
         slot = kv.allocate()
         try:
             # The curve up to one request's k + 1 tokens, then up to a full batch with drafts.
@@ -121,9 +121,7 @@ class Speculator:
         controller's learnt costs and rates); running requests keep their drafter state."""
         self.proposer.reset_cache()
         if self.controller is not None:
-            self.controller = SpecController(
-                self.spec.num_speculative_tokens, copy.deepcopy(self._measured_cost)
-            )
+            self.controller = SpecController(self.max_k, copy.deepcopy(self._measured_cost))
 
     # ---- the step -----------------------------------------------------------------------------
     def step(
@@ -217,7 +215,7 @@ class Speculator:
             # NOTE: prompt chunks fill the next step already; on a CPU the forward is then
             # compute-bound, so drafts would cost a full row each and delay those prompts.
             return
-        k = self.spec.num_speculative_tokens
+        k = self.max_k
         # NOTE: each request's own settings bound what the controller may choose: its cap
         # (SamplingParams.num_speculative_tokens, 0 = off) and its n_min (speculative_n_min, by
         # default draft_min): fewer drafts are not verified, so a smaller limit or choice is 0.

@@ -60,6 +60,9 @@ class Proposer(ABC):
     # while it says no, the engine still asks for drafts and scores them against the tokens that
     # arrive ("shadow" drafts), so the decision stays informed at no verification cost.
     free_drafts: bool = False
+    # A cap of the drafter's own above num_speculative_tokens (hybrid: suffix decoding's, while
+    # num_speculative_tokens bounds the head). None: num_speculative_tokens.
+    max_drafts: int | None = None
 
     @abstractmethod
     def propose(self, inp: DraftInput) -> DraftOutput: ...

@@ -17,9 +17,10 @@ import torch
 from specdec.config import ConfigError
 from specdec.model.llama import LlamaModel, SeqBatch
 from specdec.model.registry import default_head
-from specdec.spec_decode.base import Proposer
+from specdec.spec_decode.base import DraftRequest, Proposer
 from specdec.spec_decode.eagle import check_hidden_size
 from specdec.spec_decode.hidden_head import (
+    HEAD_QTYPES,
     HeadLinear,
     HiddenStateProposer,
     check_shape,
@@ -32,6 +33,9 @@ from specdec.spec_decode.hidden_head import (
 )
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+# The head's weights at run time (where the 8-bit activation kernels run): Q4_0 reads half the
+# bytes of Q8_0 per draft; see BENCHMARKS.md, session 9.
+DEFAULT_QTYPE = "q4_0"
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, ...]:
@@ -53,7 +57,13 @@ def layer_config(cfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 class Eagle3Proposer(HiddenStateProposer):
     def __init__(
-        self, target: LlamaModel, path: str, max_num_seqs: int, max_len: int, sample_method: str
+        self,
+        target: LlamaModel,
+        path: str,
+        max_num_seqs: int,
+        max_len: int,
+        sample_method: str,
+        qtype: str = DEFAULT_QTYPE,
     ) -> None:
         folder = head_folder(path, "eagle3")
         raw = read_config(folder)
@@ -95,10 +105,11 @@ class Eagle3Proposer(HiddenStateProposer):
             t = w.get(name)
             return None if t is None else t.to(device=dev, dtype=torch.float32)
 
-        self.fc = HeadLinear(w["fc.weight"], None, target)
-        self.lm_head = HeadLinear(w["lm_head.weight"], None, target)
+        self.fc = HeadLinear(w["fc.weight"], None, target, qtype)
+        self.lm_head = HeadLinear(w["lm_head.weight"], None, target, qtype)
         self.norm = f32("norm.weight")
-        self.layer = head_layer(w, "layers.0.", target)
+        self.layer = head_layer(w, "layers.0.", target, qtype)
+        self.qtype = qtype
         if self.layer.input_norm is None or "layers.0.hidden_norm.weight" not in w:
             raise ConfigError(
                 "speculative_config.model: the EAGLE-3 layer needs input_layernorm and hidden_norm"
@@ -122,6 +133,38 @@ class Eagle3Proposer(HiddenStateProposer):
                 raise ConfigError(
                     "speculative_config.model: d2t maps draft tokens outside the target's vocabulary"
                 )
+        self.native = self._native_head(w, layer_cfg)
+
+    def _native_head(self, w: dict[str, torch.Tensor], layer_cfg: dict[str, Any]) -> Any:
+        """The head as ``_C.Eagle3Head`` (one call per step, one per greedy chain) where the
+        native kernels run and the head has a draft vocabulary (whose embeddings it keeps as
+        float32); None: the Python layer."""
+        C = getattr(self.ops, "_C", None)
+        if C is None or not hasattr(C, "Eagle3Head") or self.target_ids is None:
+            return None
+        H, lw = self.hidden_size, self.layer
+        if any(x.bias is not None for x in (lw.q, lw.k, lw.v, lw.o, lw.gate, lw.up, lw.down)):
+            return None
+
+        def fused(*names: str) -> tuple[torch.Tensor, int]:
+            rows = [w[f"layers.0.{n}.weight"] for n in names]
+            return HeadLinear(torch.cat(rows), None, self.target, self.qtype).native()
+
+        qkv, qt_qkv = fused("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+        gate_up, qt_gate_up = fused("mlp.gate_proj", "mlp.up_proj")
+        (fc, qt_fc), (o, qt_o) = self.fc.native(), lw.o.native()
+        (down, qt_down), (lm, qt_lm) = lw.down.native(), self.lm_head.native()
+        return C.Eagle3Head(
+            hidden=H, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim, intermediate=lw.gate.out_features, eps=self.eps,
+            norm_before_residual=self.norm_before_residual, fc_w=fc, fc_qt=qt_fc,
+            fc_k=self.fc.in_features, qkv_w=qkv, qkv_qt=qt_qkv, o_w=o, o_qt=qt_o,
+            gate_up_w=gate_up, gate_up_qt=qt_gate_up, down_w=down, down_qt=qt_down, lm_w=lm,
+            lm_qt=qt_lm, draft_vocab=self.lm_head.out_features, input_norm=lw.input_norm,
+            hidden_norm=self.hidden_norm, post_norm=lw.post_norm, norm=self.norm,
+            draft_embed=self._embed(self.target_ids).contiguous(), target_ids=self.target_ids,
+            cos=self.rotary.cos, sin=self.rotary.sin,
+        )  # fmt: skip
 
     def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         if self.embed is not None:
@@ -136,6 +179,11 @@ class Eagle3Proposer(HiddenStateProposer):
         positions: torch.Tensor,  # [T]
         batch: SeqBatch,
     ) -> torch.Tensor:  # [T, H] before the final norm
+        if self.native is not None:
+            return self.native.step(
+                self._embed(token_ids), feats.contiguous(), from_target, positions.tolist(),
+                self.kv.k[0], self.kv.v[0], batch.slots, batch.start_pos, batch.num_tokens,
+            )  # fmt: skip
         if from_target:
             feats = self.fc(feats)
         hidden = rms_norm(feats, self.hidden_norm, self.eps)
@@ -145,8 +193,29 @@ class Eagle3Proposer(HiddenStateProposer):
             0, self.layer, residual, torch.cat([emb, hidden], dim=-1), positions, batch
         )
 
+    def _greedy_chain(
+        self, live: list[DraftRequest], feats: torch.Tensor, drafts: dict[str, list[int]]
+    ) -> bool:
+        k = live[0].max_num_drafts
+        if self.native is None or any(
+            r.max_num_drafts != k or not (r.sampling.is_greedy or self.sample_method == "greedy")
+            for r in live
+        ):
+            return False
+        pos = [len(r.token_ids) - 1 for r in live]  # draft 1 (token n) sits at position n - 1
+        out = self.native.greedy_chain(
+            feats, k, pos, self.kv.k[0], self.kv.v[0], [self.states[r.req_id].slot for r in live],
+            [p - self.states[r.req_id].base for p, r in zip(pos, live)],
+        )  # fmt: skip
+        for r, row in zip(live, out.tolist()):
+            drafts[r.req_id].extend(row)
+        return True
+
     def _logits(self, out: torch.Tensor) -> torch.Tensor:  # [R, H] -> [R, V]
-        z = self.lm_head(rms_norm(out, self.norm, self.eps))
+        if self.native is not None:
+            z = self.native.logits(out)
+        else:
+            z = self.lm_head(rms_norm(out, self.norm, self.eps))
         if self.target_ids is None:
             return z
         R = z.shape[0]
@@ -173,7 +242,19 @@ def head_path(cfg, target: LlamaModel) -> str:
     return str(shipped)
 
 
+def head_qtype(cfg) -> str:
+    """The head's weight format: ``speculative_config.draft_quantization`` or the default."""
+    qtype = cfg.draft_quantization or DEFAULT_QTYPE
+    if qtype not in HEAD_QTYPES:
+        raise ConfigError(
+            f"speculative_config.draft_quantization: {qtype!r} for an EAGLE-3 head, expected "
+            f"one of {', '.join(HEAD_QTYPES)}"
+        )
+    return qtype
+
+
 def make(cfg, target, load_draft, max_num_seqs: int, max_len: int) -> Proposer:
     return Eagle3Proposer(
-        target, head_path(cfg, target), max_num_seqs, max_len, cfg.draft_sample_method
-    )
+        target, head_path(cfg, target), max_num_seqs, max_len, cfg.draft_sample_method,
+        head_qtype(cfg),
+    )  # fmt: skip

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from specdec.config import ConfigError
 from specdec.kernels import KernelOps, quantize_weight
+from specdec.kernels import _kernel_weight as kernel_weight  # (weight, qtype, parts) for _C
 from specdec.kv_cache.pool import KVCache
 from specdec.model.layers import Rotary, rope_inv_freq
 from specdec.model.llama import LlamaModel, SeqBatch
@@ -115,16 +116,20 @@ def check_shape(name: str, t: torch.Tensor, shape: tuple[int, ...], what: str) -
 
 
 # ---- the decoder layer -----------------------------------------------------------------------
+HEAD_QTYPES = ("q8_0", "q4_0")
+
+
 class HeadLinear:
-    """A head's linear layer: Q8_0 weights with 8-bit activations where the target runs those
-    kernels (a head's numerics never change the output, only how often drafts are right),
-    float32 elsewhere."""
+    """A head's linear layer: Q8_0 (or Q4_0) weights with 8-bit activations where the target
+    runs those kernels (a head's numerics never change the output, only how often drafts are
+    right), float32 elsewhere."""
 
     def __init__(
         self,
         weight: torch.Tensor,  # [N, K]
         bias: torch.Tensor | None,  # [N]
         target: LlamaModel,
+        qtype: str = "q8_0",
     ) -> None:
         dev = target.device
         self.out_features, self.in_features = weight.shape
@@ -133,7 +138,7 @@ class HeadLinear:
         self.weight: torch.Tensor | None = weight.to(device=dev, dtype=torch.float32)
         self.packed = None
         if target.activation_dtype == "int8" and weight.shape[1] % 32 == 0:
-            packed = quantize_weight(self.weight, "q8_0")
+            packed = quantize_weight(self.weight, qtype)
             if packed.a8_eligible():
                 packed.enable_a8()
                 self.packed, self.weight = packed, None
@@ -142,6 +147,16 @@ class HeadLinear:
         if self.packed is not None:
             return self.ops.linear(x.contiguous(), self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+    def native(self) -> tuple[torch.Tensor, int]:
+        """(weight, qtype code) as ``_C.linear`` takes them (no bias, no K-quant parts)."""
+        if self.bias is not None:
+            raise ValueError("the native head's linear layers have no bias")
+        if self.packed is None:
+            return self.weight, 0  # QT_F32
+        data, code, parts = kernel_weight(self.packed)
+        assert not parts
+        return data, code
 
 
 @dataclass
@@ -159,7 +174,9 @@ class HeadLayer:
     input_norm: torch.Tensor | None  # [H]; None: attention reads the input as it is
 
 
-def head_layer(w: dict[str, torch.Tensor], prefix: str, target: LlamaModel) -> HeadLayer:
+def head_layer(
+    w: dict[str, torch.Tensor], prefix: str, target: LlamaModel, qtype: str = "q8_0"
+) -> HeadLayer:
     """The layer under ``prefix`` (``layers.0.``, ``midlayer.``...), Hugging Face key names."""
 
     def get(name: str) -> torch.Tensor:
@@ -168,7 +185,7 @@ def head_layer(w: dict[str, torch.Tensor], prefix: str, target: LlamaModel) -> H
         return w[prefix + name]
 
     def lin(name: str) -> HeadLinear:
-        return HeadLinear(get(name + ".weight"), w.get(prefix + name + ".bias"), target)
+        return HeadLinear(get(name + ".weight"), w.get(prefix + name + ".bias"), target, qtype)
 
     norm = w.get(prefix + "input_layernorm.weight")
     return HeadLayer(
@@ -295,10 +312,14 @@ class HiddenStateProposer(Proposer):
         feeds = {r.req_id: self._new_states(r) for r in inp.requests if r.max_num_drafts > 0}
         fed = [r for r in inp.requests if feeds.get(r.req_id) is not None]
         if fed:
-            feats, logits = self._catch_up(fed, feeds)
+            feats = self._catch_up(fed, feeds)
             keep = [i for i, r in enumerate(fed) if self._can_draft(r)]
             live = [fed[i] for i in keep]
-            feats, logits = feats[keep], logits[keep]
+            feats = feats[keep] if len(keep) < len(fed) else feats
+            if live and self._greedy_chain(live, feats, drafts):
+                live = []
+            elif live:
+                logits = self._logits(feats)
             while live:
                 draw_rows(logits, live, drafts, probs, self.sample_method)
                 keep = [i for i, r in enumerate(live) if len(drafts[r.req_id]) < r.max_num_drafts]
@@ -326,9 +347,15 @@ class HiddenStateProposer(Proposer):
         state, n = self.states[r.req_id], len(r.token_ids)
         return state.end == n - 1 and n - 1 - state.base + r.max_num_drafts <= self.max_len
 
-    def _catch_up(
-        self, fed: list[DraftRequest], feeds: dict[str, torch.Tensor]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _greedy_chain(
+        self, live: list[DraftRequest], feats: torch.Tensor, drafts: dict[str, list[int]]
+    ) -> bool:
+        """Draw every draft of ``live`` in one go when the head can (a native greedy chain);
+        False leaves it to the step-by-step loop. ``feats``: the outputs at their last fed
+        positions."""
+        return False
+
+    def _catch_up(self, fed: list[DraftRequest], feeds: dict[str, torch.Tensor]) -> torch.Tensor:
         """Feed each request's new target states; the head's output at its last position."""
         ids, pos, batch = [], [], SeqBatch([], [], [])
         for r in fed:
@@ -341,8 +368,9 @@ class HiddenStateProposer(Proposer):
             state.end += m
         feats = torch.cat([feeds[r.req_id] for r in fed]).to(torch.float32)
         out = self._run(ids, pos, feats, True, batch)
-        last = out[torch.tensor(batch.num_tokens, device=self.device).cumsum(0) - 1]
-        return last, self._logits(last)
+        if len(fed) == 1:
+            return out[-1:]
+        return out[torch.tensor(batch.num_tokens, device=self.device).cumsum(0) - 1]
 
     def _chain(
         self, live: list[DraftRequest], feats: torch.Tensor, drafts: dict[str, list[int]]

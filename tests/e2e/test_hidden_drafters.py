@@ -30,6 +30,7 @@ from specdec.spec_decode import (
     make_proposer,
     medusa,
 )
+from specdec.spec_decode.eagle3 import Eagle3Proposer
 from tests.e2e.test_spec_greedy import PROMPTS
 from tests.heads import write_eagle, write_eagle3, write_medusa, write_mtp_target
 
@@ -100,6 +101,8 @@ class Oracle:
         self.real = draft_model.draw_draft
         monkeypatch.setattr(draft_model, "draw_draft", self)
         monkeypatch.setattr(medusa, "draw_draft", self)
+        # drafts go through draw_draft: EAGLE-3's native greedy chain (argmax in C++) is off
+        monkeypatch.setattr(Eagle3Proposer, "_greedy_chain", lambda *a: False)
 
     def __call__(self, logits, r: DraftRequest, position: int, earlier, method):
         if not earlier:
@@ -306,14 +309,14 @@ class _Fixed(Proposer):
 def test_hybrid_takes_the_drafter_expected_to_yield_more() -> None:
     from specdec.spec_decode.hybrid import HybridProposer
 
-    def req(tokens: list[int]) -> DraftRequest:
-        return DraftRequest("a", tokens, 3, SamplingParams(temperature=0), 0, 2)
+    def req(tokens: list[int], cap: int = 3) -> DraftRequest:
+        return DraftRequest("a", tokens, cap, SamplingParams(temperature=0), 0, 2)
 
     suffix, head = _Fixed([7, 7, 7], score=2.5), _Fixed([5, 6, 8])
-    hybrid = HybridProposer(suffix, head)
-    # prior head rate 0.5: 0.5 + 0.25 + 0.125 < 2.5, so suffix wins; the head drafts one token
+    hybrid = HybridProposer(suffix, head, 3)
+    # prior head rate 0.5: 0.5 + 0.25 + 0.125 < 2.5, so suffix wins; the head is not run
     assert hybrid.propose(DraftInput([req([1, 2])])).draft_token_ids == [[7, 7, 7]]
-    assert head.seen[-1] == [1]
+    assert head.seen == []
     suffix.score = 0.5  # suffix now expects less than the head
     assert hybrid.propose(DraftInput([req([1, 2, 9])])).draft_token_ids == [[5, 6, 8]]
     assert head.seen[-1] == [3]
@@ -325,3 +328,74 @@ def test_hybrid_takes_the_drafter_expected_to_yield_more() -> None:
     suffix.score = 1.5
     assert hybrid.rate["a"] > 0.8
     assert hybrid.propose(DraftInput([req([1, 2, 9])])).draft_token_ids == [[5, 6, 8]]
+
+
+def test_hybrid_suffix_keeps_its_cap_and_the_head_reads_every_state() -> None:
+    from specdec.spec_decode.hybrid import SUFFIX_CAP, HybridProposer
+
+    suffix, head = _Fixed(list(range(100, 140)), score=30.0), _Fixed([5, 6, 8])
+    head.rows = []
+    head_propose = head.propose
+
+    def spy(inp: DraftInput) -> DraftOutput:
+        head.rows += [(r.hidden_start, r.hidden_states.clone()) for r in inp.requests]
+        return head_propose(inp)
+
+    head.propose = spy
+    hybrid = HybridProposer(suffix, head, 3)
+    assert hybrid.max_drafts == SUFFIX_CAP  # the engine's per-request cap
+    states = torch.arange(40.0).view(20, 2)
+
+    def req(n: int, lo: int, hi: int) -> DraftRequest:
+        r = DraftRequest("a", list(range(n)), SUFFIX_CAP, SamplingParams(temperature=0), 0, 2)
+        r.hidden_states, r.hidden_start = states[lo:hi], lo
+        return r
+
+    out = hybrid.propose(DraftInput([req(6, 0, 5)]))
+    assert out.draft_token_ids == [list(range(100, 100 + SUFFIX_CAP))]  # suffix: all 32
+    assert hybrid.propose(DraftInput([req(9, 5, 8)])).draft_token_ids[0][0] == 100
+    assert head.seen == []  # suffix won twice: the head was not run
+    suffix.score = 0.1
+    assert hybrid.propose(DraftInput([req(12, 8, 11)])).draft_token_ids == [[5, 6, 8]]
+    assert head.seen == [[3]]  # the head drafts its own k
+    ((start, rows),) = head.rows
+    assert start == 0 and torch.equal(rows, states[:11])  # every state it had not read, in order
+
+
+def test_eagle3_native_head_matches_the_python_layer(heads) -> None:
+    """_C.Eagle3Head: one step (fc, norms, fused q/k/v and gate/up, the head's KV) and the
+    draft-vocabulary logits agree with the Python layer; its greedy chain drafts what step by
+    step argmax drafts."""
+    target, spec = heads["eagle3-safeailab"]
+    prop = _llm(target, spec | {"adaptive": False}).engine.speculator.proposer
+    native = prop.native
+    assert native is not None
+    H, V = prop.hidden_size, prop.target.cfg.vocab_size
+    g = torch.Generator().manual_seed(0)
+    feats = torch.randn(6, 3 * H, generator=g)
+    ids = torch.randint(0, V, (6,), generator=g)
+    slot = prop.kv.allocate()
+    batch = SeqBatch([slot], [0], [6])
+    pos = torch.arange(10, 16)
+    out_n = prop._step(ids, feats, True, pos, batch)
+    prop.native = None
+    out_p = prop._step(ids, feats, True, pos, batch)
+    torch.testing.assert_close(out_n, out_p, atol=1e-4, rtol=1e-4)
+    x = torch.randn(2, H, generator=g)
+    prop.native = native
+    logits_n = prop._logits(x).clone()
+    prop.native = None
+    logits_p = prop._logits(x)
+    torch.testing.assert_close(logits_n, logits_p, atol=1e-4, rtol=1e-4)
+    # the chain from the last position: 4 drafts, positions 16.., KV indices 6..
+    drafts, cur = [], out_p[-1:]
+    for j in range(4):
+        drafts.append(int(prop._logits(cur).argmax()))
+        if j < 3:
+            tok = torch.tensor([drafts[-1]])
+            cur = prop._step(
+                tok, cur, False, torch.tensor([16 + j]), SeqBatch([slot], [6 + j], [1])
+            )
+    chain = native.greedy_chain(out_p[-1:], 4, [16], prop.kv.k[0], prop.kv.v[0], [slot], [6])
+    assert chain.tolist() == [drafts]
+    assert all(int(t) in set(prop.target_ids.tolist()) for t in drafts)

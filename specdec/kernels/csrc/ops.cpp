@@ -682,6 +682,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("has_avx2_build", &has_avx2_build);
     m.def("has_avx512_build", &has_avx512_build);
     bind_decoder_layer(m);
+    bind_eagle3_head(m);
     m.attr("QT_F32") = static_cast<int>(QT_F32);
     m.attr("QT_Q8_0") = static_cast<int>(QT_Q8_0);
     m.attr("QT_Q4_0") = static_cast<int>(QT_Q4_0);
