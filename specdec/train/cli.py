@@ -7,6 +7,7 @@ specdec train eagle3 --model smollm2-135m --data data/smollm2 --out heads/smollm
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -33,19 +34,22 @@ def build(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="share of responses sampled at T 0.7 (the rest greedy)")  # fmt: skip
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--max-num-seqs", type=int, default=16)
+    d.add_argument("--batch", type=int, default=32, help="prompts per generate call")
+    d.add_argument("--time-limit", type=float, default=None,
+                   help="seconds: start no batch of responses after this (the rest is written)")  # fmt: skip
     pl = kinds.add_parser("plot", help="draw a run's train_log.jsonl (loss, validation)")
     pl.add_argument("--log", required=True)
     pl.add_argument("--out", required=True, help="PNG file")
     for method in ("eagle3", "eagle", "medusa"):
         t = kinds.add_parser(method, help=f"train a {method} head on `train data` records")
         t.add_argument("--model", required=True)
-        t.add_argument("--data", required=True)
+        t.add_argument("--data", required=True, nargs="+", help="one or more `train data` folders")
         t.add_argument("--out", required=True, help="folder: checkpoint.pt, train_log.jsonl, head/")
         t.add_argument("--resume", action="store_true", help="continue from out/checkpoint.pt")
         defaults = TrainConfig()
         for name in ("epochs", "lr", "batch", "ttt_steps", "medusa_heads", "draft_vocab",
                      "max_len", "val_fraction", "eval_every", "ckpt_every", "warmup", "seed",
-                     "device"):  # fmt: skip
+                     "device", "init", "time_limit"):  # fmt: skip
             value = getattr(defaults, name)
             t.add_argument("--" + name.replace("_", "-"), type=type(value), default=value)
     return p
@@ -66,11 +70,13 @@ def run(args: argparse.Namespace) -> None:
         if args.prompts:
             prompts = data.read_prompts(args.prompts)[: args.num_prompts]
         else:
-            prompts = data.magpie_prompts(llm, args.num_prompts, seed=args.seed)
-            print(f"{len(prompts)} prompts written by the model", file=sys.stderr)
+            stream = data.magpie_stream(llm, args.batch, seed=args.seed)
+            prompts = itertools.islice(stream, args.num_prompts)  # written batch by batch
+        deadline = None if args.time_limit is None else start + args.time_limit
         manifest = data.collect(
-            llm, prompts, args.out, args.max_tokens, args.sampled_fraction, args.seed
-        )
+            llm, prompts, args.out, args.max_tokens, args.sampled_fraction, args.seed,
+            batch=args.batch, deadline=deadline,
+        )  # fmt: skip
         manifest["seconds"] = round(time.monotonic() - start, 1)
         print(json.dumps(manifest))
         return

@@ -19,8 +19,11 @@ NOTE: never point this at a benchmark's prompts; heads are measured on prompts t
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import time
+from collections.abc import Iterable, Iterator, Sized
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,14 +39,17 @@ TOP_K = 20
 USER_MARK = "\x00USER\x00"
 
 
-def magpie_prompts(llm, num: int, seed: int = 0, max_tokens: int = 96) -> list[str]:
-    """``num`` distinct user turns the target writes itself after its template's user opening."""
+def magpie_prompts(
+    llm, num: int, seed: int = 0, max_tokens: int = 96, seen: set[str] | None = None
+) -> list[str]:
+    """``num`` distinct user turns the target writes itself after its template's user opening
+    (distinct from ``seen`` too, which collects them)."""
     tok = llm.get_tokenizer()
     rendered = tok.apply_chat_template(
         [{"role": "user", "content": USER_MARK}], add_generation_prompt=False
     )
     opening = tok.encode(rendered[: rendered.index(USER_MARK)])
-    seen: set[str] = set()
+    seen = set() if seen is None else seen
     out: list[str] = []
     attempt = 0
     while len(out) < num and attempt < 12:
@@ -66,6 +72,17 @@ def magpie_prompts(llm, num: int, seed: int = 0, max_tokens: int = 96) -> list[s
                 out.append(text)
         attempt += 1
     return out[:num]
+
+
+def magpie_stream(llm, batch: int, seed: int = 0) -> Iterator[str]:
+    """Distinct Magpie prompts, ``batch`` at a time (so a run cut short by a deadline spends
+    its time on responses, not on prompts it will not answer); ends when a round finds none."""
+    seen: set[str] = set()
+    for r in itertools.count():
+        got = magpie_prompts(llm, batch, seed=seed + r * 100_003, seen=seen)
+        if not got:
+            return
+        yield from got
 
 
 def read_prompts(path: str | Path) -> list[str]:
@@ -148,25 +165,36 @@ def states_of(llm, ids: list[int], chunk: int = 256) -> dict[str, np.ndarray]:
 
 def collect(
     llm,
-    prompts: list[str],
+    prompts: Iterable[str],
     out: str | Path,
     max_tokens: int = 256,
     sampled_fraction: float = 0.5,
     seed: int = 0,
     batch: int = 32,
     progress: bool = True,
+    deadline: float | None = None,
 ) -> dict:
     """Responses of the target to ``prompts`` (greedy, and sampled at T 0.7 for a fraction),
-    with their states and soft labels, in shards under ``out``. Returns the manifest."""
+    with their states and soft labels, in shards under ``out`` (the prompts answered in
+    ``prompts.jsonl``). Returns the manifest. ``prompts`` may be a stream (``magpie_stream``);
+    ``deadline`` (a ``time.monotonic()`` value): no batch starts after it, what was collected
+    is written."""
     from tqdm import tqdm
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tok = llm.get_tokenizer()
     shard, num_shards, num_tokens, num_seqs = _empty_shard(), 0, 0, 0
-    bar = tqdm(total=len(prompts), desc="responses", disable=not progress, unit="prompt")
-    for b0 in range(0, len(prompts), batch):
-        chunk = prompts[b0 : b0 + batch]
+    total = len(prompts) if isinstance(prompts, Sized) else None
+    bar = tqdm(total=total, desc="responses", disable=not progress, unit="prompt")
+    stream, answered = iter(prompts), []
+    for b0 in itertools.count(0, batch):
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+        chunk = list(itertools.islice(stream, batch))
+        if not chunk:
+            break
+        answered += chunk
         ids = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=True)
                for p in chunk]  # fmt: skip
         params = []
@@ -206,22 +234,35 @@ def collect(
         "max_tokens": max_tokens,
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    with open(out / "prompts.jsonl", "w") as f:  # what the responses answer, to audit
+        f.writelines(json.dumps(p) + "\n" for p in answered)
     return manifest
 
 
 class TrainData:
-    """The shards of a ``collect`` folder, memory-mapped; sequences by index."""
+    """The shards of one or more ``collect`` folders (of the same target), memory-mapped;
+    sequences by index."""
 
-    def __init__(self, folder: str | Path) -> None:
-        folder = Path(folder)
-        self.manifest = json.loads((folder / "manifest.json").read_text())
+    def __init__(self, folders: str | Path | list[str | Path]) -> None:
+        folders = [Path(f) for f in (folders if isinstance(folders, list) else [folders])]
+        self.manifest: dict = {}
         self.shards = []
         self.index: list[tuple[int, int]] = []  # (shard, sequence in shard)
-        for i in range(self.manifest["num_shards"]):
-            d = folder / f"shard-{i:04d}"
-            arrays = {p.stem: np.load(p, mmap_mode="r") for p in d.glob("*.npy")}
-            self.shards.append(arrays)
-            self.index += [(i, j) for j in range(len(arrays["prompt_lens"]))]
+        for folder in folders:
+            manifest = json.loads((folder / "manifest.json").read_text())
+            same = ("hidden_size", "vocab_size", "num_layers", "aux_layers", "top_k")
+            if self.manifest and any(manifest[k] != self.manifest[k] for k in same):
+                raise ValueError(f"{folder} was collected from another target or layout")
+            if not self.manifest:
+                self.manifest = dict(manifest)
+            else:
+                for k in ("num_sequences", "num_tokens", "num_shards"):
+                    self.manifest[k] += manifest[k]
+            for i in range(manifest["num_shards"]):
+                d = folder / f"shard-{i:04d}"
+                arrays = {p.stem: np.load(p, mmap_mode="r") for p in d.glob("*.npy")}
+                self.index += [(len(self.shards), j) for j in range(len(arrays["prompt_lens"]))]
+                self.shards.append(arrays)
 
     def __len__(self) -> int:
         return len(self.index)

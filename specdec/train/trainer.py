@@ -41,6 +41,8 @@ class TrainConfig:
     warmup: float = 0.02
     seed: int = 0
     device: str = "auto"
+    init: str = ""  # eagle3: an exported head to start from (its weights and draft vocabulary)
+    time_limit: float = 0.0  # seconds (0: none): the schedule decays over whichever ends first
 
 
 class _Target:
@@ -75,7 +77,9 @@ def _soft_ce(logits: torch.Tensor, ids: torch.Tensor, probs: torch.Tensor) -> to
 
 
 class Trainer:
-    def __init__(self, llm, data_dir: str | Path, out_dir: str | Path, cfg: TrainConfig) -> None:
+    def __init__(
+        self, llm, data_dir: str | Path | list, out_dir: str | Path, cfg: TrainConfig
+    ) -> None:
         self.cfg = cfg
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -91,15 +95,22 @@ class Trainer:
             )
         self.train_ids, self.val_ids = split(len(self.data), cfg.val_fraction, cfg.seed)
         self.to_draft = None  # target id -> draft id (eagle3), -1 outside
+        init = _read_head(cfg.init) if cfg.init else None
+        if init is not None and cfg.method != "eagle3":
+            raise ValueError("--init starts EAGLE-3 heads only")
         if cfg.method == "eagle3":
             counts = self.data.token_counts(tc.vocab_size)
             used = np.sort(np.argsort(-counts, kind="stable")[: cfg.draft_vocab])
+            if init is not None:  # the head's own vocabulary, so its lm_head rows keep meaning
+                d2t = init.pop("d2t").long()
+                used = (torch.arange(len(d2t)) + d2t).numpy()
             self.used = torch.tensor(used, dtype=torch.long)
             self.to_draft = torch.full((tc.vocab_size,), -1, dtype=torch.long)
             self.to_draft[self.used] = torch.arange(len(used))
             self.to_draft = self.to_draft.to(self.device)
             cover = counts[used].sum() / max(1, counts.sum())
             self.vocab_coverage = float(cover)
+            cfg.draft_vocab = len(used)
         if cfg.method == "medusa":
             self.model = MedusaHeads(tc.hidden_size, cfg.medusa_heads, self.target.lm_head)
         else:
@@ -107,6 +118,8 @@ class Trainer:
                 cfg.method, tc.hidden_size, tc.intermediate_size, tc.num_heads, tc.num_kv_heads,
                 tc.head_dim, tc.rms_norm_eps, tc.rope_theta, cfg.draft_vocab,
             )  # fmt: skip
+        if init is not None:
+            self.model.load_state_dict(_chain_state(init, self.model), strict=True)
         self.model.to(self.device)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -176,12 +189,18 @@ class Trainer:
         return total / max(weight, 1e-9), stats
 
     # ---- the loop ------------------------------------------------------------------------------
-    def _lr(self) -> float:
+    def _lr(self, elapsed: float = 0.0) -> float:
         warm = max(1, int(self.cfg.warmup * self.total_steps))
         if self.step < warm:
             return self.cfg.lr * (self.step + 1) / warm
         progress = (self.step - warm) / max(1, self.total_steps - warm)
+        if self.cfg.time_limit > 0:
+            progress = max(progress, elapsed / self.cfg.time_limit)
         return self.cfg.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    def _done(self, elapsed: float) -> bool:
+        over_time = self.cfg.time_limit > 0 and elapsed >= self.cfg.time_limit
+        return self.step >= self.total_steps or over_time
 
     def evaluate(self) -> dict:
         """Per step, how often its argmax is the target's; the tokens a chain then accepts."""
@@ -209,12 +228,13 @@ class Trainer:
         bar = tqdm(total=self.total_steps, initial=self.step, desc=f"train {cfg.method}",
                    disable=not progress)  # fmt: skip
         last_eval: dict = {}
-        while self.step < self.total_steps:
+        while not self._done(time.monotonic() - start):
             if len(order) < cfg.batch:
                 order += rng.permutation(self.train_ids).tolist()
             batch, order = order[: cfg.batch], order[cfg.batch :]
+            lr = self._lr(time.monotonic() - start)
             for g in self.opt.param_groups:
-                g["lr"] = self._lr()
+                g["lr"] = lr
             self.opt.zero_grad(set_to_none=True)
             loss_sum, top_ok, top_n = 0.0, 0, 0
             for k in batch:
@@ -226,9 +246,10 @@ class Trainer:
             self.opt.step()
             self.step += 1
             row = {"step": self.step, "loss": round(loss_sum / len(batch), 4),
-                   "top1": round(top_ok / max(1, top_n), 4), "lr": self._lr(),
+                   "top1": round(top_ok / max(1, top_n), 4), "lr": lr,
                    "elapsed_s": round(time.monotonic() - start, 1)}  # fmt: skip
-            if self.step % cfg.eval_every == 0 or self.step == self.total_steps:
+            last = self._done(time.monotonic() - start)
+            if self.step % cfg.eval_every == 0 or last:
                 last_eval = self.evaluate()
                 row.update(last_eval)
             self.log.append(row)
@@ -237,7 +258,7 @@ class Trainer:
             bar.update(1)
             bar.set_postfix(loss=row["loss"], top1=row["top1"], **(
                 {"val_accepted": last_eval["val_accepted"]} if last_eval else {}))  # fmt: skip
-            if self.step % cfg.ckpt_every == 0 or self.step == self.total_steps:
+            if self.step % cfg.ckpt_every == 0 or last:
                 self.save_checkpoint()
                 self.export()
         bar.close()
@@ -270,6 +291,36 @@ class Trainer:
         else:
             export_medusa(self.model, self.target, head)
         return head
+
+
+def _read_head(folder: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return {k: v.float() if v.is_floating_point() else v
+            for k, v in load_file(str(Path(folder) / "model.safetensors")).items()}  # fmt: skip
+
+
+def _chain_state(w: dict[str, torch.Tensor], m: ChainHead) -> dict[str, torch.Tensor]:
+    """An exported EAGLE-3 head's tensors (export_eagle3's keys) as ``m``'s state dict."""
+    names = {v: k for k, v in _export_names(m).items()}
+    state = {names[k]: v for k, v in w.items() if k in names}
+    missing = set(m.state_dict()) - set(state)
+    if missing:
+        raise ValueError(f"--init: the head lacks {sorted(missing)}")
+    return state
+
+
+def _export_names(m: ChainHead) -> dict[str, str]:
+    """ChainHead state-dict key -> export_eagle3's key."""
+    out = {}
+    for n in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        out[f"{n}.weight"] = f"layers.0.self_attn.{n}.weight"
+    for n in ("gate_proj", "up_proj", "down_proj"):
+        out[f"{n}.weight"] = f"layers.0.mlp.{n}.weight"
+    for n in ("post_attention_layernorm", "input_layernorm", "hidden_norm"):
+        out[n] = f"layers.0.{n}.weight"
+    out |= {"fc.weight": "fc.weight", "norm": "norm.weight", "lm_head.weight": "lm_head.weight"}
+    return {k: v for k, v in out.items() if k in m.state_dict()}
 
 
 def _layer_keys(m: ChainHead, prefix: str) -> dict[str, torch.Tensor]:

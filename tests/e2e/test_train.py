@@ -16,6 +16,7 @@ import torch
 from specdec import LLM, SamplingParams
 from specdec.model.llama import HIDDEN_FINAL
 from specdec.spec_decode import DraftInput, DraftRequest, draft_model, hidden_head
+from specdec.spec_decode.eagle3 import Eagle3Proposer
 from specdec.train import data
 from specdec.train.cli import main as train_main
 from specdec.train.trainer import TrainConfig, Trainer
@@ -126,6 +127,7 @@ def test_training_head_computes_what_the_drafter_computes(records, tmp_path, mon
         return int(tokens[n - 1]), None  # the true token after the prefix
 
     monkeypatch.setattr(draft_model, "draw_draft", spy)
+    monkeypatch.setattr(Eagle3Proposer, "_greedy_chain", lambda *a: False)  # via draw_draft
     spec = {"method": "eagle3", "model": str(trainer.export()), "num_speculative_tokens": 2}
     engine = LLM(trainer.target.source, max_model_len=512, speculative_config=spec).engine
     m = n - 1  # the prefix the drafter extends: tokens[:m]; states for positions 0..m-2
@@ -150,6 +152,24 @@ def test_resume_continues_from_the_checkpoint(records, tmp_path) -> None:
         assert torch.equal(a, b)
     again.fit(progress=False)
     assert again.step == again.total_steps > 4
+
+
+def test_init_from_a_head_on_several_folders(records, tmp_path) -> None:
+    """--init: a new run starts from an exported head (its weights, its draft vocabulary, as
+    fp16 stores them) over two data folders; a time limit ends it early."""
+    llm, _, out = records
+    first = Trainer(llm, out, tmp_path / "a", TrainConfig(draft_vocab=96, epochs=2, batch=4))
+    first.fit(progress=False)
+    head = first.export()
+    cfg = TrainConfig(draft_vocab=200, epochs=50, batch=4, init=str(head), time_limit=1e-3)
+    again = Trainer(llm, [out, out], tmp_path / "b", cfg)
+    assert len(again.data) == 2 * len(first.data)
+    assert again.data.manifest["num_tokens"] == 2 * first.data.manifest["num_tokens"]
+    assert torch.equal(again.used, first.used)  # the head's vocabulary, not the data's top 200
+    for (name, a), b in zip(first.model.state_dict().items(), again.model.state_dict().values()):
+        torch.testing.assert_close(a.half().float(), b, msg=name)
+    again.fit(progress=False)
+    assert 1 <= again.step < again.total_steps  # stopped by the time limit
 
 
 def test_cli_writes_records_and_a_head(tiny_llama, tmp_path, capsys) -> None:
