@@ -132,9 +132,12 @@ class GrammarCompiler:
             return self._llg
 
     def compile(self, params: StructuredOutputsParams | dict[str, Any]) -> Grammar:
+        """A fresh grammar state for one request (a copy of ``params.compiled`` when set)."""
         import llguidance
 
         params = StructuredOutputsParams.from_any(params)
+        if isinstance(params.compiled, Grammar):
+            return params.compiled.fork()
         params.validate()
         text = grammar_text(params)
         tok = self.llg_tokenizer
@@ -156,6 +159,10 @@ class Grammar:
         self._m = matcher
         self._tok = tokenizer
         self.vocab_size = vocab_size
+
+    def fork(self) -> Grammar:
+        """An independent copy in the same state."""
+        return Grammar(self._m.deep_copy(), self._tok, self.vocab_size)
 
     # ---- the committed output ----------------------------------------------------------------
     def accept(self, token: int) -> bool:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json as _json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 MAX_CHOICES = 4096
@@ -35,6 +35,9 @@ class StructuredOutputsParams:
     whitespace_pattern: str | None = None
     backend: str | None = None
     disable_fallback: bool = False
+    # the compiled grammar (a structured.Grammar), when the caller compiled it ahead (the server
+    # does, off the engine's thread); each request takes its own copy
+    compiled: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.json is not None and hasattr(self.json, "model_json_schema"):
@@ -93,7 +96,7 @@ class StructuredOutputsParams:
         if isinstance(value, cls):
             return value
         if isinstance(value, dict):
-            names = {f.name for f in fields(cls)}
+            names = {f.name for f in fields(cls)} - {"compiled"}
             unknown = sorted(set(value) - names)
             if unknown:
                 raise ValueError(f"structured_outputs: unknown field {unknown[0]!r}")

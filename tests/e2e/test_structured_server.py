@@ -115,3 +115,16 @@ def test_bad_constraints_get_400_naming_the_field(servers, extra, param, words) 
     # the server goes on
     ok = _post(plain, "completions", {"model": "tiny", "prompt": "hi", "max_tokens": 2})
     assert ok.status_code == 200
+
+
+def test_samples_of_one_request_each_follow_the_grammar(servers) -> None:
+    """n=3: the server compiles the constraint once (off the engine's thread) and each sample
+    follows its own copy."""
+    plain, _ = servers
+    body = {"model": "tiny", "prompt": "hi", "n": 3, "temperature": 1.0, "seed": 5,
+            "max_tokens": 12, "guided_regex": "[a-z]{2,4}(-[0-9])?"}  # fmt: skip
+    r = _post(plain, "completions", body)
+    assert r.status_code == 200, r.text
+    texts = [c["text"] for c in r.json()["choices"]]
+    assert len(texts) == 3 and all(re.fullmatch("[a-z]{2,4}(-[0-9])?", t) for t in texts)
+    assert len(set(texts)) > 1

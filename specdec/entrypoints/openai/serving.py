@@ -284,6 +284,8 @@ class OpenAIServing:
         try:
             for p, ((ids, text), budget) in enumerate(zip(prompts, max_tokens)):
                 sampling = req.to_sampling_params(budget, self.sampling_defaults)
+                if sampling.structured_outputs is not None:
+                    await self._compile_grammar(sampling, req)
                 prefix = rid if len(prompts) == 1 else f"{rid}-{p}"
                 jobs.append(await self._start_samples(ids, text, sampling, req, prefix, jobs))
         except BaseException:
@@ -292,6 +294,19 @@ class OpenAIServing:
                     stream.abort()
             raise
         return jobs
+
+    async def _compile_grammar(self, sampling: SamplingParams, req: _SamplingRequest) -> None:
+        """Compile the request's constraint on the preparation pool (a large schema can take
+        100 ms+, and the first one builds the tokenizer's tables, ~1 s), not on the engine's
+        thread where every running request would wait for it."""
+        params = sampling.structured_outputs
+        assert params is not None
+        try:
+            params.compiled = await self.run_blocking(
+                self.llm.engine.grammar_compiler.compile, params
+            )
+        except ValueError as e:
+            raise req.error_for(str(e)) from e
 
     async def _start_samples(
         self,
