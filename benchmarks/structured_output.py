@@ -125,16 +125,19 @@ class GrammarClock:
         from specdec.structured import grammar
 
         self.seconds = 0.0
+        self.by_name: dict[str, float] = {}
         for name in ("masks", "accept", "valid_prefix", "forced_after"):
-            setattr(grammar.Grammar, name, self._timed(getattr(grammar.Grammar, name)))
+            setattr(grammar.Grammar, name, self._timed(name, getattr(grammar.Grammar, name)))
 
-    def _timed(self, fn):
+    def _timed(self, name: str, fn):
         def wrapper(*a, **kw):
             t0 = time.perf_counter()
             try:
                 return fn(*a, **kw)
             finally:
-                self.seconds += time.perf_counter() - t0
+                dt = time.perf_counter() - t0
+                self.seconds += dt
+                self.by_name[name] = self.by_name.get(name, 0.0) + dt
 
         return wrapper
 
@@ -171,6 +174,7 @@ def main() -> None:
                                               structured_outputs={"json": items[0][1]}))  # fmt: skip
     totals = {name: [0, 0.0] for name in configs}
     grammar_s, grammar_tokens = 0.0, 0
+    by_name: dict[str, float] = {}
     texts: dict[str, list[list[int]]] = {name: [] for name in configs}
     rows = []
     for rnd in range(args.rounds):
@@ -183,7 +187,7 @@ def main() -> None:
                     temperature=0, max_tokens=args.max_tokens,
                     structured_outputs={"json": schema} if constrained else None,
                 )  # fmt: skip
-                g0 = clock.seconds
+                g0, n0 = clock.seconds, dict(clock.by_name)
                 t0 = time.perf_counter()
                 out = llms[name].generate([p], sp)[0]
                 dt = time.perf_counter() - t0
@@ -193,6 +197,8 @@ def main() -> None:
                 if name == "json":
                     grammar_s += clock.seconds - g0
                     grammar_tokens += n
+                    for k, v in clock.by_name.items():
+                        by_name[k] = by_name.get(k, 0.0) + v - n0.get(k, 0.0)
                 if rnd == 0:
                     texts[name].append(out.outputs[0].token_ids)
                 row[name] = {"tokens": n, "s": round(dt, 4), "finish": out.outputs[0].finish_reason}
@@ -220,6 +226,9 @@ def main() -> None:
         "complete_json": valid,
         "mean_tokens": round(statistics.mean(len(t) for t in texts["json"]), 1),
         "grammar_us_per_token_plain": round(1e6 * grammar_s / max(1, grammar_tokens), 1),
+        "grammar_us_per_token_plain_by_call": {
+            k: round(1e6 * v / max(1, grammar_tokens), 1) for k, v in by_name.items()
+        },
         "spec": {k: v for k, v in st.as_dict().items() if k != "accepted_per_pos"},
     }
     print(json.dumps(result, indent=1))
