@@ -76,6 +76,14 @@ class EngineMetrics:
         self.num_accepted_tokens = metric(
             Counter, "spec_decode_num_accepted_tokens", "Draft tokens accepted.", m
         )
+        self.num_grammar_draft_tokens = metric(
+            Counter, "spec_decode_num_grammar_draft_tokens",
+            "Draft tokens forced by a structured-output grammar (no model ran for them).", m,
+        )  # fmt: skip
+        self.num_grammar_accepted_tokens = metric(
+            Counter, "spec_decode_num_grammar_accepted_tokens",
+            "Grammar-forced draft tokens accepted.", m,
+        )  # fmt: skip
         self.accepted_per_pos = metric(
             Counter, "spec_decode_num_accepted_tokens_per_pos",
             "Accepted draft tokens by draft position.", mp,
@@ -135,6 +143,12 @@ class EngineMetrics:
         self.num_drafts.labels(name).inc(self._delta("drafts", st.num_drafts))
         self.num_draft_tokens.labels(name).inc(self._delta("draft_tokens", st.num_draft_tokens))
         self.num_accepted_tokens.labels(name).inc(self._delta("accepted", st.num_accepted_tokens))
+        self.num_grammar_draft_tokens.labels(name).inc(
+            self._delta("grammar_drafts", st.num_grammar_draft_tokens)
+        )
+        self.num_grammar_accepted_tokens.labels(name).inc(
+            self._delta("grammar_accepted", st.num_grammar_accepted_tokens)
+        )
         per_pos = list(st.accepted_per_pos)
         last = self._last_per_pos if len(self._last_per_pos) <= len(per_pos) else []
         for pos, n in enumerate(per_pos):

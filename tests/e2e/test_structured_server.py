@@ -128,3 +128,18 @@ def test_samples_of_one_request_each_follow_the_grammar(servers) -> None:
     texts = [c["text"] for c in r.json()["choices"]]
     assert len(texts) == 3 and all(re.fullmatch("[a-z]{2,4}(-[0-9])?", t) for t in texts)
     assert len(set(texts)) > 1
+
+
+def test_grammar_drafts_are_counted_in_metrics(servers) -> None:
+    _, spec = servers
+    body = {"model": "tiny", "prompt": "pick", "max_tokens": 40, "temperature": 0,
+            "guided_choice": ["a long answer here", "another long answer"]}  # fmt: skip
+    r = _post(spec, "completions", body)
+    assert r.status_code == 200
+    stats = r.json()["spec_decode"]
+    assert stats["num_grammar_draft_tokens"] > 0 and stats["num_grammar_accepted_tokens"] > 0
+    text = httpx.get(f"{spec.url}/metrics").text
+    m = re.search(
+        r"^specdec:spec_decode_num_grammar_draft_tokens_total\{[^}]*\} (\S+)$", text, re.M
+    )
+    assert m and float(m.group(1)) >= stats["num_grammar_draft_tokens"]
