@@ -9,9 +9,9 @@
 // number of rows (batch invariance), and the exactness tests of the f32 path carry over.
 //
 // Few activation rows (decode, verification): the weights are widened in registers as they
-// stream.  Many rows (prefill): blocks of weight rows are widened once into a float scratch that
-// stays in L2 while every activation row passes, in tiles of 6 activation rows x 4 weight rows
-// whose accumulators stay in registers for the whole K.
+// stream.  Many rows (prefill): blocks of up to 64 weight rows are widened once into a float
+// scratch that stays in L2 while every activation row passes, in tiles of 6 activation rows x 4
+// weight rows, K-block by K-block (below).
 #include <immintrin.h>
 #include <stdint.h>
 
@@ -104,20 +104,41 @@ void half_rows_direct(const float* x, int64_t K, const uint16_t* w, const float*
     for (; n < n1; ++n) half_tile<QT, MR, 1>(x, K, w + n * K, y + n, ldy, bias ? bias + n : nullptr);
 }
 
-// MR activation rows x NR float weight rows (the widened scratch), both stride K.
+template <int QT>
+void widen_rows(const uint16_t* w, int64_t K, int64_t rows, float* dst) {
+    const int64_t n = rows * K;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, load_w<QT>(w + i));
+    if (i < n) _mm512_mask_storeu_ps(dst + i, tail_mask(n - i), load_w_masked<QT>(tail_mask(n - i), w + i));
+}
+
+// K-blocked: accumulators of MR x NR outputs stay in registers for kKBlock inputs, then are parked in
+// c (L1) while the other weight rows of the block take their turn, so the MR activation rows of a
+// K-block stay in L1 and only the weights stream from L2.  Parking a vector and reloading it
+// changes nothing: each output still runs one FMA chain over k in order, then hsum16, then + bias.
+constexpr int64_t kKBlock = 512;
+constexpr int64_t kMaxBlockRows = 64;
+
 template <int MR, int NR>
-inline void f32_tile(const float* x, int64_t K, const float* w, float* y, int64_t ldy, const float* bias) {
+inline void f32_tile_kb(const float* x, int64_t K, const float* w, int64_t k0, int64_t k1, float* c,
+                        float* y, int64_t ldy, const float* bias) {
     __m512 acc[MR][NR];
     for (int m = 0; m < MR; ++m)
-        for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_setzero_ps();
-    int64_t k = 0;
-    for (; k + 16 <= K; k += 16) {
+        for (int n = 0; n < NR; ++n)
+            acc[m][n] = k0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(c + (m * NR + n) * 16);
+    int64_t k = k0;
+    for (; k + 16 <= k1; k += 16) {
         __m512 wv[NR];
         for (int n = 0; n < NR; ++n) wv[n] = _mm512_loadu_ps(w + n * K + k);
         for (int m = 0; m < MR; ++m) {
             const __m512 xv = _mm512_loadu_ps(x + m * K + k);
             for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_fmadd_ps(wv[n], xv, acc[m][n]);
         }
+    }
+    if (k1 < K) {
+        for (int m = 0; m < MR; ++m)
+            for (int n = 0; n < NR; ++n) _mm512_store_ps(c + (m * NR + n) * 16, acc[m][n]);
+        return;
     }
     if (k < K) {
         const __mmask16 mask = tail_mask(K - k);
@@ -131,55 +152,43 @@ inline void f32_tile(const float* x, int64_t K, const float* w, float* y, int64_
     store_tile<MR, NR>(acc, y, ldy, bias);
 }
 
-// r (< MR) activation rows against NR widened weight rows.
-template <int NR>
-void f32_tile_rest(int64_t r, const float* x, int64_t K, const float* w, float* y, int64_t ldy,
-                   const float* bias) {
-    switch (r) {
-        case 1: f32_tile<1, NR>(x, K, w, y, ldy, bias); return;
-        case 2: f32_tile<2, NR>(x, K, w, y, ldy, bias); return;
-        case 3: f32_tile<3, NR>(x, K, w, y, ldy, bias); return;
-        case 4: f32_tile<4, NR>(x, K, w, y, ldy, bias); return;
-        case 5: f32_tile<5, NR>(x, K, w, y, ldy, bias); return;
-        default: return;
+// MR activation rows against nr (<= kMaxBlockRows) widened weight rows, K-block by K-block.
+template <int MR>
+void mtile_kb(const float* x, int64_t K, const float* wb, int64_t nr, const float* bias, float* y,
+              int64_t ldy) {
+    constexpr int NR = 4;
+    alignas(64) static thread_local float c[MR * kMaxBlockRows * 16];
+    for (int64_t k0 = 0; k0 < K; k0 += kKBlock) {
+        const int64_t k1 = k0 + kKBlock < K ? k0 + kKBlock : K;
+        int64_t n = 0;
+        for (; n + NR <= nr; n += NR)
+            f32_tile_kb<MR, NR>(x, K, wb + n * K, k0, k1, c + n * MR * 16, y + n, ldy, bias ? bias + n : nullptr);
+        for (; n < nr; ++n)
+            f32_tile_kb<MR, 1>(x, K, wb + n * K, k0, k1, c + n * MR * 16, y + n, ldy, bias ? bias + n : nullptr);
     }
 }
 
 template <int QT>
-void widen_rows(const uint16_t* w, int64_t K, int64_t rows, float* dst) {
-    const int64_t n = rows * K;
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, load_w<QT>(w + i));
-    if (i < n) _mm512_mask_storeu_ps(dst + i, tail_mask(n - i), load_w_masked<QT>(tail_mask(n - i), w + i));
-}
-
-// All M rows against weight rows [n0, n1): blocks of kHalfScratchRows rows widened into scratch,
-// then tiles of MR x NR over them.
-template <int QT>
 void half_many_rows(const float* x, int64_t M, int64_t K, const uint16_t* w, const float* bias,
-                    float* y, int64_t ldy, int64_t n0, int64_t n1, float* scratch) {
-    constexpr int MR = 6, NR = 4;
-    const int64_t block = kHalfScratchFloats / K < 4 ? 4 : kHalfScratchFloats / K / 4 * 4;
+                       float* y, int64_t ldy, int64_t n0, int64_t n1, float* scratch) {
+    constexpr int MR = 6;
+    int64_t block = kHalfScratchFloats / K < 4 ? 4 : kHalfScratchFloats / K / 4 * 4;
+    block = block < kMaxBlockRows ? block : kMaxBlockRows;
     for (int64_t r0 = n0; r0 < n1; r0 += block) {
         const int64_t r1 = r0 + block < n1 ? r0 + block : n1, nr = r1 - r0;
         widen_rows<QT>(w + r0 * K, K, nr, scratch);
         const float* b0 = bias ? bias + r0 : nullptr;
         int64_t m = 0;
-        for (; m + MR <= M; m += MR) {
-            int64_t n = 0;
-            for (; n + NR <= nr; n += NR)
-                f32_tile<MR, NR>(x + m * K, K, scratch + n * K, y + m * ldy + r0 + n, ldy, b0 ? b0 + n : nullptr);
-            for (; n < nr; ++n)
-                f32_tile<MR, 1>(x + m * K, K, scratch + n * K, y + m * ldy + r0 + n, ldy, b0 ? b0 + n : nullptr);
-        }
-        if (m < M) {
-            int64_t n = 0;
-            for (; n + NR <= nr; n += NR)
-                f32_tile_rest<NR>(M - m, x + m * K, K, scratch + n * K, y + m * ldy + r0 + n, ldy,
-                                  b0 ? b0 + n : nullptr);
-            for (; n < nr; ++n)
-                f32_tile_rest<1>(M - m, x + m * K, K, scratch + n * K, y + m * ldy + r0 + n, ldy,
-                                 b0 ? b0 + n : nullptr);
+        for (; m + MR <= M; m += MR) mtile_kb<MR>(x + m * K, K, scratch, nr, b0, y + m * ldy + r0, ldy);
+        const float* xr = x + m * K;
+        float* yr = y + m * ldy + r0;
+        switch (M - m) {
+            case 1: mtile_kb<1>(xr, K, scratch, nr, b0, yr, ldy); break;
+            case 2: mtile_kb<2>(xr, K, scratch, nr, b0, yr, ldy); break;
+            case 3: mtile_kb<3>(xr, K, scratch, nr, b0, yr, ldy); break;
+            case 4: mtile_kb<4>(xr, K, scratch, nr, b0, yr, ldy); break;
+            case 5: mtile_kb<5>(xr, K, scratch, nr, b0, yr, ldy); break;
+            default: break;
         }
     }
 }
