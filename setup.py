@@ -43,6 +43,7 @@ ISA_UNITS = [
     ("AVX2", "kernels_avx2.cpp", AVX2_FLAGS, "SPECDEC_HAVE_AVX2"),
     ("AVX-512", "kernels_avx512.cpp", AVX512_FLAGS, "SPECDEC_HAVE_AVX512"),
     ("AVX-512 VNNI", "kernels_vnni.cpp", AVX512_FLAGS + ["-mavx512vnni"], "SPECDEC_HAVE_VNNI"),
+    ("AVX-512 16-bit weights", "kernels_bf16.cpp", AVX512_FLAGS, "SPECDEC_HAVE_HALF512"),
 ]
 
 

@@ -2,7 +2,7 @@
 where no such model can be installed. Random weights do not change speed.
 
 Each file carries SmolLM2's tokenizer (and chat template) from the installed SmolLM2-135M GGUF,
-so every engine reads prompts the same way. Q8_0, Q4_0, Q4_1, F16 and F32 are written with the
+so every engine reads prompts the same way. Q8_0, Q4_0, Q4_1, F16, BF16 and F32 are written with the
 `gguf` package's own quantizers; K-quants (Q4_K_M, Q5_K_M, Q6_K) need llama.cpp's quantizer
 (llama-cpp-python): an F16 file is written first, then quantized.
 
@@ -43,7 +43,14 @@ SHAPES = {
     "llama-3.2-1b-like": LlamaShape(2048, 16, 32, 8, 8192, rope_theta=500000.0),
     "tiny": LlamaShape(256, 2, 4, 2, 512, context=512),  # tests (256: K-quant rows)
 }
-GGUF_TYPES = {"F32": QT.F32, "F16": QT.F16, "Q8_0": QT.Q8_0, "Q4_0": QT.Q4_0, "Q4_1": QT.Q4_1}
+GGUF_TYPES = {
+    "F32": QT.F32,
+    "F16": QT.F16,
+    "BF16": QT.BF16,
+    "Q8_0": QT.Q8_0,
+    "Q4_0": QT.Q4_0,
+    "Q4_1": QT.Q4_1,
+}
 # llama.cpp's quantizer: the name of the llama_ftype constant in llama_cpp
 LLAMA_FTYPES = {
     "Q4_K_M": "LLAMA_FTYPE_MOSTLY_Q4_K_M",
@@ -106,7 +113,7 @@ def write_gguf(
     makes the bytes of types ``gguf`` cannot quantize (tests pass their K-quant quantizer)."""
     qtype = GGUF_TYPES[type_name]
     # NOTE: the embedding stays Q8_0 (as in llama.cpp's files) unless the file is a float one
-    embd_type = qtype if qtype in (QT.F32, QT.F16, QT.Q8_0) else QT.Q8_0
+    embd_type = qtype if qtype in (QT.F32, QT.F16, QT.BF16, QT.Q8_0) else QT.Q8_0
     if types is None:
 
         def types(name: str) -> QT:

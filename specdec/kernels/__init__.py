@@ -37,6 +37,7 @@ except Exception as exc:  # extension not built, or built against another torch
 
 __all__ = [
     "A8_QTYPES",
+    "HALF_QTYPES",
     "KQUANT_QTYPES",
     "QTYPES",
     "KernelOps",
@@ -61,13 +62,27 @@ QTYPES = ("f32", "q8_0", "q4_0", "q4_1")
 # GGUF K-quants (super-blocks of 256): pack_weight takes their GGUF blocks and keeps them, repacked
 # into tiles of 16 rows of the same size; nothing here quantizes to them.
 KQUANT_QTYPES = ("q4_k", "q5_k", "q6_k")
+# 16-bit weights (GGUF F16/BF16, Hugging Face float16/bfloat16): kept 16-bit; the native kernels
+# widen them exactly in registers, so they compute what a float32 copy would, bit for bit.
+HALF_QTYPES = ("f16", "bf16")
+HALF_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
 
 BLOCK_SIZE = 32  # elements per GGUF block for every quantized QTYPE
 BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
 KQUANT_BLOCK = 256  # elements per K-quant super-block
 KQUANT_GGUF_BYTES = {"q4_k": 144, "q5_k": 176, "q6_k": 210}  # per super-block in GGUF
 KQUANT_TILE_BYTES = {"q4_k": 2304, "q5_k": 2816, "q6_k": 3360}  # 16 rows x 256: 16 GGUF blocks
-_QT_CODE = {"f32": 0, "q8_0": 1, "q4_0": 2, "q4_1": 3, "q4_k": 4, "q5_k": 5, "q6_k": 6}
+_QT_CODE = {
+    "f32": 0,
+    "q8_0": 1,
+    "q4_0": 2,
+    "q4_1": 3,
+    "q4_k": 4,
+    "q5_k": 5,
+    "q6_k": 6,
+    "f16": 9,
+    "bf16": 10,
+}
 _QT_KQUANT = 8  # _C.linear's qtype for K-quant tiles (kernels.h QT_KQUANT)
 # Weight formats the 8-bit activation kernels take (see PackedWeight.enable_a8).
 A8_QTYPES = ("q8_0", "q4_0", "q4_1", *KQUANT_QTYPES)
@@ -166,7 +181,8 @@ def kquant_native_preferred(qtype: str, out_features: int, in_features: int) -> 
 class PackedWeight:
     """Weight of a linear layer, ``[out_features, in_features]``, in kernel-ready storage.
 
-    ``data`` is float32 ``[N, K]`` for ``f32`` and, for the GGUF block formats, uint8
+    ``data`` is float32 ``[N, K]`` for ``f32``, float16 / bfloat16 ``[N, K]`` for ``f16`` /
+    ``bf16`` (never widened in memory) and, for the GGUF block formats, uint8
     ``[N, row_bytes]`` holding each row's GGUF blocks unchanged (32 elements per block; q8_0:
     f16 scale + 32 int8; q4_0: f16 scale + 16 bytes of nibbles, value (q - 8) * d; q4_1: f16 d,
     f16 m + nibbles, value q * d + m; low nibbles are elements 0-15 of a block, high 16-31).
@@ -240,8 +256,8 @@ class PackedWeight:
     def dequantize(self) -> torch.Tensor:
         """The weight as float32 ``[N, K]`` on ``data``'s device.
 
-        Quantized types: a new tensor equal to ``gguf.quants.dequantize`` bit for bit.  ``f32``:
-        ``data`` itself (not a copy).
+        Quantized types: a new tensor equal to ``gguf.quants.dequantize`` bit for bit (``f16`` /
+        ``bf16``: their exact float32 values).  ``f32``: ``data`` itself (not a copy).
         """
         if self.qtype == "f32":
             return self.data
@@ -281,7 +297,7 @@ class PackedWeight:
 
 
 def _dequantize(qtype: str, data: torch.Tensor, n: int, k: int) -> torch.Tensor:
-    if qtype == "f32":
+    if qtype == "f32" or qtype in HALF_QTYPES:
         return data.reshape(n, k).to(torch.float32)
     nb = k // BLOCK_SIZE
     blocks = data.reshape(n, nb, BLOCK_BYTES[qtype])
@@ -306,19 +322,37 @@ def pack_weight(
 ) -> PackedWeight:
     """Wrap a weight for the kernels.
 
-    ``qtype == "f32"``: ``data`` is float32 ``[N, K]``.  Quantized types: ``data`` holds the raw
+    ``qtype == "f32"``: ``data`` is float32 ``[N, K]``.  ``f16`` / ``bf16``: ``data`` is a torch
+    float16 / bfloat16 ``[N, K]`` tensor, used as it is, or a numpy array of the 16-bit values
+    (float16, uint16 bit patterns, or the GGUF bytes as uint8), copied once into kernel storage
+    (never widened; see :func:`half_storage`).  Quantized types: ``data`` holds the raw
     GGUF block bytes of each row, uint8 ``[N, row_bytes]`` (e.g.
     ``torch.from_numpy(reader_tensor.data)``); it stays quantized, no float copy is made.
     K-quants are repacked into their tiles (the GGUF bytes are not kept); they need the native
     extension, ``N % 16 == 0`` and ``K % 256 == 0`` (see :func:`kquant_supported`).
     """
-    if qtype not in QTYPES and qtype not in KQUANT_QTYPES:
-        raise ValueError(f"unknown qtype {qtype!r}; expected one of {QTYPES + KQUANT_QTYPES}")
+    known = QTYPES + KQUANT_QTYPES + HALF_QTYPES
+    if qtype not in known:
+        raise ValueError(f"unknown qtype {qtype!r}; expected one of {known}")
+    n, k = int(out_features), int(in_features)
+    if qtype in HALF_QTYPES:
+        if isinstance(data, np.ndarray):
+            allowed = (np.float16, np.uint16, np.uint8) if qtype == "f16" else (np.uint16, np.uint8)
+            if data.dtype not in allowed:
+                raise ValueError(
+                    f"{qtype} weight from numpy must be one of {allowed}, got {data.dtype}"
+                )
+            data = half_storage(qtype, [data])
+        if data.dtype != HALF_DTYPES[qtype] or data.numel() != n * k:
+            raise ValueError(
+                f"{qtype} weight must be {HALF_DTYPES[qtype]} with {n}x{k} elements, got "
+                f"{data.dtype} with {data.numel()}"
+            )
+        return PackedWeight(qtype, n, k, data.reshape(n, k).contiguous())
     if isinstance(data, np.ndarray):
         with warnings.catch_warnings():  # read-only memmaps: the kernels never write weights
             warnings.simplefilter("ignore", UserWarning)
             data = torch.from_numpy(np.ascontiguousarray(data))
-    n, k = int(out_features), int(in_features)
     if qtype in KQUANT_QTYPES:
         return _pack_kquant(qtype, data, n, k)
     if qtype == "f32":
@@ -330,6 +364,29 @@ def pack_weight(
     if k % BLOCK_SIZE:
         raise ValueError(f"{qtype} needs in_features divisible by {BLOCK_SIZE}, got {k}")
     return PackedWeight(qtype, n, k, _block_rows(qtype, data, n, k))
+
+
+def _as_bytes(a: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """The bytes of an array or tensor as a flat uint8 tensor (a view where the memory is
+    contiguous; read-only memory maps included: the kernels never write weights)."""
+    if isinstance(a, np.ndarray):
+        a = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(a)
+    return a.contiguous().reshape(-1).view(torch.uint8)
+
+
+def half_storage(qtype: str, parts: list[np.ndarray] | list[torch.Tensor]) -> torch.Tensor:
+    """16-bit weight rows, one part after the other, in one new flat tensor of ``qtype``'s torch
+    dtype (huge-page backed with the native extension): each 16-bit value copied once, never
+    widened.  Parts hold 16-bit values (float16, bfloat16, uint16 bit patterns) or their bytes
+    (uint8, as GGUF BF16 tensors come)."""
+    if qtype not in HALF_QTYPES:
+        raise ValueError(f"half_storage takes {HALF_QTYPES}, got {qtype!r}")
+    chunks = [_as_bytes(p) for p in parts]
+    out = _C.weight_cat(chunks) if _C is not None else torch.cat(chunks)
+    return out.view(HALF_DTYPES[qtype])
 
 
 def _block_rows(qtype: str, data: torch.Tensor, n: int, k: int) -> torch.Tensor:
@@ -378,6 +435,8 @@ def concat_weights(weights: list[PackedWeight] | tuple[PackedWeight, ...]) -> Pa
                 f"{qtype} [*, {k}]"
             )
     n = sum(w.out_features for w in weights)
+    if qtype in HALF_QTYPES:
+        return PackedWeight(qtype, n, k, half_storage(qtype, [w.data for w in weights]).view(n, k))
     return PackedWeight(qtype, n, k, torch.cat([w.data for w in weights], dim=0))
 
 

@@ -13,11 +13,13 @@ import numpy as np
 import torch
 
 from specdec.kernels import (
+    HALF_QTYPES,
     KQUANT_QTYPES,
     QTYPES,
     KernelOps,
     PackedWeight,
     concat_weights,
+    half_storage,
     kquant_native_preferred,
     pack_weight,
     quantize_weight,
@@ -49,7 +51,7 @@ def _target_qtype(raw: RawTensor, quantization: str, native: bool) -> str:
         return "f32"
     if quantization != "auto":
         return quantization
-    if raw.qtype in QTYPES:
+    if raw.qtype in QTYPES or raw.qtype in HALF_QTYPES:  # NOTE: 16-bit stays 16-bit
         return raw.qtype
     if len(raw.shape) == 2 and kquant_native_preferred(raw.qtype, raw.shape[0], raw.shape[1]):
         return raw.qtype
@@ -70,8 +72,17 @@ def pack_linear(
     if all(k in KQUANT_QTYPES for k in kinds):  # kept as they are (formats may differ by part)
         parts = [pack_weight(r.qtype, r.data, r.shape[0], r.shape[1]) for r in raws]
         return parts[0] if len(parts) == 1 else concat_weights(parts)
+    if len(set(kinds)) == 1 and kinds[0] in HALF_QTYPES and all(r.qtype == kinds[0] for r in raws):
+        for r in raws:
+            r.populate_pages()
+        data = half_storage(kinds[0], [r.data for r in raws])  # one copy of the 16-bit values
+        for r in raws:
+            r.release_pages()
+        n = sum(r.shape[0] for r in raws)
+        return pack_weight(kinds[0], data.view(n, raws[0].shape[1]), n, raws[0].shape[1])
     # NOTE: a K-quant fused with a part of another format goes to Q8_0 with the rest.
-    targets = {"q8_0" if k in KQUANT_QTYPES else k for k in kinds}
+    # NOTE: 16-bit parts fused with parts of another format widen to float32 with the rest.
+    targets = {"q8_0" if k in KQUANT_QTYPES else "f32" if k in HALF_QTYPES else k for k in kinds}
     in_features = raws[0].shape[1]
     out_features = sum(r.shape[0] for r in raws)
     if (

@@ -26,6 +26,9 @@ enum QType : int {
     QT_Q5_K = 5,
     QT_Q6_K = 6,
     QT_KQUANT = 8,
+    // 16-bit weights, [N, K] elements: IEEE half and bfloat16 (widened exactly to float).
+    QT_F16 = 9,
+    QT_BF16 = 10,
 };
 
 // Rows of activations processed together; each weight block is read once per chunk.
@@ -159,6 +162,15 @@ const KernelTable* avx2_table();
 #ifdef SPECDEC_HAVE_AVX512
 // 16-lane linear and attention kernels; rms_norm is the AVX2 one (needs SPECDEC_HAVE_AVX2).
 const KernelTable* avx512_table();
+#endif
+
+// 16-bit weights (kernels_bf16.cpp, AVX-512): y rows [n0, n1) of x [M, K] against w ([N, K] of
+// QT_F16 or QT_BF16), bit for bit what the AVX-512 table's linear_rows gives for the weights
+// widened to float32.  scratch: kHalfScratchFloats floats, private to the calling thread.
+constexpr int64_t kHalfScratchFloats = int64_t(1) << 17;
+#ifdef SPECDEC_HAVE_HALF512
+void half512_linear_rows(int qtype, const float* x, int64_t M, int64_t K, const uint16_t* w,
+                         const float* bias, float* y, int64_t N, int64_t n0, int64_t n1, float* scratch);
 #endif
 
 #ifdef SPECDEC_HAVE_VNNI

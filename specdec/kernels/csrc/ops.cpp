@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "half.h"
 #include "kernels.h"
 #include "ops.h"
 #include "parallel.h"
@@ -295,6 +296,56 @@ torch::Tensor linear_kq(const torch::Tensor& x_in, const torch::Tensor& w, const
     return y;
 }
 
+// 16-bit weight rows [n0, n1) (qtype QT_F16 or QT_BF16, [N, K]): the AVX-512 kernels of
+// kernels_bf16.cpp when that table runs, else rows widened exactly into scratch, kMaxScratchRows at
+// a time, through the selected table's f32 kernel.  Either way what a float32 copy gives.
+void half_linear_rows(const KernelTable* tab, int qtype, const float* x, int64_t M, int64_t K,
+                      const uint16_t* w, const float* bias, float* y, int64_t N, int64_t n0, int64_t n1,
+                      float* s) {
+#if defined(SPECDEC_HAVE_HALF512) && defined(SPECDEC_HAVE_AVX512) && defined(SPECDEC_HAVE_AVX2)
+    if (tab == avx512_table()) return half512_linear_rows(qtype, x, M, K, w, bias, y, N, n0, n1, s);
+#endif
+    for (int64_t r0 = n0; r0 < n1; r0 += kMaxScratchRows) {
+        const int64_t r1 = std::min(n1, r0 + kMaxScratchRows);
+        const uint16_t* src = w + r0 * K;
+        for (int64_t i = 0; i < (r1 - r0) * K; ++i) {
+            if (qtype == QT_F16) {
+                s[i] = half_to_float(src[i]);
+            } else {
+                const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
+                std::memcpy(s + i, &bits, 4);
+            }
+        }
+        tab->linear_rows(QT_F32, x, M, K, reinterpret_cast<const uint8_t*>(s), K * 4, bias ? bias + r0 : nullptr,
+                         y + r0, N, 0, r1 - r0, nullptr);
+    }
+}
+
+torch::Tensor linear_half(const torch::Tensor& x_in, const torch::Tensor& w, int64_t qtype, int64_t N, int64_t K,
+                          const float* bias) {
+    const auto want = qtype == QT_F16 ? torch::kHalf : torch::kBFloat16;
+    TORCH_CHECK(w.scalar_type() == want && w.numel() == N * K, "specdec native linear: ",
+                qtype == QT_F16 ? "f16" : "bf16", " weight must be ", want, " [", N, ", ", K, "]");
+    torch::Tensor x = x_in.contiguous();
+    const int64_t M = x.size(0);
+    auto y = torch::empty({M, N}, x.options());
+    if (M == 0 || N == 0) return y;
+    const float* xp = x.data_ptr<float>();
+    const uint16_t* wp = static_cast<const uint16_t*>(w.data_ptr());
+    float* yp = y.data_ptr<float>();
+    const KernelTable* tab = g_table;
+    // Few rows: units of 24 weight rows; many: one widened block (kernels_bf16.cpp) per unit.
+    const int64_t unit = M <= 8 ? 24 : std::max<int64_t>(4, kHalfScratchFloats / K / 4 * 4);
+    const int64_t units = (N + unit - 1) / unit;
+    const double row_ns = K * 2 / 15.0 + K * static_cast<double>(M) * 0.01;
+    parallel_range(units, grain_for(unit * row_ns), [&](int64_t u0, int64_t u1) {
+        float* s = scratch(std::max<int64_t>(kHalfScratchFloats, kMaxScratchRows * K));
+        half_linear_rows(tab, static_cast<int>(qtype), xp, M, K, wp, bias, yp, N, u0 * unit,
+                         std::min(u1 * unit, N), s);
+    });
+    return y;
+}
+
 }  // namespace
 
 // A uint8 tensor of n bytes for a weight that is streamed whole at every step: a mapping of its own,
@@ -455,6 +506,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N,
     if (qtype == QT_KQUANT || qtype == kA8QtypeBase + QT_KQUANT)
         return linear_kq(x, w, parts, N, K, bias_ptr, qtype != QT_KQUANT);
     if (qtype >= kA8QtypeBase) return linear_a8(x, w, qtype - kA8QtypeBase, N, K, bias_ptr);
+    if (qtype == QT_F16 || qtype == QT_BF16) return linear_half(x, w, qtype, N, K, bias_ptr);
     int64_t row_bytes;
     if (qtype == QT_F32) {
         TORCH_CHECK(w.scalar_type() == torch::kFloat32 && w.numel() == N * K,
@@ -691,4 +743,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.attr("QT_Q5_K") = static_cast<int>(QT_Q5_K);
     m.attr("QT_Q6_K") = static_cast<int>(QT_Q6_K);
     m.attr("QT_KQUANT") = static_cast<int>(QT_KQUANT);
+    m.attr("QT_F16") = static_cast<int>(QT_F16);
+    m.attr("QT_BF16") = static_cast<int>(QT_BF16);
 }
