@@ -6,6 +6,7 @@ import argparse
 import random
 import sys
 import time
+from pathlib import Path
 
 from specdec.bench.cli import add_bench_parser
 from specdec.config import EngineArgs
@@ -41,6 +42,12 @@ def _generate_parser(sub) -> None:
     )
     p.add_argument("--stop", action="append", default=None)
     p.add_argument("--ignore-eos", action="store_true")
+    so = p.add_argument_group("structured output (llama.cpp's flags; at most one)")
+    so.add_argument("--grammar", default=None, help="a GBNF (llama.cpp) or Lark grammar")
+    so.add_argument("--grammar-file", default=None, help="a file holding the grammar")
+    so.add_argument("--json-schema", "-j", default=None, help="a JSON schema, as text")
+    so.add_argument("--json-schema-file", default=None, help="a file holding a JSON schema")
+    so.add_argument("--regex", default=None, help="a regular expression the output matches")
     p.add_argument(
         "--compare-plain", action="store_true", help="also run plain decoding; print the speedup"
     )
@@ -68,6 +75,32 @@ def _run_one(llm, prompt_ids: list[int], sp, stream: bool) -> tuple[object, floa
     return final, elapsed
 
 
+def _structured_flags(args: argparse.Namespace) -> dict | None:
+    """--grammar / --grammar-file / --json-schema / --json-schema-file / --regex as a
+    structured_outputs dict (one line on the CLI for a bad one)."""
+    given = {
+        name: value
+        for name, value in (
+            ("--grammar", args.grammar), ("--grammar-file", args.grammar_file),
+            ("--json-schema", args.json_schema), ("--json-schema-file", args.json_schema_file),
+            ("--regex", args.regex),
+        )
+        if value is not None
+    }  # fmt: skip
+    if not given:
+        return None
+    if len(given) > 1:
+        raise ValueError(f"give one of {', '.join(given)}")
+    ((flag, value),) = given.items()
+    if flag.endswith("-file"):
+        try:
+            value = Path(value).read_text()
+        except OSError as e:
+            raise ValueError(f"{flag}: cannot read {value}: {e.strerror}") from None
+    kind = "grammar" if flag.startswith("--grammar") else "regex" if flag == "--regex" else "json"
+    return {kind: value}
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from specdec.llm import LLM
     from specdec.sampling_params import SamplingParams
@@ -80,6 +113,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         seed=args.sampling_seed,
         stop=args.stop,
         ignore_eos=args.ignore_eos,
+        structured_outputs=_structured_flags(args),
         **sampling_defaults(args),
     )
     if args.compare_plain and spec is not None and sp.seed is None and not sp.is_greedy:

@@ -31,7 +31,12 @@ MAX_FORCED_DRAFTS = 32  # grammar-forced drafts per step, at most
 
 
 class GrammarError(ValueError):
-    """The request's constraint does not compile; the message names the field."""
+    """The request's constraint does not compile; the message names the field (one line)."""
+
+    def __init__(self, message: str) -> None:
+        lines = [x.strip() for x in message.splitlines()]
+        # NOTE: the library points at the error with a caret line under the source
+        super().__init__("; ".join(x for x in lines if x and set(x) - set("^ ~")))
 
 
 @dataclass

@@ -283,3 +283,21 @@ def test_library_matches_our_mask(plain) -> None:
     assert tok.encode("b", add_special_tokens=False)[0] in allowed
     assert tok.encode("c", add_special_tokens=False)[0] in allowed
     assert tok.encode("a", add_special_tokens=False)[0] not in allowed
+
+
+def test_generate_cli_takes_llama_cpp_grammar_flags(tiny_llama, tmp_path, capsys) -> None:
+    from specdec.entrypoints import cli
+
+    base = ["generate", "--model", str(tiny_llama), "--prompt", "hi", "-n", "12"]
+    assert cli.main([*base, "--grammar", 'root ::= "ok" [0-9]']) == 0
+    assert re.search(r"^ok[0-9]$", capsys.readouterr().out, re.M)
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"enum": ["alpha", "beta"]}))
+    assert cli.main([*base, "--json-schema-file", str(schema), "--compare-plain",
+                     "--speculative-config", '{"method": "ngram"}']) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert re.search(r'^"(alpha|beta)"$', out, re.M) and "output identical to plain: yes" in out
+    assert cli.main([*base, "--regex", "(", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specdec: error: structured_outputs.regex:") and err.count("\n") == 1
+    assert cli.main([*base, "-j", "{}", "--regex", "a"]) == 2

@@ -40,6 +40,8 @@ def _post(srv, path: str, body: dict) -> httpx.Response:
         ("completions", {"structured_outputs": {"choice": ["up", "down"]}}, "choice2"),
         ("completions", {"guided_grammar": 'root ::= "x" [0-9] [0-9]'}, r"x[0-9]{2}"),
         ("completions", {"guided_json": json.dumps(SCHEMA)}, "json"),
+        ("completions", {"json_schema": SCHEMA}, "json"),  # llama.cpp server's fields
+        ("chat/completions", {"grammar": 'root ::= "x" [0-9] [0-9]'}, r"x[0-9]{2}"),
     ],
 )  # fmt: skip
 def test_constraints_hold_and_speculation_changes_nothing(servers, path, extra, check) -> None:

@@ -221,6 +221,9 @@ class _SamplingRequest(OpenAIBaseModel):
     guided_grammar: str | None = None
     guided_decoding_backend: str | None = None  # accepted: there is one backend (llguidance)
     guided_whitespace_pattern: str | None = None
+    # llama.cpp server's fields: a GBNF grammar, a JSON schema
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
     _structured_field: str | None = PrivateAttr(None)  # the field the constraint came from
     _tool_plan: Any = PrivateAttr(None)  # chat with tools: a tools.ToolPlan
 
@@ -338,6 +341,10 @@ class _SamplingRequest(OpenAIBaseModel):
             value = getattr(self, f"guided_{name}")
             if value is not None:
                 given.append((f"guided_{name}", {name: value}))
+        if self.grammar is not None:
+            given.append(("grammar", {"grammar": self.grammar}))
+        if self.json_schema is not None:
+            given.append(("json_schema", {"json": self.json_schema}))
         if self._tool_plan is not None:
             if given:
                 raise RequestError(
