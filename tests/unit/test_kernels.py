@@ -461,10 +461,14 @@ def test_a8_linear_matches_quantized_reference(native, qtype, with_bias):
 
 
 @pytest.mark.parametrize("qtype", QUANT)  # K-quants: test_kquants.py
-def test_a8_linear_batch_invariant(native, qtype):
-    w = _a8_weight(qtype, 80, 64)  # 5 tile groups: the two-group tiles and a one-group tail
+@pytest.mark.parametrize("k", [64, 32, 96])
+def test_a8_linear_batch_invariant(native, qtype, k):
+    # 5 tile groups: the two-group tiles and a one-group tail.  From 5 rows on, the VNNI kernel
+    # runs rows in tiles of up to 16 (17 rows: 9 + 8; 33: 11 x 3) over two 32-blocks at a time
+    # below 10 rows: k = 32 and 96 (1 and 3 blocks) leave a single-block tail.
+    w = _a8_weight(qtype, 80, k)
     bias = _randn(80, seed=5)
-    x = _randn(40, 64)
+    x = _randn(40, k)
     single = torch.cat([native.linear(x[i : i + 1], w, bias) for i in range(40)])
     for m in BATCH_SIZES:
         for off in {0, 40 - m, (40 - m) // 2}:
@@ -481,8 +485,10 @@ def test_a8_kernels_agree_across_isas():
         try:
             ops = K.get_ops("native")
             for qtype in QUANT:
-                w = _a8_weight(qtype, 64, 128, seed=2)
-                results.setdefault(qtype, {})[isa] = ops.linear(_randn(9, 128) * 3, w, None)
+                for m, k in [(9, 128), (3, 96), (6, 96), (16, 160), (21, 64)]:
+                    w = _a8_weight(qtype, 64, k, seed=2)
+                    y = ops.linear(_randn(m, k) * 3, w, None)
+                    results.setdefault((qtype, m, k), {})[isa] = y
         finally:
             K.set_native_isa("auto")
     for qtype, by_isa in results.items():

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include <type_traits>
+#include <vector>
 
 #include "kernels.h"
 
@@ -170,6 +171,140 @@ void rows_for_groups(const int8_t* xq, const float* dx, const int32_t* sx, const
     }
 }
 
+// Several activation rows: one 16-row group at a time, weight-stationary.  Each 32-block's
+// weights are unpacked once into 8 registers (inputs 4t..4t+3 of the 16 rows in vector t), then
+// every row of the tile runs through them: its offset-corrected start value and its quads come
+// from memory as broadcasts (load ports, not vector ALU), so per row and block the vector ALU
+// does the 8 vpdpbusd and the float rescale only (3 operations, 4 for Q4_1).  Same arithmetic
+// as group_tile: s starts at -o * sum(xq) and the integer sum is exact.
+constexpr int kWsMaxRows = 16;
+// Fewer rows than this take group_tile (two groups x up to 4 rows per pass): measured faster
+// there, where the weight unpack is shared by few rows either way.
+constexpr int64_t kWsMinRows = 5;
+
+// acc += w . broadcast(the 4 int8 at p): vpdpbusd with an embedded broadcast memory operand (GCC
+// emits a separate vpbroadcastd for the intrinsic; the folded form issues measurably faster).
+inline __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t* p) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const int32_t*>(p)));
+    return acc;
+}
+
+// A 32-bit value broadcast from memory into a register: a load-port operation only (for the
+// chains' start values; a zeroing idiom the compiler would turn into register copies).
+inline __m512i bcast_load(const int32_t* p) {
+    __m512i v;
+    __asm__("vpbroadcastd %1, %0" : "=v"(v) : "m"(*p));
+    return v;
+}
+alignas(64) const int32_t kZero32 = 0;
+
+// Blocks [b, b + BB) of MR rows against one 16-row group: each (block, row) sum runs as CH
+// vpdpbusd chains (chain c takes the quads q with q % CH == c... see below), BB * MR * CH of
+// them side by side so the two vpdpbusd ports never wait on one chain's latency.  The blocks'
+// rescales then follow in block order, so every row's float operations are the same sequence
+// whatever BB, CH or MR.
+template <int KIND, int MR, int BB, int CH, bool kRegAcc>
+inline void ws_blocks(int64_t b, const int8_t* xt, const float* dxt, const int32_t* osxt,
+                      const float* dxst, const uint8_t* tiles, __m512* racc, float* macc) {
+    constexpr int64_t TB = a8_tile_bytes(KIND);
+    const __m512i lo4 = _mm512_set1_epi8(0x0F);
+    for (int k = 0; k < BB; ++k) {
+        const char* pf = reinterpret_cast<const char*>(tiles + (b + k + 4) * TB);
+        for (int64_t o = 0; o < TB; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
+    }
+    __m512i si[BB][CH][MR];
+#pragma GCC unroll 16
+    for (int k = 0; k < BB; ++k)
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; ++r) {
+            si[k][0][r] = bcast_load(KIND == A8_Q4_1 ? &kZero32 : osxt + (b + k) * MR + r);
+            for (int c = 1; c < CH; ++c) si[k][c][r] = bcast_load(&kZero32);
+        }
+    // Step p: quads p (inputs 4p..4p+3, low nibbles) and p + 4 (inputs 16 + 4p.., high nibbles)
+    // of every row; the weights are unpacked just before use.  CH = 2: low and high halves in
+    // separate chains.
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) {
+#pragma GCC unroll 8
+        for (int k = 0; k < BB; ++k) {
+            const uint8_t* t = tiles + (b + k) * TB;
+            __m512i wl, wh;
+            if (KIND == A8_Q8) {
+                wl = _mm512_loadu_si512(t + 64 + 64 * p);
+                wh = _mm512_loadu_si512(t + 64 + 64 * (p + 4));
+            } else {
+                const __m512i packed = _mm512_loadu_si512(t + 64 + 64 * p);
+                wl = _mm512_and_si512(packed, lo4);
+                wh = _mm512_and_si512(_mm512_srli_epi16(packed, 4), lo4);
+            }
+#pragma GCC unroll 16
+            for (int r = 0; r < MR; ++r) {
+                const int8_t* xb = xt + ((b + k) * MR + r) * 32;
+                si[k][0][r] = dpbusd_bcast(si[k][0][r], wl, xb + 4 * p);
+                si[k][CH - 1][r] = dpbusd_bcast(si[k][CH - 1][r], wh, xb + 16 + 4 * p);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < BB; ++k) {
+        const uint8_t* t = tiles + (b + k) * TB;
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
+        __m512 mv = _mm512_setzero_ps();
+        if (KIND == A8_Q4_1) mv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32)));
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; ++r) {
+            __m512i sr = si[k][0][r];
+            if (CH == 2) sr = _mm512_add_epi32(sr, si[k][CH - 1][r]);
+            const int64_t mb = (b + k) * MR + r;
+            const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(sr), _mm512_set1_ps(dxt[mb]));
+            __m512 a = kRegAcc ? racc[r] : _mm512_load_ps(macc + 16 * r);
+            a = _mm512_fmadd_ps(f, d, a);
+            if (KIND == A8_Q4_1) a = _mm512_fmadd_ps(mv, _mm512_set1_ps(dxst[mb]), a);
+            if (kRegAcc) racc[r] = a;
+            else _mm512_store_ps(macc + 16 * r, a);
+        }
+    }
+}
+
+// MR activation rows (block-major here, ws_pack: block b holds xt[b][r][32], dxt / osxt /
+// dxst[b][r]) against one 16-row group, weight-stationary: each weight vector is unpacked once
+// and feeds all MR rows; a row's quads, start value and scales come from memory as broadcasts
+// (load ports), so per row and block the vector ALU does 8 vpdpbusd and the rescale (3
+// operations, 4 for Q4_1, + 1 when CH = 2).  Same arithmetic as group_tile.
+template <int KIND, int MR>
+inline void ws_tile(const int8_t* xt, const float* dxt, const int32_t* osxt, const float* dxst, int64_t nb,
+                    const uint8_t* tiles, const float* bias, float* y, int64_t ldy) {
+    // Independent chains: 16 rows x 1 block, or 5-9 rows x 2 blocks (10-18 chains).
+    constexpr int BB = MR >= 10 ? 1 : 2;
+    constexpr int CH = 1;
+    constexpr bool kRegAcc = MR <= 8;
+    __m512 racc[kRegAcc ? MR : 1];
+    alignas(64) float macc[kRegAcc ? 16 : MR * 16];
+    for (int m = 0; m < (kRegAcc ? MR : 0); ++m) racc[m] = _mm512_setzero_ps();
+    for (int m = 0; m < (kRegAcc ? 0 : MR); ++m) _mm512_store_ps(macc + 16 * m, _mm512_setzero_ps());
+    int64_t b = 0;
+    for (; b + BB <= nb; b += BB) ws_blocks<KIND, MR, BB, CH, kRegAcc>(b, xt, dxt, osxt, dxst, tiles, racc, macc);
+    for (; b < nb; ++b) ws_blocks<KIND, MR, 1, 2, kRegAcc>(b, xt, dxt, osxt, dxst, tiles, racc, macc);
+    const __m512 bv = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
+    for (int m = 0; m < MR; ++m) {
+        const __m512 a = kRegAcc ? racc[kRegAcc ? m : 0] : _mm512_load_ps(macc + 16 * m);
+        _mm512_storeu_ps(y + m * ldy, bias ? _mm512_add_ps(a, bv) : a);
+    }
+}
+
+template <int KIND, int MR = kWsMinRows>
+inline void ws_rows(int64_t rows, const int8_t* xt, const float* dxt, const int32_t* osxt,
+                    const float* dxst, int64_t nb, const uint8_t* tiles, const float* bias, float* y,
+                    int64_t ldy) {
+    if constexpr (MR < kWsMaxRows) {
+        if (rows > MR) {
+            ws_rows<KIND, MR + 1>(rows, xt, dxt, osxt, dxst, nb, tiles, bias, y, ldy);
+            return;
+        }
+    }
+    ws_tile<KIND, MR>(xt, dxt, osxt, dxst, nb, tiles, bias, y, ldy);
+}
+
 template <int KIND>
 void groups_rows(const int8_t* xq, const float* dx, const int32_t* sx, const float* dxs, int64_t M,
                  int64_t K, const uint8_t* w, const float* bias, float* y, int64_t N, int64_t g0,
@@ -177,12 +312,53 @@ void groups_rows(const int8_t* xq, const float* dx, const int32_t* sx, const flo
     constexpr int64_t TB = a8_tile_bytes(KIND);
     const int64_t nb = K / 32;
     int64_t g = g0;
-    for (; g + 2 <= g1; g += 2)
-        rows_for_groups<KIND, 2, 4>(xq, dx, sx, dxs, M, K, w + g * nb * TB,
-                                    bias ? bias + g * kA8TileRows : nullptr, y + g * kA8TileRows, N);
-    if (g < g1)
-        rows_for_groups<KIND, 1, 4>(xq, dx, sx, dxs, M, K, w + g * nb * TB,
-                                    bias ? bias + g * kA8TileRows : nullptr, y + g * kA8TileRows, N);
+    if (M < kWsMinRows) {
+        // Few rows (decode, short drafts): two groups per pass share each activation broadcast,
+        // and the weights stream from memory at M = 1.
+        for (; g + 2 <= g1; g += 2)
+            rows_for_groups<KIND, 2, 4>(xq, dx, sx, dxs, M, K, w + g * nb * TB,
+                                        bias ? bias + g * kA8TileRows : nullptr, y + g * kA8TileRows, N);
+        if (g < g1)
+            rows_for_groups<KIND, 1, 4>(xq, dx, sx, dxs, M, K, w + g * nb * TB,
+                                        bias ? bias + g * kA8TileRows : nullptr, y + g * kA8TileRows, N);
+        return;
+    }
+    // Row tiles of at most kWsMaxRows, as even as possible (17 rows: 9 + 8), each copied
+    // block-major once for all groups (ws_tile).
+    constexpr int32_t kOffset = KIND == A8_Q8 ? 128 : KIND == A8_Q4_0 ? 8 : 0;
+    thread_local std::vector<int8_t> xt_buf;
+    thread_local std::vector<float> dxt_buf, dxst_buf;
+    thread_local std::vector<int32_t> osxt_buf;
+    if (static_cast<int64_t>(xt_buf.size()) < M * K) xt_buf.resize(static_cast<size_t>(M * K));
+    if (static_cast<int64_t>(dxt_buf.size()) < M * nb) {
+        dxt_buf.resize(static_cast<size_t>(M * nb));
+        dxst_buf.resize(static_cast<size_t>(M * nb));
+        osxt_buf.resize(static_cast<size_t>(M * nb));
+    }
+    const int64_t ntiles = (M + kWsMaxRows - 1) / kWsMaxRows;
+    for (int64_t i = 0, m0 = 0; i < ntiles; ++i) {
+        const int64_t rows = (M - m0) / (ntiles - i);
+        for (int64_t b = 0; b < nb; ++b)
+            for (int64_t r = 0; r < rows; ++r) {
+                const int64_t src = (m0 + r) * nb + b, dst = m0 * nb + b * rows + r;
+                memcpy(xt_buf.data() + dst * 32, xq + (m0 + r) * K + b * 32, 32);
+                dxt_buf[dst] = dx[src];
+                dxst_buf[dst] = dxs[src];
+                osxt_buf[dst] = -kOffset * sx[src];
+            }
+        m0 += rows;
+    }
+    for (; g < g1; ++g) {
+        const uint8_t* tiles = w + g * nb * TB;
+        const float* bg = bias ? bias + g * kA8TileRows : nullptr;
+        int64_t m0 = 0;
+        for (int64_t i = 0; i < ntiles; ++i) {
+            const int64_t rows = (M - m0) / (ntiles - i);
+            ws_rows<KIND>(rows, xt_buf.data() + m0 * K, dxt_buf.data() + m0 * nb, osxt_buf.data() + m0 * nb,
+                          dxst_buf.data() + m0 * nb, nb, tiles, bg, y + m0 * N + g * kA8TileRows, N);
+            m0 += rows;
+        }
+    }
 }
 
 void linear_a8_groups(int kind, const int8_t* xq, const float* dx, const int32_t* sx,
