@@ -72,10 +72,10 @@ def test_sampler_error_fails_one_request(tiny_llama, monkeypatch) -> None:
     llm.engine.scheduler.num_failed_requests = 0
     real = rejection_sampler.verify
 
-    def broken(logits, drafts, probs, sp, penalty, seed, position, adjust=None):
+    def broken(logits, drafts, probs, sp, penalty, seed, position, *rest):
         if sp.seed == BAD_SEED and position == 3:
             raise RuntimeError("injected sampler failure")
-        return real(logits, drafts, probs, sp, penalty, seed, position, adjust)
+        return real(logits, drafts, probs, sp, penalty, seed, position, *rest)
 
     monkeypatch.setattr("specdec.worker.model_runner.verify", broken)
     outs = llm.generate(PROMPTS, _params(2))
