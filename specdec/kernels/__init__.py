@@ -409,6 +409,30 @@ def _pack_kquant(qtype: str, data: torch.Tensor, n: int, k: int) -> PackedWeight
     return PackedWeight(qtype, n, k, tiles, parts=((qtype, n),))
 
 
+def pack_kquants(parts: list[tuple[str, np.ndarray | torch.Tensor, int]], k: int) -> PackedWeight:
+    """Several K-quant weights ``(qtype, GGUF block bytes, out_features)`` of one
+    ``in_features``, fused along out_features and repacked straight into one buffer (what
+    ``concat_weights`` of each ``pack_weight`` gives, without the copy)."""
+    tensors, codes, ns = [], [], []
+    for qtype, data, n in parts:
+        if not kquant_supported(qtype, n, k):
+            reason = "the native extension" if _C is None else "N % 16 == 0 and K % 256 == 0"
+            raise ValueError(f"{qtype} weights [{n}, {k}] need {reason}")
+        if isinstance(data, np.ndarray):
+            with warnings.catch_warnings():  # read-only memmaps: the kernels never write weights
+                warnings.simplefilter("ignore", UserWarning)
+                data = torch.from_numpy(np.ascontiguousarray(data))
+        tensors.append(_block_rows(qtype, data, n, k))
+        codes.append(_QT_CODE[qtype])
+        ns.append(n)
+    layout = tuple((qtype, n) for qtype, _, n in parts)
+    if len(parts) == 1:
+        return PackedWeight(parts[0][0], ns[0], k, _C.repack_kq(tensors[0], codes[0], ns[0], k),
+                            parts=layout)  # fmt: skip
+    data = _C.repack_kq_cat(tensors, codes, ns, k)
+    return PackedWeight(_kquant_qtype(layout), sum(ns), k, data, parts=layout)
+
+
 def _kquant_qtype(parts: tuple[tuple[str, int], ...]) -> str:
     return "+".join(dict.fromkeys(fmt for fmt, _ in parts))
 

@@ -72,7 +72,9 @@ class GGUFFile:
         if align <= 0 or align & (align - 1):
             raise ValueError(f"{self.path}: general.alignment {align} is not a power of two")
         start = -(-self._pos // align) * align
-        whole = np.frombuffer(buf, dtype=np.uint8)
+        # NOTE: tensors are views of a numpy memmap (RawTensor.populate_pages / release_pages
+        # advise the kernel on exactly those)
+        whole = np.memmap(self.path, dtype=np.uint8, mode="r")
         seen: set[str] = set()
         for name, dims, qtype, offset in infos:
             if name in seen:

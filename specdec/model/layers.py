@@ -18,9 +18,9 @@ from specdec.kernels import (
     QTYPES,
     KernelOps,
     PackedWeight,
-    concat_weights,
     half_storage,
     kquant_native_preferred,
+    pack_kquants,
     pack_weight,
     quantize_weight,
 )
@@ -69,9 +69,15 @@ def pack_linear(
     """Pack one weight, or several fused along the output dimension (q|k|v, gate|up)."""
     native = ops.name == "native"
     kinds = [_target_qtype(r, quantization, native) for r in raws]
-    if all(k in KQUANT_QTYPES for k in kinds):  # kept as they are (formats may differ by part)
-        parts = [pack_weight(r.qtype, r.data, r.shape[0], r.shape[1]) for r in raws]
-        return parts[0] if len(parts) == 1 else concat_weights(parts)
+    if all(k in KQUANT_QTYPES for k in kinds) and all(r.shape[1] == raws[0].shape[1] for r in raws):
+        # kept as they are (formats may differ by part), repacked straight into one buffer;
+        # each part's file pages are mapped in one call and dropped once repacked
+        for r in raws:
+            r.populate_pages()
+        packed = pack_kquants([(r.qtype, r.data, r.shape[0]) for r in raws], raws[0].shape[1])
+        for r in raws:
+            r.release_pages()
+        return packed
     if len(set(kinds)) == 1 and kinds[0] in HALF_QTYPES and all(r.qtype == kinds[0] for r in raws):
         for r in raws:
             r.populate_pages()

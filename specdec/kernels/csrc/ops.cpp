@@ -388,7 +388,8 @@ torch::Tensor weight_cat(const std::vector<torch::Tensor>& parts) {
     return out;
 }
 
-torch::Tensor repack_kq(torch::Tensor w, int64_t fmt, int64_t N, int64_t K) {
+// One GGUF K-quant weight [N, K] into its tiles at dst (checked), both cores.
+static void repack_kq_into(torch::Tensor w, int64_t fmt, int64_t N, int64_t K, uint8_t* dst) {
     TORCH_CHECK(kq_format_ok(fmt), "specdec repack_kq: format must be q4_k, q5_k or q6_k, got ", fmt);
     TORCH_CHECK(K > 0 && K % kKqBlock == 0 && N % kKqTileRows == 0,
                 "specdec repack_kq: need K % 256 == 0 and N % 16 == 0, got N=", N, " K=", K);
@@ -397,13 +398,38 @@ torch::Tensor repack_kq(torch::Tensor w, int64_t fmt, int64_t N, int64_t K) {
                 "specdec repack_kq: weight must be CPU uint8 GGUF blocks [", N, ", ", row_bytes, "]");
     w = w.contiguous();
     const int64_t group_bytes = K / kKqBlock * kq_tile_bytes(static_cast<int>(fmt));
-    auto out = weight_bytes(N / kKqTileRows * group_bytes);
     const uint8_t* src = w.data_ptr<uint8_t>();
-    uint8_t* dst = out.data_ptr<uint8_t>();
     parallel_range(N / kKqTileRows, grain_for(kKqTileRows * K * 2.0), [&](int64_t g0, int64_t g1) {
         kq_repack(static_cast<int>(fmt), src + g0 * kKqTileRows * row_bytes, (g1 - g0) * kKqTileRows, K,
                   dst + g0 * group_bytes);
     });
+}
+
+torch::Tensor repack_kq(torch::Tensor w, int64_t fmt, int64_t N, int64_t K) {
+    TORCH_CHECK(kq_format_ok(fmt) && K % kKqBlock == 0, "specdec repack_kq: bad format or K");
+    auto out = weight_bytes(N / kKqTileRows * (K / kKqBlock * kq_tile_bytes(static_cast<int>(fmt))));
+    repack_kq_into(w, fmt, N, K, out.data_ptr<uint8_t>());
+    return out;
+}
+
+// Several K-quant weights with one K (fused q|k|v, gate|up), repacked one after the other into
+// one buffer: the same bytes as weight_cat over repack_kq, without the second copy.
+torch::Tensor repack_kq_cat(const std::vector<torch::Tensor>& ws, const std::vector<int64_t>& fmts,
+                            const std::vector<int64_t>& Ns, int64_t K) {
+    TORCH_CHECK(ws.size() == fmts.size() && ws.size() == Ns.size() && !ws.empty(),
+                "specdec repack_kq_cat: one format and row count per weight");
+    int64_t total = 0;
+    for (size_t i = 0; i < ws.size(); ++i) {
+        TORCH_CHECK(kq_format_ok(fmts[i]) && K % kKqBlock == 0 && Ns[i] % kKqTileRows == 0,
+                    "specdec repack_kq_cat: bad format, K or N");
+        total += Ns[i] / kKqTileRows * (K / kKqBlock * kq_tile_bytes(static_cast<int>(fmts[i])));
+    }
+    auto out = weight_bytes(total);
+    uint8_t* dst = out.data_ptr<uint8_t>();
+    for (size_t i = 0; i < ws.size(); ++i) {
+        repack_kq_into(ws[i], fmts[i], Ns[i], K, dst);
+        dst += Ns[i] / kKqTileRows * (K / kKqBlock * kq_tile_bytes(static_cast<int>(fmts[i])));
+    }
     return out;
 }
 
@@ -721,6 +747,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("w"), py::arg("qtype"), py::arg("n"), py::arg("k"), nogil);
     m.def("repack_kq", &repack_kq, "GGUF Q4_K/Q5_K/Q6_K rows -> the K-quant tiles of kquants.cpp",
           py::arg("w"), py::arg("fmt"), py::arg("n"), py::arg("k"), nogil);
+    m.def("repack_kq_cat", &repack_kq_cat, "Several K-quant weights of one K, repacked into one buffer",
+          py::arg("ws"), py::arg("fmts"), py::arg("ns"), py::arg("k"), nogil);
     m.def("weight_cat", &weight_cat, "Concatenate uint8 weight tensors (huge-page backed)", py::arg("parts"),
           nogil);
     m.def("dequantize_kq", &dequantize_kq, "K-quant tiles -> float32 rows (all, or the given ones)",
