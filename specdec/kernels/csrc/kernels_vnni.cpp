@@ -70,6 +70,15 @@ inline __m512i bcast4(const int8_t* p) {
     return _mm512_set1_epi32(v);
 }
 
+// A 32-bit value broadcast from memory into a register: a load-port operation only (for the
+// chains' start values; a zeroing idiom the compiler would turn into register copies).
+inline __m512i bcast_load(const int32_t* p) {
+    __m512i v;
+    __asm__("vpbroadcastd %1, %0" : "=v"(v) : "m"(*p));
+    return v;
+}
+alignas(64) const int32_t kZero32 = 0;
+
 // NG consecutive 16-row weight groups (their tiles nb * TB bytes apart) against MR activation
 // rows, all K blocks.  Each broadcast activation quad feeds NG vpdpbusd.
 template <int KIND, int NG, int MR>
@@ -78,15 +87,19 @@ inline void group_tile(const int8_t* xq, const float* dx, const int32_t* sx, con
     const int64_t nb = K / 32;
     constexpr int64_t TB = a8_tile_bytes(KIND);
     constexpr int32_t kOffset = KIND == A8_Q8 ? 128 : KIND == A8_Q4_0 ? 8 : 0;
+    constexpr bool kStart = KIND == A8_Q4_0;  // sx holds -o * sum(xq) instead of sum(xq)
     const int64_t gstride = nb * TB;
     __m512 acc[NG][MR];
     for (int g = 0; g < NG; ++g)
         for (int m = 0; m < MR; ++m) acc[g][m] = _mm512_setzero_ps();
     const __m512i lo4 = _mm512_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; ++b) {
+        // Q4_0: each sum starts at -o * sum(xq) (sx holds that, kStart), so no correction follows
+        // (exact integers; measured 5-10% faster for 2-4 rows, slower for the other formats).
         __m512i s[NG][MR];
         for (int g = 0; g < NG; ++g)
-            for (int m = 0; m < MR; ++m) s[g][m] = _mm512_setzero_si512();
+            for (int m = 0; m < MR; ++m)
+                s[g][m] = kStart ? _mm512_set1_epi32(sx[m * nb + b]) : _mm512_setzero_si512();
         for (int g = 0; g < NG; ++g) {
             const char* pf = reinterpret_cast<const char*>(tiles + g * gstride + (b + 4) * TB);
             for (int64_t o = 0; o < TB; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
@@ -130,7 +143,7 @@ inline void group_tile(const int8_t* xq, const float* dx, const int32_t* sx, con
             for (int m = 0; m < MR; ++m) {
                 const int64_t mb = m * nb + b;
                 __m512i si = s[g][m];
-                if (kOffset) si = _mm512_sub_epi32(si, _mm512_set1_epi32(kOffset * sx[mb]));
+                if (kOffset && !kStart) si = _mm512_sub_epi32(si, _mm512_set1_epi32(kOffset * sx[mb]));
                 const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(si), _mm512_set1_ps(dx[mb]));
                 acc[g][m] = _mm512_fmadd_ps(f, d, acc[g][m]);
                 if (KIND == A8_Q4_1) acc[g][m] = _mm512_fmadd_ps(mv, _mm512_set1_ps(dxs[mb]), acc[g][m]);
@@ -189,14 +202,6 @@ inline __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t* p) {
     return acc;
 }
 
-// A 32-bit value broadcast from memory into a register: a load-port operation only (for the
-// chains' start values; a zeroing idiom the compiler would turn into register copies).
-inline __m512i bcast_load(const int32_t* p) {
-    __m512i v;
-    __asm__("vpbroadcastd %1, %0" : "=v"(v) : "m"(*p));
-    return v;
-}
-alignas(64) const int32_t kZero32 = 0;
 
 // Blocks [b, b + BB) of MR rows against one 16-row group: each (block, row) sum runs as CH
 // vpdpbusd chains (chain c takes the quads q with q % CH == c... see below), BB * MR * CH of
@@ -312,20 +317,33 @@ void groups_rows(const int8_t* xq, const float* dx, const int32_t* sx, const flo
     constexpr int64_t TB = a8_tile_bytes(KIND);
     const int64_t nb = K / 32;
     int64_t g = g0;
+    constexpr int32_t kOffset = KIND == A8_Q8 ? 128 : KIND == A8_Q4_0 ? 8 : 0;
     if (M < kWsMinRows) {
         // Few rows (decode, short drafts): two groups per pass share each activation broadcast,
         // and the weights stream from memory at M = 1.
+        // Q4_0's kernels take -8 * sum(xq) in place of sum(xq) (group_tile's kStart).
+        int32_t osx_small[(kWsMinRows - 1) * 64];
+        thread_local std::vector<int32_t> osx_buf;
+        const int32_t* osx = sx;
+        if (KIND == A8_Q4_0) {
+            int32_t* o = osx_small;
+            if (M * nb > static_cast<int64_t>(sizeof(osx_small) / sizeof(int32_t))) {
+                if (static_cast<int64_t>(osx_buf.size()) < M * nb) osx_buf.resize(static_cast<size_t>(M * nb));
+                o = osx_buf.data();
+            }
+            for (int64_t i = 0; i < M * nb; ++i) o[i] = -kOffset * sx[i];
+            osx = o;
+        }
         for (; g + 2 <= g1; g += 2)
-            rows_for_groups<KIND, 2, 4>(xq, dx, sx, dxs, M, K, w + g * nb * TB,
+            rows_for_groups<KIND, 2, 4>(xq, dx, osx, dxs, M, K, w + g * nb * TB,
                                         bias ? bias + g * kA8TileRows : nullptr, y + g * kA8TileRows, N);
         if (g < g1)
-            rows_for_groups<KIND, 1, 4>(xq, dx, sx, dxs, M, K, w + g * nb * TB,
+            rows_for_groups<KIND, 1, 4>(xq, dx, osx, dxs, M, K, w + g * nb * TB,
                                         bias ? bias + g * kA8TileRows : nullptr, y + g * kA8TileRows, N);
         return;
     }
     // Row tiles of at most kWsMaxRows, as even as possible (17 rows: 9 + 8), each copied
     // block-major once for all groups (ws_tile).
-    constexpr int32_t kOffset = KIND == A8_Q8 ? 128 : KIND == A8_Q4_0 ? 8 : 0;
     thread_local std::vector<int8_t> xt_buf;
     thread_local std::vector<float> dxt_buf, dxst_buf;
     thread_local std::vector<int32_t> osxt_buf;
