@@ -194,6 +194,8 @@ constexpr int kWsMaxRows = 16;
 // Fewer rows than this take group_tile (two groups x up to 4 rows per pass): measured faster
 // there, where the weight unpack is shared by few rows either way.
 constexpr int64_t kWsMinRows = 5;
+// Up to this many rows, pairs of groups go through ws2_tile (two weight streams).
+constexpr int64_t kWs2MaxRows = 8;
 
 // acc += w . broadcast(the 4 int8 at p): vpdpbusd with an embedded broadcast memory operand (GCC
 // emits a separate vpbroadcastd for the intrinsic; the folded form issues measurably faster).
@@ -297,6 +299,82 @@ inline void ws_tile(const int8_t* xt, const float* dxt, const int32_t* osxt, con
     }
 }
 
+// 5-8 rows: two 16-row groups at once, one block at a time.  Each activation quad is broadcast
+// into a register once for both groups (half the loads of ws_tile) and the two groups' tiles
+// are two weight streams.  Slower than ws_tile on cache-resident weights (47-52% of the roof at
+// 8 rows against 52-62%), faster when they stream from memory as in a forward pass (26-29%
+// against 22-27% at 6-8 rows, weights of 8192 x 2048, benchmarks/gemm_roof.cpp's arithmetic
+// on 40 copies); from 9 rows on ws_tile is faster either way.  Accumulators in L1; the same
+// arithmetic as group_tile.
+template <int KIND, int MR>
+inline void ws2_tile(const int8_t* xt, const float* dxt, const int32_t* osxt, const float* dxst, int64_t nb,
+                     const uint8_t* tiles, int64_t gstride, const float* bias, float* y, int64_t ldy) {
+    constexpr int64_t TB = a8_tile_bytes(KIND);
+    constexpr int NG = 2;
+    alignas(64) float macc[NG * MR * 16];
+    for (int i = 0; i < NG * MR; ++i) _mm512_store_ps(macc + 16 * i, _mm512_setzero_ps());
+    const __m512i lo4 = _mm512_set1_epi8(0x0F);
+    for (int64_t b = 0; b < nb; ++b) {
+        for (int g = 0; g < NG; ++g) {
+            const char* pf = reinterpret_cast<const char*>(tiles + g * gstride + (b + 4) * TB);
+            for (int64_t o = 0; o < TB; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
+        }
+        __m512i si[NG][MR];
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; ++r) {
+            const __m512i s0 = bcast_load(KIND == A8_Q4_1 ? &kZero32 : osxt + b * MR + r);
+            for (int g = 0; g < NG; ++g) si[g][r] = s0;
+        }
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; ++p) {
+            __m512i wl[NG], wh[NG];
+            for (int g = 0; g < NG; ++g) {
+                const uint8_t* t = tiles + g * gstride + b * TB;
+                if (KIND == A8_Q8) {
+                    wl[g] = _mm512_loadu_si512(t + 64 + 64 * p);
+                    wh[g] = _mm512_loadu_si512(t + 64 + 64 * (p + 4));
+                } else {
+                    const __m512i packed = _mm512_loadu_si512(t + 64 + 64 * p);
+                    wl[g] = _mm512_and_si512(packed, lo4);
+                    wh[g] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), lo4);
+                }
+            }
+#pragma GCC unroll 16
+            for (int r = 0; r < MR; ++r) {
+                const int8_t* xb = xt + (b * MR + r) * 32;
+                const __m512i xl = bcast_load(reinterpret_cast<const int32_t*>(xb + 4 * p));
+                const __m512i xh = bcast_load(reinterpret_cast<const int32_t*>(xb + 16 + 4 * p));
+                for (int g = 0; g < NG; ++g) {
+                    si[g][r] = _mm512_dpbusd_epi32(si[g][r], wl[g], xl);
+                    si[g][r] = _mm512_dpbusd_epi32(si[g][r], wh[g], xh);
+                }
+            }
+        }
+        for (int g = 0; g < NG; ++g) {
+            const uint8_t* t = tiles + g * gstride + b * TB;
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
+            __m512 mv = _mm512_setzero_ps();
+            if (KIND == A8_Q4_1) mv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32)));
+#pragma GCC unroll 16
+            for (int r = 0; r < MR; ++r) {
+                const int64_t mb = b * MR + r;
+                const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(si[g][r]), _mm512_set1_ps(dxt[mb]));
+                float* ap = macc + 16 * (g * MR + r);
+                __m512 a = _mm512_fmadd_ps(f, d, _mm512_load_ps(ap));
+                if (KIND == A8_Q4_1) a = _mm512_fmadd_ps(mv, _mm512_set1_ps(dxst[mb]), a);
+                _mm512_store_ps(ap, a);
+            }
+        }
+    }
+    for (int g = 0; g < NG; ++g) {
+        const __m512 bv = bias ? _mm512_loadu_ps(bias + 16 * g) : _mm512_setzero_ps();
+        for (int r = 0; r < MR; ++r) {
+            const __m512 a = _mm512_load_ps(macc + 16 * (g * MR + r));
+            _mm512_storeu_ps(y + r * ldy + 16 * g, bias ? _mm512_add_ps(a, bv) : a);
+        }
+    }
+}
+
 template <int KIND, int MR = kWsMinRows>
 inline void ws_rows(int64_t rows, const int8_t* xt, const float* dxt, const int32_t* osxt,
                     const float* dxst, int64_t nb, const uint8_t* tiles, const float* bias, float* y,
@@ -365,6 +443,22 @@ void groups_rows(const int8_t* xq, const float* dx, const int32_t* sx, const flo
                 osxt_buf[dst] = -kOffset * sx[src];
             }
         m0 += rows;
+    }
+    if (M <= kWs2MaxRows) {  // one row tile (ntiles == 1): pairs of groups through ws2_tile
+        const int8_t* xt = xt_buf.data();
+        const float *dxt = dxt_buf.data(), *dxst = dxst_buf.data();
+        const int32_t* osxt = osxt_buf.data();
+        for (; g + 2 <= g1; g += 2) {
+            const uint8_t* tiles = w + g * nb * TB;
+            const float* bg = bias ? bias + g * kA8TileRows : nullptr;
+            float* yg = y + g * kA8TileRows;
+            switch (M) {
+                case 5: ws2_tile<KIND, 5>(xt, dxt, osxt, dxst, nb, tiles, nb * TB, bg, yg, N); break;
+                case 6: ws2_tile<KIND, 6>(xt, dxt, osxt, dxst, nb, tiles, nb * TB, bg, yg, N); break;
+                case 7: ws2_tile<KIND, 7>(xt, dxt, osxt, dxst, nb, tiles, nb * TB, bg, yg, N); break;
+                default: ws2_tile<KIND, 8>(xt, dxt, osxt, dxst, nb, tiles, nb * TB, bg, yg, N); break;
+            }
+        }
     }
     for (; g < g1; ++g) {
         const uint8_t* tiles = w + g * nb * TB;
