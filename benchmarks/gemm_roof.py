@@ -8,13 +8,16 @@ core:
   ``vpdpbusd`` per second (each 16 lanes x 4 int8 multiply-adds); re-measured around every
   format and the highest value kept;
 * **GEMM**: ``linear_groups`` of the 8-bit activation kernels (Q8_0, Q4_0, Q4_1 tiles) on
-  cache-resident random weights of N x K (SmolLM2-135M's K: 576 and 1536), best of many calls.
+  random weights of N x K (SmolLM2-135M's K: 576 and 1536), cache-resident, or with ``--copies``
+  cycling through that many copies so that they stream from memory as in a forward pass; best
+  of many calls in the thread's CPU time (which leaves out other processes' time slices).
   The useful work of a call is M * N * K / 64 ``vpdpbusd``; the table shows that rate as a
   percentage of the roof. Each result is checked bit for bit against the scalar twin and against
   every row computed alone.
 
     .venv/bin/python benchmarks/gemm_roof.py
     .venv/bin/python benchmarks/gemm_roof.py --repo /tmp/base --repo . --rounds 2   # alternate
+    .venv/bin/python benchmarks/gemm_roof.py --n 8192 --ks 2048 --copies 40   # from memory
 
 Needs g++ and a CPU with AVX-512 VNNI.
 """
@@ -69,6 +72,7 @@ def main() -> None:
     ap.add_argument("--ms", type=int, nargs="+", default=[1, 2, 3, 4, 6, 8, 12, 16, 64])
     ap.add_argument("--n", type=int, default=3072, help="output features (multiple of 16)")
     ap.add_argument("--seconds", type=float, default=0.15, help="per measurement")
+    ap.add_argument("--copies", type=int, default=1, help="weight copies to cycle through")
     ap.add_argument("--cpu", default="1", help="taskset CPU list")
     args = ap.parse_args()
     repos = args.repo or [os.path.dirname(HERE)]
@@ -81,7 +85,8 @@ def main() -> None:
         for r in range(args.rounds):
             for repo, exe in exes.items():
                 print(f"== {repo} (round {r + 1}, load {os.getloadavg()[0]:.1f})", flush=True)
-                cmd = ["taskset", "-c", args.cpu, exe, str(args.n), str(args.seconds), *cases]
+                cmd = ["taskset", "-c", args.cpu, exe, str(args.n), str(args.seconds)]
+                cmd += [str(args.copies), *cases]
                 subprocess.run([*cmd, "--ms", *map(str, args.ms)], check=True)
 
 
