@@ -14,6 +14,7 @@ from specdec.entrypoints.openai.api_server import add_serve_parser
 from specdec.entrypoints.utils import (
     add_sampling_args,
     configure_logging,
+    read_chat_template,
     run_command,
     sampling_defaults,
 )
@@ -30,6 +31,9 @@ def _generate_parser(sub) -> None:
     p.add_argument("--prompt", "-p", default=DEFAULT_PROMPT)
     p.add_argument(
         "--chat", action="store_true", help="wrap the prompt in the model's chat template"
+    )
+    p.add_argument(
+        "--chat-template", default=None, help="with --chat: this template (a file, or the text)"
     )
     p.add_argument("--max-tokens", "-n", "--n-predict", dest="max_tokens", type=int, default=256)
     add_sampling_args(
@@ -121,9 +125,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
         # function of (seed, prompt, sampling parameters), with or without speculation.
         sp.seed = random.Random(args.seed).getrandbits(63)
         print(f"--- sampling seed {sp.seed} (set --sampling-seed to choose it)")
+    template = read_chat_template(args.chat_template) if args.chat_template else None
     configure_logging()
     llm = LLM.from_engine_args(engine_args)
     tok = llm.get_tokenizer()
+    if template is not None:
+        tok.chat_template = template
     if args.chat:
         prompt_ids = tok.apply_chat_template(
             [{"role": "user", "content": args.prompt}], add_generation_prompt=True, tokenize=True

@@ -46,6 +46,26 @@ SAMPLING_FLAGS: tuple[tuple[tuple[str, ...], str, type, str], ...] = (
 )
 
 
+def read_chat_template(value: str) -> str:
+    """``--chat-template``: a file's template, or the template itself (vLLM's flag takes
+    either); it must compile (a ValueError naming the flag otherwise)."""
+    from pathlib import Path
+
+    import jinja2
+
+    from specdec.model.tokenizer import chat_template_environment
+
+    path = Path(value)
+    if "{" not in value and not path.is_file():
+        raise ValueError(f"--chat-template: no such file: {value}")
+    text = path.read_text() if "{" not in value else value
+    try:
+        chat_template_environment().from_string(text)
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(f"--chat-template: line {e.lineno}: {e.message}") from None
+    return text
+
+
 def add_sampling_args(p: argparse.ArgumentParser, defaults: dict[str, Any], title: str) -> None:
     """The sampling flags; ``defaults`` per dest (None: not given)."""
     group = p.add_argument_group(title)

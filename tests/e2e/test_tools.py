@@ -210,3 +210,22 @@ def test_auto_needs_a_template_that_writes_tool_call_tags() -> None:
     assert plan_tools([WEATHER], "required", template).mode == "required"
     with pytest.raises(ValueError, match="<tool_call>"):
         plan_tools([WEATHER], "auto", template)
+
+
+def test_chat_template_flag(tiny_llama, tmp_path, capsys) -> None:
+    """--chat-template (vLLM's): a file or the template itself; a broken one is one line on the
+    CLI, before the model loads."""
+    from specdec.entrypoints import cli
+    from specdec.entrypoints.utils import read_chat_template
+
+    f = tmp_path / "t.jinja"
+    f.write_text(TEMPLATE)
+    assert read_chat_template(str(f)) == TEMPLATE == read_chat_template(TEMPLATE)
+    with pytest.raises(ValueError, match="no such file"):
+        read_chat_template(str(tmp_path / "missing.jinja"))
+    argv = ["generate", "--model", str(tiny_llama), "--chat", "-p", "hi", "-n", "2", "--quiet"]
+    assert cli.main([*argv, "--chat-template", "{% for m in messages %}{{ m.content }}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specdec: error: --chat-template: line 1:") and err.count("\n") == 1
+    assert cli.main(["serve", str(tiny_llama), "--chat-template", "{{ oops"]) == 2
+    assert cli.main([*argv, "--chat-template", str(f)]) == 0

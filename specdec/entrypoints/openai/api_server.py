@@ -37,6 +37,7 @@ from specdec.config import ConfigError, EngineArgs, log_ignored
 from specdec.entrypoints.utils import (
     LOG_FORMAT,
     add_sampling_args,
+    read_chat_template,
     run_command,
     sampling_defaults,
 )
@@ -495,6 +496,12 @@ def make_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "default: none, CORS off",
     )
     p.add_argument(
+        "--chat-template",
+        default=None,
+        help="a chat template (a file, or the template itself) used instead of the model's: "
+        "for base models, or to give a model's tools a template that lists them",
+    )
+    p.add_argument(
         "--trust-request-chat-template",
         action="store_true",
         help="accept a chat_template in requests (rendered in a sandboxed worker process with "
@@ -587,8 +594,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from specdec.kv_cache.sizing import describe_pool
     from specdec.metrics import PREFIX_CHOICES
 
+    template = read_chat_template(args.chat_template) if args.chat_template else None
     # NOTE: the same engine construction as `specdec generate`, so every engine flag applies here.
-    llm = AsyncLLM(LLMEngine(config), log_stats=not args.disable_log_stats)
+    engine = LLMEngine(config)
+    if template is not None:
+        engine.tokenizer.chat_template = template
+    llm = AsyncLLM(engine, log_stats=not args.disable_log_stats)
     names = args.served_model_name or [args.model]
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     app = build_app(
