@@ -96,7 +96,8 @@ def resolve_dtype(config: EngineConfig) -> tuple[torch.dtype, str]:
     if config.kernels == "auto" and get_ops("auto", config.device).name == "native":
         logger.warning(
             "dtype %s: kept the native kernels, which compute in float32 (int8 activations for "
-            "quantized weights): the torch kernels %s needs decode ~10x slower (%s); pass "
+            "quantized weights; bfloat16/float16 weights stay 16-bit in memory): the torch "
+            "kernels %s needs decode ~10x slower (%s); pass "
             "--kernels torch (kernels='torch') to compute in %s anyway",
             config.dtype, config.dtype, TORCH_HALF_SLOWDOWN, config.dtype,
         )  # fmt: skip
