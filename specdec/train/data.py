@@ -248,7 +248,9 @@ class TrainData:
         self.manifest: dict = {}
         self.shards = []
         self.index: list[tuple[int, int]] = []  # (shard, sequence in shard)
+        self.last_folder_start = 0  # the first sequence of the last folder
         for folder in folders:
+            self.last_folder_start = len(self.index)
             manifest = json.loads((folder / "manifest.json").read_text())
             same = ("hidden_size", "vocab_size", "num_layers", "aux_layers", "top_k")
             if self.manifest and any(manifest[k] != self.manifest[k] for k in same):

@@ -93,7 +93,11 @@ class Trainer:
                 f"the data was collected from a target of hidden size "
                 f"{self.data.manifest['hidden_size']}, this target's is {tc.hidden_size}"
             )
-        self.train_ids, self.val_ids = split(len(self.data), cfg.val_fraction, cfg.seed)
+        # validation from the last folder only: a head given to --init has seen the earlier ones
+        first = self.data.last_folder_start
+        train_ids, val_ids = split(len(self.data) - first, cfg.val_fraction, cfg.seed)
+        self.train_ids = list(range(first)) + [first + i for i in train_ids]
+        self.val_ids = [first + i for i in val_ids]
         self.to_draft = None  # target id -> draft id (eagle3), -1 outside
         init = _read_head(cfg.init) if cfg.init else None
         if init is not None and cfg.method != "eagle3":

@@ -164,6 +164,9 @@ def test_init_from_a_head_on_several_folders(records, tmp_path) -> None:
     cfg = TrainConfig(draft_vocab=200, epochs=50, batch=4, init=str(head), time_limit=1e-3)
     again = Trainer(llm, [out, out], tmp_path / "b", cfg)
     assert len(again.data) == 2 * len(first.data)
+    n = len(first.data)  # validation from the second folder only; every sequence used once
+    assert all(k >= n for k in again.val_ids)
+    assert sorted(again.train_ids + again.val_ids) == list(range(2 * n))
     assert again.data.manifest["num_tokens"] == 2 * first.data.manifest["num_tokens"]
     assert torch.equal(again.used, first.used)  # the head's vocabulary, not the data's top 200
     for (name, a), b in zip(first.model.state_dict().items(), again.model.state_dict().values()):
