@@ -125,7 +125,7 @@ def _native_build():
     )
     ext.depends = [
         os.path.join(CSRC, f)
-        for f in ("half.h", "head_chunks.h", "kernels.h", "ops.h", "parallel.h")
+        for f in ("half.h", "head_chunks.h", "kernels.h", "ops.h", "parallel.h", "simd512.h")
     ] + [os.path.join(CSRC, unit[1]) for unit in ISA_UNITS]
     suffix = CppExtension(
         name="specdec.spec_decode._suffix_native",

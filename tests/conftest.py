@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 # NOTE: before torch loads OpenMP: spinning worker threads make every small op cost ~20x more
@@ -48,6 +49,18 @@ def _byte_tokenizer_json(folder: Path) -> int:
         )
     )
     return tok.get_vocab_size()
+
+
+def with_chat_template(model: Path, folder: Path, template: str | None) -> Path:
+    """A copy of a Hugging Face model folder with another chat template (None: none)."""
+    for f in model.iterdir():
+        shutil.copy(f, folder / f.name)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    if template is not None:
+        cfg["chat_template"] = template
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return folder
 
 
 def make_tiny_model(

@@ -11,7 +11,6 @@ nothing else (xgrammar's needs transformers and triton at run time).
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 from dataclasses import dataclass
@@ -216,10 +215,3 @@ class Grammar:
         if n:
             self._m.rollback(n)
         return TokenMask(rows, self.vocab_size)
-
-
-def describe(params: StructuredOutputsParams) -> str:
-    """One line for logs."""
-    value = getattr(params, params.kind)
-    text = value if isinstance(value, str) else json.dumps(value)
-    return f"{params.kind}: {text[:60]}"

@@ -249,10 +249,9 @@ def _chi_square_quantile(df: int, z: float = 3.72) -> float:
     return df * (1.0 - h + z * math.sqrt(h)) ** 3
 
 
-@pytest.mark.parametrize("method", list(METHODS))
-def test_every_method_in_the_table(method, heads, tiny_llama, tiny_draft, plain_ref) -> None:
-    """Each entry of the method table drafts and stays exact; a new entry fails here until
-    it has a case."""
+def drafter_case(method: str, heads, tiny_llama, tiny_draft) -> tuple[str, dict]:
+    """(target folder, speculative_config) of one entry of the method table on the tiny model;
+    a new entry fails here until it has a case."""
     tiny = str(tiny_llama)
     cases = {
         "ngram": (tiny, {"method": "ngram", "num_speculative_tokens": 3}),
@@ -265,8 +264,15 @@ def test_every_method_in_the_table(method, heads, tiny_llama, tiny_draft, plain_
         "mtp": heads["mtp-deepseek"],
         "hybrid": (tiny, {"method": "hybrid", "model": heads["eagle3-safeailab"][1]["model"]}),
     }
-    assert method in cases, f"method {method!r} has no case in this test"
-    target, spec = cases[method]
+    assert method in cases, f"method {method!r} has no case"
+    return cases[method]
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_every_method_in_the_table(method, heads, tiny_llama, tiny_draft, plain_ref) -> None:
+    """Each entry of the method table drafts and stays exact; a new entry fails here until
+    it has a case."""
+    target, spec = drafter_case(method, heads, tiny_llama, tiny_draft)
     llm = _llm(target, spec | {"adaptive": False})
     assert llm.engine.spec.method == method
     assert _ids(llm.generate(PROMPTS, _greedy(24))) == plain_ref

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from specdec.config import EngineConfig, SpeculativeConfig
 from specdec.engine.async_llm import AsyncLLM
 from specdec.entrypoints import cli
 from specdec.entrypoints.openai.api_server import BackgroundServer, build_app
+from tests.conftest import with_chat_template
 
 MAX_MODEL_LEN = 256
 API_KEY = "test-key-123"
@@ -64,12 +64,7 @@ def spec_server(tiny_llama):
 @pytest.fixture(scope="module")
 def keyed_server(tiny_llama, tmp_path_factory):
     """A copy of the tiny model without a chat template, behind an API key."""
-    folder = tmp_path_factory.mktemp("tiny_no_template")
-    for f in tiny_llama.iterdir():
-        shutil.copy(f, folder / f.name)
-    cfg = json.loads((folder / "tokenizer_config.json").read_text())
-    cfg.pop("chat_template")
-    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    folder = with_chat_template(tiny_llama, tmp_path_factory.mktemp("tiny_no_template"), None)
     srv = _start(str(folder), api_key=API_KEY)
     yield srv
     srv.stop()

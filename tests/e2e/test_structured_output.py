@@ -22,7 +22,7 @@ from specdec import LLM, SamplingParams
 from specdec.sample import rejection_sampler
 from specdec.spec_decode import METHODS, DraftOutput
 from specdec.structured import GrammarError, StructuredOutputsParams
-from tests.e2e.test_hidden_drafters import heads  # noqa: F401 - the fixture
+from tests.e2e.test_hidden_drafters import drafter_case, heads  # noqa: F401 - the fixture
 
 SCHEMA = {
     "type": "object",
@@ -185,20 +185,7 @@ def test_oracle_drafts_cut_verified_and_exact(
 @pytest.mark.parametrize("method", list(METHODS))
 def test_every_drafter_exact_under_a_schema(method, heads, tiny_llama, tiny_draft, refs) -> None:  # noqa: F811
     """Each drafter of the method table, greedy and seeded, under the JSON schema."""
-    tiny = str(tiny_llama)
-    cases = {
-        "ngram": (tiny, {"method": "ngram", "num_speculative_tokens": 3}),
-        "suffix": (tiny, {"method": "suffix", "num_speculative_tokens": 8}),
-        "draft_model": (tiny, {"method": "draft_model", "model": str(tiny_draft)}),
-        "layer_skip": (tiny, {"method": "layer_skip", "num_draft_layers": 2}),
-        "eagle": heads["eagle-safeailab"],
-        "eagle3": heads["eagle3-speculators"],
-        "medusa": heads["medusa-fasterdecoding"],
-        "mtp": heads["mtp-deepseek"],
-        "hybrid": (tiny, {"method": "hybrid", "model": heads["eagle3-safeailab"][1]["model"]}),
-    }
-    assert method in cases, f"method {method!r} has no case in this test"
-    target, spec = cases[method]
+    target, spec = drafter_case(method, heads, tiny_llama, tiny_draft)
     # (the MTP target is the tiny model plus its MTP layer: the same plain output)
     ref = {t: refs["json", t] for t in (0.0, 0.8)}
     llm = _llm(target, spec | {"adaptive": False})

@@ -5,12 +5,12 @@ by the grammar, the OpenAI client reading them, and the 400s."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import httpx
 import pytest
 
 from specdec.entrypoints.openai.tools import ToolPlan, plan_tools
+from tests.conftest import with_chat_template
 from tests.e2e.test_server import _client, _start
 
 TEMPLATE = (
@@ -63,13 +63,7 @@ def _check_weather(args: dict) -> None:
 
 @pytest.fixture(scope="module")
 def tool_model(tiny_llama, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny_tools")
-    for f in tiny_llama.iterdir():
-        shutil.copy(f, folder / f.name)
-    cfg = json.loads((folder / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = TEMPLATE
-    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
-    return folder
+    return with_chat_template(tiny_llama, tmp_path_factory.mktemp("tiny_tools"), TEMPLATE)
 
 
 @pytest.fixture(scope="module")

@@ -21,21 +21,14 @@ from specdec.kernels import get_ops
 from specdec.model.llama import LlamaModel, SeqBatch
 from specdec.model.loader import load_checkpoint
 
-from .test_kernels import BATCH_SIZES, _isas, _randn, _require_native
+from .test_kernels import (
+    BATCH_SIZES,
+    _randn,
+    _require_native,
+)
 
 HALF = ("f16", "bf16")
 TORCH_DTYPE = {"f16": torch.float16, "bf16": torch.bfloat16}
-
-
-@pytest.fixture(params=_isas())
-def native(request):
-    """The native ops on each instruction set the CPU and build have (as in test_kernels)."""
-    _require_native()
-    K.set_native_isa(request.param)
-    try:
-        yield K.get_ops("native")
-    finally:
-        K.set_native_isa("auto")
 
 
 def _half(qtype: str, n: int, k: int, seed: int = 0) -> K.PackedWeight:

@@ -46,16 +46,6 @@ def _has_avx512(feats: dict[str, bool]) -> bool:
     return all(feats.get(f, False) for f in ("avx512f", "avx512dq", "avx512bw", "avx512vl"))
 
 
-@pytest.fixture(params=_isas())
-def native(request):
-    _require_native()
-    K.set_native_isa(request.param)
-    try:
-        yield K.get_ops("native")
-    finally:
-        K.set_native_isa("auto")
-
-
 def _weight(qtype: str, n: int, k: int, seed: int = 0) -> K.PackedWeight:
     g = torch.Generator().manual_seed(seed)
     return K.quantize_weight(torch.randn(n, k, generator=g) * 0.1, qtype)
