@@ -88,10 +88,9 @@ def test_named_tool_choice_returns_a_call_of_its_schema(servers) -> None:
         "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
     }
     replies = [_post(srv, body).json() for srv in (tools, spec)]
-    assert replies[0]["choices"] == replies[1]["choices"] or (
-        [c["message"]["tool_calls"][0]["function"] for c in replies[0]["choices"]]
-        == [c["message"]["tool_calls"][0]["function"] for c in replies[1]["choices"]]
-    )
+    # the same calls with speculation as without (call ids are random)
+    functions = [[t["function"] for t in r["choices"][0]["message"]["tool_calls"]] for r in replies]
+    assert functions[0] and functions[0] == functions[1]
     choice = replies[0]["choices"][0]
     assert choice["finish_reason"] == "stop", choice
     (call,) = choice["message"]["tool_calls"]
@@ -140,7 +139,7 @@ def test_required_with_the_openai_client(servers) -> None:
     assert again.choices[0].message.content is not None
 
 
-def test_auto_leaves_text_free_and_reads_calls(servers) -> None:
+def test_auto_leaves_text_free(servers) -> None:
     tools, _, _ = servers
     r = _post(tools, {"tools": [WEATHER]})
     choice = r.json()["choices"][0]
