@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
             v->quantize_rows(x.data(), K, xq.data(), dx.data(), sx.data(), dxs.data(), 0, M);
             auto run = [&](const A8Table* t, int64_t m0, int64_t rows, float* out, int64_t copy = 0) {
                 t->linear_groups(kind, xq.data() + m0 * K, dx.data() + m0 * nb, sx.data() + m0 * nb,
-                                 dxs.data() + m0 * nb, rows, K, w.data() + copy * WB, nullptr, out, N, 0, N / 16);
+                                 dxs.data() + m0 * nb, rows, K, w.data() + copy * WB, nullptr, out, N, 0, N / 16, nullptr);
             };
             run(v, 0, M, y.data());
             run(p, 0, M, y2.data());

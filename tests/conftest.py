@@ -10,6 +10,8 @@ from pathlib import Path
 # NOTE: before torch loads OpenMP: spinning worker threads make every small op cost ~20x more
 # on shared cores (specdec/__init__.py does the same for users).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# NOTE: no test writes the user's weight cache; tests of the cache point it at a temporary folder
+os.environ["SPECDEC_WEIGHT_CACHE"] = "off"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

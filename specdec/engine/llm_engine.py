@@ -16,13 +16,14 @@ from specdec.engine.detokenizer import IncrementalDetokenizer
 from specdec.engine.request import Request
 from specdec.engine.scheduler import Scheduler
 from specdec.engine.speculator import Speculator
-from specdec.kernels import get_ops
+from specdec.kernels import get_ops, int8_activations_fast, native_isa
 from specdec.kv_cache.pool import KVCache
 from specdec.kv_cache.sizing import plan_kv_slots
 from specdec.model.llama import LlamaModel
 from specdec.model.loader import load_checkpoint
 from specdec.model.registry import resolve_model_path
 from specdec.model.tokenizer import Tokenizer
+from specdec.model.weight_cache import WeightCache
 from specdec.outputs import (
     CompletionOutput,
     Logprob,
@@ -78,7 +79,16 @@ def load_model(
     max_len = max_len or min(DEFAULT_MAX_MODEL_LEN, limit)
     if max_len > limit:
         raise ConfigError(f"max_model_len {max_len} exceeds the model's context length {limit}")
-    model = LlamaModel(ckpt, ops, device, dtype, quantization, max_len, activation_dtype)
+    cache = None
+    if ops.name == "native" and device.type == "cpu":
+        settings = {
+            "quantization": quantization, "activation_dtype": activation_dtype,
+            "dtype": str(dtype), "isa": native_isa(), "int8_fast": int8_activations_fast(),
+        }  # fmt: skip
+        cache = WeightCache.for_model(path, settings)
+    model = LlamaModel(ckpt, ops, device, dtype, quantization, max_len, activation_dtype, cache)
+    if cache is not None and cache.hits:
+        logger.info("weights mapped from the weight cache %s", cache.path)
     model.set_kv_dtype(kv_cache_dtype)
     return model, tokenizer
 

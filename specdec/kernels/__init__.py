@@ -18,7 +18,6 @@ import math
 import os
 import types
 import warnings
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -177,7 +176,6 @@ def kquant_native_preferred(qtype: str, out_features: int, in_features: int) -> 
     return kquant_supported(qtype, out_features, in_features) and int8_activations_fast()
 
 
-@dataclass(eq=False)
 class PackedWeight:
     """Weight of a linear layer, ``[out_features, in_features]``, in kernel-ready storage.
 
@@ -191,18 +189,64 @@ class PackedWeight:
     GGUF blocks (the same bytes rearranged, layouts in csrc/kquants.cpp); ``parts`` lists
     ``(format, rows)`` in row order, so a fused weight may mix them (its ``qtype`` then reads
     e.g. ``"q4_k+q6_k"``).  One copy serves the float and the 8-bit activation kernels.
+
+    Each weight is stored once: with the 8-bit activation kernels on (:meth:`enable_a8`), a
+    q8_0 / q4_0 / q4_1 weight keeps only its repacked tiles ``a8`` (a lossless rearrangement of
+    the blocks), and ``data`` gives the blocks back from them on demand (a new tensor each time;
+    :meth:`dequantize_rows` unpacks only the rows asked for).
     """
 
-    qtype: str
-    out_features: int
-    in_features: int
-    data: torch.Tensor
-    parts: tuple[tuple[str, int], ...] = ()
-    # Float copies made by TorchOps for quantized weights, one per device (lazily).
-    _float_cache: dict[str, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
-    # The same weight repacked for the 8-bit activation kernels (enable_a8); NativeOps.linear
-    # uses it when set.  ``data`` stays (embedding lookups and the float kernels read it).
-    a8: torch.Tensor | None = field(default=None, init=False, repr=False)
+    def __init__(
+        self,
+        qtype: str,
+        out_features: int,
+        in_features: int,
+        data: torch.Tensor | None,
+        parts: tuple[tuple[str, int], ...] = (),
+        a8: torch.Tensor | None = None,
+    ) -> None:
+        if data is None and a8 is None:
+            raise ValueError("a PackedWeight needs its data or its 8-bit activation tiles")
+        self.qtype = qtype
+        self.out_features = out_features
+        self.in_features = in_features
+        self.parts = parts
+        self._data = data
+        # The same weight repacked for the 8-bit activation kernels (enable_a8); NativeOps.linear
+        # uses it when set.  For q8_0 / q4_0 / q4_1 it replaces the blocks (see data).
+        self.a8 = a8
+        # Float copies made by TorchOps for quantized weights, one per device (lazily).
+        self._float_cache: dict[str, torch.Tensor] = {}
+
+    @classmethod
+    def from_a8_parts(
+        cls, qtype: str, parts: list[torch.Tensor], rows: list[int], in_features: int
+    ) -> PackedWeight:
+        """A q8_0 / q4_0 / q4_1 weight with the 8-bit activation kernels on, repacked straight
+        from the GGUF block rows of its fused parts (q|k|v, gate|up): no copy of the blocks."""
+        tiles = _C.repack_a8_cat(list(parts), _QT_CODE[qtype], list(rows), in_features)
+        return cls(qtype, sum(rows), in_features, None, a8=tiles)
+
+    @property
+    def data(self) -> torch.Tensor:
+        if self._data is not None:
+            return self._data
+        return _C.unpack_a8(self.a8, _QT_CODE[self.qtype], self.out_features, self.in_features)
+
+    @property
+    def holds_blocks(self) -> bool:
+        """False when the repacked tiles are the only copy (the blocks come back on demand)."""
+        return self._data is not None
+
+    def __repr__(self) -> str:
+        return (
+            f"PackedWeight({self.qtype}, [{self.out_features}, {self.in_features}]"
+            f"{', a8' if self.a8 is not None else ''})"
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return (self._data if self._data is not None else self.a8).device
 
     @property
     def is_kquant(self) -> bool:
@@ -214,14 +258,15 @@ class PackedWeight:
             _C is not None
             and (self.qtype in A8_QTYPES or self.is_kquant)
             and self.out_features % 16 == 0
-            and self.data.device.type == "cpu"
+            and self.device.type == "cpu"
         )
 
     def enable_a8(self) -> None:
         """Use the 8-bit activation kernels: activations are then quantized to int8 per block of
-        32 (q8_0/q4_0/q4_1, whose weights are repacked once) or of 256 (K-quants, llama.cpp's
-        Q8_K; their tiles serve as they are) and dotted with integer instructions.  Results
-        differ slightly from the float path but stay batch-invariant."""
+        32 (q8_0/q4_0/q4_1, whose weights are repacked once, the tiles replacing the blocks) or
+        of 256 (K-quants, llama.cpp's Q8_K; their tiles serve as they are) and dotted with
+        integer instructions.  Results differ slightly from the float path but stay
+        batch-invariant."""
         if not self.a8_eligible():
             raise ValueError(
                 f"8-bit activations need a native {'/'.join(A8_QTYPES)} weight with "
@@ -229,15 +274,17 @@ class PackedWeight:
                 f"{self.in_features}]"
             )
         if self.a8 is None:
-            self.a8 = (
-                self.data
-                if self.is_kquant
-                else _C.repack_a8(
-                    self.data, _QT_CODE[self.qtype], self.out_features, self.in_features
+            if self.is_kquant:
+                self.a8 = self._data
+            else:
+                self.a8 = _C.repack_a8(
+                    self._data, _QT_CODE[self.qtype], self.out_features, self.in_features
                 )
-            )
+                self._data = None  # NOTE: stored once; the blocks come back from the tiles
 
     def disable_a8(self) -> None:
+        if self.a8 is not None and self._data is None:
+            self._data = self.data  # the blocks back, for the float kernels
         self.a8 = None
 
     @property
@@ -251,7 +298,8 @@ class PackedWeight:
     @property
     def nbytes(self) -> int:
         """Bytes of kernel storage (what one pass over the weight reads)."""
-        return self.data.numel() * self.data.element_size()
+        t = self._data if self._data is not None else self.a8
+        return t.numel() * t.element_size()
 
     def dequantize(self) -> torch.Tensor:
         """The weight as float32 ``[N, K]`` on ``data``'s device.
@@ -268,20 +316,26 @@ class PackedWeight:
     def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """Float32 ``[len(rows), K]`` of the selected output rows (e.g. an embedding lookup)."""
         if self.is_kquant:
-            return self._dequantize_kq(rows.reshape(-1).cpu()).to(self.data.device)
-        idx = rows.reshape(-1).to(self.data.device)
-        return _dequantize(self.qtype, self.data[idx], idx.numel(), self.in_features)
+            return self._dequantize_kq(rows.reshape(-1).cpu()).to(self.device)
+        idx = rows.reshape(-1).to(self.device)
+        if self._data is None:  # only the tiles: unpack just these rows
+            blocks = _C.unpack_a8(
+                self.a8, _QT_CODE[self.qtype], self.out_features, self.in_features, idx
+            )
+        else:
+            blocks = self._data[idx]
+        return _dequantize(self.qtype, blocks, idx.numel(), self.in_features)
 
     def _dequantize_kq(self, rows: torch.Tensor | None) -> torch.Tensor:
         data = self.data.cpu()
         return _C.dequantize_kq(
             data, self.part_codes(), self.out_features, self.in_features, rows
-        ).to(self.data.device)
+        ).to(self.device)
 
     def float_weight(self, device: torch.device | str) -> torch.Tensor:
         """Float32 ``[N, K]`` on ``device``, made once and cached (used by TorchOps)."""
         device = torch.device(device)
-        if self.qtype == "f32" and self.data.device == device:
+        if self.qtype == "f32" and self.device == device:
             return self.data
         key = str(device)
         cached = self._float_cache.get(key)

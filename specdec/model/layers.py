@@ -7,12 +7,14 @@ backend (native C++ or torch) is chosen.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
 import torch
 
 from specdec.kernels import (
+    A8_QTYPES,
     HALF_QTYPES,
     KQUANT_QTYPES,
     QTYPES,
@@ -65,8 +67,14 @@ def pack_linear(
     quantization: str,
     ops: KernelOps,
     device: torch.device,
+    a8: bool = False,
 ) -> PackedWeight:
-    """Pack one weight, or several fused along the output dimension (q|k|v, gate|up)."""
+    """Pack one weight, or several fused along the output dimension (q|k|v, gate|up).
+
+    ``a8``: the 8-bit activation kernels will run it; a q8_0 / q4_0 / q4_1 weight is then
+    repacked for them straight from the file's blocks, part by part, and the blocks are not
+    kept (each weight stored once; the model's peak while loading stays near its final size).
+    """
     native = ops.name == "native"
     kinds = [_target_qtype(r, quantization, native) for r in raws]
     if all(k in KQUANT_QTYPES for k in kinds) and all(r.shape[1] == raws[0].shape[1] for r in raws):
@@ -96,6 +104,8 @@ def pack_linear(
         and all(r.qtype == next(iter(targets)) for r in raws)
         and raws[0].is_quantized
     ):
+        if a8 and native and raws[0].qtype in A8_QTYPES and out_features % 16 == 0:
+            return _pack_a8_parts(raws, in_features)
         data = np.concatenate([r.data.reshape(r.shape[0], -1) for r in raws], axis=0)
         return pack_weight(
             raws[0].qtype, torch.from_numpy(np.ascontiguousarray(data)), out_features, in_features
@@ -108,6 +118,21 @@ def pack_linear(
     return quantize_weight(w, target)
 
 
+def _pack_a8_parts(raws: list[RawTensor], in_features: int) -> PackedWeight:
+    # each part's file pages mapped in one call, repacked, then dropped
+    for r in raws:
+        r.populate_pages()
+    with warnings.catch_warnings():  # read-only memmaps: nothing writes them
+        warnings.simplefilter("ignore", UserWarning)
+        parts = [torch.from_numpy(r.data.reshape(r.shape[0], -1)) for r in raws]
+    packed = PackedWeight.from_a8_parts(
+        raws[0].qtype, parts, [r.shape[0] for r in raws], in_features
+    )
+    for r in raws:
+        r.release_pages()
+    return packed
+
+
 def make_linear(
     raws: list[RawTensor],
     biases: list[RawTensor | None],
@@ -115,8 +140,11 @@ def make_linear(
     ops: KernelOps,
     dtype: torch.dtype,
     device: torch.device,
+    a8: bool = False,
+    packed: PackedWeight | None = None,
 ) -> Linear:
-    weight = pack_linear(raws, quantization, ops, device)
+    """``packed``: the weight already packed (the weight cache's), else packed from ``raws``."""
+    weight = packed if packed is not None else pack_linear(raws, quantization, ops, device, a8)
     bias = None
     if any(b is not None for b in biases):
         parts = [

@@ -7,6 +7,7 @@ linear layers; attention runs per sequence against that sequence's KV slot.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +18,9 @@ from specdec.kv_cache.pool import KVCache
 from specdec.model.arch import ArchConfig
 from specdec.model.layers import Linear, Rotary, make_linear, rope_inv_freq
 from specdec.model.loader import LoadedCheckpoint, RawTensor
+
+if TYPE_CHECKING:
+    from specdec.model.weight_cache import WeightCache
 
 ACTIVATION_DTYPES = ("auto", "float32", "int8")
 HIDDEN_FINAL = -1  # in a capture list: the final normed hidden state (what the LM head reads)
@@ -57,6 +61,7 @@ class LlamaModel:
         quantization: str = "auto",
         max_len: int = 2048,
         activation_dtype: str = "float32",
+        weight_cache: WeightCache | None = None,
     ) -> None:
         self.cfg: ArchConfig = ckpt.arch
         self.source_path = ckpt.path  # the checkpoint it was loaded from (MTP layers live there)
@@ -66,15 +71,27 @@ class LlamaModel:
         self.kv_dtype = dtype  # the KV cache's element type (kv_cache_dtype; see set_kv_dtype)
         self.max_len = max_len
         t = ckpt.tensors
+        # NOTE: with 8-bit activations ahead, q8_0/q4_0/q4_1 weights are repacked for them as
+        # they load, and their blocks are not kept (set_activation_dtype gives them back)
+        self._a8_on_load = (
+            ops.name == "native"
+            and device.type == "cpu"
+            and (
+                activation_dtype == "int8"
+                or (activation_dtype == "auto" and int8_activations_fast())
+            )
+        )
+        self._cache = weight_cache
         self.layers = [self._load_layer(t, i, quantization) for i in range(self.cfg.num_layers)]
         self.norm = self._vec(t["norm"])
-        embed = make_linear([t["embed_tokens"]], [None], quantization, ops, dtype, device)
+        tied = self.cfg.tie_word_embeddings
+        embed = self._linear("embed_tokens", [t["embed_tokens"]], [None], quantization, tied)
         # NOTE: tied models read their embeddings from the output layer's (quantized) rows.
         self._embed: PackedWeight = embed.weight
-        if self.cfg.tie_word_embeddings:
+        if tied:
             self.lm_head = embed
         else:
-            self.lm_head = make_linear([t["lm_head"]], [None], quantization, ops, dtype, device)
+            self.lm_head = self._linear("lm_head", [t["lm_head"]], [None], quantization)
         freq_factors = t["rope_freqs"].to_float() if "rope_freqs" in t else None
         self._rotary: dict[float, Rotary] = {}
         for theta in {self.cfg.layer_rope_theta(i) for i in range(self.cfg.num_layers)}:
@@ -88,6 +105,26 @@ class LlamaModel:
         self._fused: list | None = None
         self.activation_dtype = "float32"
         self.set_activation_dtype(activation_dtype)
+        if weight_cache is not None:
+            weight_cache.save()  # NOTE: after the activation choice, which may repack weights
+
+    def _linear(
+        self,
+        name: str,
+        raws: list[RawTensor],
+        biases: list[RawTensor | None],
+        quantization: str,
+        a8: bool = True,
+    ) -> Linear:
+        """A linear layer, its weight from the weight cache when it holds it."""
+        packed = self._cache.get(name) if self._cache is not None else None
+        lin = make_linear(
+            raws, biases, quantization, self.ops, self.dtype, self.device,
+            a8 and self._a8_on_load, packed,
+        )  # fmt: skip
+        if self._cache is not None and packed is None:
+            self._cache.put(name, lin.weight)
+        return lin
 
     # ---- activation precision ------------------------------------------------------------
     def linears(self) -> list[Linear]:
@@ -136,7 +173,7 @@ class LlamaModel:
         def lin(names: list[str]) -> Linear:
             raws = [t[p + n] for n in names]
             biases = [t.get(p + n + ".bias") for n in names]
-            return make_linear(raws, biases, quantization, self.ops, self.dtype, self.device)
+            return self._linear(p + "|".join(names), raws, biases, quantization)
 
         post_attn = "post_attention_layernorm" if self.cfg.is_gemma else "pre_feedforward_layernorm"
         layer = LayerWeights(

@@ -490,23 +490,51 @@ def test_a8_kernels_agree_across_isas():
 def test_a8_thread_invariant_and_errors():
     _require_native()
     w = _a8_weight("q4_1", 640, 256)
-    x = _randn(20, 256)
     ops = K.get_ops("native")
     prev = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = ops.linear(x, w)
-        torch.set_num_threads(2)
-        two = ops.linear(x, w)
-    finally:
-        torch.set_num_threads(prev)
-    assert torch.equal(one, two)
+    for m in (3, 7, 16, 20):  # small-M tiles, ws2_tile, one and two row tiles (one shared layout)
+        x = _randn(m, 256, seed=m)
+        try:
+            torch.set_num_threads(1)
+            one = ops.linear(x, w)
+            torch.set_num_threads(2)
+            two = ops.linear(x, w)
+        finally:
+            torch.set_num_threads(prev)
+        assert torch.equal(one, two), m
     with pytest.raises(ValueError, match="out_features % 16"):
         _weight("q4_1", 40, 64).enable_a8()
     with pytest.raises(ValueError, match="8-bit activations"):
         _f32_weight().enable_a8()
     w.disable_a8()
     assert w.a8 is None
+
+
+@pytest.mark.parametrize("qtype", QUANT)
+def test_a8_tiles_replace_the_blocks(qtype):
+    # enable_a8 keeps only the tiles; the blocks come back from them byte for byte (all rows,
+    # chosen rows, the float path after disable_a8), and tiles made from fused parts equal the
+    # tiles of the fused weight.
+    _require_native()
+    w = _weight(qtype, 48, 96, seed=4)
+    blocks = w.data.clone()
+    w.enable_a8()
+    assert not w.holds_blocks and w.nbytes == w.a8.numel()
+    assert torch.equal(w.data, blocks)
+    rows = torch.tensor([47, 0, 16, 0])
+    assert torch.equal(
+        w.dequantize_rows(rows), K.pack_weight(qtype, blocks, 48, 96).dequantize()[rows]
+    )
+    code = K._QT_CODE[qtype]
+    assert torch.equal(K._C.unpack_a8(w.a8, code, 48, 96, rows), blocks[rows])
+    parts = K.PackedWeight.from_a8_parts(
+        qtype, [blocks[:16], blocks[16:40], blocks[40:]], [16, 24, 8], 96
+    )
+    assert torch.equal(parts.a8, w.a8) and parts.out_features == 48
+    with pytest.raises(RuntimeError, match="out of range"):
+        K._C.unpack_a8(w.a8, code, 48, 96, torch.tensor([48]))
+    w.disable_a8()
+    assert w.holds_blocks and w.a8 is None and torch.equal(w.data, blocks)
 
 
 def _f32_weight() -> K.PackedWeight:

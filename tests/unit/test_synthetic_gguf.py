@@ -38,3 +38,39 @@ def test_synthetic_gguf_loads_and_decodes(type_name: str, tmp_path, mk, smollm2_
     if type_name == "Q4_0":
         spec = LLM(str(path), max_model_len=256, speculative_config={"method": "ngram"})
         assert spec.generate(["a b c a b c a b"], sp)[0].outputs[0].token_ids == want
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
+def test_block_weights_are_stored_once(type_name: str, tmp_path, mk) -> None:
+    # With 8-bit activations a q4_0/q4_1/q8_0 weight keeps only its repacked tiles (made straight
+    # from the file's blocks, fused parts included); the blocks come back from them exactly,
+    # so the float path and the embeddings are what a float-activation load gives.
+    import torch
+
+    from specdec.model.llama import SeqBatch
+
+    path = mk.write_gguf(tmp_path / f"tiny-{type_name}.gguf", mk.SHAPES["tiny"], type_name, seed=2)
+    a8 = LLM(str(path), max_model_len=64, activation_dtype="int8").engine.model
+    f32 = LLM(str(path), max_model_len=64, activation_dtype="float32").engine.model
+    assert a8.cfg.tie_word_embeddings  # the lm_head's tiles also serve the embedding rows
+    for wa, wf in zip(a8.linears(), f32.linears(), strict=True):
+        assert wa.weight.a8 is not None and not wa.weight.holds_blocks
+        assert wf.weight.a8 is None and wf.weight.holds_blocks
+        assert torch.equal(wa.weight.data, wf.weight.data)
+        assert wa.weight.nbytes == wa.weight.a8.numel()
+    ids = torch.tensor([5, 17, 5, 900, 3])
+    assert torch.equal(a8.embed(ids), f32.embed(ids))
+
+    def logits(model):
+        kv = model.make_kv_cache(1, 64)
+        h = model.forward(ids, torch.arange(5), SeqBatch([0], [0], [5]), kv)
+        return model.compute_logits(h)
+
+    with torch.inference_mode():
+        before = logits(a8)
+        a8.set_activation_dtype("float32")
+        assert all(lin.weight.holds_blocks and lin.weight.a8 is None for lin in a8.linears())
+        assert torch.equal(logits(a8), logits(f32))
+        a8.set_activation_dtype("int8")
+        assert not any(lin.weight.holds_blocks for lin in a8.linears())
+        assert torch.equal(logits(a8), before)

@@ -216,7 +216,7 @@ inline float tile_f16(const uint8_t* p) {
 
 void a8_linear_groups(int kind, const int8_t* xq, const float* dx, const int32_t* sx,
                       const float* dxs, int64_t M, int64_t K, const uint8_t* w, const float* bias,
-                      float* y, int64_t N, int64_t g0, int64_t g1) {
+                      float* y, int64_t N, int64_t g0, int64_t g1, const void* /*prep*/) {
     const int64_t nb = K / 32, TB = a8_tile_bytes(kind);
     const int32_t offset = kind == A8_Q8 ? 128 : kind == A8_Q4_0 ? 8 : 0;
     for (int64_t g = g0; g < g1; ++g) {
@@ -254,7 +254,7 @@ int64_t argmax(const float* x, int64_t n) {
 
 const KernelTable kTable = {"portable", linear_rows, rms_norm_rows, attention_rows<float>, argmax,
                             attention_rows<uint16_t>};
-const A8Table kA8Table = {"portable", a8_quantize_rows, a8_linear_groups};
+const A8Table kA8Table = {"portable", a8_quantize_rows, a8_linear_groups, nullptr};
 
 }  // namespace
 

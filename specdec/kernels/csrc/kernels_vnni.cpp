@@ -388,10 +388,54 @@ inline void ws_rows(int64_t rows, const int8_t* xt, const float* dxt, const int3
     ws_tile<KIND, MR>(xt, dxt, osxt, dxst, nb, tiles, bias, y, ldy);
 }
 
+// The activations of several rows laid out for ws_tile / ws2_tile: row tiles of at most
+// kWsMaxRows rows, as even as possible (17 rows: 9 + 8), each block-major (per block of 32, the
+// tile's rows one after another), with the offset-corrected start values -o * sum(xq).  Built once
+// per product in the calling thread's storage and read by every task of it.
+struct WsLayout {
+    const int8_t* xt;
+    const float* dxt;
+    const int32_t* osxt;
+    const float* dxst;
+};
+
+inline int64_t ws_row_tiles(int64_t M) { return (M + kWsMaxRows - 1) / kWsMaxRows; }
+
+const WsLayout* ws_layout(int kind, const int8_t* xq, const float* dx, const int32_t* sx, const float* dxs,
+                          int64_t M, int64_t K) {
+    thread_local std::vector<int8_t> xt_buf;
+    thread_local std::vector<float> dxt_buf, dxst_buf;
+    thread_local std::vector<int32_t> osxt_buf;
+    thread_local WsLayout lay;
+    const int64_t nb = K / 32;
+    const int32_t offset = kind == A8_Q8 ? 128 : kind == A8_Q4_0 ? 8 : 0;
+    if (static_cast<int64_t>(xt_buf.size()) < M * K) xt_buf.resize(static_cast<size_t>(M * K));
+    if (static_cast<int64_t>(dxt_buf.size()) < M * nb) {
+        dxt_buf.resize(static_cast<size_t>(M * nb));
+        dxst_buf.resize(static_cast<size_t>(M * nb));
+        osxt_buf.resize(static_cast<size_t>(M * nb));
+    }
+    const int64_t ntiles = ws_row_tiles(M);
+    for (int64_t i = 0, m0 = 0; i < ntiles; ++i) {
+        const int64_t rows = (M - m0) / (ntiles - i);
+        for (int64_t b = 0; b < nb; ++b)
+            for (int64_t r = 0; r < rows; ++r) {
+                const int64_t src = (m0 + r) * nb + b, dst = m0 * nb + b * rows + r;
+                memcpy(xt_buf.data() + dst * 32, xq + (m0 + r) * K + b * 32, 32);
+                dxt_buf[dst] = dx[src];
+                dxst_buf[dst] = dxs[src];
+                osxt_buf[dst] = -offset * sx[src];
+            }
+        m0 += rows;
+    }
+    lay = {xt_buf.data(), dxt_buf.data(), osxt_buf.data(), dxst_buf.data()};
+    return &lay;
+}
+
 template <int KIND>
 void groups_rows(const int8_t* xq, const float* dx, const int32_t* sx, const float* dxs, int64_t M,
                  int64_t K, const uint8_t* w, const float* bias, float* y, int64_t N, int64_t g0,
-                 int64_t g1) {
+                 int64_t g1, const void* prep) {
     constexpr int64_t TB = a8_tile_bytes(KIND);
     const int64_t nb = K / 32;
     int64_t g = g0;
@@ -420,34 +464,13 @@ void groups_rows(const int8_t* xq, const float* dx, const int32_t* sx, const flo
                                         bias ? bias + g * kA8TileRows : nullptr, y + g * kA8TileRows, N);
         return;
     }
-    // Row tiles of at most kWsMaxRows, as even as possible (17 rows: 9 + 8), each copied
-    // block-major once for all groups (ws_tile).
-    thread_local std::vector<int8_t> xt_buf;
-    thread_local std::vector<float> dxt_buf, dxst_buf;
-    thread_local std::vector<int32_t> osxt_buf;
-    if (static_cast<int64_t>(xt_buf.size()) < M * K) xt_buf.resize(static_cast<size_t>(M * K));
-    if (static_cast<int64_t>(dxt_buf.size()) < M * nb) {
-        dxt_buf.resize(static_cast<size_t>(M * nb));
-        dxst_buf.resize(static_cast<size_t>(M * nb));
-        osxt_buf.resize(static_cast<size_t>(M * nb));
-    }
-    const int64_t ntiles = (M + kWsMaxRows - 1) / kWsMaxRows;
-    for (int64_t i = 0, m0 = 0; i < ntiles; ++i) {
-        const int64_t rows = (M - m0) / (ntiles - i);
-        for (int64_t b = 0; b < nb; ++b)
-            for (int64_t r = 0; r < rows; ++r) {
-                const int64_t src = (m0 + r) * nb + b, dst = m0 * nb + b * rows + r;
-                memcpy(xt_buf.data() + dst * 32, xq + (m0 + r) * K + b * 32, 32);
-                dxt_buf[dst] = dx[src];
-                dxst_buf[dst] = dxs[src];
-                osxt_buf[dst] = -kOffset * sx[src];
-            }
-        m0 += rows;
-    }
+    const WsLayout* lay = static_cast<const WsLayout*>(prep);
+    if (lay == nullptr) lay = ws_layout(KIND, xq, dx, sx, dxs, M, K);
+    const int64_t ntiles = ws_row_tiles(M);
     if (M <= kWs2MaxRows) {  // one row tile (ntiles == 1): pairs of groups through ws2_tile
-        const int8_t* xt = xt_buf.data();
-        const float *dxt = dxt_buf.data(), *dxst = dxst_buf.data();
-        const int32_t* osxt = osxt_buf.data();
+        const int8_t* xt = lay->xt;
+        const float *dxt = lay->dxt, *dxst = lay->dxst;
+        const int32_t* osxt = lay->osxt;
         for (; g + 2 <= g1; g += 2) {
             const uint8_t* tiles = w + g * nb * TB;
             const float* bg = bias ? bias + g * kA8TileRows : nullptr;
@@ -466,8 +489,8 @@ void groups_rows(const int8_t* xq, const float* dx, const int32_t* sx, const flo
         int64_t m0 = 0;
         for (int64_t i = 0; i < ntiles; ++i) {
             const int64_t rows = (M - m0) / (ntiles - i);
-            ws_rows<KIND>(rows, xt_buf.data() + m0 * K, dxt_buf.data() + m0 * nb, osxt_buf.data() + m0 * nb,
-                          dxst_buf.data() + m0 * nb, nb, tiles, bg, y + m0 * N + g * kA8TileRows, N);
+            ws_rows<KIND>(rows, lay->xt + m0 * K, lay->dxt + m0 * nb, lay->osxt + m0 * nb, lay->dxst + m0 * nb,
+                          nb, tiles, bg, y + m0 * N + g * kA8TileRows, N);
             m0 += rows;
         }
     }
@@ -475,13 +498,20 @@ void groups_rows(const int8_t* xq, const float* dx, const int32_t* sx, const flo
 
 void linear_a8_groups(int kind, const int8_t* xq, const float* dx, const int32_t* sx,
                       const float* dxs, int64_t M, int64_t K, const uint8_t* w, const float* bias,
-                      float* y, int64_t N, int64_t g0, int64_t g1) {
+                      float* y, int64_t N, int64_t g0, int64_t g1, const void* prep) {
     switch (kind) {
-        case A8_Q4_0: groups_rows<A8_Q4_0>(xq, dx, sx, dxs, M, K, w, bias, y, N, g0, g1); break;
-        case A8_Q4_1: groups_rows<A8_Q4_1>(xq, dx, sx, dxs, M, K, w, bias, y, N, g0, g1); break;
-        case A8_Q8: groups_rows<A8_Q8>(xq, dx, sx, dxs, M, K, w, bias, y, N, g0, g1); break;
+        case A8_Q4_0: groups_rows<A8_Q4_0>(xq, dx, sx, dxs, M, K, w, bias, y, N, g0, g1, prep); break;
+        case A8_Q4_1: groups_rows<A8_Q4_1>(xq, dx, sx, dxs, M, K, w, bias, y, N, g0, g1, prep); break;
+        case A8_Q8: groups_rows<A8_Q8>(xq, dx, sx, dxs, M, K, w, bias, y, N, g0, g1, prep); break;
         default: break;
     }
+}
+
+// A8Table::prepare: the block-major layout of ws_layout, once per product (null below
+// kWsMinRows rows, where no layout is used).
+const void* prepare_a8(int kind, const int8_t* xq, const float* dx, const int32_t* sx, const float* dxs,
+                       int64_t M, int64_t K) {
+    return M < kWsMinRows ? nullptr : ws_layout(kind, xq, dx, sx, dxs, M, K);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -925,7 +955,7 @@ const KqTable* vnni_kq_table() {
 }
 
 const A8Table* vnni_table() {
-    static const A8Table table = {"avx512vnni", quantize_rows, linear_a8_groups};
+    static const A8Table table = {"avx512vnni", quantize_rows, linear_a8_groups, prepare_a8};
     return &table;
 }
 

@@ -189,8 +189,11 @@ torch::Tensor linear_a8(const torch::Tensor& x_in, const torch::Tensor& w, int64
     const int64_t groups = N / kA8TileRows;
     const double tile_ns = a8_tile_bytes(static_cast<int>(kind)) / 15.0 + 2.5 * static_cast<double>(M);
     const int64_t grain = grain_for(tile_ns * nb);
+    // NOTE: laid out once here, not in every task (at 16 rows x 576 inputs each task's copy cost
+    // a quarter of its time)
+    const void* prep = tab->prepare ? tab->prepare(static_cast<int>(kind), xq, dx, sx, dxs, M, K) : nullptr;
     parallel_range(groups, grain, [&](int64_t g0, int64_t g1) {
-        tab->linear_groups(static_cast<int>(kind), xq, dx, sx, dxs, M, K, wp, bias_ptr, yp, N, g0, g1);
+        tab->linear_groups(static_cast<int>(kind), xq, dx, sx, dxs, M, K, wp, bias_ptr, yp, N, g0, g1, prep);
     });
     return y;
 }
@@ -469,49 +472,106 @@ torch::Tensor dequantize_kq(torch::Tensor w, const std::vector<int64_t>& part_li
     return out;
 }
 
-torch::Tensor repack_a8(torch::Tensor w, int64_t qtype, int64_t N, int64_t K) {
-    TORCH_CHECK(a8_kind_ok(qtype), "specdec repack_a8: qtype must be q8_0, q4_0 or q4_1, got ", qtype);
-    TORCH_CHECK(K % 32 == 0 && N % kA8TileRows == 0, "specdec repack_a8: need K % 32 == 0 and N % 16 == 0, got N=",
-                N, " K=", K);
-    const int64_t bb = block_bytes(qtype), nb = K / 32, row_bytes = nb * bb;
-    TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == torch::kUInt8 && w.numel() == N * row_bytes,
-                "specdec repack_a8: weight must be CPU uint8 [", N, ", ", row_bytes, "]");
-    w = w.contiguous();
-    const int64_t TB = a8_tile_bytes(static_cast<int>(qtype));
-    auto out = weight_bytes(N * a8_row_bytes(qtype, K)).view({N, a8_row_bytes(qtype, K)});
-    out.zero_();
-    const uint8_t* src = w.data_ptr<uint8_t>();
-    uint8_t* dst = out.data_ptr<uint8_t>();
-    for (int64_t g = 0; g < N / kA8TileRows; ++g) {
-        for (int64_t b = 0; b < nb; ++b) {
-            uint8_t* tile = dst + (g * nb + b) * TB;
-            for (int64_t j = 0; j < kA8TileRows; ++j) {
-                const uint8_t* blk = src + (g * kA8TileRows + j) * row_bytes + b * bb;
-                uint8_t u[32];
-                std::memcpy(tile + 2 * j, blk, 2);  // d (f16 bits)
-                if (qtype == QT_Q8_0) {
-                    for (int i = 0; i < 32; ++i) u[i] = static_cast<uint8_t>(blk[2 + i] ^ 0x80);  // q + 128
-                } else {
-                    const uint8_t* qs = blk + (qtype == QT_Q4_1 ? 4 : 2);
-                    if (qtype == QT_Q4_1) std::memcpy(tile + 32 + 2 * j, blk + 2, 2);  // m (f16 bits)
-                    for (int i = 0; i < 16; ++i) {
-                        u[i] = qs[i] & 0x0F;
-                        u[i + 16] = qs[i] >> 4;
-                    }
-                }
-                for (int t = 0; t < 8; ++t) {
-                    for (int i = 0; i < 4; ++i) {
-                        const uint8_t v = u[4 * t + i];
-                        if (qtype == QT_Q8_0) {
-                            tile[64 + t * 64 + j * 4 + i] = v;
-                        } else {
-                            tile[64 + (t % 4) * 64 + j * 4 + i] |= static_cast<uint8_t>(v << (4 * (t / 4)));
-                        }
-                    }
-                }
+// Tile layout (kernels_vnni.cpp): per 16 rows x 32 inputs, the rows' f16 scales d at 2 j, Q4_1's
+// f16 minimums m at 32 + 2 j, then the codes: quad t of row j at 64 + t * 64 + 4 j (Q8_0: q + 128);
+// Q4: byte (c, j, i) = the GGUF byte qs[4 c + i] of row j (low nibble: element 4 c + i, high:
+// element 16 + 4 c + i).  A lossless rearrangement, so unpack_a8 gives back the GGUF blocks.
+
+// Group g (16 rows) of a8 tiles from the GGUF block rows row(j) (j = 0..15).
+template <typename RowFn>
+void repack_a8_group(int64_t qtype, int64_t nb, RowFn&& row, uint8_t* dst) {
+    const int64_t bb = block_bytes(qtype), TB = a8_tile_bytes(static_cast<int>(qtype));
+    for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* tile = dst + b * TB;
+        std::memset(tile, 0, static_cast<size_t>(TB));
+        for (int64_t j = 0; j < kA8TileRows; ++j) {
+            const uint8_t* blk = row(j) + b * bb;
+            std::memcpy(tile + 2 * j, blk, 2);  // d (f16 bits)
+            if (qtype == QT_Q8_0) {
+                for (int t = 0; t < 8; ++t)
+                    for (int i = 0; i < 4; ++i)
+                        tile[64 + t * 64 + j * 4 + i] = static_cast<uint8_t>(blk[2 + 4 * t + i] ^ 0x80);
+            } else {
+                if (qtype == QT_Q4_1) std::memcpy(tile + 32 + 2 * j, blk + 2, 2);  // m (f16 bits)
+                const uint8_t* qs = blk + (qtype == QT_Q4_1 ? 4 : 2);
+                for (int c = 0; c < 4; ++c) std::memcpy(tile + 64 + c * 64 + j * 4, qs + 4 * c, 4);
             }
         }
     }
+}
+
+// GGUF block rows of several weights, one after the other (q|k|v, gate|up), repacked straight into
+// one a8 buffer: no concatenated copy of the blocks is made.
+torch::Tensor repack_a8_cat(const std::vector<torch::Tensor>& ws, int64_t qtype, const std::vector<int64_t>& Ns,
+                            int64_t K) {
+    TORCH_CHECK(a8_kind_ok(qtype), "specdec repack_a8: qtype must be q8_0, q4_0 or q4_1, got ", qtype);
+    TORCH_CHECK(!ws.empty() && ws.size() == Ns.size(), "specdec repack_a8: one row count per weight");
+    const int64_t bb = block_bytes(qtype), nb = K / 32, row_bytes = nb * bb;
+    std::vector<const uint8_t*> rows;
+    std::vector<torch::Tensor> keep;
+    for (size_t i = 0; i < ws.size(); ++i) {
+        torch::Tensor w = ws[i].contiguous();
+        TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == torch::kUInt8 && w.numel() == Ns[i] * row_bytes,
+                    "specdec repack_a8: weight must be CPU uint8 [", Ns[i], ", ", row_bytes, "]");
+        const uint8_t* p = w.data_ptr<uint8_t>();
+        for (int64_t r = 0; r < Ns[i]; ++r) rows.push_back(p + r * row_bytes);
+        keep.push_back(w);
+    }
+    const int64_t N = static_cast<int64_t>(rows.size());
+    TORCH_CHECK(K % 32 == 0 && N % kA8TileRows == 0, "specdec repack_a8: need K % 32 == 0 and N % 16 == 0, got N=",
+                N, " K=", K);
+    const int64_t group_bytes = nb * a8_tile_bytes(static_cast<int>(qtype));
+    auto out = weight_bytes(N * a8_row_bytes(qtype, K)).view({N, a8_row_bytes(qtype, K)});
+    uint8_t* dst = out.data_ptr<uint8_t>();
+    parallel_range(N / kA8TileRows, grain_for(static_cast<double>(group_bytes)), [&](int64_t g0, int64_t g1) {
+        for (int64_t g = g0; g < g1; ++g)
+            repack_a8_group(qtype, nb, [&](int64_t j) { return rows[g * kA8TileRows + j]; }, dst + g * group_bytes);
+    });
+    return out;
+}
+
+torch::Tensor repack_a8(torch::Tensor w, int64_t qtype, int64_t N, int64_t K) {
+    return repack_a8_cat({w}, qtype, {N}, K);
+}
+
+// The GGUF block rows (all, or the given ones) back from a8 tiles: repack_a8's exact inverse.
+torch::Tensor unpack_a8(torch::Tensor a8, int64_t qtype, int64_t N, int64_t K, c10::optional<torch::Tensor> rows) {
+    TORCH_CHECK(a8_kind_ok(qtype), "specdec unpack_a8: qtype must be q8_0, q4_0 or q4_1, got ", qtype);
+    TORCH_CHECK(K % 32 == 0 && N % kA8TileRows == 0, "specdec unpack_a8: need K % 32 == 0 and N % 16 == 0");
+    TORCH_CHECK(a8.device().is_cpu() && a8.scalar_type() == torch::kUInt8 && a8.is_contiguous() &&
+                    a8.numel() == N * a8_row_bytes(qtype, K),
+                "specdec unpack_a8: tiles must be contiguous CPU uint8 with ", N * a8_row_bytes(qtype, K), " bytes");
+    const int64_t bb = block_bytes(qtype), nb = K / 32, row_bytes = nb * bb;
+    const int64_t TB = a8_tile_bytes(static_cast<int>(qtype));
+    torch::Tensor idx;
+    const bool all = !rows.has_value() || !rows->defined();
+    if (!all) idx = rows->to(torch::kLong).contiguous().reshape({-1});
+    const int64_t R = all ? N : idx.numel();
+    const int64_t* ip = all ? nullptr : idx.data_ptr<int64_t>();
+    for (int64_t i = 0; ip && i < R; ++i)
+        TORCH_CHECK(ip[i] >= 0 && ip[i] < N, "specdec unpack_a8: row ", ip[i], " out of range [0, ", N, ")");
+    auto out = torch::empty({R, row_bytes}, torch::dtype(torch::kUInt8));
+    const uint8_t* src = a8.data_ptr<uint8_t>();
+    uint8_t* dst = out.data_ptr<uint8_t>();
+    parallel_range(R, grain_for(static_cast<double>(row_bytes)), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+            const int64_t n = ip ? ip[r] : r, g = n / kA8TileRows, j = n % kA8TileRows;
+            for (int64_t b = 0; b < nb; ++b) {
+                const uint8_t* tile = src + (g * nb + b) * TB;
+                uint8_t* blk = dst + r * row_bytes + b * bb;
+                std::memcpy(blk, tile + 2 * j, 2);
+                if (qtype == QT_Q8_0) {
+                    for (int t = 0; t < 8; ++t)
+                        for (int i = 0; i < 4; ++i)
+                            blk[2 + 4 * t + i] = static_cast<uint8_t>(tile[64 + t * 64 + j * 4 + i] ^ 0x80);
+                } else {
+                    if (qtype == QT_Q4_1) std::memcpy(blk + 2, tile + 32 + 2 * j, 2);
+                    uint8_t* qs = blk + (qtype == QT_Q4_1 ? 4 : 2);
+                    for (int c = 0; c < 4; ++c) std::memcpy(qs + 4 * c, tile + 64 + c * 64 + j * 4, 4);
+                }
+            }
+        }
+    });
     return out;
 }
 
@@ -745,6 +805,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("softcap") = 0.0, nogil);
     m.def("repack_a8", &repack_a8, "Repack GGUF q8_0/q4_0/q4_1 rows for the 8-bit activation kernels",
           py::arg("w"), py::arg("qtype"), py::arg("n"), py::arg("k"), nogil);
+    m.def("repack_a8_cat", &repack_a8_cat, "Several GGUF q8_0/q4_0/q4_1 weights of one K, repacked into one buffer",
+          py::arg("ws"), py::arg("qtype"), py::arg("ns"), py::arg("k"), nogil);
+    m.def("unpack_a8", &unpack_a8, "a8 tiles -> the GGUF block rows (all, or the given ones)", py::arg("a8"),
+          py::arg("qtype"), py::arg("n"), py::arg("k"), py::arg("rows") = py::none(), nogil);
     m.def("repack_kq", &repack_kq, "GGUF Q4_K/Q5_K/Q6_K rows -> the K-quant tiles of kquants.cpp",
           py::arg("w"), py::arg("fmt"), py::arg("n"), py::arg("k"), nogil);
     m.def("repack_kq_cat", &repack_kq_cat, "Several K-quant weights of one K, repacked into one buffer",

@@ -1,0 +1,240 @@
+"""Kernel-ready weights kept on disk, so that a model file is repacked once, not at every load.
+
+Loading a GGUF file rearranges its weights for the kernels (8-bit activation tiles, K-quant
+tiles, fused q|k|v and gate|up) into fresh anonymous memory. On a virtual machine most of that
+time is the host backing fresh pages (1.7B Q4_0: 52% of the load in ``clear_page``), which a
+memory map of an already cached file never pays; llama.cpp maps its file and is done in 0.5 s.
+So the first load writes the packed weights to one file under the cache directory and every
+later load maps that file (copy-on-write, read where the kernels read): the same bytes, so the
+outputs are identical, with the load cost of a memory map.
+
+The file is named after the model and a key over everything the packing depends on: the
+model file's (or folder's weight files') path, size and modification time, the settings that
+choose the formats (quantization, activations, kernels), and the native extension build itself
+(its size and modification time: a rebuild with another tile layout never reads old tiles).
+
+Where: ``$SPECDEC_WEIGHT_CACHE`` (a directory, or ``off``), else
+``$XDG_CACHE_HOME/specdec/weights`` (``~/.cache/specdec/weights``). A write that cannot be
+done (read-only or full disk) is logged and skipped; a damaged file is ignored and rewritten.
+
+Layout: ``SPDCWTS1``, the header's length (8 bytes, little endian), a JSON header
+``{"key", "tensors": {name: {qtype, n, k, parts, store, dtype, shape, offset, nbytes}}}``,
+then, from the next 4 KiB boundary, each tensor's bytes at a 4 KiB-aligned ``offset`` from there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import mmap
+import os
+import shutil
+import struct
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from specdec.kernels import PackedWeight
+
+logger = logging.getLogger("specdec.model")
+
+MAGIC = b"SPDCWTS1"
+FORMAT_VERSION = 1
+_ALIGN = 4096
+# torch dtype name -> (numpy dtype of the stored bytes, torch dtype to view them as)
+_DTYPES: dict[str, tuple[Any, torch.dtype]] = {
+    "uint8": (np.uint8, torch.uint8),
+    "float32": (np.float32, torch.float32),
+    "float16": (np.float16, torch.float16),
+    "bfloat16": (np.uint16, torch.bfloat16),
+}
+
+
+def cache_root() -> Path | None:
+    """The cache directory, or None when ``SPECDEC_WEIGHT_CACHE`` is ``off`` (or 0, none)."""
+    env = os.environ.get("SPECDEC_WEIGHT_CACHE")
+    if env is not None:
+        if env.strip().lower() in ("", "0", "off", "none", "false", "no"):
+            return None
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "specdec" / "weights"
+
+
+def _source_files(source: Path) -> list[Path]:
+    if source.is_dir():
+        return sorted(p for p in source.iterdir() if p.suffix in (".safetensors", ".json"))
+    return [source]
+
+
+def cache_key(source: Path, settings: dict[str, Any]) -> str:
+    """Hex digest over the source files' identity, the packing settings and the native build."""
+    from specdec import kernels
+
+    files = []
+    for p in _source_files(source):
+        st = p.stat()
+        files.append([str(p.resolve()), st.st_size, st.st_mtime_ns])
+    ext = getattr(kernels._C, "__file__", None)
+    build = None
+    if ext:
+        st = os.stat(ext)
+        build = [st.st_size, st.st_mtime_ns]
+    blob = json.dumps(
+        {"format": FORMAT_VERSION, "files": files, "settings": settings, "build": build},
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+class WeightCache:
+    """The packed linear weights of one model under one set of settings (see the module)."""
+
+    def __init__(self, root: Path, source: Path, settings: dict[str, Any]) -> None:
+        self.key = cache_key(source, settings)
+        self.path = root / f"{source.name}-{self.key}.weights"
+        self._index: dict[str, dict[str, Any]] = {}
+        self._mapped: np.memmap | None = None
+        self._pending: dict[str, PackedWeight] = {}
+        self.hits = 0
+        if self.path.is_file():
+            try:
+                self._open()
+            except (OSError, ValueError, KeyError) as e:
+                logger.warning(
+                    "weight cache %s unreadable (%s); it will be rewritten", self.path, e
+                )
+                self._index, self._mapped = {}, None
+
+    @classmethod
+    def for_model(cls, source: Path, settings: dict[str, Any]) -> WeightCache | None:
+        root = cache_root()
+        if root is None:
+            return None
+        try:
+            return cls(root, Path(source), settings)
+        except OSError as e:  # e.g. the model file vanished under us: load without a cache
+            logger.warning("weight cache unavailable (%s)", e)
+            return None
+
+    def _open(self) -> None:
+        with open(self.path, "rb") as f:
+            head = f.read(16)
+            if len(head) < 16 or head[:8] != MAGIC:
+                raise ValueError("not a specdec weight cache")
+            (length,) = struct.unpack("<Q", head[8:16])
+            header = json.loads(f.read(length))
+        if header.get("key") != self.key:
+            raise ValueError("key mismatch")
+        start, size = _data_start(length), self.path.stat().st_size
+        for e in header["tensors"].values():
+            e["offset"] += start
+            if e["offset"] + e["nbytes"] > size:
+                raise ValueError("truncated")
+        # NOTE: copy-on-write: the kernels only read, and a stray write can never reach the file
+        self._mapped = np.memmap(self.path, mode="c")
+        self._index = header["tensors"]
+        _populate(self._mapped)
+
+    def get(self, name: str) -> PackedWeight | None:
+        """The cached weight ``name`` (views of the mapped file), or None."""
+        e = self._index.get(name)
+        if e is None or self._mapped is None:
+            return None
+        np_dtype, dtype = _DTYPES[e["dtype"]]
+        raw = self._mapped[e["offset"] : e["offset"] + e["nbytes"]]
+        t = torch.from_numpy(raw.view(np_dtype)).view(dtype).reshape(e["shape"])
+        parts = tuple((fmt, int(rows)) for fmt, rows in e["parts"])
+        if e["store"] == "a8":
+            w = PackedWeight(e["qtype"], e["n"], e["k"], None, parts=parts, a8=t)
+        else:
+            w = PackedWeight(e["qtype"], e["n"], e["k"], t, parts=parts)
+            if e["store"] == "data+a8":
+                w.a8 = t  # K-quant tiles serve both kernels
+        self.hits += 1
+        return w
+
+    def put(self, name: str, weight: PackedWeight) -> None:
+        """Remember a weight packed the slow way, for :meth:`save`."""
+        self._pending[name] = weight
+
+    def save(self) -> None:
+        """Write the weights put since loading (all of them on a miss) to the cache file."""
+        if not self._pending or self._index:
+            return
+        entries: dict[str, dict[str, Any]] = {}
+        tensors: list[tuple[int, torch.Tensor]] = []
+        offset = 0
+        for name, w in self._pending.items():
+            if w.holds_blocks:
+                t = w.data
+                store = "data+a8" if w.a8 is not None and w.a8 is w.data else "data"
+            else:
+                t, store = w.a8, "a8"
+            if t.device.type != "cpu" or str(t.dtype).removeprefix("torch.") not in _DTYPES:
+                return  # NOTE: only CPU weights in the stored dtypes are cached
+            t = t.contiguous()
+            nbytes = t.numel() * t.element_size()
+            entries[name] = {
+                "qtype": w.qtype, "n": w.out_features, "k": w.in_features,
+                "parts": [list(p) for p in w.parts], "store": store,
+                "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
+                "offset": offset, "nbytes": nbytes,
+            }  # fmt: skip
+            tensors.append((offset, t))
+            offset = -(-(offset + nbytes) // _ALIGN) * _ALIGN
+        header = json.dumps({"key": self.key, "tensors": entries}).encode()
+        data_start = _data_start(len(header))
+        total = data_start + offset
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            free = shutil.disk_usage(self.path.parent).free
+            if free < total + (1 << 30):
+                logger.warning(
+                    "weight cache: %.2f GB needed, %.2f GB free in %s; not written",
+                    total / 1e9, free / 1e9, self.path.parent,
+                )  # fmt: skip
+                return
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(MAGIC + struct.pack("<Q", len(header)) + header)
+                    for off, t in tensors:
+                        f.seek(data_start + off)
+                        f.write(memoryview(t.view(torch.uint8).reshape(-1).numpy()))
+                    f.truncate(total)
+                os.replace(tmp, self.path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        except OSError as e:
+            logger.warning("weight cache %s not written (%s)", self.path, e)
+            return
+        logger.info(
+            "weight cache: wrote %s (%.2f GB); later loads map it (SPECDEC_WEIGHT_CACHE=off: "
+            "never)", self.path, total / 1e9,
+        )  # fmt: skip
+
+
+def _data_start(header_len: int) -> int:
+    """Where the tensors start: after the magic, the length and the header, 4 KiB aligned
+    (tensor offsets in the header count from there)."""
+    return -(-(16 + header_len) // _ALIGN) * _ALIGN
+
+
+def _populate(a: np.memmap) -> None:
+    """Map every page of the cache file in one call (MADV_POPULATE_READ; no-op where absent)."""
+    from specdec.model.loader import _LIBC, _MADV_POPULATE_READ
+
+    if _LIBC is None or a.nbytes == 0:
+        return
+    import ctypes
+
+    start = a.ctypes.data
+    end = (start + a.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if end > start:
+        _LIBC.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_POPULATE_READ)

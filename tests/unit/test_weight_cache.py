@@ -1,0 +1,122 @@
+"""The weight cache (specdec/model/weight_cache.py): the first load writes the packed weights,
+later loads map them, and the model computes exactly what a load without the cache computes."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+import torch
+
+from specdec import LLM, SamplingParams
+
+from .test_kquants import write_kquant_gguf
+
+PROMPTS = ["a b c a b c a b", "def f(x):\n    return"]
+SP = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    d = tmp_path / "weights"
+    monkeypatch.setenv("SPECDEC_WEIGHT_CACHE", str(d))
+    return d
+
+
+def _load(path, **kw):
+    llm = LLM(str(path), max_model_len=128, **kw)
+    return llm, llm.engine.model
+
+
+def _tokens(llm) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, SP)]
+
+
+def _same_weights(a, b) -> None:
+    for la, lb in zip(a.linears(), b.linears(), strict=True):
+        wa, wb = la.weight, lb.weight
+        assert (wa.qtype, wa.parts, wa.holds_blocks) == (wb.qtype, wb.parts, wb.holds_blocks)
+        assert (wa.a8 is None) == (wb.a8 is None)
+        if wa.a8 is not None:
+            assert torch.equal(wa.a8, wb.a8)
+        if wa.holds_blocks:
+            assert torch.equal(wa.data, wb.data)
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "F16", "kquant"])
+def test_second_load_maps_the_cache_and_computes_the_same(
+    kind, tmp_path, cache_dir, mk, monkeypatch
+):
+    if kind == "kquant":
+        path = write_kquant_gguf(mk, tmp_path / "tiny-kq.gguf", "Q4_K_M")
+    else:
+        path = mk.write_gguf(tmp_path / f"tiny-{kind}.gguf", mk.SHAPES["tiny"], kind, seed=3)
+    monkeypatch.setenv("SPECDEC_WEIGHT_CACHE", "off")
+    ref_llm, ref = _load(path)
+    assert ref._cache is None
+    want = _tokens(ref_llm)
+    monkeypatch.setenv("SPECDEC_WEIGHT_CACHE", str(cache_dir))
+    first_llm, first = _load(path)
+    assert first._cache.hits == 0
+    files = list(cache_dir.glob("*.weights"))
+    assert len(files) == 1 and files[0].name.startswith(path.name)
+    assert _tokens(first_llm) == want
+    second_llm, second = _load(path)
+    assert second._cache.hits == len(second.linears())  # tied: lm_head is the embedding
+    _same_weights(second, ref)
+    w = second.layers[0].qkv.weight
+    storage = w.a8 if w.a8 is not None else w.data
+    mapped = second._cache._mapped  # the weights are views of the cache file's mapping
+    assert mapped.ctypes.data <= storage.data_ptr() < mapped.ctypes.data + mapped.nbytes
+    assert _tokens(second_llm) == want
+    ids = torch.tensor([3, 200, 3])
+    assert torch.equal(second.embed(ids), ref.embed(ids))
+
+
+def test_cache_follows_the_file_and_the_settings(tmp_path, cache_dir, mk):
+    path = mk.write_gguf(tmp_path / "tiny.gguf", mk.SHAPES["tiny"], "Q4_1", seed=4)
+    _load(path)
+    assert _load(path)[1]._cache.hits > 0
+    # other settings: another file, made once
+    assert _load(path, activation_dtype="float32")[1]._cache.hits == 0
+    assert len(list(cache_dir.glob("*.weights"))) == 2
+    assert _load(path, activation_dtype="float32")[1]._cache.hits > 0
+    # the model file changes (here only its time): the old tiles are never read
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert _load(path)[1]._cache.hits == 0
+    assert len(list(cache_dir.glob("*.weights"))) == 3
+
+
+def test_damaged_cache_is_ignored_and_rewritten(tmp_path, cache_dir, mk, caplog):
+    path = mk.write_gguf(tmp_path / "tiny.gguf", mk.SHAPES["tiny"], "Q8_0", seed=5)
+    want = _tokens(_load(path)[0])
+    (f,) = cache_dir.glob("*.weights")
+    size = f.stat().st_size
+    with open(f, "r+b") as fh:
+        fh.truncate(size // 2)
+    with caplog.at_level(logging.WARNING, logger="specdec.model"):
+        llm, model = _load(path)
+    assert model._cache.hits == 0 and "unreadable" in caplog.text
+    assert _tokens(llm) == want
+    assert f.stat().st_size == size  # written again, whole
+    assert _load(path)[1]._cache.hits > 0
+
+
+def test_unwritable_cache_only_warns(tmp_path, monkeypatch, mk, caplog):
+    path = mk.write_gguf(tmp_path / "tiny.gguf", mk.SHAPES["tiny"], "Q4_0", seed=6)
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("SPECDEC_WEIGHT_CACHE", str(blocker / "weights"))
+    with caplog.at_level(logging.WARNING, logger="specdec.model"):
+        llm, model = _load(path)
+    assert "not written" in caplog.text
+    assert len(_tokens(llm)[0]) == SP.max_tokens
+
+
+def test_hf_folder_is_cached(tiny_llama, cache_dir):
+    want = _tokens(_load(tiny_llama, quantization="q8_0")[0])
+    llm, model = _load(tiny_llama, quantization="q8_0")
+    assert model._cache.hits == len(model.linears()) + (0 if model.cfg.tie_word_embeddings else 1)
+    assert _tokens(llm) == want
