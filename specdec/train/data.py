@@ -130,13 +130,12 @@ def _write(shard: _Shard, folder: Path) -> None:
 
 
 @torch.inference_mode()
-def states_of(llm, ids: list[int], chunk: int = 256) -> dict[str, np.ndarray]:
-    """The target over ``ids``: EAGLE-3's states, final states, top-k next-token probabilities."""
+def _target_states(llm, ids: list[int], chunk: int = 256) -> torch.Tensor:
+    """[len(ids), 4 H] float32: EAGLE-3's three states and the final state, by a forward over
+    ``ids`` in a slot of its own."""
     engine = llm.engine
     model, kv = engine.model, engine.kv
-    layers = default_aux_layers(model.cfg.num_layers)
-    capture = (*layers, HIDDEN_FINAL)
-    H = model.cfg.hidden_size
+    capture = (*default_aux_layers(model.cfg.num_layers), HIDDEN_FINAL)
     slot = kv.allocate()
     parts = []
     try:
@@ -151,7 +150,13 @@ def states_of(llm, ids: list[int], chunk: int = 256) -> dict[str, np.ndarray]:
             parts.append(states)
     finally:
         kv.free(slot)
-    states = torch.cat(parts)  # [N, 4 H]
+    return torch.cat(parts)
+
+
+@torch.inference_mode()
+def _records(model, states: torch.Tensor) -> dict[str, np.ndarray]:
+    """The stored record of [N, 4 H] target states: aux, final and the top-k soft labels."""
+    H = model.cfg.hidden_size
     final = states[:, 3 * H :]
     probs = torch.softmax(model.compute_logits(final), dim=-1)
     top = probs.topk(TOP_K, dim=-1)
@@ -161,6 +166,65 @@ def states_of(llm, ids: list[int], chunk: int = 256) -> dict[str, np.ndarray]:
         "topk_ids": top.indices.to(torch.int32).cpu().numpy(),
         "topk_probs": top.values.to(torch.float16).cpu().numpy(),
     }
+
+
+def states_of(llm, ids: list[int], chunk: int = 256) -> dict[str, np.ndarray]:
+    """The target over ``ids``: EAGLE-3's states, final states, top-k next-token probabilities."""
+    return _records(llm.engine.model, _target_states(llm, ids, chunk))
+
+
+class _GenerationStates:
+    """The target states of every token a plain generation feeds, kept from its own forward
+    passes: no second pass over the sequences (that pass was ~45% of collecting).
+
+    The native kernels are batch-invariant and the KV cache is written the same way by every
+    request, so a state captured during generation equals the one a separate pass computes,
+    bit for bit (tests/e2e/test_train.py). A prompt prefix served from the prefix cache was not
+    fed: :meth:`states` computes those positions with :func:`_target_states`.
+    """
+
+    def __init__(self, llm) -> None:
+        self.llm = llm
+        self.runner = llm.engine.runner
+        model = llm.engine.model
+        self.capture = (*default_aux_layers(model.cfg.num_layers), HIDDEN_FINAL)
+        self.fed: dict[str, list[tuple[int, torch.Tensor]]] = {}
+
+    def __enter__(self) -> _GenerationStates:
+        self._saved = (self.runner.hidden_layers, self.runner.execute_model)
+        execute = self.runner.execute_model
+
+        def execute_and_keep(sched):
+            out = execute(sched)
+            for s, h in zip(sched.scheduled, out.hidden_states, strict=True):
+                if h is not None:
+                    self.fed.setdefault(s.req_id, []).append((s.start_pos, h))
+            return out
+
+        self.runner.hidden_layers = self.capture
+        self.runner.execute_model = execute_and_keep
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.runner.hidden_layers, self.runner.execute_model = self._saved
+
+    def states(self, req_id: str, ids: list[int]) -> torch.Tensor:
+        """[n, 4 H] for the first n tokens of ``ids`` (the request's prompt + output) that were
+        fed: all but the last output token, which generation samples and never feeds."""
+        fed = self.fed.pop(req_id, [])
+        n = max((start + len(h) for start, h in fed), default=0)
+        first = min((start for start, _ in fed), default=n)
+        out = torch.empty(n, len(self.capture) * self.llm.engine.model.cfg.hidden_size)
+        covered = torch.zeros(n, dtype=torch.bool)
+        for start, h in fed:  # in step order: a position fed again keeps its last state
+            out[start : start + len(h)] = h
+            covered[start : start + len(h)] = True
+        if first > 0:
+            out[:first] = _target_states(self.llm, ids[:first])
+            covered[:first] = True
+        if not bool(covered.all()):
+            raise RuntimeError(f"request {req_id}: states missing for some fed positions")
+        return out
 
 
 def collect(
@@ -203,9 +267,21 @@ def collect(
             sampled = math.floor((k + 1) * sampled_fraction) > math.floor(k * sampled_fraction)
             params.append(SamplingParams(temperature=0.7 if sampled else 0.0, top_p=0.95,
                                          max_tokens=max_tokens, seed=seed + b0 + i))  # fmt: skip
-        for p_ids, o in zip(ids, llm.generate(ids, params, use_tqdm=False)):
+        model = llm.engine.model
+        kept = _GenerationStates(llm) if llm.engine.speculator is None else None
+        if kept is not None:
+            with kept:
+                outputs = llm.generate(ids, params, use_tqdm=False)
+        else:  # a speculating engine feeds drafts too: a second pass over each sequence
+            outputs = llm.generate(ids, params, use_tqdm=False)
+        for p_ids, o in zip(ids, outputs):
             seq = list(p_ids) + list(o.outputs[0].token_ids)
-            st = states_of(llm, seq)
+            if kept is not None:
+                states = kept.states(o.request_id, seq)
+                seq = seq[: len(states)]  # NOTE: the last sampled token was never fed: left out
+            else:
+                states = _target_states(llm, seq)
+            st = _records(model, states)
             shard.tokens.append(np.array(seq, dtype=np.int32))
             shard.prompt_lens.append(len(p_ids))
             for name in ("aux", "final", "topk_ids", "topk_probs"):

@@ -58,6 +58,7 @@ def test_records_are_the_targets_own(records) -> None:
         if list(s["tokens"][p:]) == list(s["topk_ids"][p - 1 : n - 1, 0]):
             greedy += 1
     assert greedy == (len(prompts) + 1) // 2  # sampled_fraction 0.5: every other one sampled
+
     # the stored states are the target's: compare one sequence with a fresh capture
     s = d.sequence(3)
     engine = llm.engine
@@ -73,6 +74,19 @@ def test_records_are_the_targets_own(records) -> None:
         engine.kv.free(slot)
     got = np.concatenate([s["aux"], s["final"]], axis=1).astype(np.float32)
     np.testing.assert_allclose(got, states.numpy(), rtol=2e-3, atol=2e-3)
+
+
+def test_records_kept_from_generation_equal_a_second_pass(records) -> None:
+    # collect keeps the states of generation's own forward passes (and computes a prompt
+    # prefix the prefix cache served); a separate pass over the stored tokens gives the same
+    # bytes, for every field
+    llm, _, out = records
+    d = data.TrainData(out)
+    for k in range(len(d)):
+        s = d.sequence(k)
+        again = data.states_of(llm, [int(t) for t in s["tokens"]])
+        for name in ("aux", "final", "topk_ids", "topk_probs"):
+            assert np.array_equal(np.asarray(s[name]), again[name]), (k, name)
 
 
 def _chat(llm, prompts) -> list[list[int]]:
@@ -189,3 +203,28 @@ def test_cli_writes_records_and_a_head(tiny_llama, tmp_path, capsys) -> None:
     assert specdec_main(["train", "plot", "--log", str(tmp_path / "h" / "train_log.jsonl"),
                          "--out", str(tmp_path / "loss.png")]) == 0  # fmt: skip
     assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_records_fill_a_prefix_the_cache_served(tiny_llama, tmp_path, monkeypatch) -> None:
+    # a second batch finds the chat template's opening in the prefix cache: those positions were
+    # never fed, so collect computes them, and the records still equal a separate pass's
+    llm = LLM(str(tiny_llama), max_model_len=512, max_num_seqs=4)
+    filled = []
+    second_pass = data._target_states
+
+    def spy(llm, ids, chunk=256):
+        filled.append(len(ids))
+        return second_pass(llm, ids, chunk)
+
+    monkeypatch.setattr(data, "_target_states", spy)
+    prompts = ["Name a fruit.", "Name a color.", "Name a city.", "Say hi."]
+    data.collect(llm, prompts, tmp_path, max_tokens=12, progress=False, batch=2)
+    assert filled and all(0 < n < 40 for n in filled)
+    monkeypatch.setattr(data, "_target_states", second_pass)
+    d = data.TrainData(tmp_path)
+    assert len(d) == 4
+    for k in range(len(d)):
+        s = d.sequence(k)
+        again = data.states_of(llm, [int(t) for t in s["tokens"]])
+        for name in ("aux", "final", "topk_ids", "topk_probs"):
+            assert np.array_equal(np.asarray(s[name]), again[name]), (k, name)
