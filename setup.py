@@ -9,8 +9,10 @@ Project metadata lives in pyproject.toml; this file only adds the C++ extensions
   the module imports on any x86-64 CPU;
 * ``kernels_avx2.cpp`` is compiled on its own with ``-mavx2 -mfma -mf16c -O3``, and
   ``kernels_avx512.cpp`` with AVX-512 F/DQ/BW/VL added, ``kernels_vnni.cpp`` (8-bit activation
-  kernels) with VNNI on top, and all are linked in; the binding only calls them after
-  ``__builtin_cpu_supports`` says the CPU has those instructions;
+  kernels) with VNNI on top, ``kernels_amx.cpp`` (the same kernels on AMX-INT8 tiles) with
+  ``-mamx-tile -mamx-int8`` on top of that, and all are linked in; the binding only calls them
+  after CPUID says the CPU has those instructions (and, for AMX, the kernel has granted the
+  tile state);
 * ``specdec/spec_decode/csrc/suffix_tree.cpp`` (suffix decoding's trees, a pybind11 module) is
   plain C++17 at ``-O3`` with no ISA flags, and links no torch library.
 
@@ -44,6 +46,13 @@ ISA_UNITS = [
     ("AVX-512", "kernels_avx512.cpp", AVX512_FLAGS, "SPECDEC_HAVE_AVX512"),
     ("AVX-512 VNNI", "kernels_vnni.cpp", AVX512_FLAGS + ["-mavx512vnni"], "SPECDEC_HAVE_VNNI"),
     ("AVX-512 16-bit weights", "kernels_bf16.cpp", AVX512_FLAGS, "SPECDEC_HAVE_HALF512"),
+    # Needs the VNNI unit (it hands few-row calls to the VNNI kernels); GCC >= 11.
+    (
+        "AMX-INT8",
+        "kernels_amx.cpp",
+        AVX512_FLAGS + ["-mavx512vnni", "-mamx-tile", "-mamx-int8"],
+        "SPECDEC_HAVE_AMX",
+    ),
 ]
 
 

@@ -18,6 +18,7 @@ core:
     .venv/bin/python benchmarks/gemm_roof.py
     .venv/bin/python benchmarks/gemm_roof.py --repo /tmp/base --repo . --rounds 2   # alternate
     .venv/bin/python benchmarks/gemm_roof.py --n 8192 --ks 2048 --copies 40   # from memory
+    .venv/bin/python benchmarks/gemm_roof.py --tables vnni amx   # AMX-INT8 beside VNNI
 
 Needs g++ and a CPU with AVX-512 VNNI.
 """
@@ -44,7 +45,12 @@ def build(repo: str, out_dir: str) -> str:
     csrc = os.path.join(os.path.abspath(repo), "specdec", "kernels", "csrc")
     exe = os.path.join(out_dir, "gemm_roof")
     objs = []
-    for src, extra in [("kernels_vnni.cpp", ["-mavx512vnni"]), ("kernels_portable.cpp", None)]:
+    units = [("kernels_vnni.cpp", ["-mavx512vnni"]), ("kernels_portable.cpp", None)]
+    defines = list(DEFINES)
+    if os.path.exists(os.path.join(csrc, "kernels_amx.cpp")):
+        units.append(("kernels_amx.cpp", ["-mavx512vnni", "-mamx-tile", "-mamx-int8"]))
+        defines.append("-DSPECDEC_HAVE_AMX")
+    for src, extra in units:
         obj = os.path.join(out_dir, src + ".o")
         flags = (
             FLAGS + extra
@@ -52,12 +58,12 @@ def build(repo: str, out_dir: str) -> str:
             else ["-O3", "-g0", "-std=c++17", "-ffp-contract=off"]
         )
         subprocess.run(
-            ["g++", *flags, *DEFINES, "-I", csrc, "-c", os.path.join(csrc, src), "-o", obj],
+            ["g++", *flags, *defines, "-I", csrc, "-c", os.path.join(csrc, src), "-o", obj],
             check=True,
         )
         objs.append(obj)
     harness = os.path.join(HERE, "gemm_roof.cpp")
-    subprocess.run(["g++", *FLAGS, *DEFINES, "-I", csrc, harness, *objs, "-o", exe], check=True)
+    subprocess.run(["g++", *FLAGS, *defines, "-I", csrc, harness, *objs, "-o", exe], check=True)
     return exe
 
 
@@ -74,6 +80,13 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=0.15, help="per measurement")
     ap.add_argument("--copies", type=int, default=1, help="weight copies to cycle through")
     ap.add_argument("--cpu", default="1", help="taskset CPU list")
+    ap.add_argument(
+        "--tables",
+        nargs="+",
+        default=["vnni"],
+        choices=["vnni", "amx"],
+        help="kernels to measure, alternated (amx: kernels_amx.cpp; needs a CPU with AMX-INT8)",
+    )
     args = ap.parse_args()
     repos = args.repo or [os.path.dirname(HERE)]
     cases = [f"{KINDS[q]}:{k}" for q in args.qtypes for k in args.ks]
@@ -84,10 +97,13 @@ def main() -> None:
             exes[repo] = build(repo, os.path.join(tmp, str(i)))
         for r in range(args.rounds):
             for repo, exe in exes.items():
-                print(f"== {repo} (round {r + 1}, load {os.getloadavg()[0]:.1f})", flush=True)
-                cmd = ["taskset", "-c", args.cpu, exe, str(args.n), str(args.seconds)]
-                cmd += [str(args.copies), *cases]
-                subprocess.run([*cmd, "--ms", *map(str, args.ms)], check=True)
+                for table in args.tables:
+                    load = os.getloadavg()[0]
+                    print(f"== {repo} {table} (round {r + 1}, load {load:.1f})", flush=True)
+                    cmd = ["taskset", "-c", args.cpu, exe, str(args.n), str(args.seconds)]
+                    cmd += [str(args.copies), *cases]
+                    env = dict(os.environ, GEMM_TABLE=table)
+                    subprocess.run([*cmd, "--ms", *map(str, args.ms)], check=True, env=env)
 
 
 if __name__ == "__main__":

@@ -132,6 +132,30 @@ def int8_activations_fast() -> bool:
     return _C is not None and bool(_C.a8_available()) and _C.isa() == "avx512"
 
 
+def amx_available() -> bool:
+    """True when the 8-bit activation kernels can use AMX-INT8 tiles here.
+
+    That takes a build with the AMX unit (a compiler that accepts ``-mamx-int8``), a CPU with
+    AMX-TILE and AMX-INT8, and the kernel's permission for the tile state (Linux, asked once per
+    process).  Results are bit-identical to the VNNI kernels either way.
+    """
+    return _C is not None and hasattr(_C, "amx_available") and bool(_C.amx_available())
+
+
+def set_native_amx(enabled: bool) -> None:
+    """Allow (default) or forbid AMX-INT8 for the 8-bit activation kernels, process-wide.
+
+    ``SPECDEC_AMX=0`` in the environment forbids it from the start.  A no-op without AMX.
+    """
+    if _C is not None and hasattr(_C, "set_amx"):
+        _C.set_amx(bool(enabled))
+
+
+def a8_kernels() -> str | None:
+    """Which 8-bit activation kernels run now: 'amx-int8', 'avx512vnni' or 'portable'."""
+    return _C.a8_kernels() if _C is not None and hasattr(_C, "a8_kernels") else None
+
+
 def native_isa() -> str | None:
     """Which native kernels run: 'avx512', 'avx2' or 'portable' (None without the extension)."""
     return _C.isa() if _C is not None else None

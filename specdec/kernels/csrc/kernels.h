@@ -186,4 +186,14 @@ const A8Table* vnni_table();
 const KqTable* vnni_kq_table();
 #endif
 
+#ifdef SPECDEC_HAVE_AMX
+// The 8-bit activation kernels on AMX-INT8 tiles (kernels_amx.cpp): the same results as
+// vnni_table(), bit for bit; calls with fewer rows than a per-format threshold go to it.  Only
+// after the CPU's AMX-TILE / AMX-INT8 and the kernel's tile-data permission are confirmed (ops.cpp).
+const A8Table* amx_table();
+// rows > 0: every format takes the tile unit from this many rows (tests, benchmarks); 0: the
+// measured per-format thresholds.  Process-wide; not for concurrent use with running kernels.
+void amx_set_min_rows(int64_t rows);
+#endif
+
 }  // namespace specdec

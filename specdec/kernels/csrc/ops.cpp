@@ -4,10 +4,17 @@
 // head) pairs for attention) across the threads of parallel.h, so it never changes an output's
 // arithmetic.
 #include <ATen/Parallel.h>
+#include <pthread.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <cstdlib>
 #include <string>
@@ -64,6 +71,52 @@ bool a8_usable() {
     return false;
 #endif
 }
+
+// AMX-INT8: CPUID leaf 7 (EDX bit 24 AMX-TILE, bit 25 AMX-INT8), XCR0 bits 17-18 (the OS
+// saves the tile state), then Linux's per-process permission for the tile data
+// (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): without it the first tile instruction
+// faults.  The permission is asked once per process, and again in a forked child.
+bool amx_cpu() {
+#if defined(SPECDEC_HAVE_AMX) && defined(__x86_64__)
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    if (!((d >> 24) & 1) || !((d >> 25) & 1)) return false;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1)) return false;  // OSXSAVE
+    unsigned lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((lo >> 17) & 3) == 3;
+#else
+    return false;
+#endif
+}
+
+std::atomic<int> g_amx_perm{-1};  // -1 not asked yet (in this process), 0 refused, 1 granted
+
+bool amx_permitted() {
+    int p = g_amx_perm.load(std::memory_order_acquire);
+    if (p >= 0) return p == 1;
+#if defined(SPECDEC_HAVE_AMX) && defined(__linux__) && defined(__x86_64__)
+    static const int registered = pthread_atfork(nullptr, nullptr, [] { g_amx_perm.store(-1); });
+    (void)registered;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    p = amx_cpu() && syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0 ? 1 : 0;
+#else
+    p = 0;
+#endif
+    g_amx_perm.store(p, std::memory_order_release);
+    return p == 1;
+}
+
+// SPECDEC_AMX=0 turns the AMX kernels off from the start; _C.set_amx switches them at run time.
+// SPECDEC_AMX_MIN_ROWS=n sends every format to them from n rows (benchmarks; default: the
+// measured per-format thresholds of kernels_amx.cpp).
+std::atomic<bool> g_amx_enabled{[] {
+#ifdef SPECDEC_HAVE_AMX
+    if (const char* rows = std::getenv("SPECDEC_AMX_MIN_ROWS")) amx_set_min_rows(std::atoll(rows));
+#endif
+    const char* env = std::getenv("SPECDEC_AMX");
+    return !(env && std::string(env) == "0");
+}()};
 
 const KernelTable* table_for(const std::string& isa) {
     if (isa == "portable") return portable_table();
@@ -140,10 +193,17 @@ int64_t grain_for(double item_ns) {
 
 namespace {
 
-// The VNNI kernels when the CPU has them and the AVX-512 table is selected, else the scalar ones
-// (same results, much slower).
+bool amx_usable() { return a8_usable() && amx_permitted(); }
+
+// The VNNI kernels when the CPU has them and the AVX-512 table is selected (their AMX-INT8 form
+// when the CPU has that too and it is not switched off), else the scalar ones (same results,
+// much slower).
 const A8Table* a8_table() {
 #if defined(SPECDEC_HAVE_VNNI)
+#if defined(SPECDEC_HAVE_AMX)
+    if (g_table == avx512_table() && g_amx_enabled.load(std::memory_order_relaxed) && amx_usable())
+        return amx_table();
+#endif
     if (g_table == avx512_table() && a8_usable()) return vnni_table();
 #endif
     return portable_a8_table();
@@ -771,6 +831,16 @@ py::dict cpu_features() {
 }
 
 void set_isa(const std::string& isa) { g_table = table_for(isa); }
+void set_amx(bool on) { g_amx_enabled.store(on); }
+bool amx_enabled() { return g_amx_enabled.load(); }
+std::string a8_kernels() { return a8_table()->name; }
+void set_amx_min_rows(int64_t rows) {
+#ifdef SPECDEC_HAVE_AMX
+    amx_set_min_rows(rows);
+#else
+    (void)rows;
+#endif
+}
 std::string isa() { return g_table->name; }
 bool has_avx2_build() {
 #ifdef SPECDEC_HAVE_AVX2
@@ -818,6 +888,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("dequantize_kq", &dequantize_kq, "K-quant tiles -> float32 rows (all, or the given ones)",
           py::arg("w"), py::arg("parts"), py::arg("n"), py::arg("k"), py::arg("rows") = py::none(), nogil);
     m.def("a8_available", &a8_usable, "True when the 8-bit activation (AVX-512 VNNI) kernels can run");
+    m.def("amx_available", &amx_usable,
+          "True when the 8-bit activation kernels can run on AMX-INT8 (built, CPU, OS permission)");
+    m.def("set_amx", &set_amx, "Let the 8-bit activation kernels use AMX-INT8 where available (process-wide)",
+          py::arg("enabled"));
+    m.def("amx_enabled", &amx_enabled, "Whether AMX-INT8 is allowed (SPECDEC_AMX=0 or set_amx(False): not)");
+    m.def("set_amx_min_rows", &set_amx_min_rows,
+          "Rows from which every format uses AMX-INT8 (0: the measured per-format thresholds)", py::arg("rows"));
+    m.def("a8_kernels", &a8_kernels, "Name of the 8-bit activation kernels in use: amx-int8, avx512vnni or portable");
     m.attr("QT_A8_BASE") = static_cast<int>(kA8QtypeBase);
     m.attr("KEY_BLOCK") = static_cast<int>(kKeyBlock);
     m.def("cpu_features", &cpu_features);
