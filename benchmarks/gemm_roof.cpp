@@ -61,11 +61,13 @@ int main(int argc, char** argv) {
         else cases.push_back({atoi(argv[i]), atol(strchr(argv[i], ':') + 1)});
     }
     std::mt19937 rng(1);
-    // GEMM_TABLE=amx: the AMX-INT8 kernels (kernels_amx.cpp), after asking Linux for the tile state.
+    // GEMM_TABLE=amx: the AMX-INT8 kernels (kernels_amx.cpp) at their per-format thresholds
+    // (fewer rows go to VNNI), amx1: AMX for every row count; after asking Linux for the tile state.
     const char* which = getenv("GEMM_TABLE");
     const A8Table* v = vnni_table();
 #ifdef SPECDEC_HAVE_AMX
-    if (which && !strcmp(which, "amx")) {
+    if (which && !strcmp(which, "amx1")) amx_set_min_rows(1);
+    if (which && (!strcmp(which, "amx") || !strcmp(which, "amx1"))) {
         if (syscall(SYS_arch_prctl, 0x1023, 18) != 0) {
             fprintf(stderr, "no AMX tile-data permission\n");
             return 1;
@@ -73,12 +75,12 @@ int main(int argc, char** argv) {
         v = amx_table();
     }
 #else
-    if (which && !strcmp(which, "amx")) {
+    if (which && !strncmp(which, "amx", 3)) {
         fprintf(stderr, "built without the AMX kernels\n");
         return 1;
     }
 #endif
-    printf("kernels: %s\n", v->name);
+    printf("kernels: %s%s\n", v->name, which && !strcmp(which, "amx1") ? " (from 1 row)" : "");
     const A8Table* p = portable_a8_table();
     const char* names[] = {"", "q8_0", "q4_0", "q4_1"};
     printf("format     K  roof/1e9");

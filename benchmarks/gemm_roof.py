@@ -18,7 +18,7 @@ core:
     .venv/bin/python benchmarks/gemm_roof.py
     .venv/bin/python benchmarks/gemm_roof.py --repo /tmp/base --repo . --rounds 2   # alternate
     .venv/bin/python benchmarks/gemm_roof.py --n 8192 --ks 2048 --copies 40   # from memory
-    .venv/bin/python benchmarks/gemm_roof.py --tables vnni amx   # AMX-INT8 beside VNNI
+    .venv/bin/python benchmarks/gemm_roof.py --tables vnni amx1   # AMX-INT8 beside VNNI
 
 Needs g++ and a CPU with AVX-512 VNNI.
 """
@@ -84,8 +84,9 @@ def main() -> None:
         "--tables",
         nargs="+",
         default=["vnni"],
-        choices=["vnni", "amx"],
-        help="kernels to measure, alternated (amx: kernels_amx.cpp; needs a CPU with AMX-INT8)",
+        choices=["vnni", "amx", "amx1"],
+        help="kernels to measure, alternated (amx: kernels_amx.cpp at its thresholds, amx1: AMX "
+        "for every row count; both need a CPU with AMX-INT8)",
     )
     args = ap.parse_args()
     repos = args.repo or [os.path.dirname(HERE)]
