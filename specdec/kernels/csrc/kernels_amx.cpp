@@ -62,7 +62,7 @@ struct alignas(64) TileConfig {
 // groups (8 rows x 64 bytes), 4-6 their sums (R rows x 16 int32), 7 the offset tile (8 x 64
 // bytes of -o).  Measured on this project's Sapphire Rapids-class VM (benchmarks/gemm_roof.py and
 // BENCHMARKS.md, session 10): tile loads cost about a cycle per row, a tile store ~18 cycles
-// whatever R, a product ~16 whatever R, and the tile work hardly overlaps the vector rescale
+// whatever R, one block's tile sequence ~32-40 cycles, and the tile work hardly overlaps the rescale
 // (deeper software pipelines over four sum tiles measured no faster), so one activation tile
 // feeds up to three groups and each block's products run just before its rescale.
 void configure(int R, int kind) {
@@ -240,8 +240,8 @@ void amx_groups(const int8_t* xq, const float* dx, const float* dxs, int64_t M, 
 }
 
 // Rows from which each format goes to the tile unit; fewer go to the VNNI kernels.  Measured with
-// benchmarks/gemm_roof.py --tables vnni amx (weights streaming from memory, one core): the tile
-// unit's Q8_0 passes VNNI's from 12 rows (+10-25%), Q4_0 from 14 (+5-15%), and Q4_1 (whose extra
+// benchmarks/gemm_roof.py --tables vnni amx1 (weights streaming from memory, one core): the tile
+// unit's Q8_0 passes VNNI's from 12 rows (+5-19%), Q4_0 from 14-16 (+5-15%), and Q4_1 (whose extra
 // per-block FMA keeps the vector side busy) never does, so it stays on VNNI by default.
 constexpr int64_t kNever = int64_t(1) << 40;
 int64_t default_min_rows(int kind) { return kind == A8_Q8 ? 12 : kind == A8_Q4_0 ? 14 : kNever; }
