@@ -142,8 +142,11 @@ void amx_pass(const int8_t* xq, const float* dx, const float* dxs, int64_t K, co
     const int64_t nb = K / 32;
     alignas(64) uint8_t bs[kQ4 ? kUnpackSlots : 1][NG][512];
     alignas(64) int32_t cb[NG][16 * 16];
+    // NOTE: every loop over g and r is unrolled, so that the accumulators stay in registers.
     __m512 acc[NG][R];
+#pragma GCC unroll 4
     for (int g = 0; g < NG; ++g)
+#pragma GCC unroll 16
         for (int r = 0; r < R; ++r) acc[g][r] = _mm512_setzero_ps();
     if (kQ4)
         for (int64_t b = 0; b < std::min(nb, kUnpackAhead); ++b)
@@ -161,6 +164,7 @@ void amx_pass(const int8_t* xq, const float* dx, const float* dxs, int64_t K, co
         block_sums<KIND, NG>(xq + b * 32, K, wq, cb);
         // group_tile's rescale, block by block in order.
         __m512 d[NG], mv[NG];
+#pragma GCC unroll 4
         for (int g = 0; g < NG; ++g) {
             const uint8_t* t = tiles + g * gstride + b * TB;
             d[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
@@ -171,6 +175,7 @@ void amx_pass(const int8_t* xq, const float* dx, const float* dxs, int64_t K, co
             const __m512 dxr = _mm512_set1_ps(dx[r * nb + b]);
             __m512 dxsr = _mm512_setzero_ps();
             if (KIND == A8_Q4_1) dxsr = _mm512_set1_ps(dxs[r * nb + b]);
+#pragma GCC unroll 4
             for (int g = 0; g < NG; ++g) {
                 const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cb[g] + 16 * r)), dxr);
                 acc[g][r] = _mm512_fmadd_ps(f, d[g], acc[g][r]);
@@ -178,8 +183,10 @@ void amx_pass(const int8_t* xq, const float* dx, const float* dxs, int64_t K, co
             }
         }
     }
+#pragma GCC unroll 4
     for (int g = 0; g < NG; ++g) {
         const __m512 bv = bias ? _mm512_loadu_ps(bias + g * kA8TileRows) : _mm512_setzero_ps();
+#pragma GCC unroll 16
         for (int r = 0; r < R; ++r)
             _mm512_storeu_ps(y + r * ldy + g * kA8TileRows, bias ? _mm512_add_ps(acc[g][r], bv) : acc[g][r]);
     }
