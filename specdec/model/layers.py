@@ -26,7 +26,7 @@ from specdec.kernels import (
     pack_weight,
     quantize_weight,
 )
-from specdec.model.loader import RawTensor
+from specdec.model.loader import RawTensor, mapped_pages
 
 QUANTIZATION_CHOICES = ("auto", "fp32", "q8_0", "q4_0", "q4_1")
 _PRECISION = ("q4_0", "q4_1", "q8_0", "f32")  # least to most precise
@@ -80,18 +80,11 @@ def pack_linear(
     if all(k in KQUANT_QTYPES for k in kinds) and all(r.shape[1] == raws[0].shape[1] for r in raws):
         # kept as they are (formats may differ by part), repacked straight into one buffer;
         # each part's file pages are mapped in one call and dropped once repacked
-        for r in raws:
-            r.populate_pages()
-        packed = pack_kquants([(r.qtype, r.data, r.shape[0]) for r in raws], raws[0].shape[1])
-        for r in raws:
-            r.release_pages()
-        return packed
+        with mapped_pages(raws):
+            return pack_kquants([(r.qtype, r.data, r.shape[0]) for r in raws], raws[0].shape[1])
     if len(set(kinds)) == 1 and kinds[0] in HALF_QTYPES and all(r.qtype == kinds[0] for r in raws):
-        for r in raws:
-            r.populate_pages()
-        data = half_storage(kinds[0], [r.data for r in raws])  # one copy of the 16-bit values
-        for r in raws:
-            r.release_pages()
+        with mapped_pages(raws):
+            data = half_storage(kinds[0], [r.data for r in raws])  # one copy of the 16-bit values
         n = sum(r.shape[0] for r in raws)
         return pack_weight(kinds[0], data.view(n, raws[0].shape[1]), n, raws[0].shape[1])
     # NOTE: a K-quant fused with a part of another format goes to Q8_0 with the rest.
@@ -119,18 +112,12 @@ def pack_linear(
 
 
 def _pack_a8_parts(raws: list[RawTensor], in_features: int) -> PackedWeight:
-    # each part's file pages mapped in one call, repacked, then dropped
-    for r in raws:
-        r.populate_pages()
-    with warnings.catch_warnings():  # read-only memmaps: nothing writes them
+    with mapped_pages(raws), warnings.catch_warnings():  # read-only memmaps: nothing writes them
         warnings.simplefilter("ignore", UserWarning)
         parts = [torch.from_numpy(r.data.reshape(r.shape[0], -1)) for r in raws]
-    packed = PackedWeight.from_a8_parts(
-        raws[0].qtype, parts, [r.shape[0] for r in raws], in_features
-    )
-    for r in raws:
-        r.release_pages()
-    return packed
+        return PackedWeight.from_a8_parts(
+            raws[0].qtype, parts, [r.shape[0] for r in raws], in_features
+        )
 
 
 def make_linear(

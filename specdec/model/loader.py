@@ -8,10 +8,12 @@ gate_proj, up_proj, down_proj}`` plus ``.bias`` variants for q/k/v.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import mmap
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,15 +118,31 @@ class RawTensor:
 
     def _advise(self, advice: int) -> None:
         a = self.data
-        if not (
-            isinstance(a, np.memmap) and getattr(a, "_mmap", None) is not None and a.mode == "r"
-        ):
-            return
-        page = mmap.PAGESIZE
-        start = -(-a.ctypes.data // page) * page  # whole pages inside the tensor only
-        end = (a.ctypes.data + a.nbytes) // page * page
-        if end > start and _LIBC is not None:  # NOTE: advice the kernel lacks fails harmlessly
-            _LIBC.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), advice)
+        if isinstance(a, np.memmap) and getattr(a, "_mmap", None) is not None and a.mode == "r":
+            advise_pages(a, advice)
+
+
+def advise_pages(a: np.ndarray, advice: int) -> None:
+    """madvise the whole pages inside ``a``'s bytes (a file mapping's view); advice the kernel
+    lacks (or no libc madvise) is a no-op."""
+    page = mmap.PAGESIZE
+    start = -(-a.ctypes.data // page) * page  # whole pages inside the array only
+    end = (a.ctypes.data + a.nbytes) // page * page
+    if end > start and _LIBC is not None:  # NOTE: advice the kernel lacks fails harmlessly
+        _LIBC.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), advice)
+
+
+@contextlib.contextmanager
+def mapped_pages(raws: list[RawTensor]) -> Iterator[None]:
+    """Each tensor's file pages mapped in one call (populate_pages) around a copy that reads
+    them, and dropped after it (release_pages)."""
+    for r in raws:
+        r.populate_pages()
+    try:
+        yield
+    finally:
+        for r in raws:
+            r.release_pages()
 
 
 try:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import mmap
 import os
 import shutil
 import struct
@@ -227,14 +226,7 @@ def _data_start(header_len: int) -> int:
 
 
 def _populate(a: np.memmap) -> None:
-    """Map every page of the cache file in one call (MADV_POPULATE_READ; no-op where absent)."""
-    from specdec.model.loader import _LIBC, _MADV_POPULATE_READ
+    """Map every page of the cache file in one call (MADV_POPULATE_READ)."""
+    from specdec.model.loader import _MADV_POPULATE_READ, advise_pages
 
-    if _LIBC is None or a.nbytes == 0:
-        return
-    import ctypes
-
-    start = a.ctypes.data
-    end = (start + a.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
-    if end > start:
-        _LIBC.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_POPULATE_READ)
+    advise_pages(a, _MADV_POPULATE_READ)

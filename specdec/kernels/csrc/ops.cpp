@@ -496,6 +496,15 @@ torch::Tensor repack_kq_cat(const std::vector<torch::Tensor>& ws, const std::vec
     return out;
 }
 
+// Row indices as a flat int64 tensor, each checked to lie in [0, N).
+torch::Tensor checked_rows(const torch::Tensor& rows, int64_t N, const char* op) {
+    torch::Tensor idx = rows.to(torch::kLong).contiguous().reshape({-1});
+    const int64_t* ip = idx.data_ptr<int64_t>();
+    for (int64_t i = 0; i < idx.numel(); ++i)
+        TORCH_CHECK(ip[i] >= 0 && ip[i] < N, "specdec ", op, ": row ", ip[i], " out of range [0, ", N, ")");
+    return idx;
+}
+
 torch::Tensor dequantize_kq(torch::Tensor w, const std::vector<int64_t>& part_list, int64_t N, int64_t K,
                             c10::optional<torch::Tensor> rows) {
     const std::vector<KqPart> parts = kq_parts(part_list, w, N, K, "dequantize_kq");
@@ -516,11 +525,9 @@ torch::Tensor dequantize_kq(torch::Tensor w, const std::vector<int64_t>& part_li
         });
         return out;
     }
-    torch::Tensor idx = rows->to(torch::kLong).contiguous().reshape({-1});
+    const torch::Tensor idx = checked_rows(*rows, N, "dequantize_kq");
     const int64_t R = idx.numel();
     const int64_t* ip = idx.data_ptr<int64_t>();
-    for (int64_t i = 0; i < R; ++i)
-        TORCH_CHECK(ip[i] >= 0 && ip[i] < N, "specdec dequantize_kq: row ", ip[i], " out of range [0, ", N, ")");
     auto out = torch::empty({R, K}, torch::dtype(torch::kFloat32));
     float* op = out.data_ptr<float>();
     parallel_range(R, grain_for(K * 0.5), [&](int64_t r0, int64_t r1) {
@@ -603,13 +610,10 @@ torch::Tensor unpack_a8(torch::Tensor a8, int64_t qtype, int64_t N, int64_t K, c
                 "specdec unpack_a8: tiles must be contiguous CPU uint8 with ", N * a8_row_bytes(qtype, K), " bytes");
     const int64_t bb = block_bytes(qtype), nb = K / 32, row_bytes = nb * bb;
     const int64_t TB = a8_tile_bytes(static_cast<int>(qtype));
-    torch::Tensor idx;
     const bool all = !rows.has_value() || !rows->defined();
-    if (!all) idx = rows->to(torch::kLong).contiguous().reshape({-1});
+    const torch::Tensor idx = all ? torch::Tensor() : checked_rows(*rows, N, "unpack_a8");
     const int64_t R = all ? N : idx.numel();
     const int64_t* ip = all ? nullptr : idx.data_ptr<int64_t>();
-    for (int64_t i = 0; ip && i < R; ++i)
-        TORCH_CHECK(ip[i] >= 0 && ip[i] < N, "specdec unpack_a8: row ", ip[i], " out of range [0, ", N, ")");
     auto out = torch::empty({R, row_bytes}, torch::dtype(torch::kUInt8));
     const uint8_t* src = a8.data_ptr<uint8_t>();
     uint8_t* dst = out.data_ptr<uint8_t>();
