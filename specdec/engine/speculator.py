@@ -75,6 +75,7 @@ class Speculator:
         if spec.adaptive:
             self._measured_cost = self._measure_cost(target, kv, max_batched_tokens)
             self.controller = SpecController(self.max_k, copy.deepcopy(self._measured_cost))
+            self.proposer.cost_model = self.controller.cost
         self._shadow: dict[str, _Shadow] = {}
         self._hidden: dict[str, _Hidden] = {}
 
@@ -122,6 +123,7 @@ class Speculator:
         self.proposer.reset_cache()
         if self.controller is not None:
             self.controller = SpecController(self.max_k, copy.deepcopy(self._measured_cost))
+            self.proposer.cost_model = self.controller.cost
 
     # ---- the step -----------------------------------------------------------------------------
     def step(
@@ -250,7 +252,7 @@ class Speculator:
                 elif lim > 0 and r.req_id not in self._shadow:
                     shadow.append((r, lim))
         if todo or shadow:
-            self._draft(todo + shadow, update)
+            self._draft(todo, update, shadow)
         for r, _ in todo:
             # llama.cpp's p_min: drafting stops where the draft distribution's top probability
             # falls below it (a rule on the prefix, so Leviathan/Chen acceptance stays exact);
@@ -315,10 +317,11 @@ class Speculator:
             sched.waiting and len(sched.running) < sched.max_num_seqs and sched.kv.num_free_slots
         )
 
-    def _draft_request(self, r: Request, cap: int) -> DraftRequest:
+    def _draft_request(self, r: Request, cap: int, shadow: bool = False) -> DraftRequest:
         d = DraftRequest(
             r.req_id, r.all_token_ids, cap, r.sampling, r.seed, len(r.prompt_token_ids)
         )
+        d.shadow = shadow
         pending = self._hidden.get(r.req_id)
         if pending is not None and pending.rows:
             rows = pending.rows[0] if len(pending.rows) == 1 else torch.cat(pending.rows)
@@ -326,8 +329,18 @@ class Speculator:
             self._hidden[r.req_id] = _Hidden(pending.end)
         return d
 
-    def _draft(self, todo: list[tuple[Request, int]], update: SchedulerUpdate) -> None:
-        inp = DraftInput([self._draft_request(r, cap) for r, cap in todo])
+    def _draft(
+        self,
+        todo: list[tuple[Request, int]],
+        update: SchedulerUpdate,
+        shadow: list[tuple[Request, int]] = (),
+    ) -> None:
+        """Drafts for ``todo`` (to verify) and ``shadow`` (to score only), in one call."""
+        inp = DraftInput(
+            [self._draft_request(r, cap) for r, cap in todo]
+            + [self._draft_request(r, cap, shadow=True) for r, cap in shadow]
+        )
+        todo = [*todo, *shadow]
         try:
             out = self.proposer.propose(inp)
         except Exception:  # noqa: BLE001 - find whose drafting fails, fail only those

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from specdec.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from specdec.spec_decode.controller import CostModel
 
 
 @dataclass
@@ -25,6 +29,9 @@ class DraftRequest:
     # computed); a drafter keeps what it has and drafts from that.
     hidden_states: torch.Tensor | None = None
     hidden_start: int = 0
+    # a shadow draft (Proposer.free_drafts): scored against the tokens that arrive, never
+    # verified, so only what costs next to nothing is worth proposing
+    shadow: bool = False
 
     @property
     def next_position(self) -> int:
@@ -63,6 +70,9 @@ class Proposer(ABC):
     # A cap of the drafter's own above num_speculative_tokens (hybrid: suffix decoding's, while
     # num_speculative_tokens bounds the head). None: num_speculative_tokens.
     max_drafts: int | None = None
+    # The engine's learnt cost of a step (controller.CostModel, updated as steps are timed), for a
+    # drafter that weighs its own options (hybrid); None without the adaptive controller.
+    cost_model: CostModel | None = None
 
     @abstractmethod
     def propose(self, inp: DraftInput) -> DraftOutput: ...

@@ -96,12 +96,19 @@ class CostModel:
         slope = (self.verify_ms[-1] - self.verify_ms[0]) / max(1, len(self.verify_ms) - 1)
         return max(self.verify_ms[-1] + slope * (n - len(self.verify_ms)), floor)
 
-    def step_ms(self, num_tokens: int, num_drafts: int) -> float:
+    def step_ms(self, num_tokens: int, num_drafts: int, draft_ms: float | None = None) -> float:
+        """draft_ms: what drafting them costs, when known (else the learnt time per draft)."""
         plain = self.verify(num_tokens - num_drafts) + self.overhead_ms
         if not num_drafts:
             return max(plain, 1e-3)
-        ms = self.verify(num_tokens) + self.overhead_ms
-        ms += self.draft_step_extra(num_tokens) + self.draft_ms_per_token * num_drafts
+        if draft_ms is None:
+            draft_ms = self.draft_ms_per_token * num_drafts
+        ms = (
+            self.verify(num_tokens)
+            + self.overhead_ms
+            + self.draft_step_extra(num_tokens)
+            + draft_ms
+        )
         # NOTE: a learnt extra is noisy and can be negative; on a 1 ms step it made drafts cheaper
         # than none, so drafts that never survive kept being chosen. Drafts never make a step
         # cheaper than the same step without them.

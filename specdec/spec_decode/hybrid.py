@@ -1,29 +1,43 @@
 """Suffix decoding and a trained head in the same request (``"method": "hybrid"``), each step
-taking the drafter whose drafts are expected to yield more accepted tokens (as Arctic Inference
-pairs suffix decoding with its speculator).
+taking the drafter whose drafts are expected to yield the most tokens per millisecond (as Arctic
+Inference pairs suffix decoding with its speculator).
 
 Suffix decoding scores its own draft: the sum of its tokens' estimated probabilities, the
-expected number accepted. The head's expected number is ``sum(a ** i for i in 1..k)``, with
-``a`` the request's running rate of accepted head drafts (learnt from the tokens that arrive).
-Suffix decoding drafts up to its own cap (``SUFFIX_CAP``, its default ``num_speculative_tokens``);
-the head drafts at most ``num_speculative_tokens``. Drafts cost next to nothing (suffix trees, a
-native head), so the controller only decides whether to draft (``free_drafts``). While suffix
-decoding wins, the head is not run: the target's states it has not read wait here and it reads
-them all in one step the next time it drafts (one step over n rows costs about one over one).
+expected number accepted. The head's expected number for j drafts is ``sum_{i<=j} prod_{l<=i}
+a_l``, with ``a_l`` the request's running chance that head draft l survives given that draft
+l - 1 did (learnt from the tokens that arrive; a new request starts from the rates measured over
+earlier ones). Suffix decoding drafts up to its own cap (``SUFFIX_CAP``, its default
+``num_speculative_tokens``); the head drafts at most ``num_speculative_tokens``.
+
+Each step, per request, three options are priced with the engine's learnt cost of a step
+(``Proposer.cost_model``: the verification curve, its learnt extras) plus the head's own measured
+time: suffix decoding's draft, the head's best j, or no draft. Expected tokens per millisecond
+decides. Without the adaptive controller (no cost model) the larger expected number of accepted
+drafts wins, as before. NOTE: pricing matters on a CPU: a head whose first draft survives a third
+of the time adds about what its verified row costs, so drafting it whenever suffix decoding had
+nothing made hybrid slower than suffix decoding alone (1.24x against 1.30x plain, session 11).
+
+While the head is not run, the target's states it has not read wait here and it reads them all
+in one step the next time it drafts (one step over n rows costs about one over one). Shadow
+requests (scored, never verified) get suffix decoding's draft only.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 
 import torch
 
 from specdec.spec_decode.base import DraftInput, DraftOutput, DraftRequest, Proposer
+from specdec.spec_decode.controller import expected_tokens
 from specdec.spec_decode.suffix import SuffixProposer
 
-PRIOR_RATE = 0.5  # the head's acceptance rate before a request has measured it
-RATE_WEIGHT = 0.2  # how much one verification moves it
+PRIOR_RATE = 0.5  # the head's acceptance rate per position before any has been measured
+RATE_WEIGHT = 0.2  # how much one verification moves a request's rate
+PRIOR_WEIGHT = 0.05  # how much one verification moves the rates new requests start from
+MS_WEIGHT = 0.1  # how much one timed head call moves the head's time per step
 SUFFIX_CAP = 32  # suffix decoding's default num_speculative_tokens
 STASH_ROWS = 256  # past this many unread target states the head reads them (drafting one)
 
@@ -42,7 +56,9 @@ class HybridProposer(Proposer):
         self.suffix, self.head, self.head_k = suffix, head, head_k
         self.max_drafts = max(SUFFIX_CAP, head_k)
         self.hidden_layers = head.hidden_layers
-        self.rate: dict[str, float] = {}
+        self.prior = [PRIOR_RATE] * head_k  # per draft position, for new requests
+        self.rates: dict[str, list[float]] = {}  # per request, per draft position
+        self.head_step_ms = 0.0  # one head step (a catch-up or a draft), measured
         self.last: dict[str, _Pick] = {}
         self.num_drafted = {"suffix": 0, "head": 0}  # drafts proposed, by source
         self.stash: dict[str, tuple[int, torch.Tensor]] = {}  # states the head has not read
@@ -54,7 +70,7 @@ class HybridProposer(Proposer):
     def remove_request(self, req_id: str, token_ids: list[int] | None = None) -> None:
         self.suffix.remove_request(req_id, token_ids)
         self.head.remove_request(req_id, token_ids)
-        self.rate.pop(req_id, None)
+        self.rates.pop(req_id, None)
         self.last.pop(req_id, None)
         self.stash.pop(req_id, None)
 
@@ -63,56 +79,104 @@ class HybridProposer(Proposer):
         self.head.reset_cache()
 
     def _learn(self, r: DraftRequest) -> None:
+        """Score the head's last drafts for this request against the tokens that arrived."""
         pick = self.last.pop(r.req_id, None)
         if pick is None or pick.source != "head" or not pick.draft_token_ids:
             return
-        arrived = r.token_ids[pick.start :]
+        drafts, arrived = pick.draft_token_ids, r.token_ids[pick.start :]
         m = 0
-        while (
-            m < len(pick.draft_token_ids)
-            and m < len(arrived)
-            and arrived[m] == pick.draft_token_ids[m]
-        ):
+        while m < len(drafts) and m < len(arrived) and arrived[m] == drafts[m]:
             m += 1
-        # NOTE: per draft position, as if each were accepted with the same chance a
-        observed = m / (m + 1) if m < len(pick.draft_token_ids) else 1.0
-        rate = self.rate.get(r.req_id, PRIOR_RATE)
-        self.rate[r.req_id] = rate + RATE_WEIGHT * (observed - rate)
+        rates = self.rates.setdefault(r.req_id, list(self.prior))
+        for i in range(min(m + 1, len(drafts))):  # positions reached: survived, or failed at m
+            hit = 1.0 if i < m else 0.0
+            rates[i] += RATE_WEIGHT * (hit - rates[i])
+            self.prior[i] += PRIOR_WEIGHT * (hit - self.prior[i])
+
+    def _head_value(self, r: DraftRequest, k: int) -> tuple[float, int]:
+        """The head's best (expected tokens per ms, number of drafts) for this request."""
+        cost = self.cost_model
+        rates = self.rates.get(r.req_id, self.prior)
+        catch_up = self.head_step_ms  # NOTE: a step over n unread rows costs about one over one
+        best, best_j = 0.0, 0
+        for j in range(1, k + 1):
+            ms = cost.step_ms(1 + j, j, draft_ms=catch_up + self.head_step_ms * j)
+            value = expected_tokens(rates, j) / ms
+            if value > best:
+                best, best_j = value, j
+        return best, best_j
+
+    def _choose(self, r: DraftRequest, drafts: list[int]) -> tuple[str, int]:
+        """("suffix" | "head" | "none", number of drafts) for a request that may be verified."""
+        k = min(r.max_num_drafts, self.head_k)
+        score = self.suffix.last_scores.get(r.req_id, 0.0) if drafts else 0.0
+        if self.cost_model is None:  # no prices: the larger expected number of accepted drafts
+            rates = self.rates.get(r.req_id, self.prior)
+            if drafts and score >= expected_tokens(rates, k) - 1.0:
+                return "suffix", len(drafts)
+            return ("head", k) if k > 0 else ("none", 0)
+        cost = self.cost_model
+        options = [(1.0 / cost.step_ms(1, 0), "none", 0)]
+        if drafts:
+            n = len(drafts)
+            options.append(((1.0 + score) / cost.step_ms(1 + n, n, draft_ms=0.0), "suffix", n))
+        if k > 0:
+            value, j = self._head_value(r, k)
+            options.append((value, "head", j))
+        _, source, n = max(options, key=lambda o: o[0])
+        # NOTE: suffix decoding alone drafts whenever the controller says so; hybrid keeps that
+        # (its rates are suffix decoding's while the head does not draft), so "none" is only
+        # taken over the head, never over a suffix draft.
+        if source == "none" and drafts:
+            return "suffix", len(drafts)
+        return source, n
 
     def propose(self, inp: DraftInput) -> DraftOutput:
         for r in inp.requests:
             self._learn(r)
         s_out = self.suffix.propose(inp)
-        head_reqs, use_suffix = [], []
+        choices: list[tuple[str, int]] = []
+        head_reqs: list[DraftRequest] = []
         for r, drafts in zip(inp.requests, s_out.draft_token_ids):
-            k = min(r.max_num_drafts, self.head_k)
-            a = self.rate.get(r.req_id, PRIOR_RATE)
-            head_expected = sum(a**i for i in range(1, k + 1))
-            score = self.suffix.last_scores.get(r.req_id, 0.0) if drafts else 0.0
-            suffix_wins = bool(drafts) and score >= head_expected
-            use_suffix.append(suffix_wins)
             start, rows = self._unread(r)
-            if suffix_wins and (rows is None or rows.shape[0] < STASH_ROWS):
-                if rows is not None:
-                    self.stash[r.req_id] = (start, rows)
-                continue
-            head_reqs.append(_with_cap(r, min(1, k) if suffix_wins else k, start, rows))
-        h_out = self.head.propose(DraftInput(head_reqs)) if head_reqs else None
-        head_drafts = {} if h_out is None else {
-            d.req_id: (ids, h_out.draft_probs[i] if h_out.draft_probs else None)
-            for i, (d, ids) in enumerate(zip(head_reqs, h_out.draft_token_ids))
-        }  # fmt: skip
+            num_rows = 0 if rows is None else rows.shape[0]
+            choice = ("suffix", len(drafts)) if r.shadow else self._choose(r, drafts)
+            choices.append(choice)
+            if choice[0] == "head":
+                head_reqs.append(_with_cap(r, choice[1], start, rows))
+            elif num_rows >= STASH_ROWS and r.max_num_drafts > 0:
+                head_reqs.append(_with_cap(r, 1, start, rows))  # read them; the draft is dropped
+            elif rows is not None:
+                self.stash[r.req_id] = (start, rows)
+        head_drafts = self._run_head(head_reqs)
         ids, probs = [], []
-        for i, r in enumerate(inp.requests):
-            if use_suffix[i]:
-                source, d, q = "suffix", s_out.draft_token_ids[i], None
-            else:
-                source, (d, q) = "head", head_drafts[r.req_id]
+        for i, (r, (source, _)) in enumerate(zip(inp.requests, choices)):
+            d, q = s_out.draft_token_ids[i], None
+            if source == "head":
+                d, q = head_drafts[r.req_id]
+            elif source == "none":
+                d = []
             self.last[r.req_id] = _Pick(source, list(d), len(r.token_ids))
-            self.num_drafted[source] += len(d)
+            if source != "none":
+                self.num_drafted[source] += len(d)
             ids.append(list(d))
             probs.append(q)
         return DraftOutput(ids, probs)
+
+    def _run_head(self, reqs: list[DraftRequest]) -> dict[str, tuple[list[int], object]]:
+        """Run the head over these requests, timing it: one catch-up step each plus their drafts."""
+        if not reqs:
+            return {}
+        t0 = time.perf_counter()
+        out = self.head.propose(DraftInput(reqs))
+        ms = (time.perf_counter() - t0) * 1e3
+        steps = sum(1 + r.max_num_drafts for r in reqs)
+        w = MS_WEIGHT if self.head_step_ms else 1.0
+        self.head_step_ms += w * (ms / steps - self.head_step_ms)
+        return {
+            d.req_id: (ids, out.draft_probs[i] if out.draft_probs else None)
+            for i, (d, ids) in enumerate(zip(reqs, out.draft_token_ids))
+        }
 
     def _unread(self, r: DraftRequest) -> tuple[int, torch.Tensor | None]:
         """The target states the head has not read: those kept here, then the request's own

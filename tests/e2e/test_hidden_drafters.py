@@ -332,8 +332,40 @@ def test_hybrid_takes_the_drafter_expected_to_yield_more() -> None:
         hybrid.propose(DraftInput([req(tokens)]))
         hybrid.last["a"].start = 3  # pretend the drafts were proposed at 3 tokens
     suffix.score = 1.5
-    assert hybrid.rate["a"] > 0.8
+    assert min(hybrid.rates["a"]) > 0.8
     assert hybrid.propose(DraftInput([req([1, 2, 9])])).draft_token_ids == [[5, 6, 8]]
+
+
+def test_hybrid_prices_its_options_with_the_engine_cost() -> None:
+    """With the controller's cost model: the head drafts only where its expected tokens per ms
+    beat a plain step, and no further than pays; shadow requests get suffix decoding only."""
+    from specdec.spec_decode.controller import CostModel
+    from specdec.spec_decode.hybrid import HybridProposer
+
+    def req(tokens: list[int], shadow: bool = False) -> DraftRequest:
+        r = DraftRequest("a", tokens, 3, SamplingParams(temperature=0), 0, 2)
+        r.shadow = shadow
+        return r
+
+    suffix, head = _Fixed([], score=0.0), _Fixed([5, 6, 8])
+    hybrid = HybridProposer(suffix, head, 3)
+    # each verified row adds 30% of a step: a draft must survive more often than that to pay
+    hybrid.cost_model = CostModel(verify_ms=[4.0, 5.2, 6.4, 7.6])
+    hybrid.head_step_ms = 0.1
+    hybrid.prior = [0.2, 0.2, 0.2]
+    assert hybrid.propose(DraftInput([req([1, 2])])).draft_token_ids == [[]]
+    assert head.seen == []  # not worth drafting: the head is not run
+    hybrid.prior = [0.6, 0.3, 0.3]  # the first draft pays, the later ones do not
+    assert hybrid.propose(DraftInput([req([1, 2])])).draft_token_ids == [[5]]
+    assert head.seen == [[1]]
+    hybrid.rates["a"] = [0.9, 0.9, 0.9]
+    assert hybrid.propose(DraftInput([req([1, 2, 5])])).draft_token_ids == [[5, 6, 8]]
+    # a shadow request: suffix decoding's draft (here none), the head is not run
+    assert hybrid.propose(DraftInput([req([1, 2, 5, 6], shadow=True)])).draft_token_ids == [[]]
+    assert len(head.seen) == 2
+    # suffix decoding's draft is never dropped for nothing, however poor its score
+    suffix.drafts, suffix.score, hybrid.rates["a"] = [7, 7], 0.1, [0.1, 0.1, 0.1]
+    assert hybrid.propose(DraftInput([req([1, 2, 5])])).draft_token_ids == [[7, 7]]
 
 
 def test_hybrid_suffix_keeps_its_cap_and_the_head_reads_every_state() -> None:
