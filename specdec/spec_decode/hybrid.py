@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.spec_decode.base import DraftInput, DraftOutput, DraftRequest, Proposer
-from specdec.spec_decode.controller import expected_tokens
+from specdec.spec_decode.controller import CATCH_UP_HORIZON, expected_tokens
 from specdec.spec_decode.suffix import SuffixProposer
 
 PRIOR_RATE = 0.5  # the head's acceptance rate per position before any has been measured
@@ -40,6 +40,7 @@ PRIOR_WEIGHT = 0.05  # how much one verification moves the rates new requests st
 MS_WEIGHT = 0.1  # how much one timed head call moves the head's time per step
 SUFFIX_CAP = 32  # suffix decoding's default num_speculative_tokens
 STASH_ROWS = 256  # past this many unread target states the head reads them (drafting one)
+STEADY_ROWS = 8  # a head call reading at most this many states counts as a steady step
 
 
 @dataclass
@@ -58,10 +59,12 @@ class HybridProposer(Proposer):
         self.hidden_layers = head.hidden_layers
         self.prior = [PRIOR_RATE] * head_k  # per draft position, for new requests
         self.rates: dict[str, list[float]] = {}  # per request, per draft position
-        self.head_step_ms = 0.0  # one head step (a catch-up or a draft), measured
+        self.head_step_ms = 0.0  # one head step (a draft, or a catch-up over a few states)
+        self.head_row_ms = 0.0  # per state beyond those, when catching up after a pause
         self.last: dict[str, _Pick] = {}
         self.num_drafted = {"suffix": 0, "head": 0}  # drafts proposed, by source
-        self.stash: dict[str, tuple[int, torch.Tensor]] = {}  # states the head has not read
+        # states the head has not read, per request: (first position, [n_i, D] pieces, sum n_i)
+        self.stash: dict[str, tuple[int, list[torch.Tensor], int]] = {}
 
     def add_request(self, req_id: str) -> None:
         self.suffix.add_request(req_id)
@@ -93,11 +96,15 @@ class HybridProposer(Proposer):
             rates[i] += RATE_WEIGHT * (hit - rates[i])
             self.prior[i] += PRIOR_WEIGHT * (hit - self.prior[i])
 
-    def _head_value(self, r: DraftRequest, k: int) -> tuple[float, int]:
+    def _head_value(self, r: DraftRequest, k: int, num_rows: int) -> tuple[float, int]:
         """The head's best (expected tokens per ms, number of drafts) for this request."""
         cost = self.cost_model
         rates = self.rates.get(r.req_id, self.prior)
-        catch_up = self.head_step_ms  # NOTE: a step over n unread rows costs about one over one
+        # NOTE: states left unread while suffix decoding drafted are read in one step; what it
+        # costs beyond a step is spread over the steps the head then drafts, as the controller
+        # spreads a drafter's catch-up
+        behind = self.head_row_ms * max(0, num_rows - STEADY_ROWS) / CATCH_UP_HORIZON
+        catch_up = self.head_step_ms + behind
         best, best_j = 0.0, 0
         for j in range(1, k + 1):
             ms = cost.step_ms(1 + j, j, draft_ms=catch_up + self.head_step_ms * j)
@@ -106,7 +113,7 @@ class HybridProposer(Proposer):
                 best, best_j = value, j
         return best, best_j
 
-    def _choose(self, r: DraftRequest, drafts: list[int]) -> tuple[str, int]:
+    def _choose(self, r: DraftRequest, drafts: list[int], num_rows: int) -> tuple[str, int]:
         """("suffix" | "head" | "none", number of drafts) for a request that may be verified."""
         k = min(r.max_num_drafts, self.head_k)
         score = self.suffix.last_scores.get(r.req_id, 0.0) if drafts else 0.0
@@ -121,7 +128,7 @@ class HybridProposer(Proposer):
             n = len(drafts)
             options.append(((1.0 + score) / cost.step_ms(1 + n, n, draft_ms=0.0), "suffix", n))
         if k > 0:
-            value, j = self._head_value(r, k)
+            value, j = self._head_value(r, k, num_rows)
             options.append((value, "head", j))
         _, source, n = max(options, key=lambda o: o[0])
         # NOTE: suffix decoding alone drafts whenever the controller says so; hybrid keeps that
@@ -138,16 +145,15 @@ class HybridProposer(Proposer):
         choices: list[tuple[str, int]] = []
         head_reqs: list[DraftRequest] = []
         for r, drafts in zip(inp.requests, s_out.draft_token_ids):
-            start, rows = self._unread(r)
-            num_rows = 0 if rows is None else rows.shape[0]
-            choice = ("suffix", len(drafts)) if r.shadow else self._choose(r, drafts)
+            start, rows, num_rows = self._unread(r)
+            choice = ("suffix", len(drafts)) if r.shadow else self._choose(r, drafts, num_rows)
             choices.append(choice)
             if choice[0] == "head":
                 head_reqs.append(_with_cap(r, choice[1], start, rows))
             elif num_rows >= STASH_ROWS and r.max_num_drafts > 0:
                 head_reqs.append(_with_cap(r, 1, start, rows))  # read them; the draft is dropped
-            elif rows is not None:
-                self.stash[r.req_id] = (start, rows)
+            elif rows:
+                self.stash[r.req_id] = (start, rows, num_rows)
         head_drafts = self._run_head(head_reqs)
         ids, probs = [], []
         for i, (r, (source, _)) in enumerate(zip(inp.requests, choices)):
@@ -171,31 +177,44 @@ class HybridProposer(Proposer):
         out = self.head.propose(DraftInput(reqs))
         ms = (time.perf_counter() - t0) * 1e3
         steps = sum(1 + r.max_num_drafts for r in reqs)
-        w = MS_WEIGHT if self.head_step_ms else 1.0
-        self.head_step_ms += w * (ms / steps - self.head_step_ms)
+        extra_rows = sum(
+            max(0, (0 if r.hidden_states is None else r.hidden_states.shape[0]) - STEADY_ROWS)
+            for r in reqs
+        )
+        if not extra_rows:  # steady: a step per draft and one over the few new states
+            w = MS_WEIGHT if self.head_step_ms else 1.0
+            self.head_step_ms += w * (ms / steps - self.head_step_ms)
+        else:
+            per_row = max(0.0, ms - self.head_step_ms * steps) / extra_rows
+            w = MS_WEIGHT if self.head_row_ms else 1.0
+            self.head_row_ms += w * (per_row - self.head_row_ms)
         return {
             d.req_id: (ids, out.draft_probs[i] if out.draft_probs else None)
             for i, (d, ids) in enumerate(zip(reqs, out.draft_token_ids))
         }
 
-    def _unread(self, r: DraftRequest) -> tuple[int, torch.Tensor | None]:
-        """The target states the head has not read: those kept here, then the request's own
-        (contiguous; a gap drops what was kept, as the head would)."""
+    def _unread(self, r: DraftRequest) -> tuple[int, list[torch.Tensor], int]:
+        """The target states the head has not read (first position, pieces, number): those kept
+        here, then the request's own (contiguous; a gap drops what was kept, as the head would).
+        The pieces are joined only when the head runs."""
         start, rows = r.hidden_start, r.hidden_states
+        new = [] if rows is None or rows.shape[0] == 0 else [rows]
+        num_new = rows.shape[0] if new else 0
         kept = self.stash.pop(r.req_id, None)
         if kept is None:
-            return start, rows
-        k_start, k_rows = kept
-        if rows is None or rows.shape[0] == 0:
-            return k_start, k_rows
-        if k_start + k_rows.shape[0] != start:
-            return start, rows
-        return k_start, torch.cat([k_rows, rows.to(k_rows.dtype)])
+            return start, new, num_new
+        k_start, k_rows, k_num = kept
+        if not new:
+            return k_start, k_rows, k_num
+        if k_start + k_num != start:
+            return start, new, num_new
+        return k_start, [*k_rows, rows.to(k_rows[0].dtype)], k_num + num_new
 
 
-def _with_cap(r: DraftRequest, cap: int, start: int, rows: torch.Tensor | None) -> DraftRequest:
+def _with_cap(r: DraftRequest, cap: int, start: int, rows: list[torch.Tensor]) -> DraftRequest:
     d = DraftRequest(r.req_id, r.token_ids, cap, r.sampling, r.seed, r.num_prompt_tokens)
-    d.hidden_states, d.hidden_start = rows, start
+    d.hidden_states = None if not rows else rows[0] if len(rows) == 1 else torch.cat(rows)
+    d.hidden_start = start
     return d
 
 
