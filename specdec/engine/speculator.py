@@ -28,6 +28,7 @@ from specdec.kv_cache.pool import KVCache
 from specdec.model.llama import LlamaModel
 from specdec.sample.rejection_sampler import VerifyResult
 from specdec.spec_decode import DraftInput, DraftRequest, Proposer, make_proposer
+from specdec.spec_decode.base import accepted_prefix
 from specdec.spec_decode.controller import SpecController, measure_verify_cost
 from specdec.spec_decode.metrics import SpecDecodeStats
 from specdec.structured.grammar import MAX_FORCED_DRAFTS
@@ -195,9 +196,7 @@ class Speculator:
         shadow = self._shadow[req.req_id]
         drafts = shadow.draft_token_ids
         arrived = req.token_ids_from(shadow.start)
-        m = 0
-        while m < len(arrived) and m < len(drafts) and arrived[m] == drafts[m]:
-            m += 1
+        m = accepted_prefix(drafts, arrived)
         if m < len(arrived) or m == len(drafts):
             self.controller.observe(req.req_id, len(drafts), m)
             del self._shadow[req.req_id]

@@ -44,6 +44,14 @@ class DraftInput:
     requests: list[DraftRequest]
 
 
+def accepted_prefix(drafts: list[int], arrived: list[int]) -> int:
+    """How many drafts the tokens that arrived since they were proposed confirm, in order."""
+    m = 0
+    while m < len(drafts) and m < len(arrived) and arrived[m] == drafts[m]:
+        m += 1
+    return m
+
+
 @dataclass
 class DraftOutput:
     draft_token_ids: list[list[int]]  # per request; empty = do not speculate this step

@@ -30,7 +30,13 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.spec_decode.base import DraftInput, DraftOutput, DraftRequest, Proposer
+from specdec.spec_decode.base import (
+    DraftInput,
+    DraftOutput,
+    DraftRequest,
+    Proposer,
+    accepted_prefix,
+)
 from specdec.spec_decode.controller import CATCH_UP_HORIZON, expected_tokens
 from specdec.spec_decode.suffix import SuffixProposer
 
@@ -86,10 +92,8 @@ class HybridProposer(Proposer):
         pick = self.last.pop(r.req_id, None)
         if pick is None or pick.source != "head" or not pick.draft_token_ids:
             return
-        drafts, arrived = pick.draft_token_ids, r.token_ids[pick.start :]
-        m = 0
-        while m < len(drafts) and m < len(arrived) and arrived[m] == drafts[m]:
-            m += 1
+        drafts = pick.draft_token_ids
+        m = accepted_prefix(drafts, r.token_ids[pick.start :])
         rates = self.rates.setdefault(r.req_id, list(self.prior))
         for i in range(min(m + 1, len(drafts))):  # positions reached: survived, or failed at m
             hit = 1.0 if i < m else 0.0
