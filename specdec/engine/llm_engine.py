@@ -441,6 +441,8 @@ class LLMEngine:
         )
         if self.speculator is not None:
             self.speculator.step(sched, out.results, out.hidden_states, update, self.requests)
+            if self.runner.hidden_layers and not self.speculator.hidden_layers:
+                self.runner.hidden_layers = ()  # the drafter stopped reading the target's states
         return [self._make_output(r) for r in update.changed]
 
     # ---- outputs -----------------------------------------------------------------------------

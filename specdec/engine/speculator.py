@@ -83,7 +83,7 @@ class Speculator:
     @property
     def hidden_layers(self) -> tuple[int, ...]:
         """The target states the runner returns for the drafter (see LlamaModel.forward_capture)."""
-        return tuple(self.proposer.hidden_layers)
+        return tuple(self.proposer.hidden_layers) if self.proposer.wants_hidden else ()
 
     def _measure_cost(self, target: LlamaModel, kv: KVCache, max_batched_tokens: int):
         """The verification cost curve, measured once on a free slot before any request."""

@@ -82,6 +82,12 @@ class Proposer(ABC):
     # drafter that weighs its own options (hybrid); None without the adaptive controller.
     cost_model: CostModel | None = None
 
+    @property
+    def wants_hidden(self) -> bool:
+        """False once the drafter no longer reads ``hidden_layers`` (hybrid after judging its
+        head): the runner then stops returning them."""
+        return True
+
     @abstractmethod
     def propose(self, inp: DraftInput) -> DraftOutput: ...
 

@@ -20,6 +20,11 @@ nothing made hybrid slower than suffix decoding alone (1.24x against 1.30x plain
 While the head is not run, the target's states it has not read wait here and it reads them all
 in one step the next time it drafts (one step over n rows costs about one over one). Shadow
 requests (scored, never verified) get suffix decoding's draft only.
+
+A head that cannot pay is switched off: after MIN_HEAD_TRIALS verified head drafts, hybrid
+judges it on its record over every request (see ``_head_pays``); if it loses, hybrid is suffix
+decoding alone from then on, and ``wants_hidden`` tells the engine to stop computing the
+target's states (keeping and reading them cost 1-2% even while the head was idle).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ MS_WEIGHT = 0.1  # how much one timed head call moves the head's time per step
 SUFFIX_CAP = 32  # suffix decoding's default num_speculative_tokens
 STASH_ROWS = 256  # past this many unread target states the head reads them (drafting one)
 STEADY_ROWS = 8  # a head call reading at most this many states counts as a steady step
+MIN_HEAD_TRIALS = 64  # verified head drafts before hybrid judges whether the head pays at all
 
 
 @dataclass
@@ -71,6 +77,15 @@ class HybridProposer(Proposer):
         self.num_drafted = {"suffix": 0, "head": 0}  # drafts proposed, by source
         # states the head has not read, per request: (first position, [n_i, D] pieces, sum n_i)
         self.stash: dict[str, tuple[int, list[torch.Tensor], int]] = {}
+        # the head's record over every request (verified drafts reaching each position, and
+        # surviving): once it says the head cannot pay, hybrid is suffix decoding alone
+        self.trials = [0] * head_k
+        self.hits = [0] * head_k
+        self.head_on = True
+
+    @property
+    def wants_hidden(self) -> bool:
+        return self.head_on
 
     def add_request(self, req_id: str) -> None:
         self.suffix.add_request(req_id)
@@ -99,6 +114,27 @@ class HybridProposer(Proposer):
             hit = 1.0 if i < m else 0.0
             rates[i] += RATE_WEIGHT * (hit - rates[i])
             self.prior[i] += PRIOR_WEIGHT * (hit - self.prior[i])
+            self.trials[i] += 1
+            self.hits[i] += int(hit)
+        if self.trials[0] >= MIN_HEAD_TRIALS and self.cost_model is not None:
+            self.head_on = self._head_pays()
+            if not self.head_on:
+                self.stash.clear()
+
+    def _head_pays(self) -> bool:
+        """Whether some j head drafts would beat no draft at the head's measured rates (over
+        every request so far) and its steady cost per step. NOTE: on SmolLM2-135M a head
+        step is ~10% of a target step and the shipped head's first draft survives ~4 times in
+        10 where suffix decoding has nothing, so it does not: then hybrid stops the head and
+        the target's states (their upkeep cost 1-2% of the time)."""
+        cost = self.cost_model
+        rates = [h / t if t else 0.0 for h, t in zip(self.hits, self.trials)]
+        none = 1.0 / cost.step_ms(1, 0)
+        return any(
+            expected_tokens(rates, j) / cost.step_ms(1 + j, j, draft_ms=self.head_step_ms * (1 + j))
+            > none
+            for j in range(1, self.head_k + 1)
+        )
 
     def _head_value(self, r: DraftRequest, k: int, num_rows: int) -> tuple[float, int]:
         """The head's best (expected tokens per ms, number of drafts) for this request."""
@@ -119,7 +155,7 @@ class HybridProposer(Proposer):
 
     def _choose(self, r: DraftRequest, drafts: list[int], num_rows: int) -> tuple[str, int]:
         """("suffix" | "head" | "none", number of drafts) for a request that may be verified."""
-        k = min(r.max_num_drafts, self.head_k)
+        k = min(r.max_num_drafts, self.head_k) if self.head_on else 0
         score = self.suffix.last_scores.get(r.req_id, 0.0) if drafts else 0.0
         if self.cost_model is None:  # no prices: the larger expected number of accepted drafts
             rates = self.rates.get(r.req_id, self.prior)
@@ -154,6 +190,8 @@ class HybridProposer(Proposer):
             choices.append(choice)
             if choice[0] == "head":
                 head_reqs.append(_with_cap(r, choice[1], start, rows))
+            elif not self.head_on:
+                continue
             elif num_rows >= STASH_ROWS and r.max_num_drafts > 0:
                 head_reqs.append(_with_cap(r, 1, start, rows))  # read them; the draft is dropped
             elif rows:

@@ -368,6 +368,61 @@ def test_hybrid_prices_its_options_with_the_engine_cost() -> None:
     assert hybrid.propose(DraftInput([req([1, 2, 5])])).draft_token_ids == [[7, 7]]
 
 
+def test_hybrid_stops_a_head_that_cannot_pay() -> None:
+    """After MIN_HEAD_TRIALS verified head drafts, a head whose measured rates lose to no draft
+    at its cost is switched off: suffix decoding alone, no states kept or read, and
+    wants_hidden turns False. One whose rates pay stays on."""
+    from specdec.spec_decode import hybrid as hy
+    from specdec.spec_decode.controller import CostModel
+
+    def run(hit_rate: float) -> hy.HybridProposer:
+        suffix, head = _Fixed([], score=0.0), _Fixed([5, 6, 8])
+        hybrid = hy.HybridProposer(suffix, head, 3)
+        hybrid.cost_model = CostModel(verify_ms=[4.0, 5.2, 6.4, 7.6])
+        hybrid.head_step_ms = 0.1
+        tokens, hits = [1, 2], 0
+        for step in range(hy.MIN_HEAD_TRIALS + 6):
+            # the request's own estimate keeps asking for the head (a new request each time
+            # would start from such a prior): only the record over every request judges it
+            hybrid.rates["a"] = [0.9, 0.9, 0.9]
+            r = DraftRequest("a", list(tokens), 3, SamplingParams(temperature=0), 0, 2)
+            r.hidden_states, r.hidden_start = torch.zeros(1, 4), len(tokens) - 2
+            hybrid.propose(DraftInput([r]))
+            # the target's next token: the head's first draft at the given rate, else another
+            hit = hits < hit_rate * (step + 1)
+            hits += hit
+            tokens.append(5 if hit else 4)
+        return hybrid
+
+    poor = run(0.1)
+    assert not poor.head_on and not poor.wants_hidden and poor.stash == {}
+    assert poor.trials[0] == hy.MIN_HEAD_TRIALS  # judged, and the head never ran again
+    assert len(poor.head.seen) == hy.MIN_HEAD_TRIALS
+    good = run(0.9)
+    assert good.head_on and good.wants_hidden
+    assert good.trials[0] == hy.MIN_HEAD_TRIALS + 5  # judged and kept drafting
+
+
+def test_engine_stops_capturing_states_once_hybrid_stops_its_head(
+    heads, tiny_llama, plain_ref, monkeypatch
+) -> None:
+    """The runner returns the head's states until hybrid judges the head; once it stops it,
+    the runner stops computing them, and the output stays plain's."""
+    from specdec.spec_decode import hybrid as hy
+
+    monkeypatch.setattr(hy, "MIN_HEAD_TRIALS", 2)
+    monkeypatch.setattr(hy.HybridProposer, "_head_pays", lambda self: False)
+    spec = {"method": "hybrid", "model": heads["eagle3-safeailab"][1]["model"]}
+    llm = _llm(str(tiny_llama), spec)
+    assert llm.engine.runner.hidden_layers  # the head reads them
+    proposer = llm.engine.speculator.proposer
+    proposer.prior = [1.0, 1.0, 1.0]  # so that the head drafts and is judged
+    assert _ids(llm.generate(PROMPTS, _greedy(24))) == plain_ref
+    assert not proposer.head_on and proposer.trials[0] >= 2
+    assert llm.engine.runner.hidden_layers == ()
+    assert _ids(llm.generate(PROMPTS, _greedy(24))) == plain_ref
+
+
 def test_hybrid_suffix_keeps_its_cap_and_the_head_reads_every_state() -> None:
     from specdec.spec_decode.hybrid import SUFFIX_CAP, HybridProposer
 
