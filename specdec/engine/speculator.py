@@ -75,8 +75,7 @@ class Speculator:
         self._measured_cost = None
         if spec.adaptive:
             self._measured_cost = self._measure_cost(target, kv, max_batched_tokens)
-            self.controller = SpecController(self.max_k, copy.deepcopy(self._measured_cost))
-            self.proposer.cost_model = self.controller.cost
+            self._new_controller()
         self._shadow: dict[str, _Shadow] = {}
         self._hidden: dict[str, _Hidden] = {}
 
@@ -123,8 +122,12 @@ class Speculator:
         controller's learnt costs and rates); running requests keep their drafter state."""
         self.proposer.reset_cache()
         if self.controller is not None:
-            self.controller = SpecController(self.max_k, copy.deepcopy(self._measured_cost))
-            self.proposer.cost_model = self.controller.cost
+            self._new_controller()
+
+    def _new_controller(self) -> None:
+        """A controller starting from the start-up cost curve; the proposer prices with its cost."""
+        self.controller = SpecController(self.max_k, copy.deepcopy(self._measured_cost))
+        self.proposer.cost_model = self.controller.cost
 
     # ---- the step -----------------------------------------------------------------------------
     def step(

@@ -116,7 +116,8 @@ class HybridProposer(Proposer):
             self.prior[i] += PRIOR_WEIGHT * (hit - self.prior[i])
             self.trials[i] += 1
             self.hits[i] += int(hit)
-        if self.trials[0] >= MIN_HEAD_TRIALS and self.cost_model is not None:
+        if self.head_on and self.trials[0] >= MIN_HEAD_TRIALS and self.cost_model is not None:
+            # NOTE: only while on: the engine stops returning states once it is off, for good
             self.head_on = self._head_pays()
             if not self.head_on:
                 self.stash.clear()
@@ -127,27 +128,26 @@ class HybridProposer(Proposer):
         step is ~10% of a target step and the shipped head's first draft survives ~4 times in
         10 where suffix decoding has nothing, so it does not: then hybrid stops the head and
         the target's states (their upkeep cost 1-2% of the time)."""
-        cost = self.cost_model
         rates = [h / t if t else 0.0 for h, t in zip(self.hits, self.trials)]
-        none = 1.0 / cost.step_ms(1, 0)
-        return any(
-            expected_tokens(rates, j) / cost.step_ms(1 + j, j, draft_ms=self.head_step_ms * (1 + j))
-            > none
-            for j in range(1, self.head_k + 1)
-        )
+        value, _ = self._best_drafts(rates, self.head_k, self.head_step_ms)
+        return value > 1.0 / self.cost_model.step_ms(1, 0)
 
     def _head_value(self, r: DraftRequest, k: int, num_rows: int) -> tuple[float, int]:
         """The head's best (expected tokens per ms, number of drafts) for this request."""
-        cost = self.cost_model
-        rates = self.rates.get(r.req_id, self.prior)
         # NOTE: states left unread while suffix decoding drafted are read in one step; what it
         # costs beyond a step is spread over the steps the head then drafts, as the controller
         # spreads a drafter's catch-up
         behind = self.head_row_ms * max(0, num_rows - STEADY_ROWS) / CATCH_UP_HORIZON
-        catch_up = self.head_step_ms + behind
+        rates = self.rates.get(r.req_id, self.prior)
+        return self._best_drafts(rates, k, self.head_step_ms + behind)
+
+    def _best_drafts(self, rates: list[float], k: int, catch_up_ms: float) -> tuple[float, int]:
+        """(expected tokens per ms, j) of the best j <= k head drafts at these rates: one head
+        step to catch up (``catch_up_ms``), then one per draft, plus the verified rows."""
+        cost = self.cost_model
         best, best_j = 0.0, 0
         for j in range(1, k + 1):
-            ms = cost.step_ms(1 + j, j, draft_ms=catch_up + self.head_step_ms * j)
+            ms = cost.step_ms(1 + j, j, draft_ms=catch_up_ms + self.head_step_ms * j)
             value = expected_tokens(rates, j) / ms
             if value > best:
                 best, best_j = value, j

@@ -398,6 +398,12 @@ def test_hybrid_stops_a_head_that_cannot_pay() -> None:
     assert not poor.head_on and not poor.wants_hidden and poor.stash == {}
     assert poor.trials[0] == hy.MIN_HEAD_TRIALS  # judged, and the head never ran again
     assert len(poor.head.seen) == hy.MIN_HEAD_TRIALS
+    # off is for good (the engine has stopped returning states): a head pick of another
+    # request verified afterwards, however good, does not bring it back
+    poor.hits = list(poor.trials)
+    poor.last["b"] = hy._Pick("head", [5], 2)
+    poor.propose(DraftInput([DraftRequest("b", [1, 2, 5], 3, SamplingParams(temperature=0))]))
+    assert not poor.head_on and len(poor.head.seen) == hy.MIN_HEAD_TRIALS
     good = run(0.9)
     assert good.head_on and good.wants_hidden
     assert good.trials[0] == hy.MIN_HEAD_TRIALS + 5  # judged and kept drafting
