@@ -238,7 +238,11 @@ class Speculator:
         free = self.proposer.free_drafts
         if ctl is not None:
             caps = ctl.choose(
-                [r.req_id for r in reqs], limits, [r.num_tokens for r in reqs], all_or_nothing=free
+                [r.req_id for r in reqs],
+                limits,
+                [r.num_tokens for r in reqs],
+                all_or_nothing=free,
+                confident=free and self.proposer.confident_drafts,
             )
             caps = [cap if cap >= n_mins[r.req_id] else 0 for r, cap in zip(reqs, caps)]
             for r, cap in zip(reqs, caps):

@@ -64,6 +64,7 @@ class _Pick:
 
 class HybridProposer(Proposer):
     free_drafts = True
+    confident_drafts = True  # suffix decoding's drafts, or the head's priced by hybrid itself
 
     def __init__(self, suffix: SuffixProposer, head: Proposer, head_k: int) -> None:
         self.suffix, self.head, self.head_k = suffix, head, head_k

@@ -513,6 +513,7 @@ class SuffixProposer(Proposer):
     """
 
     free_drafts = True
+    confident_drafts = True
 
     def __init__(
         self,

@@ -400,6 +400,40 @@ def test_self_sizing_drafters_get_all_or_nothing() -> None:
     assert all(ctl.choose(["b"], [4], all_or_nothing=True) == [0] for _ in range(200))
 
 
+def test_confident_drafts_are_not_gated_by_the_rates_only_by_the_guard() -> None:
+    # A drafter whose drafts end where its own confidence does (suffix decoding): a request
+    # alone drafts its cap even where its running rates say no draft pays ...
+    ctl = SpecController(4, CostModel([10.0, 11.0, 12.0, 13.0, 14.0]))
+    for _ in range(6):
+        ctl.observe("b", 4, 0)
+    assert ctl.choose(["b"], [4], all_or_nothing=True) == [0]
+    assert ctl.choose(["b"], [4], all_or_nothing=True, confident=True) == [4]
+    assert ctl.choose(["b"], [0], all_or_nothing=True, confident=True) == [0]  # its own cap
+    # ... but not while the guard has drafting off
+    ctl.guard_off = 2
+    assert ctl.choose(["b"], [4], all_or_nothing=True, confident=True) == [0]
+    assert ctl.guard_off == 1
+    # in a batch each draft still goes where it gains most, by the rates
+    ctl.guard_off = 0
+    ctl.observe("a", 2, 2)
+    ks = ctl.choose(["a", "b"], [4, 4], all_or_nothing=True, confident=True)
+    assert ks[1] == 0 and ks[0] > 0
+
+
+def test_confident_drafts_guard_still_trips_when_drafting_loses() -> None:
+    # Drafts that never survive, verified every step: the guard measures drafting slower per
+    # token than plain steps and switches it off, confident or not.
+    clock = _Clock()
+    ctl = SpecController(4, CostModel([10.0, 11.0, 12.0, 13.0, 14.0]), clock=clock)
+    choose = ctl.choose
+    ctl.choose = lambda ids, caps, n=None, all_or_nothing=False: choose(
+        ids, caps, n, all_or_nothing=True, confident=True
+    )
+    run = _drive(ctl, clock, 600, lambda ks, behind: 0.1 * sum(ks), _verify_ms, lambda k: 0)
+    assert run.guard_trips >= 2
+    assert run.drafting_steps < 300
+
+
 def test_unverified_drafts_keep_the_rates_current(tiny_llama) -> None:
     # Drafting never pays under this cost model, so nothing is verified; the engine still
     # scores the ngram drafter's proposals against the tokens that arrive, and the controller
@@ -427,6 +461,31 @@ def test_unverified_drafts_keep_the_rates_current(tiny_llama) -> None:
     assert out.outputs[0].token_ids == plain
     assert out.spec_decode_stats.num_drafts == 0  # nothing verified
     assert seen and all(0 <= a <= d for d, a in seen)  # ...yet drafts were scored
+
+
+@pytest.mark.parametrize("method,confident", [("suffix", True), ("ngram", False)])
+def test_engine_verifies_confident_drafts_the_rates_would_refuse(
+    tiny_llama, method: str, confident: bool
+) -> None:
+    # The same cost model as above says no draft ever pays: suffix decoding's drafts (which end
+    # where its confidence does) are verified anyway while the guard allows; ngram's are not.
+    llm = LLM(
+        str(tiny_llama),
+        max_model_len=256,
+        speculative_config={"method": method, "num_speculative_tokens": 4, "prompt_lookup_min": 1}
+        if method == "ngram"
+        else {"method": method},
+    )
+    assert llm.engine.speculator.proposer.confident_drafts is confident
+    ctl = llm.engine.speculator.controller
+    ctl.clock = lambda: 0.0
+    ctl._record = lambda *_: None
+    ctl.cost = CostModel([10.0] + [1000.0] * 40)
+    prompt = "a b c a b c a b c a b"
+    plain = _run(LLM(str(tiny_llama), max_model_len=256), prompt, 40).outputs[0].token_ids
+    out = _run(llm, prompt, 40)
+    assert out.outputs[0].token_ids == plain
+    assert (out.spec_decode_stats.num_drafts > 0) is confident
 
 
 def test_cost_curve_covers_batches_with_drafts(tiny_llama) -> None:
