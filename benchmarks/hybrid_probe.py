@@ -4,8 +4,14 @@ interleaved per prompt, greedy, 256 tokens, caches reset before every prompt.
     python benchmarks/hybrid_probe.py --per-category 5 \
         --variants suffix hybrid always_on plain
 
-Variants (all but ``suffix`` and ``plain`` are ``hybrid`` with k = 3 and the shipped head):
+Variants (all but ``plain`` and the ``suffix*`` ones are ``hybrid`` with k = 3 and the shipped
+head):
+  suffix         suffix decoding as shipped (k = 32, adaptive)
+  suffix_gated   suffix decoding with its drafts gated by the request's running rates
+                 (Proposer.confident_drafts off: before session 13)
+  suffix_fixed   suffix decoding without the adaptive controller (``adaptive=false``)
   hybrid         as shipped: the head is judged after MIN_HEAD_TRIALS drafts
+  hybrid_gated   hybrid with its drafts gated by the rates (confident_drafts off)
   always_on      the head is never judged (hybrid before session 12)
   nohead         the head never drafts and no state is kept, but the target still returns them
   nohead_states  the head never drafts; states are kept and read every STASH_ROWS positions
@@ -32,10 +38,13 @@ def suffix_only(req, drafts, num_rows):
 
 
 def make_runner(variant: str, engine: EngineArgs) -> SpecdecRunner:
-    base = variant if variant in ("plain", "suffix") else "hybrid:k=3"
-    runner = SpecdecRunner(parse_config(base), engine)
+    bases = {"plain": "plain", "suffix": "suffix", "suffix_gated": "suffix"}
+    bases["suffix_fixed"] = "suffix:adaptive=false"
+    runner = SpecdecRunner(parse_config(bases.get(variant, "hybrid:k=3")), engine)
     p = runner.llm.engine.speculator.proposer if runner.llm.engine.speculator else None
-    if variant == "always_on":
+    if variant.endswith("_gated"):
+        p.confident_drafts = False  # read by the engine every step
+    elif variant == "always_on":
         p._head_pays = lambda: True
     elif variant in ("nohead", "nohead_states", "nocapture"):
         p._choose = suffix_only

@@ -400,6 +400,15 @@ def test_self_sizing_drafters_get_all_or_nothing() -> None:
     assert all(ctl.choose(["b"], [4], all_or_nothing=True) == [0] for _ in range(200))
 
 
+def _confident(ctl: SpecController) -> SpecController:
+    """The controller choosing as the engine has it choose for suffix decoding."""
+    choose = ctl.choose
+    ctl.choose = lambda ids, caps, n=None, all_or_nothing=False: choose(
+        ids, caps, n, all_or_nothing=True, confident=True
+    )
+    return ctl
+
+
 def test_confident_drafts_are_not_gated_by_the_rates_only_by_the_guard() -> None:
     # A drafter whose drafts end where its own confidence does (suffix decoding): a request
     # alone drafts its cap even where its running rates say no draft pays ...
@@ -424,11 +433,7 @@ def test_confident_drafts_guard_still_trips_when_drafting_loses() -> None:
     # Drafts that never survive, verified every step: the guard measures drafting slower per
     # token than plain steps and switches it off, confident or not.
     clock = _Clock()
-    ctl = SpecController(4, CostModel([10.0, 11.0, 12.0, 13.0, 14.0]), clock=clock)
-    choose = ctl.choose
-    ctl.choose = lambda ids, caps, n=None, all_or_nothing=False: choose(
-        ids, caps, n, all_or_nothing=True, confident=True
-    )
+    ctl = _confident(SpecController(4, CostModel([10.0, 11.0, 12.0, 13.0, 14.0]), clock=clock))
     run = _drive(ctl, clock, 600, lambda ks, behind: 0.1 * sum(ks), _verify_ms, lambda k: 0)
     assert run.guard_trips >= 2
     assert run.drafting_steps < 300
