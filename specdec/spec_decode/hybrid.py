@@ -172,9 +172,9 @@ class HybridProposer(Proposer):
             value, j = self._head_value(r, k, num_rows)
             options.append((value, "head", j))
         _, source, n = max(options, key=lambda o: o[0])
-        # NOTE: suffix decoding alone drafts whenever the controller says so; hybrid keeps that
-        # (its rates are suffix decoding's while the head does not draft), so "none" is only
-        # taken over the head, never over a suffix draft.
+        # NOTE: suffix decoding alone drafts whenever the controller lets it (confident_drafts:
+        # only its guard can say no); hybrid keeps that, so "none" is only taken over the head,
+        # never over a suffix draft.
         if source == "none" and drafts:
             return "suffix", len(drafts)
         return source, n
