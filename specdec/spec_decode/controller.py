@@ -34,7 +34,7 @@ that arrive, so the rates stay current. Drafters whose drafts end where their ow
 (Proposer.confident_drafts: suffix decoding, hybrid) are not gated by the rates at all for a
 request alone, only by the guard: a suffix draft from a 12-token match survives ~0.97 a token and
 one from a 1-token match ~0.25, so one request's running rates mostly reflect which kind came
-last. Gating on them turned suffix decoding off for ~30% of its steps and cost it ~2% (session 13).
+last. Gating on them turned suffix decoding off for ~30% of its steps and cost it ~1.6% (session 13).
 Measured on SmolLM2 (12 prompts over the four categories, interleaved in one process): suffix k=8 went from 1.32x to 1.54x
 (fixed k: 1.54x), n-gram k=5 from 1.36x to 1.40x; per-position optimisation had drafting off for
 whole categories (mt_bench, gsm8k) where a fixed k gained 1.3-1.6x.
