@@ -733,6 +733,26 @@ class NativeOps(KernelOps):
             **lin("down", lw.down),
         )
 
+    def forward_layers(
+        self,
+        layers: list[Any],
+        x: torch.Tensor,
+        cos: list[torch.Tensor],
+        sin: list[torch.Tensor],
+        rope: list[int],
+        k_caches: torch.Tensor,
+        v_caches: torch.Tensor,
+        slots: list[int],
+        starts: list[int],
+        counts: list[int],
+        capture: list[int],
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """``decoder_layer`` results run in order in one native call: the last one's output, and
+        the input of each layer index in ``capture``. ``rope[i]`` picks layer i's (cos, sin)."""
+        return self._C.forward_layers(
+            layers, x, cos, sin, rope, k_caches, v_caches, slots, starts, counts, capture
+        )
+
     def attention(
         self,
         q: torch.Tensor,

@@ -103,6 +103,7 @@ class LlamaModel:
             dtype == torch.float32 and device.type == "cpu"
         )
         self._fused: list | None = None
+        self._rope_index: list[int] | None = None  # per layer: which rotary table it uses
         self.activation_dtype = "float32"
         self.set_activation_dtype(activation_dtype)
         if weight_cache is not None:
@@ -227,18 +228,27 @@ class LlamaModel:
         layers = self.layers[: num_layers or len(self.layers)]
         taken: dict[int, torch.Tensor] = {}
         if self.use_fused_layers:
-            fused = self._fused_layers()
-            rows = {
-                theta: (rot.cos[positions], rot.sin[positions])
-                for theta, rot in self._rotary.items()
-            }
-            for i in range(len(layers)):
-                if i in capture:
-                    taken[i] = x
-                cos, sin = rows[self.cfg.layer_rope_theta(i)]
-                x = fused[i].forward(
-                    x, cos, sin, kv.k[i], kv.v[i], batch.slots, batch.start_pos, batch.num_tokens
-                )
+            n = len(layers)
+            thetas = list(self._rotary)
+            if self._rope_index is None:  # per layer, which of thetas' tables it rotates with
+                self._rope_index = [
+                    thetas.index(self.cfg.layer_rope_theta(i)) for i in range(len(self.layers))
+                ]
+            want = [i for i in capture if 0 <= i < n]
+            x, got = self.ops.forward_layers(
+                self._fused_layers()[:n],
+                x,
+                [self._rotary[t].cos[positions] for t in thetas],
+                [self._rotary[t].sin[positions] for t in thetas],
+                self._rope_index[:n],
+                kv.k,
+                kv.v,
+                batch.slots,
+                batch.start_pos,
+                batch.num_tokens,
+                want,
+            )
+            taken.update(zip(want, got))
         else:
             for i, layer in enumerate(layers):
                 if i in capture:

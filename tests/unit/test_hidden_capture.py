@@ -3,6 +3,7 @@ give the same bits, and a row's states do not depend on what shares its batch.""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from specdec import LLM
@@ -41,3 +42,25 @@ def test_fused_and_op_by_op_states_are_identical(tiny_llama) -> None:
     H = model.cfg.hidden_size
     assert torch.equal(fused[:5, 3 * H :], model.embed(torch.tensor(seqs[0])))
     assert not torch.equal(fused[:, :H], fused[:, 3 * H :])
+
+
+def test_forward_layers_checks_its_arguments(tiny_llama) -> None:
+    # the whole layer stack in one native call refuses what would read out of bounds
+    llm = LLM(str(tiny_llama), max_model_len=128, kernels="native")
+    model, kv = llm.engine.model, llm.engine.kv
+    slot = kv.allocate()
+    layers = model._fused_layers()
+    n = len(layers)
+    x = model.embed(torch.tensor([5, 6]))
+    rot = next(iter(model._rotary.values()))
+    pos = torch.tensor([0, 1])
+    args = (x, [rot.cos[pos]], [rot.sin[pos]])
+    cache = (kv.k, kv.v, [slot], [0], [2])
+    out, got = model.ops.forward_layers(layers, *args, [0] * n, *cache, [n - 1, 0])
+    assert out.shape == x.shape and torch.equal(got[1], x) and len(got) == 2
+    with pytest.raises(RuntimeError, match="capture index"):
+        model.ops.forward_layers(layers, *args, [0] * n, *cache, [n])
+    with pytest.raises(RuntimeError, match="rope index"):
+        model.ops.forward_layers(layers, *args, [1] * n, *cache, [])
+    with pytest.raises(RuntimeError, match="one rope index per layer"):
+        model.ops.forward_layers(layers, *args, [0] * (n - 1), *cache, [])

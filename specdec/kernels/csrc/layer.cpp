@@ -11,6 +11,7 @@
 
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -211,9 +212,40 @@ class DecoderLayer {
     c10::optional<torch::Tensor> q_norm_, k_norm_, post_attn_out_norm_, post_ffw_norm_;
 };
 
+// Layers 0..n-1 in order, exactly as n calls of DecoderLayer::forward run them (the same ops on
+// the same tensors, so the same bits), in one call from Python instead of n: on SmolLM2-135M the
+// per-layer Python loop and call cost ~0.15 ms of a ~4 ms decode step.  rope[i] picks layer i's
+// cos / sin pair; k_caches / v_caches hold every layer's cache along dim 0.  Returns the last
+// layer's output and, for each index in capture, the residual stream entering that layer.
+std::tuple<torch::Tensor, std::vector<torch::Tensor>> forward_layers(
+    const std::vector<DecoderLayer*>& layers, torch::Tensor x, const std::vector<torch::Tensor>& cos,
+    const std::vector<torch::Tensor>& sin, const std::vector<int64_t>& rope, const torch::Tensor& k_caches,
+    const torch::Tensor& v_caches, const std::vector<int64_t>& slots, const std::vector<int64_t>& starts,
+    const std::vector<int64_t>& counts, const std::vector<int64_t>& capture) {
+    const int64_t n = static_cast<int64_t>(layers.size());
+    TORCH_CHECK(static_cast<int64_t>(rope.size()) == n, "forward_layers: one rope index per layer");
+    TORCH_CHECK(cos.size() == sin.size(), "forward_layers: as many cos as sin tables");
+    TORCH_CHECK(k_caches.size(0) >= n && v_caches.size(0) >= n, "forward_layers: a cache per layer");
+    for (size_t c = 0; c < capture.size(); ++c)
+        TORCH_CHECK(capture[c] >= 0 && capture[c] < n, "forward_layers: capture index out of range");
+    std::vector<torch::Tensor> taken(capture.size());
+    for (int64_t i = 0; i < n; ++i) {
+        for (size_t c = 0; c < capture.size(); ++c)
+            if (capture[c] == i) taken[c] = x;
+        TORCH_CHECK(layers[i] != nullptr, "forward_layers: layer ", i, " is None");
+        TORCH_CHECK(rope[i] >= 0 && rope[i] < static_cast<int64_t>(cos.size()), "forward_layers: rope index");
+        x = layers[i]->forward(x, cos[rope[i]], sin[rope[i]], k_caches[i], v_caches[i], slots, starts, counts);
+    }
+    return {x, taken};
+}
+
 }  // namespace
 
 void bind_decoder_layer(py::module_& m) {
+    m.def("forward_layers", &forward_layers, py::arg("layers"), py::arg("x"), py::arg("cos"),
+          py::arg("sin"), py::arg("rope"), py::arg("k_caches"), py::arg("v_caches"), py::arg("slots"),
+          py::arg("starts"), py::arg("counts"), py::arg("capture"),
+          py::call_guard<py::gil_scoped_release>());
     py::class_<DecoderLayer>(m, "DecoderLayer")
         .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, int64_t, double,
                       const std::string&, torch::Tensor, torch::Tensor, torch::Tensor, int64_t,
