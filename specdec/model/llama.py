@@ -97,8 +97,9 @@ class LlamaModel:
         for theta in {self.cfg.layer_rope_theta(i) for i in range(self.cfg.num_layers)}:
             inv = rope_inv_freq(self.cfg.head_dim, theta, self.cfg.rope_scaling, freq_factors)
             self._rotary[theta] = Rotary(inv, max_len, dtype, device)
-        # One native call per layer (kernels/csrc/layer.cpp) when the native kernels run; the
-        # Python _layer below is the same computation, op by op (CUDA, torch kernels, tests).
+        # The whole layer stack as one native call (kernels/csrc/layer.cpp: forward_layers) when
+        # the native kernels run; the Python _layer below is the same computation, op by op
+        # (CUDA, torch kernels, tests).
         self.use_fused_layers = ops.supports_fused_layers and (
             dtype == torch.float32 and device.type == "cpu"
         )
