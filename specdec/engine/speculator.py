@@ -242,7 +242,7 @@ class Speculator:
                 limits,
                 [r.num_tokens for r in reqs],
                 all_or_nothing=free,
-                confident=free and self.proposer.confident_drafts,
+                confident=self.proposer.confident_drafts,
             )
             caps = [cap if cap >= n_mins[r.req_id] else 0 for r, cap in zip(reqs, caps)]
             for r, cap in zip(reqs, caps):

@@ -60,7 +60,10 @@ def test_forward_layers_checks_its_arguments(tiny_llama) -> None:
     assert out.shape == x.shape and torch.equal(got[1], x) and len(got) == 2
     with pytest.raises(RuntimeError, match="capture index"):
         model.ops.forward_layers(layers, *args, [0] * n, *cache, [n])
-    with pytest.raises(RuntimeError, match="rope index"):
-        model.ops.forward_layers(layers, *args, [1] * n, *cache, [])
+    before = kv.k[:, slot].clone()
+    other = (model.embed(torch.tensor([7, 8])), *args[1:])  # would write other keys
+    with pytest.raises(RuntimeError, match="rope index"):  # only the last layer's is wrong
+        model.ops.forward_layers(layers, *other, [0] * (n - 1) + [1], *cache, [])
+    assert torch.equal(kv.k[:, slot], before)  # checked before any layer wrote its cache
     with pytest.raises(RuntimeError, match="one rope index per layer"):
         model.ops.forward_layers(layers, *args, [0] * (n - 1), *cache, [])

@@ -214,7 +214,8 @@ class DecoderLayer {
 
 // Layers 0..n-1 in order, exactly as n calls of DecoderLayer::forward run them (the same ops on
 // the same tensors, so the same bits), in one call from Python instead of n: on SmolLM2-135M the
-// per-layer Python loop and call cost ~0.15 ms of a ~4 ms decode step.  rope[i] picks layer i's
+// per-layer Python loop cost 2-6% of a decode step (benchmarks/layer_loop_ab.py).  Every argument
+// is checked before the first layer writes its cache.  rope[i] picks layer i's
 // cos / sin pair; k_caches / v_caches hold every layer's cache along dim 0.  Returns the last
 // layer's output and, for each index in capture, the residual stream entering that layer.
 std::tuple<torch::Tensor, std::vector<torch::Tensor>> forward_layers(
@@ -228,12 +229,14 @@ std::tuple<torch::Tensor, std::vector<torch::Tensor>> forward_layers(
     TORCH_CHECK(k_caches.size(0) >= n && v_caches.size(0) >= n, "forward_layers: a cache per layer");
     for (size_t c = 0; c < capture.size(); ++c)
         TORCH_CHECK(capture[c] >= 0 && capture[c] < n, "forward_layers: capture index out of range");
+    for (int64_t i = 0; i < n; ++i) {
+        TORCH_CHECK(layers[i] != nullptr, "forward_layers: layer ", i, " is None");
+        TORCH_CHECK(rope[i] >= 0 && rope[i] < static_cast<int64_t>(cos.size()), "forward_layers: rope index");
+    }
     std::vector<torch::Tensor> taken(capture.size());
     for (int64_t i = 0; i < n; ++i) {
         for (size_t c = 0; c < capture.size(); ++c)
             if (capture[c] == i) taken[c] = x;
-        TORCH_CHECK(layers[i] != nullptr, "forward_layers: layer ", i, " is None");
-        TORCH_CHECK(rope[i] >= 0 && rope[i] < static_cast<int64_t>(cos.size()), "forward_layers: rope index");
         x = layers[i]->forward(x, cos[rope[i]], sin[rope[i]], k_caches[i], v_caches[i], slots, starts, counts);
     }
     return {x, taken};
