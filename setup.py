@@ -53,6 +53,13 @@ ISA_UNITS = [
         AVX512_FLAGS + ["-mavx512vnni", "-mamx-tile", "-mamx-int8"],
         "SPECDEC_HAVE_AMX",
     ),
+    # 16-bit weights with bf16x2 activations on AMX-BF16 tiles (GCC >= 11).
+    (
+        "AMX-BF16",
+        "kernels_amx16.cpp",
+        AVX512_FLAGS + ["-mavx512bf16", "-mamx-tile", "-mamx-bf16"],
+        "SPECDEC_HAVE_AMX16",
+    ),
 ]
 
 

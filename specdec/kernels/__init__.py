@@ -43,6 +43,7 @@ __all__ = [
     "NativeOps",
     "PackedWeight",
     "TorchOps",
+    "amx16_available",
     "concat_weights",
     "cpu_features",
     "get_ops",
@@ -83,6 +84,8 @@ _QT_CODE = {
     "bf16": 10,
 }
 _QT_KQUANT = 8  # _C.linear's qtype for K-quant tiles (kernels.h QT_KQUANT)
+# _C.linear's qtypes for 16-bit weights with bf16x2 activations (kernels.h QT_F16_X2 / QT_BF16_X2)
+_QT_X2_CODE = {"f16": 11, "bf16": 12}
 # Weight formats the 8-bit activation kernels take (see PackedWeight.enable_a8).
 A8_QTYPES = ("q8_0", "q4_0", "q4_1", *KQUANT_QTYPES)
 
@@ -149,6 +152,11 @@ def set_native_amx(enabled: bool) -> None:
     """
     if _C is not None and hasattr(_C, "set_amx"):
         _C.set_amx(bool(enabled))
+
+
+def amx16_available() -> bool:
+    """True when 16-bit weights can run with bf16x2 activations (AMX-BF16: built, CPU, OS)."""
+    return _C is not None and hasattr(_C, "amx16_available") and bool(_C.amx16_available())
 
 
 def a8_kernels() -> str | None:
@@ -239,6 +247,9 @@ class PackedWeight:
         # The same weight repacked for the 8-bit activation kernels (enable_a8); NativeOps.linear
         # uses it when set.  For q8_0 / q4_0 / q4_1 it replaces the blocks (see data).
         self.a8 = a8
+        # 16-bit weights only: run with bf16x2 activations on AMX-BF16 tiles (enable_x2); the
+        # same data, another kernel.
+        self.x2 = False
         # Float copies made by TorchOps for quantized weights, one per device (lazily).
         self._float_cache: dict[str, torch.Tensor] = {}
 
@@ -306,6 +317,26 @@ class PackedWeight:
                 )
                 self._data = None  # NOTE: stored once; the blocks come back from the tiles
 
+    def x2_eligible(self) -> bool:
+        """Whether :meth:`enable_x2` can run this weight (16-bit, CPU, AMX-BF16 here)."""
+        return self.qtype in HALF_QTYPES and self.device.type == "cpu" and amx16_available()
+
+    def enable_x2(self) -> None:
+        """Use the bf16x2 kernels (kernels_amx16.cpp): each float32 activation is split into
+        two bfloat16s (hi + lo, ~16 significant bits) and dotted with the 16-bit weight on
+        AMX-BF16 tiles, summed in float32.  Results differ from the float path by about 2^-17
+        per product but stay batch-invariant; prefill runs ~2.5-3.5x faster."""
+        if not self.x2_eligible():
+            raise ValueError(
+                f"bf16x2 activations need a native f16/bf16 weight on a CPU with AMX-BF16, got "
+                f"{self.qtype} [{self.out_features}, {self.in_features}]"
+                f"{'' if amx16_available() else ' (this CPU or build has no AMX-BF16)'}"
+            )
+        self.x2 = True
+
+    def disable_x2(self) -> None:
+        self.x2 = False
+
     def disable_a8(self) -> None:
         if self.a8 is not None and self._data is None:
             self._data = self.data  # the blocks back, for the float kernels
@@ -313,6 +344,8 @@ class PackedWeight:
 
     @property
     def qtype_code(self) -> int:
+        if self.x2:
+            return _QT_X2_CODE[self.qtype]
         return _QT_KQUANT if self.is_kquant else _QT_CODE[self.qtype]
 
     def part_codes(self) -> list[int]:

@@ -29,6 +29,9 @@ enum QType : int {
     // 16-bit weights, [N, K] elements: IEEE half and bfloat16 (widened exactly to float).
     QT_F16 = 9,
     QT_BF16 = 10,
+    // The same 16-bit weights with "bf16x2" activations on AMX-BF16 tiles (kernels_amx16.cpp).
+    QT_F16_X2 = 11,
+    QT_BF16_X2 = 12,
 };
 
 // Rows of activations processed together; each weight block is read once per chunk.
@@ -179,6 +182,21 @@ constexpr int64_t kHalfScratchFloats = int64_t(1) << 17;
 #ifdef SPECDEC_HAVE_HALF512
 void half512_linear_rows(int qtype, const float* x, int64_t M, int64_t K, const uint16_t* w,
                          const float* bias, float* y, int64_t N, int64_t n0, int64_t n1, float* scratch);
+#endif
+
+// 16-bit weights on AMX-BF16 tiles with activations split into bfloat16 hi + lo
+// (kernels_amx16.cpp; numbers and layouts there).  amx16_pack_x writes activation groups
+// [g0, g1) (16 rows each) of x [M, K] into xp (amx16_packed_x_elems(M, K) elements);
+// amx16_linear_rows then gives y rows' outputs [n0, n1) against w ([N, K], QT_F16 or QT_BF16).
+// scratch: kAmx16ScratchBytes, private to the calling thread.  Only after ops.cpp has confirmed
+// AMX-BF16 and the tile-data permission.
+constexpr int64_t kAmx16WeightScratchBytes = 4 * 16 * 2 * 512 * 2;
+constexpr int64_t kAmx16ScratchBytes = kAmx16WeightScratchBytes + 4 * 16 * 256 * 4;
+#ifdef SPECDEC_HAVE_AMX16
+int64_t amx16_packed_x_elems(int64_t M, int64_t K);
+void amx16_pack_x(const float* x, int64_t M, int64_t K, uint16_t* xp, int64_t g0, int64_t g1);
+void amx16_linear_rows(int qtype, const uint16_t* xp, int64_t M, int64_t K, const uint16_t* w, const float* bias,
+                       float* y, int64_t ldy, int64_t n0, int64_t n1, void* scratch);
 #endif
 
 #ifdef SPECDEC_HAVE_VNNI

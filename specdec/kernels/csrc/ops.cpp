@@ -90,6 +90,18 @@ bool amx_cpu() {
 #endif
 }
 
+// AMX-BF16 (CPUID leaf 7 EDX bit 22) and AVX512-BF16 (leaf 7 subleaf 1 EAX bit 5), on top of the
+// tile state amx_cpu checks.
+bool amx16_cpu() {
+#if defined(SPECDEC_HAVE_AMX16) && defined(__x86_64__)
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!amx_cpu() || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 22) & 1)) return false;
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 5) & 1);
+#else
+    return false;
+#endif
+}
+
 std::atomic<int> g_amx_perm{-1};  // -1 not asked yet (in this process), 0 refused, 1 granted
 
 bool amx_permitted() {
@@ -384,6 +396,44 @@ void half_linear_rows(const KernelTable* tab, int qtype, const float* x, int64_t
     }
 }
 
+bool amx16_usable() { return avx512_usable() && amx16_cpu() && amx_permitted(); }
+
+#ifdef SPECDEC_HAVE_AMX16
+// 16-bit weights with bf16x2 activations (kernels_amx16.cpp): the activations are packed into
+// tiles once, then units of 64 weight rows run on the pool.
+torch::Tensor linear_half_x2(const torch::Tensor& x_in, const torch::Tensor& w, int64_t qtype, int64_t N, int64_t K,
+                             const float* bias) {
+    TORCH_CHECK(amx16_usable(), "specdec native linear: bf16x2 activations need AMX-BF16, which this CPU ",
+                "(or this process) lacks");
+    const auto want = qtype == QT_F16 ? torch::kHalf : torch::kBFloat16;
+    TORCH_CHECK(w.scalar_type() == want && w.numel() == N * K, "specdec native linear: ",
+                qtype == QT_F16 ? "f16" : "bf16", " weight must be ", want, " [", N, ", ", K, "]");
+    torch::Tensor x = x_in.contiguous();
+    const int64_t M = x.size(0);
+    auto y = torch::empty({M, N}, x.options());
+    if (M == 0 || N == 0) return y;
+    const float* xp = x.data_ptr<float>();
+    const uint16_t* wp = static_cast<const uint16_t*>(w.data_ptr());
+    float* yp = y.data_ptr<float>();
+    thread_local std::vector<uint16_t> packed;
+    const int64_t need = amx16_packed_x_elems(M, K);
+    if (static_cast<int64_t>(packed.size()) < need) packed.resize(static_cast<size_t>(need));
+    uint16_t* pk = packed.data();
+    const int64_t groups = (M + 15) / 16;
+    parallel_range(groups, grain_for(16.0 * K * 0.3), [&](int64_t g0, int64_t g1) {
+        amx16_pack_x(xp, M, K, pk, g0, g1);
+    });
+    constexpr int64_t unit = 64;
+    const int64_t units = (N + unit - 1) / unit;
+    const double unit_ns = unit * (K * 2 / 15.0 + K * static_cast<double>(groups) * 0.02);
+    parallel_range(units, grain_for(unit_ns), [&](int64_t u0, int64_t u1) {
+        void* s = scratch(kAmx16ScratchBytes / 4);
+        amx16_linear_rows(static_cast<int>(qtype), pk, M, K, wp, bias, yp, N, u0 * unit, std::min(u1 * unit, N), s);
+    });
+    return y;
+}
+#endif
+
 torch::Tensor linear_half(const torch::Tensor& x_in, const torch::Tensor& w, int64_t qtype, int64_t N, int64_t K,
                           const float* bias) {
     const auto want = qtype == QT_F16 ? torch::kHalf : torch::kBFloat16;
@@ -657,6 +707,13 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N,
         return linear_kq(x, w, parts, N, K, bias_ptr, qtype != QT_KQUANT);
     if (qtype >= kA8QtypeBase) return linear_a8(x, w, qtype - kA8QtypeBase, N, K, bias_ptr);
     if (qtype == QT_F16 || qtype == QT_BF16) return linear_half(x, w, qtype, N, K, bias_ptr);
+    if (qtype == QT_F16_X2 || qtype == QT_BF16_X2) {
+#ifdef SPECDEC_HAVE_AMX16
+        return linear_half_x2(x, w, qtype == QT_F16_X2 ? QT_F16 : QT_BF16, N, K, bias_ptr);
+#else
+        TORCH_CHECK(false, "specdec native linear: built without the AMX-BF16 unit (bf16x2 activations)");
+#endif
+    }
     int64_t row_bytes;
     if (qtype == QT_F32) {
         TORCH_CHECK(w.scalar_type() == torch::kFloat32 && w.numel() == N * K,
@@ -919,4 +976,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.attr("QT_KQUANT") = static_cast<int>(QT_KQUANT);
     m.attr("QT_F16") = static_cast<int>(QT_F16);
     m.attr("QT_BF16") = static_cast<int>(QT_BF16);
+    m.attr("QT_F16_X2") = static_cast<int>(QT_F16_X2);
+    m.attr("QT_BF16_X2") = static_cast<int>(QT_BF16_X2);
+    m.def("amx16_available", &amx16_usable,
+          "True when 16-bit weights can run with bf16x2 activations on AMX-BF16 (built, CPU, OS permission)");
 }

@@ -1,0 +1,349 @@
+// 16-bit weights (IEEE half, bfloat16) on AMX-BF16 tiles: the "bf16x2" activation format.
+// Compiled on its own with the AVX-512 flags plus -mavx512bf16 -mamx-tile -mamx-bf16; only called
+// after ops.cpp has checked the CPU and obtained the tile-state permission.
+//
+// The numbers.  Each float32 activation x is split into two bfloat16s, hi = bf16(x) and
+// lo = bf16(x - hi) (both round to nearest even), so hi + lo keeps ~16 of x's 24 significant bits
+// (relative error <= 2^-17).  A bfloat16 weight is exact as it is; a half weight w (11 significant
+// bits) is split the same way, and there hi + lo == w exactly.  Every output is
+//     sum over 32-input blocks b in order of [ W_hi . X_hi, W_hi . X_lo, (half only) W_lo . X_hi ]
+// accumulated in float32 by TDPBF16PS (products of two bfloat16s are exact in float32; the sums
+// round to nearest even); the dropped W_lo . X_lo term is below 2^-17 of each product.  So the
+// arithmetic is float32-class (llama.cpp rounds activations to 16 bits for these formats), and
+// it is batch-invariant: every output element of a tile product depends only on its own weight
+// row and activation row, and the order of the products over K is the same for every row count,
+// row tile, thread and task split.  Decode uses the same tiles (its one activation row padded to
+// a tile of 16), so verification rows equal decode rows bit for bit.
+//
+// Layouts.  The weights are the tiles' A operand straight from their [N, K] rows (16 weight rows x
+// 32 inputs, stride 2K bytes); half weights, and tails (N % 16, K % 32), are first split / copied
+// into zero-padded scratch tiles.  The activations are the B operand: per group of 16 activation
+// rows and block of 32 inputs, a 1 KiB tile of 16 input pairs x 16 rows (row t holds, for every
+// activation row m, inputs 2t and 2t + 1 at elements 2m and 2m + 1), hi tile then lo tile
+// (amx16_pack_x).  The result tile is [16 weight rows x 16 activation rows] in float32.
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <algorithm>
+
+#include "kernels.h"
+
+namespace specdec {
+namespace {
+
+struct alignas(64) TileConfig {
+    uint8_t palette_id;
+    uint8_t start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+// Every tile is 16 rows x 64 bytes: 0-3 the results (weight tile i x activation group j at 2i+j),
+// 4-5 two weight tiles, 6-7 two activation tiles.
+void configure() {
+    TileConfig c;
+    memset(&c, 0, sizeof(c));
+    c.palette_id = 1;
+    for (int t = 0; t < 8; ++t) {
+        c.rows[t] = 16;
+        c.colsb[t] = 64;
+    }
+    __asm__ volatile("ldtilecfg %0" ::"m"(c));
+}
+
+#define SPECDEC_T16_LOAD(T, base, stride) \
+    __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #T ::"r"(base), "r"(static_cast<long>(stride)) : "memory")
+#define SPECDEC_T16_STORE(T, base, stride) \
+    __asm__ volatile("tilestored %%tmm" #T ", (%0,%1,1)" ::"r"(base), "r"(static_cast<long>(stride)) : "memory")
+#define SPECDEC_T16_ZERO(T) __asm__ volatile("tilezero %%tmm" #T ::)
+// C += A . B
+#define SPECDEC_TDPBF16PS(C, A, B) __asm__ volatile("tdpbf16ps %%tmm" #B ", %%tmm" #A ", %%tmm" #C ::)
+
+constexpr int64_t kTileElems = 512;  // 16 x 32 bfloat16
+constexpr int64_t kChunkBlocks = 16;  // 32-input blocks per K chunk (512 inputs)
+constexpr int64_t kBlockRows = 64;    // weight rows per block (4 tiles)
+constexpr int64_t kMaxGroups = 16;    // activation groups (of 16 rows) per pass: 256 rows
+constexpr int64_t kPrefetchRows = 2;  // weight rows split ahead of their prefetch
+constexpr int64_t kPrefetchBlocks = 4;  // direct weight tiles: blocks ahead of their prefetch
+constexpr int64_t kStreamAhead = 2;     // half weights, few rows: blocks split ahead of their use
+constexpr int64_t kStreamSlots = 4;     // ... into a ring of this many blocks
+
+// hi and lo bfloat16 halves of 32 floats (lo = x - hi, rounded).
+inline void split32(__m512 f0, __m512 f1, __m512i& hi, __m512i& lo) {
+    const __m512bh h = _mm512_cvtne2ps_pbh(f1, f0);
+    hi = (__m512i)h;
+    const __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi)), 16));
+    const __m512 h1 =
+        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi, 1)), 16));
+    lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(f1, h1), _mm512_sub_ps(f0, h0));
+}
+
+// 32 weights of row r (k0..k0+kn) into tile row r of dst_hi (and dst_lo for half), zero-padded.
+template <int QT>
+inline void weight_row(const uint16_t* w, int64_t kn, uint16_t* dst_hi, uint16_t* dst_lo) {
+    const __mmask32 m = kn >= 32 ? ~__mmask32(0) : (__mmask32(1) << kn) - 1;
+    const __m512i v = _mm512_maskz_loadu_epi16(m, w);
+    if (QT == QT_BF16) {
+        _mm512_storeu_si512(dst_hi, v);
+        return;
+    }
+    const __m512 f0 = _mm512_cvtph_ps(_mm512_castsi512_si256(v));
+    const __m512 f1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(v, 1));
+    __m512i hi, lo;
+    split32(f0, f1, hi, lo);
+    _mm512_storeu_si512(dst_hi, hi);
+    _mm512_storeu_si512(dst_lo, lo);
+}
+
+// Result tiles of NW weight tiles x NG activation groups, over blocks [b0, b1) of one chunk.
+// a(i, b, part) -> (pointer, stride) of weight tile i's block b (part 0 hi, 1 lo);
+// xg[j] the packed activations of group j.
+template <int QT, int NW, int NG, class A, class P>
+inline void tile_products(const A& a, const P& prep, const uint16_t* const* xg, int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+        prep(b);
+        // Direct weight tiles: their rows kPrefetchBlocks blocks ahead (a prefetch never faults,
+        // so past the row's end is harmless).
+        for (int t = 0; t < NW; ++t) {
+            auto p = a(t, b + kPrefetchBlocks, 0);
+            if (p.second != 64)
+                for (int r = 0; r < 16; ++r)
+                    _mm_prefetch(reinterpret_cast<const char*>(p.first) + r * p.second, _MM_HINT_T0);
+        }
+        const uint16_t* xh0 = xg[0] + b * 2 * kTileElems;
+        const uint16_t* xh1 = NG > 1 ? xg[1] + b * 2 * kTileElems : nullptr;
+        {
+            auto a0 = a(0, b, 0);
+            SPECDEC_T16_LOAD(4, a0.first, a0.second);
+            if constexpr (NW > 1) {
+                auto a1 = a(1, b, 0);
+                SPECDEC_T16_LOAD(5, a1.first, a1.second);
+            }
+        }
+        SPECDEC_T16_LOAD(6, xh0, 64);
+        if constexpr (NG > 1) SPECDEC_T16_LOAD(7, xh1, 64);
+        SPECDEC_TDPBF16PS(0, 4, 6);
+        if constexpr (NG > 1) SPECDEC_TDPBF16PS(1, 4, 7);
+        if constexpr (NW > 1) SPECDEC_TDPBF16PS(2, 5, 6);
+        if constexpr (NW > 1 && NG > 1) SPECDEC_TDPBF16PS(3, 5, 7);
+        SPECDEC_T16_LOAD(6, xh0 + kTileElems, 64);
+        if constexpr (NG > 1) SPECDEC_T16_LOAD(7, xh1 + kTileElems, 64);
+        SPECDEC_TDPBF16PS(0, 4, 6);
+        if constexpr (NG > 1) SPECDEC_TDPBF16PS(1, 4, 7);
+        if constexpr (NW > 1) SPECDEC_TDPBF16PS(2, 5, 6);
+        if constexpr (NW > 1 && NG > 1) SPECDEC_TDPBF16PS(3, 5, 7);
+        if constexpr (QT == QT_F16) {
+            auto a0 = a(0, b, 1);
+            SPECDEC_T16_LOAD(4, a0.first, a0.second);
+            if constexpr (NW > 1) {
+                auto a1 = a(1, b, 1);
+                SPECDEC_T16_LOAD(5, a1.first, a1.second);
+            }
+            SPECDEC_T16_LOAD(6, xh0, 64);
+            if constexpr (NG > 1) SPECDEC_T16_LOAD(7, xh1, 64);
+            SPECDEC_TDPBF16PS(0, 4, 6);
+            if constexpr (NG > 1) SPECDEC_TDPBF16PS(1, 4, 7);
+            if constexpr (NW > 1) SPECDEC_TDPBF16PS(2, 5, 6);
+            if constexpr (NW > 1 && NG > 1) SPECDEC_TDPBF16PS(3, 5, 7);
+        }
+    }
+}
+
+// Result tiles in memory (c: per weight tile i and group j, 16 x 16 floats at (i * NGmax + j) * 256).
+template <int NW, int NG>
+inline void load_results(const float* c, int64_t ngmax, bool zero) {
+    if (zero) {
+        SPECDEC_T16_ZERO(0);
+        if constexpr (NG > 1) SPECDEC_T16_ZERO(1);
+        if constexpr (NW > 1) SPECDEC_T16_ZERO(2);
+        if constexpr (NW > 1 && NG > 1) SPECDEC_T16_ZERO(3);
+        return;
+    }
+    SPECDEC_T16_LOAD(0, c, 64);
+    if constexpr (NG > 1) SPECDEC_T16_LOAD(1, c + 256, 64);
+    if constexpr (NW > 1) SPECDEC_T16_LOAD(2, c + ngmax * 256, 64);
+    if constexpr (NW > 1 && NG > 1) SPECDEC_T16_LOAD(3, c + ngmax * 256 + 256, 64);
+}
+template <int NW, int NG>
+inline void store_results(float* c, int64_t ngmax) {
+    SPECDEC_T16_STORE(0, c, 64);
+    if constexpr (NG > 1) SPECDEC_T16_STORE(1, c + 256, 64);
+    if constexpr (NW > 1) SPECDEC_T16_STORE(2, c + ngmax * 256, 64);
+    if constexpr (NW > 1 && NG > 1) SPECDEC_T16_STORE(3, c + ngmax * 256 + 256, 64);
+}
+
+template <int QT, int NW, int NG, class A, class P>
+inline void chunk_pass(const A& a, const P& prep, const uint16_t* const* xg, int64_t b0, int64_t b1, float* c,
+                       int64_t ngmax, bool first) {
+    load_results<NW, NG>(c, ngmax, first);
+    tile_products<QT, NW, NG>(a, prep, xg, b0, b1);
+    store_results<NW, NG>(c, ngmax);
+}
+
+// Weight rows [r0, r0 + nr) (nr <= kBlockRows) against activation groups [g0, g0 + ng) (ng <=
+// kMaxGroups): every chunk of K, then the results (transposed) + bias into y.
+template <int QT>
+void block_rows(const uint16_t* xp, int64_t nb, int64_t M, int64_t K, const uint16_t* w, const float* bias,
+                float* y, int64_t ldy, int64_t r0, int64_t nr, int64_t g0, int64_t ng, uint16_t* wscratch,
+                float* c) {
+    const int64_t nw = (nr + 15) / 16;
+    // Direct weight tiles when bfloat16 and whole; else the chunk is split / padded into wscratch:
+    // per weight tile i, block b of the chunk, part p: tile (i * kChunkBlocks + b) * 2 + p.
+    const bool direct = QT == QT_BF16 && nr % 16 == 0;
+    // Half weights against few activation rows (decode, verification): each block's weight tiles
+    // are split kStreamAhead blocks ahead of their use into a ring (so the split overlaps the
+    // tile products and the memory stream) instead of a whole chunk first; the same tiles, so the
+    // same numbers.
+    const bool stream = QT == QT_F16 && ng <= 2;
+    auto split_block = [&](int64_t i, int64_t b, uint16_t* th) {
+        const int64_t kn = std::min<int64_t>(32, K - b * 32);
+        for (int64_t r = 0; r < 16; ++r) {
+            const int64_t row = i * 16 + r;
+            if (row < nr) {
+                const uint16_t* src = w + (r0 + row) * K + b * 32;
+                _mm_prefetch(reinterpret_cast<const char*>(src + kPrefetchBlocks * 32), _MM_HINT_T0);
+                weight_row<QT>(src, kn, th + r * 32, th + kTileElems + r * 32);
+            } else {
+                memset(th + r * 32, 0, 64);
+                memset(th + kTileElems + r * 32, 0, 64);
+            }
+        }
+    };
+    const uint16_t* xg_all[kMaxGroups];
+    for (int64_t j = 0; j < ng; ++j) xg_all[j] = xp + (g0 + j) * nb * 2 * kTileElems;
+    for (int64_t cb0 = 0; cb0 < nb; cb0 += kChunkBlocks) {
+        const int64_t cb1 = std::min(nb, cb0 + kChunkBlocks);
+        const bool tail_k = cb1 * 32 > K;
+        const bool use_direct = direct && !tail_k;
+        if (!use_direct && !stream) {
+            // Row by row (each row's chunk is one contiguous run), the next rows prefetched.
+            const int64_t kn = std::min(K, cb1 * 32) - cb0 * 32;
+            for (int64_t row = 0; row < nw * 16; ++row) {
+                const int64_t i = row / 16, r = row % 16;
+                uint16_t* th = wscratch + i * kChunkBlocks * 2 * kTileElems + r * 32;
+                if (row >= nr) {
+                    for (int64_t b = cb0; b < cb1; ++b) {
+                        memset(th + (b - cb0) * 2 * kTileElems, 0, 64);
+                        memset(th + (b - cb0) * 2 * kTileElems + kTileElems, 0, 64);
+                    }
+                    continue;
+                }
+                const uint16_t* src = w + (r0 + row) * K + cb0 * 32;
+                if (row + kPrefetchRows < nr) {
+                    const char* pf = reinterpret_cast<const char*>(src + kPrefetchRows * K);
+                    for (int64_t o = 0; o < kn * 2; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
+                }
+                for (int64_t b = cb0; b < cb1; ++b)
+                    weight_row<QT>(src + (b - cb0) * 32, std::min<int64_t>(32, K - b * 32),
+                                   th + (b - cb0) * 2 * kTileElems, th + (b - cb0) * 2 * kTileElems + kTileElems);
+            }
+        }
+        for (int64_t i = 0; i < nw; i += 2) {
+            const bool two = i + 1 < nw;
+            auto ring = [&](int t, int64_t b) { return wscratch + (((b % kStreamSlots) * 2 + t) * 2) * kTileElems; };
+            auto a = [&](int t, int64_t b, int part) -> std::pair<const uint16_t*, int64_t> {
+                if (use_direct) return {w + (r0 + (i + t) * 16) * K + b * 32, K * 2};
+                if (stream) return {ring(t, b) + part * kTileElems, 64};
+                return {wscratch + (((i + t) * kChunkBlocks + (b - cb0)) * 2 + part) * kTileElems, 64};
+            };
+            auto prep = [&](int64_t b) {
+                if (!stream) return;
+                if (b == cb0)
+                    for (int64_t bb = cb0; bb < std::min(cb1, cb0 + kStreamAhead); ++bb)
+                        for (int t = 0; t < (two ? 2 : 1); ++t) split_block(i + t, bb, ring(t, bb));
+                if (b + kStreamAhead < cb1)
+                    for (int t = 0; t < (two ? 2 : 1); ++t)
+                        split_block(i + t, b + kStreamAhead, ring(t, b + kStreamAhead));
+            };
+            for (int64_t j = 0; j < ng; j += 2) {
+                float* cij = c + (i * kMaxGroups + j) * 256;
+                const bool first = cb0 == 0;
+                if (two && j + 1 < ng) chunk_pass<QT, 2, 2>(a, prep, xg_all + j, cb0, cb1, cij, kMaxGroups, first);
+                else if (two) chunk_pass<QT, 2, 1>(a, prep, xg_all + j, cb0, cb1, cij, kMaxGroups, first);
+                else if (j + 1 < ng) chunk_pass<QT, 1, 2>(a, prep, xg_all + j, cb0, cb1, cij, kMaxGroups, first);
+                else chunk_pass<QT, 1, 1>(a, prep, xg_all + j, cb0, cb1, cij, kMaxGroups, first);
+            }
+        }
+    }
+    // Results: tile (i, j) holds c[r][m] for weight row r0 + 16i + r, activation row 16(g0 + j) + m.
+    const __m512i cols = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32(16));
+    for (int64_t i = 0; i < nw; ++i) {
+        const int64_t rows = std::min<int64_t>(16, nr - i * 16);
+        const __mmask16 rmask = rows >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << rows) - 1);
+        const __m512 bv = bias ? _mm512_maskz_loadu_ps(rmask, bias + r0 + i * 16) : _mm512_setzero_ps();
+        for (int64_t j = 0; j < ng; ++j) {
+            const float* t = c + (i * kMaxGroups + j) * 256;
+            const int64_t mbase = (g0 + j) * 16;
+            const int64_t mrows = std::min<int64_t>(16, M - mbase);
+            for (int64_t m = 0; m < mrows; ++m) {
+                __m512 v = _mm512_i32gather_ps(cols, t + m, 4);
+                if (bias) v = _mm512_add_ps(v, bv);
+                _mm512_mask_storeu_ps(y + (mbase + m) * ldy + r0 + i * 16, rmask, v);
+            }
+        }
+    }
+}
+
+template <int QT>
+void amx16_rows(const uint16_t* xp, int64_t M, int64_t K, const uint16_t* w, const float* bias, float* y,
+                int64_t ldy, int64_t n0, int64_t n1, void* scratch) {
+    const int64_t nb = (K + 31) / 32, groups = (M + 15) / 16;
+    uint16_t* wscratch = static_cast<uint16_t*>(scratch);
+    float* c = reinterpret_cast<float*>(static_cast<char*>(scratch) + kAmx16WeightScratchBytes);
+    configure();
+    for (int64_t g0 = 0; g0 < groups; g0 += kMaxGroups) {
+        const int64_t ng = std::min(kMaxGroups, groups - g0);
+        for (int64_t r0 = n0; r0 < n1; r0 += kBlockRows) {
+            const int64_t nr = std::min(kBlockRows, n1 - r0);
+            block_rows<QT>(xp, nb, M, K, w, bias, y, ldy, r0, nr, g0, ng, wscratch, c);
+        }
+    }
+    __asm__ volatile("tilerelease" ::: "memory");
+}
+
+}  // namespace
+
+int64_t amx16_packed_x_elems(int64_t M, int64_t K) { return (M + 15) / 16 * ((K + 31) / 32) * 2 * kTileElems; }
+
+void amx16_pack_x(const float* x, int64_t M, int64_t K, uint16_t* xp, int64_t g0, int64_t g1) {
+    const int64_t nb = (K + 31) / 32;
+    const __m512i pairs = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                             _mm512_set1_epi32(16));
+    for (int64_t g = g0; g < g1; ++g) {
+        uint16_t* tg = xp + g * nb * 2 * kTileElems;
+        const int64_t rows = std::min<int64_t>(16, M - g * 16);
+        if (rows < 16) memset(tg, 0, static_cast<size_t>(nb * 2 * kTileElems * 2));
+        for (int64_t m = 0; m < rows; ++m) {
+            const float* xr = x + (g * 16 + m) * K;
+            for (int64_t b = 0; b < nb; ++b) {
+                const int64_t kn = std::min<int64_t>(32, K - b * 32);
+                __m512 f0, f1;
+                if (kn == 32) {
+                    f0 = _mm512_loadu_ps(xr + b * 32);
+                    f1 = _mm512_loadu_ps(xr + b * 32 + 16);
+                } else {
+                    const int64_t k0n = std::min<int64_t>(16, kn), k1n = kn - k0n;
+                    f0 = _mm512_maskz_loadu_ps(__mmask16((1u << k0n) - 1), xr + b * 32);
+                    f1 = _mm512_maskz_loadu_ps(k1n > 0 ? __mmask16((1u << k1n) - 1) : __mmask16(0), xr + b * 32 + 16);
+                }
+                __m512i hi, lo;
+                split32(f0, f1, hi, lo);
+                // Pair t of this row goes to tile row t, element pair m.
+                uint32_t* th = reinterpret_cast<uint32_t*>(tg + b * 2 * kTileElems) + m;
+                _mm512_i32scatter_epi32(th, pairs, hi, 4);
+                _mm512_i32scatter_epi32(th + kTileElems / 2, pairs, lo, 4);
+            }
+        }
+    }
+}
+
+void amx16_linear_rows(int qtype, const uint16_t* xp, int64_t M, int64_t K, const uint16_t* w, const float* bias,
+                       float* y, int64_t ldy, int64_t n0, int64_t n1, void* scratch) {
+    if (qtype == QT_F16) amx16_rows<QT_F16>(xp, M, K, w, bias, y, ldy, n0, n1, scratch);
+    else amx16_rows<QT_BF16>(xp, M, K, w, bias, y, ldy, n0, n1, scratch);
+}
+
+}  // namespace specdec
