@@ -4,7 +4,8 @@ of its own, engines alternating (issue 18, items 6-7).
     .venv/bin/python benchmarks/half_weights.py /tmp/bf16_synth/smollm2-1.7b-F16.gguf \\
         /tmp/bf16_synth/smollm2-1.7b-BF16.gguf --rounds 2 --before-repo /tmp/base
 
-Per file and round: ours (this checkout), "before" (``--before-repo``: another checkout of specdec
+Per file and round: ours (this checkout), "ours-bf16x2" (the same with ``activation_dtype=
+"bf16x2"``: AMX-BF16 tiles), "before" (``--before-repo``: another checkout of specdec
 with its own built extension, e.g. the commit before the 16-bit kernels) and llama.cpp
 (llama-cpp-python: 2 threads, n_batch 512, flash attention, in the user's environment without
 the OMP_WAIT_POLICY specdec sets for itself).  Each child loads the file, then prefills a
@@ -43,14 +44,19 @@ def _prompt(n: int, seed: int) -> list[int]:
     return [rng.randrange(1000, 30000) for _ in range(n)]
 
 
-def child_specdec(path: str, prompt: list[int], decode: int, threads: int) -> dict:
+def child_specdec(
+    path: str, prompt: list[int], decode: int, threads: int, activation_dtype: str = "auto"
+) -> dict:
     import specdec  # noqa: I001 (first: it sets its OpenMP environment before torch loads)
     import torch
     from specdec.engine.llm_engine import describe_model
 
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
-    llm = specdec.LLM(model=path, max_model_len=1024, enable_prefix_caching=False)
+    llm = specdec.LLM(
+        model=path, max_model_len=1024, enable_prefix_caching=False,
+        activation_dtype=activation_dtype,
+    )  # fmt: skip
     load_s = time.perf_counter() - t0
     after_load = _status()
     params = specdec.SamplingParams(max_tokens=decode + 1, temperature=0.0, ignore_eos=True)
@@ -130,21 +136,26 @@ def main() -> None:
     prompt = _prompt(args.prompt_tokens, 0)
     if args.child:
         engine, path = args.child
-        run = child_llama_cpp if engine == "llama.cpp" else child_specdec
-        res = run(path, prompt, args.decode_tokens, args.threads)
+        if engine == "llama.cpp":
+            res = child_llama_cpp(path, prompt, args.decode_tokens, args.threads)
+        else:  # "specdec" or "specdec-<activation dtype>"
+            act = engine.partition("-")[2] or "auto"
+            res = child_specdec(path, prompt, args.decode_tokens, args.threads, act)
         res["peak_rss_gb"] = _status()["VmHWM"]
         print(json.dumps(res))
         return
     here = Path(__file__).resolve().parents[1]
-    repos = {"ours": here, "before": args.before_repo, "llama.cpp": None}
+    repos = {"ours": here, "ours-bf16x2": here, "before": args.before_repo, "llama.cpp": None}
     engines = [e for e in args.engines if e != "before" or args.before_repo is not None]
     results = []
     for rnd in range(args.rounds):
         for path in args.files:
             for engine in engines:
                 load = os.getloadavg()[0]
-                res = run_child("llama.cpp" if engine == "llama.cpp" else "specdec", path, args,
-                                repos[engine])  # fmt: skip
+                child = {"llama.cpp": "llama.cpp", "ours-bf16x2": "specdec-bf16x2"}.get(
+                    engine, "specdec"
+                )
+                res = run_child(child, path, args, repos[engine])
                 res.update(round=rnd, file=Path(path).name, engine=engine, loadavg=load)
                 results.append(res)
                 short = {k: v for k, v in res.items() if k != "tokens"}

@@ -236,9 +236,10 @@ class PackedWeight:
         data: torch.Tensor | None,
         parts: tuple[tuple[str, int], ...] = (),
         a8: torch.Tensor | None = None,
+        x2: torch.Tensor | None = None,
     ) -> None:
-        if data is None and a8 is None:
-            raise ValueError("a PackedWeight needs its data or its 8-bit activation tiles")
+        if data is None and a8 is None and x2 is None:
+            raise ValueError("a PackedWeight needs its data or its kernel tiles")
         self.qtype = qtype
         self.out_features = out_features
         self.in_features = in_features
@@ -247,9 +248,9 @@ class PackedWeight:
         # The same weight repacked for the 8-bit activation kernels (enable_a8); NativeOps.linear
         # uses it when set.  For q8_0 / q4_0 / q4_1 it replaces the blocks (see data).
         self.a8 = a8
-        # 16-bit weights only: run with bf16x2 activations on AMX-BF16 tiles (enable_x2); the
-        # same data, another kernel.
-        self.x2 = False
+        # 16-bit weights only: the tiles of the bf16x2 kernels (enable_x2), which then replace
+        # the [N, K] data (it comes back from them on demand).
+        self.x2_tiles = x2
         # Float copies made by TorchOps for quantized weights, one per device (lazily).
         self._float_cache: dict[str, torch.Tensor] = {}
 
@@ -266,6 +267,10 @@ class PackedWeight:
     def data(self) -> torch.Tensor:
         if self._data is not None:
             return self._data
+        if self.x2_tiles is not None:
+            return _C.unpack_x2(
+                self.x2_tiles, _QT_CODE[self.qtype], self.out_features, self.in_features
+            )
         return _C.unpack_a8(self.a8, _QT_CODE[self.qtype], self.out_features, self.in_features)
 
     @property
@@ -276,12 +281,24 @@ class PackedWeight:
     def __repr__(self) -> str:
         return (
             f"PackedWeight({self.qtype}, [{self.out_features}, {self.in_features}]"
-            f"{', a8' if self.a8 is not None else ''})"
+            f"{', a8' if self.a8 is not None else ''}{', x2' if self.x2 else ''})"
         )
 
     @property
     def device(self) -> torch.device:
-        return (self._data if self._data is not None else self.a8).device
+        return self._storage.device
+
+    @property
+    def _storage(self) -> torch.Tensor:
+        """The tensor the kernels read: the data, else the 8-bit or the bf16x2 tiles."""
+        if self._data is not None:
+            return self._data
+        return self.a8 if self.a8 is not None else self.x2_tiles
+
+    @property
+    def x2(self) -> bool:
+        """Whether the bf16x2 kernels run this weight (enable_x2)."""
+        return self.x2_tiles is not None
 
     @property
     def is_kquant(self) -> bool:
@@ -325,17 +342,22 @@ class PackedWeight:
         """Use the bf16x2 kernels (kernels_amx16.cpp): each float32 activation is split into
         two bfloat16s (hi + lo, ~16 significant bits) and dotted with the 16-bit weight on
         AMX-BF16 tiles, summed in float32.  Results differ from the float path by about 2^-17
-        per product but stay batch-invariant; prefill runs ~2.5-3.5x faster."""
+        per product but stay batch-invariant; prefill runs ~2.5-3.5x faster.  The weight is
+        repacked once into the kernels' tiles, which replace ``data`` (given back on demand)."""
         if not self.x2_eligible():
             raise ValueError(
                 f"bf16x2 activations need a native f16/bf16 weight on a CPU with AMX-BF16, got "
                 f"{self.qtype} [{self.out_features}, {self.in_features}]"
                 f"{'' if amx16_available() else ' (this CPU or build has no AMX-BF16)'}"
             )
-        self.x2 = True
+        if self.x2_tiles is None:
+            self.x2_tiles = _C.repack_x2(self._data, self.out_features, self.in_features)
+            self._data = None  # NOTE: stored once; the rows come back from the tiles
 
     def disable_x2(self) -> None:
-        self.x2 = False
+        if self.x2_tiles is not None:
+            self._data = self.data  # the rows back, for the float kernels
+        self.x2_tiles = None
 
     def disable_a8(self) -> None:
         if self.a8 is not None and self._data is None:
@@ -355,7 +377,7 @@ class PackedWeight:
     @property
     def nbytes(self) -> int:
         """Bytes of kernel storage (what one pass over the weight reads)."""
-        t = self._data if self._data is not None else self.a8
+        t = self._storage
         return t.numel() * t.element_size()
 
     def dequantize(self) -> torch.Tensor:
@@ -375,6 +397,11 @@ class PackedWeight:
         if self.is_kquant:
             return self._dequantize_kq(rows.reshape(-1).cpu()).to(self.device)
         idx = rows.reshape(-1).to(self.device)
+        if self._data is None and self.x2_tiles is not None:
+            rows16 = _C.unpack_x2(
+                self.x2_tiles, _QT_CODE[self.qtype], self.out_features, self.in_features, idx
+            )
+            return rows16.float()
         if self._data is None:  # only the tiles: unpack just these rows
             blocks = _C.unpack_a8(
                 self.a8, _QT_CODE[self.qtype], self.out_features, self.in_features, idx
@@ -686,6 +713,8 @@ def _kernel_weight(w: PackedWeight) -> tuple[torch.Tensor, int, list[int]]:
     """The tensor, qtype code and parts _C.linear takes for ``w`` (8-bit activations when
     enabled)."""
     code = w.qtype_code
+    if w.x2_tiles is not None:  # flat tiles: the rows ride in parts, as K-quants' do
+        return w.x2_tiles, code, [_QT_CODE[w.qtype], w.out_features]
     if w.a8 is not None:
         return w.a8, int(_C.QT_A8_BASE) + code, w.part_codes()
     return w.data, code, w.part_codes()

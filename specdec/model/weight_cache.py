@@ -150,6 +150,8 @@ class WeightCache:
         parts = tuple((fmt, int(rows)) for fmt, rows in e["parts"])
         if e["store"] == "a8":
             w = PackedWeight(e["qtype"], e["n"], e["k"], None, parts=parts, a8=t)
+        elif e["store"] == "x2":
+            w = PackedWeight(e["qtype"], e["n"], e["k"], None, x2=t)
         else:
             w = PackedWeight(e["qtype"], e["n"], e["k"], t, parts=parts)
             if e["store"] == "data+a8":
@@ -172,6 +174,8 @@ class WeightCache:
             if w.holds_blocks:
                 t = w.data
                 store = "data+a8" if w.a8 is not None and w.a8 is w.data else "data"
+            elif w.x2_tiles is not None:
+                t, store = w.x2_tiles, "x2"
             else:
                 t, store = w.a8, "a8"
             if t.device.type != "cpu" or str(t.dtype).removeprefix("torch.") not in _DTYPES:

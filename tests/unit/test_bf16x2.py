@@ -111,6 +111,24 @@ def test_x2_half_weights_are_exact_in_the_split(native):
     assert torch.equal(y, w16.float().T)
 
 
+@pytest.mark.parametrize("qtype", HALF)
+def test_x2_tiles_replace_the_rows_and_give_them_back(native, qtype):
+    if _refused():
+        return
+    w16 = (torch.randn(70, 100, generator=torch.Generator().manual_seed(4)) * 0.1).to(
+        TORCH_DTYPE[qtype]
+    )  # tails: 70 rows, 100 inputs
+    w = K.pack_weight(qtype, w16, 70, 100)
+    w.enable_x2()
+    assert w.x2 and not w.holds_blocks  # stored once: the tiles replace the rows
+    assert w.nbytes == 80 * 128 * 2  # padded to 16 rows and 32 inputs
+    assert torch.equal(w.data, w16)  # given back exactly
+    rows = torch.tensor([69, 0, 17, 17])
+    assert torch.equal(w.dequantize_rows(rows), w16[rows].float())
+    w.disable_x2()
+    assert not w.x2 and w.holds_blocks and torch.equal(w.data, w16)
+
+
 def _tiny(path, activation_dtype: str) -> LlamaModel:
     return LlamaModel(
         load_checkpoint(path), K.get_ops("native"), torch.device("cpu"), torch.float32, "auto",

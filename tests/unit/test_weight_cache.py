@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from specdec import LLM, SamplingParams
+from specdec.config import ConfigError
+from specdec.kernels import amx16_available
 
 from .test_kquants import write_kquant_gguf
 
@@ -37,36 +39,45 @@ def _same_weights(a, b) -> None:
     for la, lb in zip(a.linears(), b.linears(), strict=True):
         wa, wb = la.weight, lb.weight
         assert (wa.qtype, wa.parts, wa.holds_blocks) == (wb.qtype, wb.parts, wb.holds_blocks)
-        assert (wa.a8 is None) == (wb.a8 is None)
+        assert (wa.a8 is None) == (wb.a8 is None) and wa.x2 == wb.x2
         if wa.a8 is not None:
             assert torch.equal(wa.a8, wb.a8)
+        if wa.x2:
+            assert torch.equal(wa.x2_tiles, wb.x2_tiles)
         if wa.holds_blocks:
             assert torch.equal(wa.data, wb.data)
 
 
-@pytest.mark.parametrize("kind", ["Q4_0", "F16", "kquant"])
+@pytest.mark.parametrize("kind", ["Q4_0", "F16", "kquant", "BF16-bf16x2"])
 def test_second_load_maps_the_cache_and_computes_the_same(
     kind, tmp_path, cache_dir, mk, monkeypatch
 ):
+    kind, _, act = kind.partition("-")
+    kw = {"activation_dtype": act} if act else {}
     if kind == "kquant":
         path = write_kquant_gguf(mk, tmp_path / "tiny-kq.gguf", "Q4_K_M")
     else:
         path = mk.write_gguf(tmp_path / f"tiny-{kind}.gguf", mk.SHAPES["tiny"], kind, seed=3)
     monkeypatch.setenv("SPECDEC_WEIGHT_CACHE", "off")
-    ref_llm, ref = _load(path)
+    if act == "bf16x2" and not amx16_available():  # refused, with the reason
+        with pytest.raises(ConfigError, match="AMX-BF16"):
+            _load(path, **kw)
+        return
+    ref_llm, ref = _load(path, **kw)
     assert ref._cache is None
     want = _tokens(ref_llm)
     monkeypatch.setenv("SPECDEC_WEIGHT_CACHE", str(cache_dir))
-    first_llm, first = _load(path)
+    first_llm, first = _load(path, **kw)
     assert first._cache.hits == 0
     files = list(cache_dir.glob("*.weights"))
     assert len(files) == 1 and files[0].name.startswith(path.name)
     assert _tokens(first_llm) == want
-    second_llm, second = _load(path)
+    second_llm, second = _load(path, **kw)
     assert second._cache.hits == len(second.linears())  # tied: lm_head is the embedding
     _same_weights(second, ref)
     w = second.layers[0].qkv.weight
-    storage = w.a8 if w.a8 is not None else w.data
+    assert w.x2 == (act == "bf16x2")
+    storage = w.a8 if w.a8 is not None else w.x2_tiles if w.x2 else w.data
     mapped = second._cache._mapped  # the weights are views of the cache file's mapping
     assert mapped.ctypes.data <= storage.data_ptr() < mapped.ctypes.data + mapped.nbytes
     assert _tokens(second_llm) == want

@@ -187,9 +187,13 @@ void half512_linear_rows(int qtype, const float* x, int64_t M, int64_t K, const 
 // 16-bit weights on AMX-BF16 tiles with activations split into bfloat16 hi + lo
 // (kernels_amx16.cpp; numbers and layouts there).  amx16_pack_x writes activation groups
 // [g0, g1) (16 rows each) of x [M, K] into xp (amx16_packed_x_elems(M, K) elements);
-// amx16_linear_rows then gives y rows' outputs [n0, n1) against w ([N, K], QT_F16 or QT_BF16).
+// amx16_linear_rows then gives y rows' outputs [n0, n1) (n0 a multiple of 16) against w (the tiles
+// of a QT_F16 or QT_BF16 weight [N, K], amx16_weight_bytes long).
 // scratch: kAmx16ScratchBytes, private to the calling thread.  Only after ops.cpp has confirmed
 // AMX-BF16 and the tile-data permission.
+// The weights as tiles (ops.cpp repack_x2): per 16 weight rows, per 32 inputs, 16 x 32 elements,
+// zero-padded past N and K.
+inline int64_t amx16_weight_bytes(int64_t N, int64_t K) { return (N + 15) / 16 * 16 * ((K + 31) / 32) * 32 * 2; }
 constexpr int64_t kAmx16WeightScratchBytes = 4 * 16 * 2 * 512 * 2;
 constexpr int64_t kAmx16ScratchBytes = kAmx16WeightScratchBytes + 4 * 16 * 256 * 4;
 #ifdef SPECDEC_HAVE_AMX16

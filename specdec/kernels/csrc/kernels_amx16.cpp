@@ -15,9 +15,9 @@
 // row tile, thread and task split.  Decode uses the same tiles (its one activation row padded to
 // a tile of 16), so verification rows equal decode rows bit for bit.
 //
-// Layouts.  The weights are the tiles' A operand straight from their [N, K] rows (16 weight rows x
-// 32 inputs, stride 2K bytes); half weights, and tails (N % 16, K % 32), are first split / copied
-// into zero-padded scratch tiles.  The activations are the B operand: per group of 16 activation
+// Layouts.  The weights are the tiles' A operand, repacked once at load (ops.cpp repack_x2) into
+// 1 KiB tiles of 16 weight rows x 32 inputs, zero-padded past N and K, so that each weight tile is
+// one contiguous read; half weights are split into hi and lo scratch tiles before their products.  The activations are the B operand: per group of 16 activation
 // rows and block of 32 inputs, a 1 KiB tile of 16 input pairs x 16 rows (row t holds, for every
 // activation row m, inputs 2t and 2t + 1 at elements 2m and 2m + 1), hi tile then lo tile
 // (amx16_pack_x).  The result tile is [16 weight rows x 16 activation rows] in float32.
@@ -65,8 +65,7 @@ constexpr int64_t kTileElems = 512;  // 16 x 32 bfloat16
 constexpr int64_t kChunkBlocks = 16;  // 32-input blocks per K chunk (512 inputs)
 constexpr int64_t kBlockRows = 64;    // weight rows per block (4 tiles)
 constexpr int64_t kMaxGroups = 16;    // activation groups (of 16 rows) per pass: 256 rows
-constexpr int64_t kPrefetchRows = 2;  // weight rows split ahead of their prefetch
-constexpr int64_t kPrefetchBlocks = 4;  // direct weight tiles: blocks ahead of their prefetch
+constexpr int64_t kPrefetchBlocks = 4;  // weight tiles: blocks ahead of their prefetch
 constexpr int64_t kStreamAhead = 2;     // half weights, few rows: blocks split ahead of their use
 constexpr int64_t kStreamSlots = 4;     // ... into a ring of this many blocks
 
@@ -80,21 +79,15 @@ inline void split32(__m512 f0, __m512 f1, __m512i& hi, __m512i& lo) {
     lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(f1, h1), _mm512_sub_ps(f0, h0));
 }
 
-// 32 weights of row r (k0..k0+kn) into tile row r of dst_hi (and dst_lo for half), zero-padded.
-template <int QT>
-inline void weight_row(const uint16_t* w, int64_t kn, uint16_t* dst_hi, uint16_t* dst_lo) {
-    const __mmask32 m = kn >= 32 ? ~__mmask32(0) : (__mmask32(1) << kn) - 1;
-    const __m512i v = _mm512_maskz_loadu_epi16(m, w);
-    if (QT == QT_BF16) {
-        _mm512_storeu_si512(dst_hi, v);
-        return;
+// One half weight tile (16 rows x 32, contiguous) split into its hi and lo bfloat16 tiles.
+inline void split_tile(const uint16_t* t, uint16_t* hi_t, uint16_t* lo_t) {
+    for (int r = 0; r < 16; ++r) {
+        const __m512i v = _mm512_loadu_si512(t + r * 32);
+        __m512i hi, lo;
+        split32(_mm512_cvtph_ps(_mm512_castsi512_si256(v)), _mm512_cvtph_ps(_mm512_extracti64x4_epi64(v, 1)), hi, lo);
+        _mm512_storeu_si512(hi_t + r * 32, hi);
+        _mm512_storeu_si512(lo_t + r * 32, lo);
     }
-    const __m512 f0 = _mm512_cvtph_ps(_mm512_castsi512_si256(v));
-    const __m512 f1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(v, 1));
-    __m512i hi, lo;
-    split32(f0, f1, hi, lo);
-    _mm512_storeu_si512(dst_hi, hi);
-    _mm512_storeu_si512(dst_lo, lo);
 }
 
 // Result tiles of NW weight tiles x NG activation groups, over blocks [b0, b1) of one chunk.
@@ -104,23 +97,11 @@ template <int QT, int NW, int NG, class A, class P>
 inline void tile_products(const A& a, const P& prep, const uint16_t* const* xg, int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
         prep(b);
-        // Direct weight tiles: their rows kPrefetchBlocks blocks ahead (a prefetch never faults,
-        // so past the row's end is harmless).
-        for (int t = 0; t < NW; ++t) {
-            auto p = a(t, b + kPrefetchBlocks, 0);
-            if (p.second != 64)
-                for (int r = 0; r < 16; ++r)
-                    _mm_prefetch(reinterpret_cast<const char*>(p.first) + r * p.second, _MM_HINT_T0);
-        }
         const uint16_t* xh0 = xg[0] + b * 2 * kTileElems;
         const uint16_t* xh1 = NG > 1 ? xg[1] + b * 2 * kTileElems : nullptr;
         {
-            auto a0 = a(0, b, 0);
-            SPECDEC_T16_LOAD(4, a0.first, a0.second);
-            if constexpr (NW > 1) {
-                auto a1 = a(1, b, 0);
-                SPECDEC_T16_LOAD(5, a1.first, a1.second);
-            }
+            SPECDEC_T16_LOAD(4, a(0, b, 0), 64);
+            if constexpr (NW > 1) SPECDEC_T16_LOAD(5, a(1, b, 0), 64);
         }
         SPECDEC_T16_LOAD(6, xh0, 64);
         if constexpr (NG > 1) SPECDEC_T16_LOAD(7, xh1, 64);
@@ -135,12 +116,8 @@ inline void tile_products(const A& a, const P& prep, const uint16_t* const* xg, 
         if constexpr (NW > 1) SPECDEC_TDPBF16PS(2, 5, 6);
         if constexpr (NW > 1 && NG > 1) SPECDEC_TDPBF16PS(3, 5, 7);
         if constexpr (QT == QT_F16) {
-            auto a0 = a(0, b, 1);
-            SPECDEC_T16_LOAD(4, a0.first, a0.second);
-            if constexpr (NW > 1) {
-                auto a1 = a(1, b, 1);
-                SPECDEC_T16_LOAD(5, a1.first, a1.second);
-            }
+            SPECDEC_T16_LOAD(4, a(0, b, 1), 64);
+            if constexpr (NW > 1) SPECDEC_T16_LOAD(5, a(1, b, 1), 64);
             SPECDEC_T16_LOAD(6, xh0, 64);
             if constexpr (NG > 1) SPECDEC_T16_LOAD(7, xh1, 64);
             SPECDEC_TDPBF16PS(0, 4, 6);
@@ -182,86 +159,63 @@ inline void chunk_pass(const A& a, const P& prep, const uint16_t* const* xg, int
     store_results<NW, NG>(c, ngmax);
 }
 
-// Weight rows [r0, r0 + nr) (nr <= kBlockRows) against activation groups [g0, g0 + ng) (ng <=
-// kMaxGroups): every chunk of K, then the results (transposed) + bias into y.
+// Weight rows [r0, r0 + nr) (r0 a multiple of 16, nr <= kBlockRows) against activation groups
+// [g0, g0 + ng) (ng <= kMaxGroups): every chunk of K, then the results (transposed) + bias into y.
 template <int QT>
-void block_rows(const uint16_t* xp, int64_t nb, int64_t M, int64_t K, const uint16_t* w, const float* bias,
-                float* y, int64_t ldy, int64_t r0, int64_t nr, int64_t g0, int64_t ng, uint16_t* wscratch,
-                float* c) {
+void block_rows(const uint16_t* xp, int64_t nb, int64_t M, const uint16_t* w, const float* bias, float* y,
+                int64_t ldy, int64_t r0, int64_t nr, int64_t g0, int64_t ng, uint16_t* wscratch, float* c) {
     const int64_t nw = (nr + 15) / 16;
-    // Direct weight tiles when bfloat16 and whole; else the chunk is split / padded into wscratch:
-    // per weight tile i, block b of the chunk, part p: tile (i * kChunkBlocks + b) * 2 + p.
-    const bool direct = QT == QT_BF16 && nr % 16 == 0;
-    // Half weights against few activation rows (decode, verification): each block's weight tiles
-    // are split kStreamAhead blocks ahead of their use into a ring (so the split overlaps the
-    // tile products and the memory stream) instead of a whole chunk first; the same tiles, so the
-    // same numbers.
+    const uint16_t* wt = w + (r0 / 16) * nb * kTileElems;  // this block's first weight tile
+    auto tile = [&](int64_t i, int64_t b) { return wt + (i * nb + b) * kTileElems; };
+    // Half weights are split into wscratch: against many activation rows (prefill) a whole chunk
+    // first (tile (i * kChunkBlocks + b) * 2 + part), against few (decode, verification) block by
+    // block kStreamAhead blocks ahead of their use into a ring, so that the split overlaps the
+    // tile products and the memory stream.  The same tiles either way, so the same numbers.
     const bool stream = QT == QT_F16 && ng <= 2;
-    auto split_block = [&](int64_t i, int64_t b, uint16_t* th) {
-        const int64_t kn = std::min<int64_t>(32, K - b * 32);
-        for (int64_t r = 0; r < 16; ++r) {
-            const int64_t row = i * 16 + r;
-            if (row < nr) {
-                const uint16_t* src = w + (r0 + row) * K + b * 32;
-                _mm_prefetch(reinterpret_cast<const char*>(src + kPrefetchBlocks * 32), _MM_HINT_T0);
-                weight_row<QT>(src, kn, th + r * 32, th + kTileElems + r * 32);
-            } else {
-                memset(th + r * 32, 0, 64);
-                memset(th + kTileElems + r * 32, 0, 64);
-            }
-        }
-    };
     const uint16_t* xg_all[kMaxGroups];
     for (int64_t j = 0; j < ng; ++j) xg_all[j] = xp + (g0 + j) * nb * 2 * kTileElems;
     for (int64_t cb0 = 0; cb0 < nb; cb0 += kChunkBlocks) {
         const int64_t cb1 = std::min(nb, cb0 + kChunkBlocks);
-        const bool tail_k = cb1 * 32 > K;
-        const bool use_direct = direct && !tail_k;
-        if (!use_direct && !stream) {
-            // Row by row (each row's chunk is one contiguous run), the next rows prefetched.
-            const int64_t kn = std::min(K, cb1 * 32) - cb0 * 32;
-            for (int64_t row = 0; row < nw * 16; ++row) {
-                const int64_t i = row / 16, r = row % 16;
-                uint16_t* th = wscratch + i * kChunkBlocks * 2 * kTileElems + r * 32;
-                if (row >= nr) {
-                    for (int64_t b = cb0; b < cb1; ++b) {
-                        memset(th + (b - cb0) * 2 * kTileElems, 0, 64);
-                        memset(th + (b - cb0) * 2 * kTileElems + kTileElems, 0, 64);
-                    }
-                    continue;
+        if (QT == QT_F16 && !stream)
+            for (int64_t i = 0; i < nw; ++i)
+                for (int64_t b = cb0; b < cb1; ++b) {
+                    uint16_t* th = wscratch + ((i * kChunkBlocks + (b - cb0)) * 2) * kTileElems;
+                    split_tile(tile(i, b), th, th + kTileElems);
                 }
-                const uint16_t* src = w + (r0 + row) * K + cb0 * 32;
-                if (row + kPrefetchRows < nr) {
-                    const char* pf = reinterpret_cast<const char*>(src + kPrefetchRows * K);
-                    for (int64_t o = 0; o < kn * 2; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
-                }
-                for (int64_t b = cb0; b < cb1; ++b)
-                    weight_row<QT>(src + (b - cb0) * 32, std::min<int64_t>(32, K - b * 32),
-                                   th + (b - cb0) * 2 * kTileElems, th + (b - cb0) * 2 * kTileElems + kTileElems);
-            }
-        }
         for (int64_t i = 0; i < nw; i += 2) {
-            const bool two = i + 1 < nw;
+            const int nt = i + 1 < nw ? 2 : 1;
             auto ring = [&](int t, int64_t b) { return wscratch + (((b % kStreamSlots) * 2 + t) * 2) * kTileElems; };
-            auto a = [&](int t, int64_t b, int part) -> std::pair<const uint16_t*, int64_t> {
-                if (use_direct) return {w + (r0 + (i + t) * 16) * K + b * 32, K * 2};
-                if (stream) return {ring(t, b) + part * kTileElems, 64};
-                return {wscratch + (((i + t) * kChunkBlocks + (b - cb0)) * 2 + part) * kTileElems, 64};
+            auto a = [&](int t, int64_t b, int part) -> const uint16_t* {
+                if (QT == QT_BF16) return tile(i + t, b);
+                if (stream) return ring(t, b) + part * kTileElems;
+                return wscratch + (((i + t) * kChunkBlocks + (b - cb0)) * 2 + part) * kTileElems;
             };
             auto prep = [&](int64_t b) {
+                if (QT == QT_BF16) {
+                    for (int t = 0; t < nt; ++t)  // the weight stream, kPrefetchBlocks ahead
+                        for (int l = 0; l < 16; ++l)
+                            _mm_prefetch(reinterpret_cast<const char*>(tile(i + t, b + kPrefetchBlocks)) + 64 * l,
+                                         _MM_HINT_T0);
+                    return;
+                }
                 if (!stream) return;
                 if (b == cb0)
                     for (int64_t bb = cb0; bb < std::min(cb1, cb0 + kStreamAhead); ++bb)
-                        for (int t = 0; t < (two ? 2 : 1); ++t) split_block(i + t, bb, ring(t, bb));
+                        for (int t = 0; t < nt; ++t) split_tile(tile(i + t, bb), ring(t, bb), ring(t, bb) + kTileElems);
                 if (b + kStreamAhead < cb1)
-                    for (int t = 0; t < (two ? 2 : 1); ++t)
-                        split_block(i + t, b + kStreamAhead, ring(t, b + kStreamAhead));
+                    for (int t = 0; t < nt; ++t) {
+                        const int64_t bb = b + kStreamAhead;
+                        for (int l = 0; l < 16; ++l)
+                            _mm_prefetch(reinterpret_cast<const char*>(tile(i + t, bb + kPrefetchBlocks)) + 64 * l,
+                                         _MM_HINT_T0);
+                        split_tile(tile(i + t, bb), ring(t, bb), ring(t, bb) + kTileElems);
+                    }
             };
             for (int64_t j = 0; j < ng; j += 2) {
                 float* cij = c + (i * kMaxGroups + j) * 256;
                 const bool first = cb0 == 0;
-                if (two && j + 1 < ng) chunk_pass<QT, 2, 2>(a, prep, xg_all + j, cb0, cb1, cij, kMaxGroups, first);
-                else if (two) chunk_pass<QT, 2, 1>(a, prep, xg_all + j, cb0, cb1, cij, kMaxGroups, first);
+                if (nt == 2 && j + 1 < ng) chunk_pass<QT, 2, 2>(a, prep, xg_all + j, cb0, cb1, cij, kMaxGroups, first);
+                else if (nt == 2) chunk_pass<QT, 2, 1>(a, prep, xg_all + j, cb0, cb1, cij, kMaxGroups, first);
                 else if (j + 1 < ng) chunk_pass<QT, 1, 2>(a, prep, xg_all + j, cb0, cb1, cij, kMaxGroups, first);
                 else chunk_pass<QT, 1, 1>(a, prep, xg_all + j, cb0, cb1, cij, kMaxGroups, first);
             }
@@ -298,7 +252,7 @@ void amx16_rows(const uint16_t* xp, int64_t M, int64_t K, const uint16_t* w, con
         const int64_t ng = std::min(kMaxGroups, groups - g0);
         for (int64_t r0 = n0; r0 < n1; r0 += kBlockRows) {
             const int64_t nr = std::min(kBlockRows, n1 - r0);
-            block_rows<QT>(xp, nb, M, K, w, bias, y, ldy, r0, nr, g0, ng, wscratch, c);
+            block_rows<QT>(xp, nb, M, w, bias, y, ldy, r0, nr, g0, ng, wscratch, c);
         }
     }
     __asm__ volatile("tilerelease" ::: "memory");

@@ -21,11 +21,11 @@ namespace specdec {
 namespace {
 
 struct LinearSpec {
-    torch::Tensor w;  // f32 [N, K], uint8 [N, row_bytes], or K-quant tiles (uint8, flat)
+    torch::Tensor w;  // f32 [N, K], uint8 [N, row_bytes], or K-quant / bf16x2 tiles (uint8, flat)
     int64_t qtype;
     int64_t K;
     c10::optional<torch::Tensor> bias;
-    std::vector<int64_t> parts;  // K-quants: [format, rows, ...] (kernels.h); else empty
+    std::vector<int64_t> parts;  // K-quants, bf16x2 tiles: [format, rows, ...] (kernels.h); else empty
     int64_t N;
 
     LinearSpec(torch::Tensor w_, int64_t qtype_, int64_t K_, c10::optional<torch::Tensor> bias_,

@@ -405,15 +405,15 @@ torch::Tensor linear_half_x2(const torch::Tensor& x_in, const torch::Tensor& w, 
                              const float* bias) {
     TORCH_CHECK(amx16_usable(), "specdec native linear: bf16x2 activations need AMX-BF16, which this CPU ",
                 "(or this process) lacks");
-    const auto want = qtype == QT_F16 ? torch::kHalf : torch::kBFloat16;
-    TORCH_CHECK(w.scalar_type() == want && w.numel() == N * K, "specdec native linear: ",
-                qtype == QT_F16 ? "f16" : "bf16", " weight must be ", want, " [", N, ", ", K, "]");
+    TORCH_CHECK(w.scalar_type() == torch::kUInt8 && w.numel() == amx16_weight_bytes(N, K), "specdec native linear: ",
+                qtype == QT_F16 ? "f16" : "bf16", " bf16x2 weight must be repack_x2's tiles (", amx16_weight_bytes(N, K),
+                " bytes) for [", N, ", ", K, "]");
     torch::Tensor x = x_in.contiguous();
     const int64_t M = x.size(0);
     auto y = torch::empty({M, N}, x.options());
     if (M == 0 || N == 0) return y;
     const float* xp = x.data_ptr<float>();
-    const uint16_t* wp = static_cast<const uint16_t*>(w.data_ptr());
+    const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<uint8_t>());
     float* yp = y.data_ptr<float>();
     thread_local std::vector<uint16_t> packed;
     const int64_t need = amx16_packed_x_elems(M, K);
@@ -649,6 +649,58 @@ torch::Tensor repack_a8_cat(const std::vector<torch::Tensor>& ws, int64_t qtype,
 
 torch::Tensor repack_a8(torch::Tensor w, int64_t qtype, int64_t N, int64_t K) {
     return repack_a8_cat({w}, qtype, {N}, K);
+}
+
+// 16-bit weights [N, K] as the tiles of kernels_amx16.cpp (bf16x2 activations): per 16 weight rows
+// and 32 inputs one 1 KiB tile of 16 rows x 32 elements, blocks along K, then the next 16 rows;
+// rows past N and inputs past K are zeros.  The same values rearranged (unpack_x2 inverts it).
+torch::Tensor repack_x2(torch::Tensor w, int64_t N, int64_t K) {
+    TORCH_CHECK(w.device().is_cpu() && (w.scalar_type() == torch::kHalf || w.scalar_type() == torch::kBFloat16) &&
+                    w.numel() == N * K,
+                "specdec repack_x2: weight must be a CPU float16 / bfloat16 [", N, ", ", K, "]");
+    torch::Tensor src_t = w.contiguous();
+    const uint16_t* src = static_cast<const uint16_t*>(src_t.data_ptr());
+    const int64_t nb = (K + 31) / 32, ntiles = (N + 15) / 16;
+    torch::Tensor out = weight_bytes(amx16_weight_bytes(N, K));
+    uint16_t* dst = reinterpret_cast<uint16_t*>(out.data_ptr<uint8_t>());
+    parallel_range(ntiles, grain_for(16.0 * K * 0.2), [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t)
+            for (int64_t r = 0; r < 16; ++r) {
+                const int64_t n = t * 16 + r;
+                for (int64_t b = 0; b < nb; ++b) {
+                    uint16_t* d = dst + ((t * nb + b) * 16 + r) * 32;
+                    const int64_t kn = n < N ? std::min<int64_t>(32, K - b * 32) : 0;
+                    if (kn > 0) std::memcpy(d, src + n * K + b * 32, static_cast<size_t>(kn) * 2);
+                    if (kn < 32) std::memset(d + kn, 0, static_cast<size_t>(32 - kn) * 2);
+                }
+            }
+    });
+    return out;
+}
+
+// The [N, K] rows (all, or the given ones) back from repack_x2's tiles, as float16 (qtype
+// QT_F16) or bfloat16.
+torch::Tensor unpack_x2(torch::Tensor tiles, int64_t qtype, int64_t N, int64_t K, c10::optional<torch::Tensor> rows) {
+    TORCH_CHECK(qtype == QT_F16 || qtype == QT_BF16, "specdec unpack_x2: qtype must be f16 or bf16, got ", qtype);
+    TORCH_CHECK(tiles.device().is_cpu() && tiles.scalar_type() == torch::kUInt8 && tiles.is_contiguous() &&
+                    tiles.numel() == amx16_weight_bytes(N, K),
+                "specdec unpack_x2: tiles must be contiguous CPU uint8 with ", amx16_weight_bytes(N, K), " bytes");
+    const bool all = !rows.has_value() || !rows->defined();
+    const torch::Tensor idx = all ? torch::Tensor() : checked_rows(*rows, N, "unpack_x2");
+    const int64_t R = all ? N : idx.numel(), nb = (K + 31) / 32;
+    const int64_t* ip = all ? nullptr : idx.data_ptr<int64_t>();
+    auto out = torch::empty({R, K}, torch::dtype(qtype == QT_F16 ? torch::kHalf : torch::kBFloat16));
+    const uint16_t* src = reinterpret_cast<const uint16_t*>(tiles.data_ptr<uint8_t>());
+    uint16_t* dst = static_cast<uint16_t*>(out.data_ptr());
+    parallel_range(R, grain_for(static_cast<double>(K) * 0.5), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+            const int64_t n = ip ? ip[r] : r, t = n / 16, j = n % 16;
+            for (int64_t b = 0; b < nb; ++b)
+                std::memcpy(dst + r * K + b * 32, src + ((t * nb + b) * 16 + j) * 32,
+                            static_cast<size_t>(std::min<int64_t>(32, K - b * 32)) * 2);
+        }
+    });
+    return out;
 }
 
 // The GGUF block rows (all, or the given ones) back from a8 tiles: repack_a8's exact inverse.
@@ -978,6 +1030,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.attr("QT_BF16") = static_cast<int>(QT_BF16);
     m.attr("QT_F16_X2") = static_cast<int>(QT_F16_X2);
     m.attr("QT_BF16_X2") = static_cast<int>(QT_BF16_X2);
+    m.def("repack_x2", &repack_x2, "16-bit weight [N, K] -> the tiles of the bf16x2 kernels (kernels_amx16.cpp)",
+          py::arg("w"), py::arg("n"), py::arg("k"));
+    m.def("unpack_x2", &unpack_x2, "bf16x2 tiles -> the 16-bit rows (all, or the given ones)", py::arg("tiles"),
+          py::arg("qtype"), py::arg("n"), py::arg("k"), py::arg("rows") = py::none());
     m.def("amx16_available", &amx16_usable,
           "True when 16-bit weights can run with bf16x2 activations on AMX-BF16 (built, CPU, OS permission)");
 }
