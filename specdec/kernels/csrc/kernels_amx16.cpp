@@ -5,7 +5,7 @@
 // The numbers.  Each float32 activation x is split into two bfloat16s, hi = bf16(x) and
 // lo = bf16(x - hi) (both round to nearest even), so hi + lo keeps ~16 of x's 24 significant bits
 // (relative error <= 2^-17).  A bfloat16 weight is exact as it is; a half weight w (11 significant
-// bits) is split the same way, and there hi + lo == w exactly.  Every output is
+// bits) is split into hi (w truncated to bfloat16) and lo = w - hi, and there hi + lo == w exactly.  Every output is
 //     sum over 32-input blocks b in order of [ W_hi . X_hi, W_hi . X_lo, (half only) W_lo . X_hi ]
 // accumulated in float32 by TDPBF16PS (products of two bfloat16s are exact in float32; the sums
 // round to nearest even); the dropped W_lo . X_lo term is below 2^-17 of each product.  So the
@@ -79,14 +79,18 @@ inline void split32(__m512 f0, __m512 f1, __m512i& hi, __m512i& lo) {
     lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(f1, h1), _mm512_sub_ps(f0, h0));
 }
 
-// One half weight tile (16 rows x 32, contiguous) split into its hi and lo bfloat16 tiles.
+// One half weight tile (16 rows x 32, contiguous) split into its hi and lo bfloat16 tiles: hi is the
+// weight truncated to bfloat16 (its top 8 significant bits: no rounding step, fewer instructions
+// than split32) and lo = w - hi, at most 3 more bits, so hi + lo == w exactly.
 inline void split_tile(const uint16_t* t, uint16_t* hi_t, uint16_t* lo_t) {
+    const __m512 top = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
     for (int r = 0; r < 16; ++r) {
         const __m512i v = _mm512_loadu_si512(t + r * 32);
-        __m512i hi, lo;
-        split32(_mm512_cvtph_ps(_mm512_castsi512_si256(v)), _mm512_cvtph_ps(_mm512_extracti64x4_epi64(v, 1)), hi, lo);
-        _mm512_storeu_si512(hi_t + r * 32, hi);
-        _mm512_storeu_si512(lo_t + r * 32, lo);
+        const __m512 f0 = _mm512_cvtph_ps(_mm512_castsi512_si256(v));
+        const __m512 f1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(v, 1));
+        const __m512 h0 = _mm512_and_ps(f0, top), h1 = _mm512_and_ps(f1, top);
+        _mm512_storeu_si512(hi_t + r * 32, (__m512i)_mm512_cvtne2ps_pbh(h1, h0));
+        _mm512_storeu_si512(lo_t + r * 32, (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(f1, h1), _mm512_sub_ps(f0, h0)));
     }
 }
 

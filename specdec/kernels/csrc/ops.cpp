@@ -396,7 +396,11 @@ void half_linear_rows(const KernelTable* tab, int qtype, const float* x, int64_t
     }
 }
 
-bool amx16_usable() { return avx512_usable() && amx16_cpu() && amx_permitted(); }
+// The CPU part asked once (CPUID traps to the hypervisor in a VM: microseconds per linear call).
+bool amx16_usable() {
+    static const bool cpu = avx512_usable() && amx16_cpu();
+    return cpu && amx_permitted();
+}
 
 #ifdef SPECDEC_HAVE_AMX16
 // 16-bit weights with bf16x2 activations (kernels_amx16.cpp): the activations are packed into
