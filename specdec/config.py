@@ -373,9 +373,10 @@ class EngineArgs:
     activation_dtype: str = _arg(
         "auto",
         "int8: llama.cpp-style 8-bit activations for quantized weights (fast on AVX-512 VNNI); "
-        "bf16x2: activations as two bfloat16s on AMX-BF16 tiles for f16/bf16 weights (~3x "
-        "faster prefill, slower decode); float32: exact float activations (matches "
-        "transformers); auto: int8 where fast",
+        "bf16x2: activations as two bfloat16s on AMX-BF16 tiles for f16/bf16 weights (~2-3x "
+        "faster prefill; f16 decode slower); float32: exact float activations (matches "
+        "transformers); auto: int8 for quantized weights where fast, bf16x2 for bf16 weights "
+        "on AMX-BF16 CPUs, else float32",
         choices=ACTIVATION_DTYPES,
     )
     kv_cache_dtype: str = _arg(

@@ -145,9 +145,10 @@ class LlamaModel:
         weights).  ``"int8"``: the 8-bit activation kernels for every quantized linear layer
         (llama.cpp's arithmetic for GGUF weights; ~2-4x faster verification rows on CPUs with
         AVX-512 VNNI).  ``"bf16x2"``: every f16 / bf16 linear layer on AMX-BF16 tiles, each
-        activation split into two bfloat16s (~16 significant bits; ~3x faster prefill, slower
-        decode; other layers stay float32).  ``"auto"``: int8 where those kernels run natively
-        and the weights are quantized, else float32.  All are batch-invariant, so speculation
+        activation split into two bfloat16s (~16 significant bits; ~2-3x faster prefill, flat
+        verification, slower decode for float16 weights; other layers stay float32).
+        ``"auto"``: int8 where those kernels run natively and the weights are quantized, else
+        bf16x2 for the bfloat16 layers on CPUs with AMX-BF16, else float32.  All are batch-invariant, so speculation
         stays exact."""
         if activation_dtype not in ACTIVATION_DTYPES:
             raise ConfigError(
@@ -156,15 +157,24 @@ class LlamaModel:
             )
         native_cpu = self.ops.name == "native" and self.device.type == "cpu"
         eligible = [lin for lin in self.linears() if native_cpu and lin.weight.a8_eligible()]
+        half = [lin for lin in self.linears() if lin.weight.qtype in HALF_QTYPES]
         if activation_dtype == "auto":
-            activation_dtype = "int8" if eligible and int8_activations_fast() else "float32"
+            # NOTE: bfloat16 weights only: bf16x2 decodes a 1.7B bf16 model at 0.96x float32's
+            # speed and prefills it 2.9x faster, but float16 weights decode at ~0.6x (their
+            # split into two bfloat16s costs more than the memory stream); BENCHMARKS.md.
+            bf16 = [lin for lin in half if lin.weight.qtype == "bf16"]
+            if eligible and int8_activations_fast():
+                activation_dtype = "int8"
+            elif bf16 and native_cpu and amx16_available():
+                activation_dtype, half = "bf16x2", bf16
+            else:
+                activation_dtype = "float32"
         if activation_dtype == "int8" and not eligible:
             raise ConfigError(
                 "activation_dtype int8 needs the native CPU kernels and quantized weights "
                 f"({'/'.join(A8_QTYPES)}); this model has none (kernels {self.ops.name}, "
                 f"device {self.device.type}); use a GGUF file or --quantization q8_0"
             )
-        half = [lin for lin in self.linears() if lin.weight.qtype in HALF_QTYPES]
         if activation_dtype == "bf16x2":
             if not half or not native_cpu or not amx16_available():
                 raise ConfigError(
