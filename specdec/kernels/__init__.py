@@ -341,8 +341,8 @@ class PackedWeight:
     def enable_x2(self) -> None:
         """Use the bf16x2 kernels (kernels_amx16.cpp): each float32 activation is split into
         two bfloat16s (hi + lo, ~16 significant bits) and dotted with the 16-bit weight on
-        AMX-BF16 tiles, summed in float32.  Results differ from the float path by about 2^-17
-        per product but stay batch-invariant; prefill runs ~2.5-3.5x faster.  The weight is
+        AMX-BF16 tiles, summed in float32.  Results differ from the float path by about 2^-16
+        of each product but stay batch-invariant; prefill runs ~2-3x faster.  The weight is
         repacked once into the kernels' tiles, which replace ``data`` (given back on demand)."""
         if not self.x2_eligible():
             raise ValueError(
