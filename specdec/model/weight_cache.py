@@ -42,6 +42,8 @@ from specdec.kernels import PackedWeight
 logger = logging.getLogger("specdec.model")
 
 MAGIC = b"SPDCWTS1"
+# Cache files kept per model file name (the newest; a new file removes the oldest beyond this).
+KEEP_PER_MODEL = 3
 FORMAT_VERSION = 1
 _ALIGN = 4096
 # torch dtype name -> (numpy dtype of the stored bytes, torch dtype to view them as)
@@ -221,6 +223,29 @@ class WeightCache:
             "weight cache: wrote %s (%.2f GB); later loads map it (SPECDEC_WEIGHT_CACHE=off: "
             "never)", self.path, total / 1e9,
         )  # fmt: skip
+        self._evict_older()
+
+    def _evict_older(self) -> None:
+        """Keep the KEEP_PER_MODEL newest cache files of this model file's name (this one
+        included) and delete the rest: every rebuild of specdec and every change of settings
+        writes a new file, and stale ones would otherwise pile up (each is as big as the model).
+        A process that still maps a deleted file keeps its pages."""
+        prefix = self.path.name[: -len(self.key) - len(".weights")]
+        older: list[tuple[float, Path]] = []
+        for p in self.path.parent.glob("*.weights"):
+            # NOTE: the same model file name with another key (same length)
+            if p != self.path and p.name.startswith(prefix) and len(p.name) == len(self.path.name):
+                try:
+                    older.append((p.stat().st_mtime, p))
+                except OSError:  # removed meanwhile (another process)
+                    continue
+        older.sort(reverse=True)
+        for _, p in older[KEEP_PER_MODEL - 1 :]:
+            try:
+                p.unlink()
+                logger.info("weight cache: removed %s (older than the %d kept)", p, KEEP_PER_MODEL)
+            except OSError as e:
+                logger.warning("weight cache: could not remove %s (%s)", p, e)
 
 
 def _data_start(header_len: int) -> int:

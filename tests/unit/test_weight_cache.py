@@ -85,6 +85,28 @@ def test_second_load_maps_the_cache_and_computes_the_same(
     assert torch.equal(second.embed(ids), ref.embed(ids))
 
 
+def test_a_new_cache_file_removes_the_oldest_of_its_model(tmp_path, cache_dir, mk):
+    # Stale files of the same model file name (other builds, other settings) beyond the newest
+    # KEEP_PER_MODEL go; other models' files stay.
+    from specdec.model.weight_cache import KEEP_PER_MODEL
+
+    path = mk.write_gguf(tmp_path / "tiny.gguf", mk.SHAPES["tiny"], "Q4_1", seed=4)
+    cache_dir.mkdir(parents=True)
+    stale = []
+    for i in range(4):
+        p = cache_dir / f"tiny.gguf-{i:024x}.weights"
+        p.write_bytes(b"old")
+        os.utime(p, (1_000_000 + i, 1_000_000 + i))
+        stale.append(p)
+    other = cache_dir / f"other.gguf-{0:024x}.weights"
+    other.write_bytes(b"other")
+    _load(path)
+    kept = sorted(p.name for p in cache_dir.glob("tiny.gguf-*.weights"))
+    assert len(kept) == KEEP_PER_MODEL == 3
+    assert [p.name for p in stale[-2:]] == [k for k in kept if k in {p.name for p in stale}]
+    assert other.exists()
+
+
 def test_cache_follows_the_file_and_the_settings(tmp_path, cache_dir, mk):
     path = mk.write_gguf(tmp_path / "tiny.gguf", mk.SHAPES["tiny"], "Q4_1", seed=4)
     _load(path)

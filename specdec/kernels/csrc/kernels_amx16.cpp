@@ -4,23 +4,26 @@
 //
 // The numbers.  Each float32 activation x is split into two bfloat16s, hi = bf16(x) and
 // lo = bf16(x - hi) (both round to nearest even), so hi + lo keeps ~16 of x's 24 significant bits
-// (relative error <= 2^-17).  A bfloat16 weight is exact as it is; a half weight w (11 significant
-// bits) is split into hi (w truncated to bfloat16) and lo = w - hi, and there hi + lo == w exactly.  Every output is
+// (|x - hi - lo| <= 2^-16 |x|).  A bfloat16 weight is exact as it is; a half weight w (11
+// significant bits) is split into hi (w truncated to bfloat16) and lo = w - hi (< 2^-7 |w|), and
+// hi + lo == w exactly.  Every output is
 //     sum over 32-input blocks b in order of [ W_hi . X_hi, W_hi . X_lo, (half only) W_lo . X_hi ]
 // accumulated in float32 by TDPBF16PS (products of two bfloat16s are exact in float32; the sums
-// round to nearest even); the dropped W_lo . X_lo term is below 2^-17 of each product.  So the
-// arithmetic is float32-class (llama.cpp rounds activations to 16 bits for these formats), and
-// it is batch-invariant: every output element of a tile product depends only on its own weight
-// row and activation row, and the order of the products over K is the same for every row count,
-// row tile, thread and task split.  Decode uses the same tiles (its one activation row padded to
-// a tile of 16), so verification rows equal decode rows bit for bit.
+// round to nearest even).  Each product is off by at most 2^-16 of itself (bfloat16 weights) or
+// 3 * 2^-16 (half weights: the dropped W_lo . X_lo too).  So the arithmetic is float32-class
+// (llama.cpp rounds activations to 16 bits for these formats), and it is batch-invariant: every
+// output element of a tile product depends only on its own weight row and activation row, and
+// the order of the products over K is the same for every row count, row tile, thread and task
+// split.  Decode uses the same tiles (its one activation row padded to a tile of 16), so
+// verification rows equal decode rows bit for bit.
 //
 // Layouts.  The weights are the tiles' A operand, repacked once at load (ops.cpp repack_x2) into
 // 1 KiB tiles of 16 weight rows x 32 inputs, zero-padded past N and K, so that each weight tile is
-// one contiguous read; half weights are split into hi and lo scratch tiles before their products.  The activations are the B operand: per group of 16 activation
-// rows and block of 32 inputs, a 1 KiB tile of 16 input pairs x 16 rows (row t holds, for every
-// activation row m, inputs 2t and 2t + 1 at elements 2m and 2m + 1), hi tile then lo tile
-// (amx16_pack_x).  The result tile is [16 weight rows x 16 activation rows] in float32.
+// one contiguous read; half weights are split into hi and lo scratch tiles before their products.
+// The activations are the B operand: per group of 16 activation rows and block of 32 inputs, a
+// 1 KiB tile of 16 input pairs x 16 rows (row t holds, for every activation row m, inputs 2t and
+// 2t + 1 at elements 2m and 2m + 1), hi tile then lo tile (amx16_pack_x).  The result tile is
+// [16 weight rows x 16 activation rows] in float32.
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
