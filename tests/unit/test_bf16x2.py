@@ -196,3 +196,23 @@ def test_bf16x2_refused_for_quantized_weights(tmp_path, mk):
     assert not w.x2_eligible()
     with pytest.raises(ValueError, match="bf16x2"):
         w.enable_x2()
+
+
+@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_qwen2"])
+def test_auto_on_a_hf_bf16_folder_matches_transformers(fixture, tmp_path, request):
+    # The usual Hugging Face case: a bfloat16 folder, default settings.  On AMX-BF16 CPUs it
+    # runs bf16x2 and its logits still match transformers' float32 on the same weights.
+    import transformers
+
+    from .test_half_weights import _hf_16bit
+
+    _require_native()
+    folder = _hf_16bit(request.getfixturevalue(fixture), tmp_path / "m", torch.bfloat16)
+    model = _tiny(folder, "auto")
+    assert model.activation_dtype == ("bf16x2" if AMX16 else "float32")
+    ids = [(i * 37 + 11) % 250 for i in range(40)]
+    ours = _logits(model, ids)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    assert (ours - ref).abs().max().item() < 1e-3
