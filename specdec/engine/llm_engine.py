@@ -223,11 +223,19 @@ class LLMEngine:
         return num_running, num_cache
 
     def _load_draft(self, spec: SpeculativeConfig) -> LlamaModel:
+        # NOTE: the draft takes the target's activation format where its weights allow, else its
+        # own auto choice: a draft only proposes, so its arithmetic never changes the output, and
+        # e.g. a BF16 target's bf16x2 must not fail on a quantized draft.
         draft, draft_tok = load_model(
             spec.model, self.device, self.model.dtype, self._kernels,
             spec.draft_quantization or self.config.quantization, self.max_model_len,
-            self.config.activation_dtype, self.config.kv_cache_dtype,
+            "auto", self.config.kv_cache_dtype,
         )  # fmt: skip
+        if self.config.activation_dtype not in ("auto", draft.activation_dtype):
+            try:
+                draft.set_activation_dtype(self.config.activation_dtype)
+            except ConfigError as e:
+                logger.info("draft model keeps activations %s (%s)", draft.activation_dtype, e)
         if (
             draft.cfg.vocab_size != self.model.cfg.vocab_size
             or draft_tok.vocab_size != self.tokenizer.vocab_size

@@ -216,3 +216,25 @@ def test_auto_on_a_hf_bf16_folder_matches_transformers(fixture, tmp_path, reques
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0]
     assert (ours - ref).abs().max().item() < 1e-3
+
+
+def test_a_quantized_draft_under_a_bf16x2_target(tmp_path, mk):
+    # The target's explicit bf16x2 does not apply to a Q8_0 draft model: the draft keeps its own
+    # automatic choice instead of failing, and the output is still plain decoding's.
+    from specdec import LLM, SamplingParams
+
+    _require_native()
+    target = mk.write_gguf(tmp_path / "t-BF16.gguf", mk.SHAPES["tiny"], "BF16", seed=1)
+    draft = mk.write_gguf(tmp_path / "d-Q8_0.gguf", mk.SHAPES["tiny"], "Q8_0", seed=1)
+    act = "bf16x2" if AMX16 else "float32"
+    prompt = {"prompt_token_ids": [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]}
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    plain = LLM(str(target), activation_dtype=act, max_model_len=128)
+    ref = plain.generate(prompt, params)[0].outputs[0].token_ids
+    spec = LLM(
+        str(target), activation_dtype=act, max_model_len=128,
+        speculative_config={"model": str(draft), "num_speculative_tokens": 3},
+    )  # fmt: skip
+    assert spec.engine.model.activation_dtype == act
+    assert spec.engine.speculator.proposer.model.activation_dtype in ("int8", "float32")
+    assert spec.generate(prompt, params)[0].outputs[0].token_ids == ref
