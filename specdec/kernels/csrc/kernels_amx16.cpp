@@ -70,7 +70,7 @@ constexpr int64_t kBlockRows = 64;    // weight rows per block (4 tiles)
 constexpr int64_t kMaxGroups = 16;    // activation groups (of 16 rows) per pass: 256 rows
 constexpr int64_t kPrefetchBlocks = 4;  // weight tiles: blocks ahead of their prefetch
 constexpr int64_t kStreamAhead = 2;     // half weights, few rows: blocks split ahead of their use
-constexpr int64_t kStreamSlots = 4;     // ... into a ring of this many blocks
+constexpr int64_t kStreamSlots = 4;     // ... into a ring of this many blocks (4 weight tiles each)
 
 // hi and lo bfloat16 halves of 32 floats (lo = x - hi, rounded).
 inline void split32(__m512 f0, __m512 f1, __m512i& hi, __m512i& lo) {
@@ -135,6 +135,58 @@ inline void tile_products(const A& a, const P& prep, const uint16_t* const* xg, 
     }
 }
 
+// One activation group (decode, short verification) against NW <= 4 bfloat16 weight tiles: result
+// tile t for weight tile t, so that four independent accumulation chains hide the products'
+// latency (with two, the tile unit waited on them: benchmarks/x2_gemm.py, one row 1.04x -> 1.09x
+// the float kernels).  Per result, the same products in the same order as
+// tile_products, so the same numbers.
+#define SPECDEC_W1(T, AREG, PART)                            \
+    if constexpr (NW > T) {                                  \
+        SPECDEC_T16_LOAD(AREG, a(T, b, PART), 64);           \
+        SPECDEC_TDPBF16PS(T, AREG, 6);                       \
+        if (PART == 0) SPECDEC_TDPBF16PS(T, AREG, 7);        \
+    }
+template <int QT, int NW, class A, class P>
+inline void tile_products1(const A& a, const P& prep, const uint16_t* xg, int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+        prep(b);
+        SPECDEC_T16_LOAD(6, xg + b * 2 * kTileElems, 64);
+        SPECDEC_T16_LOAD(7, xg + b * 2 * kTileElems + kTileElems, 64);
+        SPECDEC_W1(0, 4, 0)
+        SPECDEC_W1(1, 5, 0)
+        SPECDEC_W1(2, 4, 0)
+        SPECDEC_W1(3, 5, 0)
+        if constexpr (QT == QT_F16) {
+            SPECDEC_W1(0, 4, 1)
+            SPECDEC_W1(1, 5, 1)
+            SPECDEC_W1(2, 4, 1)
+            SPECDEC_W1(3, 5, 1)
+        }
+    }
+}
+#undef SPECDEC_W1
+
+template <int QT, int NW, class A, class P>
+inline void chunk_pass1(const A& a, const P& prep, const uint16_t* xg, int64_t b0, int64_t b1, float* c,
+                        int64_t ngmax, bool first) {
+    if (first) {
+        SPECDEC_T16_ZERO(0);
+        if constexpr (NW > 1) SPECDEC_T16_ZERO(1);
+        if constexpr (NW > 2) SPECDEC_T16_ZERO(2);
+        if constexpr (NW > 3) SPECDEC_T16_ZERO(3);
+    } else {
+        SPECDEC_T16_LOAD(0, c, 64);
+        if constexpr (NW > 1) SPECDEC_T16_LOAD(1, c + ngmax * 256, 64);
+        if constexpr (NW > 2) SPECDEC_T16_LOAD(2, c + 2 * ngmax * 256, 64);
+        if constexpr (NW > 3) SPECDEC_T16_LOAD(3, c + 3 * ngmax * 256, 64);
+    }
+    tile_products1<QT, NW>(a, prep, xg, b0, b1);
+    SPECDEC_T16_STORE(0, c, 64);
+    if constexpr (NW > 1) SPECDEC_T16_STORE(1, c + ngmax * 256, 64);
+    if constexpr (NW > 2) SPECDEC_T16_STORE(2, c + 2 * ngmax * 256, 64);
+    if constexpr (NW > 3) SPECDEC_T16_STORE(3, c + 3 * ngmax * 256, 64);
+}
+
 // Result tiles in memory (c: per weight tile i and group j, 16 x 16 floats at (i * NGmax + j) * 256).
 template <int NW, int NG>
 inline void load_results(const float* c, int64_t ngmax, bool zero) {
@@ -179,19 +231,28 @@ void block_rows(const uint16_t* xp, int64_t nb, int64_t M, const uint16_t* w, co
     // block kStreamAhead blocks ahead of their use into a ring, so that the split overlaps the
     // tile products and the memory stream.  The same tiles either way, so the same numbers.
     const bool stream = QT == QT_F16 && ng <= 2;
+    // Few activation rows: the result tiles stay in the tile registers over the whole of K (one
+    // "chunk"), instead of a store and a load per 512 inputs; many rows: chunks of K, so that
+    // the chunk's activations stay in L2 while the weight tiles pass.  Same products, same order.
+    const int64_t chunk = ng <= 2 ? nb : kChunkBlocks;
     const uint16_t* xg_all[kMaxGroups];
     for (int64_t j = 0; j < ng; ++j) xg_all[j] = xp + (g0 + j) * nb * 2 * kTileElems;
-    for (int64_t cb0 = 0; cb0 < nb; cb0 += kChunkBlocks) {
-        const int64_t cb1 = std::min(nb, cb0 + kChunkBlocks);
+    for (int64_t cb0 = 0; cb0 < nb; cb0 += chunk) {
+        const int64_t cb1 = std::min(nb, cb0 + chunk);
         if (QT == QT_F16 && !stream)
             for (int64_t i = 0; i < nw; ++i)
                 for (int64_t b = cb0; b < cb1; ++b) {
                     uint16_t* th = wscratch + ((i * kChunkBlocks + (b - cb0)) * 2) * kTileElems;
                     split_tile(tile(i, b), th, th + kTileElems);
                 }
-        for (int64_t i = 0; i < nw; i += 2) {
-            const int nt = i + 1 < nw ? 2 : 1;
-            auto ring = [&](int t, int64_t b) { return wscratch + (((b % kStreamSlots) * 2 + t) * 2) * kTileElems; };
+        // Weight tiles per pass: four for bfloat16 weights against one activation group (four
+        // accumulation chains); two otherwise (half weights: splitting four tiles per block ahead
+        // measured slower than the chains gain).
+        const bool four = QT == QT_BF16 && ng == 1;
+        const int64_t step = four ? 4 : 2;
+        for (int64_t i = 0; i < nw; i += step) {
+            const int nt = static_cast<int>(std::min(step, nw - i));
+            auto ring = [&](int t, int64_t b) { return wscratch + (((b % kStreamSlots) * 4 + t) * 2) * kTileElems; };
             auto a = [&](int t, int64_t b, int part) -> const uint16_t* {
                 if (QT == QT_BF16) return tile(i + t, b);
                 if (stream) return ring(t, b) + part * kTileElems;
@@ -218,6 +279,17 @@ void block_rows(const uint16_t* xp, int64_t nb, int64_t M, const uint16_t* w, co
                         split_tile(tile(i + t, bb), ring(t, bb), ring(t, bb) + kTileElems);
                     }
             };
+            if (four) {
+                float* ci = c + i * kMaxGroups * 256;
+                const bool first = cb0 == 0;
+                switch (nt) {
+                    case 4: chunk_pass1<QT, 4>(a, prep, xg_all[0], cb0, cb1, ci, kMaxGroups, first); break;
+                    case 3: chunk_pass1<QT, 3>(a, prep, xg_all[0], cb0, cb1, ci, kMaxGroups, first); break;
+                    case 2: chunk_pass1<QT, 2>(a, prep, xg_all[0], cb0, cb1, ci, kMaxGroups, first); break;
+                    default: chunk_pass1<QT, 1>(a, prep, xg_all[0], cb0, cb1, ci, kMaxGroups, first); break;
+                }
+                continue;
+            }
             for (int64_t j = 0; j < ng; j += 2) {
                 float* cij = c + (i * kMaxGroups + j) * 256;
                 const bool first = cb0 == 0;
