@@ -159,9 +159,9 @@ class LlamaModel:
         eligible = [lin for lin in self.linears() if native_cpu and lin.weight.a8_eligible()]
         half = [lin for lin in self.linears() if lin.weight.qtype in HALF_QTYPES]
         if activation_dtype == "auto":
-            # NOTE: bfloat16 weights only: bf16x2 decodes a 1.7B bf16 model at 0.96x float32's
-            # speed and prefills it 2.9x faster, but float16 weights decode at ~0.6x (their
-            # split into two bfloat16s costs more than the memory stream); BENCHMARKS.md.
+            # NOTE: bfloat16 weights only: bf16x2 decodes a 1.7B bf16 model at about float32's
+            # speed and prefills it ~3x faster, but float16 weights decode at ~0.6x (their split
+            # into two bfloat16s costs more than the memory stream); BENCHMARKS.md.
             bf16 = [lin for lin in half if lin.weight.qtype == "bf16"]
             if eligible and int8_activations_fast():
                 activation_dtype = "int8"
