@@ -10,7 +10,8 @@ Project metadata lives in pyproject.toml; this file only adds the C++ extensions
 * ``kernels_avx2.cpp`` is compiled on its own with ``-mavx2 -mfma -mf16c -O3``, and
   ``kernels_avx512.cpp`` with AVX-512 F/DQ/BW/VL added, ``kernels_vnni.cpp`` (8-bit activation
   kernels) with VNNI on top, ``kernels_amx.cpp`` (the same kernels on AMX-INT8 tiles) with
-  ``-mamx-tile -mamx-int8`` on top of that, and all are linked in; the binding only calls them
+  ``-mamx-tile -mamx-int8`` on top of that, ``kernels_amx16.cpp`` (16-bit weights with bf16x2
+  activations on AMX-BF16 tiles) with ``-mavx512bf16 -mamx-tile -mamx-bf16``, and all are linked in; the binding only calls them
   after CPUID says the CPU has those instructions (and, for AMX, the kernel has granted the
   tile state);
 * ``specdec/spec_decode/csrc/suffix_tree.cpp`` (suffix decoding's trees, a pybind11 module) is
@@ -141,7 +142,15 @@ def _native_build():
     )
     ext.depends = [
         os.path.join(CSRC, f)
-        for f in ("half.h", "head_chunks.h", "kernels.h", "ops.h", "parallel.h", "simd512.h")
+        for f in (
+            "amx_tiles.h",
+            "half.h",
+            "head_chunks.h",
+            "kernels.h",
+            "ops.h",
+            "parallel.h",
+            "simd512.h",
+        )
     ] + [os.path.join(CSRC, unit[1]) for unit in ISA_UNITS]
     suffix = CppExtension(
         name="specdec.spec_decode._suffix_native",

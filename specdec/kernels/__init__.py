@@ -397,7 +397,7 @@ class PackedWeight:
         if self.is_kquant:
             return self._dequantize_kq(rows.reshape(-1).cpu()).to(self.device)
         idx = rows.reshape(-1).to(self.device)
-        if self._data is None and self.x2_tiles is not None:
+        if self.x2_tiles is not None:  # only the tiles: unpack just these rows
             rows16 = _C.unpack_x2(
                 self.x2_tiles, _QT_CODE[self.qtype], self.out_features, self.in_features, idx
             )

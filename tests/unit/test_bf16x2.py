@@ -18,7 +18,7 @@ from specdec.config import ConfigError
 from specdec.model.llama import LlamaModel, SeqBatch
 from specdec.model.loader import load_checkpoint
 
-from .test_kernels import _require_native
+from .test_kernels import _require_native, on_threads
 
 HALF = ("f16", "bf16")
 TORCH_DTYPE = {"f16": torch.float16, "bf16": torch.bfloat16}
@@ -82,15 +82,8 @@ def test_x2_many_rows_and_threads(native, qtype):
         return
     w = _weight(qtype, 96, 256, seed=5)
     x = _x(300, 256)  # more than one pass of 256 activation rows
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = native.linear(x, w)
-        torch.set_num_threads(2)
-        two = native.linear(x, w)
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(one, two)
+    one = on_threads(1, native.linear, x, w)
+    assert torch.equal(one, on_threads(2, native.linear, x, w))
     assert torch.equal(native.linear(x[290:], w), one[290:])
     assert (
         (one.double() - x.double() @ w.data.double().T).abs() <= _bound(x, w.data.float(), qtype)

@@ -164,19 +164,23 @@ def test_native_linear_batch_invariant(native, qtype):
             assert torch.equal(y, single[off : off + m]), (m, off)
 
 
+def on_threads(n: int, fn, *args):  # noqa: ANN001, ANN002, ANN201
+    """``fn(*args)`` run with ``n`` threads (the count restored after)."""
+    prev = torch.get_num_threads()
+    try:
+        torch.set_num_threads(n)
+        return fn(*args)
+    finally:
+        torch.set_num_threads(prev)
+
+
 @pytest.mark.parametrize("qtype", K.QTYPES)
 def test_native_linear_thread_invariant(native, qtype):
     # Large enough to be split across threads; results must not depend on the split.
     w = _weight(qtype, 600, 256)
     x = _randn(20, 256)
-    prev = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = [native.linear(x[:m], w) for m in (1, 3, 20)]
-        torch.set_num_threads(2)
-        two = [native.linear(x[:m], w) for m in (1, 3, 20)]
-    finally:
-        torch.set_num_threads(prev)
+    one = on_threads(1, lambda: [native.linear(x[:m], w) for m in (1, 3, 20)])
+    two = on_threads(2, lambda: [native.linear(x[:m], w) for m in (1, 3, 20)])
     for a, b in zip(one, two):
         assert torch.equal(a, b)
     assert torch.equal(two[2][:3], two[1]) and torch.equal(two[2][:1], two[0])
@@ -491,17 +495,9 @@ def test_a8_thread_invariant_and_errors():
     _require_native()
     w = _a8_weight("q4_1", 640, 256)
     ops = K.get_ops("native")
-    prev = torch.get_num_threads()
     for m in (3, 7, 16, 20):  # small-M tiles, ws2_tile, one and two row tiles (one shared layout)
         x = _randn(m, 256, seed=m)
-        try:
-            torch.set_num_threads(1)
-            one = ops.linear(x, w)
-            torch.set_num_threads(2)
-            two = ops.linear(x, w)
-        finally:
-            torch.set_num_threads(prev)
-        assert torch.equal(one, two), m
+        assert torch.equal(on_threads(1, ops.linear, x, w), on_threads(2, ops.linear, x, w)), m
     with pytest.raises(ValueError, match="out_features % 16"):
         _weight("q4_1", 40, 64).enable_a8()
     with pytest.raises(ValueError, match="8-bit activations"):

@@ -29,18 +29,11 @@
 
 #include <algorithm>
 
+#include "amx_tiles.h"
 #include "kernels.h"
 
 namespace specdec {
 namespace {
-
-struct alignas(64) TileConfig {
-    uint8_t palette_id;
-    uint8_t start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
 
 // GCC's tile intrinsics are asm statements that tell the compiler nothing about the memory they
 // touch: these take the tile register as a literal and name the scratch memory they read or write
@@ -53,7 +46,6 @@ struct alignas(64) TileConfig {
 #define SPECDEC_TILE_STORE(T, base)                                                            \
     __asm__ volatile("tilestored %%tmm" #T ", (%1,%2,1)" : "=m"(*(int32_t(*)[256])(base)) \
                      : "r"(base), "r"(64L))
-#define SPECDEC_TILE_ZERO(T) __asm__ volatile("tilezero %%tmm" #T ::)
 // C += A (signed) . B (unsigned), and A (signed) . B (signed).
 #define SPECDEC_TDPBSUD(C, A, B) __asm__ volatile("tdpbsud %%tmm" #B ", %%tmm" #A ", %%tmm" #C ::)
 #define SPECDEC_TDPBSSD(C, A, B) __asm__ volatile("tdpbssd %%tmm" #B ", %%tmm" #A ", %%tmm" #C ::)
@@ -66,9 +58,7 @@ struct alignas(64) TileConfig {
 // (deeper software pipelines over four sum tiles measured no faster), so one activation tile
 // feeds up to three groups and each block's products run just before its rescale.
 void configure(int R, int kind) {
-    TileConfig c;
-    memset(&c, 0, sizeof(c));
-    c.palette_id = 1;
+    TileConfig c = tile_config();
     c.rows[0] = static_cast<uint8_t>(R);
     c.colsb[0] = 32;
     for (int t = 1; t < 4; ++t) {
@@ -79,7 +69,7 @@ void configure(int R, int kind) {
     }
     c.rows[7] = 8;
     c.colsb[7] = 64;
-    __asm__ volatile("ldtilecfg %0" ::"m"(c));
+    load_tile_config(c);
     if (kind != A8_Q4_1) {
         alignas(64) int8_t neg[512];
         memset(neg, kind == A8_Q8 ? -128 : -8, sizeof(neg));
@@ -243,7 +233,7 @@ void amx_groups(const int8_t* xq, const float* dx, const float* dxs, int64_t M, 
         amx_rows<KIND>(rows, xq + m0 * K, dx + m0 * nb, dxs + m0 * nb, K, w, bias, y + m0 * N, N, g0, g1);
         m0 += rows;
     }
-    __asm__ volatile("tilerelease" ::: "memory");
+    release_tiles();
 }
 
 // Rows from which each format goes to the tile unit; fewer go to the VNNI kernels.  Measured with

@@ -30,37 +30,27 @@
 
 #include <algorithm>
 
+#include "amx_tiles.h"
 #include "kernels.h"
 
 namespace specdec {
 namespace {
 
-struct alignas(64) TileConfig {
-    uint8_t palette_id;
-    uint8_t start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
-
 // Every tile is 16 rows x 64 bytes: 0-3 the results (weight tile i x activation group j at 2i+j),
 // 4-5 two weight tiles, 6-7 two activation tiles.
 void configure() {
-    TileConfig c;
-    memset(&c, 0, sizeof(c));
-    c.palette_id = 1;
+    TileConfig c = tile_config();
     for (int t = 0; t < 8; ++t) {
         c.rows[t] = 16;
         c.colsb[t] = 64;
     }
-    __asm__ volatile("ldtilecfg %0" ::"m"(c));
+    load_tile_config(c);
 }
 
 #define SPECDEC_T16_LOAD(T, base, stride) \
     __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #T ::"r"(base), "r"(static_cast<long>(stride)) : "memory")
 #define SPECDEC_T16_STORE(T, base, stride) \
     __asm__ volatile("tilestored %%tmm" #T ", (%0,%1,1)" ::"r"(base), "r"(static_cast<long>(stride)) : "memory")
-#define SPECDEC_T16_ZERO(T) __asm__ volatile("tilezero %%tmm" #T ::)
 // C += A . B
 #define SPECDEC_TDPBF16PS(C, A, B) __asm__ volatile("tdpbf16ps %%tmm" #B ", %%tmm" #A ", %%tmm" #C ::)
 
@@ -97,6 +87,15 @@ inline void split_tile(const uint16_t* t, uint16_t* hi_t, uint16_t* lo_t) {
     }
 }
 
+// Result tile 2i + j += weight tile (register 4 + i) . activation tile (register 6 + j).
+template <int NW, int NG>
+inline void products() {
+    SPECDEC_TDPBF16PS(0, 4, 6);
+    if constexpr (NG > 1) SPECDEC_TDPBF16PS(1, 4, 7);
+    if constexpr (NW > 1) SPECDEC_TDPBF16PS(2, 5, 6);
+    if constexpr (NW > 1 && NG > 1) SPECDEC_TDPBF16PS(3, 5, 7);
+}
+
 // Result tiles of NW weight tiles x NG activation groups, over blocks [b0, b1) of one chunk.
 // a(i, b, part) -> (pointer, stride) of weight tile i's block b (part 0 hi, 1 lo);
 // xg[j] the packed activations of group j.
@@ -112,25 +111,16 @@ inline void tile_products(const A& a, const P& prep, const uint16_t* const* xg, 
         }
         SPECDEC_T16_LOAD(6, xh0, 64);
         if constexpr (NG > 1) SPECDEC_T16_LOAD(7, xh1, 64);
-        SPECDEC_TDPBF16PS(0, 4, 6);
-        if constexpr (NG > 1) SPECDEC_TDPBF16PS(1, 4, 7);
-        if constexpr (NW > 1) SPECDEC_TDPBF16PS(2, 5, 6);
-        if constexpr (NW > 1 && NG > 1) SPECDEC_TDPBF16PS(3, 5, 7);
+        products<NW, NG>();
         SPECDEC_T16_LOAD(6, xh0 + kTileElems, 64);
         if constexpr (NG > 1) SPECDEC_T16_LOAD(7, xh1 + kTileElems, 64);
-        SPECDEC_TDPBF16PS(0, 4, 6);
-        if constexpr (NG > 1) SPECDEC_TDPBF16PS(1, 4, 7);
-        if constexpr (NW > 1) SPECDEC_TDPBF16PS(2, 5, 6);
-        if constexpr (NW > 1 && NG > 1) SPECDEC_TDPBF16PS(3, 5, 7);
+        products<NW, NG>();
         if constexpr (QT == QT_F16) {
             SPECDEC_T16_LOAD(4, a(0, b, 1), 64);
             if constexpr (NW > 1) SPECDEC_T16_LOAD(5, a(1, b, 1), 64);
             SPECDEC_T16_LOAD(6, xh0, 64);
             if constexpr (NG > 1) SPECDEC_T16_LOAD(7, xh1, 64);
-            SPECDEC_TDPBF16PS(0, 4, 6);
-            if constexpr (NG > 1) SPECDEC_TDPBF16PS(1, 4, 7);
-            if constexpr (NW > 1) SPECDEC_TDPBF16PS(2, 5, 6);
-            if constexpr (NW > 1 && NG > 1) SPECDEC_TDPBF16PS(3, 5, 7);
+            products<NW, NG>();
         }
     }
 }
@@ -138,49 +128,43 @@ inline void tile_products(const A& a, const P& prep, const uint16_t* const* xg, 
 // One activation group (decode, short verification) against NW <= 4 bfloat16 weight tiles: result
 // tile t for weight tile t, so that four independent accumulation chains hide the products'
 // latency (with two, the tile unit waited on them: benchmarks/x2_gemm.py, one row 1.04x -> 1.09x
-// the float kernels).  Per result, the same products in the same order as
-// tile_products, so the same numbers.
-#define SPECDEC_W1(T, AREG, PART)                            \
-    if constexpr (NW > T) {                                  \
-        SPECDEC_T16_LOAD(AREG, a(T, b, PART), 64);           \
-        SPECDEC_TDPBF16PS(T, AREG, 6);                       \
-        if (PART == 0) SPECDEC_TDPBF16PS(T, AREG, 7);        \
+// the float kernels).  Per result, the same products in the same order as tile_products (bfloat16
+// weights have no lo part), so the same numbers.
+#define SPECDEC_W1(T, AREG)                        \
+    if constexpr (NW > T) {                        \
+        SPECDEC_T16_LOAD(AREG, a(T, b, 0), 64);    \
+        SPECDEC_TDPBF16PS(T, AREG, 6);             \
+        SPECDEC_TDPBF16PS(T, AREG, 7);             \
     }
-template <int QT, int NW, class A, class P>
+template <int NW, class A, class P>
 inline void tile_products1(const A& a, const P& prep, const uint16_t* xg, int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
         prep(b);
         SPECDEC_T16_LOAD(6, xg + b * 2 * kTileElems, 64);
         SPECDEC_T16_LOAD(7, xg + b * 2 * kTileElems + kTileElems, 64);
-        SPECDEC_W1(0, 4, 0)
-        SPECDEC_W1(1, 5, 0)
-        SPECDEC_W1(2, 4, 0)
-        SPECDEC_W1(3, 5, 0)
-        if constexpr (QT == QT_F16) {
-            SPECDEC_W1(0, 4, 1)
-            SPECDEC_W1(1, 5, 1)
-            SPECDEC_W1(2, 4, 1)
-            SPECDEC_W1(3, 5, 1)
-        }
+        SPECDEC_W1(0, 4)
+        SPECDEC_W1(1, 5)
+        SPECDEC_W1(2, 4)
+        SPECDEC_W1(3, 5)
     }
 }
 #undef SPECDEC_W1
 
-template <int QT, int NW, class A, class P>
+template <int NW, class A, class P>
 inline void chunk_pass1(const A& a, const P& prep, const uint16_t* xg, int64_t b0, int64_t b1, float* c,
                         int64_t ngmax, bool first) {
     if (first) {
-        SPECDEC_T16_ZERO(0);
-        if constexpr (NW > 1) SPECDEC_T16_ZERO(1);
-        if constexpr (NW > 2) SPECDEC_T16_ZERO(2);
-        if constexpr (NW > 3) SPECDEC_T16_ZERO(3);
+        SPECDEC_TILE_ZERO(0);
+        if constexpr (NW > 1) SPECDEC_TILE_ZERO(1);
+        if constexpr (NW > 2) SPECDEC_TILE_ZERO(2);
+        if constexpr (NW > 3) SPECDEC_TILE_ZERO(3);
     } else {
         SPECDEC_T16_LOAD(0, c, 64);
         if constexpr (NW > 1) SPECDEC_T16_LOAD(1, c + ngmax * 256, 64);
         if constexpr (NW > 2) SPECDEC_T16_LOAD(2, c + 2 * ngmax * 256, 64);
         if constexpr (NW > 3) SPECDEC_T16_LOAD(3, c + 3 * ngmax * 256, 64);
     }
-    tile_products1<QT, NW>(a, prep, xg, b0, b1);
+    tile_products1<NW>(a, prep, xg, b0, b1);
     SPECDEC_T16_STORE(0, c, 64);
     if constexpr (NW > 1) SPECDEC_T16_STORE(1, c + ngmax * 256, 64);
     if constexpr (NW > 2) SPECDEC_T16_STORE(2, c + 2 * ngmax * 256, 64);
@@ -191,10 +175,10 @@ inline void chunk_pass1(const A& a, const P& prep, const uint16_t* xg, int64_t b
 template <int NW, int NG>
 inline void load_results(const float* c, int64_t ngmax, bool zero) {
     if (zero) {
-        SPECDEC_T16_ZERO(0);
-        if constexpr (NG > 1) SPECDEC_T16_ZERO(1);
-        if constexpr (NW > 1) SPECDEC_T16_ZERO(2);
-        if constexpr (NW > 1 && NG > 1) SPECDEC_T16_ZERO(3);
+        SPECDEC_TILE_ZERO(0);
+        if constexpr (NG > 1) SPECDEC_TILE_ZERO(1);
+        if constexpr (NW > 1) SPECDEC_TILE_ZERO(2);
+        if constexpr (NW > 1 && NG > 1) SPECDEC_TILE_ZERO(3);
         return;
     }
     SPECDEC_T16_LOAD(0, c, 64);
@@ -283,10 +267,10 @@ void block_rows(const uint16_t* xp, int64_t nb, int64_t M, const uint16_t* w, co
                 float* ci = c + i * kMaxGroups * 256;
                 const bool first = cb0 == 0;
                 switch (nt) {
-                    case 4: chunk_pass1<QT, 4>(a, prep, xg_all[0], cb0, cb1, ci, kMaxGroups, first); break;
-                    case 3: chunk_pass1<QT, 3>(a, prep, xg_all[0], cb0, cb1, ci, kMaxGroups, first); break;
-                    case 2: chunk_pass1<QT, 2>(a, prep, xg_all[0], cb0, cb1, ci, kMaxGroups, first); break;
-                    default: chunk_pass1<QT, 1>(a, prep, xg_all[0], cb0, cb1, ci, kMaxGroups, first); break;
+                    case 4: chunk_pass1<4>(a, prep, xg_all[0], cb0, cb1, ci, kMaxGroups, first); break;
+                    case 3: chunk_pass1<3>(a, prep, xg_all[0], cb0, cb1, ci, kMaxGroups, first); break;
+                    case 2: chunk_pass1<2>(a, prep, xg_all[0], cb0, cb1, ci, kMaxGroups, first); break;
+                    default: chunk_pass1<1>(a, prep, xg_all[0], cb0, cb1, ci, kMaxGroups, first); break;
                 }
                 continue;
             }
@@ -334,7 +318,7 @@ void amx16_rows(const uint16_t* xp, int64_t M, int64_t K, const uint16_t* w, con
             block_rows<QT>(xp, nb, M, w, bias, y, ldy, r0, nr, g0, ng, wscratch, c);
         }
     }
-    __asm__ volatile("tilerelease" ::: "memory");
+    release_tiles();
 }
 
 }  // namespace
