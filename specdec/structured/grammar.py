@@ -151,22 +151,42 @@ class GrammarCompiler:
         matcher = llguidance.LLMatcher(tok, text, log_level=0)
         if matcher.is_error():
             raise GrammarError(f"structured_outputs.{params.kind}: {matcher.get_error()}")
-        return Grammar(matcher, tok, self.vocab_size)
+        return Grammar(matcher, tok, self.vocab_size, self._eos)
 
 
 class Grammar:
-    """One request's grammar state; it follows the committed output token by token."""
+    """One request's grammar state; it follows the committed output token by token.
+
+    Drafts are explored on the same matcher (consume, then roll back), never past an
+    end-of-generation token. NOTE: llguidance 1.9.1 does not restore a matcher rolled back over
+    a consumed end token: ``consume_token(eos); rollback(1)`` leaves a state in which the same
+    output fails later (``ParserTooComplex``; one n-gram draft ending in EOS then broke the
+    committed output). An end token finishes the request anyway, so nothing after it is needed.
+    """
 
     def __init__(
-        self, matcher: llguidance.LLMatcher, tokenizer: llguidance.LLTokenizer, vocab_size: int
+        self,
+        matcher: llguidance.LLMatcher,
+        tokenizer: llguidance.LLTokenizer,
+        vocab_size: int,
+        eos_token_ids: list[int] | tuple[int, ...] = (),
     ) -> None:
         self._m = matcher
         self._tok = tokenizer
         self.vocab_size = vocab_size
+        self._eos = frozenset(eos_token_ids)
+        self._all_allowed = b"\xff" * ((vocab_size + 7) // 8)
 
     def fork(self) -> Grammar:
         """An independent copy in the same state."""
-        return Grammar(self._m.deep_copy(), self._tok, self.vocab_size)
+        return Grammar(self._m.deep_copy(), self._tok, self.vocab_size, tuple(self._eos))
+
+    def _until_end(self, draft_token_ids: list[int]) -> tuple[list[int], bool]:
+        """The drafts up to the first end token (excluded), and whether one was there."""
+        for i, tok in enumerate(draft_token_ids):
+            if tok in self._eos:
+                return draft_token_ids[:i], True
+        return draft_token_ids, False
 
     # ---- the committed output ----------------------------------------------------------------
     def accept(self, token: int) -> bool:
@@ -184,17 +204,30 @@ class Grammar:
 
     # ---- drafts --------------------------------------------------------------------------------
     def valid_prefix(self, draft_token_ids: list[int]) -> int:
-        """How many of the drafts the grammar allows, in order."""
-        if not draft_token_ids:
-            return 0
-        return self._m.validate_tokens(draft_token_ids)
+        """How many of the drafts the grammar allows, in order (none after an end token)."""
+        body, ends = self._until_end(draft_token_ids)
+        n = self._m.validate_tokens(body) if body else 0
+        if n < len(body) or not ends:
+            return n
+        return n + 1 if self._allows_after(body, draft_token_ids[n]) else n
+
+    def _allows_after(self, draft_token_ids: list[int], token: int) -> bool:
+        """Whether the mask after the (valid) drafts allows ``token``. NOTE: for end tokens,
+        where ``validate_tokens`` says yes to an end the mask forbids (llguidance 1.9.1)."""
+        if draft_token_ids:
+            self._m.consume_tokens(draft_token_ids)
+        try:
+            return TokenMask([self._m.compute_bitmask()], self.vocab_size).allows(0, token)
+        finally:
+            if draft_token_ids:
+                self._m.rollback(len(draft_token_ids))
 
     def forced_after(self, draft_token_ids: list[int], limit: int) -> list[int]:
         """The tokens the grammar forces after the drafts (a schema's next key, a closing
         brace), at most ``limit``. NOTE: llguidance's fast-forward tokens, which leave out a
         last token that a longer token could extend: drafting every forced byte's token was
         measured right 97 of 254 times on JSON extraction, these 78 of 78."""
-        if limit <= 0 or self._m.is_stopped():
+        if limit <= 0 or self._m.is_stopped() or self._until_end(draft_token_ids)[1]:
             return []
         if draft_token_ids and not self._m.consume_tokens(draft_token_ids):
             raise AssertionError(f"drafts outside the grammar: {self._m.get_error()}")
@@ -206,12 +239,18 @@ class Grammar:
 
     def masks(self, draft_token_ids: list[int]) -> TokenMask:
         """The mask of each verification row: row r after the output plus drafts[:r]. The rows
-        stop after the first draft the grammar forbids (those drafts are not to be verified)."""
+        stop after the first draft the grammar forbids (those drafts are not to be verified).
+        The row after an allowed end token is never committed (the output ends there): it
+        allows every token, and the end token itself is not fed to the matcher."""
         n = self.valid_prefix(draft_token_ids)
+        ends = n > 0 and draft_token_ids[n - 1] in self._eos
+        body = n - 1 if ends else n
         rows = [self._m.compute_bitmask()]
-        for r in range(n):
+        for r in range(body):
             self._m.consume_token(draft_token_ids[r])
             rows.append(self._m.compute_bitmask())
-        if n:
-            self._m.rollback(n)
+        if body:
+            self._m.rollback(body)
+        if ends:
+            rows.append(self._all_allowed)
         return TokenMask(rows, self.vocab_size)

@@ -17,6 +17,8 @@ import re
 
 import llguidance
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from specdec import LLM, SamplingParams
 from specdec.sample import rejection_sampler
@@ -180,6 +182,105 @@ def test_oracle_drafts_cut_verified_and_exact(
     if name in ("json", "choice"):  # fixed keys / strings: the grammar forces bytes
         assert st.num_grammar_draft_tokens > 0
         assert st.num_grammar_accepted_tokens > 0
+
+
+class RandomDrafter:
+    """Drafts drawn by hypothesis: the plain reference continuation for a while (right), then
+    maybe wrong tokens (any token, an end token, a byte the grammar forbids), any length up to
+    the cap, or none."""
+
+    def __init__(self, llm: LLM, ref: list[list[int]], data, monkeypatch) -> None:
+        tok = llm.get_tokenizer()
+        self.ref = {tuple(tok.encode(p)): r for p, r in zip(PROMPTS, ref)}
+        self.wrong = st.sampled_from(sorted(llm.engine.tokenizer.eog_token_ids)) | st.integers(
+            0, llm.engine.model.cfg.vocab_size - 1
+        )
+        self.data = data
+        monkeypatch.setattr(llm.engine.speculator.proposer, "propose", self.propose)
+
+    def propose(self, inp) -> DraftOutput:
+        out = []
+        for r in inp.requests:
+            ref = self.ref.get(tuple(r.token_ids[: r.num_prompt_tokens]), [])
+            done = len(r.token_ids) - r.num_prompt_tokens
+            n = self.data.draw(st.integers(0, r.max_num_drafts))
+            drafts = list(ref[done : done + n])
+            if self.data.draw(st.booleans()):
+                at = self.data.draw(st.integers(0, len(drafts)))
+                drafts[at:] = self.data.draw(st.lists(self.wrong, max_size=n - at))
+            out.append(drafts[:n])
+        return DraftOutput(out)
+
+
+@settings(
+    max_examples=80,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    data=st.data(),
+    name=st.sampled_from(list(CONSTRAINTS)),
+    temperature=st.sampled_from([0.0, 0.8]),
+    k=st.integers(1, 8),
+)
+def test_random_drafts_under_random_constraints_equal_plain(
+    tiny_llama, refs, monkeypatch, data, name, temperature, k
+) -> None:
+    """Whatever the drafts (right, wrong, end tokens, cut, any length), constrained output is
+    plain constrained decoding's, token for token, and never fails."""
+    spec = {"method": "ngram", "num_speculative_tokens": k, "adaptive": False}
+    llm = _llm(str(tiny_llama), spec)
+    with monkeypatch.context() as m:
+        RandomDrafter(llm, refs[name, temperature], data, m)
+        outs = llm.generate(PROMPTS, _params(CONSTRAINTS[name], temperature))
+    assert [o.outputs[0].finish_reason for o in outs] != ["error"] * len(outs)
+    assert _ids(outs) == refs[name, temperature]
+
+
+INSTRUCTOR_RETRY = [
+    {
+        "role": "system",
+        "content": "As a genius expert, your task is to understand the content and provide the "
+        "parsed objects in json that match the following json_schema:\n\n"
+        + json.dumps(
+            {
+                "properties": {
+                    "name": {"title": "Name", "type": "string"},
+                    "age": {"title": "Age", "type": "integer"},
+                },
+                "required": ["name", "age"],
+                "title": "User",
+                "type": "object",
+            },
+            indent=2,
+        )
+        + "\n\nMake sure to return an instance of the JSON, not the schema itself",
+    },
+    {"role": "user", "content": "Extract: Jason is 25 years old"},
+    {"role": "assistant", "content": '{"name": "Jason", "age": "twenty five"}'},
+    {
+        "role": "user",
+        "content": "Recall the function correctly, fix the errors, exceptions found\n"
+        "1 validation error for User\nage\n  Input should be a valid integer, unable to parse "
+        "string as an integer [type=int_parsing, input_value='twenty five', input_type=str]",
+    },
+]
+
+
+def test_json_mode_retry_conversation_under_ngram_equals_plain() -> None:
+    """Regression: instructor's JSON-mode retry on the real model, n-gram drafts of every
+    length. An n-gram draft ending in the end token used to break the grammar's state (a
+    rollback over the end token), failing the request at k = 3, 5 or 8."""
+    sp = SamplingParams(temperature=0, max_tokens=96, structured_outputs={"json_object": True})
+    ref = LLM("smollm2-135m", max_model_len=512).chat([INSTRUCTOR_RETRY], sp)[0].outputs[0]
+    assert ref.finish_reason == "stop"
+    for k in range(2, 9):
+        spec = {"method": "ngram", "num_speculative_tokens": k, "adaptive": False}
+        llm = LLM("smollm2-135m", max_model_len=512, speculative_config=spec)
+        out = llm.chat([INSTRUCTOR_RETRY], sp)[0].outputs[0]
+        assert (out.token_ids, out.finish_reason) == (ref.token_ids, "stop"), k
 
 
 @pytest.mark.parametrize("method", list(METHODS))
