@@ -260,8 +260,12 @@ class Scheduler:
         grammar = req.grammar
         for i, tok in enumerate(result.token_ids):
             if grammar is not None and not grammar.accept(tok):
+                # NOTE: the library's error holds its parser state and the grammar: one line
+                # of it goes to the log, none to the client
+                first = grammar.error.partition("\n")[0][:200]
+                logger.warning("request %r: grammar refused token %d: %r", req.req_id, tok, first)
                 raise GrammarViolation(
-                    f"token {tok} is outside the structured output's grammar: {grammar.error}"
+                    f"structured output: token {tok} is outside the request's grammar"
                 )
             req.output_token_ids.append(tok)
             self.num_generation_tokens += 1

@@ -389,3 +389,19 @@ def test_generate_cli_takes_llama_cpp_grammar_flags(tiny_llama, tmp_path, capsys
     err = capsys.readouterr().err
     assert err.startswith("specdec: error: structured_outputs.regex:") and err.count("\n") == 1
     assert cli.main([*base, "-j", "{}", "--regex", "a"]) == 2
+
+
+def test_a_refused_token_fails_its_request_with_one_short_line(plain, monkeypatch) -> None:
+    """Should a committed token ever be outside the grammar (a bug), the request fails alone
+    with one line that holds none of the library's dump (parser state, the grammar)."""
+    from specdec.structured.grammar import Grammar
+
+    dump = "Parser Error: nope\n<state>\nTokens: secret grammar text\n</state>"
+    monkeypatch.setattr(Grammar, "accept", lambda self, tok: False)
+    monkeypatch.setattr(Grammar, "error", property(lambda self: dump))
+    sp = SamplingParams(temperature=0, max_tokens=8, structured_outputs={"regex": "[a-z]+"})
+    out = plain.generate(["hello"], sp)[0]
+    assert out.outputs[0].finish_reason == "error"
+    assert "\n" not in out.error and "secret" not in out.error and "state" not in out.error
+    monkeypatch.undo()
+    assert plain.generate(["hello"], sp)[0].outputs[0].finish_reason in ("stop", "length")
