@@ -34,14 +34,8 @@ def _start(
     **kw,
 ) -> BackgroundServer:
     """An in-process server on the tiny model: ``kw`` go to EngineConfig, ``app`` to build_app."""
-    config = EngineConfig(
-        model=model,
-        max_model_len=MAX_MODEL_LEN,
-        max_num_seqs=4,
-        max_num_batched_tokens=64,
-        speculative=SpeculativeConfig.from_any(spec),
-        **kw,
-    )
+    sizes = {"max_model_len": MAX_MODEL_LEN, "max_num_seqs": 4, "max_num_batched_tokens": 64}
+    config = EngineConfig(model=model, speculative=SpeculativeConfig.from_any(spec), **sizes | kw)
     llm = AsyncLLM.from_config(config, log_stats=False)
     built = build_app(llm, ["tiny"], api_key=api_key, model_root=model, **(app or {}))
     return BackgroundServer(built).start()

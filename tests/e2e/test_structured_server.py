@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.e2e.test_server import _client, _start
-from tests.e2e.test_structured_output import SCHEMA
+from tests.e2e.test_structured_output import INSTRUCTOR_RETRY, SCHEMA
 
 CHAT = [{"role": "user", "content": "Describe a pet as JSON."}]
 
@@ -145,3 +145,26 @@ def test_grammar_drafts_are_counted_in_metrics(servers) -> None:
         r"^specdec:spec_decode_num_grammar_draft_tokens_total\{[^}]*\} (\S+)$", text, re.M
     )
     assert m and float(m.group(1)) >= stats["num_grammar_draft_tokens"]
+
+
+def test_json_mode_retry_is_the_same_on_plain_ngram_and_suffix_servers() -> None:
+    """instructor's JSON-mode retry through the openai client on the real model: 200 and the
+    same JSON from a plain, an n-gram (k = 8, the length that used to fail with a 500) and a
+    suffix server."""
+    answers = []
+    for spec in (
+        None,
+        {"method": "ngram", "num_speculative_tokens": 8, "adaptive": False},
+        {"method": "suffix", "num_speculative_tokens": 8},
+    ):
+        srv = _start("smollm2-135m", spec=spec, max_model_len=512, max_num_batched_tokens=256)
+        try:
+            r = _client(srv).chat.completions.create(
+                model="tiny", messages=INSTRUCTOR_RETRY, temperature=0, max_tokens=96,
+                response_format={"type": "json_object"},
+            )  # fmt: skip
+        finally:
+            srv.stop()
+        answers.append((r.choices[0].message.content, r.choices[0].finish_reason))
+    assert answers[0][1] == "stop" and isinstance(json.loads(answers[0][0]), dict)
+    assert answers[1] == answers[0] and answers[2] == answers[0]
