@@ -327,7 +327,7 @@ class Speculator:
         d = DraftRequest(
             r.req_id, r.all_token_ids, cap, r.sampling, r.seed, len(r.prompt_token_ids)
         )
-        d.shadow = shadow
+        d.shadow, d.cache_salt = shadow, r.cache_salt
         pending = self._hidden.get(r.req_id)
         if pending is not None and pending.rows:
             rows = pending.rows[0] if len(pending.rows) == 1 else torch.cat(pending.rows)
