@@ -92,8 +92,8 @@ class LLM:
                 raise ValueError(f"prompts[{i}]: {e}") from e
         warm = self._shared_prefills(groups)
         if warm:
-            self._run([self.engine.enqueue(r) for r in warm], use_tqdm=False)
-        req_ids = [self.engine.enqueue(r) for samples, _ in groups for r in samples]
+            self._run(self._enqueue_all(warm), use_tqdm=False)
+        req_ids = self._enqueue_all([r for samples, _ in groups for r in samples])
         done = {o.request_id: o for o in self._run(req_ids, use_tqdm)}
         outs = []
         for (samples, _), sp in zip(groups, params):
@@ -194,6 +194,19 @@ class LLM:
                 )
             text = text[: text.rindex(final) + len(final)]
         return tok.encode(text, add_special_tokens=False)
+
+    def _enqueue_all(self, reqs: list[Request]) -> list[str]:
+        """Queue every request, or none: if one cannot be queued (the drafter refused it), those
+        queued before it are aborted and the error goes on."""
+        req_ids: list[str] = []
+        try:
+            for r in reqs:
+                req_ids.append(self.engine.enqueue(r))
+        except BaseException:
+            for i in req_ids:
+                self.engine.abort_request(i)
+            raise
+        return req_ids
 
     def _run(self, req_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         """Step until this call's requests finish. If a step raises (or the user interrupts),

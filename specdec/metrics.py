@@ -84,6 +84,11 @@ class EngineMetrics:
             Counter, "spec_decode_num_grammar_accepted_tokens",
             "Grammar-forced draft tokens accepted.", m,
         )  # fmt: skip
+        self.num_drafter_failures = metric(
+            Counter, "spec_decode_num_drafter_failures",
+            "Drafter faults: requests whose drafting was switched off after the drafter raised "
+            "(plain decoding went on), and request hooks that raised.", m,
+        )  # fmt: skip
         self.accepted_per_pos = metric(
             Counter, "spec_decode_num_accepted_tokens_per_pos",
             "Accepted draft tokens by draft position.", mp,
@@ -148,6 +153,9 @@ class EngineMetrics:
         )
         self.num_grammar_accepted_tokens.labels(name).inc(
             self._delta("grammar_accepted", st.num_grammar_accepted_tokens)
+        )
+        self.num_drafter_failures.labels(name).inc(
+            self._delta("drafter_failures", engine.num_drafter_failures)
         )
         per_pos = list(st.accepted_per_pos)
         last = self._last_per_pos if len(self._last_per_pos) <= len(per_pos) else []

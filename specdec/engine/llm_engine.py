@@ -341,12 +341,15 @@ class LLMEngine:
         return f"req-{next(self._ids)}"
 
     def enqueue(self, req: Request) -> str:
+        """Queue a request made by ``make_request``. Raises (nothing queued, nothing kept) for a
+        request id in use, or ``DrafterError`` when the drafter cannot take it."""
         if req.req_id in self.requests:
             raise ValueError(f"request id {req.req_id!r} is already in use")
+        if self.speculator is not None:
+            # NOTE: first, so that a drafter fault leaves the request nowhere
+            self.speculator.add_request(req)
         self.requests[req.req_id] = req
         self.scheduler.add(req)
-        if self.speculator is not None:
-            self.speculator.add_request(req)
         self.num_prompt_tokens += len(req.prompt_token_ids)
         return req.req_id
 
@@ -381,10 +384,12 @@ class LLMEngine:
             return
         req.finish_reason = "abort"
         self._logprob_dicts.pop(req_id, None)
-        self.scheduler.finish(req)
-        if self.speculator is not None:
-            self.speculator.remove_request(req, keep=True)
-        self.requests.pop(req_id, None)
+        try:
+            self.scheduler.finish(req)
+            if self.speculator is not None:
+                self.speculator.remove_request(req, keep=True)
+        finally:
+            self.requests.pop(req_id, None)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -431,6 +436,11 @@ class LLMEngine:
     @property
     def num_generation_tokens(self) -> int:
         return self.scheduler.num_generation_tokens
+
+    @property
+    def num_drafter_failures(self) -> int:
+        """Drafter faults: requests whose drafting was switched off, hooks that raised."""
+        return self.speculator.num_drafter_failures if self.speculator is not None else 0
 
     @property
     def num_failed_requests(self) -> int:

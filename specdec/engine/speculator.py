@@ -10,6 +10,7 @@ after the scheduler has committed the runner's results.
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -22,7 +23,6 @@ from specdec.engine.scheduler import (
     SchedulerOutput,
     SchedulerUpdate,
     StepResult,
-    failure,
 )
 from specdec.kv_cache.pool import KVCache
 from specdec.model.llama import LlamaModel
@@ -32,6 +32,13 @@ from specdec.spec_decode.base import accepted_prefix
 from specdec.spec_decode.controller import SpecController, measure_verify_cost
 from specdec.spec_decode.metrics import SpecDecodeStats
 from specdec.structured.grammar import MAX_FORCED_DRAFTS
+
+logger = logging.getLogger("specdec.engine")
+
+
+class DrafterError(RuntimeError):
+    """The drafter could not take a request (its ``add_request`` hook raised): an engine fault,
+    never the client's."""
 
 
 @dataclass
@@ -78,6 +85,10 @@ class Speculator:
             self._new_controller()
         self._shadow: dict[str, _Shadow] = {}
         self._hidden: dict[str, _Hidden] = {}
+        # requests whose drafter raised: plain decoding for them from then on (exact)
+        self._drafter_off: set[str] = set()
+        # drafter faults: requests switched off, and add / remove hooks that raised
+        self.num_drafter_failures = 0
 
     @property
     def hidden_layers(self) -> tuple[int, ...]:
@@ -107,15 +118,52 @@ class Speculator:
 
     # ---- request lifecycle ------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
-        self.proposer.add_request(req.req_id)
+        """The drafter sets the request up; if it raises, whatever it kept is dropped and
+        ``DrafterError`` says so (the request must not be queued)."""
+        try:
+            self.proposer.add_request(req.req_id)
+        except Exception as e:  # noqa: BLE001 - the drafter's fault, reported as the engine's
+            self._drafter_fault(req.req_id, "add_request", e)
+            self._proposer_remove(req.req_id, None)
+            raise DrafterError(
+                f"the drafter could not take request {req.req_id!r} ({type(e).__name__})"
+            ) from e
 
     def remove_request(self, req: Request, keep: bool) -> None:
-        """``keep=False``: nothing of the request is learnt (a failed request)."""
-        self.proposer.remove_request(req.req_id, req.all_token_ids if keep else None)
-        if self.controller is not None:
-            self.controller.remove_request(req.req_id)
+        """``keep=False``: nothing of the request is learnt (a failed request). Never raises: a
+        drafter that fails here is logged and counted, and the request is forgotten anyway."""
         self._shadow.pop(req.req_id, None)
         self._hidden.pop(req.req_id, None)
+        if self.controller is not None:
+            self.controller.remove_request(req.req_id)
+        if req.req_id in self._drafter_off:
+            self._drafter_off.discard(req.req_id)  # the drafter forgot it when switched off
+            return
+        self._proposer_remove(req.req_id, req.all_token_ids if keep else None)
+
+    def _proposer_remove(self, req_id: str, token_ids: list[int] | None) -> None:
+        try:
+            self.proposer.remove_request(req_id, token_ids)
+        except Exception as e:  # noqa: BLE001 - whatever it kept of the request may leak
+            self._drafter_fault(req_id, "remove_request", e)
+
+    def _drafter_fault(self, req_id: str, where: str, e: Exception, then: str = "") -> None:
+        """Count a drafter fault and log it: one line, the exception's type only (its message
+        may quote the request's text or the drafter's state)."""
+        self.num_drafter_failures += 1
+        logger.warning(
+            "request %r: the drafter's %s raised %s%s", req_id, where, type(e).__name__, then
+        )
+
+    def _switch_off(self, r: Request, e: Exception) -> None:
+        """The drafter raised for this request: plain decoding for it from now on (exact: the
+        output is what it would have been), and the drafter forgets it."""
+        self._drafter_fault(r.req_id, "propose", e, "; drafting switched off for it")
+        r.draft_token_ids, r.draft_probs = [], None
+        self._drafter_off.add(r.req_id)
+        self._shadow.pop(r.req_id, None)
+        self._hidden.pop(r.req_id, None)
+        self._proposer_remove(r.req_id, None)
 
     def reset_cache(self) -> None:
         """Forget what finished requests taught speculation (suffix decoding's global tree, the
@@ -143,7 +191,7 @@ class Speculator:
         for req, keep in update.finished:
             self.remove_request(req, keep)
         if self.enabled:
-            self._propose(update)
+            self._propose()
 
     def _observe(
         self,
@@ -171,7 +219,7 @@ class Speculator:
                     self.controller.observe(
                         s.req_id, num_model, min(result.num_accepted, num_model)
                     )
-            if hidden and hidden[i] is not None:
+            if hidden and hidden[i] is not None and s.req_id not in self._drafter_off:
                 self._keep_hidden(s.req_id, s.start_pos, hidden[i][:num_valid])
             if s.req_id in self._shadow and not req.is_finished:
                 self._score_shadow(req)
@@ -204,7 +252,7 @@ class Speculator:
             self.controller.observe(req.req_id, len(drafts), m)
             del self._shadow[req.req_id]
 
-    def _propose(self, update: SchedulerUpdate) -> None:
+    def _propose(self) -> None:
         ctl = self.controller
         if ctl is not None:
             ctl.end_cycle()
@@ -233,6 +281,8 @@ class Speculator:
         for r in reqs:
             own = r.sampling.num_speculative_tokens
             lim = min(k if own is None else min(k, own), sched.max_drafts(r, k))
+            if r.req_id in self._drafter_off:
+                lim = 0
             limits.append(lim if lim >= max(1, n_mins[r.req_id]) else 0)
         caps = limits
         free = self.proposer.free_drafts
@@ -258,7 +308,7 @@ class Speculator:
                 elif lim > 0 and r.req_id not in self._shadow:
                     shadow.append((r, lim))
         if todo or shadow:
-            self._draft(todo, update, shadow)
+            self._draft(todo, shadow)
         for r, _ in todo:
             # llama.cpp's p_min: drafting stops where the draft distribution's top probability
             # falls below it (a rule on the prefix, so Leviathan/Chen acceptance stays exact);
@@ -327,7 +377,7 @@ class Speculator:
         d = DraftRequest(
             r.req_id, r.all_token_ids, cap, r.sampling, r.seed, len(r.prompt_token_ids)
         )
-        d.shadow = shadow
+        d.shadow, d.cache_salt = shadow, r.cache_salt
         pending = self._hidden.get(r.req_id)
         if pending is not None and pending.rows:
             rows = pending.rows[0] if len(pending.rows) == 1 else torch.cat(pending.rows)
@@ -336,10 +386,7 @@ class Speculator:
         return d
 
     def _draft(
-        self,
-        todo: list[tuple[Request, int]],
-        update: SchedulerUpdate,
-        shadow: list[tuple[Request, int]] = (),
+        self, todo: list[tuple[Request, int]], shadow: list[tuple[Request, int]] = ()
     ) -> None:
         """Drafts for ``todo`` (to verify) and ``shadow`` (to score only), in one call."""
         inp = DraftInput(
@@ -349,22 +396,21 @@ class Speculator:
         todo = [*todo, *shadow]
         try:
             out = self.proposer.propose(inp)
-        except Exception:  # noqa: BLE001 - find whose drafting fails, fail only those
-            self._draft_one_by_one(inp, todo, update)
+        except Exception:  # noqa: BLE001 - find whose drafting fails, switch off only those
+            self._draft_one_by_one(inp, todo)
             return
         for i, (r, _) in enumerate(todo):
             r.draft_token_ids = list(out.draft_token_ids[i])
             r.draft_probs = out.draft_probs[i] if out.draft_probs else None
 
-    def _draft_one_by_one(
-        self, inp: DraftInput, todo: list[tuple[Request, int]], update: SchedulerUpdate
-    ) -> None:
+    def _draft_one_by_one(self, inp: DraftInput, todo: list[tuple[Request, int]]) -> None:
+        """The batch's call raised: each request alone, and those whose drafting still raises
+        go on without drafts (``_switch_off``), the others with theirs."""
         for d, (r, _) in zip(inp.requests, todo):
             try:
                 out = self.proposer.propose(DraftInput([d]))
             except Exception as e:  # noqa: BLE001
-                self.scheduler.fail(r, failure("drafting", e), update)
-                self.remove_request(r, keep=False)
+                self._switch_off(r, e)
                 continue
             r.draft_token_ids = list(out.draft_token_ids[0])
             r.draft_probs = out.draft_probs[0] if out.draft_probs else None

@@ -32,6 +32,9 @@ class DraftRequest:
     # a shadow draft (Proposer.free_drafts): scored against the tokens that arrive, never
     # verified, so only what costs next to nothing is worth proposing
     shadow: bool = False
+    # the request's cache_salt (LLMEngine.make_request; 0 = unsalted). What a drafter learns from
+    # one request and reuses for others (suffix decoding's global tree) is kept per salt.
+    cache_salt: int = 0
 
     @property
     def next_position(self) -> int:
@@ -65,6 +68,10 @@ class Proposer(ABC):
 
     Drafts returned without ``q`` are point masses (n-gram, greedy model drafts): verification
     against ``p`` alone is still exact.
+
+    Isolation: anything learnt from one request's tokens that shapes another's drafts must be
+    keyed by ``DraftRequest.cache_salt`` (tenants share it only within a salt). Statistics that
+    say nothing of any text (acceptance rates, timings) may be shared.
     """
 
     # The target states this drafter reads (see LlamaModel.forward_capture): HIDDEN_FINAL for

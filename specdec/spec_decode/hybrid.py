@@ -256,6 +256,7 @@ class HybridProposer(Proposer):
 
 def _with_cap(r: DraftRequest, cap: int, start: int, rows: list[torch.Tensor]) -> DraftRequest:
     d = DraftRequest(r.req_id, r.token_ids, cap, r.sampling, r.seed, r.num_prompt_tokens)
+    d.cache_salt = r.cache_salt
     d.hidden_states = None if not rows else rows[0] if len(rows) == 1 else torch.cat(rows)
     d.hidden_start = start
     return d

@@ -12,6 +12,10 @@ responses join the global tree whole. A substring seen once costs no node below 
 token (it is read back from its sequence), and in the global tree a run of tokens that all its
 occurrences share is one node, so cached repeats of a response cost almost nothing.
 
+The global tree is partitioned by ``cache_salt`` (one tree per salt; unsalted requests share one):
+a request reads and feeds only its own tenant's responses, so a tenant cannot learn from its
+drafts' acceptance that someone else already received a completion.
+
 The proposer runs the trees in C++ (``_suffix_native``, built from csrc/suffix_tree.cpp: the same
 algorithm, the same drafts) when that module is built; ``SuffixTree`` below is the reference and
 the fallback. ``SPECDEC_SUFFIX_PYTHON=1`` forces the Python trees.
@@ -486,10 +490,22 @@ class _RequestState:
     # sequence 0 = prompt + output so far; a SuffixTree or a native one
     tree: Any
     num_prompt_tokens: int
-    # the request's position in the global tree: list[State] (Python) or a native Cursor, which
-    # keeps its own epoch
+    # the request's position in its partition's global tree: list[State] (Python) or a native
+    # Cursor, which keeps its own epoch
     global_states: Any = field(default_factory=list)
     global_epoch: int = -1
+    cache_salt: int = 0  # whose partition of the global tree the request reads and feeds
+    # the tree global_states were matched in (None: none yet). NOTE: a partition emptied by
+    # eviction is dropped and a new one may take its salt, with epochs that start over.
+    global_tree: Any = None
+
+
+@dataclass
+class _Partition:
+    """One salt's share of the global tree."""
+
+    tree: Any
+    num_cached: int = 0  # responses in it
 
 
 class SuffixProposer(Proposer):
@@ -502,9 +518,15 @@ class SuffixProposer(Proposer):
     ``last_scores`` keep each running request's latest draft and its score (expected accepted
     tokens) for whoever chooses how many drafts to verify.
 
-    The global tree evicts whole responses, oldest first, beyond ``max_cached_requests`` or an
-    estimated ``max_global_bytes`` (~2 nodes, ~250-500 bytes per distinct cached token: the request
-    count alone does not bound memory when responses are long).
+    The global tree is one tree per ``cache_salt`` (``DraftRequest.cache_salt``; 0, unsalted,
+    is one shared partition): a request drafts from, and on finishing joins, its salt's tree only.
+    It evicts whole responses, oldest first, beyond ``max_cached_requests`` or an estimated
+    ``max_global_bytes`` (~2 nodes, ~250-500 bytes per distinct cached token: the request count
+    alone does not bound memory when responses are long). NOTE: both caps are over all partitions
+    together, and eviction takes the oldest response whoever it belongs to, so memory is bounded
+    whatever the number of tenants (caps per partition would multiply it by the number of salts);
+    a partition left empty is dropped. A busy tenant thus pushes others' responses out sooner:
+    that reveals how much others generate, never what.
 
     ``native`` chooses the trees: the C++ ones (identical drafts, ~10x cheaper per step: ~5-15 us
     instead of ~35-120 us per request, bench_out/s4/suffix_native_bench.py) or the Python
@@ -538,8 +560,9 @@ class SuffixProposer(Proposer):
         self.max_spec_offset = max_spec_offset
         self.min_token_prob = min_token_prob
         self.max_global_bytes = max_global_bytes
-        self.global_tree = self._new_tree()
-        self._cached: deque[int] = deque()  # global sequence ids, oldest first
+        self._partitions: dict[int, _Partition] = {0: _Partition(self._new_tree())}
+        self._cached: deque[tuple[int, int]] = deque()  # (salt, sequence id), oldest first
+        self._global_bytes = self._partitions[0].tree.approx_bytes  # over every partition
         self._next_seq_id = 0
         self._requests: dict[str, _RequestState] = {}
         self.last_drafts: dict[str, SuffixDraft] = {}
@@ -550,24 +573,37 @@ class SuffixProposer(Proposer):
             return _suffix_native.SuffixTree(self.max_tree_depth)
         return SuffixTree(self.max_tree_depth)
 
+    @property
+    def global_tree(self) -> Any:
+        """The unsalted requests' global tree (salt 0)."""
+        return self._partitions[0].tree
+
+    def _global_for(self, state: _RequestState) -> Any:
+        """The global tree the request drafts from: its salt's, or None while that is empty."""
+        p = self._partitions.get(state.cache_salt) if self.max_cached_requests else None
+        return p.tree if p is not None and p.num_cached else None
+
     # ---- lifecycle ------------------------------------------------------------------------------
     def reset_cache(self) -> None:
-        """Empty the global tree of earlier responses; running requests keep their own trees and
+        """Empty the global trees of earlier responses; running requests keep their own trees and
         get fresh global cursors at their next step."""
-        self.global_tree = self._new_tree()
+        self._partitions = {0: _Partition(self._new_tree())}
+        self._global_bytes = self._partitions[0].tree.approx_bytes
         self._cached.clear()
         for state in self._requests.values():
+            state.global_tree = None
             if self.native:
                 state.global_states = _suffix_native.Cursor()
             else:
                 state.global_states, state.global_epoch = [], -1
 
     def remove_request(self, req_id: str, token_ids: list[int] | None = None) -> None:
-        """The request's output joins the global tree (with its final tokens, when given)."""
+        """The request's output joins its salt's global tree (with its final tokens, if given)."""
         self.last_drafts.pop(req_id, None)
         self.last_scores.pop(req_id, None)
-        if token_ids is not None and req_id in self._requests:
-            self._sync(req_id, token_ids)
+        state = self._requests.get(req_id)
+        if token_ids is not None and state is not None:
+            self._sync(req_id, token_ids, cache_salt=state.cache_salt)
         state = self._requests.pop(req_id, None)
         if state is None or self.max_cached_requests == 0:
             return
@@ -575,22 +611,45 @@ class SuffixProposer(Proposer):
             output = state.tree.tokens(0, state.num_prompt_tokens)
         else:
             output = state.tree.seqs[0][state.num_prompt_tokens :]
-        if not output:
-            return
+        if output:
+            self._add_response(state.cache_salt, output)
+
+    def _add_response(self, salt: int, output: Sequence[int]) -> None:
+        """Add a response to its salt's tree, then evict the oldest responses over the caps."""
+        p = self._partitions.get(salt)
+        if p is None:
+            p = self._partitions[salt] = _Partition(self._new_tree())
+            self._global_bytes += p.tree.approx_bytes
         seq_id = self._next_seq_id
         self._next_seq_id += 1
-        self.global_tree.add_sequence(seq_id, output)
-        self._cached.append(seq_id)
-        g = self.global_tree
+        before = p.tree.approx_bytes
+        p.tree.add_sequence(seq_id, output)
+        self._global_bytes += p.tree.approx_bytes - before
+        p.num_cached += 1
+        self._cached.append((salt, seq_id))
         while self._cached and (
-            len(self._cached) > self.max_cached_requests or g.approx_bytes > self.max_global_bytes
+            len(self._cached) > self.max_cached_requests
+            or self._global_bytes > self.max_global_bytes
         ):
-            g.remove(self._cached.popleft())
+            self._evict_oldest()
 
-    def _sync(self, req_id: str, token_ids: list[int], num_prompt_tokens: int = 0) -> _RequestState:
+    def _evict_oldest(self) -> None:
+        salt, seq_id = self._cached.popleft()
+        p = self._partitions[salt]
+        before = p.tree.approx_bytes
+        p.tree.remove(seq_id)  # NOTE: the oldest overall is the oldest of its partition too
+        self._global_bytes += p.tree.approx_bytes - before
+        p.num_cached -= 1
+        if salt != 0 and p.num_cached == 0:
+            del self._partitions[salt]
+            self._global_bytes -= p.tree.approx_bytes
+
+    def _sync(
+        self, req_id: str, token_ids: list[int], num_prompt_tokens: int = 0, cache_salt: int = 0
+    ) -> _RequestState:
         """Bring the request's tree and its global-tree cursor up to ``token_ids``."""
         if self.native:
-            return self._sync_native(req_id, token_ids, num_prompt_tokens)
+            return self._sync_native(req_id, token_ids, num_prompt_tokens, cache_salt)
         state = self._requests.get(req_id)
         if state is not None:
             seq = state.tree.seqs[0]
@@ -602,23 +661,24 @@ class SuffixProposer(Proposer):
             # prefill, with one output token.
             prompt_len = num_prompt_tokens or max(0, len(token_ids) - 1)
             state = _RequestState(SuffixTree(self.max_tree_depth), prompt_len)
+            state.cache_salt = cache_salt
             self._requests[req_id] = state
         seq = state.tree.seqs.get(0)
         new = token_ids[len(seq) if seq is not None else 0 :]
         if new:
             state.tree.extend(0, new)
-        if self.max_cached_requests and len(self._cached):
-            g = self.global_tree
-            if state.global_epoch != g.epoch:
+        g = self._global_for(state)
+        if g is not None:
+            if state.global_tree is not g or state.global_epoch != g.epoch:
                 state.global_states = g.match_states(token_ids)
-                state.global_epoch = g.epoch
+                state.global_epoch, state.global_tree = g.epoch, g
             else:
                 for t in new:
                     state.global_states = g.follow(state.global_states, t)
         return state
 
     def _sync_native(
-        self, req_id: str, token_ids: list[int], num_prompt_tokens: int = 0
+        self, req_id: str, token_ids: list[int], num_prompt_tokens: int = 0, cache_salt: int = 0
     ) -> _RequestState:
         """``_sync`` over the native trees: the cursors stay in C++ (the request's in its tree,
         its global one in an opaque Cursor that records the global tree's epoch)."""
@@ -630,17 +690,19 @@ class SuffixProposer(Proposer):
         if state is None:
             prompt_len = num_prompt_tokens or max(0, len(token_ids) - 1)
             state = _RequestState(self._new_tree(), prompt_len, _suffix_native.Cursor())
+            state.cache_salt = cache_salt
             self._requests[req_id] = state
         new = token_ids[state.tree.seq_len(0) :]
         if new:
             state.tree.extend(0, new)
-        if self.max_cached_requests and len(self._cached):
-            g = self.global_tree
+        g = self._global_for(state)
+        if g is not None:
             cursor = state.global_states
-            if cursor.epoch != g.epoch:
+            if state.global_tree is not g or cursor.epoch != g.epoch:
                 g.cursor_match(
                     cursor, token_ids[max(0, len(token_ids) - self.max_tree_depth + 1) :]
                 )
+                state.global_tree = g
             else:
                 g.cursor_follow(cursor, new)
         return state
@@ -649,7 +711,7 @@ class SuffixProposer(Proposer):
     def propose(self, inp: DraftInput) -> DraftOutput:
         drafts: list[list[int]] = []
         for r in inp.requests:
-            state = self._sync(r.req_id, r.token_ids, r.num_prompt_tokens)
+            state = self._sync(r.req_id, r.token_ids, r.num_prompt_tokens, r.cache_salt)
             cap = min(r.max_num_drafts, self.num_speculative_tokens)
             draft = self._best_draft(state, cap) if cap > 0 else SuffixDraft()
             self.last_drafts[r.req_id] = draft
@@ -658,13 +720,13 @@ class SuffixProposer(Proposer):
         return DraftOutput(drafts, [None] * len(drafts))
 
     def _best_draft(self, state: _RequestState, cap: int) -> SuffixDraft:
+        g = self._global_for(state)
         if self.native:
-            use_global = bool(self.max_cached_requests and self._cached)
             tokens, probs, match_len, source = _suffix_native.best_draft(
                 state.tree,
                 0,
-                self.global_tree if use_global else None,
-                state.global_states if use_global else None,
+                g,
+                state.global_states if g is not None else None,
                 cap,
                 self.max_spec_factor,
                 self.max_spec_offset,
@@ -678,9 +740,9 @@ class SuffixProposer(Proposer):
         # twice have an earlier occurrence to continue from.
         candidates = [(st, "request") for st in own if st[0].depth == st[1] and st[0].count >= 2]
         best = self._best_of(state.tree, candidates, cap, best)
-        if self.max_cached_requests and self._cached:
+        if g is not None:
             global_candidates = [(st, "global") for st in state.global_states]
-            best = self._best_of(self.global_tree, global_candidates, cap, best)
+            best = self._best_of(g, global_candidates, cap, best)
         return best
 
     def _best_of(
@@ -705,13 +767,15 @@ class SuffixProposer(Proposer):
 
     # ---- memory ---------------------------------------------------------------------------------
     def memory_stats(self) -> dict[str, int]:
-        """Nodes / tokens / approximate bytes of the global tree and all per-request trees."""
-        g = self.global_tree.memory_stats()
+        """Nodes / tokens / approximate bytes of the global trees (every partition) and all
+        per-request trees."""
+        g = [p.tree.memory_stats() for p in self._partitions.values()]
         per_request = [s.tree.memory_stats() for s in self._requests.values()]
         return {
-            "global_nodes": g["num_nodes"],
-            "global_tokens": g["num_tokens"],
-            "global_bytes": g["approx_bytes"],
+            "global_nodes": sum(m["num_nodes"] for m in g),
+            "global_tokens": sum(m["num_tokens"] for m in g),
+            "global_bytes": sum(m["approx_bytes"] for m in g),
+            "global_partitions": len(g),
             "cached_requests": len(self._cached),
             "request_nodes": sum(m["num_nodes"] for m in per_request),
             "request_bytes": sum(m["approx_bytes"] for m in per_request),

@@ -387,6 +387,80 @@ def test_global_tree_byte_budget_evicts_oldest() -> None:
     assert propose(prop, "q", [3] + answer[10:13]) == answer[13:16]  # the newest is kept
 
 
+# ---- cache_salt: one global tree per tenant ------------------------------------------------------
+def salted(
+    prop: SuffixProposer, req_id: str, tokens: list[int], salt: int, cap: int = 8
+) -> list[int]:
+    req = DraftRequest(req_id, list(tokens), cap, SamplingParams(temperature=0.0))
+    req.cache_salt = salt
+    return prop.propose(DraftInput([req])).draft_token_ids[0]
+
+
+def finish(prop: SuffixProposer, req_id: str, prompt: list[int], answer: list[int], salt: int):
+    salted(prop, req_id, prompt + answer[:1], salt)
+    salted(prop, req_id, prompt + answer, salt)
+    prop.remove_request(req_id, prompt + answer)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_salts_keep_global_trees_apart(native: bool) -> None:
+    prop = SuffixProposer(5, max_tree_depth=16, native=native)
+    answer = [40, 41, 42, 43, 44, 45, 46, 47]
+    finish(prop, "a", [1, 2, 3], answer, salt=11)
+    probe = [9, 9, 40, 41, 42]
+    assert salted(prop, "other-tenant", probe, salt=22) == []
+    assert salted(prop, "unsalted", probe, salt=0) == []
+    assert salted(prop, "same-tenant", probe, salt=11) == [43, 44, 45]
+    assert prop.last_drafts["same-tenant"].source == "global"
+    # the other tenant's own response joins its own tree, and only that
+    finish(prop, "b", [1, 2, 3], [40, 41, 42, 50, 51, 52], salt=22)
+    assert salted(prop, "other-tenant-2", probe, salt=22) == [50, 51, 52]
+    assert salted(prop, "same-tenant-2", probe, salt=11) == [43, 44, 45]
+    # unsalted requests share one tree
+    finish(prop, "c", [5], [40, 41, 42, 60, 61, 62], salt=0)
+    assert salted(prop, "unsalted-2", probe, salt=0) == [60, 61, 62]
+    assert prop.memory_stats()["global_partitions"] == 3
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_caps_hold_over_all_partitions_oldest_first(native: bool) -> None:
+    prop = SuffixProposer(4, max_tree_depth=16, max_cached_requests=2, native=native)
+    for i, salt in enumerate((7, 8, 0)):
+        finish(prop, f"r{i}", [1], [100 * (i + 1) + j for j in range(6)], salt)
+    stats = prop.memory_stats()
+    assert stats["cached_requests"] == 2
+    assert stats["global_partitions"] == 2  # salt 7's only response went: its tree is dropped
+    assert salted(prop, "q7", [3, 100, 101], 7) == []
+    assert salted(prop, "q8", [3, 200, 201], 8) == [202, 203]
+    assert salted(prop, "q0", [3, 300, 301], 0) == [302, 303]
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_byte_budget_holds_over_all_partitions(native: bool) -> None:
+    prop = SuffixProposer(4, max_tree_depth=16, max_global_bytes=20_000, native=native)
+    rng = random.Random(4)
+    for i in range(40):
+        answer = [rng.randrange(50_000) for _ in range(40)]
+        finish(prop, f"r{i}", [1], answer, salt=i % 5)
+        stats = prop.memory_stats()
+        assert stats["global_bytes"] <= 20_000
+        assert stats["global_partitions"] <= stats["cached_requests"] + 1
+    assert 1 <= prop.memory_stats()["cached_requests"] < 40
+    assert salted(prop, "q", [3] + answer[10:13], 39 % 5) == answer[13:16]  # the newest is kept
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_cursor_of_a_dropped_and_remade_partition_is_rebuilt(native: bool) -> None:
+    """A running request's partition is emptied (its tree dropped) and remade for the same salt:
+    the new tree's epochs start over, so the request's cursor must be matched again in it."""
+    prop = SuffixProposer(4, max_tree_depth=16, max_cached_requests=1, native=native)
+    finish(prop, "old", [1], [50, 51, 52, 53, 54], salt=5)
+    assert salted(prop, "q", [2, 60, 61], salt=5) == []  # its cursor is in salt 5's first tree
+    finish(prop, "x", [1], [70, 71, 72], salt=6)  # evicts "old": salt 5's tree is dropped
+    finish(prop, "y", [1], [61, 62, 63, 64, 65], salt=5)  # a new tree for salt 5 (evicts "x")
+    assert salted(prop, "q", [2, 60, 61, 62], salt=5) == [63, 64]
+
+
 def test_unknown_and_unseen_requests_are_harmless() -> None:
     prop = SuffixProposer(4)
     prop.add_request("x")

@@ -225,16 +225,17 @@ def test_stale_cursor_and_mixed_use_are_refused() -> None:
 
 # ---- the proposer -----------------------------------------------------------------------------
 def run_generations(
-    prop: SuffixProposer, rng: random.Random, kind: str, num_requests: int
+    prop: SuffixProposer, rng: random.Random, kind: str, num_requests: int, num_salts: int = 1
 ) -> list[tuple]:
     """Requests arrive, generate in chunks (batched with others, random caps), finish into the
-    global tree; sometimes one is aborted (no final tokens) or restarted with other tokens.
-    Returns everything the proposer said."""
+    global tree (of one of ``num_salts`` cache salts); sometimes one is aborted (no final
+    tokens) or restarted with other tokens. Returns everything the proposer said."""
     text = Text(rng, vocab=40 if kind == "small" else 300)
     answers = [text(rng.randint(20, 120)) for _ in range(6)]  # responses that recur
     log: list[tuple] = []
     running: dict[str, list[int]] = {}
     targets: dict[str, list[int]] = {}
+    salts: dict[str, int] = {}
     started = 0
     while started < num_requests or running:
         while started < num_requests and len(running) < 4 and rng.random() < 0.5:
@@ -245,6 +246,7 @@ def run_generations(
                 j = rng.randint(0, len(answer))
                 answer = answer[:j] + text(rng.randint(0, 8)) + answer[j:]
             targets[rid] = prompt + answer
+            salts[rid] = rng.randrange(num_salts) if num_salts > 1 else 0
             running[rid] = prompt + answer[:1]
             prop.add_request(rid)
             started += 1
@@ -254,6 +256,7 @@ def run_generations(
         for rid, toks in running.items():
             cap = rng.choice([0, 1, 3, 5, 8])
             reqs.append(DraftRequest(rid, list(toks), cap, SamplingParams(temperature=0.0)))
+            reqs[-1].cache_salt = salts[rid]
         out = prop.propose(DraftInput(reqs))
         for r, draft in zip(reqs, out.draft_token_ids):
             d = prop.last_drafts[r.req_id]
@@ -316,6 +319,20 @@ def test_proposers_propose_alike_over_whole_generations(
         assert any(e[5] == "global" for e in nonempty)  # and drafts from the global tree
     evicted = [e for e in py_log if e[0] == "removed" and e[2]["cached_requests"] == max_cached]
     assert not max_cached or max_cached > 3 or evicted  # small caches did evict
+
+
+@pytest.mark.parametrize("max_cached", [10000, 3])
+@pytest.mark.parametrize("seed", range(3))
+def test_proposers_propose_alike_with_cache_salts(seed: int, max_cached: int) -> None:
+    """Requests of three tenants, each with its own global tree; small caches evict across."""
+    logs = []
+    for use_native in (False, True):
+        prop = SuffixProposer(8, max_cached_requests=max_cached, native=use_native)
+        rng = random.Random(9100 + seed)
+        logs.append(run_generations(prop, rng, "small", num_requests=16, num_salts=3))
+    assert logs[1] == logs[0]
+    assert any(e[0] == "removed" and e[2]["global_partitions"] > 1 for e in logs[0])
+    assert any(len(e) == 6 and e[1] and e[5] == "global" for e in logs[0])
 
 
 def test_byte_budget_bounds_the_native_global_tree() -> None:
