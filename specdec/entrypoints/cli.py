@@ -27,10 +27,22 @@ DEFAULT_PROMPT = "Here is a Python function `hsv_to_rgb` from the Python standar
 
 def _generate_parser(sub) -> None:
     p = sub.add_parser("generate", help="generate text for one prompt, streaming to stdout")
+    p.add_argument("model_tag", nargs="?", default=None, help="the model (same as --model)")
     EngineArgs.add_cli_args(p)
     p.add_argument("--prompt", "-p", default=DEFAULT_PROMPT)
-    p.add_argument(
-        "--chat", action="store_true", help="wrap the prompt in the model's chat template"
+    chat = p.add_mutually_exclusive_group()
+    chat.add_argument(
+        "--chat",
+        action="store_true",
+        default=None,
+        help="wrap the prompt in the model's chat template (the default when it has one)",
+    )
+    chat.add_argument(
+        "--no-chat",
+        "--no-conversation",
+        dest="chat",
+        action="store_false",
+        help="the prompt as it is, no chat template (llama.cpp's -no-cnv)",
     )
     p.add_argument(
         "--chat-template", default=None, help="with --chat: this template (a file, or the text)"
@@ -105,11 +117,22 @@ def _structured_flags(args: argparse.Namespace) -> dict | None:
     return {kind: value}
 
 
+def _use_chat(flag: bool | None, has_template: bool) -> bool:
+    """--chat / --no-chat, else the chat template when the model has one (llama.cpp's habit).
+    --chat on a model without one is a one-line error naming --chat-template."""
+    if flag and not has_template:
+        raise ValueError(
+            "--chat: this model has no chat template; give one with --chat-template FILE"
+        )
+    return has_template if flag is None else flag
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from specdec.llm import LLM
     from specdec.sampling_params import SamplingParams
     from specdec.spec_decode.metrics import SpecDecodeStats
 
+    args.model = args.model_tag or args.model
     engine_args = EngineArgs.from_cli_args(args)
     spec = engine_args.speculative()  # a bad config fails before the model loads
     sp = SamplingParams(
@@ -131,7 +154,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     tok = llm.get_tokenizer()
     if template is not None:
         tok.chat_template = template
-    if args.chat:
+    chat = _use_chat(args.chat, tok.chat_template is not None)
+    if chat and args.chat is None and not args.quiet:
+        print("--- the prompt goes through the model's chat template (--no-chat: as it is)")
+    if chat:
         prompt_ids = tok.apply_chat_template(
             [{"role": "user", "content": args.prompt}], add_generation_prompt=True, tokenize=True
         )

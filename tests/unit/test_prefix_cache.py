@@ -399,3 +399,39 @@ def test_generate_compare_plain_smoke(tiny_llama, capsys) -> None:
             "6", "--quiet", "--compare-plain", "--speculative-config", '{"method": "ngram"}']  # fmt: skip
     assert cli.main(argv) == 0
     assert "output identical to plain: yes" in capsys.readouterr().out
+
+
+def test_generate_takes_the_model_positionally_and_chats_by_default(
+    tiny_llama, tmp_path, monkeypatch, capsys
+) -> None:
+    """`specdec generate MODEL` as `serve MODEL`; the prompt goes through the model's chat template
+    unless --no-chat; a model without one gets the prompt as it is, and --chat there is a one-line
+    error naming --chat-template."""
+    from specdec.entrypoints import cli
+    from specdec.llm import LLM
+    from tests.conftest import with_chat_template
+
+    seen: list[list[int]] = []
+    real = cli._run_one
+
+    def record(llm, prompt_ids, sp, stream):
+        seen.append(list(prompt_ids))
+        return real(llm, prompt_ids, sp, stream)
+
+    monkeypatch.setattr(cli, "_run_one", record)
+    tok = LLM(str(tiny_llama), max_model_len=64).get_tokenizer()
+    chat = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=True
+    )
+    base = ["-p", "hi", "-n", "2", "--quiet"]
+    assert cli.main(["generate", str(tiny_llama), *base]) == 0
+    assert seen[-1] == chat
+    assert cli.main(["generate", str(tiny_llama), "--no-chat", *base]) == 0
+    assert seen[-1] == tok.encode("hi")
+    plain = with_chat_template(tiny_llama, tmp_path, None)
+    assert cli.main(["generate", str(plain), *base]) == 0
+    assert seen[-1] == tok.encode("hi")
+    capsys.readouterr()
+    assert cli.main(["generate", str(plain), "--chat", *base]) == 2
+    err = capsys.readouterr().err
+    assert "--chat-template" in err and err.count("\n") == 1
