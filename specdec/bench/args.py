@@ -41,8 +41,9 @@ def int_csv(text: str) -> tuple[int, ...]:
 
 def add_dataset_args(p: argparse.ArgumentParser) -> None:
     """--dataset / --categories / --num-prompts, shared by the latency and serve benchmarks."""
-    p.add_argument("--dataset", action="append", required=True, metavar="FILE.jsonl",
-                   help="prompt set (lines {id, category, turns}); repeatable")  # fmt: skip
+    p.add_argument("--dataset", action="append", default=None, metavar="FILE.jsonl",
+                   help="prompt set (lines {id, category, turns}); repeatable (default: the "
+                        "package's own small set, specdec/bench/prompts/default.jsonl)")  # fmt: skip
     p.add_argument(
         "--categories", type=csv, default=None, help="comma-separated categories to keep"
     )

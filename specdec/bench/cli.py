@@ -10,7 +10,7 @@ from specdec.bench.args import (
     add_dataset_args,
     int_csv,
 )
-from specdec.bench.dataset import DEFAULT_CODE_PREFIX
+from specdec.bench.dataset import DEFAULT_CODE_PREFIX, DEFAULT_DATASET
 from specdec.bench.forward_cost import DEFAULT_NS
 from specdec.bench.serve import add_serve_parser
 from specdec.config import EngineArgs
@@ -28,7 +28,8 @@ Anchors run in processes of their own with their libraries' defaults (results.js
 them) and are skipped with one line when their package is missing. Under greedy sampling, a
 speculative output that differs from plain's is a FAILURE and the exit code is 1.
 
-example:
+examples:
+  specdec bench latency --model smollm2-135m     # the package's own small prompt set
   specdec bench latency --model smollm2-135m \\
       --dataset ../shared/bench/data/stdlib_edit.jsonl --dataset ../shared/bench/data/mt_bench.jsonl \\
       --num-prompts 5 --max-tokens 256 --configs plain ngram:k=5 ngram:k=5,max=4 hf:plain
@@ -100,7 +101,7 @@ def cmd_latency(args: argparse.Namespace) -> int:
         raise ValueError("--max-tokens must be >= 1")
     opts = LatencyOptions(
         engine=EngineArgs.from_cli_args(args),
-        datasets=args.dataset,
+        datasets=args.dataset or [str(DEFAULT_DATASET)],
         configs=args.configs,
         categories=args.categories,
         num_prompts=args.num_prompts,

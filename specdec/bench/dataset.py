@@ -17,6 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+# NOTE: written for specdec (code edits, extraction, chat, reasoning, a summary); taken from no
+# benchmark, so that `specdec bench` runs out of the box without ../shared or a download.
+DEFAULT_DATASET = Path(__file__).parent / "prompts" / "default.jsonl"
 DEFAULT_CODE_PREFIX = "Complete the code I provided.\n\n"
 CODE_PREFIX_CATEGORIES = ("code_completion",)
 # NOTE: the benchmarks' excluded first request; in no data set, so no measured prompt repeats it.
@@ -32,14 +35,15 @@ class BenchItem:
 
 
 def load_items(
-    paths: Sequence[str | Path],
+    paths: Sequence[str | Path] | None,
     categories: Sequence[str] | None = None,
     num_per_category: int | None = None,
 ) -> list[BenchItem]:
-    """Read every file in order; keep the given categories and the first N prompts of each."""
+    """Read every file in order (none: the package's default set); keep the given categories and
+    the first N prompts of each."""
     items: list[BenchItem] = []
     seen: set[str] = set()
-    for path in paths:
+    for path in paths or [DEFAULT_DATASET]:
         path = Path(path)
         if not path.is_file():
             raise ValueError(f"dataset file not found: {path}")

@@ -59,6 +59,7 @@ from specdec.bench.args import SERVE_ENGINE_ARGS, add_dataset_args, engine_setti
 from specdec.bench.configs import PLAIN, BenchConfig, parse_config, parse_configs
 from specdec.bench.dataset import (
     DEFAULT_CODE_PREFIX,
+    DEFAULT_DATASET,
     WARMUP_PROMPT,
     BenchItem,
     PromptBuilder,
@@ -631,7 +632,7 @@ def add_serve_parser(sub) -> None:
 def cmd_bench_serve(args: argparse.Namespace) -> int:
     opts = ServeOptions(
         engine=EngineArgs.from_cli_args(args),
-        datasets=args.dataset,
+        datasets=args.dataset or [str(DEFAULT_DATASET)],
         configs=args.configs,
         categories=args.categories,
         num_prompts=args.num_prompts,

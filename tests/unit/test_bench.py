@@ -462,3 +462,17 @@ def test_forward_cost_smoke(tiny_llama, tmp_path, capsys) -> None:
     assert rows[0]["ratio"] == 1.0
     assert all(r["ms"] > 0 and len(r["ms_all"]) == 2 for r in rows)
     assert "ratio to N=1" in capsys.readouterr().out
+
+
+def test_latency_runs_without_a_dataset_on_the_packaged_prompts(tiny_llama, tmp_path) -> None:
+    """No --dataset: the package's own prompt set (written for specdec, no benchmark's)."""
+    items = load_items(None)
+    assert len(items) >= 8 and all(it.id.startswith("default/") for it in items)
+    assert {"code_edit", "extraction", "chat"} <= {it.category for it in items}
+    out = tmp_path / "run"
+    argv = ["bench", "latency", "--model", str(tiny_llama), "--max-tokens", "4", "--num-prompts",
+            "1", "--categories", "code_edit,chat", "--configs", "plain", "--no-plots",
+            "--max-model-len", "512", "--output-dir", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    records = json.loads((out / "results.json").read_text())["records"]
+    assert {r["id"] for r in records} == {"default/edit-0", "default/chat-0"}
