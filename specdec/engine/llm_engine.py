@@ -78,7 +78,10 @@ def load_model(
     limit = ckpt.arch.max_position_embeddings
     max_len = max_len or min(DEFAULT_MAX_MODEL_LEN, limit)
     if max_len > limit:
-        raise ConfigError(f"max_model_len {max_len} exceeds the model's context length {limit}")
+        raise ConfigError(
+            f"max_model_len {max_len} exceeds the model's context length {limit} "
+            f"(--max-model-len {limit} or less)"
+        )
     cache = None
     if ops.name == "native" and device.type == "cpu":
         settings = {
@@ -226,11 +229,15 @@ class LLMEngine:
         # NOTE: the draft takes the target's activation format where its weights allow, else its
         # own auto choice: a draft only proposes, so its arithmetic never changes the output, and
         # e.g. a BF16 target's bf16x2 must not fail on a quantized draft.
-        draft, draft_tok = load_model(
-            spec.model, self.device, self.model.dtype, self._kernels,
-            spec.draft_quantization or self.config.quantization, self.max_model_len,
-            "auto", self.config.kv_cache_dtype,
-        )  # fmt: skip
+        try:
+            draft, draft_tok = load_model(
+                spec.model, self.device, self.model.dtype, self._kernels,
+                spec.draft_quantization or self.config.quantization, self.max_model_len,
+                "auto", self.config.kv_cache_dtype,
+            )  # fmt: skip
+        except ConfigError as e:
+            # NOTE: the message must say it is the draft (a shorter context, above all)
+            raise ConfigError(f"speculative_config.model (the draft model): {e}") from None
         if self.config.activation_dtype not in ("auto", draft.activation_dtype):
             try:
                 draft.set_activation_dtype(self.config.activation_dtype)

@@ -214,3 +214,30 @@ def test_entry_points_do_not_import_each_other_in_a_circle() -> None:
     for m in sorted(graph):
         visit(m, [])
     assert "specdec.entrypoints.openai.api_server" in graph["specdec.entrypoints.cli"]
+
+
+def test_a_draft_with_a_shorter_context_is_named_in_the_error(tiny_llama, tiny_draft, tmp_path):
+    """A Hugging Face draft whose context is shorter than max_model_len: the one-line error says
+    it is the draft, and which --max-model-len would do."""
+    import json
+    import shutil
+
+    from specdec.config import ConfigError
+
+    short = tmp_path / "short_draft"
+    shutil.copytree(tiny_draft, short)
+    cfg = json.loads((short / "config.json").read_text())
+    cfg["max_position_embeddings"] = 64
+    (short / "config.json").write_text(json.dumps(cfg))
+    spec = {"method": "draft_model", "model": str(short), "num_speculative_tokens": 3}
+    with pytest.raises(ConfigError) as e:
+        LLM(str(tiny_llama), max_model_len=128, speculative_config=spec)
+    msg = str(e.value)
+    assert msg.startswith("speculative_config.model (the draft model):") and "\n" not in msg
+    assert "--max-model-len 64" in msg
+    assert (
+        LLM(str(tiny_llama), max_model_len=64, speculative_config=spec)
+        .generate(["hi"], SamplingParams(max_tokens=2))[0]
+        .outputs[0]
+        .token_ids
+    )
