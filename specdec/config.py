@@ -239,6 +239,7 @@ class EngineConfig:
     what users type; EngineArgs documents every field)."""
 
     model: str
+    tokenizer: str | None = None  # a tokenizer folder / tokenizer.json instead of the model's
     dtype: str = "auto"
     device: str = "cpu"
     kernels: str = "auto"  # "auto" | "native" | "torch"
@@ -351,6 +352,11 @@ class EngineArgs:
         "speculative decoding, vLLM's keys as JSON, e.g. "
         '\'{"method": "ngram", "num_speculative_tokens": 5}\'',
         kind=SPECULATIVE,
+    )
+    tokenizer: str | None = _arg(
+        None,
+        "a Hugging Face tokenizer folder (tokenizer.json, tokenizer_config.json) or its "
+        "tokenizer.json, instead of the model's own; its vocabulary must fit the model's",
     )
     dtype: str = _arg(
         "auto",
@@ -544,10 +550,14 @@ class EngineArgs:
         """The SpeculativeConfig from ``speculative_config``, or from vLLM's older keys
         (``speculative_model`` ...) or llama.cpp's (``-md``, ``--draft-max`` ...): one source
         names the method, the other keys refine it (a key given twice must agree)."""
+        value = self._speculative_config_value()
+        # NOTE: a speculative_config that names no method and no model only refines the method
+        # another option names (`-md M --draft 5 --speculative-config '{"adaptive": false}'`)
+        refines = isinstance(value, dict) and not {"method", "model"} & set(value)
         sources = [
             name
             for name in ("speculative_config", "speculative_model", "model_draft")
-            if getattr(self, name) is not None
+            if getattr(self, name) is not None and not (refines and name == "speculative_config")
         ]
         if len(sources) > 1:
             raise ConfigError(f"give one of {', '.join(sources)}, not several")
@@ -561,16 +571,15 @@ class EngineArgs:
             "draft_p_min": self.draft_p_min,
         }
         given = {k: v for k, v in overrides.items() if v is not None}
-        value = self.speculative_config
         if isinstance(value, SpeculativeConfig):
             return replace(value, **given) if given else value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"speculative_config is not valid JSON: {e}") from e
-        if value is not None and not isinstance(value, dict):
-            raise ConfigError("speculative_config must be a JSON object")
+        if refines and sources:
+            for key, v in value.items():
+                if key in given and given[key] != v:
+                    raise ConfigError(
+                        f"speculative_config.{key} is {v!r} but another option sets {given[key]!r}"
+                    )
+            given, value = {**value, **given}, None
         if value is None and self.speculative_model is not None:
             value = {"model": self.speculative_model}
         if value is None and self.model_draft is not None:
@@ -590,6 +599,17 @@ class EngineArgs:
                 )
             d[key] = v
         return SpeculativeConfig.from_dict(d)
+
+    def _speculative_config_value(self) -> SpeculativeConfig | dict | None:
+        value = self.speculative_config
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"speculative_config is not valid JSON: {e}") from e
+        if value is not None and not isinstance(value, (dict, SpeculativeConfig)):
+            raise ConfigError("speculative_config must be a JSON object")
+        return value
 
     def _agreeing(self, a: str, b: str) -> Any:
         va, vb = getattr(self, a), getattr(self, b)

@@ -7,6 +7,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from specdec.bench.cli import add_bench_parser
 from specdec.config import EngineArgs
@@ -195,16 +196,45 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _no_abbreviations(parser: argparse.ArgumentParser) -> None:
+    """No parser takes a prefix of a flag for the flag (``--tokenizer`` is not
+    ``--tokenizer-mode``): a pasted flag we lack must fail, not land on a neighbour."""
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _no_abbreviations(child)
+
+
+class _Parser(argparse.ArgumentParser):
+    """One line per error, under the sub-command's own name, not ~65 lines of usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _chosen(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The innermost sub-command's parser that ``args`` went through."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            name = getattr(args, action.dest, None)
+            if name in action.choices:
+                return _chosen(action.choices[name], args)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="specdec", description="speculative decoding inference engine"
-    )
+    parser = _Parser(prog="specdec", description="speculative decoding inference engine")
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
     add_serve_parser(sub)
     add_bench_parser(sub)
     add_train_parser(sub)
-    args = parser.parse_args(argv)
+    _no_abbreviations(parser)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        # NOTE: every unknown flag at once, named by the sub-command that did not know them
+        _chosen(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     return run_command(args.func, args)
 
 

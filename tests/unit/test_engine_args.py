@@ -7,6 +7,7 @@ import argparse
 import ast
 import dataclasses
 import inspect
+import json
 import logging
 from pathlib import Path
 
@@ -241,3 +242,61 @@ def test_a_draft_with_a_shorter_context_is_named_in_the_error(tiny_llama, tiny_d
         .outputs[0]
         .token_ids
     )
+
+
+def test_tokenizer_is_honoured_or_refused_in_one_line(tiny_llama, tmp_path) -> None:
+    """LLM(..., tokenizer=) and --tokenizer: a tokenizer folder or its tokenizer.json is used
+    instead of the model's; a missing one or one too big for the model is one line."""
+    import shutil
+
+    from specdec.config import ConfigError
+
+    own = tmp_path / "tok"
+    own.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_llama / name, own / name)
+    cfg = json.loads((own / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{% for m in messages %}[{{ m.content }}]{% endfor %}"
+    (own / "tokenizer_config.json").write_text(json.dumps(cfg))
+    for path in (own, own / "tokenizer.json"):
+        tok = LLM(str(tiny_llama), max_model_len=64, tokenizer=str(path)).get_tokenizer()
+        assert tok.chat_template == cfg["chat_template"]
+    with pytest.raises(ConfigError, match=r"^tokenizer: cannot load") as e:
+        LLM(str(tiny_llama), max_model_len=64, tokenizer=str(tmp_path / "missing"))
+    assert "\n" not in str(e.value)
+
+
+def test_flags_are_never_abbreviated_and_unknown_ones_are_listed_together(capsys) -> None:
+    from specdec.entrypoints import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["generate", "--tokenizer-m=x", "--max-tok=3", "--enable-lora"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == (
+        "specdec generate: error: unrecognized arguments: --tokenizer-m=x --max-tok=3 "
+        "--enable-lora (see specdec generate --help)\n"
+    )
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "latency", "--temperature", "warm"])
+    err = capsys.readouterr().err
+    assert err.startswith("specdec bench latency: error: argument --temperature")
+    assert err.count("\n") == 1
+
+
+def test_a_method_free_speculative_config_refines_md() -> None:
+    """llama.cpp's -md/--draft with vLLM's method-free keys (adaptive, ...) combine; a key set
+    twice must agree."""
+    from specdec.config import ConfigError, EngineArgs
+
+    spec = EngineArgs(
+        model_draft="d.gguf", draft_max=5, speculative_config='{"adaptive": false}'
+    ).speculative()
+    assert (spec.method, spec.model, spec.num_speculative_tokens, spec.adaptive) == (
+        "draft_model", "d.gguf", 5, False,
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="num_speculative_tokens is 4"):
+        EngineArgs(
+            model_draft="d.gguf", draft_max=5, speculative_config={"num_speculative_tokens": 4}
+        ).speculative()
+    with pytest.raises(ConfigError, match="give one of"):
+        EngineArgs(model_draft="d.gguf", speculative_config={"method": "ngram"}).speculative()
