@@ -86,6 +86,8 @@ def build_app(
     from fastapi import APIRouter, Depends, FastAPI, Request
     from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+    import specdec
+    from specdec.entrypoints.openai import utility
     from specdec.entrypoints.openai.chat_sandbox import DEFAULT_TIMEOUT_S, TemplateSandbox
     from specdec.entrypoints.openai.protocol import (
         ChatCompletionRequest,
@@ -200,7 +202,32 @@ def build_app(
         rid, req = await read_body(request, CompletionRequest, "cmpl")
         return respond(await _with_cancellation(serving.create_completion(req, rid), request))
 
+    @v1.get("/models/{model_id:path}")
+    async def retrieve_model(model_id: str) -> Any:
+        return JSONResponse(utility.model_card(serving, model_id))
+
     app.include_router(v1)
+    tools = APIRouter(dependencies=[Depends(check_api_key)])
+
+    @tools.post("/tokenize")
+    async def tokenize(request: Request) -> Any:
+        _, req = await read_body(request, utility.TokenizeRequest, "tok")
+        return JSONResponse(await utility.tokenize(serving, req))
+
+    @tools.post("/detokenize")
+    async def detokenize(request: Request) -> Any:
+        _, req = await read_body(request, utility.DetokenizeRequest, "detok")
+        return JSONResponse(await utility.detokenize(serving, req))
+
+    app.include_router(tools)
+
+    @app.get("/version")
+    async def version() -> Any:
+        return JSONResponse({"version": specdec.__version__})
+
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def ping() -> Any:
+        return await health()
 
     @app.get("/health")
     async def health() -> Any:
