@@ -46,15 +46,24 @@ SAMPLING_FLAGS: tuple[tuple[tuple[str, ...], str, type, str], ...] = (
 )
 
 
+# --chat-template NAME: templates shipped in the package (specdec/chat_templates/NAME.jinja)
+BUILTIN_CHAT_TEMPLATES = ("chatml-tools",)
+
+
 def read_chat_template(value: str) -> str:
-    """``--chat-template``: a file's template, or the template itself (vLLM's flag takes
-    either); it must compile (a ValueError naming the flag otherwise)."""
+    """``--chat-template``: a file's template, the template itself (vLLM's flag takes either)
+    or a shipped one by name (``chatml-tools``: ChatML with Hermes tool calls); it must compile
+    (a ValueError naming the flag otherwise)."""
     from pathlib import Path
 
     import jinja2
 
     from specdec.model.tokenizer import chat_template_environment
 
+    if value in BUILTIN_CHAT_TEMPLATES:
+        value = str(
+            Path(__file__).parents[1] / "chat_templates" / f"{value.replace('-', '_')}.jinja"
+        )
     path = Path(value)
     if "{" not in value and not path.is_file():
         raise ValueError(f"--chat-template: no such file: {value}")

@@ -222,3 +222,46 @@ def test_chat_template_flag(tiny_llama, tmp_path, capsys) -> None:
     assert err.startswith("specdec: error: --chat-template: line 1:") and err.count("\n") == 1
     assert cli.main(["serve", str(tiny_llama), "--chat-template", "{{ oops"]) == 2
     assert cli.main([*argv, "--chat-template", str(f)]) == 0
+
+
+def test_required_cut_by_max_tokens_keeps_the_complete_calls() -> None:
+    plan = ToolPlan([WEATHER, TIME], "required")
+    done = '{"name": "get_time", "parameters": {"zone": "UTC"}}'
+    content, calls = plan.parse(f'[{done}, {done}, {{"name": "get_ti')
+    assert [c.name for c in calls] == ["get_time", "get_time"] and content is None
+    content, calls = plan.parse(f"[ {done} ,\n{done} ]")
+    assert len(calls) == 2 and content is None
+    content, calls = plan.parse('[{"name": "get_')
+    assert calls == [] and content == '[{"name": "get_'
+
+
+def test_default_model_tools_with_the_shipped_template() -> None:
+    """The stock smollm2-135m server: a tools request is a 400 that names --chat-template
+    chatml-tools; served with it, required and auto calls come back through the openai client."""
+    from specdec.entrypoints.utils import read_chat_template
+
+    stock = _start("smollm2-135m", max_model_len=1024, max_num_batched_tokens=256)
+    try:
+        r = _post(stock, {"tools": [WEATHER]})
+    finally:
+        stock.stop()
+    assert r.status_code == 400 and "--chat-template chatml-tools" in r.json()["error"]["message"]
+    llm_template = read_chat_template("chatml-tools")
+    srv = _start("smollm2-135m", max_model_len=1024, max_num_batched_tokens=256)
+    srv.server.config.app.state.llm.engine.tokenizer.chat_template = llm_template
+    try:
+        client = _client(srv)
+        ask = [{"role": "user", "content": "What is the weather in Paris for the next 2 days?"}]
+        r = client.chat.completions.create(
+            model="tiny", messages=ask, tools=[WEATHER, TIME], tool_choice="required",
+            temperature=0, max_tokens=200,
+        )  # fmt: skip
+        calls = r.choices[0].message.tool_calls
+        assert calls and calls[0].function.name in ("get_weather", "get_time")
+        json.loads(calls[0].function.arguments)
+        r = client.chat.completions.create(
+            model="tiny", messages=ask, tools=[WEATHER], temperature=0, max_tokens=120
+        )
+        assert r.choices[0].finish_reason in ("tool_calls", "stop", "length")
+    finally:
+        srv.stop()

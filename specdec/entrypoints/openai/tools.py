@@ -120,14 +120,13 @@ class ToolPlan:
         if self.mode == "named":
             return None, [ToolCall(self.name, text)]
         if self.mode == "required":
-            try:
-                items = json.loads(text)
-            except ValueError:
-                return text, []  # cut by max_tokens: no complete call
-            return None, [
+            # NOTE: cut by max_tokens, the calls already complete are kept; with none, the text
+            items, _ = _json_array_items(text)
+            calls = [
                 ToolCall(it["name"], json.dumps(it["parameters"], ensure_ascii=False))
                 for it in items
             ]
+            return (None if calls else text), calls
         calls, content, pos = [], [], 0
         while (start := text.find(HERMES_OPEN, pos)) != -1:
             end = text.find(HERMES_CLOSE, start)
@@ -145,6 +144,36 @@ class ToolPlan:
         content.append(text[pos:])
         rest = "".join(content).strip()
         return (rest or None) if calls else text, calls
+
+
+def _json_array_items(text: str) -> tuple[list[Any], bool]:
+    """The complete items at the start of a JSON array, and whether the array is complete."""
+    decoder = json.JSONDecoder()
+    pos = text.find("[")
+    if pos == -1:
+        return [], False
+    items: list[Any] = []
+    pos += 1
+    while True:
+        pos = _skip_ws(text, pos)
+        if text.startswith("]", pos):
+            return items, True
+        try:
+            item, pos = decoder.raw_decode(text, pos)
+        except ValueError:
+            return items, False
+        items.append(item)
+        pos = _skip_ws(text, pos)
+        if text.startswith(",", pos):
+            pos += 1
+        elif not text.startswith("]", pos):
+            return items, False
+
+
+def _skip_ws(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in " \t\r\n":
+        pos += 1
+    return pos
 
 
 def plan_tools(tools: list[Any] | None, tool_choice: Any, template: str | None) -> ToolPlan | None:
@@ -177,8 +206,9 @@ def plan_tools(tools: list[Any] | None, tool_choice: Any, template: str | None) 
         return None
     if not template_reads_tools(template):
         raise RequestError(
-            "this model's chat template does not support tools (it never reads `tools`); "
-            "send tool_choice none, or serve a model whose template lists tools",
+            "this model's chat template never reads `tools`: serve it with "
+            "--chat-template chatml-tools (ChatML models such as SmolLM2, Qwen 2) or another "
+            "template that lists them, or send tool_choice none",
             "tools",
             code="unsupported_parameter",
         )
