@@ -31,7 +31,8 @@ from specdec.outputs import (
     RequestMetrics,
     RequestOutput,
 )
-from specdec.sample.logprobs import LogitsAdjust, TokenLogprobs, bad_words_token_ids
+from specdec.sample.bad_words import BadWords
+from specdec.sample.logprobs import LogitsAdjust, TokenLogprobs
 from specdec.sample.random import normalize_seed
 from specdec.sample.rejection_sampler import PenaltyState
 from specdec.sampling_params import SamplingParams
@@ -332,10 +333,16 @@ class LLMEngine:
                 [float(sampling.logit_bias[t]) for t in ids], device=self.device
             )
         if sampling.bad_words:
-            adjust.bad_words_token_ids = bad_words_token_ids(
-                sampling.bad_words, lambda text: self.tokenizer.encode(text, False)
-            )
+            ready = sampling.compiled_bad_words
+            if not (isinstance(ready, BadWords) and ready.words == tuple(sampling.bad_words)):
+                ready = self.bad_words(sampling.bad_words)
+            adjust.bad_words = ready
         return adjust
+
+    def bad_words(self, words: list[str]) -> BadWords:
+        """``words`` tokenized and indexed for ``SamplingParams.compiled_bad_words`` (thread-safe:
+        the server calls it on its preparation pool). Raises ValueError naming bad_words."""
+        return BadWords.build(words, lambda texts: self.tokenizer.encode_batch(texts, False))
 
     def new_request_id(self) -> str:
         return f"req-{next(self._ids)}"

@@ -184,13 +184,9 @@ class Scheduler:
             req.sampling, req.seed, len(req.output_token_ids), req.penalty, probs,
         )  # fmt: skip
         adjust = req.logits_adjust
-        if adjust is not None and adjust.bad_words_token_ids:
-            longest = max(len(w) for w in adjust.bad_words_token_ids) - 1
-            tail = (
-                tuple(req.output_token_ids[len(req.output_token_ids) - longest :])
-                if longest
-                else ()
-            )
+        if adjust is not None and adjust.bad_words is not None and adjust.bad_words.max_prefix_len:
+            out = req.output_token_ids
+            tail = tuple(out[max(0, len(out) - adjust.bad_words.max_prefix_len) :])
             adjust = replace(adjust, output_tail=tail)
         item.adjust = adjust
         if req.sampling.prompt_logprobs is not None:

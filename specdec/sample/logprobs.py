@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.sample.bad_words import BadWords
 from specdec.sample.ops import one_thread
 
 
@@ -51,13 +52,12 @@ def row_logprobs(
 @dataclass
 class LogitsAdjust:
     """What a request adds to its logits before penalties (vLLM's order): a bias per token id,
-    and bad words (token sequences whose last token is banned where the output so far ends with
-    the rest)."""
+    and bad words (see ``specdec.sample.bad_words``)."""
 
     bias_token_ids: torch.Tensor | None = None  # [B] long
     bias_values: torch.Tensor | None = None  # [B] float32
-    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
-    output_tail: tuple[int, ...] = ()  # the last output tokens (as many as the longest prefix)
+    bad_words: BadWords | None = None
+    output_tail: tuple[int, ...] = ()  # the last output tokens (bad_words.max_prefix_len)
 
     def apply(
         self,
@@ -66,52 +66,11 @@ class LogitsAdjust:
     ) -> torch.Tensor:  # [k+1, V]
         if self.bias_token_ids is not None:
             logits = logits.index_add(1, self.bias_token_ids, _rows(self.bias_values, logits))
-        if self.bad_words_token_ids:
-            banned = banned_rows(
-                self.bad_words_token_ids, self.output_tail, draft_token_ids, logits.shape[0]
-            )
-            if banned:
-                logits = logits.clone()
-                rows, cols = zip(*banned)
-                logits[list(rows), list(cols)] = float("-inf")
+        if self.bad_words is not None:
+            logits = self.bad_words.apply(logits, self.output_tail, draft_token_ids)
         return logits
 
 
 def _rows(values: torch.Tensor | None, logits: torch.Tensor) -> torch.Tensor:  # [R, B]
     assert values is not None
     return values.to(logits.dtype).unsqueeze(0).expand(logits.shape[0], -1)
-
-
-def banned_rows(
-    bad_words: tuple[tuple[int, ...], ...],
-    output_tail: tuple[int, ...],
-    draft_token_ids: list[int],
-    num_rows: int,
-) -> list[tuple[int, int]]:
-    """(row, token) pairs to ban: row r follows the output plus drafts[:r]; a bad word's last
-    token is banned where what precedes it matches the end of that history (vLLM's rule: a
-    one-token word always, a longer one only after its prefix)."""
-    banned = []
-    for r in range(num_rows):
-        history = output_tail + tuple(draft_token_ids[:r])
-        for word in bad_words:
-            prefix = word[:-1]
-            if len(prefix) <= len(history) and (
-                not prefix or history[len(history) - len(prefix) :] == prefix
-            ):
-                banned.append((r, word[-1]))
-    return banned
-
-
-def bad_words_token_ids(words: list[str], encode) -> tuple[tuple[int, ...], ...]:  # noqa: ANN001
-    """vLLM's tokenization of ``bad_words``: each word as is and, where that gives a different
-    first token of the same length, after a space (a word in the middle of text)."""
-    out: list[tuple[int, ...]] = []
-    for word in words:
-        plain = tuple(encode(word.lstrip()))
-        if plain:
-            out.append(plain)
-        spaced = tuple(encode(" " + word.lstrip()))
-        if spaced and plain and spaced[0] != plain[0] and len(spaced) == len(plain):
-            out.append(spaced)
-    return tuple(out)
