@@ -2,9 +2,9 @@
 adjustments (``logit_bias``, ``bad_words``).
 
 Log-probabilities are vLLM's default, the raw target distribution: log_softmax of the model's
-logits before penalties, bias, temperature or truncation. Each row is computed alone, on one
-thread, so a position's values do not depend on how many rows its verification carried: with
-speculation they are the values plain decoding computes (the kernels make the logits so).
+logits before penalties, bias, temperature or truncation. Every op works along one row, so a
+position's values do not depend on how many rows its verification (or prompt chunk) carried:
+with speculation they are the values plain decoding computes (the kernels make the logits so).
 """
 
 from __future__ import annotations
@@ -33,20 +33,29 @@ def row_logprobs(
     token_ids: list[int],  # R: the token whose log-probability each row reports
     num_top: int,
 ) -> list[TokenLogprobs]:
-    """Per row: log p(token), its rank and the ``num_top`` most likely tokens."""
-    out: list[TokenLogprobs] = []
+    """Per row: log p(token), its rank and the ``num_top`` most likely tokens; all rows at once.
+
+    NOTE: each op here reduces or sorts along a row, so a row's figures are the same whatever
+    rows share the call (tested against one row at a time, ties included)."""
+    assert logits.shape[0] == len(token_ids)
+    if not token_ids:
+        return []
     with one_thread(logits.device):
-        for r, token in enumerate(token_ids):
-            lp = logits[r].float().log_softmax(dim=-1)  # [V]
-            chosen = lp[token]
-            rank = int((lp > chosen).sum()) + 1
-            ids: list[int] = []
-            values: list[float] = []
-            if num_top:
-                top_values, top_ids = lp.topk(min(num_top, lp.numel()))
-                ids, values = top_ids.tolist(), top_values.tolist()
-            out.append(TokenLogprobs(token, float(chosen), rank, ids, values))
-    return out
+        lp = logits.float().log_softmax(dim=-1)  # [R, V]
+        index = torch.tensor(token_ids, dtype=torch.long, device=lp.device).unsqueeze(1)
+        chosen = lp.gather(1, index)  # [R, 1]
+        ranks = ((lp > chosen).sum(dim=1) + 1).tolist()
+        top_ids: list[list[int]] = [[] for _ in token_ids]
+        top_values: list[list[float]] = [[] for _ in token_ids]
+        if num_top:
+            values, ids = lp.topk(min(num_top, lp.shape[1]), dim=1)  # [R, N]
+            top_ids, top_values = ids.tolist(), values.tolist()
+    return [
+        TokenLogprobs(token, logprob, rank, ids, values)
+        for token, logprob, rank, ids, values in zip(
+            token_ids, chosen.squeeze(1).tolist(), ranks, top_ids, top_values
+        )
+    ]
 
 
 @dataclass
