@@ -108,7 +108,8 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         # NOTE: a prompt_logprobs row costs an LM-head row and a log-softmax over the vocabulary
         # besides its forward (1.3-1.8x a plain prefill token on 135M, CPU): such a request's
-        # prefill chunk is capped, so each step it shares with others stays cheap.
+        # prefill chunk is capped while it shares the engine, so each step others wait for
+        # stays cheap (alone, it takes the whole budget).
         self.max_prompt_logprob_rows = max(16, max_num_batched_tokens // 8)
         self.max_model_len = max_model_len
         self.eog_token_ids = eog_token_ids
@@ -156,7 +157,7 @@ class Scheduler:
         return SchedulerOutput(out)
 
     def _schedule_one(self, req: Request, budget: int) -> ScheduledRequest:
-        if req.sampling.prompt_logprobs is not None:
+        if req.sampling.prompt_logprobs is not None and (len(self.running) > 1 or self.waiting):
             budget = min(budget, self.max_prompt_logprob_rows)
         missing = req.token_ids_from(req.num_computed_tokens)
         if len(missing) > budget:

@@ -77,18 +77,21 @@ def test_prompt_logprobs_per_capped_chunk_equal_the_reference(tiny_llama) -> Non
     llm = LLM(str(tiny_llama), max_model_len=256, max_num_batched_tokens=128)
     engine = llm.engine
     assert engine.scheduler.max_prompt_logprob_rows == 16
-    ids = [(7 * i + 3) % 200 + 5 for i in range(70)]
+    ids = [(7 * i + 3) % 200 + 5 for i in range(150)]
     sp = SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=5)
     rid = engine.add_request(ids, sp)
+    engine.step()  # alone: the whole budget
+    other = engine.add_request("the cat sat", SamplingParams(max_tokens=40, ignore_eos=True))
     fed, built = [], []
     while not engine.requests[rid].output_token_ids:
-        engine.step()
         fed.append(engine.requests[rid].num_computed_tokens)
         built.append(len(engine._logprob_dicts[rid].prompt) - 1)
-    # the prompt in chunks of the cap (16), not of the step's 128 tokens, each chunk's dicts
-    # built in its own step
-    assert fed == [16, 32, 48, 64, 70] and built == [16, 32, 48, 64, 69]
+        engine.step()
+    # beside another request, the rest in chunks of the cap (16), each chunk's dicts built in
+    # its own step
+    assert fed == [128, 144] and built == [128, 144]
     engine.abort_request(rid)
+    engine.abort_request(other)
     out = llm.generate([ids], sp)[0]
     # the reference: one forward over the whole prompt, rows one at a time
     ref = LLM(str(tiny_llama), max_model_len=256, enable_prefix_caching=False)
