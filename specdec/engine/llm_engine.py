@@ -15,7 +15,7 @@ import torch
 from specdec.config import ConfigError, EngineConfig, SpeculativeConfig
 from specdec.engine.detokenizer import IncrementalDetokenizer
 from specdec.engine.request import Request
-from specdec.engine.scheduler import Scheduler
+from specdec.engine.scheduler import Scheduler, SchedulerOutput
 from specdec.engine.speculator import Speculator
 from specdec.kernels import get_ops, int8_activations_fast, native_isa
 from specdec.kv_cache.pool import KVCache
@@ -32,7 +32,8 @@ from specdec.outputs import (
     RequestMetrics,
     RequestOutput,
 )
-from specdec.sample.logprobs import LogitsAdjust, TokenLogprobs, bad_words_token_ids
+from specdec.sample.bad_words import BadWords
+from specdec.sample.logprobs import LogitsAdjust, TokenLogprobs
 from specdec.sample.random import normalize_seed
 from specdec.sample.rejection_sampler import PenaltyState
 from specdec.sampling_params import SamplingParams
@@ -215,6 +216,7 @@ class LLMEngine:
         self._ids = itertools.count()
         # per request with logprobs: the dicts built so far and the cumulative logprob
         self._logprob_dicts: dict[str, _LogprobCache] = {}
+        self._token_texts: dict[int, str] = {}  # token id -> its text alone (logprob dicts)
         logger.info(
             "engine: %s; %s; max_model_len %d; KV slots: %d running, %d prefix cache; "
             "speculation: %s",
@@ -358,10 +360,16 @@ class LLMEngine:
                 [float(sampling.logit_bias[t]) for t in ids], device=self.device
             )
         if sampling.bad_words:
-            adjust.bad_words_token_ids = bad_words_token_ids(
-                sampling.bad_words, lambda text: self.tokenizer.encode(text, False)
-            )
+            ready = sampling.compiled_bad_words
+            if not (isinstance(ready, BadWords) and ready.words == tuple(sampling.bad_words)):
+                ready = self.bad_words(sampling.bad_words)
+            adjust.bad_words = ready
         return adjust
+
+    def bad_words(self, words: list[str]) -> BadWords:
+        """``words`` tokenized and indexed for ``SamplingParams.compiled_bad_words`` (thread-safe:
+        the server calls it on its preparation pool). Raises ValueError naming bad_words."""
+        return BadWords.build(words, lambda texts: self.tokenizer.encode_batch(texts, False))
 
     def new_request_id(self) -> str:
         return f"req-{next(self._ids)}"
@@ -483,6 +491,7 @@ class LLMEngine:
         update = self.scheduler.update_from_output(
             sched, out.results, self.requests, out.prompt_logprobs
         )
+        self._add_prompt_logprob_dicts(sched, out.prompt_logprobs)
         if self.speculator is not None:
             self.speculator.step(sched, out.results, out.hidden_states, update, self.requests)
             if self.runner.hidden_layers and not self.speculator.hidden_layers:
@@ -542,21 +551,41 @@ class LLMEngine:
 
     def _prompt_logprobs(self, req: Request) -> list[PositionLogprobs | None]:
         """None for the first prompt token, then each one's dict (built once)."""
+        return list(self._prompt_logprob_cache(req).prompt)
+
+    def _prompt_logprob_cache(self, req: Request) -> _LogprobCache:
         cache = self._logprob_dicts.setdefault(req.req_id, _LogprobCache())
         for t in req.prompt_logprobs[len(cache.prompt) - 1 :]:
             cache.prompt.append(self._logprob_dict(t))
-        return list(cache.prompt)
+        return cache
+
+    def _add_prompt_logprob_dicts(
+        self, sched: SchedulerOutput, rows: list[list[TokenLogprobs] | None]
+    ) -> None:
+        """This step's prompt rows as dicts now. NOTE: built at the first output instead, 2,700
+        positions of top-20 took one step 0.2 s; per prefill chunk they cost that chunk's share."""
+        for s, new in zip(sched.scheduled, rows):
+            req = self.requests.get(s.req_id)
+            if new and req is not None:
+                self._prompt_logprob_cache(req)
 
     def _logprob_dict(self, t: TokenLogprobs) -> PositionLogprobs:
         """The chosen token, then the top-N: token id -> Logprob (rank, decoded text)."""
-        out: PositionLogprobs = {}
+        out: PositionLogprobs = {
+            t.token_id: Logprob(t.logprob, t.rank, self._token_text(t.token_id))
+        }
         for rank, (tok, lp) in enumerate(zip(t.top_token_ids, t.top_logprobs), start=1):
-            out[tok] = Logprob(lp, rank, self._token_text(tok))
-        chosen = Logprob(t.logprob, t.rank, self._token_text(t.token_id))
-        return {t.token_id: chosen, **{k: v for k, v in out.items() if k != t.token_id}}
+            if tok != t.token_id:
+                out[tok] = Logprob(lp, rank, self._token_text(tok))
+        return out
 
     def _token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+        # NOTE: remembered: 2,700 prompt positions of top-20 are 57k decodes (0.4 s) otherwise
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            self._token_texts[token_id] = text
+        return text
 
     def abort_output(self, req_id: str) -> RequestOutput | None:
         req = self.requests.get(req_id)

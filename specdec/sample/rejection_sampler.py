@@ -79,7 +79,7 @@ def verify(
                 tokens = _rejection(logits, draft_token_ids, draft_probs, sp, seed, position)
     logprobs = None
     if sp.logprobs is not None:
-        logprobs = row_logprobs(target_logits, tokens, sp.logprobs)
+        logprobs = row_logprobs(target_logits[: len(tokens)], tokens, sp.logprobs)
     return VerifyResult(tokens, len(tokens) - 1, logprobs)
 
 

@@ -286,6 +286,8 @@ class OpenAIServing:
                 sampling = req.to_sampling_params(budget, self.sampling_defaults)
                 if sampling.structured_outputs is not None:
                     await self._compile_grammar(sampling, req)
+                if sampling.bad_words:
+                    await self._prepare_bad_words(sampling, req)
                 prefix = rid if len(prompts) == 1 else f"{rid}-{p}"
                 jobs.append(await self._start_samples(ids, text, sampling, req, prefix, jobs))
         except BaseException:
@@ -304,6 +306,16 @@ class OpenAIServing:
         try:
             params.compiled = await self.run_blocking(
                 self.llm.engine.grammar_compiler.compile, params
+            )
+        except ValueError as e:
+            raise req.error_for(str(e)) from e
+
+    async def _prepare_bad_words(self, sampling: SamplingParams, req: _SamplingRequest) -> None:
+        """Tokenize and index bad_words on the preparation pool, not on the engine's thread."""
+        assert sampling.bad_words
+        try:
+            sampling.compiled_bad_words = await self.run_blocking(
+                self.llm.engine.bad_words, sampling.bad_words
             )
         except ValueError as e:
             raise req.error_for(str(e)) from e
