@@ -261,8 +261,12 @@ class Scheduler:
         if req.metrics.first_token_time is None:
             req.metrics.first_token_time = time.monotonic()
         grammar = req.grammar
+        if grammar is not None and (why := grammar.failure()) is not None:
+            raise GrammarViolation(why)  # the client's constraint: its request fails alone
         for i, tok in enumerate(result.token_ids):
             if grammar is not None and not grammar.accept(tok):
+                if (why := grammar.failure()) is not None and "gave up" in why:
+                    raise GrammarViolation(why)
                 # NOTE: the library's error holds its parser state and the grammar: one line
                 # of it goes to the log, none to the client
                 first = grammar.error.partition("\n")[0][:200]

@@ -11,14 +11,18 @@ nothing else (xgrammar's needs transformers and triton at run time).
 
 from __future__ import annotations
 
-import re
+import atexit
+import hashlib
 import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from specdec.structured import compile_worker
+from specdec.structured.compile_worker import one_line
 from specdec.structured.params import StructuredOutputsParams
 
 if TYPE_CHECKING:
@@ -27,6 +31,27 @@ if TYPE_CHECKING:
     from specdec.model.tokenizer import Tokenizer
 
 MAX_FORCED_DRAFTS = 32  # grammar-forced drafts per step, at most
+# llguidance's per-step limits (its defaults but for the Earley items of one mask: 50,000 let an
+# ambiguous 22-byte grammar cost ~70 ms per token; past the limit the request fails alone)
+LIMITS: dict[str, Any] = {"step_max_items": 20_000}
+# NOTE: a JSON schema's mask costs ~0.06 ms a token on SmolLM2's 49k vocabulary; a grammar may
+# spend this much engine time (masks, draft checks) before its request fails alone
+MASK_BUDGET_S = 0.25
+MASK_BUDGET_PER_TOKEN_S = 0.002
+_CHECKERS: dict[tuple, compile_worker.GrammarChecker] = {}
+
+
+@atexit.register
+def _close_checkers() -> None:
+    for checker in _CHECKERS.values():
+        checker.close()
+
+
+def limits() -> llguidance.LLParserLimits:
+    """The parser limits every matcher gets (no parser state or grammar in its errors)."""
+    import llguidance
+
+    return llguidance.LLParserLimits(verbose_errors=False, **LIMITS)
 
 
 class GrammarError(ValueError):
@@ -62,54 +87,26 @@ class TokenMask:
         return out
 
 
-def _schema_grammar(schema: Any, params: StructuredOutputsParams) -> str:
-    import llguidance
-
-    options: dict[str, Any] = {}
-    if params.disable_any_whitespace:
-        options["whitespace_flexible"] = False
-    if params.whitespace_pattern is not None:
-        options["whitespace_pattern"] = params.whitespace_pattern
-    if params.disable_additional_properties and isinstance(schema, dict):
-        schema = _closed_objects(schema)
-    return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=options or None)
-
-
-def _closed_objects(schema: Any) -> Any:
-    """The schema with ``additionalProperties: false`` wherever an object schema leaves it out."""
-    if isinstance(schema, list):
-        return [_closed_objects(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: _closed_objects(v) for k, v in schema.items()}
-    if "properties" in out and "additionalProperties" not in out:
-        out["additionalProperties"] = False
-    return out
+def constraint_spec(params: StructuredOutputsParams) -> dict[str, Any]:
+    """The constraint as the grammar worker takes it (plain JSON)."""
+    kind = params.kind
+    return {
+        "kind": kind,
+        "value": getattr(params, kind),
+        "disable_any_whitespace": params.disable_any_whitespace,
+        "whitespace_pattern": params.whitespace_pattern,
+        "disable_additional_properties": params.disable_additional_properties,
+    }
 
 
 def grammar_text(params: StructuredOutputsParams) -> str:
-    """The constraint as llguidance's grammar (raises GrammarError naming the field)."""
-    import llguidance
-
-    kind = params.kind
+    """The constraint as llguidance's grammar, in this process (raises GrammarError naming the
+    field). NOTE: unchecked constraints may crash the process; ``GrammarCompiler`` checks them
+    in a worker first."""
     try:
-        if kind == "json":
-            return _schema_grammar(params.json, params)
-        if kind == "json_object":
-            return _schema_grammar({"type": "object"}, params)
-        if kind == "regex":
-            return llguidance.LLMatcher.grammar_from_regex(params.regex)
-        if kind == "choice":
-            alternatives = "|".join(re.escape(c) for c in params.choice)
-            return llguidance.LLMatcher.grammar_from_regex(f"(?:{alternatives})")
-        text = params.grammar
-        if "::=" in text:  # GBNF, as llama.cpp and vLLM's xgrammar take it
-            from llguidance.gbnf_to_lark import gbnf_to_lark
-
-            text = gbnf_to_lark(text)
-        return llguidance.LLMatcher.grammar_from_lark(text)
+        return compile_worker.grammar_text(constraint_spec(params))
     except (ValueError, RuntimeError, TypeError) as e:
-        raise GrammarError(f"structured_outputs.{kind}: {e}") from None
+        raise GrammarError(f"structured_outputs.{params.kind}: {one_line(e)}") from None
 
 
 class GrammarCompiler:
@@ -120,6 +117,7 @@ class GrammarCompiler:
         self.vocab_size = vocab_size
         self._eos = sorted(eos_token_ids)
         self._llg: llguidance.LLTokenizer | None = None
+        self._checker: compile_worker.GrammarChecker | None = None
         self._lock = threading.Lock()
 
     @property
@@ -136,22 +134,49 @@ class GrammarCompiler:
             return self._llg
 
     def compile(self, params: StructuredOutputsParams | dict[str, Any]) -> Grammar:
-        """A fresh grammar state for one request (a copy of ``params.compiled`` when set)."""
+        """A fresh grammar state for one request (a copy of ``params.compiled`` when set). The
+        constraint is checked in a worker process first (see compile_worker)."""
         import llguidance
 
         params = StructuredOutputsParams.from_any(params)
         if isinstance(params.compiled, Grammar):
             return params.compiled.fork()
         params.validate()
-        text = grammar_text(params)
-        tok = self.llg_tokenizer
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text, tok)
-        if is_error:
-            raise GrammarError(f"structured_outputs.{params.kind}: {messages[0]}")
-        matcher = llguidance.LLMatcher(tok, text, log_level=0)
+        where = f"structured_outputs.{params.kind}"
+        try:
+            text = self.checker.check(constraint_spec(params))
+        except compile_worker.WorkerGone as e:
+            raise GrammarError(f"{where}: {self._gone(e)}") from None
+        except ValueError as e:
+            raise GrammarError(f"{where}: {one_line(e)}") from None
+        matcher = llguidance.LLMatcher(self.llg_tokenizer, text, log_level=0, limits=limits())
         if matcher.is_error():
-            raise GrammarError(f"structured_outputs.{params.kind}: {matcher.get_error()}")
-        return Grammar(matcher, tok, self.vocab_size, self._eos)
+            raise GrammarError(f"{where}: {one_line(matcher.get_error())}")
+        return Grammar(matcher, self.llg_tokenizer, self.vocab_size, self._eos, params.kind)
+
+    def _gone(self, e: compile_worker.WorkerGone) -> str:
+        if e.timed_out:
+            return f"the constraint takes longer than the {self.checker.deadline_s:g} s limit to compile"
+        return (
+            "the constraint is nested or chained too deeply to compile (the limit is what "
+            f"{compile_worker.CHECK_STACK_BYTES >> 20} MiB of the grammar library's stack holds)"
+        )
+
+    @property
+    def checker(self) -> compile_worker.GrammarChecker:
+        """The worker processes that check constraints, shared by engines of one tokenizer."""
+        with self._lock:
+            if self._checker is None:
+                source = self._tokenizer.hf.to_str()
+                digest = hashlib.sha256(source.encode()).hexdigest()
+                key = (digest, self.vocab_size, tuple(self._eos))
+                self._checker = _CHECKERS.get(key)
+                if self._checker is None:
+                    self._checker = compile_worker.GrammarChecker(
+                        source, self.vocab_size, self._eos, LIMITS
+                    )
+                    _CHECKERS[key] = self._checker
+            return self._checker
 
 
 class Grammar:
@@ -170,16 +195,36 @@ class Grammar:
         tokenizer: llguidance.LLTokenizer,
         vocab_size: int,
         eos_token_ids: list[int] | tuple[int, ...] = (),
+        kind: str = "grammar",
     ) -> None:
         self._m = matcher
         self._tok = tokenizer
         self.vocab_size = vocab_size
         self._eos = frozenset(eos_token_ids)
         self._all_allowed = b"\xff" * ((vocab_size + 7) // 8)
+        self.kind = kind  # the constraint's field: json, regex, grammar, ...
+        self.spent_s = 0.0  # time in masks and draft checks, charged to this request
+        self.num_accepted = 0
 
     def fork(self) -> Grammar:
-        """An independent copy in the same state."""
-        return Grammar(self._m.deep_copy(), self._tok, self.vocab_size, tuple(self._eos))
+        """An independent copy in the same state (its own budget)."""
+        eos = tuple(self._eos)
+        return Grammar(self._m.deep_copy(), self._tok, self.vocab_size, eos, self.kind)
+
+    def failure(self) -> str | None:
+        """Why the request cannot go on (one line naming the field and the limit), or None: the
+        library gave up on the grammar (a per-step limit), or the grammar has cost more than
+        its budget of engine time (``MASK_BUDGET_S`` + ``MASK_BUDGET_PER_TOKEN_S`` a token)."""
+        where = f"structured_outputs.{self.kind}"
+        if self._m.is_error():
+            return f"{where}: the grammar library gave up on it ({one_line(self._m.get_error())})"
+        budget = MASK_BUDGET_S + MASK_BUDGET_PER_TOKEN_S * self.num_accepted
+        if self.spent_s > budget:
+            return (
+                f"{where}: the grammar costs more engine time than its budget of "
+                f"{MASK_BUDGET_S:g} s + {MASK_BUDGET_PER_TOKEN_S * 1e3:g} ms a token"
+            )
+        return None
 
     def _until_end(self, draft_token_ids: list[int]) -> tuple[list[int], bool]:
         """The drafts up to the first end token (excluded), and whether one was there."""
@@ -191,6 +236,7 @@ class Grammar:
     # ---- the committed output ----------------------------------------------------------------
     def accept(self, token: int) -> bool:
         """Follow one committed token; False when the grammar does not allow it."""
+        self.num_accepted += 1
         return self._m.consume_token(token)
 
     @property
@@ -205,6 +251,13 @@ class Grammar:
     # ---- drafts --------------------------------------------------------------------------------
     def valid_prefix(self, draft_token_ids: list[int]) -> int:
         """How many of the drafts the grammar allows, in order (none after an end token)."""
+        start = time.perf_counter()
+        try:
+            return self._valid_prefix(draft_token_ids)
+        finally:
+            self.spent_s += time.perf_counter() - start
+
+    def _valid_prefix(self, draft_token_ids: list[int]) -> int:
         body, ends = self._until_end(draft_token_ids)
         n = self._m.validate_tokens(body) if body else 0
         if n < len(body) or not ends:
@@ -229,6 +282,13 @@ class Grammar:
         measured right 97 of 254 times on JSON extraction, these 78 of 78."""
         if limit <= 0 or self._m.is_stopped() or self._until_end(draft_token_ids)[1]:
             return []
+        start = time.perf_counter()
+        try:
+            return self._forced_after(draft_token_ids, limit)
+        finally:
+            self.spent_s += time.perf_counter() - start
+
+    def _forced_after(self, draft_token_ids: list[int], limit: int) -> list[int]:
         if draft_token_ids and not self._m.consume_tokens(draft_token_ids):
             raise AssertionError(f"drafts outside the grammar: {self._m.get_error()}")
         try:
@@ -243,6 +303,13 @@ class Grammar:
         The row after an allowed end token is never committed (the output ends there): it
         allows every token, and the end token itself is not fed to the matcher."""
         n = self.valid_prefix(draft_token_ids)
+        start = time.perf_counter()
+        try:
+            return self._masks(draft_token_ids, n)
+        finally:
+            self.spent_s += time.perf_counter() - start
+
+    def _masks(self, draft_token_ids: list[int], n: int) -> TokenMask:
         ends = n > 0 and draft_token_ids[n - 1] in self._eos
         body = n - 1 if ends else n
         rows = [self._m.compute_bitmask()]

@@ -9,6 +9,7 @@ from typing import Any
 
 MAX_CHOICES = 4096
 MAX_SPEC_CHARS = 1 << 20  # a schema, regex or grammar as text
+MAX_JSON_DEPTH = 64  # a JSON schema's nesting (the server's request bodies have the same limit)
 
 _KINDS = ("json", "regex", "choice", "grammar", "json_object")
 
@@ -67,6 +68,8 @@ class StructuredOutputsParams:
                     raise ValueError(f"{where}: not valid JSON: {e}") from None
             if not isinstance(value, (dict, bool)):
                 raise ValueError(f"{where} must be a JSON schema (an object), not {value!r:.80}")
+            if _depth(value) > MAX_JSON_DEPTH:
+                raise ValueError(f"{where} is nested deeper than {MAX_JSON_DEPTH} levels")
             if len(_json.dumps(value)) > MAX_SPEC_CHARS:
                 raise ValueError(f"{where} is longer than {MAX_SPEC_CHARS} characters")
         elif kind == "choice":
@@ -108,6 +111,20 @@ class StructuredOutputsParams:
             "structured_outputs must be a StructuredOutputsParams or a dict of its fields, "
             f"not {type(value).__name__}"
         )
+
+
+def _depth(value: Any) -> int:
+    """How deeply JSON containers nest in ``value`` (iteratively: no recursion to overflow)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            if depth > MAX_JSON_DEPTH:
+                break
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((c, depth + 1) for c in children)
+    return deepest
 
 
 # vLLM's name before 0.10.2

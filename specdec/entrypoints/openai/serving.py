@@ -63,8 +63,13 @@ _RESERVED_TEMPLATE_KEYS = ("messages", "add_generation_prompt", "tokenize", "cha
 _T = TypeVar("_T")
 
 
-def _engine_error(e: EngineError, req_id: str) -> RequestError:
-    """The response for a request the engine could not finish (logged as one line)."""
+def _engine_error(e: EngineError, req_id: str, req: _SamplingRequest | None = None) -> RequestError:
+    """The response for a request the engine could not finish (logged as one line). A failure
+    the request's own constraint caused (its grammar over a limit) is a 400 naming the field."""
+    if isinstance(e, RequestFailed) and str(e).startswith("structured_outputs"):
+        if req is not None:
+            return req.error_for(str(e))
+        return RequestError(str(e), param=str(e).partition(":")[0])
     if isinstance(e, EngineDeadError):
         logger.warning("request %s ended: %s", req_id, for_log(e))
         return RequestError(str(e), status=503, code=None, type="service_unavailable")
@@ -362,23 +367,25 @@ class OpenAIServing:
             raise err from e
 
     @staticmethod
-    async def _collect(stream: RequestStream) -> RequestOutput:
+    async def _collect(stream: RequestStream, req: _SamplingRequest | None = None) -> RequestOutput:
         final: RequestOutput | None = None
         try:
             async for out in stream:
                 final = out
         except EngineError as e:
-            raise _engine_error(e, stream.req_id) from e
+            raise _engine_error(e, stream.req_id, req) from e
         finally:
             stream.abort()  # no-op once finished; frees the KV if we were cancelled
         assert final is not None
         return final
 
-    async def _collect_jobs(self, jobs: list[_Job]) -> list[tuple[_Job, list[RequestOutput]]]:
+    async def _collect_jobs(
+        self, jobs: list[_Job], req: _SamplingRequest | None = None
+    ) -> list[tuple[_Job, list[RequestOutput]]]:
         """Every sample's final output, per job (on a failure the others are aborted)."""
         streams = [s for job in jobs for s in job.streams]
         try:
-            outs = await asyncio.gather(*(self._collect(s) for s in streams))
+            outs = await asyncio.gather(*(self._collect(s, req) for s in streams))
         except BaseException:
             for s in streams:
                 s.abort()
@@ -389,17 +396,25 @@ class OpenAIServing:
             k += len(job.streams)
         return grouped
 
-    def _sse(self, events: AsyncIterator[str], jobs: list[_Job], rid: str) -> EventStream:
+    def _sse(
+        self,
+        events: AsyncIterator[str],
+        jobs: list[_Job],
+        rid: str,
+        req: _SamplingRequest | None = None,
+    ) -> EventStream:
         group = _Streams(rid, [s for job in jobs for s in job.streams])
-        return EventStream(self._sse_events(events, group), group)
+        return EventStream(self._sse_events(events, group, req), group)
 
-    async def _sse_events(self, events: AsyncIterator[str], stream: _Streams) -> AsyncIterator[str]:
+    async def _sse_events(
+        self, events: AsyncIterator[str], stream: _Streams, req: _SamplingRequest | None = None
+    ) -> AsyncIterator[str]:
         """Wrap a chunk generator: a failure becomes an error event; always end with [DONE]."""
         try:
             async for event in events:
                 yield event
         except EngineError as e:
-            yield _error_event(_engine_error(e, stream.req_id))
+            yield _error_event(_engine_error(e, stream.req_id, req))
         except Exception as e:  # noqa: BLE001 - the stream has started: report it in-band
             yield _error_event(internal_error(e, stream.req_id))
         finally:
@@ -438,8 +453,8 @@ class OpenAIServing:
         jobs = await self._start([(prompt_ids, None)], req, [max_tokens], "messages", rid)
         created = now()
         if req.stream:
-            return self._sse(self._chat_chunks(req, jobs, rid, created, model), jobs, rid)
-        ((job, outs),) = await self._collect_jobs(jobs)
+            return self._sse(self._chat_chunks(req, jobs, rid, created, model), jobs, rid, req)
+        ((job, outs),) = await self._collect_jobs(jobs, req)
         merged = _merge(job, outs, rid)
         top = req.top_logprobs or 0
         choices = []
@@ -648,9 +663,11 @@ class OpenAIServing:
         jobs = await self._start(prompts, req, budgets, "prompt", rid)
         created = now()
         if req.stream:
-            return self._sse(self._completion_chunks(req, jobs, rid, created, model), jobs, rid)
+            return self._sse(
+                self._completion_chunks(req, jobs, rid, created, model), jobs, rid, req
+            )
         choices, every = [], []
-        for job, outs in await self._collect_jobs(jobs):
+        for job, outs in await self._collect_jobs(jobs, req):
             every.extend((job, o) for o in outs)
             merged = _merge(job, outs, rid)
             for c in merged.outputs:

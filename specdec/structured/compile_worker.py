@@ -1,0 +1,264 @@
+"""Grammar checks in a process of their own, so that no constraint a client sends can crash or
+stall the server.
+
+llguidance (1.9.1) recurses along rule chains while it validates a grammar: a JSON schema whose
+``$ref`` chain is a few thousand definitions long, or a Lark chain of 3,000 rules, overflows the
+stack of the thread that compiles it and the process dies with SIGSEGV (no Python exception). And
+some constraints are merely slow (an 80 KB GBNF chain: ~20 s in ``gbnf_to_lark``). So every
+constraint is first turned into llguidance's grammar text, validated and given a first mask here,
+in a worker process, on a thread whose stack is deliberately small (``CHECK_STACK_BYTES``),
+within a deadline. Only a grammar that passed is compiled in the engine's process, where every
+thread that touches it has a larger stack (8 MiB by default, 8x the margin). A worker that dies
+or overruns is replaced; the request gets a one-line error naming its field and the limit.
+
+The file runs as a script (``python compile_worker.py``): it imports llguidance and the standard
+library only, never specdec or torch, so a worker starts in ~0.3 s. The parent's side is
+``GrammarChecker``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+CHECK_STACK_BYTES = 1 << 20  # the worker's check thread: 1 MiB (the engine's threads: 8 MiB)
+DEFAULT_DEADLINE_S = 5.0  # per constraint, compile and first mask
+START_TIMEOUT_S = 60.0
+NUM_WORKERS = 2
+# NOTE: a nested JSON schema's first mask takes ~1-10 ms on a 49k vocabulary
+FIRST_MASK_LIMIT_S = 0.25
+
+
+# ---- the constraint as llguidance's grammar text (runs in the worker) -----------------------
+def grammar_text(spec: dict[str, Any]) -> str:
+    """``spec``: {"kind": json | json_object | regex | choice | grammar, "value": ..., options}."""
+    import llguidance
+
+    kind, value = spec["kind"], spec.get("value")
+    if kind in ("json", "json_object"):
+        schema = {"type": "object"} if kind == "json_object" else value
+        options: dict[str, Any] = {}
+        if spec.get("disable_any_whitespace"):
+            options["whitespace_flexible"] = False
+        if spec.get("whitespace_pattern") is not None:
+            options["whitespace_pattern"] = spec["whitespace_pattern"]
+        if spec.get("disable_additional_properties") and isinstance(schema, dict):
+            schema = _closed_objects(schema)
+        return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=options or None)
+    if kind == "regex":
+        return llguidance.LLMatcher.grammar_from_regex(value)
+    if kind == "choice":
+        alternatives = "|".join(re.escape(c) for c in value)
+        return llguidance.LLMatcher.grammar_from_regex(f"(?:{alternatives})")
+    text = value
+    if "::=" in text:  # GBNF, as llama.cpp and vLLM's xgrammar take it
+        from llguidance.gbnf_to_lark import gbnf_to_lark
+
+        text = gbnf_to_lark(text)
+    return llguidance.LLMatcher.grammar_from_lark(text)
+
+
+def _closed_objects(schema: Any) -> Any:
+    """The schema with ``additionalProperties: false`` wherever an object schema leaves it out."""
+    if isinstance(schema, list):
+        return [_closed_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _closed_objects(v) for k, v in schema.items()}
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def one_line(message: str, limit: int = 200) -> str:
+    """The library's message as one short line: its first line, never the grammar or its state
+    (verbose messages carry a ``<state>`` / ``<grammar>`` dump after the first line)."""
+    first = next((x.strip() for x in str(message).splitlines() if x.strip()), "invalid")
+    return first if len(first) <= limit else first[: limit - 3] + "..."
+
+
+def _check(tokenizer: Any, spec: dict[str, Any], limits: Any) -> dict[str, Any]:
+    import llguidance
+
+    try:
+        text = grammar_text(spec)
+    except (ValueError, RuntimeError, TypeError, RecursionError) as e:
+        return {"error": one_line(e)}
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text, tokenizer)
+    if is_error:
+        return {"error": one_line(messages[0] if messages else "invalid grammar")}
+    matcher = llguidance.LLMatcher(tokenizer, text, log_level=0, limits=limits)
+    if matcher.is_error():
+        return {"error": one_line(matcher.get_error())}
+    start = time.perf_counter()
+    matcher.compute_bitmask()
+    took = time.perf_counter() - start
+    if matcher.is_error():
+        return {"error": one_line(matcher.get_error())}
+    if took > FIRST_MASK_LIMIT_S:
+        # NOTE: the engine's thread would pay this at the request's first step (a lazily
+        # expanded regex such as a{1000000}: ~1 s)
+        return {
+            "error": f"its first token mask took {took * 1e3:.0f} ms; the limit is "
+            f"{FIRST_MASK_LIMIT_S * 1e3:.0f} ms"
+        }
+    return {"ok": text}
+
+
+def _serve() -> None:
+    """The worker: one init line (the tokenizer), then one JSON line per job, answered in
+    order. Jobs run on one thread with a small stack (a crash there is this process's alone)."""
+    import llguidance
+
+    init = json.loads(sys.stdin.readline())
+    tokenizer = llguidance.LLTokenizer(
+        init["tokenizer_json"], n_vocab=init["n_vocab"], eos_token=init["eos"] or None
+    )
+    limits = llguidance.LLParserLimits(verbose_errors=False, **init.get("limits", {}))
+    jobs: list[dict[str, Any]] = []
+    ready = threading.Event()
+    done = threading.Event()
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        while True:
+            ready.wait()
+            ready.clear()
+            try:
+                result["r"] = _check(tokenizer, jobs.pop(), limits)
+            except Exception as e:  # noqa: BLE001 - reported to the parent as the job's error
+                result["r"] = {"error": one_line(f"{type(e).__name__}: {e}")}
+            done.set()
+
+    threading.stack_size(CHECK_STACK_BYTES)
+    threading.Thread(target=run, daemon=True).start()
+    _write({"ready": True})
+    for line in sys.stdin:
+        jobs.append(json.loads(line))
+        ready.set()
+        done.wait()
+        done.clear()
+        _write(result.pop("r"))
+
+
+def _write(message: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+# ---- the parent's side --------------------------------------------------------------------------
+class WorkerGone(RuntimeError):
+    """The worker died (a crash while checking) or overran its deadline; it was replaced."""
+
+    def __init__(self, message: str, timed_out: bool) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+class _Worker:
+    def __init__(self, init_line: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", os.path.abspath(__file__)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            text=True, bufsize=1 << 16,
+        )  # fmt: skip
+        self.proc.stdin.write(init_line)
+        self.proc.stdin.flush()
+        reply = self._read(START_TIMEOUT_S)
+        if reply is None or not reply.get("ready"):
+            self.close()
+            raise RuntimeError("the grammar worker did not start")
+
+    def _read(self, timeout: float) -> dict[str, Any] | None:
+        out = self.proc.stdout
+        ready, _, _ = select.select([out], [], [], max(0.0, timeout))
+        if not ready:
+            return None
+        line = out.readline()
+        return json.loads(line) if line else None
+
+    def run(self, spec: dict[str, Any], deadline_s: float) -> dict[str, Any]:
+        try:
+            self.proc.stdin.write(json.dumps(spec) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise WorkerGone("the grammar worker had stopped", False) from None
+        start = time.monotonic()
+        reply = self._read(deadline_s)
+        if reply is None:
+            timed_out = self.proc.poll() is None and time.monotonic() - start >= deadline_s
+            self.close()
+            raise WorkerGone("the grammar worker stopped", timed_out)
+        return reply
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+class GrammarChecker:
+    """A few worker processes checking constraints (``check``), each job within a deadline.
+    Workers start on first use and are replaced when they die or overrun."""
+
+    def __init__(
+        self,
+        tokenizer_json: str,
+        n_vocab: int,
+        eos_token_ids: list[int],
+        limits: dict[str, Any] | None = None,
+        num_workers: int = NUM_WORKERS,
+        deadline_s: float = DEFAULT_DEADLINE_S,
+    ) -> None:
+        init = {"tokenizer_json": tokenizer_json, "n_vocab": n_vocab, "eos": eos_token_ids}
+        self._init_line = json.dumps(init | {"limits": limits or {}}) + "\n"
+        self.deadline_s = deadline_s
+        self._idle: list[_Worker | None] = [None] * num_workers
+        self._free = threading.Semaphore(num_workers)
+        self._lock = threading.Lock()
+        self.num_restarts = 0
+
+    def check(self, spec: dict[str, Any]) -> str:
+        """The constraint's grammar text once a worker validated it. Raises ValueError (the
+        library's one-line message) for an invalid constraint, WorkerGone for one that crashed
+        or overran a worker."""
+        with self._free:
+            with self._lock:
+                worker = self._idle.pop()
+            try:
+                if worker is None:
+                    worker = _Worker(self._init_line)
+                reply = worker.run(spec, self.deadline_s)
+            except WorkerGone:
+                worker = None
+                self.num_restarts += 1
+                raise
+            finally:
+                with self._lock:
+                    self._idle.append(worker)
+        if "error" in reply:
+            raise ValueError(reply["error"])
+        return reply["ok"]
+
+    def close(self) -> None:
+        with self._lock:
+            for worker in self._idle:
+                if worker is not None:
+                    worker.close()
+            self._idle = [None] * len(self._idle)
+
+
+if __name__ == "__main__":
+    _serve()

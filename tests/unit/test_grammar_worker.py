@@ -1,0 +1,86 @@
+"""Constraints are checked in worker processes before the engine's process compiles them: a
+grammar deep enough to overflow the grammar library's stack, or slow to compile or to mask, is a
+one-line error naming the field and the limit, and the process (and the next request) goes on.
+A grammar that costs more engine time than its budget fails its request alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec import LLM, SamplingParams
+from specdec.structured import compile_worker, grammar
+from specdec.structured.grammar import GrammarError
+from tests.e2e.test_hostile_corpus import _gbnf_chain, _lark_chain, _nested_schema, _ref_chain
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama) -> LLM:
+    return LLM(str(tiny_llama), max_model_len=512)
+
+
+def _sp(constraint: dict, n: int = 8) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=n, structured_outputs=constraint)
+
+
+@pytest.mark.parametrize(
+    ("constraint", "words"),
+    [
+        ({"json": _ref_chain(3000)}, "nested or chained too deeply"),
+        ({"grammar": _lark_chain(3000)}, "nested or chained too deeply"),
+        ({"grammar": _gbnf_chain(3000)}, "nested or chained too deeply"),
+        ({"json": _nested_schema(100)}, "nested deeper than 64 levels"),
+    ],
+)
+def test_deep_constraints_are_one_line_errors_and_the_process_lives(llm, constraint, words):
+    """(In the engine's process these crash it with SIGSEGV: a $ref chain of 3,000, a Lark or
+    GBNF chain of 3,000 rules.)"""
+    kind = next(iter(constraint))
+    with pytest.raises(ValueError) as e:
+        llm.generate(["hi"], _sp(constraint))
+    msg = str(e.value)
+    assert f"structured_outputs.{kind}" in msg and words in msg and "\n" not in msg
+    ok = llm.generate(["hi"], _sp({"regex": "[a-z]{3}"}))[0].outputs[0]
+    assert ok.finish_reason in ("stop", "length")
+
+
+def test_a_worker_that_dies_or_overruns_is_replaced(llm, monkeypatch) -> None:
+    checker = llm.engine.grammar_compiler.checker
+    restarts = checker.num_restarts
+    with pytest.raises(GrammarError, match="nested or chained too deeply"):
+        llm.engine.grammar_compiler.compile({"grammar": _lark_chain(4000)})
+    assert checker.num_restarts == restarts + 1
+    monkeypatch.setattr(checker, "deadline_s", 0.05)
+    with pytest.raises(GrammarError, match=r"longer than the 0.05 s limit"):
+        llm.engine.grammar_compiler.compile({"grammar": _gbnf_chain(2000, "slow")})
+    assert checker.num_restarts == restarts + 2
+    monkeypatch.undo()
+    assert llm.engine.grammar_compiler.compile({"choice": ["yes", "no"]}).valid_prefix([]) == 0
+
+
+def test_a_slow_first_mask_is_refused(llm, monkeypatch) -> None:
+    """A lazily expanded regex (a{1000000}: ~1 s for its first mask) never reaches the engine."""
+    with pytest.raises(GrammarError, match=r"first token mask took \d+ ms; the limit is 250 ms"):
+        llm.engine.grammar_compiler.compile({"regex": "a{1000000}"})
+
+
+def test_library_errors_are_one_short_line() -> None:
+    long = "Parser Error: bad\n<state>\nsecret grammar text\n</state>"
+    assert compile_worker.one_line(long) == "Parser Error: bad"
+    assert len(compile_worker.one_line("x" * 5000)) == 200
+
+
+def test_a_grammar_over_its_budget_fails_its_request_alone(llm, monkeypatch) -> None:
+    """The engine time a grammar costs (masks, draft checks) is charged to its request; past the
+    budget the request fails with one line naming the field and the limit, the other request in
+    the same batch finishes."""
+    monkeypatch.setattr(grammar, "MASK_BUDGET_S", 0.0)
+    monkeypatch.setattr(grammar, "MASK_BUDGET_PER_TOKEN_S", 0.0)
+    costly, free = llm.generate(
+        ["hi", "hello"], [_sp({"regex": "[a-z]+"}, 16), SamplingParams(max_tokens=16)]
+    )
+    assert costly.outputs[0].finish_reason == "error"
+    assert costly.error.startswith("structured_outputs.regex: the grammar costs more engine time")
+    assert free.outputs[0].finish_reason == "length"
+    monkeypatch.undo()
+    again = llm.generate(["hi"], _sp({"regex": "[a-z]+"}, 16))[0]
+    assert again.outputs[0].finish_reason in ("stop", "length")
