@@ -147,6 +147,9 @@ def has_surrogates(s: str) -> bool:
 
 
 def _limit(path: str, what: str) -> RequestError:
+    # NOTE: a deep path is mostly the client's own keys: its start and end name the place
+    if len(path) > 120:
+        path = f"{path[:80]}...{path[-30:]}"
     return RequestError(
         f"{path or 'request body'} {what}", param=path or None, code="request_too_complex"
     )

@@ -1,0 +1,142 @@
+"""How much a costly or hostile request slows everyone else (issue 30's budgets).
+
+Starts `specdec serve MODEL` (a subprocess, suffix speculation unless --spec none), then for each
+case: a victim stream (greedy, ignore_eos, N tokens) runs alone, then again while the case's
+requests run beside it. Prints, per case, the victim's median and p90 time between streamed
+tokens alone and loaded, their ratio, the case's HTTP statuses, its wall time, and the longest
+/health gap seen while it ran. Alternates alone / loaded runs ``--rounds`` times.
+
+    .venv/bin/python benchmarks/hostile_victim.py [--model smollm2-135m] [--cases a,b] [--rounds 2]
+
+Run on a quiet machine (nothing else on the cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.e2e.test_hostile_corpus import CASES  # noqa: E402
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(model: str, spec: str) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    cmd = [sys.executable, "-m", "specdec.entrypoints.cli", "serve", model, "--port", str(port),
+           "--max-model-len", "4096", "--uvicorn-log-level", "warning"]  # fmt: skip
+    if spec != "none":
+        cmd += ["--speculative-config", json.dumps({"method": spec})]
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "SPECDEC_API_KEY": ""})
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("the server did not start")
+
+
+def _victim(url: str, model: str, n: int) -> list[float]:
+    """Seconds between the victim's streamed tokens (speculation off for it: one per chunk)."""
+    body = {"model": model, "prompt": "Once upon a time", "max_tokens": n, "temperature": 0,
+            "ignore_eos": True, "stream": True, "num_speculative_tokens": 0}  # fmt: skip
+    gaps, last = [], None
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=300) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                now = time.perf_counter()
+                if last is not None:
+                    gaps.append(now - last)
+                last = now
+    return gaps
+
+
+def _health_gap(url: str, stop: threading.Event, out: list[float]) -> None:
+    last, worst = time.perf_counter(), 0.0
+    with httpx.Client(timeout=10) as c:
+        while not stop.is_set():
+            c.get(f"{url}/health")
+            now = time.perf_counter()
+            worst, last = max(worst, now - last), now
+            time.sleep(0.01)
+    out.append(worst)
+
+
+def _run_case(url: str, model: str, name: str, n: int) -> dict:
+    stop, gap = threading.Event(), []
+    watcher = threading.Thread(target=_health_gap, args=(url, stop, gap))
+    watcher.start()
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(len(CASES[name]) + 1) as pool:
+        victim = pool.submit(_victim, url, model, n)
+        time.sleep(0.05)
+        costly = [
+            pool.submit(httpx.post, f"{url}/v1/{p}", json={"model": model, **b}, timeout=300)
+            for p, b in CASES[name]
+        ]
+        statuses = [f.result().status_code for f in costly]
+        wall = time.perf_counter() - t0
+        gaps = victim.result()
+    stop.set()
+    watcher.join()
+    return {"gaps": gaps, "statuses": statuses, "wall": wall, "health_gap": gap[0]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--spec", default="suffix", help="a method, or none")
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--tokens", type=int, default=150, help="victim stream length")
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    proc, url = _start(args.model, args.spec)
+    try:
+        _victim(url, args.model, 16)  # warm up
+        print("| case | statuses | case wall s | victim ms/token alone (median, p90) | loaded "
+              "| loaded / alone (median) | /health max gap ms |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|")
+        for name in args.cases.split(","):
+            alone, loaded, res = [], [], None
+            for _ in range(args.rounds):
+                alone += _victim(url, args.model, args.tokens)
+                res = _run_case(url, args.model, name, args.tokens)
+                loaded += res["gaps"]
+            a50, a90 = statistics.median(alone), statistics.quantiles(alone, n=10)[-1]
+            l50, l90 = statistics.median(loaded), statistics.quantiles(loaded, n=10)[-1]
+            print(f"| {name} | {res['statuses']} | {res['wall']:.1f} | {a50 * 1e3:.1f}, "
+                  f"{a90 * 1e3:.1f} | {l50 * 1e3:.1f}, {l90 * 1e3:.1f} | {l50 / a50:.2f} | "
+                  f"{res['health_gap'] * 1e3:.0f} |", flush=True)  # fmt: skip
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+if __name__ == "__main__":
+    main()
