@@ -266,7 +266,8 @@ class Grammar:
 
     def _allows_after(self, draft_token_ids: list[int], token: int) -> bool:
         """Whether the mask after the (valid) drafts allows ``token``. NOTE: for end tokens,
-        where ``validate_tokens`` says yes to an end the mask forbids (llguidance 1.9.1)."""
+        which ``validate_tokens`` does not count even where the mask allows them (llguidance
+        1.9.1: 0 for an end after a complete JSON object), and which must not be consumed."""
         if draft_token_ids:
             self._m.consume_tokens(draft_token_ids)
         try:
