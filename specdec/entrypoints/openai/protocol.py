@@ -16,7 +16,6 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, Va
 
 from specdec.sampling_params import (
     INT_MAX,
-    LOGIT_BIAS_RANGE,
     MAX_BAD_WORDS,
     MAX_LOGIT_BIAS,
     MAX_LOGPROBS,
@@ -176,13 +175,9 @@ class _SamplingRequest(OpenAIBaseModel):
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logit_bias: (
-        Annotated[
-            dict[str, Annotated[float, Field(ge=LOGIT_BIAS_RANGE[0], le=LOGIT_BIAS_RANGE[1])]],
-            Field(max_length=MAX_LOGIT_BIAS),
-        ]
-        | None
-    ) = None
+    # NOTE: keys and values are checked by SamplingParams, with messages that name logit_bias
+    # and never its keys (pydantic's would put the key in the error's location)
+    logit_bias: Annotated[dict[str, Any], Field(max_length=MAX_LOGIT_BIAS)] | None = None
     user: Annotated[str, Field(max_length=MAX_NAME_CHARS)] | None = None
     # vLLM's extras
     top_k: Annotated[int, Field(ge=-1, le=INT_MAX)] | None = None
@@ -243,19 +238,6 @@ class _SamplingRequest(OpenAIBaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def _logit_bias(self) -> dict[int, float] | None:
-        """OpenAI's token id strings as ints."""
-        if not self.logit_bias:
-            return None
-        out = {}
-        for key, value in self.logit_bias.items():
-            if not key.strip().isdigit():
-                raise RequestError(
-                    f"logit_bias keys must be token ids, got {key[:32]!r}", "logit_bias"
-                )
-            out[int(key)] = value
-        return out
-
     def _sampling(
         self,
         max_tokens: int,
@@ -302,7 +284,7 @@ class _SamplingRequest(OpenAIBaseModel):
                 n=self.n,
                 best_of=best_of,
                 prompt_logprobs=prompt_logprobs,
-                logit_bias=self._logit_bias(),
+                logit_bias=self.logit_bias,
                 bad_words=self.bad_words,
                 num_speculative_tokens=max_drafts,
                 speculative_n_min=self.speculative_n_min,
@@ -384,7 +366,7 @@ class _SamplingRequest(OpenAIBaseModel):
     def field_named_by(cls, message: str) -> str | None:
         """The request field an error message starts with (SamplingParams' and the engine's
         messages name the field first), or None."""
-        field = message.split(" ", 1)[0].rstrip(":,")
+        field = message.split(" ", 1)[0].rstrip(":,").split("[", 1)[0]  # stop[1] -> stop
         return field if field in cls.model_fields else None
 
 
