@@ -8,6 +8,7 @@ would silently change the result (beam search, logits processors, ...): those ar
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from typing import Annotated, Any, Literal
@@ -65,8 +66,22 @@ MAX_NAME_CHARS = 256  # user
 MAX_MODEL_NAME_CHARS = 4096  # served names default to the model path
 
 
+MAX_ERROR_CHARS = 1024  # an error body's message
+# what str.splitlines() breaks at: a message cut at the first is one line for every reader
+_LINE_BREAK = re.compile("[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
+def one_line(text: str, limit: int) -> str:
+    """``text``'s first line, cut to ``limit`` characters (``...`` where something was cut)."""
+    line, *rest = _LINE_BREAK.split(text, maxsplit=1)
+    if len(line) > limit or rest:
+        return line[:limit] + "..."
+    return line
+
+
 class RequestError(ValueError):
-    """A request the server refuses: HTTP ``status`` with an OpenAI-style error body."""
+    """A request the server refuses: HTTP ``status`` with an OpenAI-style error body. The
+    message is cut to one line of at most ``MAX_ERROR_CHARS`` characters, whatever it holds."""
 
     def __init__(
         self,
@@ -76,6 +91,7 @@ class RequestError(ValueError):
         code: str | None = "invalid_value",
         type: str = "invalid_request_error",
     ) -> None:
+        message = one_line(message, MAX_ERROR_CHARS)
         super().__init__(message)
         self.message = message
         self.param = param
