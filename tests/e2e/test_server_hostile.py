@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import threading
 
 import httpx
@@ -24,6 +25,22 @@ CHAT_PATH, COMPLETIONS_PATH = "/v1/chat/completions", "/v1/completions"
 @pytest.fixture(scope="module")
 def server(tiny_llama):
     srv = _start(str(tiny_llama))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def gappy_server(tiny_llama, tmp_path_factory):
+    """The tiny model with no token for the byte 0x14, as SmolLM2's vocabulary has none (nor
+    for 0x04, 0x06, 0x13, 0x16, 0x1d): its tokenizer drops that character without a trace."""
+    folder = tmp_path_factory.mktemp("tiny_gappy")
+    for f in tiny_llama.iterdir():
+        shutil.copy(f, folder / f.name)
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    vocab["<|no-0x14|>"] = vocab.pop("\u0114")  # bytes_to_unicode()[0x14]
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    srv = _start(str(folder))
     yield srv
     srv.stop()
 
@@ -69,6 +86,33 @@ def test_hostile_values_are_one_line_400s_naming_the_field(server, path, body, p
     assert "\n" not in err["message"] and len(err["message"]) < 300, err
     assert "9999999999999" not in err["message"] and "٣" not in err["message"]
     assert set(probe.codes) == {200}
+
+
+# ---- text the tokenizer cannot represent ----------------------------------------------------------
+
+
+def test_a_character_without_a_token_is_a_400_naming_the_field(server, gappy_server) -> None:
+    """The tokenizer would drop U+0014 ("hi\\x14there" read as "hithere"): the request is refused,
+    naming the field; a tokenizer with a token for it takes the text as it is."""
+    cases = [
+        (COMPLETIONS_PATH, {"prompt": "hi\x14there"}, "prompt"),
+        (COMPLETIONS_PATH, {"prompt": ["fine", "hi\x14there"]}, "prompt"),
+        (CHAT_PATH, {"messages": [CHAT[0], {"role": "user", "content": "a\x14b"}]}, "messages[1].content"),
+    ]  # fmt: skip
+    for path, body, param in cases:
+        r = httpx.post(f"{gappy_server.url}{path}", json={"max_tokens": 2, **body})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == param and "U+0014" in err["message"], err
+        r = httpx.post(f"{server.url}{path}", json={"max_tokens": 2, **body})
+        assert r.status_code == 200, r.text
+    # the characters it has tokens for go through, controls included, and come back whole
+    text = "hi\x13\x15\x00 there \U0001f600"
+    ok = httpx.post(f"{gappy_server.url}{COMPLETIONS_PATH}", json={"prompt": text, "max_tokens": 2})
+    tokenizer = _engine(gappy_server).tokenizer
+    ids = tokenizer.encode(text, True)
+    assert ok.status_code == 200 and ok.json()["usage"]["prompt_tokens"] == len(ids), ok.text
+    assert tokenizer.decode(ids, skip_special_tokens=True) == text
 
 
 # ---- a request that fails while generating --------------------------------------------------------

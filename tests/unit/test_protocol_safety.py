@@ -15,10 +15,12 @@ from specdec.entrypoints.openai.safety import (
     DEFAULT_JSON_LIMITS,
     JSONLimits,
     default_allowed_hosts,
+    dropped_bytes,
     for_log,
     host_allowed,
     host_name,
     parse_json_body,
+    unrepresentable,
 )
 
 
@@ -144,3 +146,44 @@ def test_guards_leave_ordinary_templates_alone() -> None:
     assert (
         render_guarded(template, {"messages": messages}) == "<|user|>hi<|assistant|>yo---1024    74"
     )
+
+
+# ---- text the tokenizer cannot represent ---------------------------------------------------------
+
+
+def _byte_level(missing: bytes, unk: str | None = None):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from specdec.model.tokenizer import bytes_to_unicode
+
+    chars = [c for b, c in bytes_to_unicode().items() if b not in missing]
+    vocab = {c: i for i, c in enumerate(chars + ([unk] if unk else []))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=unk))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    return tok
+
+
+def test_dropped_bytes_are_the_byte_tokens_missing_without_an_unknown_token() -> None:
+    tok = _byte_level(b"\x14\xf1")
+    assert dropped_bytes(tok) == b"\x14\xf1"
+    assert tok.encode("hi\x14there").tokens == list("hithere")  # what it would do: drop it
+    assert dropped_bytes(_byte_level(b"")) == b""
+    assert dropped_bytes(_byte_level(b"\x14", unk="<unk>")) == b""  # no silent drop
+
+
+@pytest.mark.parametrize(
+    ("text", "char"),
+    [
+        ("hi\x14there", "\x14"),
+        ("plain text", None),
+        ("é\x14", "\x14"),
+        ("a\U00040000b", "\U00040000"),  # UTF-8 f1 80 80 80: its lead byte has no token
+        ("\U0001f600 \u4e2d\x13", None),
+        ("x" * 100_000 + "\x14", "\x14"),
+    ],
+)
+def test_unrepresentable_finds_the_first_character_with_a_dropped_byte(text, char) -> None:
+    assert unrepresentable(text, b"\x14\xf1") == char
+    assert unrepresentable(text, b"") is None

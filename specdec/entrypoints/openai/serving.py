@@ -49,7 +49,13 @@ from specdec.entrypoints.openai.protocol import (
     one_line,
     random_id,
 )
-from specdec.entrypoints.openai.safety import for_log, has_surrogates
+from specdec.entrypoints.openai.safety import (
+    dropped_bytes,
+    for_log,
+    has_surrogates,
+    unrepresentable,
+    unrepresentable_error,
+)
 from specdec.entrypoints.openai.tools import ToolPlan, plan_tools
 from specdec.entrypoints.openai.tools import template_messages as tool_template_messages
 from specdec.model.tokenizer import prepare_messages
@@ -216,6 +222,7 @@ class OpenAIServing:
         self.tokenizer = llm.engine.tokenizer
         self.max_model_len = llm.engine.max_model_len
         self.template_sandbox = template_sandbox
+        self._dropped_bytes = dropped_bytes(self.tokenizer.hf)
         # the server's defaults for sampling fields a request leaves out (llama.cpp's --temp ...)
         self.sampling_defaults = dict(sampling_defaults or {})
         self._pool = ThreadPoolExecutor(num_prepare_threads, thread_name_prefix="specdec-prepare")
@@ -269,7 +276,11 @@ class OpenAIServing:
         if self.template_sandbox is not None:
             await self.template_sandbox.close()
 
-    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+    def _encode(self, text: str, add_special_tokens: bool, param: str = "prompt") -> list[int]:
+        """``text``'s token ids; a 400 on ``param`` for text the tokenizer would drop."""
+        char = unrepresentable(text, self._dropped_bytes)
+        if char is not None:
+            raise unrepresentable_error(param, char)
         # NOTE: encode_batch releases the GIL while it works, encode does not: a 3 MB prompt held
         # the event loop (and /health) for 1.6 s through encode, 24 ms at most through this.
         return self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0]
@@ -555,7 +566,7 @@ class OpenAIServing:
                     else f"chat template error: {type(e).__name__}: {e}"
                 )
                 raise RequestError(message, param="messages") from e  # fmt: skip
-            return await self.run_blocking(self._encode, text, False)
+            return await self.run_blocking(self._encode_rendered, text, req)
         if self.template_sandbox is None:
             raise RequestError(
                 "chat_template was sent with the request, but the server was not started with "
@@ -576,11 +587,19 @@ class OpenAIServing:
             text = await self._unless_shutting_down(render)
         except TemplateRenderError as e:
             raise RequestError(str(e), param="chat_template") from e
-        return await self.run_blocking(self._encode_rendered, text)
+        return await self.run_blocking(self._encode_rendered, text, req)
 
-    def _encode_rendered(self, text: str) -> list[int]:
-        if has_surrogates(text):  # e.g. a "\ud800" literal in the template
+    def _encode_rendered(self, text: str, req: ChatCompletionRequest) -> list[int]:
+        if has_surrogates(text):  # e.g. a "\ud800" literal in a request's template
             raise RequestError("chat template produced invalid Unicode", param="chat_template")
+        char = unrepresentable(text, self._dropped_bytes)
+        if char is not None:  # name the message that holds it, if one does
+            param = next(
+                (f"messages[{i}].content" for i, m in enumerate(req.template_messages())
+                 if isinstance(m["content"], str) and char in m["content"]),
+                "messages",
+            )  # fmt: skip
+            raise unrepresentable_error(param, char)
         return self._encode(text, False)
 
     def _render_model_template(
