@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec.entrypoints.openai.protocol import ChatCompletionRequest, RequestError
+from specdec.llm import LLM
 from specdec.sampling_params import SamplingParams, token_id_key
 from specdec.structured.params import StructuredOutputsParams
 
@@ -125,12 +126,21 @@ def test_wrong_types_are_value_errors(name: str, value: Any) -> None:
     _check_message(str(e.value), name)
 
 
-def test_validate_catches_fields_changed_after_construction() -> None:
-    """LLM.generate calls validate() again: a field set later is checked as in the constructor."""
-    sp = SamplingParams()
+def test_validate_catches_fields_changed_after_construction(tiny_llama) -> None:
+    """LLM.generate calls validate() again: a field set later is checked as in the constructor,
+    and nothing of the call is queued."""
+    sp = SamplingParams(max_tokens=2)
     sp.stop = 5  # type: ignore[assignment]
     with pytest.raises(ValueError, match="^stop must be"):
         sp.validate()
+    llm = LLM(str(tiny_llama), max_model_len=64)
+    for name, value in (("stop", 5), ("stop_token_ids", 7), ("logit_bias", {"٣": 1.0})):
+        sp = SamplingParams(max_tokens=2)
+        setattr(sp, name, value)
+        with pytest.raises(ValueError, match=rf"^sampling_params\[1\]: {name} ") as e:
+            llm.generate(["hi", "there"], [SamplingParams(max_tokens=2), sp])
+        assert "\n" not in str(e.value)
+        assert not llm.engine.has_unfinished_requests()
 
 
 @pytest.mark.parametrize(
