@@ -26,20 +26,35 @@ MAX_BAD_WORDS = 256
 # NOTE: 256 words of 1,024 characters tokenize in ~0.25 s (of 4,096: 0.8 s); a word's tokens:
 # sample.bad_words.MAX_BAD_WORD_TOKENS
 MAX_BAD_WORD_CHARS = 1024
+MAX_TOKEN_ID_DIGITS = 10  # INT_MAX has 10
+
+
+def _shown(value: object) -> str:
+    """A value for a one-line error message: numbers as written (long integers by size), other
+    values by their type, never their text."""
+    if isinstance(value, bool) or value is None:
+        return repr(value)
+    if isinstance(value, int):
+        # NOTE: repr() of an integer of more than 4,300 digits raises ValueError
+        bits = value.bit_length()
+        return repr(value) if bits <= 64 else f"an integer of {bits} bits"
+    if isinstance(value, float):
+        return repr(value)
+    return f"a value of type {type(value).__name__}"
 
 
 def _check_real(name: str, value: object, low: float, high: float, low_open: bool = False) -> None:
     ok = (
         isinstance(value, (int, float))
         and not isinstance(value, bool)
-        and math.isfinite(value)
+        and (isinstance(value, int) or math.isfinite(value))  # NOTE: a huge int cannot be a float
         and (low < value if low_open else low <= value)
         and value <= high
     )
     if not ok:
         bracket = "(" if low_open else "["
         raise ValueError(
-            f"{name} must be a finite number in {bracket}{low:g}, {high:g}], got {value!r}"
+            f"{name} must be a finite number in {bracket}{low:g}, {high:g}], got {_shown(value)}"
         )
 
 
@@ -47,8 +62,44 @@ def _check_int(name: str, value: object, low: int, high: int, message: str | Non
     ok = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
     if not ok:
         raise ValueError(
-            f"{message or f'{name} must be an integer in [{low}, {high}]'}, got {value!r}"
+            f"{message or f'{name} must be an integer in [{low}, {high}]'}, got {_shown(value)}"
         )
+
+
+def _check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {_shown(value)}")
+
+
+def token_id_key(key: object) -> int | None:
+    """A ``logit_bias`` key as a token id, or None: an int, an integer-valued float, or a string
+    of at most ``MAX_TOKEN_ID_DIGITS`` ASCII digits (OpenAI's JSON keys), within [0, INT_MAX].
+
+    NOTE: not ``int(key)``: it reads "٣" as 3, refuses "²" with its own message, and takes
+    seconds over 100k digits."""
+    if isinstance(key, str):
+        if not (0 < len(key) <= MAX_TOKEN_ID_DIGITS and key.isascii() and key.isdigit()):
+            return None
+        key = int(key)
+    elif isinstance(key, float) and math.isfinite(key) and key.is_integer():
+        key = int(key)
+    if isinstance(key, int) and not isinstance(key, bool) and 0 <= key <= INT_MAX:
+        return key
+    return None
+
+
+def _string_list(name: str, value: object) -> list[str]:
+    """``value`` (None, a string, or a list / tuple of strings) as a list of strings."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{name} must be a string or a list of strings, got {_shown(value)}")
+    for i, s in enumerate(value):
+        if not isinstance(s, str):
+            raise ValueError(f"{name}[{i}] must be a string, got {_shown(s)}")
+    return list(value)
 
 
 @dataclass
@@ -105,18 +156,24 @@ class SamplingParams:
             if self.structured_outputs is not None:
                 raise ValueError("give structured_outputs or guided_decoding, not both")
             self.structured_outputs, self.guided_decoding = self.guided_decoding, None
-        if self.structured_outputs is not None:
-            self.structured_outputs = StructuredOutputsParams.from_any(self.structured_outputs)
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        self.stop = [s for s in (self.stop or []) if s]
-        self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k == 0:
             self.top_k = -1
         self.validate()
 
     def validate(self) -> None:
-        """Raise ValueError naming the first bad field (its message starts with the name)."""
+        """Raise ValueError naming the first bad field (its message starts with the name and
+        fits on one line), whatever the fields' types; normalizes ``stop`` to a list of strings,
+        ``stop_token_ids`` to a list and ``logit_bias`` keys to token ids."""
+        self.stop = [s for s in _string_list("stop", self.stop) if s]
+        if self.stop_token_ids is None:
+            self.stop_token_ids = []
+        if not isinstance(self.stop_token_ids, (list, tuple)):
+            raise ValueError(
+                f"stop_token_ids must be a list of token ids, got {_shown(self.stop_token_ids)}"
+            )
+        self.stop_token_ids = list(self.stop_token_ids)
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            _check_bool(name, getattr(self, name))
         _check_int("n", self.n, 1, MAX_N)
         if self.best_of is not None:
             _check_int("best_of", self.best_of, 1, MAX_N)
@@ -158,11 +215,7 @@ class SamplingParams:
         if self.speculative_p_min is not None:
             _check_real("speculative_p_min", self.speculative_p_min, 0.0, 1.0)
         if self.structured_outputs is not None:
-            if not isinstance(self.structured_outputs, StructuredOutputsParams):
-                raise ValueError("structured_outputs must be a StructuredOutputsParams")
-            self.structured_outputs.validate()
-        if not all(isinstance(s, str) for s in self.stop):
-            raise ValueError("stop must be a string or a list of strings")
+            self._check_structured_outputs()
         if len(self.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in self.stop):
             raise ValueError(
                 f"stop: at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters"
@@ -183,9 +236,29 @@ class SamplingParams:
             raise ValueError(
                 f"logit_bias must be a dict of at most {MAX_LOGIT_BIAS} token ids -> biases"
             )
-        for token, value in bias.items():
-            _check_int("logit_bias", token, 0, INT_MAX, "logit_bias keys must be token ids")
-            _check_real(f"logit_bias[{token}]", value, *LOGIT_BIAS_RANGE)
+        checked = {}
+        for key, value in bias.items():
+            token = token_id_key(key)
+            if token is None:
+                # NOTE: the key is not shown: it is client text of any length
+                raise ValueError(
+                    f"logit_bias keys must be token ids (at most {MAX_TOKEN_ID_DIGITS} ASCII "
+                    f"digits, at most {INT_MAX})"
+                )
+            _check_real("logit_bias values", value, *LOGIT_BIAS_RANGE)
+            checked[token] = float(value)
+        self.logit_bias = checked
+
+    def _check_structured_outputs(self) -> None:
+        try:
+            self.structured_outputs = StructuredOutputsParams.from_any(self.structured_outputs)
+            self.structured_outputs.validate()
+        except TypeError as e:  # e.g. a dict with keys that are not strings
+            raise ValueError(f"structured_outputs: invalid value ({type(e).__name__})") from e
+        except ValueError as e:
+            if str(e).startswith("structured_outputs"):
+                raise
+            raise ValueError(f"structured_outputs: invalid value ({type(e).__name__})") from e
 
     @property
     def num_samples(self) -> int:

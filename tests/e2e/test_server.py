@@ -365,7 +365,7 @@ _BAD = [
     ("chat", {"messages": CHAT, "top_logprobs": 3}, "top_logprobs"),  # without logprobs
     ("chat", {"messages": CHAT, "top_logprobs": 21, "logprobs": True}, "top_logprobs"),
     ("chat", {"messages": CHAT, "logit_bias": {"x": 1}}, "logit_bias"),
-    ("chat", {"messages": CHAT, "logit_bias": {"1": 101}}, "logit_bias.1"),
+    ("chat", {"messages": CHAT, "logit_bias": {"1": 101}}, "logit_bias"),
     ("chat", {"messages": CHAT, "logit_bias": {"99999": 1}}, "logit_bias"),
     ("chat", {"messages": CHAT, "echo": True}, "echo"),
     (

@@ -523,6 +523,61 @@ def test_sigterm_under_load_ends_streams_properly(tiny_llama) -> None:
     assert "Traceback" not in log and "ended" in log, log
 
 
+def test_sigterm_while_requests_are_prepared_answers_503s_and_exits_at_once(tiny_llama) -> None:
+    """Requests still being prepared (16 prompts of ~1 MB: seconds of tokenizing on two threads)
+    when SIGTERM comes get a JSON 503 at once, and the process exits without waiting for them;
+    the log has no traceback. Before: plain-text 500s from uvicorn, a 60-line traceback each,
+    and the exit after --shutdown-timeout + 6 s."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specdec.entrypoints.cli", "serve", str(tiny_llama),
+         "--port", str(port), "--max-model-len", "512", "--shutdown-timeout", "0.5",
+         "--uvicorn-log-level", "warning"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+        env={**os.environ, "SPECDEC_API_KEY": ""},
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    prompt = "hello world, this is a long prompt. " * 29_000
+    answers: list[httpx.Response | Exception] = []
+
+    def post() -> None:
+        try:
+            answers.append(httpx.post(f"{url}/v1/completions", json={"prompt": prompt}, timeout=60))
+        except httpx.TransportError as e:
+            answers.append(e)
+
+    try:
+        _wait_healthy(proc, url)
+        clients = [threading.Thread(target=post) for _ in range(16)]
+        for t in clients:
+            t.start()
+        time.sleep(1.0)
+        t0 = time.perf_counter()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        took = time.perf_counter() - t0
+        for t in clients:
+            t.join(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = proc.stdout.read()
+    assert proc.returncode in (0, -signal.SIGTERM), log
+    # NOTE: no speed goal: the 3 s flush and uvicorn's 3 s grace it no longer waits for
+    assert took < 3.5, (took, log)
+    codes = [a.status_code if isinstance(a, httpx.Response) else type(a).__name__ for a in answers]
+    assert len(answers) == 16 and set(codes) <= {400, 503} and 503 in codes, (codes, log)
+    for a in answers:
+        assert a.headers["content-type"] == "application/json", a.text[:200]
+        if a.status_code == 503:
+            err = a.json()["error"]
+            assert err["message"] == "the server is shutting down", err
+            assert err["type"] == "service_unavailable"
+        else:  # prepared before SIGTERM: the prompt is too long for the model
+            assert a.json()["error"]["code"] == "context_length_exceeded"
+    assert "Traceback" not in log and not any(line[:1].isspace() for line in log.splitlines()), log
+
+
 def _read_stream_url(url: str, body: dict, out: list[str], started: threading.Event) -> None:
     try:
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:

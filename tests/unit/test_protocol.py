@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
+from starlette.responses import JSONResponse
 
 from specdec.entrypoints.openai.protocol import (
+    MAX_ERROR_CHARS,
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatStreamChoice,
@@ -16,8 +20,10 @@ from specdec.entrypoints.openai.protocol import (
     RequestError,
     UsageInfo,
     dump_chunk,
+    one_line,
     validation_error,
 )
+from specdec.entrypoints.openai.serving import encode_json
 
 CHAT = [{"role": "user", "content": "hi"}]
 
@@ -209,3 +215,62 @@ def test_sse_event_is_one_line_whatever_the_text() -> None:
     event = dump_chunk(chunk)
     assert len(event[:-2].splitlines()) == 1 and event.isascii()
     assert json.loads(event[6:])["choices"][0]["delta"]["content"] == text
+
+
+# ---- errors are one line; bodies encoded in pieces -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("short", "short"),
+        ("first\nsecond", "first..."),
+        ("a\r\nb", "a..."),
+        ("a\u2028b", "a..."),
+        ("a\x1cb", "a..."),
+        ("x" * 50, "x" * 10 + "..."),
+        ("", ""),
+    ],
+)
+def test_one_line(text: str, want: str) -> None:
+    assert one_line(text, 10) == want
+    assert len(one_line(text, 10).splitlines()) <= 1
+
+
+def test_request_error_messages_are_one_bounded_line() -> None:
+    err = RequestError("bad value\n<parser state>\n" + "x" * 5000, "grammar")
+    assert err.message == "bad value..." and err.body()["error"]["message"] == "bad value..."
+    assert len(RequestError("y" * 5000).message) == MAX_ERROR_CHARS + 3
+
+
+_json_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=6),
+)
+_json_values = st.recursive(
+    _json_scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.lists(inner, min_size=60, max_size=140),  # around _ITEMS_PER_DUMP and past it
+        st.dictionaries(st.one_of(st.text(max_size=4), st.integers()), inner, max_size=5),
+    ),
+    max_leaves=300,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(value=_json_values)
+def test_encode_json_writes_what_starlette_writes(value) -> None:
+    """Long lists in pieces, containers near the top key by key: the same bytes as one call."""
+    assert encode_json(value) == JSONResponse(value).body
+
+
+def test_encode_json_refuses_what_starlette_refuses() -> None:
+    for bad in ({"a": [0.0] * 100 + [float("nan")]}, [float("inf")]):
+        with pytest.raises(ValueError):
+            JSONResponse(bad)
+        with pytest.raises(ValueError):
+            encode_json(bad)

@@ -15,10 +15,12 @@ from specdec.entrypoints.openai.safety import (
     DEFAULT_JSON_LIMITS,
     JSONLimits,
     default_allowed_hosts,
+    dropped_bytes,
     for_log,
     host_allowed,
     host_name,
     parse_json_body,
+    unrepresentable,
 )
 
 
@@ -51,7 +53,12 @@ def test_parse_json_body_accepts_a_request() -> None:
         ('{"t": 1e400}', "invalid_json", None),
         ('{"t": ' + "1" * 5000 + "}", "invalid_json", None),
         ('{"a": ' + "[" * 5000 + "]" * 5000 + "}", "request_too_complex", None),
-        ('{"a": ' + "[" * 65 + "]" * 65 + "}", "request_too_complex", "a" + "[0]" * 63),
+        # a deep path is shortened: its start and end (it is mostly the client's own keys)
+        (
+            '{"a": ' + "[" * 65 + "]" * 65 + "}",
+            "request_too_complex",
+            ("a" + "[0]" * 63)[:80] + "..." + ("a" + "[0]" * 63)[-30:],
+        ),
         ('{"a": "\\ud800"}', "invalid_value", "a"),
         ('{"a": [{"b": "x\\udc00"}]}', "invalid_value", "a[0].b"),
         ('{"\\ud800": 1}', "invalid_value", None),
@@ -73,17 +80,16 @@ def test_parse_json_body_limits_name_the_path() -> None:
     assert _refused('{"a": ["12345"]}', small).param == "a[0]"
 
 
-def test_parse_json_body_is_quick_on_the_worst_bodies() -> None:
-    """Bodies that took ~0.1-0.9 s to parse with the GIL held are refused in a few ms."""
+def test_parse_json_body_refuses_the_worst_bodies() -> None:
+    """Bodies that took ~0.1-0.9 s to parse with the GIL held are refused (in a few ms; no
+    wall-clock bound here: speed belongs to benchmarks, and CI machines are shared)."""
     worst = [
         b"[" + b",".join([b"[[[[[[[[]]]]]]]]"] * 230_000) + b"]",
         b'{"a": [' + b",".join([b"1"] * 1_500_000) + b"]}",
         b'{"a": [' + b",".join([b'{"a":1}'] * 500_000) + b"]}",
     ]
     for body in worst:
-        t0 = time.perf_counter()
         _refused(body)
-        assert time.perf_counter() - t0 < 0.1
 
 
 @pytest.mark.parametrize(
@@ -144,3 +150,44 @@ def test_guards_leave_ordinary_templates_alone() -> None:
     assert (
         render_guarded(template, {"messages": messages}) == "<|user|>hi<|assistant|>yo---1024    74"
     )
+
+
+# ---- text the tokenizer cannot represent ---------------------------------------------------------
+
+
+def _byte_level(missing: bytes, unk: str | None = None):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from specdec.model.tokenizer import bytes_to_unicode
+
+    chars = [c for b, c in bytes_to_unicode().items() if b not in missing]
+    vocab = {c: i for i, c in enumerate(chars + ([unk] if unk else []))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=unk))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    return tok
+
+
+def test_dropped_bytes_are_the_byte_tokens_missing_without_an_unknown_token() -> None:
+    tok = _byte_level(b"\x14\xf1")
+    assert dropped_bytes(tok) == b"\x14\xf1"
+    assert tok.encode("hi\x14there").tokens == list("hithere")  # what it would do: drop it
+    assert dropped_bytes(_byte_level(b"")) == b""
+    assert dropped_bytes(_byte_level(b"\x14", unk="<unk>")) == b""  # no silent drop
+
+
+@pytest.mark.parametrize(
+    ("text", "char"),
+    [
+        ("hi\x14there", "\x14"),
+        ("plain text", None),
+        ("é\x14", "\x14"),
+        ("a\U00040000b", "\U00040000"),  # UTF-8 f1 80 80 80: its lead byte has no token
+        ("\U0001f600 \u4e2d\x13", None),
+        ("x" * 100_000 + "\x14", "\x14"),
+    ],
+)
+def test_unrepresentable_finds_the_first_character_with_a_dropped_byte(text, char) -> None:
+    assert unrepresentable(text, b"\x14\xf1") == char
+    assert unrepresentable(text, b"") is None

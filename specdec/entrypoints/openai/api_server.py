@@ -20,6 +20,7 @@ requests finish for ``--shutdown-timeout`` seconds, then ends the rest with an e
 
 import argparse
 import asyncio
+import gc
 import hmac
 import json
 import logging
@@ -93,6 +94,7 @@ def build_app(
         ChatCompletionRequest,
         CompletionRequest,
         RequestError,
+        one_line,
         random_id,
     )
     from specdec.entrypoints.openai.serving import EventStream, OpenAIServing
@@ -130,6 +132,11 @@ def build_app(
         llm.start()
         if sandbox is not None:
             await sandbox.start()
+        # NOTE: as vLLM: the startup heap (torch, the model's modules) is left out of collections
+        # from here on; a full collection over it held the GIL for ~0.4 s, and building a large
+        # reply (3,000 tokens of top-20 logprobs: 60k objects) sets one off
+        gc.collect()
+        gc.freeze()
         try:
             yield
         finally:
@@ -137,6 +144,7 @@ def build_app(
             llm.shutdown()
 
     async def drain(force_exit: Callable[[], bool] = lambda: False) -> None:
+        serving.begin_shutdown()
         await _drain(state, llm, shutdown_timeout, force_exit)
 
     app = FastAPI(title="specdec", lifespan=lifespan)
@@ -184,7 +192,7 @@ def build_app(
             return Response(status_code=499)  # nobody is listening; the request was aborted
         if isinstance(result, EventStream):
             return SSEResponse(result)
-        return JSONResponse(result)
+        return Response(result, media_type="application/json")  # encoded off the event loop
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
 
@@ -235,8 +243,9 @@ def build_app(
             return JSONResponse({"error": {"message": "shutting down"}}, status_code=503)
         if llm.is_running:
             return Response(status_code=200)
+        reason = one_line(str(llm.dead_error), 200)
         return JSONResponse(
-            {"error": {"message": f"engine is not running: {llm.dead_error}"}}, status_code=503
+            {"error": {"message": f"engine is not running: {reason}"}}, status_code=503
         )
 
     @app.get("/metrics")
@@ -364,9 +373,9 @@ class _Guard:
         if scope["method"] != "POST":
             return None
         if self.state.draining:
-            return RequestError(
-                "the server is shutting down", status=503, code=None, type="service_unavailable"
-            )
+            from specdec.entrypoints.openai.serving import shutting_down_error
+
+            return shutting_down_error()
         media_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if media_type != "application/json":
             # NOTE: a web page can POST text/plain, form data or an untyped body to any address

@@ -8,6 +8,7 @@ would silently change the result (beam search, logits processors, ...): those ar
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from typing import Annotated, Any, Literal
@@ -16,7 +17,6 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, Va
 
 from specdec.sampling_params import (
     INT_MAX,
-    LOGIT_BIAS_RANGE,
     MAX_BAD_WORDS,
     MAX_LOGIT_BIAS,
     MAX_LOGPROBS,
@@ -66,8 +66,22 @@ MAX_NAME_CHARS = 256  # user
 MAX_MODEL_NAME_CHARS = 4096  # served names default to the model path
 
 
+MAX_ERROR_CHARS = 1024  # an error body's message
+# what str.splitlines() breaks at: a message cut at the first is one line for every reader
+_LINE_BREAK = re.compile("[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
+def one_line(text: str, limit: int) -> str:
+    """``text``'s first line, cut to ``limit`` characters (``...`` where something was cut)."""
+    line, *rest = _LINE_BREAK.split(text, maxsplit=1)
+    if len(line) > limit or rest:
+        return line[:limit] + "..."
+    return line
+
+
 class RequestError(ValueError):
-    """A request the server refuses: HTTP ``status`` with an OpenAI-style error body."""
+    """A request the server refuses: HTTP ``status`` with an OpenAI-style error body. The
+    message is cut to one line of at most ``MAX_ERROR_CHARS`` characters, whatever it holds."""
 
     def __init__(
         self,
@@ -77,6 +91,7 @@ class RequestError(ValueError):
         code: str | None = "invalid_value",
         type: str = "invalid_request_error",
     ) -> None:
+        message = one_line(message, MAX_ERROR_CHARS)
         super().__init__(message)
         self.message = message
         self.param = param
@@ -176,13 +191,9 @@ class _SamplingRequest(OpenAIBaseModel):
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logit_bias: (
-        Annotated[
-            dict[str, Annotated[float, Field(ge=LOGIT_BIAS_RANGE[0], le=LOGIT_BIAS_RANGE[1])]],
-            Field(max_length=MAX_LOGIT_BIAS),
-        ]
-        | None
-    ) = None
+    # NOTE: keys and values are checked by SamplingParams, with messages that name logit_bias
+    # and never its keys (pydantic's would put the key in the error's location)
+    logit_bias: Annotated[dict[str, Any], Field(max_length=MAX_LOGIT_BIAS)] | None = None
     user: Annotated[str, Field(max_length=MAX_NAME_CHARS)] | None = None
     # vLLM's extras
     top_k: Annotated[int, Field(ge=-1, le=INT_MAX)] | None = None
@@ -243,19 +254,6 @@ class _SamplingRequest(OpenAIBaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def _logit_bias(self) -> dict[int, float] | None:
-        """OpenAI's token id strings as ints."""
-        if not self.logit_bias:
-            return None
-        out = {}
-        for key, value in self.logit_bias.items():
-            if not key.strip().isdigit():
-                raise RequestError(
-                    f"logit_bias keys must be token ids, got {key[:32]!r}", "logit_bias"
-                )
-            out[int(key)] = value
-        return out
-
     def _sampling(
         self,
         max_tokens: int,
@@ -302,7 +300,7 @@ class _SamplingRequest(OpenAIBaseModel):
                 n=self.n,
                 best_of=best_of,
                 prompt_logprobs=prompt_logprobs,
-                logit_bias=self._logit_bias(),
+                logit_bias=self.logit_bias,
                 bad_words=self.bad_words,
                 num_speculative_tokens=max_drafts,
                 speculative_n_min=self.speculative_n_min,
@@ -384,7 +382,7 @@ class _SamplingRequest(OpenAIBaseModel):
     def field_named_by(cls, message: str) -> str | None:
         """The request field an error message starts with (SamplingParams' and the engine's
         messages name the field first), or None."""
-        field = message.split(" ", 1)[0].rstrip(":,")
+        field = message.split(" ", 1)[0].rstrip(":,").split("[", 1)[0]  # stop[1] -> stop
         return field if field in cls.model_fields else None
 
 

@@ -210,3 +210,51 @@ def for_log(text: object, limit: int = 200) -> str:
     cut = len(s) > limit
     escaped = ascii(s[:limit])
     return escaped + "..." if cut else escaped
+
+
+# ---- text the tokenizer cannot represent ------------------------------------------------------
+
+
+def dropped_bytes(tokenizer: Any) -> bytes:
+    """The bytes a byte-level BPE ``tokenizer`` (a ``tokenizers.Tokenizer``) drops without a
+    trace: those whose byte character has no token, in a vocabulary without an unknown token.
+
+    SmolLM2's has none for 0x04, 0x06, 0x13, 0x14, 0x16 and 0x1d, nor for 0xf1-0xf4 (lead bytes
+    of U+40000 and above); "hi\\x14there" is "hithere" to it, as to transformers' tokenizer for
+    the same file. Empty for other tokenizers (byte fallback, an unknown token, no byte level)."""
+    from specdec.model.tokenizer import bytes_to_unicode
+
+    spec = json.loads(tokenizer.to_str())
+    pre = spec.get("pre_tokenizer") or {}
+    parts = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    model = spec.get("model") or {}
+    byte_level = any(p.get("type") == "ByteLevel" for p in parts)
+    if not byte_level or model.get("type") != "BPE" or model.get("unk_token") is not None:
+        return b""
+    vocab = model.get("vocab") or {}
+    return bytes(b for b, ch in sorted(bytes_to_unicode().items()) if ch not in vocab)
+
+
+def unrepresentable(text: str, dropped: bytes) -> str | None:
+    """The first character of ``text`` with a byte in ``dropped``, or None (one pass over the
+    UTF-8 bytes, ~1 ms per MB)."""
+    if not dropped:
+        return None
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data.translate(None, dropped)) == len(data):
+        return None
+    found = re.search(b"[" + b"".join(re.escape(bytes([b])) for b in dropped) + b"]", data)
+    assert found is not None
+    start = found.start()
+    while start > 0 and 0x80 <= data[start] < 0xC0:  # back to the character's first byte
+        start -= 1
+    return data[start : start + 4].decode("utf-8", "ignore")[0]
+
+
+def unrepresentable_error(param: str, char: str) -> RequestError:
+    return RequestError(
+        f"{param}: character U+{ord(char):04X} has no token in this model's vocabulary (it "
+        "would be dropped silently)",
+        param=param,
+        code="invalid_value",
+    )
