@@ -67,7 +67,7 @@ def _schema_format(schema: dict) -> dict:
     }
 
 
-LONG_PROMPT = " ".join(f"word{i % 97}" for i in range(1400))  # ~2,700 tokens
+LONG_PROMPT = " ".join(f"word{i % 97}" for i in range(930))  # ~2,700 tokens
 TOOL = {
     "type": "function",
     "function": {"name": "f", "description": "a tool", "parameters": _ref_chain(1000)},
