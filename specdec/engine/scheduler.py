@@ -23,6 +23,7 @@ from specdec.engine.request import Request, RequestStatus
 from specdec.kv_cache.pool import KVCache
 from specdec.sample.logprobs import LogitsAdjust, TokenLogprobs
 from specdec.sample.rejection_sampler import PenaltyState, VerifyResult
+from specdec.sample.sampler import NonFiniteLogits
 from specdec.sampling_params import SamplingParams
 from specdec.structured.grammar import Grammar, TokenMask
 
@@ -72,13 +73,20 @@ class SchedulerOutput:
 
 @dataclass
 class RequestFailure:
-    """The request cannot go on; ``message`` says why (one line)."""
+    """The request cannot go on: ``message`` (fixed text, shown to the client) says why;
+    ``detail`` (one escaped line) goes to the log only."""
 
     message: str
+    detail: str = ""
 
 
 def failure(stage: str, e: BaseException) -> RequestFailure:
-    return RequestFailure(f"{stage} failed: {type(e).__name__}: {e}".splitlines()[0][:500])
+    """A fixed message per stage for the client; the exception's type and the first line of its
+    text for the log. NOTE: an exception's text may hold client text (a sampler's KeyError) or
+    internal state (a grammar engine's dump): never in the response."""
+    first = str(e).partition("\n")[0]
+    known = f": {e}" if isinstance(e, NonFiniteLogits) else ""  # fixed text of the engine's own
+    return RequestFailure(f"{stage} failed{known}", f"{type(e).__name__}: {ascii(first[:200])}")
 
 
 StepResult = VerifyResult | RequestFailure | None  # None: a prefill chunk, nothing sampled
@@ -250,7 +258,8 @@ class Scheduler:
         req.error = why.message
         req.finish_reason, req.stop_reason = "error", None
         self.num_failed_requests += 1
-        logger.warning("request %r failed: %s", req.req_id, why.message)
+        detail = f" ({why.detail})" if why.detail else ""
+        logger.warning("request %r failed: %s%s", req.req_id, why.message, detail)
         self.finish(req, cache=False)
         update.finished.append((req, False))
         if req not in update.changed:

@@ -15,7 +15,7 @@ import torch
 from specdec.sample.logprobs import LogitsAdjust, TokenLogprobs, row_logprobs
 from specdec.sample.ops import argmax_rows, one_thread, processed_logits
 from specdec.sample.random import Purpose, uniform
-from specdec.sample.sampler import row_probs, sample_row, search_cdf
+from specdec.sample.sampler import NonFiniteLogits, row_probs, sample_row, search_cdf
 from specdec.sampling_params import SamplingParams
 from specdec.structured.grammar import TokenMask
 
@@ -96,7 +96,7 @@ def _greedy(
                 if r < len(draft_token_ids) and best[r] != draft_token_ids[r]:
                     break  # later rows are not read
     if not _finite_at(logits, best):
-        raise ValueError("the logits are not finite")
+        raise NonFiniteLogits()
     tokens: list[int] = []
     for i, draft in enumerate(draft_token_ids):
         if draft != best[i]:

@@ -124,12 +124,19 @@ def _truncate(
     return _Kept(cands, [i for i in range(end) if cands.weights[i] >= sp.min_p])
 
 
+class NonFiniteLogits(ValueError):
+    """The model's logits hold NaN or infinity (the engine's own words: safe to show a client)."""
+
+    def __init__(self) -> None:
+        super().__init__("the logits are not finite")
+
+
 def _kept_set(z: torch.Tensor, sp: SamplingParams) -> tuple[_Kept, torch.Tensor, int]:
     """(the kept set, the row's weights exp(z - max) [V], the number of leading tokens)."""
     num = z.numel()
     top = z.max()
     if not math.isfinite(float(top)):
-        raise ValueError(f"the logits are not finite (max {float(top)})")
+        raise NonFiniteLogits()
     w = (z - top).exp_()  # [V]
     top_k = sp.top_k if sp.top_k != -1 and sp.top_k < num else 0
     needs_mass = sp.top_p < 1.0 and not top_k

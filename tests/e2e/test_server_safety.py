@@ -392,6 +392,34 @@ def test_unexpected_error_is_one_line_with_request_id(server, monkeypatch, caplo
     assert "\n" not in errors[0].getMessage()
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_failure_during_generation_is_short_and_logged_once(server, monkeypatch, caplog, stream: bool) -> None:  # fmt: skip
+    """A request the engine fails (finish_reason "error"): the client gets a fixed message with
+    the request id, never the exception's text; the log one line with the exception's type."""
+    from specdec.worker import model_runner
+
+    def broken(*args, **kw):
+        raise KeyError("client text SECRET\nparser state: {...}")
+
+    monkeypatch.setattr(model_runner, "verify", broken)
+    caplog.set_level(logging.DEBUG, logger="specdec")
+    body = {"prompt": "hi", "max_tokens": 4, "stream": stream}
+    r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=30)
+    monkeypatch.undo()
+    if stream:
+        assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n")
+        err = json.loads(r.text.strip().split("\n\n")[-2][6:])["error"]
+    else:
+        assert r.status_code == 500
+        err = r.json()["error"]
+    assert re.fullmatch(r"request (cmpl-\w+) failed: sampling failed", err["message"]), err
+    assert err["type"] == "internal_server_error"
+    rid = err["message"].split(" ")[1]
+    lines = [rec for rec in caplog.records if rec.levelno >= logging.WARNING]
+    assert len(lines) == 1 and rid in lines[0].getMessage() and lines[0].exc_info is None
+    assert "KeyError" in lines[0].getMessage() and "\n" not in lines[0].getMessage()
+
+
 # ---- shutdown ----------------------------------------------------------------------------------
 
 

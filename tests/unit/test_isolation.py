@@ -66,7 +66,9 @@ def test_nan_logits_fail_one_request(tiny_llama, monkeypatch, temperature) -> No
     _check_isolated(llm, outs, want, 1, "not finite", temperature)
 
 
-def test_sampler_error_fails_one_request(tiny_llama, monkeypatch) -> None:
+def test_sampler_error_fails_one_request(tiny_llama, monkeypatch, caplog) -> None:
+    """The failed request's error is a fixed message (the exception's text may be client text or
+    internal state); the log has one line with the exception's type."""
     llm = _llm(tiny_llama)
     want = llm.generate(PROMPTS, _params(None))
     llm.engine.scheduler.num_failed_requests = 0
@@ -74,14 +76,19 @@ def test_sampler_error_fails_one_request(tiny_llama, monkeypatch) -> None:
 
     def broken(logits, drafts, probs, sp, penalty, seed, position, *rest):
         if sp.seed == BAD_SEED and position == 3:
-            raise RuntimeError("injected sampler failure")
+            raise RuntimeError("injected sampler failure 'client text'\nstate: {dump}")
         return real(logits, drafts, probs, sp, penalty, seed, position, *rest)
 
     monkeypatch.setattr("specdec.worker.model_runner.verify", broken)
+    caplog.set_level("WARNING", logger="specdec")
     outs = llm.generate(PROMPTS, _params(2))
     monkeypatch.undo()
     assert len(outs[2].outputs[0].token_ids) == 3  # the tokens before the failure stay
-    _check_isolated(llm, outs, want, 2, "injected sampler failure")
+    assert outs[2].error == "sampling failed"
+    lines = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+    assert len(lines) == 1 and "\n" not in lines[0] and "RuntimeError" in lines[0], lines
+    assert "state" not in lines[0]
+    _check_isolated(llm, outs, want, 2, "sampling failed")
 
 
 def test_model_error_fails_one_request(tiny_llama, monkeypatch) -> None:
@@ -103,7 +110,9 @@ def test_model_error_fails_one_request(tiny_llama, monkeypatch) -> None:
     monkeypatch.setattr(model, "forward_capture", broken)
     outs = llm.generate(prompts, _params(None))
     monkeypatch.undo()
-    assert outs[3].outputs[0].finish_reason == "error" and "injected model failure" in outs[3].error
+    assert (
+        outs[3].outputs[0].finish_reason == "error" and outs[3].error == "the forward pass failed"
+    )
     for i in range(3):
         assert outs[i].outputs[0].token_ids == want[i].outputs[0].token_ids
     assert llm.engine.num_failed_requests == 1 and llm.engine.kv.num_used_slots == 0
