@@ -115,7 +115,7 @@ _HOSTILE = [
         "depth-100",
         "/v1/completions",
         '{"prompt": "x", "x": ' + "[" * 100 + "]" * 100 + "}",
-        "x" + "[0]" * 63,
+        ("x" + "[0]" * 63)[:80] + "..." + ("x" + "[0]" * 63)[-30:],  # a long path: both ends
     ),  # fmt: skip
     ("unclosed", "/v1/completions", '{"prompt": "' + "[" * 100_000 + '"}', None),
     # lone surrogates: not valid Unicode, cannot be tokenized or encoded in a response
