@@ -15,6 +15,7 @@ import atexit
 import hashlib
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -118,6 +119,7 @@ class GrammarCompiler:
         self._eos = sorted(eos_token_ids)
         self._llg: llguidance.LLTokenizer | None = None
         self._checker: compile_worker.GrammarChecker | None = None
+        self._pool: compile_worker.StackPool | None = None
         self._lock = threading.Lock()
 
     @property
@@ -133,9 +135,31 @@ class GrammarCompiler:
                 )
             return self._llg
 
+    def start(self) -> None:
+        """Build the tokenizer tables and start the grammar workers now (a server does, before
+        it reports healthy), not at the first structured request, which every stream and
+        /health would then wait for (the tables hold the GIL ~0.3 s)."""
+        self.llg_tokenizer  # noqa: B018
+        self.checker.start()
+        self._compile_pool()
+
+    def _compile_pool(self) -> compile_worker.StackPool:
+        with self._lock:
+            if self._pool is None:
+                self._pool = compile_worker.StackPool(compile_worker.NUM_WORKERS, "grammar")
+            return self._pool
+
+    def submit(self, params: StructuredOutputsParams | dict[str, Any]) -> Future[Grammar]:
+        """``compile`` on the compiler's own threads: stacks 16x the worker's check thread's,
+        and a queue of its own (a request waiting for a grammar worker holds no other pool)."""
+        return self._compile_pool().submit(lambda: self._compile(params))
+
     def compile(self, params: StructuredOutputsParams | dict[str, Any]) -> Grammar:
         """A fresh grammar state for one request (a copy of ``params.compiled`` when set). The
         constraint is checked in a worker process first (see compile_worker)."""
+        return self.submit(params).result()
+
+    def _compile(self, params: StructuredOutputsParams | dict[str, Any]) -> Grammar:
         import llguidance
 
         params = StructuredOutputsParams.from_any(params)
