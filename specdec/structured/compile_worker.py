@@ -92,7 +92,15 @@ def one_line(message: str, limit: int = 200) -> str:
     """The library's message as one short line: its first line, never the grammar or its state
     (verbose messages carry a ``<state>`` / ``<grammar>`` dump after the first line)."""
     first = next((x.strip() for x in str(message).splitlines() if x.strip()), "invalid")
+    # NOTE: the library quotes the offending source ('invalid regex "<the whole regex>"')
+    first = _QUOTED.sub(lambda m: m.group(1) + m.group(2)[:MAX_QUOTED_CHARS] + "...", first)
+    first = _LONG_WORD.sub(lambda m: m.group()[:MAX_QUOTED_CHARS] + "...", first)
     return first if len(first) <= limit else first[: limit - 3] + "..."
+
+
+MAX_QUOTED_CHARS = 24  # of the client's text quoted in an error
+_LONG_WORD = re.compile(r"\S{" + str(2 * MAX_QUOTED_CHARS) + ",}")
+_QUOTED = re.compile(r"([\"'])([^\"']{" + str(MAX_QUOTED_CHARS + 1) + r",})(?:\1|$)")
 
 
 def _check(tokenizer: Any, spec: dict[str, Any], limits: Any) -> dict[str, Any]:

@@ -103,6 +103,10 @@ def _assert_one_line_400(r: httpx.Response, param: str, words: str, secret: str)
          "nested or chained too deeply", "d999"),
         ("completions", {"guided_regex": "a{1000000}"}, "guided_regex", "first token mask",
          "1000000"),
+        ("completions", {"guided_regex": "(" + "secret" * 50}, "guided_regex", "invalid regex",
+         "secret" * 5),
+        ("completions", {"guided_json": {"type": "nonsense" + "z" * 300}}, "guided_json",
+         "Invalid type", "z" * 30),
     ],
 )  # fmt: skip
 def test_a_constraint_that_crashes_or_stalls_the_library_is_a_400(
