@@ -40,6 +40,17 @@ LIMITS: dict[str, Any] = {"step_max_items": 20_000}
 MASK_BUDGET_S = 0.25
 MASK_BUDGET_PER_TOKEN_S = 0.002
 _CHECKERS: dict[tuple, compile_worker.GrammarChecker] = {}
+_POOL: compile_worker.StackPool | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _compile_pool() -> compile_worker.StackPool:
+    """The process's grammar threads (one pool for every engine, like the workers)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = compile_worker.StackPool(compile_worker.NUM_WORKERS, "grammar")
+        return _POOL
 
 
 @atexit.register
@@ -119,7 +130,6 @@ class GrammarCompiler:
         self._eos = sorted(eos_token_ids)
         self._llg: llguidance.LLTokenizer | None = None
         self._checker: compile_worker.GrammarChecker | None = None
-        self._pool: compile_worker.StackPool | None = None
         self._lock = threading.Lock()
 
     @property
@@ -141,18 +151,12 @@ class GrammarCompiler:
         /health would then wait for (the tables hold the GIL ~0.3 s)."""
         self.llg_tokenizer  # noqa: B018
         self.checker.start()
-        self._compile_pool()
-
-    def _compile_pool(self) -> compile_worker.StackPool:
-        with self._lock:
-            if self._pool is None:
-                self._pool = compile_worker.StackPool(compile_worker.NUM_WORKERS, "grammar")
-            return self._pool
+        _compile_pool()
 
     def submit(self, params: StructuredOutputsParams | dict[str, Any]) -> Future[Grammar]:
         """``compile`` on the compiler's own threads: stacks 16x the worker's check thread's,
         and a queue of its own (a request waiting for a grammar worker holds no other pool)."""
-        return self._compile_pool().submit(lambda: self._compile(params))
+        return _compile_pool().submit(lambda: self._compile(params))
 
     def compile(self, params: StructuredOutputsParams | dict[str, Any]) -> Grammar:
         """A fresh grammar state for one request (a copy of ``params.compiled`` when set). The
