@@ -22,6 +22,7 @@ from specdec.engine.llm_engine import LLMEngine
 from specdec.metrics import EngineMetrics
 from specdec.outputs import RequestOutput
 from specdec.sampling_params import SamplingParams
+from specdec.structured.compile_worker import PARENT_STACK_BYTES, start_thread
 
 logger = logging.getLogger(__name__)
 
@@ -158,8 +159,8 @@ class AsyncLLM:
     def start(self) -> None:
         if self._thread is not None:
             return
-        self._thread = threading.Thread(target=self._run, name="specdec-engine", daemon=True)
-        self._thread.start()
+        # NOTE: the engine thread drives grammar matchers: 16x the stack they were checked on
+        self._thread = start_thread(self._run, "specdec-engine", PARENT_STACK_BYTES)
 
     def shutdown(self, timeout: float = 10.0) -> None:
         with self._cv:

@@ -8,7 +8,7 @@ some constraints are merely slow (an 80 KB GBNF chain: ~20 s in ``gbnf_to_lark``
 constraint is first turned into llguidance's grammar text, validated and given a first mask here,
 in a worker process, on a thread whose stack is deliberately small (``CHECK_STACK_BYTES``),
 within a deadline. Only a grammar that passed is compiled in the engine's process, where every
-thread that touches it has a larger stack (8 MiB by default, 8x the margin). A worker that dies
+thread that touches it has a 16x larger stack (``PARENT_STACK_BYTES``). A worker that dies
 or overruns is replaced; the request gets a one-line error naming its field and the limit.
 
 The file runs as a script (``python compile_worker.py``): it imports llguidance and the standard
@@ -20,18 +20,29 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import select
 import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar
 
-CHECK_STACK_BYTES = 1 << 20  # the worker's check thread: 1 MiB (the engine's threads: 8 MiB)
+CHECK_STACK_BYTES = 1 << 20  # the worker's check thread: 1 MiB
+# NOTE: the engine's threads that build or drive a matcher (compile, engine loop) get 16x the
+# check's stack. Measured (llguidance 1.9.1, SmolLM2's tokenizer, compile + first mask): the
+# deepest chain that passes grows linearly with the stack: 1 MiB holds a $ref chain of ~290 and
+# a Lark chain of ~310 rules, 8 MiB ~2,400 and ~2,600; so what passed here cannot overflow there.
+PARENT_STACK_BYTES = 16 << 20
+_T = TypeVar("_T")
+_STACK_LOCK = threading.Lock()
 DEFAULT_DEADLINE_S = 5.0  # per constraint, compile and first mask
 START_TIMEOUT_S = 60.0
 NUM_WORKERS = 2
+WORKER_NICENESS = 10  # the workers' CPU priority below the engine's (os.nice)
 # NOTE: a nested JSON schema's first mask takes ~1-10 ms on a 49k vocabulary
 FIRST_MASK_LIMIT_S = 0.25
 
@@ -81,7 +92,15 @@ def one_line(message: str, limit: int = 200) -> str:
     """The library's message as one short line: its first line, never the grammar or its state
     (verbose messages carry a ``<state>`` / ``<grammar>`` dump after the first line)."""
     first = next((x.strip() for x in str(message).splitlines() if x.strip()), "invalid")
+    # NOTE: the library quotes the offending source ('invalid regex "<the whole regex>"')
+    first = _QUOTED.sub(lambda m: m.group(1) + m.group(2)[:MAX_QUOTED_CHARS] + "...", first)
+    first = _LONG_WORD.sub(lambda m: m.group()[:MAX_QUOTED_CHARS] + "...", first)
     return first if len(first) <= limit else first[: limit - 3] + "..."
+
+
+MAX_QUOTED_CHARS = 24  # of the client's text quoted in an error
+_LONG_WORD = re.compile(r"\S{" + str(2 * MAX_QUOTED_CHARS) + ",}")
+_QUOTED = re.compile(r"([\"'])([^\"']{" + str(MAX_QUOTED_CHARS + 1) + r",})(?:\1|$)")
 
 
 def _check(tokenizer: Any, spec: dict[str, Any], limits: Any) -> dict[str, Any]:
@@ -117,6 +136,9 @@ def _serve() -> None:
     order. Jobs run on one thread with a small stack (a crash there is this process's alone)."""
     import llguidance
 
+    # NOTE: a slow constraint burns a core here for up to its deadline; the engine's process
+    # comes first for the CPU (on 2 cores, two 80 KB GBNF grammars slowed a stream 2.3x)
+    os.nice(WORKER_NICENESS)
     init = json.loads(sys.stdin.readline())
     tokenizer = llguidance.LLTokenizer(
         init["tokenizer_json"], n_vocab=init["n_vocab"], eos_token=init["eos"] or None
@@ -137,8 +159,7 @@ def _serve() -> None:
                 result["r"] = {"error": one_line(f"{type(e).__name__}: {e}")}
             done.set()
 
-    threading.stack_size(CHECK_STACK_BYTES)
-    threading.Thread(target=run, daemon=True).start()
+    start_thread(run, "grammar-check", CHECK_STACK_BYTES)
     _write({"ready": True})
     for line in sys.stdin:
         jobs.append(json.loads(line))
@@ -146,6 +167,47 @@ def _serve() -> None:
         done.wait()
         done.clear()
         _write(result.pop("r"))
+
+
+def start_thread(target: Any, name: str, stack_bytes: int = PARENT_STACK_BYTES) -> threading.Thread:
+    """Start a daemon thread whose stack is ``stack_bytes``, whatever the process default."""
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    with _STACK_LOCK:  # NOTE: the size applies to threads started while it is set
+        previous = threading.stack_size(stack_bytes)
+        try:
+            thread.start()
+        finally:
+            threading.stack_size(previous)
+    return thread
+
+
+class StackPool:
+    """A few threads with large stacks (``PARENT_STACK_BYTES``) and their own queue: the engine's
+    process builds matchers there, and requests waiting for a grammar worker wait here, never on
+    a pool that other requests need."""
+
+    def __init__(self, num_threads: int, name: str) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Future, Callable[[], Any]] | None] = queue.SimpleQueue()
+        self._threads = [start_thread(self._run, f"{name}-{i}") for i in range(num_threads)]
+
+    def submit(self, fn: Callable[[], _T]) -> Future[_T]:
+        future: Future[_T] = Future()
+        self._jobs.put((future, fn))
+        return future
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            future, fn = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except BaseException as e:  # noqa: BLE001 - handed to whoever waits for it
+                future.set_exception(e)
+
+    def close(self) -> None:
+        for _ in self._threads:
+            self._jobs.put(None)
 
 
 def _write(message: dict[str, Any]) -> None:
@@ -211,7 +273,7 @@ class _Worker:
 
 class GrammarChecker:
     """A few worker processes checking constraints (``check``), each job within a deadline.
-    Workers start on first use and are replaced when they die or overrun."""
+    Workers start with ``start`` (or on first use) and are replaced when they die or overrun."""
 
     def __init__(
         self,
@@ -228,18 +290,35 @@ class GrammarChecker:
         self._idle: list[_Worker | None] = [None] * num_workers
         self._free = threading.Semaphore(num_workers)
         self._lock = threading.Lock()
+        self._closed = False
         self.num_restarts = 0
+
+    def start(self) -> None:
+        """Start every worker now (each builds its tokenizer, ~0.5 s), not at the first job."""
+        for _ in range(len(self._idle)):
+            self._replace()
+
+    def _replace(self) -> None:
+        """Fill an empty worker slot (after a start, a crash or an overrun)."""
+        try:
+            worker = _Worker(self._init_line)
+        except (RuntimeError, OSError):
+            return  # NOTE: the next job starts one itself (and reports it if that fails too)
+        with self._lock:
+            if None in self._idle and not self._closed:
+                self._idle[self._idle.index(None)] = worker
+                return
+        worker.close()
 
     def check(self, spec: dict[str, Any]) -> str:
         """The constraint's grammar text once a worker validated it. Raises ValueError (the
         library's one-line message) for an invalid constraint, WorkerGone for one that crashed
-        or overran a worker."""
+        or overran a worker (its replacement starts at once, in the background)."""
         with self._free:
             with self._lock:
                 worker = self._idle.pop()
             try:
-                if worker is None:
-                    worker = _Worker(self._init_line)
+                worker = self._live(worker)
                 reply = worker.run(spec, self.deadline_s)
             except WorkerGone:
                 worker = None
@@ -248,12 +327,23 @@ class GrammarChecker:
             finally:
                 with self._lock:
                     self._idle.append(worker)
+                if worker is None:
+                    start_thread(self._replace, "grammar-worker-start", 1 << 20)
         if "error" in reply:
             raise ValueError(reply["error"])
         return reply["ok"]
 
+    def _live(self, worker: _Worker | None) -> _Worker:
+        """``worker``, or a new one where it never started or died while idle."""
+        if worker is not None and worker.proc.poll() is None:
+            return worker
+        if worker is not None:
+            worker.close()
+        return _Worker(self._init_line)
+
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             for worker in self._idle:
                 if worker is not None:
                     worker.close()

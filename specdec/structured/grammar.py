@@ -15,6 +15,7 @@ import atexit
 import hashlib
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,17 @@ LIMITS: dict[str, Any] = {"step_max_items": 20_000}
 MASK_BUDGET_S = 0.25
 MASK_BUDGET_PER_TOKEN_S = 0.002
 _CHECKERS: dict[tuple, compile_worker.GrammarChecker] = {}
+_POOL: compile_worker.StackPool | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _compile_pool() -> compile_worker.StackPool:
+    """The process's grammar threads (one pool for every engine, like the workers)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = compile_worker.StackPool(compile_worker.NUM_WORKERS, "grammar")
+        return _POOL
 
 
 @atexit.register
@@ -133,9 +145,25 @@ class GrammarCompiler:
                 )
             return self._llg
 
+    def start(self) -> None:
+        """Build the tokenizer tables and start the grammar workers now (a server does, before
+        it reports healthy), not at the first structured request, which every stream and
+        /health would then wait for (the tables hold the GIL ~0.3 s)."""
+        self.llg_tokenizer  # noqa: B018
+        self.checker.start()
+        _compile_pool()
+
+    def submit(self, params: StructuredOutputsParams | dict[str, Any]) -> Future[Grammar]:
+        """``compile`` on the compiler's own threads: stacks 16x the worker's check thread's,
+        and a queue of its own (a request waiting for a grammar worker holds no other pool)."""
+        return _compile_pool().submit(lambda: self._compile(params))
+
     def compile(self, params: StructuredOutputsParams | dict[str, Any]) -> Grammar:
         """A fresh grammar state for one request (a copy of ``params.compiled`` when set). The
         constraint is checked in a worker process first (see compile_worker)."""
+        return self.submit(params).result()
+
+    def _compile(self, params: StructuredOutputsParams | dict[str, Any]) -> Grammar:
         import llguidance
 
         params = StructuredOutputsParams.from_any(params)

@@ -66,7 +66,7 @@ def test_a_slow_first_mask_is_refused(llm, monkeypatch) -> None:
 def test_library_errors_are_one_short_line() -> None:
     long = "Parser Error: bad\n<state>\nsecret grammar text\n</state>"
     assert compile_worker.one_line(long) == "Parser Error: bad"
-    assert len(compile_worker.one_line("x" * 5000)) == 200
+    assert len(compile_worker.one_line("word " * 1000)) == 200
 
 
 def test_a_grammar_over_its_budget_fails_its_request_alone(llm, monkeypatch) -> None:
@@ -84,3 +84,15 @@ def test_a_grammar_over_its_budget_fails_its_request_alone(llm, monkeypatch) -> 
     monkeypatch.undo()
     again = llm.generate(["hi"], _sp({"regex": "[a-z]+"}, 16))[0]
     assert again.outputs[0].finish_reason in ("stop", "length")
+
+
+def test_library_errors_quote_little_of_the_clients_text() -> None:
+    """The library quotes the offending source (a whole regex, a schema's value): at most a
+    short head of each quoted or unbroken run reaches the client."""
+    msg = compile_worker.one_line('at 1(8): invalid regex "(' + "secret" * 50 + '" (in regex)')
+    assert msg.startswith('at 1(8): invalid regex "(secret') and msg.endswith("(in regex)")
+    assert "secret" * 5 not in msg
+    spaced = compile_worker.one_line('unknown name: "' + "my secret " * 20 + '"')
+    assert spaced.count("secret") <= 3, spaced
+    assert "z" * 30 not in compile_worker.one_line("Invalid type: nonsense" + "z" * 300)
+    assert compile_worker.one_line("unknown name: 'short'") == "unknown name: 'short'"

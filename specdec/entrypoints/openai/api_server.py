@@ -635,9 +635,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     engine = LLMEngine(config)
     if template is not None:
         engine.tokenizer.chat_template = template
-    # NOTE: the grammar library's tokenizer tables (~0.3 s, holding the GIL) are built now, not
-    # at the first structured request, where every stream and /health would wait for them
-    engine.grammar_compiler.llg_tokenizer  # noqa: B018
+    engine.grammar_compiler.start()  # NOTE: not at the first structured request
     llm = AsyncLLM(engine, log_stats=not args.disable_log_stats)
     names = args.served_model_name or [args.model]
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None

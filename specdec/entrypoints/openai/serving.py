@@ -369,15 +369,14 @@ class OpenAIServing:
         return jobs
 
     async def _compile_grammar(self, sampling: SamplingParams, req: _SamplingRequest) -> None:
-        """Compile the request's constraint on the preparation pool (a large schema can take
-        100 ms+, and the first one builds the tokenizer's tables, ~1 s), not on the engine's
-        thread where every running request would wait for it."""
+        """Compile the request's constraint off the engine's thread (a large schema can take
+        100 ms+) and off the preparation pool: the compiler's own threads wait for its grammar
+        workers (up to their deadline), so other requests' tokenization never waits behind."""
         params = sampling.structured_outputs
         assert params is not None
         try:
-            params.compiled = await self.run_blocking(
-                self.llm.engine.grammar_compiler.compile, params
-            )
+            future = self.llm.engine.grammar_compiler.submit(params)
+            params.compiled = await asyncio.wrap_future(future)
         except ValueError as e:
             raise req.error_for(str(e)) from e
 
