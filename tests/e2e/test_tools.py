@@ -265,3 +265,34 @@ def test_default_model_tools_with_the_shipped_template() -> None:
         assert r.choices[0].finish_reason in ("tool_calls", "stop", "length")
     finally:
         srv.stop()
+
+
+def test_required_tools_with_pydantic_defs_compile_and_hold(servers) -> None:
+    """Tools whose parameters refer to their own $defs (what pydantic writes) nest inside the
+    required-calls schema: each tool's definitions are hoisted under its own names."""
+    import re as _re
+
+    from specdec.entrypoints.openai.tools import _hoisted_defs
+
+    person = {
+        "type": "object",
+        "properties": {"who": {"$ref": "#/$defs/Person"}},
+        "required": ["who"],
+        "$defs": {
+            "Person": {
+                "type": "object",
+                "properties": {"name": {"type": "string", "maxLength": 8}},
+                "required": ["name"],
+            }
+        },
+    }
+    body, defs = _hoisted_defs(person, "tool0_")
+    assert body["properties"]["who"]["$ref"] == "#/$defs/tool0_Person" and "$defs" not in body
+    assert set(defs) == {"tool0_Person", "tool0_root"}
+    tool = {"type": "function", "function": {"name": "greet", "parameters": person}}
+    r = _post(servers[0], {"tools": [tool, TIME], "tool_choice": "required", "max_tokens": 60})
+    assert r.status_code == 200, r.text
+    for call in r.json()["choices"][0]["message"]["tool_calls"]:
+        args = json.loads(call["function"]["arguments"])
+        if call["function"]["name"] == "greet":
+            assert _re.fullmatch(r".{0,8}", args["who"]["name"], _re.S)

@@ -82,19 +82,22 @@ class ToolPlan:
         if self.mode == "named":
             return StructuredOutputsParams(json=schemas[self.name], whitespace_pattern=WS)
         if self.mode == "required":
-            calls = [
-                {
-                    "type": "object",
-                    "properties": {"name": {"const": name}, "parameters": schema},
-                    "required": ["name", "parameters"],
-                    "additionalProperties": False,
-                }
-                for name, schema in schemas.items()
-            ]
-            return StructuredOutputsParams(
-                json={"type": "array", "minItems": 1, "items": {"anyOf": calls}},
-                whitespace_pattern=WS,
-            )
+            calls, defs = [], {}
+            for i, (name, schema) in enumerate(schemas.items()):
+                schema, own = _hoisted_defs(schema, f"tool{i}_")
+                defs.update(own)
+                calls.append(
+                    {
+                        "type": "object",
+                        "properties": {"name": {"const": name}, "parameters": schema},
+                        "required": ["name", "parameters"],
+                        "additionalProperties": False,
+                    }
+                )
+            array: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+            if defs:
+                array["$defs"] = defs
+            return StructuredOutputsParams(json=array, whitespace_pattern=WS)
         return StructuredOutputsParams(grammar=self._auto_grammar())
 
     def _auto_grammar(self) -> str:
@@ -144,6 +147,41 @@ class ToolPlan:
         content.append(text[pos:])
         rest = "".join(content).strip()
         return (rest or None) if calls else text, calls
+
+
+def _hoisted_defs(schema: Any, prefix: str) -> tuple[Any, dict[str, Any]]:
+    """A tool's schema to nest inside another: its ``$defs`` / ``definitions`` (what pydantic
+    writes) renamed with ``prefix`` for the outer root, and its local ``$ref``s rewritten to
+    them (``#`` itself becomes a definition of its own)."""
+    if not isinstance(schema, dict):
+        return schema, {}
+    names = {
+        f"#/{group}/{name}": f"#/$defs/{prefix}{name}"
+        for group in ("$defs", "definitions")
+        for name in (schema.get(group) or {})
+    }
+    names["#"] = f"#/$defs/{prefix}root"
+
+    def rewrite(value: Any) -> Any:
+        if isinstance(value, list):
+            return [rewrite(v) for v in value]
+        if not isinstance(value, dict):
+            return value
+        out = {k: rewrite(v) for k, v in value.items()}
+        ref = out.get("$ref")
+        if isinstance(ref, str) and ref in names:
+            out["$ref"] = names[ref]
+        return out
+
+    body = {k: v for k, v in schema.items() if k not in ("$defs", "definitions")}
+    defs = {
+        f"{prefix}{name}": rewrite(d)
+        for group in ("$defs", "definitions")
+        for name, d in (schema.get(group) or {}).items()
+    }
+    body = rewrite(body)
+    defs[f"{prefix}root"] = body
+    return body, defs
 
 
 def _json_array_items(text: str) -> tuple[list[Any], bool]:
