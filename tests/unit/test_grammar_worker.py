@@ -6,6 +6,7 @@ A grammar that costs more engine time than its budget fails its request alone.""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -136,3 +137,24 @@ def test_library_errors_quote_little_of_the_clients_text() -> None:
     assert spaced.count("secret") <= 3, spaced
     assert "z" * 30 not in compile_worker.one_line("Invalid type: nonsense" + "z" * 300)
     assert compile_worker.one_line("unknown name: 'short'") == "unknown name: 'short'"
+
+
+def test_the_budget_charges_cpu_time_not_waiting(llm) -> None:
+    """A mask computed while the engine's thread waits for a core (a busy machine) charges
+    the request only what it computed: here the matcher sleeps 0.2 s in each mask."""
+    g = llm.engine.grammar_compiler.compile({"regex": "[a-z]+"})
+
+    class Sleepy:
+        def __init__(self, matcher) -> None:
+            self._m = matcher
+
+        def compute_bitmask(self) -> bytes:
+            time.sleep(0.2)
+            return self._m.compute_bitmask()
+
+        def __getattr__(self, name: str):
+            return getattr(self._m, name)
+
+    g._m = Sleepy(g._m)
+    g.masks([])
+    assert 0 < g.spent_s < 0.1
