@@ -8,7 +8,7 @@ some constraints are merely slow (an 80 KB GBNF chain: ~20 s in ``gbnf_to_lark``
 constraint is first turned into llguidance's grammar text, validated and given a first mask here,
 in a worker process, on a thread whose stack is deliberately small (``CHECK_STACK_BYTES``),
 within a deadline. Only a grammar that passed is compiled in the engine's process, where every
-thread that touches it has a 16x larger stack (``PARENT_STACK_BYTES``). A worker that dies
+thread that touches it has a 4x larger stack (``PARENT_STACK_BYTES``). A worker that dies
 or overruns is replaced; the request gets a one-line error naming its field and the limit.
 
 The file runs as a script (``python compile_worker.py``): it imports llguidance and the standard
@@ -31,11 +31,13 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-CHECK_STACK_BYTES = 1 << 20  # the worker's check thread: 1 MiB
-# NOTE: the engine's threads that build or drive a matcher (compile, engine loop) get 16x the
+CHECK_STACK_BYTES = 4 << 20  # the worker's check thread: 4 MiB
+# NOTE: the engine's threads that build or drive a matcher (compile, engine loop) get 4x the
 # check's stack. Measured (llguidance 1.9.1, SmolLM2's tokenizer, compile + first mask): the
 # deepest chain that passes grows linearly with the stack: 1 MiB holds a $ref chain of ~290 and
 # a Lark chain of ~310 rules, 8 MiB ~2,400 and ~2,600; so what passed here cannot overflow there.
+# 4 MiB holds the chains the structure checks let through (Lark ~1,250 > MAX_RULE_DEPTH), so
+# the worker's crash is left to the shapes they do not follow ($anchor links, ...).
 PARENT_STACK_BYTES = 16 << 20
 _T = TypeVar("_T")
 _STACK_LOCK = threading.Lock()

@@ -154,7 +154,7 @@ class GrammarCompiler:
         _compile_pool()
 
     def submit(self, params: StructuredOutputsParams | dict[str, Any]) -> Future[Grammar]:
-        """``compile`` on the compiler's own threads: stacks 16x the worker's check thread's,
+        """``compile`` on the compiler's own threads: stacks 4x the worker's check thread's,
         and a queue of its own (a request waiting for a grammar worker holds no other pool)."""
         return _compile_pool().submit(lambda: self._compile(params))
 
