@@ -8,7 +8,7 @@ some constraints are merely slow (an 80 KB GBNF chain: ~20 s in ``gbnf_to_lark``
 constraint is first turned into llguidance's grammar text, validated and given a first mask here,
 in a worker process, on a thread whose stack is deliberately small (``CHECK_STACK_BYTES``),
 within a deadline. Only a grammar that passed is compiled in the engine's process, where every
-thread that touches it has a 16x larger stack (``PARENT_STACK_BYTES``). A worker that dies
+thread that touches it has a 4x larger stack (``PARENT_STACK_BYTES``). A worker that dies
 or overruns is replaced; the request gets a one-line error naming its field and the limit.
 
 The file runs as a script (``python compile_worker.py``): it imports llguidance and the standard
@@ -27,15 +27,17 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-CHECK_STACK_BYTES = 1 << 20  # the worker's check thread: 1 MiB
-# NOTE: the engine's threads that build or drive a matcher (compile, engine loop) get 16x the
+CHECK_STACK_BYTES = 4 << 20  # the worker's check thread: 4 MiB
+# NOTE: the engine's threads that build or drive a matcher (compile, engine loop) get 4x the
 # check's stack. Measured (llguidance 1.9.1, SmolLM2's tokenizer, compile + first mask): the
 # deepest chain that passes grows linearly with the stack: 1 MiB holds a $ref chain of ~290 and
 # a Lark chain of ~310 rules, 8 MiB ~2,400 and ~2,600; so what passed here cannot overflow there.
+# 4 MiB holds the chains the structure checks let through (Lark ~1,250 > MAX_RULE_DEPTH), so
+# the worker's crash is left to the shapes they do not follow ($anchor links, ...).
 PARENT_STACK_BYTES = 16 << 20
 _T = TypeVar("_T")
 _STACK_LOCK = threading.Lock()
@@ -53,6 +55,7 @@ def grammar_text(spec: dict[str, Any]) -> str:
     import llguidance
 
     kind, value = spec["kind"], spec.get("value")
+    check_structure(kind, value)
     if kind in ("json", "json_object"):
         schema = {"type": "object"} if kind == "json_object" else value
         options: dict[str, Any] = {}
@@ -88,19 +91,154 @@ def _closed_objects(schema: Any) -> Any:
     return out
 
 
+# ---- structure checks (before the library sees the constraint) --------------------------------
+# NOTE: chains the library would walk (and gbnf_to_lark: ~0.3 s for 1,000 GBNF rules, ~20 s for
+# 6,000) are refused here at ~0.3 ms per KB; the worker's crash or deadline catches the rest
+# (chains between what its stack holds and these limits, $anchor links, ...).
+MAX_RULE_DEPTH = 1000  # Lark / GBNF rules nested through references
+MAX_SCHEMA_DEPTH = 1000  # JSON-schema objects nested, following local $ref pointers
+# strings, regexes and character classes (their content is no rule name), then comments
+_LITERAL = re.compile(
+    r'"(?:[^"\\\n]|\\.)*"i?|/(?![/*])(?:[^/\\\n]|\\.)+/[imslux]*|\[(?:[^\]\\\n]|\\.)*\]'
+)
+_COMMENT = re.compile(r"//[^\n]*|#[^\n]*")
+_RULE = re.compile(r"^[ \t]*[?!]?([A-Za-z_][\w-]*)(?:\.-?\d+)?[ \t]*(?:::=|:(?!:))", re.M)
+_NAME = re.compile(r"[A-Za-z_][\w-]*")
+_JSON_DIRECTIVE = re.compile(r"%json\s*(?=\{)")
+
+
+def check_structure(kind: str, value: Any) -> None:
+    """Refuse rule chains of a grammar and $ref chains of a schema (given as JSON, or in a
+    grammar's ``%json {...}``, as tool calls are) deeper than the limits (ValueError)."""
+    schemas = [value] if kind == "json" else []
+    if kind == "grammar" and isinstance(value, str):
+        depth = rule_depth(value)
+        if depth > MAX_RULE_DEPTH:
+            raise ValueError(f"rules nest {depth} deep; the limit is {MAX_RULE_DEPTH}")
+        schemas = list(_embedded_schemas(value))
+    for schema in schemas:
+        depth = schema_depth(schema)
+        if depth > MAX_SCHEMA_DEPTH:
+            raise ValueError(
+                f"the schema nests {depth} objects deep, following $ref; the limit is "
+                f"{MAX_SCHEMA_DEPTH}"
+            )
+
+
+def rule_depth(grammar: str) -> int:
+    """How deep the rules of a Lark or GBNF grammar nest through references: the depth of a
+    depth-first walk from each rule in order (what a recursive walk of the library reaches)."""
+    text = _COMMENT.sub(" ", _LITERAL.sub(" ", grammar))
+    heads = list(_RULE.finditer(text))
+    refs: dict[str, list[str]] = {}
+    for head, nxt in zip(heads, heads[1:] + [None]):
+        body = text[head.end() : nxt.start() if nxt else len(text)]
+        refs.setdefault(head.group(1), []).extend(_NAME.findall(body))
+    seen: set[str] = set()
+
+    def children(name: str) -> Iterator[str]:
+        for ref in refs[name]:
+            if ref in refs and ref not in seen:
+                seen.add(ref)
+                yield ref
+
+    deepest = 0
+    for name in refs:  # NOTE: every rule, reachable or not: the library checks them all
+        if name not in seen:
+            seen.add(name)
+            deepest = max(deepest, _walk_depth(name, children, lambda _: 1))
+    return deepest
+
+
+def schema_depth(schema: Any) -> int:
+    """How deep a JSON schema's objects nest, following local ``#/...`` pointers (each target
+    once, as a depth-first walk from the root)."""
+    seen: set[int] = set()
+
+    def children(node: Any) -> Iterator[Any]:
+        for value in node.values() if isinstance(node, dict) else node:
+            if isinstance(value, (dict, list)):
+                yield value
+        ref = node.get("$ref") if isinstance(node, dict) else None
+        target = _pointer(schema, ref) if isinstance(ref, str) else None
+        if target is not None and id(target) not in seen:
+            seen.add(id(target))
+            yield target
+
+    if not isinstance(schema, (dict, list)):
+        return 0
+    return _walk_depth(schema, children, lambda node: int(isinstance(node, dict)))
+
+
+def _pointer(schema: Any, ref: str) -> Any:
+    """The subschema a local ``#/...`` pointer names, or None."""
+    if not ref.startswith("#"):
+        return None
+    node = schema
+    for part in filter(None, ref[1:].split("/")):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node if isinstance(node, (dict, list)) else None
+
+
+def _walk_depth(root: Any, children: Callable[[Any], Iterator[Any]], weight: Callable) -> int:
+    """The deepest point of a depth-first walk from ``root`` (``children`` yields each node
+    once; ``weight``: what a node adds to the depth). Iterative: it never recurses itself."""
+    deepest = weight(root)
+    stack = [(children(root), deepest)]
+    while stack:
+        it, depth = stack[-1]
+        node = next(it, None)
+        if node is None:
+            stack.pop()
+            continue
+        below = depth + weight(node)
+        deepest = max(deepest, below)
+        stack.append((children(node), below))
+    return deepest
+
+
+def _embedded_schemas(grammar: str) -> Iterator[Any]:
+    """The schemas of a Lark grammar's ``%json {...}`` (those that parse)."""
+    decoder = json.JSONDecoder()
+    for m in _JSON_DIRECTIVE.finditer(grammar):
+        try:
+            yield decoder.raw_decode(grammar, m.end())[0]
+        except (ValueError, RecursionError):
+            continue  # the library's error to give
+
+
 def one_line(message: str, limit: int = 200) -> str:
-    """The library's message as one short line: its first line, never the grammar or its state
-    (verbose messages carry a ``<state>`` / ``<grammar>`` dump after the first line)."""
-    first = next((x.strip() for x in str(message).splitlines() if x.strip()), "invalid")
+    """The library's message as one short line: its first line and ``error:`` lines, never the
+    grammar or its state (verbose messages carry a ``<state>`` / ``<grammar>`` dump after the
+    first line)."""
+    lines = [x.strip() for x in str(message).splitlines()]
+    # NOTE: a regex error's reason is on an "error:" line under the source it echoes
+    reasons = [x for x in lines[1:] if x.startswith("error:")]
+    first = "; ".join([next((x for x in lines if x), "invalid"), *reasons])
     # NOTE: the library quotes the offending source ('invalid regex "<the whole regex>"')
-    first = _QUOTED.sub(lambda m: m.group(1) + m.group(2)[:MAX_QUOTED_CHARS] + "...", first)
+    first = _QUOTED.sub(_cut_quote, first)
     first = _LONG_WORD.sub(lambda m: m.group()[:MAX_QUOTED_CHARS] + "...", first)
     return first if len(first) <= limit else first[: limit - 3] + "..."
 
 
 MAX_QUOTED_CHARS = 24  # of the client's text quoted in an error
 _LONG_WORD = re.compile(r"\S{" + str(2 * MAX_QUOTED_CHARS) + ",}")
-_QUOTED = re.compile(r"([\"'])([^\"']{" + str(MAX_QUOTED_CHARS + 1) + r",})(?:\1|$)")
+# NOTE: every quoted run, short ones too: matched from its opening quote to its closing one (or
+# the end), the next is searched after it, never from a closing quote (which took the text after
+# a short quote, the error's reason, for a long quote)
+_QUOTED = re.compile(r"([\"'])([^\"']*)(?:\1|$)")
+
+
+def _cut_quote(m: re.Match[str]) -> str:
+    if len(m.group(2)) <= MAX_QUOTED_CHARS:
+        return m.group(0)
+    return m.group(1) + m.group(2)[:MAX_QUOTED_CHARS] + "..."
 
 
 def _check(tokenizer: Any, spec: dict[str, Any], limits: Any) -> dict[str, Any]:
@@ -117,10 +255,16 @@ def _check(tokenizer: Any, spec: dict[str, Any], limits: Any) -> dict[str, Any]:
     if matcher.is_error():
         return {"error": one_line(matcher.get_error())}
     start = time.perf_counter()
-    matcher.compute_bitmask()
+    first = _first_allowed(matcher.compute_bitmask())
     took = time.perf_counter() - start
-    if matcher.is_error():
-        return {"error": one_line(matcher.get_error())}
+    # NOTE: a regex over the lexer's limits (a{1000000}) gives a mask and no error; it fails
+    # when a token is fed: one is, to a copy (on any machine, however fast its first mask)
+    probe = matcher.deep_copy()
+    if first is not None:
+        probe.consume_token(first)
+    for m in (matcher, probe):
+        if m.is_error():
+            return {"error": one_line(m.get_error())}
     if took > FIRST_MASK_LIMIT_S:
         # NOTE: the engine's thread would pay this at the request's first step (a lazily
         # expanded regex such as a{1000000}: ~1 s)
@@ -129,6 +273,14 @@ def _check(tokenizer: Any, spec: dict[str, Any], limits: Any) -> dict[str, Any]:
             f"{FIRST_MASK_LIMIT_S * 1e3:.0f} ms"
         }
     return {"ok": text}
+
+
+def _first_allowed(mask: bytes) -> int | None:
+    """The smallest token id a mask allows, or None."""
+    for i, byte in enumerate(mask):
+        if byte:
+            return i * 8 + (byte & -byte).bit_length() - 1
+    return None
 
 
 def _serve() -> None:

@@ -5,12 +5,33 @@ A grammar that costs more engine time than its budget fails its request alone.""
 
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 
 from specdec import LLM, SamplingParams
 from specdec.structured import compile_worker, grammar
 from specdec.structured.grammar import GrammarError
 from tests.e2e.test_hostile_corpus import _gbnf_chain, _lark_chain, _nested_schema, _ref_chain
+
+
+def _anchor_chain(n: int) -> dict:
+    """A $ref chain through $anchor names: the structure checks follow only #/... pointers;
+    the library follows these too (and overflows the worker's stack)."""
+
+    def link(i: int) -> dict:
+        if i == n:
+            return {"$anchor": f"a{n}", "type": "integer"}
+        return {"$anchor": f"a{i}", "type": "object", "properties": {"x": {"$ref": f"#a{i + 1}"}}}
+
+    return {"$ref": "#a0", "$defs": {f"d{i}": link(i) for i in range(n + 1)}}
+
+
+def _gbnf_alternatives(n: int) -> str:
+    """A shallow GBNF grammar that gbnf_to_lark takes ~0.5 s for (n = 4,000)."""
+    rules = "".join(f'w{i} ::= "x{i}"\n' for i in range(n))
+    return "root ::= " + " | ".join(f"w{i}" for i in range(n)) + "\n" + rules
 
 
 @pytest.fixture(scope="module")
@@ -25,9 +46,17 @@ def _sp(constraint: dict, n: int = 8) -> SamplingParams:
 @pytest.mark.parametrize(
     ("constraint", "words"),
     [
-        ({"json": _ref_chain(3000)}, "nested or chained too deeply"),
-        ({"grammar": _lark_chain(3000)}, "nested or chained too deeply"),
-        ({"grammar": _gbnf_chain(3000)}, "nested or chained too deeply"),
+        # refused before the library sees them (the structure checks)
+        (
+            {"json": _ref_chain(3000)},
+            "the schema nests 3003 objects deep, following $ref; the limit is 1000",
+        ),
+        ({"grammar": _lark_chain(3000)}, "rules nest 3002 deep; the limit is 1000"),
+        ({"grammar": _gbnf_chain(3000)}, "rules nest 3002 deep; the limit is 1000"),
+        # a tool call's schema in a grammar (tool_choice auto)
+        ({"grammar": "start: %json " + json.dumps(_ref_chain(1200))}, "the limit is 1000"),
+        # a chain the checks do not follow: the worker crashes (and is replaced)
+        ({"json": _anchor_chain(1000)}, "nested or chained too deeply"),
         ({"json": _nested_schema(100)}, "nested deeper than 64 levels"),
     ],
 )
@@ -43,30 +72,47 @@ def test_deep_constraints_are_one_line_errors_and_the_process_lives(llm, constra
     assert ok.finish_reason in ("stop", "length")
 
 
+def test_chains_within_the_checks_limits_compile(llm) -> None:
+    """The worker's stack holds what the structure checks let through (1 MiB held a Lark chain
+    of ~310 rules, a $ref chain of ~290)."""
+    for constraint in ({"grammar": _lark_chain(900)}, {"json": _ref_chain(900)}):
+        assert llm.engine.grammar_compiler.compile(constraint).valid_prefix([]) == 0
+
+
 def test_a_worker_that_dies_or_overruns_is_replaced(llm, monkeypatch) -> None:
     checker = llm.engine.grammar_compiler.checker
     restarts = checker.num_restarts
     with pytest.raises(GrammarError, match="nested or chained too deeply"):
-        llm.engine.grammar_compiler.compile({"grammar": _lark_chain(4000)})
+        llm.engine.grammar_compiler.compile({"json": _anchor_chain(1000)})
     assert checker.num_restarts == restarts + 1
     monkeypatch.setattr(checker, "deadline_s", 0.05)
     with pytest.raises(GrammarError, match=r"longer than the 0.05 s limit"):
-        llm.engine.grammar_compiler.compile({"grammar": _gbnf_chain(2000, "slow")})
+        llm.engine.grammar_compiler.compile({"grammar": _gbnf_alternatives(4000)})
     assert checker.num_restarts == restarts + 2
     monkeypatch.undo()
     assert llm.engine.grammar_compiler.compile({"choice": ["yes", "no"]}).valid_prefix([]) == 0
 
 
-def test_a_slow_first_mask_is_refused(llm, monkeypatch) -> None:
-    """A lazily expanded regex (a{1000000}: ~1 s for its first mask) never reaches the engine."""
-    with pytest.raises(GrammarError, match=r"first token mask took \d+ ms; the limit is 250 ms"):
+def test_a_regex_past_the_lexer_limits_is_refused(llm) -> None:
+    """a{1000000}: its first mask takes ~1 s and shows no error; a token fed to a copy does (the
+    lexer's limit): it never reaches the engine, on a machine however fast."""
+    with pytest.raises(GrammarError) as e:
         llm.engine.grammar_compiler.compile({"regex": "a{1000000}"})
+    assert str(e.value) == "structured_outputs.regex: lexer error: too many expressions constructed"
 
 
 def test_library_errors_are_one_short_line() -> None:
     long = "Parser Error: bad\n<state>\nsecret grammar text\n</state>"
     assert compile_worker.one_line(long) == "Parser Error: bad"
     assert len(compile_worker.one_line("word " * 1000)) == 200
+    # a regex error keeps its reason (under the source it echoes), not the source
+    message = (
+        'at 1(8): invalid regex "(oops" (in regex): regex parse error:\n    (oops\n    ^\n'
+        "error: unclosed group\n   1 | start: /(oops/\n              ^\n"
+    )
+    assert compile_worker.one_line(message) == (
+        'at 1(8): invalid regex "(oops" (in regex): regex parse error:; error: unclosed group'
+    )
 
 
 def test_a_grammar_over_its_budget_fails_its_request_alone(llm, monkeypatch) -> None:
@@ -76,7 +122,8 @@ def test_a_grammar_over_its_budget_fails_its_request_alone(llm, monkeypatch) -> 
     monkeypatch.setattr(grammar, "MASK_BUDGET_S", 0.0)
     monkeypatch.setattr(grammar, "MASK_BUDGET_PER_TOKEN_S", 0.0)
     costly, free = llm.generate(
-        ["hi", "hello"], [_sp({"regex": "[a-z]+"}, 16), SamplingParams(max_tokens=16)]
+        ["hi", "hello"],
+        [_sp({"regex": "[a-z]+"}, 16), SamplingParams(max_tokens=16, ignore_eos=True)],
     )
     assert costly.outputs[0].finish_reason == "error"
     assert costly.error.startswith("structured_outputs.regex: the grammar costs more engine time")
@@ -96,3 +143,24 @@ def test_library_errors_quote_little_of_the_clients_text() -> None:
     assert spaced.count("secret") <= 3, spaced
     assert "z" * 30 not in compile_worker.one_line("Invalid type: nonsense" + "z" * 300)
     assert compile_worker.one_line("unknown name: 'short'") == "unknown name: 'short'"
+
+
+def test_the_budget_charges_cpu_time_not_waiting(llm) -> None:
+    """A mask computed while the engine's thread waits for a core (a busy machine) charges
+    the request only what it computed: here the matcher sleeps 0.2 s in each mask."""
+    g = llm.engine.grammar_compiler.compile({"regex": "[a-z]+"})
+
+    class Sleepy:
+        def __init__(self, matcher) -> None:
+            self._m = matcher
+
+        def compute_bitmask(self) -> bytes:
+            time.sleep(0.2)
+            return self._m.compute_bitmask()
+
+        def __getattr__(self, name: str):
+            return getattr(self._m, name)
+
+    g._m = Sleepy(g._m)
+    g.masks([])
+    assert 0 < g.spent_s < 0.1
