@@ -20,47 +20,19 @@ from specdec.engine.async_llm import AsyncLLM
 from specdec.entrypoints.openai.api_server import BackgroundServer, build_app
 from tests.conftest import with_chat_template
 from tests.e2e.test_tools import TEMPLATE
+from tests.hostile import (
+    anchor_chain,
+    gbnf_alternatives,
+    gbnf_chain,
+    lark_chain,
+    ref_chain,
+    schema_format,
+)
 
 TIMEOUT_S = 60
 
 
-def _ref_chain(n: int) -> dict:
-    defs = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(n)}
-    defs[f"d{n}"] = {"type": "string"}
-    return {"$ref": "#/$defs/d0", "$defs": defs}
-
-
-def _lark_chain(n: int) -> str:
-    return "start: r0\n" + "".join(f"r{i}: r{i + 1}\n" for i in range(n)) + f'r{n}: "a"\n'
-
-
-def _gbnf_chain(n: int, name: str = "rule") -> str:
-    rules = "".join(f"{name}{i} ::= {name}{i + 1}\n" for i in range(n))
-    return f'root ::= {name}0\n{rules}{name}{n} ::= "a"\n'
-
-
-def _anchor_chain(n: int) -> dict:
-    def link(i: int) -> dict:
-        if i == n:
-            return {"$anchor": f"a{n}", "type": "integer"}
-        return {"$anchor": f"a{i}", "type": "object", "properties": {"x": {"$ref": f"#a{i + 1}"}}}
-
-    return {"$ref": "#a0", "$defs": {f"d{i}": link(i) for i in range(n + 1)}}
-
-
-def _gbnf_alternatives(n: int) -> str:
-    """A shallow GBNF grammar that gbnf_to_lark is slow on (~0.5 s for n = 4,000)."""
-    rules = "".join(f'w{i} ::= "x{i}"\n' for i in range(n))
-    return "root ::= " + " | ".join(f"w{i}" for i in range(n)) + "\n" + rules
-
-
-def _schema_format(schema: dict) -> dict:
-    return {
-        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
-    }
-
-
-DEEP_TOOL = {"type": "function", "function": {"name": "f", "parameters": _ref_chain(1000)}}
+DEEP_TOOL = {"type": "function", "function": {"name": "f", "parameters": ref_chain(1000)}}
 
 
 class _Live:
@@ -109,16 +81,16 @@ def _assert_one_line_400(r: httpx.Response, param: str, words: str, secret: str)
     ("path", "extra", "param", "words", "secret"),
     [
         # refused by the structure checks, before the library sees them
-        ("chat/completions", _schema_format(_ref_chain(1000)),
+        ("chat/completions", schema_format(ref_chain(1000)),
          "response_format.json_schema.schema", "the limit is 1000", "d999"),
-        ("completions", {"guided_grammar": _lark_chain(3000)}, "guided_grammar",
+        ("completions", {"guided_grammar": lark_chain(3000)}, "guided_grammar",
          "rules nest 3002 deep; the limit is 1000", "r2999"),
-        ("chat/completions", {"grammar": _gbnf_chain(3000)}, "grammar",
+        ("chat/completions", {"grammar": gbnf_chain(3000)}, "grammar",
          "rules nest 3002 deep; the limit is 1000", "rule2999"),
         ("chat/completions", {"tools": [DEEP_TOOL], "tool_choice": "auto"}, "tools",
          "the limit is 1000", "d999"),
         # a chain the checks do not follow ($anchor links): the worker crashes, is replaced
-        ("chat/completions", _schema_format(_anchor_chain(1000)),
+        ("chat/completions", schema_format(anchor_chain(1000)),
          "response_format.json_schema.schema", "nested or chained too deeply", "a999"),
         ("completions", {"guided_regex": "a{1000000}"}, "guided_regex", "lexer error",
          "1000000"),
@@ -157,7 +129,7 @@ def _worker_pids() -> list[int]:
 def test_a_worker_killed_mid_job_is_replaced(live) -> None:
     """A crash while a job runs (SIGSEGV sent to every worker while one converts a slow GBNF
     grammar): that request is a 400 naming its field, the next ones are served normally."""
-    slow = _gbnf_alternatives(8000)  # ~1-2 s in gbnf_to_lark
+    slow = gbnf_alternatives(8000)  # ~1-2 s in gbnf_to_lark
     with ThreadPoolExecutor(1) as pool:
         answer = pool.submit(live.post, "chat/completions", {"grammar": slow})
         while not answer.done() and len(_worker_pids()) < 1:

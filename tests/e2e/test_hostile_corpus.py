@@ -25,31 +25,10 @@ import pytest
 from tests.e2e.test_server import REPO
 from tests.e2e.test_server_safety import _free_port, _wait_healthy
 from tests.e2e.test_structured_output import INSTRUCTOR_RETRY
+from tests.hostile import gbnf_chain, lark_chain, nested_schema, ref_chain, schema_format
 
 MAX_HEALTH_GAP_S = 0.2
 CASE_TIMEOUT_S = 30.0
-
-
-def _ref_chain(n: int) -> dict:
-    defs = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(n)}
-    defs[f"d{n}"] = {"type": "string"}
-    return {"$ref": "#/$defs/d0", "$defs": defs}
-
-
-def _lark_chain(n: int) -> str:
-    return "start: r0\n" + "".join(f"r{i}: r{i + 1}\n" for i in range(n)) + f'r{n}: "a"\n'
-
-
-def _gbnf_chain(n: int, name: str = "rule") -> str:
-    rules = "".join(f"{name}{i} ::= {name}{i + 1}\n" for i in range(n))
-    return f'root ::= {name}0\n{rules}{name}{n} ::= "a"\n'
-
-
-def _nested_schema(depth: int) -> dict:
-    schema: dict = {"type": "string"}
-    for _ in range(depth):
-        schema = {"type": "object", "properties": {"x": schema}, "required": ["x"]}
-    return schema
 
 
 def _chat(extra: dict, content: str = "Give me JSON.") -> tuple[str, dict]:
@@ -61,31 +40,25 @@ def _completion(extra: dict, prompt: str = "hello") -> tuple[str, dict]:
     return "completions", {"prompt": prompt, "max_tokens": 24, **extra}
 
 
-def _schema_format(schema: dict) -> dict:
-    return {
-        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
-    }
-
-
 LONG_PROMPT = " ".join(f"word{i % 97}" for i in range(930))  # ~2,700 tokens
 TOOL = {
     "type": "function",
-    "function": {"name": "f", "description": "a tool", "parameters": _ref_chain(1000)},
+    "function": {"name": "f", "description": "a tool", "parameters": ref_chain(1000)},
 }
 
 # name -> requests sent at once: (path, body)
 CASES: dict[str, list[tuple[str, dict]]] = {
-    "ref_chain_1000": [_chat(_schema_format(_ref_chain(1000)))],
-    "ref_chain_3000": [_chat(_schema_format(_ref_chain(3000)))],
-    "nested_schema_200": [_chat(_schema_format(_nested_schema(200)))],
-    "lark_chain_3000": [_completion({"guided_grammar": _lark_chain(3000)})],
-    "gbnf_chain_3000": [_chat({"grammar": _gbnf_chain(3000)})],
+    "ref_chain_1000": [_chat(schema_format(ref_chain(1000)))],
+    "ref_chain_3000": [_chat(schema_format(ref_chain(3000)))],
+    "nested_schema_200": [_chat(schema_format(nested_schema(200)))],
+    "lark_chain_3000": [_completion({"guided_grammar": lark_chain(3000)})],
+    "gbnf_chain_3000": [_chat({"grammar": gbnf_chain(3000)})],
     "tool_ref_chain": [_chat({"tools": [TOOL], "tool_choice": "required"})],
     "ambiguous_grammar": [
         _completion({"guided_grammar": 'start: s\ns: s s | "a"', "max_tokens": 400})
     ],
     "lazy_regex": [_completion({"guided_regex": "a{1000000}", "max_tokens": 64})],
-    "two_80kb_gbnf": [_chat({"grammar": _gbnf_chain(5000, f"r{k}x")}) for k in range(2)],
+    "two_80kb_gbnf": [_chat({"grammar": gbnf_chain(5000, f"r{k}x")}) for k in range(2)],
     "alternation_5000": [
         _completion({"guided_grammar": "start: " + " | ".join(f'"w{i}"' for i in range(5000))})
     ],

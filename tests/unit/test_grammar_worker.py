@@ -13,25 +13,14 @@ import pytest
 from specdec import LLM, SamplingParams
 from specdec.structured import compile_worker, grammar
 from specdec.structured.grammar import GrammarError
-from tests.e2e.test_hostile_corpus import _gbnf_chain, _lark_chain, _nested_schema, _ref_chain
-
-
-def _anchor_chain(n: int) -> dict:
-    """A $ref chain through $anchor names: the structure checks follow only #/... pointers;
-    the library follows these too (and overflows the worker's stack)."""
-
-    def link(i: int) -> dict:
-        if i == n:
-            return {"$anchor": f"a{n}", "type": "integer"}
-        return {"$anchor": f"a{i}", "type": "object", "properties": {"x": {"$ref": f"#a{i + 1}"}}}
-
-    return {"$ref": "#a0", "$defs": {f"d{i}": link(i) for i in range(n + 1)}}
-
-
-def _gbnf_alternatives(n: int) -> str:
-    """A shallow GBNF grammar that gbnf_to_lark takes ~0.5 s for (n = 4,000)."""
-    rules = "".join(f'w{i} ::= "x{i}"\n' for i in range(n))
-    return "root ::= " + " | ".join(f"w{i}" for i in range(n)) + "\n" + rules
+from tests.hostile import (
+    anchor_chain,
+    gbnf_alternatives,
+    gbnf_chain,
+    lark_chain,
+    nested_schema,
+    ref_chain,
+)
 
 
 @pytest.fixture(scope="module")
@@ -48,16 +37,16 @@ def _sp(constraint: dict, n: int = 8) -> SamplingParams:
     [
         # refused before the library sees them (the structure checks)
         (
-            {"json": _ref_chain(3000)},
+            {"json": ref_chain(3000)},
             "the schema nests 3003 objects deep, following $ref; the limit is 1000",
         ),
-        ({"grammar": _lark_chain(3000)}, "rules nest 3002 deep; the limit is 1000"),
-        ({"grammar": _gbnf_chain(3000)}, "rules nest 3002 deep; the limit is 1000"),
+        ({"grammar": lark_chain(3000)}, "rules nest 3002 deep; the limit is 1000"),
+        ({"grammar": gbnf_chain(3000)}, "rules nest 3002 deep; the limit is 1000"),
         # a tool call's schema in a grammar (tool_choice auto)
-        ({"grammar": "start: %json " + json.dumps(_ref_chain(1200))}, "the limit is 1000"),
+        ({"grammar": "start: %json " + json.dumps(ref_chain(1200))}, "the limit is 1000"),
         # a chain the checks do not follow: the worker crashes (and is replaced)
-        ({"json": _anchor_chain(1000)}, "nested or chained too deeply"),
-        ({"json": _nested_schema(100)}, "nested deeper than 64 levels"),
+        ({"json": anchor_chain(1000)}, "nested or chained too deeply"),
+        ({"json": nested_schema(100)}, "nested deeper than 64 levels"),
     ],
 )
 def test_deep_constraints_are_one_line_errors_and_the_process_lives(llm, constraint, words):
@@ -75,7 +64,7 @@ def test_deep_constraints_are_one_line_errors_and_the_process_lives(llm, constra
 def test_chains_within_the_checks_limits_compile(llm) -> None:
     """The worker's stack holds what the structure checks let through (1 MiB held a Lark chain
     of ~310 rules, a $ref chain of ~290)."""
-    for constraint in ({"grammar": _lark_chain(900)}, {"json": _ref_chain(900)}):
+    for constraint in ({"grammar": lark_chain(900)}, {"json": ref_chain(900)}):
         assert llm.engine.grammar_compiler.compile(constraint).valid_prefix([]) == 0
 
 
@@ -83,11 +72,11 @@ def test_a_worker_that_dies_or_overruns_is_replaced(llm, monkeypatch) -> None:
     checker = llm.engine.grammar_compiler.checker
     restarts = checker.num_restarts
     with pytest.raises(GrammarError, match="nested or chained too deeply"):
-        llm.engine.grammar_compiler.compile({"json": _anchor_chain(1000)})
+        llm.engine.grammar_compiler.compile({"json": anchor_chain(1000)})
     assert checker.num_restarts == restarts + 1
     monkeypatch.setattr(checker, "deadline_s", 0.05)
     with pytest.raises(GrammarError, match=r"longer than the 0.05 s limit"):
-        llm.engine.grammar_compiler.compile({"grammar": _gbnf_alternatives(4000)})
+        llm.engine.grammar_compiler.compile({"grammar": gbnf_alternatives(4000)})
     assert checker.num_restarts == restarts + 2
     monkeypatch.undo()
     assert llm.engine.grammar_compiler.compile({"choice": ["yes", "no"]}).valid_prefix([]) == 0
