@@ -7,6 +7,7 @@ tokens alone and loaded, their ratio, the case's HTTP statuses, its wall time, a
 /health gap seen while it ran. Alternates alone / loaded runs ``--rounds`` times.
 
     .venv/bin/python benchmarks/hostile_victim.py [--model smollm2-135m] [--cases a,b] [--rounds 2]
+        [--server-path ../older-checkout]
 
 Run on a quiet machine (nothing else on the cores).
 """
@@ -40,13 +41,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(model: str, spec: str) -> tuple[subprocess.Popen, str]:
+def _start(model: str, spec: str, server_path: Path) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     cmd = [sys.executable, "-m", "specdec.entrypoints.cli", "serve", model, "--port", str(port),
            "--max-model-len", "4096", "--uvicorn-log-level", "warning"]  # fmt: skip
     if spec != "none":
         cmd += ["--speculative-config", json.dumps({"method": spec})]
-    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "SPECDEC_API_KEY": ""})
+    env = {**os.environ, "SPECDEC_API_KEY": "", "PYTHONPATH": str(server_path)}
+    proc = subprocess.Popen(cmd, cwd=server_path, env=env)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:
@@ -112,8 +114,14 @@ def main() -> None:
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--tokens", type=int, default=150, help="victim stream length")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument(
+        "--server-path",
+        type=Path,
+        default=REPO,
+        help="the checkout whose specdec serves (an older one, for a before/after)",
+    )
     args = ap.parse_args()
-    proc, url = _start(args.model, args.spec)
+    proc, url = _start(args.model, args.spec, args.server_path.resolve())
     try:
         _victim(url, args.model, 16)  # warm up
         print("| case | statuses | case wall s | victim ms/token alone (median, p90) | loaded "
