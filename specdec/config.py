@@ -6,6 +6,8 @@ import argparse
 import difflib
 import json
 import logging
+import re
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
@@ -139,7 +141,7 @@ class SpeculativeConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SpeculativeConfig:
-        d = dict(d)
+        d = {k.replace("-", "_") if isinstance(k, str) else k: v for k, v in d.items()}
         ignored = sorted(k for k in d if k in VLLM_IGNORED_KEYS)
         if ignored:
             logger.info("speculative_config: ignored on CPU: %s", ", ".join(ignored))
@@ -305,6 +307,7 @@ SPECULATIVE = "speculative"  # folded into the SpeculativeConfig (vLLM's older k
 SINGLE = "single"  # a parallel size: 1 only (specdec runs on one device)
 ALIAS = "alias"  # another name for an engine field (see EngineArgs.create_engine_config)
 IGNORED = "ignored"  # a vLLM / llama.cpp option with no effect here: accepted, logged once
+REFUSED = "refused"  # a vLLM option specdec cannot honour: its defaults only, else an error
 SERVER = "server"  # read by `specdec serve` only
 
 _GROUP_TITLES = {
@@ -313,6 +316,7 @@ _GROUP_TITLES = {
     SINGLE: "parallelism (one device: 1 only)",
     ALIAS: "vLLM aliases",
     IGNORED: "accepted for vLLM / llama.cpp commands, no effect on CPU (logged once)",
+    REFUSED: "vLLM options specdec cannot honour: accepted at their defaults only",
     SERVER: "server",
 }
 
@@ -326,11 +330,77 @@ def _arg(
     choices: tuple[str, ...] | None = None,
     aliases: dict[str, str] | None = None,
     kind: str = ENGINE,
+    nargs: str | None = None,
+    check: Callable[[Any], str | None] | None = None,
+    note: str | None = None,
 ) -> Any:
-    """A field of EngineArgs: its default, help, CLI type and extra flag spellings."""
+    """A field of EngineArgs: its default, help, CLI type and extra flag spellings. ``nargs``:
+    vLLM's list ("+") or optional-value ("?") flags; ``check``: the reason a given value is
+    refused (None: accepted); ``note``: logged instead of "ignored" when the option is given."""
     meta = {"help": help, "type": type, "flags": flags, "choices": choices,
-            "aliases": aliases or {}, "kind": kind}  # fmt: skip
+            "aliases": aliases or {}, "kind": kind, "nargs": nargs, "check": check,
+            "note": note}  # fmt: skip
     return field(default=default, metadata=meta)
+
+
+def _ignored(default: Any, help: str, **kw: Any) -> Any:
+    """A vLLM option without effect here: accepted, logged once when given."""
+    return _arg(default, help, kind=IGNORED, **kw)
+
+
+def _only(*allowed: Any, why: str) -> Callable[[Any], str | None]:
+    """Refuse every value but ``allowed`` (the option's defaults and harmless values)."""
+    return lambda value: None if value in allowed else why
+
+
+def _nothing(why: str) -> Callable[[Any], str | None]:
+    """Refuse any non-empty value."""
+    return lambda value: None if value in (None, "", {}, [], False) else why
+
+
+def json_value(text: str) -> Any:
+    """A JSON flag value (vLLM's dict options: --hf-overrides '{...}', -cc '{...}')."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e.msg} at column {e.colno})") from None
+
+
+def human_int(text: str) -> int:
+    """vLLM's integer spellings: 4096, 32k (32000), 32K (32768), 1.5M."""
+    units = {"k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}
+    match = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)([kmgKMG]?)\s*", text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"expected an integer such as 4096 or 32k, got {text!r}")
+    number, unit = match.groups()
+    value = float(number) * units.get(unit, 1)
+    if not unit and "." in number or value != int(value):
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+    return int(value)
+
+
+# why options are refused (their values would change the output, and specdec cannot honour them)
+_ONE_MODEL = "specdec builds the model from its own config; it cannot override it"
+_TEXT_ONLY = "specdec serves text generation only (no pooling, embedding or scoring models)"
+_NO_LORA = "specdec loads no LoRA adapters"
+_NO_PLUGINS = "specdec loads no Python plugins into the sampler"
+# the generation_config.json keys vLLM reads for default sampling, as SamplingParams names
+GENERATION_CONFIG_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                          "min_p": "min_p", "repetition_penalty": "repetition_penalty"}  # fmt: skip
+# override_generation_config keys specdec applies (vLLM's names); max_tokens defaults are not
+OVERRIDE_GENERATION_KEYS = (*GENERATION_CONFIG_KEYS, "presence_penalty", "frequency_penalty")
+# structured_outputs_config keys that would change the output (the built-in engine always allows
+# JSON whitespace and additional properties the schema allows)
+_STRUCTURED_CHANGING = ("disable_any_whitespace", "disable_additional_properties")
+
+
+def _only_harmless_structured(value: Any) -> str | None:
+    """structured_outputs_config: the backend choice is ignored; output-changing keys refused."""
+    if isinstance(value, dict):
+        bad = [k for k in _STRUCTURED_CHANGING if value.get(k)]
+        if bad:
+            return f"{', '.join(bad)} cannot be honoured by the built-in grammar engine"
+    return None
 
 
 @dataclass
@@ -351,6 +421,7 @@ class EngineArgs:
         None,
         "speculative decoding, vLLM's keys as JSON, e.g. "
         '\'{"method": "ngram", "num_speculative_tokens": 5}\'',
+        flags=("-sc",),
         kind=SPECULATIVE,
     )
     tokenizer: str | None = _arg(
@@ -375,6 +446,7 @@ class EngineArgs:
         "weight format: the file's own (auto, vLLM's gguf), or converted to fp32/q8_0/q4_0/q4_1",
         choices=QUANTIZATIONS,
         aliases=QUANTIZATION_ALIASES,
+        flags=("-q",),
     )
     activation_dtype: str = _arg(
         "auto",
@@ -395,8 +467,8 @@ class EngineArgs:
     )
     max_model_len: int | None = _arg(
         None,
-        "context length (prompt + output); default min(4096, the model's)",
-        type=int,
+        "context length (prompt + output; 4096, 32k or 32K); default min(4096, the model's)",
+        type=human_int,
         flags=("-c", "--ctx-size"),
     )
     max_num_seqs: int = _arg(
@@ -404,7 +476,9 @@ class EngineArgs:
         flags=("-np", "--parallel"),
     )  # fmt: skip
     max_num_batched_tokens: int = _arg(
-        512, "tokens per step; longer prompts are prefilled in chunks of this size", type=int
+        512,
+        "tokens per step; longer prompts are prefilled in chunks of this size",
+        type=human_int,
     )
     seed: int = _arg(
         0,
@@ -441,6 +515,11 @@ class EngineArgs:
     speculative_disable_by_batch_size: int | None = _arg(
         None, "vLLM < 0.7: disable_by_batch_size", type=int, kind=SPECULATIVE
     )
+    spec_method: str | None = _arg(None, "vLLM: speculative_config.method", kind=SPECULATIVE)
+    spec_model: str | None = _arg(None, "vLLM: speculative_config.model", kind=SPECULATIVE)
+    spec_tokens: int | None = _arg(
+        None, "vLLM: speculative_config.num_speculative_tokens", type=int, kind=SPECULATIVE
+    )
     model_draft: str | None = _arg(
         None, "llama.cpp: draft model (method draft_model)", flags=("-md",), kind=SPECULATIVE
     )
@@ -474,32 +553,299 @@ class EngineArgs:
     gpu_memory_utilization: float | None = _arg(
         None, "vLLM: --kv-cache-memory as a fraction of available RAM", type=float, kind=ALIAS
     )
-    # -- vLLM / llama.cpp options without effect here
-    trust_remote_code: bool = _arg(
-        False, "no remote code runs: architectures are built in", type=bool, kind=IGNORED
-    )
-    enforce_eager: bool = _arg(False, "no graphs on CPU", type=bool, kind=IGNORED)
-    async_scheduling: bool = _arg(False, "one engine thread", type=bool, kind=IGNORED)
-    distributed_executor_backend: str | None = _arg(None, "one process", kind=IGNORED)
-    use_v2_block_manager: bool = _arg(False, "slot-based KV pool", type=bool, kind=IGNORED)
-    enable_chunked_prefill: bool | None = _arg(
-        None, "prompts are always prefilled in chunks", type=bool, kind=IGNORED
-    )
-    block_size: int | None = _arg(None, "slot-based KV pool", type=int, kind=IGNORED)
-    swap_space: float | None = _arg(None, "no GPU memory to swap", type=float, kind=IGNORED)
-    cpu_offload_gb: float | None = _arg(None, "weights are in RAM", type=float, kind=IGNORED)
-    max_seq_len_to_capture: int | None = _arg(None, "no CUDA graphs", type=int, kind=IGNORED)
-    disable_custom_all_reduce: bool = _arg(False, "one device", type=bool, kind=IGNORED)
-    compilation_config: str | None = _arg(None, "no torch.compile", kind=IGNORED)
-    load_format: str | None = _arg(None, "GGUF or safetensors, detected", kind=IGNORED)
-    download_dir: str | None = _arg(None, "nothing is downloaded", kind=IGNORED)
-    revision: str | None = _arg(None, "nothing is downloaded", kind=IGNORED)
-    tokenizer_mode: str | None = _arg(None, "the model's own tokenizer", kind=IGNORED)
-    max_logprobs: int | None = _arg(None, "at most 20", type=int, kind=IGNORED)
-    n_gpu_layers: int | None = _arg(
-        None, "llama.cpp: no GPU offload; every layer runs on the CPU", type=int,
-        flags=("-ngl", "--gpu-layers"), kind=IGNORED,
+    # -- vLLM options that would change the output and cannot be honoured: their defaults (and
+    # harmless values) are accepted, any other value is a one-line error naming the option
+    task: str | None = _arg(
+        None, "vLLM: generate (or auto) only", kind=REFUSED,
+        check=_only(None, "auto", "generate", why=_TEXT_ONLY),
     )  # fmt: skip
+    runner: str | None = _arg(
+        None, "vLLM: generate (or auto) only", kind=REFUSED,
+        check=_only(None, "auto", "generate", why=_TEXT_ONLY),
+    )  # fmt: skip
+    convert: str | None = _arg(
+        None, "vLLM: none (or auto) only", kind=REFUSED,
+        check=_only(None, "auto", "none", why=_TEXT_ONLY),
+    )  # fmt: skip
+    hf_overrides: Any = _arg(
+        None, "vLLM: none (JSON)", type=json_value, kind=REFUSED, check=_nothing(_ONE_MODEL)
+    )
+    hf_config_path: str | None = _arg(None, "vLLM: none", kind=REFUSED, check=_nothing(_ONE_MODEL))
+    model_class_overrides: Any = _arg(
+        None, "vLLM: none (JSON)", type=json_value, kind=REFUSED, check=_nothing(_ONE_MODEL)
+    )
+    rope_scaling: Any = _arg(
+        None, "older vLLM: none (JSON)", type=json_value, kind=REFUSED, check=_nothing(_ONE_MODEL)
+    )
+    rope_theta: float | None = _arg(
+        None, "older vLLM: none", type=float, kind=REFUSED, check=_nothing(_ONE_MODEL)
+    )
+    quantization_config: Any = _arg(
+        None, "vLLM: none (JSON); see --quantization", type=json_value, kind=REFUSED,
+        check=_nothing("specdec quantizes with --quantization q8_0/q4_0/q4_1 only"),
+    )  # fmt: skip
+    logits_processors: list[str] | None = _arg(
+        None, "vLLM: none", nargs="+", kind=REFUSED, check=_nothing(_NO_PLUGINS)
+    )
+    logprobs_mode: str | None = _arg(
+        None, "vLLM: raw_logprobs only (what specdec returns)", kind=REFUSED,
+        check=_only(None, "raw_logprobs", why="specdec returns raw_logprobs only"),
+    )  # fmt: skip
+    # -- honoured by `specdec serve` (server sampling defaults; explicit --temp etc. win)
+    generation_config: str | None = _arg(
+        None,
+        "vLLM: 'auto' reads the model folder's generation_config.json for default sampling "
+        "(temperature, top_p, top_k, min_p, repetition_penalty); a folder reads that one's; "
+        "'vllm' or none: neutral defaults",
+        kind=SERVER,
+    )
+    override_generation_config: Any = _arg(
+        None,
+        "vLLM: JSON default sampling (temperature, top_p, top_k, min_p, repetition_penalty, "
+        "presence_penalty, frequency_penalty) over generation_config's",
+        type=json_value,
+        kind=SERVER,
+    )
+    # -- vLLM / llama.cpp options without effect here (logged once when given)
+    reasoning_parser: str | None = _ignored(
+        None, "reasoning text stays in content (no reasoning_content field)",
+        note="--reasoning-parser {value}: accepted, but reasoning is not split from the "
+        "answer: its text stays in content (no reasoning_content field)",
+    )  # fmt: skip
+    reasoning_parser_plugin: str | None = _ignored(None, "no plugins")
+    structured_outputs_config: Any = _ignored(
+        None, "JSON; the built-in grammar engine is used", type=json_value,
+        check=_only_harmless_structured,
+    )  # fmt: skip
+    guided_decoding_backend: str | None = _ignored(None, "older vLLM: the built-in grammar engine")
+    additional_config: Any = _ignored(None, "JSON; platform options", type=json_value)
+    enable_lora: bool = _ignored(False, "no adapters are loaded unless named", type=bool)
+    scheduling_policy: str | None = _ignored(
+        None, "fcfs; a request's priority changes when it runs, not its output"
+    )
+    trust_remote_code: bool = _ignored(
+        False, "no remote code runs: architectures are built in", type=bool
+    )
+    enforce_eager: bool = _ignored(False, "no graphs on CPU", type=bool)
+    async_scheduling: bool = _ignored(False, "one engine thread", type=bool)
+    distributed_executor_backend: str | None = _ignored(None, "one process")
+    use_v2_block_manager: bool = _ignored(False, "slot-based KV pool", type=bool)
+    enable_chunked_prefill: bool | None = _ignored(
+        None, "prompts are always prefilled in chunks", type=bool
+    )
+    block_size: int | None = _ignored(None, "slot-based KV pool", type=int)
+    swap_space: float | None = _ignored(None, "no GPU memory to swap", type=float)
+    cpu_offload_gb: float | None = _ignored(None, "weights are in RAM", type=float)
+    max_seq_len_to_capture: int | None = _ignored(None, "no CUDA graphs", type=int)
+    disable_custom_all_reduce: bool = _ignored(False, "one device", type=bool)
+    compilation_config: Any = _ignored(
+        None, "no torch.compile (JSON or a level)", type=json_value, flags=("-cc",)
+    )
+    optimization_level: str | None = _ignored(None, "no torch.compile", flags=("-O",))
+    performance_mode: str | None = _ignored(None, "GPU tuning")
+    load_format: str | None = _ignored(None, "GGUF or safetensors, detected")
+    download_dir: str | None = _ignored(None, "nothing is downloaded")
+    revision: str | None = _ignored(None, "nothing is downloaded")
+    code_revision: str | None = _ignored(None, "nothing is downloaded")
+    tokenizer_revision: str | None = _ignored(None, "nothing is downloaded")
+    hf_token: Any = _ignored(None, "nothing is downloaded", nargs="?")
+    tokenizer_mode: str | None = _ignored(None, "the model's own tokenizer")
+    config_format: str | None = _ignored(None, "config.json or GGUF metadata")
+    max_logprobs: int | None = _ignored(None, "at most 20", type=int)
+    n_gpu_layers: int | None = _ignored(
+        None, "llama.cpp: no GPU offload; every layer runs on the CPU", type=int,
+        flags=("-ngl", "--gpu-layers"),
+    )  # fmt: skip
+    # vLLM's GPU, multi-node, multimodal, LoRA and observability options: nothing to do on one
+    # CPU device with text-only models (a parallel degree above 1 is refused above)
+    enable_expert_parallel: bool = _ignored(
+        False, "experts run on the one device", type=bool, flags=("-ep",)
+    )
+    max_parallel_loading_workers: int | None = _ignored(None, "one loader", type=int)
+    kv_cache_memory_bytes: int | None = _arg(
+        None, "vLLM: --kv-cache-memory in bytes", type=human_int, kind=ALIAS
+    )
+    allowed_local_media_path: str | None = _ignored(None, "text only")
+    allowed_media_domains: list[str] | None = _ignored(None, "text only", nargs="+")
+    allow_deprecated_quantization: bool = _ignored(False, "GPU", type=bool)
+    enable_return_routed_experts: bool = _ignored(False, "GPU", type=bool)
+    return_sampling_mask: bool = _ignored(False, "GPU", type=bool)
+    use_fp64_gumbel: bool = _ignored(False, "counter-based draws", type=bool)
+    enable_trace_replay: bool = _ignored(False, "GPU", type=bool)
+    disable_sliding_window: bool = _ignored(False, "GPU attention", type=bool)
+    disable_cascade_attn: bool = _ignored(False, "GPU attention", type=bool)
+    skip_tokenizer_init: bool = _ignored(False, "the tokenizer is loaded", type=bool)
+    enable_prompt_embeds: bool = _ignored(False, "token prompts only", type=bool)
+    pooler_config: Any = _ignored(None, "no pooling models", type=json_value)
+    override_pooler_config: Any = _ignored(None, "no pooling models", type=json_value)
+    logits_processor_pattern: str | None = _ignored(None, "no plugins")
+    enable_sleep_mode: bool = _ignored(False, "GPU", type=bool)
+    enable_cumem_allocator: bool = _ignored(False, "GPU", type=bool)
+    enable_nccl_comm_suspend: bool = _ignored(False, "GPU", type=bool)
+    model_impl: str | None = _ignored(None, "built-in architectures")
+    override_attention_dtype: str | None = _ignored(None, "GPU attention")
+    io_processor_plugin: str | None = _ignored(None, "no plugins")
+    renderer_num_workers: int | None = _ignored(None, "GPU", type=int)
+    safetensors_load_strategy: str | None = _ignored(None, "loader")
+    safetensors_prefetch_num_threads: int | None = _ignored(None, "loader", type=int)
+    safetensors_prefetch_block_size: str | None = _ignored(None, "loader")
+    model_loader_extra_config: Any = _ignored(None, "loader (JSON)", type=json_value)
+    ignore_patterns: list[str] | None = _ignored(None, "loader", nargs="+")
+    use_tqdm_on_load: bool = _ignored(True, "loader", type=bool)
+    pt_load_map_location: str | None = _ignored(None, "loader")
+    attention_backend: str | None = _ignored(None, "GPU attention")
+    mamba_backend: str | None = _ignored(None, "no Mamba models")
+    mamba_ssu_algorithm: str | None = _ignored(None, "no Mamba models")
+    enable_mamba_cache_stochastic_rounding: bool = _ignored(False, "no Mamba models", type=bool)
+    mamba_cache_philox_rounds: int | None = _ignored(None, "no Mamba models", type=int)
+    master_addr: str | None = _ignored(None, "one host")
+    master_port: int | None = _ignored(None, "one host", type=int)
+    nnodes: int = _arg(1, "1 only", type=int, kind=SINGLE)
+    node_rank: int | None = _ignored(None, "one host", type=int, flags=("-r",))
+    distributed_timeout_seconds: int | None = _ignored(None, "one process", type=int)
+    cpu_distributed_timeout_seconds: int | None = _ignored(None, "one process", type=int)
+    numa_bind: bool = _ignored(False, "see --threads", type=bool)
+    numa_bind_nodes: list[str] | None = _ignored(None, "see --threads", nargs="+")
+    numa_bind_cpus: list[str] | None = _ignored(None, "see --threads", nargs="+")
+    device_ids: str | None = _ignored(None, "one device")
+    decode_context_parallel_size: int = _arg(1, "1 only", type=int, flags=("-dcp",), kind=SINGLE)
+    prefill_context_parallel_size: int = _arg(1, "1 only", type=int, flags=("-pcp",), kind=SINGLE)
+    dcp_comm_backend: str | None = _ignored(None, "one device")
+    dcp_q_replicate: bool | None = _ignored(None, "one device", type=bool)
+    dcp_kv_cache_interleave_size: int | None = _ignored(None, "one device", type=int)
+    cp_kv_cache_interleave_size: int | None = _ignored(None, "one device", type=int)
+    data_parallel_rank: int | None = _ignored(None, "one engine", type=int, flags=("-dpn",))
+    data_parallel_start_rank: int | None = _ignored(None, "one engine", type=int, flags=("-dpr",))
+    data_parallel_size_local: int | None = _ignored(None, "one engine", type=int, flags=("-dpl",))
+    data_parallel_address: str | None = _ignored(None, "one engine", flags=("-dpa",))
+    data_parallel_rpc_port: int | None = _ignored(None, "one engine", type=int, flags=("-dpp",))
+    data_parallel_backend: str | None = _ignored(None, "one engine", flags=("-dpb",))
+    data_parallel_hybrid_lb: bool = _ignored(False, "one engine", type=bool, flags=("-dph",))
+    data_parallel_external_lb: bool = _ignored(False, "one engine", type=bool, flags=("-dpe",))
+    data_parallel_multi_port_external_lb: bool = _ignored(
+        False, "one engine", type=bool, flags=("-dpm",)
+    )
+    enable_batch_sharded_sampling: bool | None = _ignored(None, "one device", type=bool)
+    enable_ep_weight_filter: bool = _ignored(False, "one device", type=bool)
+    all2all_backend: str | None = _ignored(None, "one device")
+    enable_dbo: bool = _ignored(False, "one device", type=bool)
+    ubatch_size: int | None = _ignored(None, "one device", type=int)
+    enable_elastic_ep: bool = _ignored(False, "one device", type=bool)
+    dbo_decode_token_threshold: int | None = _ignored(None, "one device", type=int)
+    dp_sync_interval: int | None = _ignored(None, "one engine", type=int)
+    dbo_prefill_token_threshold: int | None = _ignored(None, "one device", type=int)
+    disable_nccl_for_dp_synchronization: bool | None = _ignored(None, "one engine", type=bool)
+    enable_eplb: bool = _ignored(False, "one device", type=bool)
+    eplb_config: Any = _ignored(None, "one device (JSON)", type=json_value)
+    expert_placement_strategy: str | None = _ignored(None, "one device")
+    num_redundant_experts: int | None = _ignored(None, "one device", type=int)
+    eplb_window_size: int | None = _ignored(None, "one device", type=int)
+    eplb_step_interval: int | None = _ignored(None, "one device", type=int)
+    eplb_log_balancedness: bool | None = _ignored(None, "one device", type=bool)
+    ray_workers_use_nsight: bool = _ignored(False, "one process", type=bool)
+    worker_cls: str | None = _ignored(None, "one process")
+    worker_extension_cls: str | None = _ignored(None, "one process")
+    enable_fault_tolerance: bool = _ignored(False, "one process", type=bool)
+    fault_tolerance_config: Any = _ignored(None, "one process (JSON)", type=json_value)
+    enable_multimodal_encoder_data_parallel: bool = _ignored(False, "text only", type=bool)
+    num_gpu_blocks_override: int | None = _ignored(None, "see --kv-cache-memory", type=int)
+    prefix_caching_hash_algo: str | None = _ignored(None, "the pool's own hashing")
+    prefix_cache_retention_interval: int | None = _ignored(None, "LRU", type=int)
+    kv_cache_dtype_skip_layers: list[str] | None = _ignored(None, "GPU", nargs="+")
+    kv_sharing_fast_prefill: bool = _ignored(False, "GPU", type=bool)
+    calculate_kv_scales: bool = _ignored(False, "no fp8 KV", type=bool)
+    mamba_cache_dtype: str | None = _ignored(None, "no Mamba models")
+    mamba_ssm_cache_dtype: str | None = _ignored(None, "no Mamba models")
+    mamba_block_size: int | None = _ignored(None, "no Mamba models", type=int)
+    mamba_cache_mode: str | None = _ignored(None, "no Mamba models")
+    kv_offloading_size: float | None = _ignored(None, "the KV pool is in RAM", type=float)
+    kv_offloading_backend: str | None = _ignored(None, "the KV pool is in RAM")
+    offload_backend: str | None = _ignored(None, "weights are in RAM")
+    cpu_offload_params: list[str] | None = _ignored(None, "weights are in RAM", nargs="+")
+    offload_group_size: int | None = _ignored(None, "weights are in RAM", type=int)
+    offload_num_in_group: int | None = _ignored(None, "weights are in RAM", type=int)
+    offload_prefetch_step: int | None = _ignored(None, "weights are in RAM", type=int)
+    offload_params: list[str] | None = _ignored(None, "weights are in RAM", nargs="+")
+    language_model_only: bool = _ignored(False, "text only", type=bool)
+    limit_mm_per_prompt: Any = _ignored(None, "text only (JSON)", type=json_value)
+    enable_mm_embeds: bool = _ignored(False, "text only", type=bool)
+    media_io_kwargs: Any = _ignored(None, "text only (JSON)", type=json_value)
+    mm_processor_kwargs: Any = _ignored(None, "text only (JSON)", type=json_value)
+    mm_processor_cache_gb: float | None = _ignored(None, "text only", type=float)
+    mm_processor_cache_type: str | None = _ignored(None, "text only")
+    mm_hasher_algorithm: str | None = _ignored(None, "text only")
+    mm_shm_cache_max_object_size_mb: int | None = _ignored(None, "text only", type=int)
+    mm_encoder_only: bool = _ignored(False, "text only", type=bool)
+    mm_encoder_tp_mode: str | None = _ignored(None, "text only")
+    mm_encoder_attn_backend: str | None = _ignored(None, "text only")
+    mm_encoder_attn_dtype: str | None = _ignored(None, "text only")
+    mm_encoder_fp8_scale_path: str | None = _ignored(None, "text only")
+    mm_encoder_fp8_scale_save_path: str | None = _ignored(None, "text only")
+    mm_encoder_fp8_scale_save_margin: float | None = _ignored(None, "text only", type=float)
+    interleave_mm_strings: bool = _ignored(False, "text only", type=bool)
+    skip_mm_profiling: bool = _ignored(False, "text only", type=bool)
+    video_pruning_rate: float | None = _ignored(None, "text only", type=float)
+    video_pruning_method: str | None = _ignored(None, "text only")
+    mm_tensor_ipc: str | None = _ignored(None, "text only")
+    mm_processor_device: str | None = _ignored(None, "text only")
+    mm_ipc_gpu_memory_gb: float | None = _ignored(None, "text only", type=float)
+    mm_device_do_normalize: bool | None = _ignored(None, "text only", type=bool)
+    disable_mm_preprocessor_cache: bool = _ignored(False, "text only", type=bool)
+    max_loras: int | None = _ignored(None, _NO_LORA, type=int)
+    max_lora_rank: int | None = _ignored(None, _NO_LORA, type=int)
+    lora_dtype: str | None = _ignored(None, _NO_LORA)
+    lora_extra_vocab_size: int | None = _ignored(None, _NO_LORA, type=int)
+    enable_tower_connector_lora: bool = _ignored(False, _NO_LORA, type=bool)
+    max_cpu_loras: int | None = _ignored(None, _NO_LORA, type=int)
+    fully_sharded_loras: bool = _ignored(False, _NO_LORA, type=bool)
+    lora_target_modules: list[str] | None = _ignored(None, _NO_LORA, nargs="+")
+    default_mm_loras: Any = _ignored(None, _NO_LORA, type=json_value)
+    specialize_active_lora: bool = _ignored(False, _NO_LORA, type=bool)
+    enable_mixed_moe_lora_format: bool = _ignored(False, _NO_LORA, type=bool)
+    enable_moe_shared_loras: bool = _ignored(False, _NO_LORA, type=bool)
+    show_hidden_metrics_for_version: str | None = _ignored(None, "see /metrics")
+    otlp_traces_endpoint: str | None = _ignored(None, "no tracing")
+    collect_detailed_traces: list[str] | None = _ignored(None, "no tracing", nargs="+")
+    per_request_spec_decode_metrics: str | None = _ignored(None, "see /metrics")
+    kv_cache_metrics: bool = _ignored(False, "see /metrics", type=bool)
+    kv_cache_metrics_sample: float | None = _ignored(None, "see /metrics", type=float)
+    cudagraph_metrics: bool = _ignored(False, "no CUDA graphs", type=bool)
+    enable_layerwise_nvtx_tracing: bool = _ignored(False, "no tracing", type=bool)
+    enable_mfu_metrics: bool = _ignored(False, "see /metrics", type=bool)
+    enable_logging_iteration_details: bool = _ignored(False, "see /metrics", type=bool)
+    jit_monitor_mode: str | None = _ignored(None, "no JIT")
+    jit_monitor_verbose: bool = _ignored(False, "no JIT", type=bool)
+    aggregate_engine_logging: bool = _ignored(False, "one engine", type=bool)
+    max_num_scheduled_tokens: int | None = _ignored(None, "see --max-num-batched-tokens", type=int)
+    max_num_partial_prefills: int | None = _ignored(None, "chunked prefill", type=int)
+    max_long_partial_prefills: int | None = _ignored(None, "chunked prefill", type=int)
+    long_prefill_token_threshold: int | None = _ignored(None, "chunked prefill", type=int)
+    num_lookahead_slots: int | None = _ignored(None, "drafts reserve their own KV", type=int)
+    disable_chunked_mm_input: bool = _ignored(False, "text only", type=bool)
+    scheduler_cls: str | None = _ignored(None, "the built-in scheduler")
+    disable_hybrid_kv_cache_manager: bool | None = _ignored(None, "one KV pool", type=bool)
+    stream_interval: int | None = _ignored(None, "every step streams", type=int)
+    cudagraph_capture_sizes: list[str] | None = _ignored(None, "no CUDA graphs", nargs="+")
+    cuda_graph_sizes: list[str] | None = _ignored(None, "no CUDA graphs", nargs="+")
+    max_cudagraph_capture_size: int | None = _ignored(None, "no CUDA graphs", type=int)
+    ir_op_priority: Any = _ignored(None, "no torch.compile (JSON)", type=json_value)
+    enable_flashinfer_autotune: bool | None = _ignored(None, "GPU", type=bool)
+    enable_bf16x3_router_gemm: bool | None = _ignored(None, "GPU", type=bool)
+    moe_backend: str | None = _ignored(None, "the native kernels")
+    linear_backend: str | None = _ignored(None, "the native kernels")
+    diffusion_config: Any = _ignored(None, "JSON", type=json_value, flags=("-dc",))
+    kv_transfer_config: Any = _ignored(None, "one engine (JSON)", type=json_value)
+    kv_events_config: Any = _ignored(None, "one engine (JSON)", type=json_value)
+    ec_transfer_config: Any = _ignored(None, "one engine (JSON)", type=json_value)
+    ec_manager_config: Any = _ignored(None, "text only (JSON)", type=json_value)
+    attention_config: Any = _ignored(None, "GPU attention (JSON)", type=json_value, flags=("-ac",))
+    reasoning_config: Any = _ignored(None, "JSON", type=json_value)
+    kernel_config: Any = _ignored(None, "the native kernels (JSON)", type=json_value)
+    profiler_config: Any = _ignored(None, "no profiler (JSON)", type=json_value)
+    weight_transfer_config: Any = _ignored(None, "one engine (JSON)", type=json_value)
+    fail_on_environ_validation: bool = _ignored(False, "no vLLM environment", type=bool)
+    gdn_prefill_backend: str | None = _ignored(None, "GPU")
+    kda_prefill_backend: str | None = _ignored(None, "GPU")
     disable_log_stats: bool = _arg(
         False, "serve: no periodic throughput log line", type=bool, kind=SERVER
     )
@@ -527,24 +873,47 @@ class EngineArgs:
 
     def create_engine_config(self) -> EngineConfig:
         """Check, resolve the speculative config and the aliases, log ignored options once."""
-        for f in fields(self):
-            if f.metadata["kind"] == SINGLE:
-                value = getattr(self, f.name)
-                if value not in (None, 1):
-                    raise ConfigError(
-                        f"{f.name} (--{f.name.replace('_', '-')}) must be 1, got {value!r}: "
-                        "specdec runs on one device (no tensor, pipeline or data parallelism)"
-                    )
-        ignored = [
-            f.name
-            for f in fields(self)
-            if f.metadata["kind"] == IGNORED and getattr(self, f.name) not in (None, f.default)
-        ]
-        log_ignored(ignored)
+        given = [f for f in fields(self) if _given(getattr(self, f.name), f.default)]
+        for f in given:
+            value, meta = getattr(self, f.name), f.metadata
+            if meta["kind"] == SINGLE and value != 1:
+                raise ConfigError(
+                    f"{f.name} ({_flag(f.name)}) must be 1, got {value!r}: "
+                    "specdec runs on one device (no tensor, pipeline or data parallelism)"
+                )
+            reason = meta["check"](value) if meta["check"] else None
+            if reason:
+                raise ConfigError(f"{f.name} ({_flag(f.name)}) {_short(value)}: {reason}")
+        log_ignored([f.name for f in given if f.metadata["kind"] == IGNORED])
+        for f in given:
+            if f.metadata["note"]:
+                log_note(f.name, f.metadata["note"].format(value=getattr(self, f.name)))
         engine = {n: getattr(self, n) for n in self.names(ENGINE)}
-        if engine["kv_cache_memory"] is None and self.gpu_memory_utilization is not None:
-            engine["kv_cache_memory"] = self.gpu_memory_utilization
+        if engine["kv_cache_memory"] is None:
+            engine["kv_cache_memory"] = self.kv_cache_memory_bytes or self.gpu_memory_utilization
+        self.generation_defaults()  # a bad generation config fails before the model loads
         return EngineConfig(**engine, speculative=self.speculative())
+
+    def generation_defaults(self) -> dict[str, Any]:
+        """Default sampling (SamplingParams names) from ``generation_config`` (vLLM's 'auto':
+        the model folder's generation_config.json; a folder: its file) under
+        ``override_generation_config``; ``specdec serve`` and ``LLM.generate`` apply them where
+        a request does not set its own."""
+        defaults = _generation_file_defaults(self.generation_config, self.model)
+        override = self.override_generation_config
+        if isinstance(override, str):
+            override = _json_option("override_generation_config", override)
+        if override in (None, {}):
+            return defaults
+        if not isinstance(override, dict):
+            raise ConfigError("override_generation_config must be a JSON object")
+        unknown = sorted(set(override) - set(OVERRIDE_GENERATION_KEYS))
+        if unknown:
+            raise ConfigError(
+                f"override_generation_config: {', '.join(unknown)} cannot be applied; "
+                f"allowed: {', '.join(OVERRIDE_GENERATION_KEYS)}"
+            )
+        return {**defaults, **override}
 
     def speculative(self) -> SpeculativeConfig | None:
         """The SpeculativeConfig from ``speculative_config``, or from vLLM's older keys
@@ -609,7 +978,24 @@ class EngineArgs:
                 raise ConfigError(f"speculative_config is not valid JSON: {e}") from e
         if value is not None and not isinstance(value, (dict, SpeculativeConfig)):
             raise ConfigError("speculative_config must be a JSON object")
-        return value
+        flat = {"method": self.spec_method, "model": self.spec_model,
+                "num_speculative_tokens": self.spec_tokens}  # fmt: skip
+        flat = {k: v for k, v in flat.items() if v is not None}
+        if not flat:
+            return value
+        # NOTE: vLLM's --spec-method / --spec-model / --spec-tokens are keys of
+        # speculative_config; one key given both ways is an error, as in vLLM
+        if isinstance(value, SpeculativeConfig):
+            raise ConfigError("give --spec-* flags or a SpeculativeConfig, not both")
+        d = dict(value or {})
+        for key, v in flat.items():
+            if key in d:
+                raise ConfigError(
+                    f"--spec-{key.split('_')[-1]} and speculative_config.{key} are both given; "
+                    "give one"
+                )
+            d[key] = v
+        return d
 
     def _agreeing(self, a: str, b: str) -> Any:
         va, vb = getattr(self, a), getattr(self, b)
@@ -641,6 +1027,10 @@ class EngineArgs:
             kw: dict[str, Any] = {"dest": f.name, "default": default, "help": meta["help"]}
             if meta["type"] is bool:
                 kw["action"] = argparse.BooleanOptionalAction
+            elif meta["nargs"] == "?":  # vLLM's --hf-token [TOKEN]
+                kw.update(nargs="?", const=True, type=meta["type"])
+            elif meta["nargs"]:
+                kw.update(nargs=meta["nargs"], type=meta["type"])
             elif meta["choices"]:
                 kw["type"] = _cli_choice(f.name, meta["choices"], meta["aliases"])
                 kw["metavar"] = "{" + ",".join(meta["choices"]) + "}"
@@ -655,6 +1045,54 @@ class EngineArgs:
         if getattr(args, "model_tag", None):
             values["model"] = args.model_tag
         return cls(**values)
+
+
+def _given(value: Any, default: Any) -> bool:
+    """An option was given: neither None nor its default."""
+    return value is not None and not (value is default or value == default)
+
+
+def _flag(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _json_option(name: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{name} is not valid JSON ({e.msg} at column {e.colno})") from None
+
+
+def _generation_file_defaults(value: str | None, model: str) -> dict[str, Any]:
+    """vLLM's --generation-config: None / 'vllm': no defaults; 'auto': the model folder's
+    generation_config.json if it has one (a GGUF file has none: logged); else a folder."""
+    if value in (None, "vllm"):
+        return {}
+    from pathlib import Path
+
+    if value == "auto":
+        from specdec.model.registry import resolve_model_path
+
+        folder = resolve_model_path(model)
+        path = folder / "generation_config.json" if folder.is_dir() else None
+        if path is None or not path.is_file():
+            log_note("generation_config", "generation_config auto: the model has no "
+                     "generation_config.json; neutral sampling defaults")  # fmt: skip
+            return {}
+    else:
+        path = Path(value).expanduser() / "generation_config.json"
+        if not path.is_file():
+            raise ConfigError(f"generation_config: no generation_config.json in {value}")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"generation_config: cannot read {path}: {e}") from None
+    return {ours: data[key] for key, ours in GENERATION_CONFIG_KEYS.items() if key in data}
 
 
 def _cli_names(keys: dict[str, Any]) -> list[str]:
@@ -681,3 +1119,10 @@ def log_ignored(names: list[str]) -> None:
     if new:
         _LOGGED_IGNORED.update(new)
         logger.warning("ignored on CPU: %s (they change nothing here)", ", ".join(new))
+
+
+def log_note(name: str, message: str) -> None:
+    """One warning per process for an option that is accepted with a caveat."""
+    if f"note:{name}" not in _LOGGED_IGNORED:
+        _LOGGED_IGNORED.add(f"note:{name}")
+        logger.warning("%s", message)

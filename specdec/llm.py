@@ -40,12 +40,19 @@ class LLM:
             "LLM()", model=model, speculative_config=speculative_config, **kwargs
         )
         self.engine = LLMEngine(args.create_engine_config())
+        self._generation_defaults = args.generation_defaults()
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLM:
         llm = cls.__new__(cls)
         llm.engine = LLMEngine(args.create_engine_config())
+        llm._generation_defaults = args.generation_defaults()
         return llm
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What ``generate`` uses without SamplingParams: vLLM's generation_config /
+        override_generation_config defaults, else SamplingParams()."""
+        return SamplingParams(**self._generation_defaults)
 
     def get_tokenizer(self):
         return self.engine.tokenizer
@@ -70,7 +77,7 @@ class LLM:
         others are unaffected."""
         prompts = _split_prompts(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params = [sampling_params or SamplingParams()] * len(prompts)
+            params = [sampling_params or self.get_default_sampling_params()] * len(prompts)
         else:
             params = list(sampling_params)
             if len(params) != len(prompts):

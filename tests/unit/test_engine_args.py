@@ -270,11 +270,11 @@ def test_flags_are_never_abbreviated_and_unknown_ones_are_listed_together(capsys
     from specdec.entrypoints import cli
 
     with pytest.raises(SystemExit) as e:
-        cli.main(["generate", "--tokenizer-m=x", "--max-tok=3", "--enable-lora"])
+        cli.main(["generate", "--tokenizer-m=x", "--max-tok=3", "--no-such-flag"])
     assert e.value.code == 2
     assert capsys.readouterr().err == (
         "specdec generate: error: unrecognized arguments: --tokenizer-m=x --max-tok=3 "
-        "--enable-lora (see specdec generate --help)\n"
+        "--no-such-flag (see specdec generate --help)\n"
     )
     with pytest.raises(SystemExit):
         cli.main(["bench", "latency", "--temperature", "warm"])

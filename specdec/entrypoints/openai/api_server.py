@@ -34,7 +34,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from specdec.config import ConfigError, EngineArgs, log_ignored
+from specdec.config import ConfigError, EngineArgs, json_value, log_ignored
 from specdec.entrypoints.utils import (
     LOG_FORMAT,
     add_sampling_args,
@@ -486,13 +486,67 @@ class BackgroundServer:
         self.stop()
 
 
-# vLLM server flags with no effect here: accepted, logged once (name, takes a value)
-IGNORED_SERVER_FLAGS = (
-    ("disable_log_requests", False), ("enable_log_requests", False),
-    ("disable_frontend_multiprocessing", False), ("enable_auto_tool_choice", False),
-    ("tool_call_parser", True), ("max_log_len", True), ("disable_fastapi_docs", False),
-    ("enable_request_id_headers", False), ("api_server_count", True),
+# vLLM's server flags beyond those make_arg_parser spells out, by disposition: (name, how the
+# value parses: bool is --X/--no-X, "+" a list, "append" repeatable, else the value's type).
+# Honoured: read by cmd_serve (uvicorn's socket, TLS and logging; the app's root path,
+# middleware and docs). Prompt token details (cached_tokens) are always reported.
+HONOURED_SERVER_FLAGS = (
+    ("root_path", str), ("uds", str), ("ssl_keyfile", str), ("ssl_certfile", str),
+    ("ssl_ca_certs", str), ("ssl_cert_reqs", int), ("ssl_ciphers", str),
+    ("disable_uvicorn_access_log", bool), ("h11_max_incomplete_event_size", int),
+    ("middleware", "append"), ("disable_fastapi_docs", bool),
+    ("enable_prompt_tokens_details", bool),
 )  # fmt: skip
+# Without effect here: accepted, logged once when given.
+IGNORED_SERVER_FLAGS = (
+    ("disable_log_requests", bool), ("enable_log_requests", bool), ("enable_log_outputs", bool),
+    ("enable_log_deltas", bool), ("max_log_len", int), ("log_config_file", str),
+    ("log_error_stack", bool), ("disable_frontend_multiprocessing", bool),
+    ("enable_auto_tool_choice", bool), ("tool_call_parser", str), ("tool_parser_plugin", str),
+    ("exclude_tools_when_tool_choice_none", bool), ("tool_server", str),
+    ("enable_request_id_headers", bool), ("api_server_count", int),
+    ("default_chat_template_kwargs", json_value), ("return_tokens_as_token_ids", bool),
+    ("enable_per_request_metrics", bool), ("enable_server_load_tracking", bool),
+    ("enable_force_include_usage", bool), ("enable_tokenizer_info_endpoint", bool),
+    ("cohere_is_reasoning_model", bool), ("cohere_format", str), ("tokens_only", bool),
+    ("fingerprint_mode", str), ("fingerprint_value", str),
+    ("data_parallel_supervisor_port", int), ("dp_supervisor_probe_interval_s", float),
+    ("dp_supervisor_probe_timeout_s", float), ("dp_supervisor_probe_failure_threshold", int),
+    ("disable_access_log_for_endpoints", str), ("allow_credentials", bool),
+    ("allowed_methods", json_value), ("allowed_headers", json_value),
+    ("enable_ssl_refresh", bool), ("h11_max_header_count", int), ("enable_offline_docs", bool),
+    ("enable_flash_late_interaction", bool),
+)  # fmt: skip
+# Values that would change what clients get and cannot be honoured: (name, parse, the values
+# accepted, why others are refused).
+REFUSED_SERVER_FLAGS = (
+    ("lora_modules", "+", (None,), "specdec loads no LoRA adapters"),
+    ("response_role", str, (None, "assistant"), "replies always have role 'assistant'"),
+    ("chat_template_content_format", str, (None, "auto", "string"),
+     "message content reaches the chat template as text ('string')"),
+    ("headless", bool, (None, False), "specdec serve always runs its API server"),
+    ("grpc", bool, (None, False), "specdec serves HTTP only"),
+    ("config", str, (None,), "no YAML option files; give the options as flags"),
+)  # fmt: skip
+# the vLLM server flags whose default is on (--no-X turns them off)
+_ON_BY_DEFAULT = ("enable_log_deltas", "cohere_is_reasoning_model", "enable_flash_late_interaction")
+_SHORT_FLAGS = {"api_server_count": ("-asc",)}
+
+
+def _add_vllm_flag(group: Any, name: str, parse: Any) -> None:
+    """One of vLLM's server flags, parsed as vLLM parses it."""
+    flags = (f"--{name.replace('_', '-')}", *_SHORT_FLAGS.get(name, ()))
+    if parse is bool:
+        default = True if name in _ON_BY_DEFAULT else None
+        group.add_argument(
+            *flags, dest=name, action=argparse.BooleanOptionalAction, default=default
+        )
+    elif parse in ("+", "append"):
+        nargs = "+" if parse == "+" else None
+        action = "append" if parse == "append" else None
+        group.add_argument(*flags, dest=name, nargs=nargs, action=action, default=None)
+    else:
+        group.add_argument(*flags, dest=name, type=parse, default=None)
 
 
 def make_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -512,8 +566,9 @@ def make_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--api-key",
+        nargs="+",
         default=None,
-        help=f"require 'Authorization: Bearer KEY' (or set {API_KEY_ENV})",
+        help=f"require 'Authorization: Bearer KEY' (or set {API_KEY_ENV}); one key",
     )
     p.add_argument(
         "--allowed-hosts",
@@ -539,7 +594,8 @@ def make_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--trust-request-chat-template",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=False,
         help="accept a chat_template in requests (rendered in a sandboxed worker process with "
         "bounded time and memory); refused by default",
     )
@@ -550,13 +606,14 @@ def make_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="on SIGTERM, seconds running requests may take to finish before they are ended "
         f"with an error (default {DEFAULT_SHUTDOWN_TIMEOUT_S:g})",
     )
-    ignored = p.add_argument_group("vLLM server flags without effect here (logged once)")
-    for name, takes_value in IGNORED_SERVER_FLAGS:
-        flag = f"--{name.replace('_', '-')}"
-        if takes_value:
-            ignored.add_argument(flag, dest=name, default=None)
-        else:
-            ignored.add_argument(flag, dest=name, action="store_true")
+    for title, table in (
+        ("vLLM server flags honoured here", HONOURED_SERVER_FLAGS),
+        ("vLLM server flags without effect here (logged once)", IGNORED_SERVER_FLAGS),
+        ("vLLM server flags accepted at their defaults only", REFUSED_SERVER_FLAGS),
+    ):
+        group = p.add_argument_group(title)
+        for name, parse, *_ in table:
+            _add_vllm_flag(group, name, parse)
     p.add_argument(
         "--metrics-prefix",
         choices=["both", "specdec", "vllm"],
@@ -593,6 +650,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Validate the flags, load the model, serve until interrupted."""
     if not args.shutdown_timeout >= 0:
         raise ConfigError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
+    _check_server_flags(args)
     from specdec.entrypoints.openai.safety import default_allowed_hosts
 
     allowed_hosts = _flatten(args.allowed_hosts)
@@ -600,9 +658,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         allowed_hosts = default_allowed_hosts(args.host)
     args.model = getattr(args, "model_tag", None) or args.model
     # NOTE: every engine flag is checked (bad JSON, method, parallel size: exit 2) before loading
-    config = EngineArgs.from_cli_args(args).create_engine_config()
+    engine_args = EngineArgs.from_cli_args(args)
+    config = engine_args.create_engine_config()
     spec = config.speculative
-    defaults = sampling_defaults(args)
+    # vLLM's --generation-config / --override-generation-config under llama.cpp's --temp ...
+    defaults = {**engine_args.generation_defaults(), **sampling_defaults(args)}
     from specdec.sampling_params import SamplingParams
 
     SamplingParams(**defaults)  # bad sampling defaults: exit 2 before loading anything
@@ -613,9 +673,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     prometheus_client.disable_created_metrics()  # as vLLM: no *_created series
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
-    log_ignored(
-        [name for name, _ in IGNORED_SERVER_FLAGS if getattr(args, name) not in (None, False)]
-    )
+    log_ignored([name for name, parse in IGNORED_SERVER_FLAGS if _given(args, name, parse)])
     if args.tool_call_parser not in (None, "hermes"):
         logger.warning(
             "--tool-call-parser %s: tool_choice auto reads Hermes <tool_call> blocks only (models "
@@ -638,7 +696,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     engine.grammar_compiler.start()  # NOTE: not at the first structured request
     llm = AsyncLLM(engine, log_stats=not args.disable_log_stats)
     names = args.served_model_name or [args.model]
-    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    api_key = (args.api_key or [None])[0] or os.environ.get(API_KEY_ENV) or None
     app = build_app(
         llm,
         names,
@@ -651,10 +709,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         sampling_defaults=defaults,
         metrics_prefixes=PREFIX_CHOICES[args.metrics_prefix],
     )
+    _apply_app_flags(app, args)
     logger.info(
-        "serving %s (%s) on http://%s:%d/v1, max_model_len %d, prefix caching: %s, "
-        "speculation: %s",
-        names[0], root, args.host, args.port, llm.engine.max_model_len,
+        "serving %s (%s) on %s/v1, max_model_len %d, prefix caching: %s, speculation: %s",
+        names[0], root, _address(args), llm.engine.max_model_len,
         "on" if args.enable_prefix_caching else "off",
         f"{spec.method} k={spec.num_speculative_tokens}" if spec else "off",
     )  # fmt: skip
@@ -672,10 +730,70 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port=args.port,
         log_level=args.uvicorn_log_level,
         timeout_graceful_shutdown=_FLUSH_TIMEOUT_S,
+        **_uvicorn_options(args),
     )
     server = make_server(config)
     server.run()
     return 0 if server.started else 1
+
+
+def _given(args: argparse.Namespace, name: str, parse: Any) -> bool:
+    """A vLLM server flag was given a value other than its default."""
+    value = getattr(args, name)
+    default = (name in _ON_BY_DEFAULT) if parse is bool else None
+    return value is not None and value != default
+
+
+def _check_server_flags(args: argparse.Namespace) -> None:
+    """One line naming the flag for a value specdec cannot honour (before anything loads)."""
+    for name, _, accepted, why in REFUSED_SERVER_FLAGS:
+        value = getattr(args, name)
+        if value not in accepted:
+            shown = " ".join(value) if isinstance(value, list) else value
+            raise ConfigError(f"--{name.replace('_', '-')} {shown}: {why}")
+    if args.api_key is not None and len(args.api_key) > 1:
+        raise ConfigError("--api-key: specdec takes one key, got several")
+
+
+def _uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:
+    """vLLM's socket, TLS and access-log flags as uvicorn.Config arguments (those given)."""
+    options = {name: getattr(args, name) for name in (
+        "root_path", "uds", "ssl_keyfile", "ssl_certfile", "ssl_ca_certs", "ssl_cert_reqs",
+        "ssl_ciphers", "h11_max_incomplete_event_size",
+    ) if getattr(args, name) is not None}  # fmt: skip
+    if args.disable_uvicorn_access_log:
+        options["access_log"] = False
+    return options
+
+
+def _apply_app_flags(app: Any, args: argparse.Namespace) -> None:
+    """--middleware (import paths: a class is added as ASGI middleware, a function as HTTP
+    middleware, as vLLM does) and --disable-fastapi-docs."""
+    import importlib
+    import inspect
+
+    for path in args.middleware or []:
+        module, _, attr = path.rpartition(".")
+        try:
+            obj = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError, ValueError) as e:
+            raise ConfigError(f"--middleware {path}: cannot import it ({e})") from None
+        if inspect.isclass(obj):
+            app.add_middleware(obj)
+        else:
+            app.middleware("http")(obj)
+    if args.disable_fastapi_docs:
+        docs = {app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url}
+        app.router.routes[:] = [
+            r for r in app.router.routes if getattr(r, "path", None) not in docs
+        ]
+
+
+def _address(args: argparse.Namespace) -> str:
+    if args.uds:
+        return f"unix:{args.uds}"
+    scheme = "https" if args.ssl_certfile else "http"
+    return f"{scheme}://{args.host}:{args.port}"
 
 
 def main(argv: list[str] | None = None) -> int:
