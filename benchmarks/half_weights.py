@@ -49,7 +49,7 @@ def child_specdec(
 ) -> dict:
     import specdec  # noqa: I001 (first: it sets its OpenMP environment before torch loads)
     import torch
-    from specdec.engine.llm_engine import describe_model
+    from specdec.engine.loading import describe_model
 
     torch.set_num_threads(threads)
     t0 = time.perf_counter()

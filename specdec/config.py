@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
+from specdec.methods import METHODS, canonical_method
 from specdec.model.registry import DEFAULT_MODEL
 
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
@@ -65,8 +66,6 @@ class SpeculativeConfig:
     draft_p_min: float = 0.0
 
     def __post_init__(self) -> None:
-        from specdec.spec_decode import METHODS, canonical_method
-
         method = canonical_method(self.method) if isinstance(self.method, str) else None
         if method is None:
             raise ConfigError(

@@ -1,66 +1,20 @@
-"""Drafters, by method name: ``METHODS`` is the one list. Config validation, the engine and the
-"every drafter" tests read it; nothing else branches on the method.
-
-A drafter is one module of this package with a ``make(cfg, target, load_draft, max_num_seqs,
-max_len) -> Proposer`` function, plus one entry here. Modules are imported when a method is used.
+"""Drafters. A drafter is one module of this package with a ``make(cfg, target, load_draft,
+max_num_seqs, max_len) -> Proposer`` function, plus one entry in the method table
+(``specdec/methods.py``, re-exported here). Modules are imported when a method is used.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from specdec.methods import METHODS, Method, canonical_method
 from specdec.spec_decode.base import DraftInput, DraftOutput, DraftRequest, Proposer
 
 if TYPE_CHECKING:
     from specdec.config import SpeculativeConfig
     from specdec.model.llama import LlamaModel
-
-
-@dataclass(frozen=True)
-class Method:
-    module: str  # specdec.spec_decode.<module>.make builds the proposer
-    samples_q: bool  # may draft from its own distribution (draft_sample_method probabilistic)
-    needs_model: bool  # speculative_config.model names the drafter's weights
-    aliases: tuple[str, ...] = ()  # other names users paste (vLLM's)
-
-
-METHODS: dict[str, Method] = {
-    "ngram": Method("ngram", samples_q=False, needs_model=False),
-    "suffix": Method("suffix", samples_q=False, needs_model=False),
-    "draft_model": Method("draft_model", samples_q=True, needs_model=True),
-    "layer_skip": Method("layer_skip", samples_q=True, needs_model=False),
-    "eagle": Method("eagle", samples_q=True, needs_model=True),
-    # eagle3: a head ships for the default model; elsewhere `model` is required (at load)
-    "eagle3": Method("eagle3", samples_q=True, needs_model=False),
-    "medusa": Method("medusa", samples_q=True, needs_model=True),
-    # suffix decoding and an EAGLE-3 head, each step the one expected to yield more
-    "hybrid": Method("hybrid", samples_q=True, needs_model=False),
-    "mtp": Method(
-        "mtp",
-        samples_q=True,
-        needs_model=False,
-        aliases=(
-            "deepseek_mtp",
-            "mimo_mtp",
-            "ernie_mtp",
-            "qwen3_next_mtp",
-            "glm4_moe_mtp",
-            "longcat_flash_mtp",
-            "pangu_ultra_moe_mtp",
-            "openpangu_mtp",
-        ),  # fmt: skip
-    ),
-}
-
-
-def canonical_method(name: str) -> str | None:
-    """The table's name for ``name`` (itself or an alias), or None if unknown."""
-    if name in METHODS:
-        return name
-    return next((m for m, spec in METHODS.items() if name in spec.aliases), None)
 
 
 def make_proposer(

@@ -138,7 +138,7 @@ def test_kv_cache_dtype_errors_are_clear(tiny_llama) -> None:
 def test_real_model_with_a_half_cache() -> None:
     """SmolLM2-135M: next-token choices over a prefill agree with the float32 cache's almost
     everywhere (99.5% measured), and speculation stays exact over the half cache."""
-    from specdec.engine.llm_engine import load_model
+    from specdec.engine.loading import load_model
     from specdec.model.llama import SeqBatch
 
     logits = {}

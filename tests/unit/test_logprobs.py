@@ -85,7 +85,7 @@ def test_prompt_logprobs_per_capped_chunk_equal_the_reference(tiny_llama) -> Non
     fed, built = [], []
     while not engine.requests[rid].output_token_ids:
         fed.append(engine.requests[rid].num_computed_tokens)
-        built.append(len(engine._logprob_dicts[rid].prompt) - 1)
+        built.append(len(engine.output_processor._logprob_dicts[rid].prompt) - 1)
         engine.step()
     # beside another request, the rest in chunks of the cap (16), each chunk's dicts built in
     # its own step
