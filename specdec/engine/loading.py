@@ -123,6 +123,8 @@ def describe_model(model: LlamaModel) -> str:
     formats: dict[str, int] = {}
     for lw in model.layers:
         for lin in (lw.qkv, lw.o_proj, lw.gate_up, lw.down):
+            if lin is None:  # a mixture-of-experts layer: its experts are in model.linears()
+                continue
             formats[lin.weight.qtype] = formats.get(lin.weight.qtype, 0) + 1
     layers = "/".join(sorted(formats, key=lambda q: -formats[q]))
     isa = getattr(model.ops, "isa", None) if model.ops.name == "native" else None

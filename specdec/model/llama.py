@@ -26,6 +26,7 @@ from specdec.kv_cache.pool import KVCache
 from specdec.model.arch import ArchConfig
 from specdec.model.layers import Linear, Rotary, make_linear, rope_inv_freq
 from specdec.model.loader import LoadedCheckpoint, RawTensor
+from specdec.model.moe import MoeBlock, load_moe
 
 if TYPE_CHECKING:
     from specdec.model.weight_cache import WeightCache
@@ -49,8 +50,9 @@ class LayerWeights:
     qkv: Linear
     o_proj: Linear
     post_attn_norm: torch.Tensor  # [H]
-    gate_up: Linear
-    down: Linear
+    gate_up: Linear | None  # None in a mixture-of-experts layer
+    down: Linear | None
+    moe: MoeBlock | None = None
     q_norm: torch.Tensor | None = None  # [D] (Gemma 3, Qwen3)
     k_norm: torch.Tensor | None = None  # [D] (Gemma 3, Qwen3)
     post_attn_out_norm: torch.Tensor | None = None  # [H] (Gemma 3)
@@ -108,8 +110,9 @@ class LlamaModel:
         # The whole layer stack as one native call (kernels/csrc/layer.cpp: forward_layers) when
         # the native kernels run; the Python _layer below is the same computation, op by op
         # (CUDA, torch kernels, tests).
+        # NOTE: mixture-of-experts layers run the Python layer (moe.py), not the fused one
         self.use_fused_layers = ops.supports_fused_layers and (
-            dtype == torch.float32 and device.type == "cpu"
+            dtype == torch.float32 and device.type == "cpu" and not self.cfg.num_experts
         )
         self._fused: list | None = None
         self._rope_index: list[int] | None = None  # per layer: which rotary table it uses
@@ -138,7 +141,10 @@ class LlamaModel:
 
     # ---- activation precision ------------------------------------------------------------
     def linears(self) -> list[Linear]:
-        out = [lin for lw in self.layers for lin in (lw.qkv, lw.o_proj, lw.gate_up, lw.down)]
+        out = []
+        for lw in self.layers:
+            out += [lw.qkv, lw.o_proj]
+            out += lw.moe.linears() if lw.moe is not None else [lw.gate_up, lw.down]
         return out + [self.lm_head]
 
     def set_activation_dtype(self, activation_dtype: str) -> None:
@@ -214,9 +220,16 @@ class LlamaModel:
             qkv=lin(["q_proj", "k_proj", "v_proj"]),
             o_proj=lin(["o_proj"]),
             post_attn_norm=self._vec(t[p + post_attn]),
-            gate_up=lin(["gate_proj", "up_proj"]),
-            down=lin(["down_proj"]),
+            gate_up=None,
+            down=None,
         )
+        cfg = self.cfg
+        if p + "router" in t:
+            layer.moe = load_moe(
+                set(t), p, cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob, lin
+            )
+        else:
+            layer.gate_up, layer.down = lin(["gate_proj", "up_proj"]), lin(["down_proj"])
         if self.cfg.is_gemma or self.cfg.qk_norm:
             layer.q_norm = self._vec(t[p + "q_norm"])
             layer.k_norm = self._vec(t[p + "k_norm"])
@@ -326,6 +339,8 @@ class LlamaModel:
             attn = self.ops.rms_norm(attn, layer.post_attn_out_norm, eps)
         x = x + attn
         h = self.ops.rms_norm(x, layer.post_attn_norm, eps)
+        if layer.moe is not None:
+            return x + layer.moe(h)
         gate, up = layer.gate_up(h).split(cfg.intermediate_size, dim=-1)
         act = F.gelu(gate, approximate="tanh") if cfg.is_gemma else F.silu(gate)
         mlp = layer.down(act * up)
