@@ -224,9 +224,7 @@ def _split_experts(name: str, raw: RawTensor) -> dict[str, RawTensor]:
     if part not in _GGUF_EXPERT_NAMES:
         raise UnsupportedModelError(f"tensor {name}: unexpected 3-dimensional tensor")
     num_experts, rows, cols = raw.shape
-    data = raw.data.reshape(num_experts, rows, -1)
-    if not raw.is_quantized:
-        data = data.reshape(num_experts, rows, cols)
+    data = raw.data.reshape(num_experts, rows, -1)  # blocks or bytes per row, as stored
     return {
         f"layers.{layer}.experts.{e}.{_GGUF_EXPERT_NAMES[part]}": RawTensor(
             raw.qtype, data[e], (rows, cols)
