@@ -84,7 +84,7 @@ _MOE_ARCHS = {
         "Qwen2MoeForCausalLM",
         dict(
             num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
-            shared_expert_intermediate_size=48, norm_topk_prob=False,
+            shared_expert_intermediate_size=96, norm_topk_prob=False,
         ),
     ),
 }  # fmt: skip
