@@ -90,7 +90,9 @@ class MoeBlock:
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
         weights, ids = self.route(h)
-        per_rank = self._grouped(h, ids) if self.grouped else self._one_by_one(h, ids)
+        # NOTE: one row (decode) has nothing to group: its experts one by one, same bits
+        grouped = self.grouped and h.shape[0] > 1
+        per_rank = self._grouped(h, ids) if grouped else self._one_by_one(h, ids)
         out = per_rank[:, 0] * weights[:, :1]
         for rank in range(1, self.top_k):  # NOTE: a fixed order: the row's top-k rank
             out = out + per_rank[:, rank] * weights[:, rank : rank + 1]
