@@ -361,64 +361,131 @@ inline float load1(const uint16_t* p) { return half_to_float(*p); }
 // Flash-decoding attention (kernels.h, AttnRows): scores of every (row, head) query against one
 // key block at a time, the softmax of each row over its own keys, then the values.
 
-// Queries per score tile: 2 * 6 accumulators, two key vectors and a broadcast.
+// NOTE: the hardware prefetchers left a third of the time on K and V loads at one row (the
+// development machine): keys and values are prefetched this many positions ahead (8 KiB of a
+// half cache at D = 64), past the block into the next, which the same task usually takes.
+constexpr int64_t kAttnPrefetchKeys = 64;
+
+inline void prefetch_span(const void* p, int64_t bytes) {
+    const char* c = static_cast<const char*>(p);
+    for (int64_t o = 0; o < bytes; o += 64) prefetch(c + o);
+}
+
+// n elements (n % 8 == 0) of a cache into floats (exact for half).
+template <typename KV>
+inline const float* widen(const KV* src, int64_t n, float* dst) {
+    for (int64_t i = 0; i < n; i += 8) _mm256_storeu_ps(dst + i, load8(src + i));
+    return dst;
+}
+
+// Value rows [0, n) (v_stride apart, D each) into floats, D apart.
+template <typename KV>
+inline const float* widen_rows(const KV* v, int64_t v_stride, int64_t n, int64_t D, float* dst) {
+    for (int64_t j = 0; j < n; ++j) {
+        const KV* src = v + j * v_stride;
+        float* out = dst + j * D;
+        int64_t c = 0;
+        for (; c + 8 <= D; c += 8) _mm256_storeu_ps(out + c, load8(src + c));
+        for (; c < D; ++c) out[c] = load1(src + c);
+    }
+    return dst;
+}
+
+// Most queries per score tile: 2 * 6 accumulators, two key vectors and a broadcast.
 constexpr int kScoreTile = 6;
 
-// s[t * ss + i] = scale * q_t . key i for QT queries and the 16 keys of one key block (kb: D x 16
-// elements, transposed), as kernels.h defines it.  One chain at a time, the queries side by side.
-template <int QT, typename KV>
+// s[t * ss + i] = scale * q_t . key i for QT queries and the 16 KB keys of KB consecutive key
+// blocks (kb: KB x D x 16 elements, transposed), as kernels.h defines it.  One chain at a time,
+// the queries and key vectors side by side (2 * QT * KB <= 12 accumulators: enough independent
+// FMAs to hide their latency).
+template <int QT, int KB, typename KV>
 inline void score_tile(const float* const* qp, const KV* kb, int64_t D, int64_t Dq, __m256 vscale,
                        float* s, int64_t ss) {
     static_assert(kKeyBlock == 16, "two 8-lane vectors per key block");
-    alignas(32) float ch[4][QT][16];
+    constexpr int NK = 2 * KB;
+    const int64_t bs = D * kKeyBlock;
+    alignas(32) float ch[4][QT][8 * NK];
     for (int c = 0; c < 4; ++c) {
         const int64_t d0 = c * Dq, d1 = d0 + Dq < D ? d0 + Dq : D;
-        __m256 acc[QT][2];
+        __m256 acc[QT][NK];
         if (d0 >= d1) {
-            for (int t = 0; t < QT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+            for (int t = 0; t < QT; ++t)
+                for (int k = 0; k < NK; ++k) acc[t][k] = _mm256_setzero_ps();
         } else {
-            const __m256 k0 = load8(kb + d0 * kKeyBlock), k1 = load8(kb + d0 * kKeyBlock + 8);
+            __m256 kv[NK];
+            for (int k = 0; k < NK; ++k) kv[k] = load8(kb + (k / 2) * bs + d0 * kKeyBlock + 8 * (k % 2));
             for (int t = 0; t < QT; ++t) {
                 const __m256 qd = _mm256_broadcast_ss(qp[t] + d0);
-                acc[t][0] = _mm256_mul_ps(qd, k0);
-                acc[t][1] = _mm256_mul_ps(qd, k1);
+                for (int k = 0; k < NK; ++k) acc[t][k] = _mm256_mul_ps(qd, kv[k]);
             }
             for (int64_t d = d0 + 1; d < d1; ++d) {
-                const __m256 kd0 = load8(kb + d * kKeyBlock), kd1 = load8(kb + d * kKeyBlock + 8);
+                for (int k = 0; k < NK; ++k) kv[k] = load8(kb + (k / 2) * bs + d * kKeyBlock + 8 * (k % 2));
                 for (int t = 0; t < QT; ++t) {
                     const __m256 qd = _mm256_broadcast_ss(qp[t] + d);
-                    acc[t][0] = _mm256_fmadd_ps(qd, kd0, acc[t][0]);
-                    acc[t][1] = _mm256_fmadd_ps(qd, kd1, acc[t][1]);
+                    for (int k = 0; k < NK; ++k) acc[t][k] = _mm256_fmadd_ps(qd, kv[k], acc[t][k]);
                 }
             }
         }
-        for (int t = 0; t < QT; ++t) {
-            _mm256_store_ps(ch[c][t], acc[t][0]);
-            _mm256_store_ps(ch[c][t] + 8, acc[t][1]);
-        }
+        for (int t = 0; t < QT; ++t)
+            for (int k = 0; k < NK; ++k) _mm256_store_ps(ch[c][t] + 8 * k, acc[t][k]);
     }
     for (int t = 0; t < QT; ++t)
-        for (int h = 0; h < 2; ++h) {
-            const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_load_ps(ch[0][t] + 8 * h), _mm256_load_ps(ch[1][t] + 8 * h)),
-                                             _mm256_add_ps(_mm256_load_ps(ch[2][t] + 8 * h), _mm256_load_ps(ch[3][t] + 8 * h)));
-            _mm256_storeu_ps(s + t * ss + 8 * h, _mm256_mul_ps(sum, vscale));
+        for (int k = 0; k < NK; ++k) {
+            const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_load_ps(ch[0][t] + 8 * k), _mm256_load_ps(ch[1][t] + 8 * k)),
+                                             _mm256_add_ps(_mm256_load_ps(ch[2][t] + 8 * k), _mm256_load_ps(ch[3][t] + 8 * k)));
+            _mm256_storeu_ps(s + t * ss + 8 * k, _mm256_mul_ps(sum, vscale));
         }
 }
 
-// score_tile for Q queries, kScoreTile at a time.
+// score_tile<QT, 1> over Q queries in tiles of at most kScoreTile, as even as possible (a tile of
+// 2 next to one of 6 would leave the FMA units waiting on its 4 chains).
 template <typename KV>
 inline void score_queries(const float* const* qp, int64_t Q, const KV* kb, int64_t D, __m256 vscale, float* s,
                           int64_t ss) {
+    const int64_t Dq = (D + 3) / 4, ntiles = (Q + kScoreTile - 1) / kScoreTile;
+    for (int64_t i = 0, t = 0; i < ntiles; ++i) {
+        const int64_t qt = Q / ntiles + (i < Q % ntiles ? 1 : 0);
+        switch (qt) {
+            case 1: score_tile<1, 1, KV>(qp + t, kb, D, Dq, vscale, s + t * ss, ss); break;
+            case 2: score_tile<2, 1, KV>(qp + t, kb, D, Dq, vscale, s + t * ss, ss); break;
+            case 3: score_tile<3, 1, KV>(qp + t, kb, D, Dq, vscale, s + t * ss, ss); break;
+            case 4: score_tile<4, 1, KV>(qp + t, kb, D, Dq, vscale, s + t * ss, ss); break;
+            case 5: score_tile<5, 1, KV>(qp + t, kb, D, Dq, vscale, s + t * ss, ss); break;
+            default: score_tile<6, 1, KV>(qp + t, kb, D, Dq, vscale, s + t * ss, ss); break;
+        }
+        t += qt;
+    }
+}
+
+// Q <= 3 queries against key blocks [sb, sb1): KB blocks per tile (6 to 12 accumulators).
+template <int QT, int KB, typename KV>
+inline void score_few(const float* const* qp, const KV* kt, int64_t sb, int64_t sb1, int64_t j0, int64_t D,
+                      __m256 vscale, float* s, int64_t ss) {
     const int64_t Dq = (D + 3) / 4;
-    int64_t t = 0;
-    for (; t + kScoreTile <= Q; t += kScoreTile) score_tile<kScoreTile, KV>(qp + t, kb, D, Dq, vscale, s + t * ss, ss);
-    switch (Q - t) {
-        case 1: score_tile<1, KV>(qp + t, kb, D, Dq, vscale, s + t * ss, ss); break;
-        case 2: score_tile<2, KV>(qp + t, kb, D, Dq, vscale, s + t * ss, ss); break;
-        case 3: score_tile<3, KV>(qp + t, kb, D, Dq, vscale, s + t * ss, ss); break;
-        case 4: score_tile<4, KV>(qp + t, kb, D, Dq, vscale, s + t * ss, ss); break;
-        case 5: score_tile<5, KV>(qp + t, kb, D, Dq, vscale, s + t * ss, ss); break;
+    for (; sb < sb1; sb += KB) {
+        for (int64_t i = 0; i < KB; ++i) prefetch_span(kt + (sb + i) * D * kKeyBlock + kAttnPrefetchKeys * D, kKeyBlock * D * int64_t(sizeof(KV)));
+        if (sb + KB <= sb1) score_tile<QT, KB, KV>(qp, kt + sb * D * kKeyBlock, D, Dq, vscale, s + (sb * kKeyBlock - j0), ss);
+        else
+            for (int64_t b = sb; b < sb1; ++b) score_tile<QT, 1, KV>(qp, kt + b * D * kKeyBlock, D, Dq, vscale, s + (b * kKeyBlock - j0), ss);
+    }
+}
+
+// Scores of the Q queries against key blocks [sb0, sb1) into s (s[q * ss + j - j0] for key j).  A half cache is widened once per block when several tiles read it.
+template <typename KV>
+inline void score_keys(const float* const* qp, int64_t Q, const KV* kt, int64_t sb0, int64_t sb1, int64_t j0,
+                       int64_t D, __m256 vscale, float* s, int64_t ss, float* kf) {
+    switch (Q) {
+        case 1: return score_few<1, 4, KV>(qp, kt, sb0, sb1, j0, D, vscale, s, ss);
+        case 2: return score_few<2, 3, KV>(qp, kt, sb0, sb1, j0, D, vscale, s, ss);
+        case 3: return score_few<3, 2, KV>(qp, kt, sb0, sb1, j0, D, vscale, s, ss);
         default: break;
+    }
+    for (int64_t sb = sb0; sb < sb1; ++sb) {
+        const KV* kb = kt + sb * D * kKeyBlock;
+        prefetch_span(kb + kAttnPrefetchKeys * D, kKeyBlock * D * int64_t(sizeof(KV)));
+        float* sd = s + (sb * kKeyBlock - j0);
+        if (sizeof(KV) == 2 && Q > kScoreTile) score_queries<float>(qp, Q, widen(kb, D * kKeyBlock, kf), D, vscale, sd, ss);
+        else score_queries<KV>(qp, Q, kb, D, vscale, sd, ss);
     }
 }
 
@@ -491,26 +558,6 @@ inline void value_heads(const float* p, int64_t p_stride, const KV* v, int64_t v
         }
 }
 
-// n elements (n % 8 == 0) of a cache into floats (exact for half).
-template <typename KV>
-inline const float* widen(const KV* src, int64_t n, float* dst) {
-    for (int64_t i = 0; i < n; i += 8) _mm256_storeu_ps(dst + i, load8(src + i));
-    return dst;
-}
-
-// Value rows [0, n) (v_stride apart, D each) into floats, D apart.
-template <typename KV>
-inline const float* widen_rows(const KV* v, int64_t v_stride, int64_t n, int64_t D, float* dst) {
-    for (int64_t j = 0; j < n; ++j) {
-        const KV* src = v + j * v_stride;
-        float* out = dst + j * D;
-        int64_t c = 0;
-        for (; c + 8 <= D; c += 8) _mm256_storeu_ps(out + c, load8(src + c));
-        for (; c < D; ++c) out[c] = load1(src + c);
-    }
-    return dst;
-}
-
 // The rows' values against value rows [k0, k1) (vb: row k0, vs apart) into their partials.
 template <typename KV>
 inline void block_values(const AttnRows& a, const int64_t* beg, const int64_t* end, int64_t j0, int64_t k0,
@@ -527,18 +574,9 @@ inline void block_values(const AttnRows& a, const int64_t* beg, const int64_t* e
     }
 }
 
-// NOTE: the hardware prefetchers left a third of the time on K and V loads at one row (the
-// development machine): keys and values are prefetched this many positions ahead (8 KiB of a
-// half cache at D = 64), past the block into the next, which the same task usually takes.
-constexpr int64_t kAttnPrefetchKeys = 64;
-
-inline void prefetch_span(const void* p, int64_t bytes) {
-    const char* c = static_cast<const char*>(p);
-    for (int64_t o = 0; o < bytes; o += 64) prefetch(c + o);
-}
-
 // NOTE: a half cache is widened into scratch once per key block when several query tiles (keys)
 // or rows (values) read it, else read in place (F16C on load): the same floats either way.
+// (the partials' D values of a row start as zero: the same chain from the first key on)
 template <typename KV>
 void attention_block_kv(const AttnRows& a, int64_t j0, float* part, float* scratch) {
     const int64_t D = a.D, G = a.G, R = a.R, Q = R * G, P = attn_part_floats(D);
@@ -561,16 +599,9 @@ void attention_block_kv(const AttnRows& a, int64_t j0, float* part, float* scrat
         for (int64_t g = 0; g < G; ++g) qp[r * G + g] = a.q + r * a.q_row_stride + g * a.q_head_stride;
     const KV* kt = static_cast<const KV*>(a.kt);
     const KV* v = static_cast<const KV*>(a.v);
-    const bool widen_k = sizeof(KV) == 2 && Q > kScoreTile, widen_v = sizeof(KV) == 2 && active > 1;
-    const __m256 vscale = _mm256_set1_ps(a.scale);
+    const bool widen_v = sizeof(KV) == 2 && active > 1;
     const int64_t sb0 = jmin / kKeyBlock, sb1 = (jmax - 1) / kKeyBlock + 1;
-    for (int64_t sb = sb0; sb < sb1; ++sb) {
-        const KV* kb = kt + sb * D * kKeyBlock;
-        prefetch_span(kb + kAttnPrefetchKeys * D, kKeyBlock * D * int64_t(sizeof(KV)));
-        float* sd = s + (sb * kKeyBlock - j0);
-        if (widen_k) score_queries<float>(qp, Q, widen(kb, D * kKeyBlock, kf), D, vscale, sd, kAttnBlock);
-        else score_queries<KV>(qp, Q, kb, D, vscale, sd, kAttnBlock);
-    }
+    score_keys<KV>(qp, Q, kt, sb0, sb1, j0, D, _mm256_set1_ps(a.scale), s, kAttnBlock, kf);
     for (int64_t r = 0; r < R; ++r) {
         if (beg[r] >= end[r]) continue;
         for (int64_t g = 0; g < G; ++g) {
