@@ -11,7 +11,7 @@ from specdec.kv_cache.pool import blocked_keys
 
 pytestmark = pytest.mark.skipif(_C is None, reason="native kernels not built")
 
-BLOCK = 128  # kernels.h kAttnBlock
+BLOCK = 256  # kernels.h kAttnBlock
 
 
 def _isas() -> list[str]:
@@ -66,7 +66,7 @@ def _reference(q, k, v, start, scale, window=0, softcap=0.0) -> torch.Tensor:
     [(9, 3, 64, 0, 0.0), (4, 4, 72, 0, 0.0), (6, 2, 64, 200, 0.0), (4, 1, 20, 0, 30.0)],
 )
 def test_accuracy_across_blocks(isa, half, h, hkv, d, window, softcap) -> None:
-    length, start, rows = 700, 650, 12  # five blocks of 128 keys, the last partly filled
+    length, start, rows = 700, 650, 12  # three blocks of 256 keys, the last partly filled
     k, v = _cache(hkv, length, d, half, seed=1)
     q = torch.randn(rows, h, d, generator=torch.Generator().manual_seed(2))
     got = _C.attention(q, blocked_keys(k, 16), v, start, d**-0.5, window, softcap)
@@ -97,7 +97,7 @@ def test_row_alone_equals_row_among_n(isa, half) -> None:
 
 
 def test_thread_count_changes_nothing() -> None:
-    h, hkv, d, length = 9, 3, 64, 3000  # 24 blocks a kv head: the items spread over threads
+    h, hkv, d, length = 9, 3, 64, 3000  # 12 blocks a kv head: the items spread over threads
     k, v = _cache(hkv, length, d, True, seed=6)
     kt = blocked_keys(k, 16)
     q = torch.randn(8, h, d, generator=torch.Generator().manual_seed(7))

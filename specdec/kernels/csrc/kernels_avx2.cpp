@@ -457,7 +457,8 @@ inline void score_queries(const float* const* qp, int64_t Q, const KV* kb, int64
     }
 }
 
-// Q <= 3 queries against key blocks [sb, sb1): KB blocks per tile (6 to 12 accumulators).
+// One or two queries against key blocks [sb, sb1): KB blocks per tile (6 or 8 accumulators, and
+// registers left for the KB key vectors: no spills).
 template <int QT, int KB, typename KV>
 inline void score_few(const float* const* qp, const KV* kt, int64_t sb, int64_t sb1, int64_t j0, int64_t D,
                       __m256 vscale, float* s, int64_t ss) {
@@ -475,9 +476,8 @@ template <typename KV>
 inline void score_keys(const float* const* qp, int64_t Q, const KV* kt, int64_t sb0, int64_t sb1, int64_t j0,
                        int64_t D, __m256 vscale, float* s, int64_t ss, float* kf) {
     switch (Q) {
-        case 1: return score_few<1, 4, KV>(qp, kt, sb0, sb1, j0, D, vscale, s, ss);
-        case 2: return score_few<2, 3, KV>(qp, kt, sb0, sb1, j0, D, vscale, s, ss);
-        case 3: return score_few<3, 2, KV>(qp, kt, sb0, sb1, j0, D, vscale, s, ss);
+        case 1: return score_few<1, 3, KV>(qp, kt, sb0, sb1, j0, D, vscale, s, ss);
+        case 2: return score_few<2, 2, KV>(qp, kt, sb0, sb1, j0, D, vscale, s, ss);
         default: break;
     }
     for (int64_t sb = sb0; sb < sb1; ++sb) {
