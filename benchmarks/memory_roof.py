@@ -70,11 +70,11 @@ def _tensors(obj, seen: set[int], out: dict[int, int], depth: int = 0) -> None:
         _tensors(item, seen, out, depth + 1)
 
 
-def model_bytes(model_name: str, max_len: int) -> tuple[float, float]:
+def model_bytes(model_name: str, quantization: str, max_len: int) -> tuple[float, float]:
     """(weight MB, KV MB per token) of the model as the engine loads it."""
     from specdec.llm import LLM
 
-    llm = LLM(model_name, max_model_len=max_len, max_num_seqs=1)
+    llm = LLM(model_name, quantization=quantization, max_model_len=max_len, max_num_seqs=1)
     model = llm.engine.model
     storages: dict[int, int] = {}
     _tensors(model, set(), storages)
@@ -98,13 +98,14 @@ def _measured_n1(paths: list[str]) -> dict[int, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--quantization", "-q", default="auto", help="as forward-cost's --quantization")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--contexts", default="200,2000,3800")
     ap.add_argument("--bandwidth-gib", type=float, default=2.0, help="size of the sum's tensor")
     ap.add_argument("--forward-cost", nargs="*", default=[], help="forward-cost --json files")
     args = ap.parse_args()
     contexts = [int(c) for c in args.contexts.split(",")]
-    weight_mb, kv_token_mb = model_bytes(args.model, max(contexts) + 32)
+    weight_mb, kv_token_mb = model_bytes(args.model, args.quantization, max(contexts) + 32)
     bw = read_bandwidth(args.threads, args.bandwidth_gib)
     measured = _measured_n1(args.forward_cost)
     print(f"model {args.model}: weights {weight_mb:.1f} MB, KV {kv_token_mb * 1e3:.1f} KB a token")
