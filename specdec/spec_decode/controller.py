@@ -9,6 +9,10 @@ measured forward over n tokens plus, learnt from real cycles, a signed per-step 
 timings run up to 40% high), the extra a step with drafts costs per number of tokens verified
 (the curve's error at that n, what drafting does to the next forward), the time per draft, and,
 for a request the drafter has fallen behind on, its catch-up spread over CATCH_UP_HORIZON steps.
+Each request's rows are priced at its own context: the start-up measurement also times 1 and
+several rows after 1,024 cached tokens, and what a token of context adds to a request's first row
+and to each further row scales its rows (a verify row at 2,000 tokens cost 2.3x one at 200 on an
+AVX2 machine); the guard compares cycles net of the context cost a plain step would have.
 
 Accounting. Time is measured per cycle, from one draft call (or the decision not to draft) to the
 next: the drafting, then the step that verifies those drafts, with scheduling, sampling, commit
@@ -90,6 +94,12 @@ class CostModel:
     # (and the draft calls): the curve's error at n, what drafting does to the next forward
     draft_step_extra_ms: dict[int, float] = field(default_factory=dict)
     catch_up_ms_per_token: float = 0.0  # per token a drafter that did not draft must catch up on
+    # Context: verify_ms was measured after context_base cached tokens; each token of context
+    # beyond it costs a request's first row ctx_ms_first and each further row of it ctx_ms_row
+    # (attention reads the cache once per row, or once for all rows: measured, not assumed)
+    context_base: int = 0
+    ctx_ms_first: float = 0.0
+    ctx_ms_row: float = 0.0
     _extra_keys: list[int] = field(default_factory=list, repr=False)  # sorted draft_step_extra_ms
 
     def verify(self, n: int) -> float:
@@ -119,6 +129,13 @@ class CostModel:
         floor = plain + MIN_EXTRA_COST * self.verify_ms[0] * num_drafts
         return max(ms, floor, 1e-3)
 
+    def context_ms(self, context: int, rows: int) -> float:
+        """What ``rows`` rows of one request cost beyond the curve at ``context`` cached tokens."""
+        excess = context - self.context_base
+        if excess <= 0 or rows <= 0:
+            return 0.0
+        return excess * (self.ctx_ms_first + self.ctx_ms_row * (rows - 1))
+
     def draft_step_extra(self, n: int) -> float:
         """The learnt extra at n, else at the nearest n learnt below (above), else 0."""
         known = self.draft_step_extra_ms
@@ -135,41 +152,48 @@ def choose_num_drafts(
     caps: list[int],
     cost: CostModel,
     switch_on_ms: list[float] | None = None,
+    contexts: list[int] | None = None,
 ) -> list[int]:
     """Draft lengths maximising expected tokens per millisecond for a batch.
 
     switch_on_ms: per request, what drafting at all costs it this step (a catch-up, spread out).
+    contexts: per request, its cached tokens (prompt + output): each row verified at a long
+    context costs its attention over it (``CostModel.context_ms``).
     One request: exhaustive over 0..cap. Several: greedy, one draft at a time to whichever request
     gains most, while the batch's throughput still improves.
     """
     switch_on_ms = switch_on_ms or [0.0] * len(rates)
+    contexts = contexts or [0] * len(rates)
     if len(rates) == 1:  # exhaustive, the expected tokens summed as k grows (O(cap))
-        rate, switch = rates[0], switch_on_ms[0]
-        best_k, best = 0, 1.0 / cost.step_ms(1, 0)
+        rate, switch, ctx = rates[0], switch_on_ms[0], contexts[0]
+        best_k, best = 0, 1.0 / (cost.step_ms(1, 0) + cost.context_ms(ctx, 1))
         tokens = survive = 1.0
         for k in range(1, min(caps[0], len(rate)) + 1):
             survive *= rate[k - 1]
             tokens += survive
-            value = tokens / (cost.step_ms(1 + k, k) + switch)
+            value = tokens / (cost.step_ms(1 + k, k) + switch + cost.context_ms(ctx, 1 + k))
             if value > best:  # ties: the smaller k
                 best_k, best = k, value
         return [best_k]
     # NOTE: one more draft changes only the batch's total drafts, one request's expected tokens
-    # (by the chance its new last draft survives) and, for its first draft, the switch-on cost,
-    # so each round of the greedy costs O(requests), not O(requests x k).
+    # (by the chance its new last draft survives), its context cost by one row and, for its first
+    # draft, the switch-on cost, so each round of the greedy costs O(requests), not
+    # O(requests x k).
     ks = [0] * len(rates)
     survive = [1.0] * len(rates)  # chance that request i's drafts so far all survive
     tokens = float(len(rates))
-    switch_ms = 0.0
+    row_ms = [cost.context_ms(c, 2) - cost.context_ms(c, 1) for c in contexts]  # one more row
+    extra_ms = sum(cost.context_ms(c, 1) for c in contexts)  # switch-ons and context, so far
     total = 0
-    best = tokens / cost.step_ms(len(rates), 0)
+    best = tokens / (cost.step_ms(len(rates), 0) + extra_ms)
     while True:
-        ms = cost.step_ms(len(rates) + total + 1, total + 1) + switch_ms
+        ms = cost.step_ms(len(rates) + total + 1, total + 1) + extra_ms
         value, pick = -1.0, -1
         for i, cap in enumerate(caps):
             if ks[i] < cap:
                 gain = survive[i] * rates[i][ks[i]]
-                trial = (tokens + gain) / (ms if ks[i] else ms + switch_on_ms[i])
+                more = row_ms[i] + (0.0 if ks[i] else switch_on_ms[i])
+                trial = (tokens + gain) / (ms + more)
                 if trial >= value:  # ties go to the later request
                     value, pick = trial, i
         if pick < 0 or value <= best:
@@ -177,8 +201,7 @@ def choose_num_drafts(
         best = value
         survive[pick] *= rates[pick][ks[pick]]
         tokens += survive[pick]
-        if ks[pick] == 0:
-            switch_ms += switch_on_ms[pick]
+        extra_ms += row_ms[pick] + (0.0 if ks[pick] else switch_on_ms[pick])
         ks[pick] += 1
         total += 1
 
@@ -238,6 +261,8 @@ class _Cycle:
     num_drafts: int = 0  # verified in the step (the scheduler may have dropped some)
     num_tokens: int = -1  # generated in the step; -1 until it ran
     valid: bool = True  # the step decoded exactly this cycle's requests, no prefill
+    context_ms: float = 0.0  # what the requests' contexts add to the curve (CostModel.context_ms)
+    plain_context_ms: float = 0.0  # what they would add without drafts
 
 
 @dataclass
@@ -297,7 +322,10 @@ class SpecController:
             ks = list(caps)
         else:
             switch_on = [self._catch_up_ms(s) / CATCH_UP_HORIZON for s in states]
-            ks = choose_num_drafts([_extrapolated(s) for s in states], caps, self.cost, switch_on)
+            ks = choose_num_drafts(
+                [_extrapolated(s) for s in states], caps, self.cost, switch_on,
+                [s.num_tokens for s in states],
+            )  # fmt: skip
             if all_or_nothing and len(states) == 1:
                 ks = [cap if k > 0 else 0 for k, cap in zip(ks, caps)]
             else:
@@ -380,7 +408,12 @@ class SpecController:
             s.num_last_drafts = n
             if n:
                 s.num_tokens_drafted = s.num_tokens
+        cost = self.cost
         self._cycle = _Cycle(self._mark, kind, len(req_ids), draft_ms)
+        self._cycle.context_ms = sum(
+            cost.context_ms(s.num_tokens, 1 + n) for s, n in zip(states, num_drafts)
+        )
+        self._cycle.plain_context_ms = sum(cost.context_ms(s.num_tokens, 1) for s in states)
 
     def _learn_draft_cost(self, ms: float, num_drafts: int, drafting: list[_RequestState]) -> None:
         """Steady calls teach the time per draft; the others the time per token caught up on."""
@@ -413,13 +446,16 @@ class SpecController:
         self.measured_ms += ms
         cost = self.cost
         n = cycle.num_reqs + cycle.num_drafts
-        extra = ms - cycle.draft_ms - cost.verify(n)
+        extra = ms - cycle.draft_ms - cost.verify(n) - cycle.context_ms
         if cycle.num_drafts:
             old = cost.draft_step_extra(n)
             w = self._weight(f"draft_step{n}")
             cost.draft_step_extra_ms[n] = old + w * (extra - cost.overhead_ms - old)
         else:
             cost.overhead_ms += self._weight("step") * (extra - cost.overhead_ms)
+        # NOTE: the guard compares cycles at the context cost of a plain step: a conversation's
+        # plain and drafted cycles come at different lengths, and each grows with its length.
+        ms -= cycle.plain_context_ms
         if cycle.kind == "probe":
             self.explore_ms += ms - cycle.num_tokens * self._plain_ms_per_token(cycle.num_reqs)
             return
@@ -457,9 +493,12 @@ def measure_verify_cost(
     context: int = 64,
     repeats: int = 5,
     batch_ns: tuple[int, ...] = (),
+    long_context: int = 0,
 ) -> CostModel:
     """Time one target forward over n = 1..max_n new tokens after `context` cached tokens, and
-    over each n in batch_ns (larger: batches of requests with drafts), linear in between.
+    over each n in batch_ns (larger: batches of requests with drafts), linear in between; with
+    long_context, what a token of context adds to a request's first row and to each further row
+    (``CostModel.context_ms``), from 1 and up to 9 rows at both contexts.
 
     NOTE: the fastest of the repeats: on shared cores a median ran 40% high. The learnt offset
     adds what real steps cost beyond; the guard's stand-in for a plain step errs strict.
@@ -491,4 +530,39 @@ def measure_verify_cost(
         curve += [
             c0 + (c1 - c0) * (n - n0) / (n1 - n0) for n in range(max(n0 + 1, max_n + 1), n1 + 1)
         ]
-    return CostModel(curve)
+    cost = CostModel(curve, context_base=context)
+    rows = min(max_n, 9)
+    if long_context > context and long_context + rows <= kv.max_len:
+        _measure_context_cost(model, kv, slot, cost, rows, long_context)
+    return cost
+
+
+def _measure_context_cost(model, kv, slot: int, cost: CostModel, n: int, long: int) -> None:
+    """Fill the cache's first ``long`` positions (their values do not matter to the time), then
+    time 1 and n rows after ``cost.context_base`` and after ``long`` cached tokens, interleaved."""
+    from specdec.model.llama import SeqBatch
+
+    with torch.no_grad():
+        kv.v[:, slot, :, : long + n].zero_()
+        if kv.key_block:
+            kv.k[:, slot, :, : -(-(long + n) // kv.key_block)].zero_()
+        else:
+            kv.k[:, slot, :, : long + n].zero_()
+    device = model.device
+    ids = torch.zeros(n, dtype=torch.long, device=device)
+    fastest: dict[tuple[int, int], float] = {}
+    for _ in range(3):
+        for start in (cost.context_base, long):
+            for m in (1, n):
+                pos = torch.arange(start, start + m, device=device)
+                t0 = time.perf_counter()
+                model.compute_logits(
+                    model.forward(ids[:m], pos, SeqBatch([slot], [start], [m]), kv)
+                )
+                ms = 1000.0 * (time.perf_counter() - t0)
+                fastest[start, m] = min(ms, fastest.get((start, m), ms))
+    span = long - cost.context_base
+    first = max(0.0, fastest[long, 1] - fastest[cost.context_base, 1]) / span
+    all_rows = max(0.0, fastest[long, n] - fastest[cost.context_base, n]) / span
+    cost.ctx_ms_first = first
+    cost.ctx_ms_row = max(0.0, all_rows - first) / max(1, n - 1)

@@ -243,14 +243,14 @@ class _Run:
         return self.ms / self.tokens
 
 
-def _drive(ctl, clock, steps, draft_ms, step_ms, accept, ids=("r",)) -> _Run:
+def _drive(ctl, clock, steps, draft_ms, step_ms, accept, ids=("r",), prompt_len=100) -> _Run:
     """Step the controller as LLMEngine does: end_cycle, choose, draft, observe_drafts, verify.
 
     draft_ms(ks, behind) -> ms of the draft call (behind[i]: tokens request i produced since it
     last drafted); step_ms(ks) -> ms of the step verifying ks; accept(k) -> accepted drafts.
     """
     run, ids = _Run(), list(ids)
-    num_tokens = [100] * len(ids)  # a 100-token prompt
+    num_tokens = [prompt_len] * len(ids)
     num_seen = [0] * len(ids)  # by the drafter: a first draft catches up on the prompt
     for _ in range(steps):
         guard_off = ctl.guard_off
@@ -545,3 +545,51 @@ def test_no_drafts_while_prompts_are_being_prefilled(tiny_llama) -> None:
     eng.add_request(list(range(10, 40)), sp)
     eng.step()
     assert eng.requests[a].draft_token_ids and eng.requests[b].draft_token_ids
+
+
+def test_drafts_are_priced_at_the_request_context() -> None:
+    # Every verified row reads the whole cache: 0.004 ms per cached token beyond the curve's 64.
+    cost = CostModel([10.0, 11.0, 12.0, 13.0, 14.0], context_base=64)
+    cost.ctx_ms_first = cost.ctx_ms_row = 0.004
+    assert cost.context_ms(64, 5) == 0.0 and cost.context_ms(1064, 1) == pytest.approx(4.0)
+    assert cost.context_ms(1064, 3) == pytest.approx(12.0)
+    # a = 0.5: at 100 tokens drafting pays (k=2: 1.75 / 12.4 ms > 1 / 10.1 ms); at 4,000 one
+    # draft costs a second pass over the cache (1.5 / 42.5 ms < 1 / 25.7 ms)
+    assert choose_num_drafts([[0.5] * 4], [4], cost, contexts=[100])[0] > 0
+    assert choose_num_drafts([[0.5] * 4], [4], cost, contexts=[4000]) == [0]
+    # in a batch, the same rates: the drafts go to the short request
+    short, long_ = choose_num_drafts([[0.6] * 4, [0.6] * 4], [4, 4], cost, contexts=[100, 4000])
+    assert short > 0 and long_ == 0
+    # without a context cost the long request drafts as the short one does
+    flat = CostModel([10.0, 11.0, 12.0, 13.0, 14.0])
+    assert choose_num_drafts([[0.5] * 4], [4], flat, contexts=[4000])[0] > 0
+
+
+def test_a_long_request_after_short_ones_is_priced_at_its_context() -> None:
+    # Each verified row reads the cache: ~1 ms of attention at a few hundred tokens, 16 ms at
+    # ~4,000. Every other single draft survives: at short contexts one draft pays (1.5 tokens in
+    # 13 ms against 1 in 11), at ~4,000 it loses 10% (1.5 in 43 ms against 1 in 26). Priced at
+    # each request's context, the controller drafts the short requests and stops at once for
+    # the long one; priced at the start-up context it carries the short requests' lesson over.
+    def run(ctx_ms_row: float) -> tuple[_Run, _Run]:
+        clock = _Clock()
+        cost = CostModel([10.0, 11.0, 12.0, 13.0, 14.0], context_base=64)
+        cost.ctx_ms_first = cost.ctx_ms_row = ctx_ms_row
+        ctl = SpecController(4, cost, clock=clock)
+        flips = iter(range(10**6))
+
+        def phase(row_ms: float, prompt_len: int, req_id: str) -> _Run:
+            return _drive(
+                ctl, clock, 300, lambda ks, behind: 0.1 * sum(ks),
+                lambda ks: 10.0 + sum(ks) + row_ms * (len(ks) + sum(ks)),
+                lambda k: min(k, next(flips) % 2), ids=(req_id,), prompt_len=prompt_len,
+            )  # fmt: skip
+
+        return phase(1.0, 200, "short"), phase(16.0, 4000, "long")
+
+    (short, long_), (_, unpriced_long) = run(0.004), run(0.0)
+    assert short.drafting_steps == short.steps  # drafting pays there
+    assert long_.drafting_steps <= 10
+    assert long_.ms_per_token <= 26.0 * (1 + 2 * EXPLORE_BUDGET)
+    assert unpriced_long.drafting_steps > long_.drafting_steps
+    assert unpriced_long.ms_per_token > long_.ms_per_token
