@@ -78,10 +78,16 @@ struct AttnRows {
     float scale, softcap;
 };
 
-inline int64_t attn_part_floats(int64_t D) { return D + 2; }
-// Two key blocks of floats, R * G rows of scores and R * G query pointers.
+// A partial's record: m, l, six unused floats, then o[D] (32-byte aligned when the record is),
+// padded to a multiple of 8 floats.
+constexpr int64_t kAttnOut = 8;
+inline int64_t attn_part_floats(int64_t D) { return kAttnOut + (D + 7) / 8 * 8; }
+// Value rows a value tile takes at a time (kernels_avx2.cpp).
+constexpr int64_t kAttnValueKeys = 64;
+// A key block and kAttnValueKeys value rows of floats, R * G rows of scores and R * G query pointers, and
+// room to align them.
 inline int64_t attn_scratch_floats(int64_t R, int64_t G, int64_t D) {
-    return 2 * kKeyBlock * D + R * G * (kAttnBlock + 2) + 16;
+    return (kKeyBlock + kAttnValueKeys) * ((D + 7) / 8 * 8) + R * G * (kAttnBlock + 2) + 32;
 }
 
 struct KernelTable {
@@ -104,7 +110,7 @@ struct KernelTable {
 
     // Flash-decoding attention (AttnRows): the partial softmax of every row of `a` against keys
     // [j0, j0 + kAttnBlock) (j0 a multiple of kAttnBlock), restricted to each row's own range.
-    // part: R * G records of attn_part_floats(D) floats, record r * G + g = (m, l, o[D]): the
+    // part: R * G records of attn_part_floats(D) floats, record r * G + g = (m, l, o): the
     // maximum scaled score m, l = sum_j exp(s_j - m) and o = sum_j exp(s_j - m) v_j over the
     // row's keys in the block (rows without any: untouched).  scratch: attn_scratch_floats.
     void (*attention_block)(const AttnRows& a, int64_t j0, float* part, float* scratch);

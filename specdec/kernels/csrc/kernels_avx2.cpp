@@ -378,12 +378,12 @@ inline const float* widen(const KV* src, int64_t n, float* dst) {
     return dst;
 }
 
-// Value rows [0, n) (v_stride apart, D each) into floats, D apart.
+// Value rows [0, n) (v_stride apart, D each) into floats, dst_stride apart.
 template <typename KV>
-inline const float* widen_rows(const KV* v, int64_t v_stride, int64_t n, int64_t D, float* dst) {
+inline const float* widen_rows(const KV* v, int64_t v_stride, int64_t n, int64_t D, float* dst, int64_t dst_stride) {
     for (int64_t j = 0; j < n; ++j) {
         const KV* src = v + j * v_stride;
-        float* out = dst + j * D;
+        float* out = dst + j * dst_stride;
         int64_t c = 0;
         for (; c + 8 <= D; c += 8) _mm256_storeu_ps(out + c, load8(src + c));
         for (; c < D; ++c) out[c] = load1(src + c);
@@ -569,10 +569,15 @@ inline void block_values(const AttnRows& a, const int64_t* beg, const int64_t* e
         for_head_chunks(G, [&](auto gb, int64_t g0) {
             const int64_t qi = r * G + g0;
             value_heads<decltype(gb)::value, KV>(s + qi * kAttnBlock + (a0 - j0), kAttnBlock, vb + (a0 - k0) * vs, vs,
-                                                 a1 - a0, a.D, part + qi * P + 2, P);
+                                                 a1 - a0, a.D, part + qi * P + kAttnOut, P);
         });
     }
 }
+
+// Values are taken this many positions at a time (aligned): each value tile runs over them with
+// its accumulators in registers (16 at a time spent a third of the values' time on the tiles'
+// loads, stores and loop set-up at 8 rows).
+constexpr int64_t kValueKeys = kAttnValueKeys;
 
 // NOTE: a half cache is widened into scratch once per key block when several query tiles (keys)
 // or rows (values) read it, else read in place (F16C on load): the same floats either way.
@@ -591,9 +596,11 @@ void attention_block_kv(const AttnRows& a, int64_t j0, float* part, float* scrat
         }
     }
     if (active == 0) return;
-    float* kf = scratch;
-    float* vf = kf + kKeyBlock * D;
-    float* s = vf + kKeyBlock * D;  // s[(r * G + g) * kAttnBlock + j - j0]
+    // NOTE: 64-byte aligned (a 32-byte load across two cache lines costs two)
+    const int64_t Dp = (D + 7) / 8 * 8;
+    float* kf = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t(63));
+    float* vf = kf + kKeyBlock * Dp;
+    float* s = vf + kValueKeys * Dp;  // s[(r * G + g) * kAttnBlock + j - j0]
     const float** qp = reinterpret_cast<const float**>(s + Q * kAttnBlock);
     for (int64_t r = 0; r < R; ++r)
         for (int64_t g = 0; g < G; ++g) qp[r * G + g] = a.q + r * a.q_row_stride + g * a.q_head_stride;
@@ -607,16 +614,15 @@ void attention_block_kv(const AttnRows& a, int64_t j0, float* part, float* scrat
         for (int64_t g = 0; g < G; ++g) {
             float* rec = part + (r * G + g) * P;
             rec[1] = block_softmax(s + (r * G + g) * kAttnBlock + (beg[r] - j0), end[r] - beg[r], a.softcap, rec);
-            for (int64_t c = 0; c < D; ++c) rec[2 + c] = 0.0f;
+            for (int64_t c = 0; c < D; ++c) rec[kAttnOut + c] = 0.0f;
         }
     }
-    for (int64_t sb = sb0; sb < sb1; ++sb) {
-        const int64_t k0 = sb * kKeyBlock > jmin ? sb * kKeyBlock : jmin;
-        const int64_t k1 = sb * kKeyBlock + kKeyBlock < jmax ? sb * kKeyBlock + kKeyBlock : jmax;
+    for (int64_t k0 = jmin, k1; k0 < jmax; k0 = k1) {
+        k1 = (k0 / kValueKeys + 1) * kValueKeys < jmax ? (k0 / kValueKeys + 1) * kValueKeys : jmax;
         for (int64_t j = k0; j < k1; ++j) prefetch_span(v + (j + kAttnPrefetchKeys) * a.v_stride, D * int64_t(sizeof(KV)));
         if (widen_v)
-            block_values<float>(a, beg, end, j0, k0, k1, widen_rows(v + k0 * a.v_stride, a.v_stride, k1 - k0, D, vf),
-                                D, s, part);
+            block_values<float>(a, beg, end, j0, k0, k1, widen_rows(v + k0 * a.v_stride, a.v_stride, k1 - k0, D, vf, Dp),
+                                Dp, s, part);
         else
             block_values<KV>(a, beg, end, j0, k0, k1, v + k0 * a.v_stride, a.v_stride, s, part);
     }
@@ -652,8 +658,8 @@ void attention_merge(const AttnRows& a, int64_t b0, int64_t b1, const float* par
                 const __m256 vw = _mm256_set1_ps(w);
                 int64_t c = 0;
                 for (; c + 8 <= D; c += 8)
-                    _mm256_storeu_ps(o + c, _mm256_fmadd_ps(_mm256_loadu_ps(rec + 2 + c), vw, _mm256_loadu_ps(o + c)));
-                for (; c < D; ++c) o[c] = fmaf(rec[2 + c], w, o[c]);
+                    _mm256_storeu_ps(o + c, _mm256_fmadd_ps(_mm256_loadu_ps(rec + kAttnOut + c), vw, _mm256_loadu_ps(o + c)));
+                for (; c < D; ++c) o[c] = fmaf(rec[kAttnOut + c], w, o[c]);
             }
             const float inv = 1.0f / L;
             for (int64_t c = 0; c < D; ++c) o[c] *= inv;

@@ -158,7 +158,7 @@ void block_query(const float* q, const KV* kt, const KV* v, int64_t v_stride, in
     }
     rec[0] = m;
     rec[1] = l;
-    float* o = rec + 2;
+    float* o = rec + kAttnOut;
     for (int64_t d = 0; d < D; ++d) o[d] = 0.0f;
     for (int64_t j = b; j < e; ++j) {
         const KV* vj = v + j * v_stride;
@@ -200,7 +200,7 @@ void attention_merge(const AttnRows& a, int64_t b0, int64_t b1, const float* par
                 const float* rec = rec0 + (b - b0) * bstride;
                 const float w = rec[0] == M ? 1.0f : std::exp(rec[0] - M);
                 L += rec[1] * w;
-                for (int64_t c = 0; c < D; ++c) o[c] = std::fma(rec[2 + c], w, o[c]);
+                for (int64_t c = 0; c < D; ++c) o[c] = std::fma(rec[kAttnOut + c], w, o[c]);
             }
             const float inv = 1.0f / L;
             for (int64_t c = 0; c < D; ++c) o[c] *= inv;

@@ -942,8 +942,8 @@ torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tens
     std::vector<AttnItem> items;
     const int64_t part_floats = attention_units(slots, counts, row_lo, row_hi, Hkv, G * P, &units, &items);
     thread_local std::vector<float> part_buf;
-    if (static_cast<int64_t>(part_buf.size()) < part_floats) part_buf.resize(static_cast<size_t>(part_floats));
-    float* part = part_buf.data();
+    if (static_cast<int64_t>(part_buf.size()) < part_floats + 16) part_buf.resize(static_cast<size_t>(part_floats + 16));
+    float* part = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(part_buf.data()) + 63) & ~uintptr_t(63));
     std::unique_ptr<std::atomic<int64_t>[]> pending(new std::atomic<int64_t>[units.size()]);
     for (size_t u = 0; u < units.size(); ++u) pending[u].store(units[u].b1 - units[u].b0, std::memory_order_relaxed);
     const float* qp = q.data_ptr<float>();
