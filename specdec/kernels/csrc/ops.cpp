@@ -876,7 +876,7 @@ int64_t attention_units(const std::vector<int64_t>& slots, const std::vector<int
             for (int64_t hk = 0; hk < Hkv; ++hk) {
                 for (int64_t b = b0; b < b1; ++b) items->push_back({static_cast<int64_t>(units->size()), b});
                 units->push_back({row0, rows, slots[s], hk, b0, b1, part});
-                part += (b1 - b0) * rows * record_floats;
+                part += ((b1 - b0) * rows * record_floats + 15) / 16 * 16;  // own cache lines
             }
         }
         row += counts[s];
@@ -944,8 +944,14 @@ torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tens
     thread_local std::vector<float> part_buf;
     if (static_cast<int64_t>(part_buf.size()) < part_floats + 16) part_buf.resize(static_cast<size_t>(part_floats + 16));
     float* part = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(part_buf.data()) + 63) & ~uintptr_t(63));
-    std::unique_ptr<std::atomic<int64_t>[]> pending(new std::atomic<int64_t>[units.size()]);
-    for (size_t u = 0; u < units.size(); ++u) pending[u].store(units[u].b1 - units[u].b0, std::memory_order_relaxed);
+    // Blocks of each unit not finished yet, a cache line each (threads finishing their units'
+    // blocks would otherwise pass lines back and forth).
+    struct alignas(64) Pending {
+        std::atomic<int64_t> blocks;
+    };
+    std::unique_ptr<Pending[]> pending(new Pending[units.size()]);
+    for (size_t u = 0; u < units.size(); ++u)
+        pending[u].blocks.store(units[u].b1 - units[u].b0, std::memory_order_relaxed);
     const float* qp = q.data_ptr<float>();
     const char* kp = static_cast<const char*>(k_cache.data_ptr());
     const char* vp = static_cast<const char*>(v_cache.data_ptr());
@@ -971,7 +977,7 @@ torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tens
                              vs2, half, fscale, fcap};
             float* up = part + u.part;
             tab->attention_block(a, b * kAttnBlock, up + (b - u.b0) * u.rows * G * P, s);
-            if (pending[static_cast<size_t>(it.unit)].fetch_sub(1, std::memory_order_acq_rel) == 1)
+            if (pending[static_cast<size_t>(it.unit)].blocks.fetch_sub(1, std::memory_order_acq_rel) == 1)
                 tab->attention_merge(a, u.b0, u.b1, up, op + (u.row0 * H + u.hk * G) * D, H * D);
         }
     });
