@@ -49,8 +49,8 @@ constexpr int64_t kMaxScratchRows = 8;
 // step of a row reads only its own query, its own keys and its own partials, so a row's result is
 // bit-identical alone or among any rows, whatever the thread split.
 //
-// q . k_j: four chains, chain c over d in [c * Dq, (c + 1) * Dq) (Dq = ceil(D / 4)), each a
-// multiply then one FMA per d in order, summed (c0 + c1) + (c2 + c3), then * scale (one chain of
+// q . k_j: four chains, chain c over d = c, c + 4, c + 8, ..., each a multiply then one FMA per
+// d in order, summed (c0 + c1) + (c2 + c3), then * scale (one chain of
 // 256, Gemma's head size, took its logits from 1.3e-3 to 4.2e-3 off float64 transformers; four
 // chains: 1.8e-3); softcap > 0 then maps s to softcap * tanh(s / softcap).  Values: per output
 // element one FMA chain over the row's keys of the block in order, from zero.

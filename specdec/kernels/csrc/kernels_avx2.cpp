@@ -366,9 +366,18 @@ inline float load1(const uint16_t* p) { return half_to_float(*p); }
 // half cache at D = 64), past the block into the next, which the same task usually takes.
 constexpr int64_t kAttnPrefetchKeys = 64;
 
+// Every cache line of [p, p + bytes), four a loop step (the loop's own instructions cost a tenth
+// of a row's time at one MHA row otherwise).
 inline void prefetch_span(const void* p, int64_t bytes) {
     const char* c = static_cast<const char*>(p);
-    for (int64_t o = 0; o < bytes; o += 64) prefetch(c + o);
+    int64_t o = 0;
+    for (; o + 256 <= bytes; o += 256) {
+        prefetch(c + o);
+        prefetch(c + o + 64);
+        prefetch(c + o + 128);
+        prefetch(c + o + 192);
+    }
+    for (; o < bytes; o += 64) prefetch(c + o);
 }
 
 // n elements (n % 8 == 0) of a cache into floats (exact for half).
@@ -394,95 +403,83 @@ inline const float* widen_rows(const KV* v, int64_t v_stride, int64_t n, int64_t
 // Most queries per score tile: 2 * 6 accumulators, two key vectors and a broadcast.
 constexpr int kScoreTile = 6;
 
-// s[t * ss + i] = scale * q_t . key i for QT queries and the 16 KB keys of KB consecutive key
-// blocks (kb: KB x D x 16 elements, transposed), as kernels.h defines it.  One chain at a time,
-// the queries and key vectors side by side (2 * QT * KB <= 12 accumulators: enough independent
-// FMAs to hide their latency).
-template <int QT, int KB, typename KV>
-inline void score_tile(const float* const* qp, const KV* kb, int64_t D, int64_t Dq, __m256 vscale,
-                       float* s, int64_t ss) {
+// s[t * ss + i] = scale * q_t . key i for QT queries and the 16 keys of one key block (kb: D x 16
+// elements, transposed), as kernels.h defines it: chain c over d = c, c + 4, ... in order.  CH
+// chains run at a time, the queries side by side (2 * QT * CH accumulators: 8 to 12, enough
+// independent FMAs to hide their latency, one stream of key loads).
+template <int QT, int CH, typename KV>
+inline void score_tile(const float* const* qp, const KV* kb, int64_t D, __m256 vscale, float* s, int64_t ss) {
     static_assert(kKeyBlock == 16, "two 8-lane vectors per key block");
-    constexpr int NK = 2 * KB;
-    const int64_t bs = D * kKeyBlock;
-    alignas(32) float ch[4][QT][8 * NK];
-    for (int c = 0; c < 4; ++c) {
-        const int64_t d0 = c * Dq, d1 = d0 + Dq < D ? d0 + Dq : D;
-        __m256 acc[QT][NK];
-        if (d0 >= d1) {
-            for (int t = 0; t < QT; ++t)
-                for (int k = 0; k < NK; ++k) acc[t][k] = _mm256_setzero_ps();
-        } else {
-            __m256 kv[NK];
-            for (int k = 0; k < NK; ++k) kv[k] = load8(kb + (k / 2) * bs + d0 * kKeyBlock + 8 * (k % 2));
-            for (int t = 0; t < QT; ++t) {
-                const __m256 qd = _mm256_broadcast_ss(qp[t] + d0);
-                for (int k = 0; k < NK; ++k) acc[t][k] = _mm256_mul_ps(qd, kv[k]);
+    alignas(32) float ch[4][QT][16];
+    for (int c0 = 0; c0 < 4; c0 += CH) {
+        __m256 acc[CH][QT][2];
+        for (int i = 0; i < CH; ++i) {
+            const int64_t d = c0 + i;
+            if (d >= D) {
+                for (int t = 0; t < QT; ++t) acc[i][t][0] = acc[i][t][1] = _mm256_setzero_ps();
+                continue;
             }
-            for (int64_t d = d0 + 1; d < d1; ++d) {
-                for (int k = 0; k < NK; ++k) kv[k] = load8(kb + (k / 2) * bs + d * kKeyBlock + 8 * (k % 2));
-                for (int t = 0; t < QT; ++t) {
-                    const __m256 qd = _mm256_broadcast_ss(qp[t] + d);
-                    for (int k = 0; k < NK; ++k) acc[t][k] = _mm256_fmadd_ps(qd, kv[k], acc[t][k]);
-                }
+            const __m256 k0 = load8(kb + d * kKeyBlock), k1 = load8(kb + d * kKeyBlock + 8);
+            for (int t = 0; t < QT; ++t) {
+                const __m256 qd = _mm256_broadcast_ss(qp[t] + d);
+                acc[i][t][0] = _mm256_mul_ps(qd, k0);
+                acc[i][t][1] = _mm256_mul_ps(qd, k1);
             }
         }
-        for (int t = 0; t < QT; ++t)
-            for (int k = 0; k < NK; ++k) _mm256_store_ps(ch[c][t] + 8 * k, acc[t][k]);
+        for (int64_t d0 = 4; d0 < D; d0 += 4)
+            for (int i = 0; i < CH; ++i) {
+                const int64_t d = d0 + c0 + i;
+                if (d >= D) break;
+                const __m256 k0 = load8(kb + d * kKeyBlock), k1 = load8(kb + d * kKeyBlock + 8);
+                for (int t = 0; t < QT; ++t) {
+                    const __m256 qd = _mm256_broadcast_ss(qp[t] + d);
+                    acc[i][t][0] = _mm256_fmadd_ps(qd, k0, acc[i][t][0]);
+                    acc[i][t][1] = _mm256_fmadd_ps(qd, k1, acc[i][t][1]);
+                }
+            }
+        for (int i = 0; i < CH; ++i)
+            for (int t = 0; t < QT; ++t) {
+                _mm256_store_ps(ch[c0 + i][t], acc[i][t][0]);
+                _mm256_store_ps(ch[c0 + i][t] + 8, acc[i][t][1]);
+            }
     }
     for (int t = 0; t < QT; ++t)
-        for (int k = 0; k < NK; ++k) {
-            const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_load_ps(ch[0][t] + 8 * k), _mm256_load_ps(ch[1][t] + 8 * k)),
-                                             _mm256_add_ps(_mm256_load_ps(ch[2][t] + 8 * k), _mm256_load_ps(ch[3][t] + 8 * k)));
-            _mm256_storeu_ps(s + t * ss + 8 * k, _mm256_mul_ps(sum, vscale));
+        for (int h = 0; h < 2; ++h) {
+            const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_load_ps(ch[0][t] + 8 * h), _mm256_load_ps(ch[1][t] + 8 * h)),
+                                             _mm256_add_ps(_mm256_load_ps(ch[2][t] + 8 * h), _mm256_load_ps(ch[3][t] + 8 * h)));
+            _mm256_storeu_ps(s + t * ss + 8 * h, _mm256_mul_ps(sum, vscale));
         }
 }
 
-// score_tile<QT, 1> over Q queries in tiles of at most kScoreTile, as even as possible (a tile of
-// 2 next to one of 6 would leave the FMA units waiting on its 4 chains).
+// score_tile over Q queries in tiles of at most kScoreTile, as even as possible (a tile of 2 next
+// to one of 6 would leave the FMA units waiting); small tiles run several chains at once.
 template <typename KV>
 inline void score_queries(const float* const* qp, int64_t Q, const KV* kb, int64_t D, __m256 vscale, float* s,
                           int64_t ss) {
-    const int64_t Dq = (D + 3) / 4, ntiles = (Q + kScoreTile - 1) / kScoreTile;
+    const int64_t ntiles = (Q + kScoreTile - 1) / kScoreTile;
     for (int64_t i = 0, t = 0; i < ntiles; ++i) {
         const int64_t qt = Q / ntiles + (i < Q % ntiles ? 1 : 0);
         switch (qt) {
-            case 1: score_tile<1, 1, KV>(qp + t, kb, D, Dq, vscale, s + t * ss, ss); break;
-            case 2: score_tile<2, 1, KV>(qp + t, kb, D, Dq, vscale, s + t * ss, ss); break;
-            case 3: score_tile<3, 1, KV>(qp + t, kb, D, Dq, vscale, s + t * ss, ss); break;
-            case 4: score_tile<4, 1, KV>(qp + t, kb, D, Dq, vscale, s + t * ss, ss); break;
-            case 5: score_tile<5, 1, KV>(qp + t, kb, D, Dq, vscale, s + t * ss, ss); break;
-            default: score_tile<6, 1, KV>(qp + t, kb, D, Dq, vscale, s + t * ss, ss); break;
+            case 1: score_tile<1, 4, KV>(qp + t, kb, D, vscale, s + t * ss, ss); break;
+            case 2: score_tile<2, 2, KV>(qp + t, kb, D, vscale, s + t * ss, ss); break;
+            case 3: score_tile<3, 2, KV>(qp + t, kb, D, vscale, s + t * ss, ss); break;
+            case 4: score_tile<4, 1, KV>(qp + t, kb, D, vscale, s + t * ss, ss); break;
+            case 5: score_tile<5, 1, KV>(qp + t, kb, D, vscale, s + t * ss, ss); break;
+            default: score_tile<6, 1, KV>(qp + t, kb, D, vscale, s + t * ss, ss); break;
         }
         t += qt;
     }
 }
 
-// One or two queries against key blocks [sb, sb1): KB blocks per tile (6 or 8 accumulators, and
-// registers left for the KB key vectors: no spills).
-template <int QT, int KB, typename KV>
-inline void score_few(const float* const* qp, const KV* kt, int64_t sb, int64_t sb1, int64_t j0, int64_t D,
-                      __m256 vscale, float* s, int64_t ss) {
-    const int64_t Dq = (D + 3) / 4;
-    for (; sb < sb1; sb += KB) {
-        for (int64_t i = 0; i < KB; ++i) prefetch_span(kt + (sb + i) * D * kKeyBlock + kAttnPrefetchKeys * D, kKeyBlock * D * int64_t(sizeof(KV)));
-        if (sb + KB <= sb1) score_tile<QT, KB, KV>(qp, kt + sb * D * kKeyBlock, D, Dq, vscale, s + (sb * kKeyBlock - j0), ss);
-        else
-            for (int64_t b = sb; b < sb1; ++b) score_tile<QT, 1, KV>(qp, kt + b * D * kKeyBlock, D, Dq, vscale, s + (b * kKeyBlock - j0), ss);
-    }
-}
-
-// Scores of the Q queries against key blocks [sb0, sb1) into s (s[q * ss + j - j0] for key j).  A half cache is widened once per block when several tiles read it.
+// Scores of the Q queries against key blocks [sb0, sb1) into s (s[q * ss + j - j0] for key j).
+// A half cache is widened once per key block when several tiles read it.
 template <typename KV>
 inline void score_keys(const float* const* qp, int64_t Q, const KV* kt, int64_t sb0, int64_t sb1, int64_t j0,
-                       int64_t D, __m256 vscale, float* s, int64_t ss, float* kf) {
-    switch (Q) {
-        case 1: return score_few<1, 3, KV>(qp, kt, sb0, sb1, j0, D, vscale, s, ss);
-        case 2: return score_few<2, 2, KV>(qp, kt, sb0, sb1, j0, D, vscale, s, ss);
-        default: break;
-    }
+                       int64_t kend, int64_t D, __m256 vscale, float* s, int64_t ss, float* kf) {
     for (int64_t sb = sb0; sb < sb1; ++sb) {
         const KV* kb = kt + sb * D * kKeyBlock;
-        prefetch_span(kb + kAttnPrefetchKeys * D, kKeyBlock * D * int64_t(sizeof(KV)));
+        if ((sb + 1) * kKeyBlock + kAttnPrefetchKeys <= kend)
+            prefetch_span(kb + kAttnPrefetchKeys * D, kKeyBlock * D * int64_t(sizeof(KV)));
         float* sd = s + (sb * kKeyBlock - j0);
         if (sizeof(KV) == 2 && Q > kScoreTile) score_queries<float>(qp, Q, widen(kb, D * kKeyBlock, kf), D, vscale, sd, ss);
         else score_queries<KV>(qp, Q, kb, D, vscale, sd, ss);
@@ -608,7 +605,10 @@ void attention_block_kv(const AttnRows& a, int64_t j0, float* part, float* scrat
     const KV* v = static_cast<const KV*>(a.v);
     const bool widen_v = sizeof(KV) == 2 && active > 1;
     const int64_t sb0 = jmin / kKeyBlock, sb1 = (jmax - 1) / kKeyBlock + 1;
-    score_keys<KV>(qp, Q, kt, sb0, sb1, j0, D, _mm256_set1_ps(a.scale), s, kAttnBlock, kf);
+    // NOTE: prefetches stop at the rows' last key (none past a unit's end)
+    int64_t kend = 0;
+    for (int64_t r = 0; r < R; ++r) kend = a.hi[r] + 1 > kend ? a.hi[r] + 1 : kend;
+    score_keys<KV>(qp, Q, kt, sb0, sb1, j0, kend, D, _mm256_set1_ps(a.scale), s, kAttnBlock, kf);
     for (int64_t r = 0; r < R; ++r) {
         if (beg[r] >= end[r]) continue;
         for (int64_t g = 0; g < G; ++g) {
@@ -619,7 +619,12 @@ void attention_block_kv(const AttnRows& a, int64_t j0, float* part, float* scrat
     }
     for (int64_t k0 = jmin, k1; k0 < jmax; k0 = k1) {
         k1 = (k0 / kValueKeys + 1) * kValueKeys < jmax ? (k0 / kValueKeys + 1) * kValueKeys : jmax;
-        for (int64_t j = k0; j < k1; ++j) prefetch_span(v + (j + kAttnPrefetchKeys) * a.v_stride, D * int64_t(sizeof(KV)));
+        const int64_t p1 = k1 + kAttnPrefetchKeys < kend ? k1 + kAttnPrefetchKeys : kend;
+        const int64_t p0 = k0 + kAttnPrefetchKeys;
+        if (p0 < p1 && a.v_stride == D)  // rows back to back: one span
+            prefetch_span(v + p0 * D, (p1 - p0) * D * int64_t(sizeof(KV)));
+        else
+            for (int64_t j = p0; j < p1; ++j) prefetch_span(v + j * a.v_stride, D * int64_t(sizeof(KV)));
         if (widen_v)
             block_values<float>(a, beg, end, j0, k0, k1, widen_rows(v + k0 * a.v_stride, a.v_stride, k1 - k0, D, vf, Dp),
                                 Dp, s, part);

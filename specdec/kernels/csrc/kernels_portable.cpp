@@ -128,15 +128,9 @@ inline float load1(const uint16_t* p) { return half_to_float(*p); }
 template <typename KV>
 inline float blocked_score(const float* q, const KV* kt, int64_t j, int64_t D, float scale) {
     const KV* kb = kt + (j / kKeyBlock) * D * kKeyBlock + j % kKeyBlock;
-    const int64_t Dq = (D + 3) / 4;
     float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int64_t ch = 0; ch < 4; ++ch) {
-        const int64_t d0 = ch * Dq, d1 = std::min(D, d0 + Dq);
-        if (d0 >= d1) continue;
-        float acc = q[d0] * load1(kb + d0 * kKeyBlock);
-        for (int64_t d = d0 + 1; d < d1; ++d) acc = std::fma(q[d], load1(kb + d * kKeyBlock), acc);
-        c[ch] = acc;
-    }
+    for (int64_t d = 0; d < 4 && d < D; ++d) c[d] = q[d] * load1(kb + d * kKeyBlock);
+    for (int64_t d = 4; d < D; ++d) c[d % 4] = std::fma(q[d], load1(kb + d * kKeyBlock), c[d % 4]);
     return ((c[0] + c[1]) + (c[2] + c[3])) * scale;
 }
 
