@@ -206,7 +206,7 @@ def test_long_context_greedy_and_seeded_identical(long_llama) -> None:
     span = torch.randint(3, 200, (250,), generator=gen).tolist()
     prompts = [(span * 9)[:2100], (span[100:] + span * 7)[:1700]]
     params = [
-        SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, logprobs=2),
         SamplingParams(temperature=0.8, top_k=20, seed=7, max_tokens=40, ignore_eos=True),
     ]
     kw = dict(max_model_len=2304, max_num_seqs=2, max_num_batched_tokens=256)
@@ -215,4 +215,7 @@ def test_long_context_greedy_and_seeded_identical(long_llama) -> None:
     spec = LLM(str(long_llama), speculative_config=spec_cfg, **kw)
     got = spec.generate(prompts, params)
     assert _texts(got) == _texts(plain)
+    # NOTE: the logprobs too, exactly: a verification row's logits equal the decode row's bit for
+    # bit (the tokens alone would survive most last-bit differences)
+    assert got[0].outputs[0].logprobs and got[0].outputs[0].logprobs == plain[0].outputs[0].logprobs
     assert spec.spec_decode_stats.num_accepted_tokens > 0
