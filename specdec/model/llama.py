@@ -20,6 +20,7 @@ from specdec.kernels import (
     PackedWeight,
     amx16_available,
     int8_activations_fast,
+    int8_activations_pay,
 )
 from specdec.kv_cache.pool import KVCache
 from specdec.model.arch import ArchConfig
@@ -163,7 +164,7 @@ class LlamaModel:
             # speed and prefills it ~3x faster, but float16 weights decode at ~0.6x (their split
             # into two bfloat16s costs more than the memory stream); BENCHMARKS.md.
             bf16 = [lin for lin in half if lin.weight.qtype == "bf16"]
-            if eligible and int8_activations_fast():
+            if eligible and _int8_pays(eligible):
                 activation_dtype = "int8"
             elif bf16 and native_cpu and amx16_available():
                 activation_dtype, half = "bf16x2", bf16
@@ -398,3 +399,10 @@ class LlamaModel:
             self.device,
             key_block=self.ops.key_block,
         )
+
+
+def _int8_pays(eligible: list[Linear]) -> bool:
+    """Whether most of the eligible layers' bytes are in formats the 8-bit kernels speed up."""
+    total = sum(lin.weight.nbytes for lin in eligible)
+    paying = sum(lin.weight.nbytes for lin in eligible if int8_activations_pay(lin.weight.qtype))
+    return 2 * paying >= total

@@ -159,7 +159,11 @@ def test_activation_dtype_choice_and_errors(tiny_llama) -> None:
     with pytest.raises(ValueError, match="activation_dtype must be one of"):
         fp32.set_activation_dtype("int4")
     q = LlamaModel(ckpt, get_ops("native"), cpu, torch.float32, "q8_0", 64, "auto")
-    assert q.activation_dtype == ("int8" if kernels.int8_activations_fast() else "float32")
+    assert q.activation_dtype == ("int8" if kernels.int8_activations_pay("q8_0") else "float32")
+    # 4-bit weights: int8 wherever the 8-bit kernels run natively (VNNI or AVX2)
+    q4 = LlamaModel(ckpt, get_ops("native"), cpu, torch.float32, "q4_1", 64, "auto")
+    assert q4.activation_dtype == ("int8" if kernels.int8_activations_fast() else "float32")
+    assert kernels.int8_activations_pay("q4_1") == kernels.int8_activations_fast()
     torch_q = LlamaModel(ckpt, get_ops("torch"), cpu, torch.float32, "q8_0", 64, "auto")
     assert torch_q.activation_dtype == "float32"
     q.set_activation_dtype("int8")

@@ -209,8 +209,8 @@ namespace {
 bool amx_usable() { return a8_usable() && amx_permitted(); }
 
 // The VNNI kernels when the CPU has them and the AVX-512 table is selected (their AMX-INT8 form
-// when the CPU has that too and it is not switched off), else the scalar ones (same results,
-// much slower).
+// when the CPU has that too and it is not switched off), else the AVX2 ones when a vector table
+// is selected, else the scalar ones (the same results, much slower).
 const A8Table* a8_table() {
 #if defined(SPECDEC_HAVE_VNNI)
 #if defined(SPECDEC_HAVE_AMX)
@@ -218,6 +218,9 @@ const A8Table* a8_table() {
         return amx_table();
 #endif
     if (g_table == avx512_table() && a8_usable()) return vnni_table();
+#endif
+#if defined(SPECDEC_HAVE_AVX2A8)
+    if (g_table != portable_table() && avx2_usable()) return avx2_a8_table();
 #endif
     return portable_a8_table();
 }
@@ -1072,7 +1075,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("amx_enabled", &amx_enabled, "Whether AMX-INT8 is allowed (SPECDEC_AMX=0 or set_amx(False): not)");
     m.def("set_amx_min_rows", &set_amx_min_rows,
           "Rows from which every format uses AMX-INT8 (0: the measured per-format thresholds)", py::arg("rows"));
-    m.def("a8_kernels", &a8_kernels, "Name of the 8-bit activation kernels in use: amx-int8, avx512vnni or portable");
+    m.def("a8_kernels", &a8_kernels, "Name of the 8-bit activation kernels in use: amx-int8, avx512vnni, avx2 or portable");
     m.attr("QT_A8_BASE") = static_cast<int>(kA8QtypeBase);
     m.attr("KEY_BLOCK") = static_cast<int>(kKeyBlock);
     m.def("cpu_features", &cpu_features);
