@@ -889,11 +889,10 @@ int64_t attention_units(const std::vector<int64_t>& slots, const std::vector<int
 
 }  // namespace
 
-// Flash-decoding over every sequence at once (kernels.h, AttnRows): one work item per (group of
-// up to kAttnRows rows of a sequence, kv head, key block of kAttnBlock positions), so the rows of
-// a verification step read each K / V block once and even one row's work spreads over the
-// threads.  The thread that finishes a unit's last block merges its partials (in block order,
-// whoever computed them).
+// Flash-decoding over every sequence at once (kernels.h, AttnRows): units of up to kAttnRows rows
+// of a sequence and one kv head, each against its key blocks of kAttnBlock positions, so the rows
+// of a verification step read each K / V block once.  Merges run in block order whoever computed
+// the blocks: the split (whole units or single blocks per task) changes no result.
 torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                              const std::vector<int64_t>& slots, const std::vector<int64_t>& starts,
                              const std::vector<int64_t>& counts, double scale, int64_t sliding_window,
@@ -944,6 +943,46 @@ torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tens
     std::vector<AttnUnit> units;
     std::vector<AttnItem> items;
     const int64_t part_floats = attention_units(slots, counts, row_lo, row_hi, Hkv, G * P, &units, &items);
+    const float* qp = q.data_ptr<float>();
+    const char* kp = static_cast<const char*>(k_cache.data_ptr());
+    const char* vp = static_cast<const char*>(v_cache.data_ptr());
+    const int64_t elt = half ? 2 : 4;
+    float* op = out.data_ptr<float>();
+    const int64_t qs0 = q.stride(0), qs1 = q.stride(1);
+    const int64_t ks0 = k_cache.stride(0), ks1 = k_cache.stride(1);
+    const int64_t vs0 = v_cache.stride(0), vs1 = v_cache.stride(1), vs2 = v_cache.stride(2);
+    const KernelTable* tab = g_table;
+    const float fscale = static_cast<float>(scale), fcap = static_cast<float>(softcap);
+    auto rows_of = [&](const AttnUnit& u) {
+        return AttnRows{qp + u.row0 * qs0 + u.hk * G * qs1, qs0, qs1, u.rows, G, D,
+                        row_lo.data() + u.row0, row_hi.data() + u.row0,
+                        kp + (u.slot * ks0 + u.hk * ks1) * elt, vp + (u.slot * vs0 + u.hk * vs1) * elt,
+                        vs2, half, fscale, fcap};
+    };
+    // NOTE: per item, its K and V bytes at ~8 GB/s a thread plus its products at ~32 flops/ns
+    const double rows_avg = static_cast<double>(T * Hkv) / static_cast<double>(units.size());
+    const double item_ns = kAttnBlock * D * 2.0 * elt / 8.0 + rows_avg * G * kAttnBlock * D * 4.0 / 32.0;
+    const int64_t nunits = static_cast<int64_t>(units.size()), nitems = static_cast<int64_t>(items.size());
+    if (nunits >= 4 * at::get_num_threads()) {
+        // Units enough for the threads (MHA, batches, prefill): each unit whole in one task, its
+        // partials in that task's buffer (a prefill's would not fit in one), merged at once.
+        parallel_range(nunits, grain_for(item_ns * nitems / nunits), [&](int64_t u0, int64_t u1) {
+            float* s = scratch(attn_scratch_floats(kAttnRows, G, D));
+            thread_local std::vector<float> buf;
+            for (int64_t i = u0; i < u1; ++i) {
+                const AttnUnit& u = units[static_cast<size_t>(i)];
+                const AttnRows a = rows_of(u);
+                const int64_t rec = u.rows * G * P, need = (u.b1 - u.b0) * rec + 16;
+                if (static_cast<int64_t>(buf.size()) < need) buf.resize(static_cast<size_t>(need));
+                float* up = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
+                for (int64_t b = u.b0; b < u.b1; ++b) tab->attention_block(a, b * kAttnBlock, up + (b - u.b0) * rec, s);
+                tab->attention_merge(a, u.b0, u.b1, up, op + (u.row0 * H + u.hk * G) * D, H * D);
+            }
+        });
+        return out;
+    }
+    // Few units (one request's decode or verification step): one item per block, so that even a
+    // single row spreads over the threads; the thread finishing a unit's last block merges it.
     thread_local std::vector<float> part_buf;
     if (static_cast<int64_t>(part_buf.size()) < part_floats + 16) part_buf.resize(static_cast<size_t>(part_floats + 16));
     float* part = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(part_buf.data()) + 63) & ~uintptr_t(63));
@@ -955,31 +994,14 @@ torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tens
     std::unique_ptr<Pending[]> pending(new Pending[units.size()]);
     for (size_t u = 0; u < units.size(); ++u)
         pending[u].blocks.store(units[u].b1 - units[u].b0, std::memory_order_relaxed);
-    const float* qp = q.data_ptr<float>();
-    const char* kp = static_cast<const char*>(k_cache.data_ptr());
-    const char* vp = static_cast<const char*>(v_cache.data_ptr());
-    const int64_t elt = half ? 2 : 4;
-    float* op = out.data_ptr<float>();
-    const int64_t qs0 = q.stride(0), qs1 = q.stride(1);
-    const int64_t ks0 = k_cache.stride(0), ks1 = k_cache.stride(1);
-    const int64_t vs0 = v_cache.stride(0), vs1 = v_cache.stride(1), vs2 = v_cache.stride(2);
-    const KernelTable* tab = g_table;
-    const float fscale = static_cast<float>(scale), fcap = static_cast<float>(softcap);
-    // NOTE: per item, its K and V bytes at ~8 GB/s a thread plus its products at ~32 flops/ns
-    const double rows_avg = static_cast<double>(T * Hkv) / static_cast<double>(units.size());
-    const double item_ns = kAttnBlock * D * 2.0 * elt / 8.0 + rows_avg * G * kAttnBlock * D * 4.0 / 32.0;
-    parallel_range(static_cast<int64_t>(items.size()), grain_for(item_ns), [&](int64_t i0, int64_t i1) {
+    parallel_range(nitems, grain_for(item_ns), [&](int64_t i0, int64_t i1) {
         float* s = scratch(attn_scratch_floats(kAttnRows, G, D));
         for (int64_t i = i0; i < i1; ++i) {
             const AttnItem& it = items[static_cast<size_t>(i)];
             const AttnUnit& u = units[static_cast<size_t>(it.unit)];
-            const int64_t b = it.block;
-            const AttnRows a{qp + u.row0 * qs0 + u.hk * G * qs1, qs0, qs1, u.rows, G, D,
-                             row_lo.data() + u.row0, row_hi.data() + u.row0,
-                             kp + (u.slot * ks0 + u.hk * ks1) * elt, vp + (u.slot * vs0 + u.hk * vs1) * elt,
-                             vs2, half, fscale, fcap};
+            const AttnRows a = rows_of(u);
             float* up = part + u.part;
-            tab->attention_block(a, b * kAttnBlock, up + (b - u.b0) * u.rows * G * P, s);
+            tab->attention_block(a, it.block * kAttnBlock, up + (it.block - u.b0) * u.rows * G * P, s);
             if (pending[static_cast<size_t>(it.unit)].blocks.fetch_sub(1, std::memory_order_acq_rel) == 1)
                 tab->attention_merge(a, u.b0, u.b1, up, op + (u.row0 * H + u.hk * G) * D, H * D);
         }
