@@ -96,8 +96,11 @@ def test_row_alone_equals_row_among_n(isa, half) -> None:
         assert torch.equal(full[t : t + 1], _C.attention(qp[t : t + 1], kt, v, t, 0.125, 48, 0.0))
 
 
-def test_thread_count_changes_nothing() -> None:
-    h, hkv, d, length = 9, 3, 64, 3000  # 12 blocks a kv head: the items spread over threads
+@pytest.mark.parametrize("h,hkv", [(9, 3), (8, 4)])
+def test_thread_count_changes_nothing(h, hkv) -> None:
+    """3 kv heads: blocks spread over threads either way; 4: whole units per task on one thread,
+    single blocks on two (ops.cpp attention_seqs picks by units per thread)."""
+    d, length = 64, 3000  # 12 blocks a kv head
     k, v = _cache(hkv, length, d, True, seed=6)
     kt = blocked_keys(k, 16)
     q = torch.randn(8, h, d, generator=torch.Generator().manual_seed(7))
