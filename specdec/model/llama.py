@@ -51,8 +51,8 @@ class LayerWeights:
     post_attn_norm: torch.Tensor  # [H]
     gate_up: Linear
     down: Linear
-    q_norm: torch.Tensor | None = None  # [D] (Gemma 3)
-    k_norm: torch.Tensor | None = None  # [D] (Gemma 3)
+    q_norm: torch.Tensor | None = None  # [D] (Gemma 3, Qwen3)
+    k_norm: torch.Tensor | None = None  # [D] (Gemma 3, Qwen3)
     post_attn_out_norm: torch.Tensor | None = None  # [H] (Gemma 3)
     post_ffw_norm: torch.Tensor | None = None  # [H] (Gemma 3)
 
@@ -217,9 +217,10 @@ class LlamaModel:
             gate_up=lin(["gate_proj", "up_proj"]),
             down=lin(["down_proj"]),
         )
-        if self.cfg.is_gemma:
+        if self.cfg.is_gemma or self.cfg.qk_norm:
             layer.q_norm = self._vec(t[p + "q_norm"])
             layer.k_norm = self._vec(t[p + "k_norm"])
+        if self.cfg.is_gemma:
             layer.post_attn_out_norm = layer.post_attn_norm
             layer.post_attn_norm = self._vec(t[p + "pre_feedforward_layernorm"])
             layer.post_ffw_norm = self._vec(t[p + "post_feedforward_layernorm"])

@@ -32,7 +32,7 @@ def _full(model: LlamaModel, ids: list[int]) -> torch.Tensor:
     return model.compute_logits(h)
 
 
-@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_gemma", "tiny_qwen2"])
+@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_gemma", "tiny_qwen2", "tiny_qwen3"])
 @pytest.mark.parametrize("kernels", ["native", "torch"])
 def test_logits_match_transformers(fixture: str, kernels: str, request) -> None:
     folder = request.getfixturevalue(fixture)
@@ -87,7 +87,7 @@ def test_batched_sequences_equal_single(tiny_gemma) -> None:
     assert torch.equal(both[25:], _full(model, b))
 
 
-@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_gemma", "tiny_qwen2"])
+@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_gemma", "tiny_qwen2", "tiny_qwen3"])
 @pytest.mark.parametrize(
     "quantization,activations,kv_dtype",
     [
