@@ -63,7 +63,13 @@ def _reference(q, k, v, start, scale, window=0, softcap=0.0) -> torch.Tensor:
 @pytest.mark.parametrize("half", [False, True])
 @pytest.mark.parametrize(
     "h,hkv,d,window,softcap",
-    [(9, 3, 64, 0, 0.0), (4, 4, 72, 0, 0.0), (6, 2, 64, 200, 0.0), (4, 1, 20, 0, 30.0)],
+    [
+        (9, 3, 64, 0, 0.0),
+        (4, 4, 72, 0, 0.0),
+        (6, 2, 64, 200, 0.0),
+        (4, 1, 20, 0, 30.0),
+        (16, 2, 128, 0, 0.0),
+    ],
 )
 def test_accuracy_across_blocks(isa, half, h, hkv, d, window, softcap) -> None:
     length, start, rows = 700, 650, 12  # three blocks of 256 keys, the last partly filled
