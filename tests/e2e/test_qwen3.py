@@ -149,6 +149,9 @@ def test_a_head_with_the_wrong_head_size_is_refused(tiny_qwen3, tmp_path) -> Non
     folder = write_mtp_target(tmp_path / "mtp", tiny_qwen3)
     cfg = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps(cfg | {"head_dim": 16}))
-    with pytest.raises(ValueError, match=r"self_attn\.q_proj has shape \(128, 64\).*8 heads|"
-                       r"self_attn\.q_proj has shape .* heads x 16"):
+    with pytest.raises(
+        ValueError,
+        match=r"self_attn\.q_proj has shape \(128, 64\).*8 heads|"
+        r"self_attn\.q_proj has shape .* heads x 16",
+    ):
         LLM(str(folder), speculative_config={"method": "mtp"}, max_model_len=128)
