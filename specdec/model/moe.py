@@ -101,11 +101,15 @@ class MoeBlock:
         return out
 
     def _grouped(self, h: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:  # -> [T, k, H]
-        per_rank = h.new_empty(h.shape[0], self.top_k, h.shape[1])
-        for e in torch.unique(ids).tolist():  # each chosen expert once, for all its rows
-            rows, ranks = (ids == e).nonzero(as_tuple=True)
-            per_rank[rows, ranks] = self.experts[e](h[rows])
-        return per_rank
+        per_rank = h.new_empty(h.shape[0] * self.top_k, h.shape[1])
+        order = torch.argsort(ids.flatten(), stable=True)  # (row, rank) slots, by expert
+        chosen, counts = torch.unique_consecutive(ids.flatten()[order], return_counts=True)
+        start = 0
+        for e, n in zip(chosen.tolist(), counts.tolist()):  # each chosen expert once
+            slots = order[start : start + n]
+            per_rank[slots] = self.experts[e](h[slots // self.top_k])
+            start += n
+        return per_rank.view(h.shape[0], self.top_k, h.shape[1])
 
     def _one_by_one(self, h: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:  # -> [T, k, H]
         per_rank = h.new_empty(h.shape[0], self.top_k, h.shape[1])
