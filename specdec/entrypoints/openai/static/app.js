@@ -159,7 +159,7 @@ async function send(event) {
   const system = $("system").value.trim();
   const messages = (system ? [{ role: "system", content: system }] : []).concat(
     state.history, [{ role: "user", content: prompt }]);
-  addMessage("user", prompt);
+  const asked = addMessage("user", prompt);
   const reply = new Reply(addMessage("assistant", ""));
   try {
     const res = await fetch("/v1/chat/completions", {
@@ -171,6 +171,7 @@ async function send(event) {
     state.history.push({ role: "user", content: prompt }, { role: "assistant", content: reply.text });
     $("prompt").value = "";
   } catch (e) {
+    if (!reply.tokens) asked.remove();
     reply.div.remove();
     showError(e.message);
   } finally {
