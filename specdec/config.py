@@ -808,8 +808,9 @@ class EngineArgs:
     per_request_spec_decode_metrics: str | None = _arg(
         None,
         "serve: each response's speculative figures in vLLM's shape, its top-level "
-        "metrics.speculative_decoding ('summary'; 'detailed' per-step lists are not kept)",
-        choices=("summary",),
+        "metrics.speculative_decoding ('summary'; 'detailed' gives the summary: per-step lists "
+        "are not kept; 'none': off)",
+        choices=("none", "summary", "detailed"),
         kind=SERVER,
     )
     kv_cache_metrics: bool = _ignored(False, "see /metrics", type=bool)

@@ -118,5 +118,8 @@ def test_page_headers(srv):
     assert r.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
     assert r.headers["x-content-type-options"] == "nosniff"
     assert "<script>" not in r.text and "style=" not in r.text  # no inline script or style
+    css = httpx.get(f"{srv.url}/static/app.css")
+    assert css.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
     js = httpx.get(f"{srv.url}/static/app.js").text
+    assert len(js.encode()) + len(css.content) <= 30 * 1024  # the page stays small
     assert "innerHTML" not in js and "http" not in js.replace("HTTP ", "")

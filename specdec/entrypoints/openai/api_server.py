@@ -713,7 +713,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         shutdown_timeout=args.shutdown_timeout,
         sampling_defaults=defaults,
         metrics_prefixes=PREFIX_CHOICES[args.metrics_prefix],
-        per_request_spec_decode_metrics=args.per_request_spec_decode_metrics,
+        per_request_spec_decode_metrics=_spec_metrics_level(args.per_request_spec_decode_metrics),
     )
     _apply_app_flags(app, args)
     logger.info(
@@ -741,6 +741,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server = make_server(config)
     server.run()
     return 0 if server.started else 1
+
+
+def _spec_metrics_level(value: str | None) -> str | None:
+    """vLLM's --per-request-spec-decode-metrics: "summary" or None (off)."""
+    if value == "detailed":
+        logger.warning(
+            "--per-request-spec-decode-metrics detailed: per-step lists are not kept; "
+            "responses carry the summary"
+        )
+    return None if value in (None, "none") else "summary"
 
 
 def _given(args: argparse.Namespace, name: str, parse: Any) -> bool:
