@@ -34,6 +34,9 @@ class LlamaShape:
     rope_theta: float = 100000.0
     context: int = 8192
     tie_embeddings: bool = True
+    arch: str = "llama"  # "qwen3": per-head q/k norms, explicit head_dim
+    head_dim: int = 0  # 0: hidden / heads
+    vocab: int = 0  # 0: the tokenizer's (49,152); more: padded with tokens no text encodes to
 
 
 SHAPES = {
@@ -42,6 +45,21 @@ SHAPES = {
     "smollm2-135m": LlamaShape(576, 30, 9, 3, 1536),
     "llama-3.2-1b-like": LlamaShape(2048, 16, 32, 8, 8192, rope_theta=500000.0),
     "tiny": LlamaShape(256, 2, 4, 2, 512, context=512),  # tests (256: K-quant rows)
+    # Qwen3-1.7B's shape (config.json of Qwen/Qwen3-1.7B), its 151,936-token vocabulary padded
+    # onto SmolLM2's tokenizer so that the output layer costs what the real one does
+    "qwen3-1.7b": LlamaShape(
+        2048,
+        28,
+        16,
+        8,
+        6144,
+        rope_theta=1_000_000.0,
+        context=40960,
+        arch="qwen3",
+        head_dim=128,
+        vocab=151936,
+    ),  # fmt: skip
+    "qwen3-tiny": LlamaShape(256, 2, 4, 2, 512, context=512, arch="qwen3", head_dim=128),
 }
 GGUF_TYPES = {
     "F32": QT.F32,
@@ -74,6 +92,21 @@ def _tokenizer_fields(source: Path) -> list[tuple[str, object, gguf.GGUFValueTyp
         if key.startswith("tokenizer."):
             sub = field.types[1] if len(field.types) > 1 else None
             out.append((key, field.contents(), field.types[0], sub))
+    return out
+
+
+def _padded(fields: list, vocab: int) -> list:
+    """The tokenizer fields with tokens appended up to ``vocab`` (unreachable by any text)."""
+    out = []
+    for key, value, vtype, sub in fields:
+        n = vocab - len(value) if isinstance(value, list) else 0
+        if key == "tokenizer.ggml.tokens" and n > 0:
+            value = value + [f"<|synthetic_pad_{i}|>" for i in range(n)]
+        elif key == "tokenizer.ggml.token_type" and n > 0:
+            value = value + [int(gguf.TokenType.USER_DEFINED)] * n
+        elif key == "tokenizer.ggml.scores" and n > 0:
+            value = value + [0.0] * n
+        out.append((key, value, vtype, sub))
     return out
 
 
@@ -119,10 +152,10 @@ def write_gguf(
         def types(name: str) -> QT:
             return embd_type if name in ("token_embd.weight", "output.weight") else qtype
 
-    fields = _tokenizer_fields(smollm2_gguf())
+    fields = _padded(_tokenizer_fields(smollm2_gguf()), shape.vocab)
     vocab = next(len(v) for k, v, _, _ in fields if k == "tokenizer.ggml.tokens")
-    head_dim = shape.hidden // shape.heads
-    w = gguf.GGUFWriter(str(path), "llama")
+    head_dim = shape.head_dim or shape.hidden // shape.heads
+    w = gguf.GGUFWriter(str(path), shape.arch)
     w.add_name(f"synthetic {type_name}")
     w.add_context_length(shape.context)
     w.add_embedding_length(shape.hidden)
@@ -133,6 +166,9 @@ def write_gguf(
     w.add_rope_freq_base(shape.rope_theta)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_dimension_count(head_dim)
+    if shape.head_dim:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     w.add_vocab_size(vocab)
     for key, value, vtype, sub in fields:
         w.add_key_value(key, value, vtype, sub_type=sub)
@@ -145,16 +181,19 @@ def write_gguf(
         _add(w, name, _tensor(rng, (rows, cols), t, scale, quantize), t)
 
     add("token_embd.weight", vocab, shape.hidden, 1.0)
-    kv = shape.kv_heads * head_dim
+    kv, q = shape.kv_heads * head_dim, shape.heads * head_dim
     for i in range(shape.layers):
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", ones)
         w.add_tensor(p + "ffn_norm.weight", ones)
+        if shape.arch == "qwen3":
+            w.add_tensor(p + "attn_q_norm.weight", np.ones(head_dim, dtype=np.float32))
+            w.add_tensor(p + "attn_k_norm.weight", np.ones(head_dim, dtype=np.float32))
         for name, rows, cols in (
-            ("attn_q", shape.hidden, shape.hidden),
+            ("attn_q", q, shape.hidden),
             ("attn_k", kv, shape.hidden),
             ("attn_v", kv, shape.hidden),
-            ("attn_output", shape.hidden, shape.hidden),
+            ("attn_output", shape.hidden, q),
             ("ffn_gate", shape.ffn, shape.hidden),
             ("ffn_up", shape.ffn, shape.hidden),
             ("ffn_down", shape.hidden, shape.ffn),

@@ -449,7 +449,7 @@ class EngineArgs:
     )
     activation_dtype: str = _arg(
         "auto",
-        "int8: llama.cpp-style 8-bit activations for quantized weights (fast on AVX-512 VNNI); "
+        "int8: llama.cpp-style 8-bit activations for quantized weights (fast on AVX-512 VNNI and AVX2); "
         "bf16x2: activations as two bfloat16s on AMX-BF16 tiles for f16/bf16 weights (~2-3x "
         "faster prefill; f16 decode slower); float32: exact float activations (matches "
         "transformers); auto: int8 for quantized weights where fast, bf16x2 for bf16 weights "

@@ -100,6 +100,10 @@ def make_tiny_model(
     elif arch == "qwen2":
         cfg = transformers.Qwen2Config(**common, tie_word_embeddings=False)
         model = transformers.Qwen2ForCausalLM(cfg)
+    elif arch == "qwen3":
+        # explicit head_dim (not hidden / heads, as the real ones), tied embeddings (0.6B-4B)
+        cfg = transformers.Qwen3Config(**common, head_dim=32, tie_word_embeddings=True)
+        model = transformers.Qwen3ForCausalLM(cfg)
     else:
         cfg = transformers.LlamaConfig(**common, tie_word_embeddings=True)
         model = transformers.LlamaForCausalLM(cfg)
@@ -132,6 +136,11 @@ def tiny_gemma(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen2(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny_qwen2"), "qwen2", seed=3, num_layers=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_qwen3"), "qwen3", seed=4, num_layers=2)
 
 
 def bench_prompts(n: int | None = None) -> list[dict]:

@@ -14,8 +14,10 @@ def _target_config(target: Path) -> dict:
     return json.loads((target / "config.json").read_text())
 
 
-def _layer(prefix: str, H: int, inter: int, heads: int, kv_heads: int, in_dim: int, g) -> dict:
-    D = H // heads
+def _layer(
+    prefix: str, H: int, inter: int, heads: int, kv_heads: int, in_dim: int, g, D: int = 0
+) -> dict:
+    D = D or H // heads
 
     def r(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=g) * 0.3
@@ -144,7 +146,7 @@ def write_mtp_target(folder: Path, target: Path, layout: str = "deepseek", seed:
     if layout == "deepseek":
         p = f"model.layers.{N}."
         w = _layer(p, H, c["intermediate_size"], c["num_attention_heads"],
-                   c["num_key_value_heads"], H, g)  # fmt: skip
+                   c["num_key_value_heads"], H, g, c.get("head_dim") or 0)  # fmt: skip
         w[p + "enorm.weight"] = 1 + 0.1 * torch.randn(H, generator=g)
         w[p + "hnorm.weight"] = 1 + 0.1 * torch.randn(H, generator=g)
         w[p + "eh_proj.weight"] = torch.randn(H, 2 * H, generator=g) * 0.2
@@ -153,7 +155,7 @@ def write_mtp_target(folder: Path, target: Path, layout: str = "deepseek", seed:
     else:
         p = "model.mtp_layers.0."
         w = _layer(p, H, c["intermediate_size"], c["num_attention_heads"],
-                   c["num_key_value_heads"], H, g)  # fmt: skip
+                   c["num_key_value_heads"], H, g, c.get("head_dim") or 0)  # fmt: skip
         w[p + "token_layernorm.weight"] = 1 + 0.1 * torch.randn(H, generator=g)
         w[p + "hidden_layernorm.weight"] = 1 + 0.1 * torch.randn(H, generator=g)
         w[p + "input_proj.weight"] = torch.randn(H, 2 * H, generator=g) * 0.2

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "gemma3")
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
 
 
 class UnsupportedModelError(ValueError):
@@ -15,7 +15,7 @@ class UnsupportedModelError(ValueError):
 
 @dataclass
 class ArchConfig:
-    arch: str  # "llama" (Llama 2/3, SmolLM2, Mistral, Qwen2) | "gemma3"
+    arch: str  # "llama" (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3) | "gemma3"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -28,6 +28,7 @@ class ArchConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool = True
     attention_bias: bool = False  # Qwen2: bias on q/k/v
+    qk_norm: bool = False  # Qwen3: RMSNorm over each head's q and k before RoPE
     rope_scaling: dict[str, Any] | None = None  # llama3: factor, low/high_freq_factor, original_max
     # Gemma 3
     sliding_window: int = 0
@@ -78,7 +79,10 @@ def _gemma_layer_types(num_layers: int, pattern: int = 6) -> list[str]:
 
 def arch_from_gguf(meta: dict[str, Any], vocab_size: int) -> ArchConfig:
     arch = meta.get("general.architecture", "")
-    family = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "gemma3": "gemma3"}.get(arch)
+    family = {
+        "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama",
+        "gemma3": "gemma3",
+    }.get(arch)  # fmt: skip
     if family is None:
         raise UnsupportedModelError(
             f"unsupported GGUF architecture '{arch}': supported are {', '.join(SUPPORTED_ARCHS)}"
@@ -108,6 +112,7 @@ def arch_from_gguf(meta: dict[str, Any], vocab_size: int) -> ArchConfig:
         rope_theta=float(get("rope.freq_base", 1_000_000.0 if family == "gemma3" else 10000.0)),
         max_position_embeddings=int(get("context_length", 2048)),
         attention_bias=arch == "qwen2",
+        qk_norm=arch == "qwen3",
         rope_scaling=rope_scaling,
     )
     if family == "gemma3":
@@ -128,12 +133,13 @@ def arch_from_hf_config(cfg: dict[str, Any]) -> ArchConfig:
         "llama": "llama",
         "mistral": "llama",
         "qwen2": "llama",
+        "qwen3": "llama",
         "gemma3_text": "gemma3",
     }.get(model_type)
     if family is None:
         raise UnsupportedModelError(
             f"unsupported model_type '{model_type}' in config.json: supported are "
-            "llama, mistral, qwen2, gemma3_text"
+            "llama, mistral, qwen2, qwen3, gemma3_text"
         )
     heads = int(cfg["num_attention_heads"])
     hidden = int(cfg["hidden_size"])
@@ -171,6 +177,7 @@ def arch_from_hf_config(cfg: dict[str, Any]) -> ArchConfig:
         max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", family == "gemma3")),
         attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
+        qk_norm=model_type == "qwen3",
         rope_scaling=dict(rope_scaling) if rope_scaling else None,
     )
     if family == "gemma3":

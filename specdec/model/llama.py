@@ -20,6 +20,7 @@ from specdec.kernels import (
     PackedWeight,
     amx16_available,
     int8_activations_fast,
+    int8_activations_pay,
 )
 from specdec.kv_cache.pool import KVCache
 from specdec.model.arch import ArchConfig
@@ -50,8 +51,8 @@ class LayerWeights:
     post_attn_norm: torch.Tensor  # [H]
     gate_up: Linear
     down: Linear
-    q_norm: torch.Tensor | None = None  # [D] (Gemma 3)
-    k_norm: torch.Tensor | None = None  # [D] (Gemma 3)
+    q_norm: torch.Tensor | None = None  # [D] (Gemma 3, Qwen3)
+    k_norm: torch.Tensor | None = None  # [D] (Gemma 3, Qwen3)
     post_attn_out_norm: torch.Tensor | None = None  # [H] (Gemma 3)
     post_ffw_norm: torch.Tensor | None = None  # [H] (Gemma 3)
 
@@ -163,7 +164,7 @@ class LlamaModel:
             # speed and prefills it ~3x faster, but float16 weights decode at ~0.6x (their split
             # into two bfloat16s costs more than the memory stream); BENCHMARKS.md.
             bf16 = [lin for lin in half if lin.weight.qtype == "bf16"]
-            if eligible and int8_activations_fast():
+            if eligible and _int8_pays(eligible):
                 activation_dtype = "int8"
             elif bf16 and native_cpu and amx16_available():
                 activation_dtype, half = "bf16x2", bf16
@@ -216,9 +217,10 @@ class LlamaModel:
             gate_up=lin(["gate_proj", "up_proj"]),
             down=lin(["down_proj"]),
         )
-        if self.cfg.is_gemma:
+        if self.cfg.is_gemma or self.cfg.qk_norm:
             layer.q_norm = self._vec(t[p + "q_norm"])
             layer.k_norm = self._vec(t[p + "k_norm"])
+        if self.cfg.is_gemma:
             layer.post_attn_out_norm = layer.post_attn_norm
             layer.post_attn_norm = self._vec(t[p + "pre_feedforward_layernorm"])
             layer.post_ffw_norm = self._vec(t[p + "post_feedforward_layernorm"])
@@ -398,3 +400,10 @@ class LlamaModel:
             self.device,
             key_block=self.ops.key_block,
         )
+
+
+def _int8_pays(eligible: list[Linear]) -> bool:
+    """Whether most of the eligible layers' bytes are in formats the 8-bit kernels speed up."""
+    total = sum(lin.weight.nbytes for lin in eligible)
+    paying = sum(lin.weight.nbytes for lin in eligible if int8_activations_pay(lin.weight.qtype))
+    return 2 * paying >= total

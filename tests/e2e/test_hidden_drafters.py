@@ -290,7 +290,7 @@ def test_quantized_target_runs_heads_on_8_bit_kernels(name, heads) -> None:
     plain = _llm(target, None, quantization="q8_0")
     llm = _llm(target, spec | {"adaptive": False}, quantization="q8_0")
     params = _greedy(16)
-    if not kernels._C.a8_available():
+    if not kernels.int8_activations_pay("q8_0"):
         assert plain.engine.model.activation_dtype == "float32"
         assert _ids(llm.generate(PROMPTS, params)) == _ids(plain.generate(PROMPTS, params))
         return

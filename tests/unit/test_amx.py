@@ -32,22 +32,36 @@ def _paths() -> list[str]:
         paths.insert(0, "vnni")
         if K.amx_available():
             paths.insert(0, "amx")
+    elif K.native_available() and K._C.has_avx2_build() and "avx2" in _avx2_a8():
+        paths.insert(0, "avx2")
     return paths
+
+
+def _avx2_a8() -> str:
+    """The 8-bit activation kernels the AVX2 table picks here ("portable" when not built)."""
+    try:
+        K.set_native_isa("avx2")
+        return K.a8_kernels() or "portable"
+    except Exception:  # noqa: BLE001 - no AVX2 on this CPU
+        return "portable"
+    finally:
+        K.set_native_isa("auto")
 
 
 @contextlib.contextmanager
 def _path(path: str) -> Iterator[None]:
     """Run the 8-bit activation kernels through one path (process-wide, restored after)."""
     _require_native()
-    if path == "portable":
-        K.set_native_isa("portable")
+    if path in ("portable", "avx2"):
+        K.set_native_isa(path)
     else:
         K.set_native_isa("avx512")
         K.set_native_amx(path == "amx")
         if path == "amx":
             K._C.set_amx_min_rows(1)
     try:
-        expected = {"amx": "amx-int8", "vnni": "avx512vnni", "portable": "portable"}[path]
+        expected = {"amx": "amx-int8", "vnni": "avx512vnni", "avx2": "avx2", "portable": "portable"}
+        expected = expected[path]
         assert K.a8_kernels() == expected
         yield
     finally:

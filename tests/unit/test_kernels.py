@@ -539,5 +539,17 @@ def _f32_weight() -> K.PackedWeight:
 
 def test_int8_activations_fast_reflects_cpu():
     _require_native()
-    has_vnni = K.cpu_features().get("avx512vnni", False) and _has_avx512(K.cpu_features())
-    assert K.int8_activations_fast() == (has_vnni and K.native_isa() == "avx512")
+    feats = K.cpu_features()
+    has_vnni = feats.get("avx512vnni", False) and _has_avx512(feats)
+    assert K.kquant_int8_fast() == (has_vnni and K.native_isa() == "avx512")
+    # Q8_0 / Q4_0 / Q4_1: VNNI, else AVX2's vpmaddubsw kernels, wherever a vector table runs
+    has_avx2 = all(feats.get(f, False) for f in ("avx2", "fma", "f16c"))
+    vector = K.native_isa() in ("avx2", "avx512")
+    assert K.int8_activations_fast() == (vector and (has_vnni or has_avx2))
+    expected = "portable" if not vector else ("avx2" if not has_vnni else K.a8_kernels())
+    assert K.a8_kernels() == expected
+    try:
+        K.set_native_isa("portable")
+        assert not K.int8_activations_fast() and K.a8_kernels() == "portable"
+    finally:
+        K.set_native_isa("auto")

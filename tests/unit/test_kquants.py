@@ -353,7 +353,7 @@ def test_loader_keeps_kquants_native_where_int8_is_fast(monkeypatch):
     ]
     ops = K.get_ops("native")
     for fast in (True, False):
-        monkeypatch.setattr(K, "int8_activations_fast", lambda fast=fast: fast)
+        monkeypatch.setattr(K, "kquant_int8_fast", lambda fast=fast: fast)
         w = pack_linear(raws, "auto", ops, torch.device("cpu"))
         assert w.qtype == ("q4_k+q6_k" if fast else "q8_0")
         if fast:
@@ -364,7 +364,7 @@ def test_loader_keeps_kquants_native_where_int8_is_fast(monkeypatch):
         assert pack_linear(raws[:1], "q4_0", ops, torch.device("cpu")).qtype == "q4_0"
         assert pack_linear(raws[:1], "fp32", ops, torch.device("cpu")).qtype == "f32"
     # A K-quant fused with another format: the K-quant counts as Q8_0, then the most precise wins.
-    monkeypatch.setattr(K, "int8_activations_fast", lambda: True)
+    monkeypatch.setattr(K, "kquant_int8_fast", lambda: True)
     q4_0 = RawTensor("q4_0", K.quantize_weight(_randn(16, 512), "q4_0").data.numpy(), (16, 512))
     assert pack_linear([raws[0], q4_0], "auto", ops, torch.device("cpu")).qtype == "q8_0"
     f16 = RawTensor("f16", np.zeros((16, 512), dtype=np.float16), (16, 512))
@@ -423,7 +423,7 @@ def test_kquant_gguf_loads_native_and_decodes_batch_invariant(mix, mk, tmp_path)
     model = plain.engine.model
     rest = MIXES[mix][2]
     layer0, layer1 = model.layers[0], model.layers[1]
-    if K.int8_activations_fast():  # K-quants stay native, int8 activations
+    if K.kquant_int8_fast():  # K-quants stay native, int8 activations
         assert layer0.qkv.weight.qtype == f"{rest}+q6_k"  # q|k in one format, v in Q6_K
         assert layer1.qkv.weight.qtype == rest and layer1.gate_up.weight.qtype == rest
         assert layer0.down.weight.qtype == "q6_k" and model.lm_head.weight.qtype == "q6_k"

@@ -32,7 +32,7 @@ def _full(model: LlamaModel, ids: list[int]) -> torch.Tensor:
     return model.compute_logits(h)
 
 
-@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_gemma", "tiny_qwen2"])
+@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_gemma", "tiny_qwen2", "tiny_qwen3"])
 @pytest.mark.parametrize("kernels", ["native", "torch"])
 def test_logits_match_transformers(fixture: str, kernels: str, request) -> None:
     folder = request.getfixturevalue(fixture)
@@ -87,7 +87,7 @@ def test_batched_sequences_equal_single(tiny_gemma) -> None:
     assert torch.equal(both[25:], _full(model, b))
 
 
-@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_gemma", "tiny_qwen2"])
+@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_gemma", "tiny_qwen2", "tiny_qwen3"])
 @pytest.mark.parametrize(
     "quantization,activations,kv_dtype",
     [
@@ -159,7 +159,11 @@ def test_activation_dtype_choice_and_errors(tiny_llama) -> None:
     with pytest.raises(ValueError, match="activation_dtype must be one of"):
         fp32.set_activation_dtype("int4")
     q = LlamaModel(ckpt, get_ops("native"), cpu, torch.float32, "q8_0", 64, "auto")
-    assert q.activation_dtype == ("int8" if kernels.int8_activations_fast() else "float32")
+    assert q.activation_dtype == ("int8" if kernels.int8_activations_pay("q8_0") else "float32")
+    # 4-bit weights: int8 wherever the 8-bit kernels run natively (VNNI or AVX2)
+    q4 = LlamaModel(ckpt, get_ops("native"), cpu, torch.float32, "q4_1", 64, "auto")
+    assert q4.activation_dtype == ("int8" if kernels.int8_activations_fast() else "float32")
+    assert kernels.int8_activations_pay("q4_1") == kernels.int8_activations_fast()
     torch_q = LlamaModel(ckpt, get_ops("torch"), cpu, torch.float32, "q8_0", 64, "auto")
     assert torch_q.activation_dtype == "float32"
     q.set_activation_dtype("int8")

@@ -1,0 +1,220 @@
+// 8-bit activation kernels for AVX2 CPUs without AVX-512 VNNI (AMD Zen 2/3, Intel before Ice
+// Lake, most laptops): the same tiles, the same arithmetic and the same results, bit for bit, as
+// kernels_vnni.cpp and the scalar twins in kernels_portable.cpp (layouts and order there).
+// Compiled on its own with the AVX2 flags; only called after ops.cpp has checked the CPU.
+//
+// Integer dot products per block of 32 inputs, 8 output rows per vector lane group:
+//   4-bit formats: vpmaddubsw (unsigned nibble x signed activation, pairs summed in int16: at most
+//     2 x 15 x 127, no saturation), a block's pair sums added in int16 (at most 30,480), then
+//     vpmaddwd by ones into int32: 32 multiply-adds per vpmaddubsw, 4x a float FMA;
+//   Q8_0: the unsigned codes (0..255) and the activations widened to int16 and multiplied by
+//     vpmaddwd (exact: vpmaddubsw could saturate at 2 x 255 x 127).
+// Integer sums are exact, so their order is free; every float operation per output is the twins'
+// single operation in the twins' order (float(s) * dx, fma with d, Q4_1's fma of m with dx * sx,
+// then + bias), in the lanes of a vector.
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels.h"
+
+namespace specdec {
+namespace {
+
+inline __m256i bcast4(const int8_t* p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+// Rows [m0, m1) of x [M, K] -> xq int8 [M, K] and per block of 32: dx = amax / 127, sx = the sum
+// of the codes, dxs = dx * sx (as a8_quantize_rows in kernels_portable.cpp).
+void quantize_rows(const float* x, int64_t K, int8_t* xq, float* dx, int32_t* sx, float* dxs,
+                   int64_t m0, int64_t m1) {
+    const int64_t nb = K / 32;
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    for (int64_t m = m0; m < m1; ++m) {
+        for (int64_t b = 0; b < nb; ++b) {
+            const float* xb = x + m * K + b * 32;
+            __m256 v[4];
+            for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(xb + 8 * i);
+            __m256 a = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
+                                     _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
+            __m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+            h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+            h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+            const float amax = _mm_cvtss_f32(h);
+            const float d = amax / 127.0f;
+            const float id = d != 0.0f ? 1.0f / d : 0.0f;
+            const __m256 idv = _mm256_set1_ps(id);
+            __m256i q[4];
+            for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], idv));  // nearest even
+            // saturating packs (the twins' clamp to [-128, 127]), then the lanes back in order
+            const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+            const __m256i codes = _mm256_permutevar8x32_epi32(p, order);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + m * K + b * 32), codes);
+            const __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, codes), ones16);
+            __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+            s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+            s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+            const int32_t sum = _mm_cvtsi128_si32(s);
+            dx[m * nb + b] = d;
+            sx[m * nb + b] = sum;
+            dxs[m * nb + b] = d * static_cast<float>(sum);
+        }
+    }
+}
+
+// The int32 dot products of one tile's 16 rows with R activation blocks: lo[r] lanes = rows 0-7,
+// hi[r] = rows 8-15.  The weights are unpacked once for the R activation rows.  NOTE: a row's
+// eight pair sums stay in int16 (each at most 2 x 15 x 128 = 3,840 in magnitude, 30,720 in all:
+// no overflow) and meet vpmaddwd once per block, not once per pair.
+template <int R>
+inline void dot_q4(const uint8_t* quants, const int8_t* const* xb, __m256i* lo, __m256i* hi) {
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+    __m256i a_lo[R], a_hi[R];
+    for (int r = 0; r < R; ++r) a_lo[r] = a_hi[r] = _mm256_setzero_si256();
+    // NOTE: not unrolled: unrolled, GCC kept every pass's operands live and spilled ~400 times
+#pragma GCC unroll 1
+    for (int p = 0; p < 4; ++p) {
+        const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + p * 64));
+        const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + p * 64 + 32));
+        const __m256i w0l = _mm256_and_si256(w0, mask), w0h = _mm256_and_si256(_mm256_srli_epi16(w0, 4), mask);
+        const __m256i w1l = _mm256_and_si256(w1, mask), w1h = _mm256_and_si256(_mm256_srli_epi16(w1, 4), mask);
+        for (int r = 0; r < R; ++r) {
+            const __m256i x_lo = bcast4(xb[r] + 4 * p), x_hi = bcast4(xb[r] + 4 * (p + 4));
+            a_lo[r] = _mm256_add_epi16(a_lo[r], _mm256_add_epi16(_mm256_maddubs_epi16(w0l, x_lo),
+                                                                 _mm256_maddubs_epi16(w0h, x_hi)));
+            a_hi[r] = _mm256_add_epi16(a_hi[r], _mm256_add_epi16(_mm256_maddubs_epi16(w1l, x_lo),
+                                                                 _mm256_maddubs_epi16(w1h, x_hi)));
+        }
+    }
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    for (int r = 0; r < R; ++r) {
+        lo[r] = _mm256_madd_epi16(a_lo[r], ones16);
+        hi[r] = _mm256_madd_epi16(a_hi[r], ones16);
+    }
+}
+
+// Q8_0: 8 groups of 4 inputs; 32 bytes = 8 rows x 4 codes.  Widened to int16 (once for the R
+// activation rows), vpmaddwd gives per row two pair sums; vphaddd adds them (lanes come out as rows
+// 0 1 4 5 2 3 6 7, put back at the end).
+template <int R>
+inline void dot_q8(const uint8_t* quants, const int8_t* const* xb, __m256i* lo, __m256i* hi) {
+    for (int half = 0; half < 2; ++half) {
+        __m256i acc[R];
+        for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
+        for (int t = 0; t < 8; ++t) {
+            const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + t * 64 + 32 * half));
+            const __m256i w03 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(w));
+            const __m256i w47 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(w, 1));
+            for (int r = 0; r < R; ++r) {
+                int32_t x4;
+                memcpy(&x4, xb[r] + 4 * t, 4);
+                const __m256i xw = _mm256_cvtepi8_epi16(_mm_set1_epi32(x4));
+                acc[r] = _mm256_add_epi32(
+                    acc[r], _mm256_hadd_epi32(_mm256_madd_epi16(w03, xw), _mm256_madd_epi16(w47, xw)));
+            }
+        }
+        const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+        for (int r = 0; r < R; ++r) (half ? hi : lo)[r] = _mm256_permutevar8x32_epi32(acc[r], order);
+    }
+}
+
+inline __m256 f16x8(const uint8_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// Outputs of tile group g for activation rows [m, m + R): each row's float steps in the twins'
+// order, in the lanes of its two accumulators.
+template <int R, int kind>
+void group_rows(const int8_t* xq, const float* dx, const int32_t* sx, const float* dxs,
+                int64_t m, int64_t K, const uint8_t* wg, const float* bias, float* y, int64_t N, int64_t g) {
+    constexpr int64_t TB = a8_tile_bytes(kind);
+    constexpr int32_t offset = kind == A8_Q8 ? 128 : kind == A8_Q4_0 ? 8 : 0;
+    const int64_t nb = K / 32;
+    __m256 acc_lo[R], acc_hi[R];
+    for (int r = 0; r < R; ++r) acc_lo[r] = acc_hi[r] = _mm256_setzero_ps();
+#pragma GCC unroll 1
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* tile = wg + b * TB;
+        const int8_t* xb[R];
+        for (int r = 0; r < R; ++r) xb[r] = xq + (m + r) * K + b * 32;
+        __m256i s_lo[R], s_hi[R];
+        if constexpr (kind == A8_Q8) {
+            dot_q8<R>(tile + 64, xb, s_lo, s_hi);
+        } else {
+            dot_q4<R>(tile + 64, xb, s_lo, s_hi);
+        }
+        const __m256 d_lo = f16x8(tile), d_hi = f16x8(tile + 16);
+        for (int r = 0; r < R; ++r) {
+            const int64_t blk = (m + r) * nb + b;
+            if constexpr (offset != 0) {
+                const __m256i o = _mm256_set1_epi32(offset * sx[blk]);
+                s_lo[r] = _mm256_sub_epi32(s_lo[r], o);
+                s_hi[r] = _mm256_sub_epi32(s_hi[r], o);
+            }
+            const __m256 dxv = _mm256_set1_ps(dx[blk]);
+            acc_lo[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s_lo[r]), dxv), d_lo, acc_lo[r]);
+            acc_hi[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s_hi[r]), dxv), d_hi, acc_hi[r]);
+            if constexpr (kind == A8_Q4_1) {
+                const __m256 dxs_v = _mm256_set1_ps(dxs[blk]);
+                acc_lo[r] = _mm256_fmadd_ps(f16x8(tile + 32), dxs_v, acc_lo[r]);
+                acc_hi[r] = _mm256_fmadd_ps(f16x8(tile + 48), dxs_v, acc_hi[r]);
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        float* yr = y + (m + r) * N + g * kA8TileRows;
+        if (bias) {
+            acc_lo[r] = _mm256_add_ps(acc_lo[r], _mm256_loadu_ps(bias + g * kA8TileRows));
+            acc_hi[r] = _mm256_add_ps(acc_hi[r], _mm256_loadu_ps(bias + g * kA8TileRows + 8));
+        }
+        _mm256_storeu_ps(yr, acc_lo[r]);
+        _mm256_storeu_ps(yr + 8, acc_hi[r]);
+    }
+}
+
+// Activation rows go through a tile group four at a time (a row's result does not depend on
+// which rows share its pass: every lane's arithmetic is its own).
+constexpr int64_t kRowsPerPass = 4;
+
+template <int kind>
+void groups_of(const int8_t* xq, const float* dx, const int32_t* sx, const float* dxs, int64_t M,
+               int64_t K, const uint8_t* w, const float* bias, float* y, int64_t N, int64_t g0, int64_t g1) {
+    const int64_t group_bytes = K / 32 * a8_tile_bytes(kind);
+    for (int64_t g = g0; g < g1; ++g) {
+        const uint8_t* wg = w + g * group_bytes;
+        int64_t m = 0;
+        for (; m + kRowsPerPass <= M; m += kRowsPerPass)
+            group_rows<kRowsPerPass, kind>(xq, dx, sx, dxs, m, K, wg, bias, y, N, g);
+        switch (M - m) {
+            case 3: group_rows<3, kind>(xq, dx, sx, dxs, m, K, wg, bias, y, N, g); break;
+            case 2: group_rows<2, kind>(xq, dx, sx, dxs, m, K, wg, bias, y, N, g); break;
+            case 1: group_rows<1, kind>(xq, dx, sx, dxs, m, K, wg, bias, y, N, g); break;
+            default: break;
+        }
+    }
+}
+
+void linear_groups(int kind, const int8_t* xq, const float* dx, const int32_t* sx, const float* dxs,
+                   int64_t M, int64_t K, const uint8_t* w, const float* bias, float* y, int64_t N,
+                   int64_t g0, int64_t g1, const void* /*prep*/) {
+    if (kind == A8_Q8) {
+        groups_of<A8_Q8>(xq, dx, sx, dxs, M, K, w, bias, y, N, g0, g1);
+    } else if (kind == A8_Q4_0) {
+        groups_of<A8_Q4_0>(xq, dx, sx, dxs, M, K, w, bias, y, N, g0, g1);
+    } else {
+        groups_of<A8_Q4_1>(xq, dx, sx, dxs, M, K, w, bias, y, N, g0, g1);
+    }
+}
+
+const A8Table kTable = {"avx2", quantize_rows, linear_groups, nullptr};
+
+}  // namespace
+
+const A8Table* avx2_a8_table() { return &kTable; }
+
+}  // namespace specdec
