@@ -805,7 +805,14 @@ class EngineArgs:
     show_hidden_metrics_for_version: str | None = _ignored(None, "see /metrics")
     otlp_traces_endpoint: str | None = _ignored(None, "no tracing")
     collect_detailed_traces: list[str] | None = _ignored(None, "no tracing", nargs="+")
-    per_request_spec_decode_metrics: str | None = _ignored(None, "see /metrics")
+    per_request_spec_decode_metrics: str | None = _arg(
+        None,
+        "serve: each response's speculative figures in vLLM's shape, its top-level "
+        "metrics.speculative_decoding ('summary'; 'detailed' gives the summary: per-step lists "
+        "are not kept; 'none': off)",
+        choices=("none", "summary", "detailed"),
+        kind=SERVER,
+    )
     kv_cache_metrics: bool = _ignored(False, "see /metrics", type=bool)
     kv_cache_metrics_sample: float | None = _ignored(None, "see /metrics", type=float)
     cudagraph_metrics: bool = _ignored(False, "no CUDA graphs", type=bool)
