@@ -170,6 +170,7 @@ class AsyncLLM:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
+        self.engine.shutdown()  # NOTE: tensor-parallel workers end with the engine
 
     @property
     def is_running(self) -> bool:

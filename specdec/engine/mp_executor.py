@@ -39,7 +39,11 @@ class MultiprocExecutor(Executor):
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         self.check_health()
-        return self._runner.execute_model(sched)
+        try:
+            return self._runner.execute_model(sched)
+        except ExecutorError:
+            self.shutdown()
+            raise
 
     def check_health(self) -> None:
         try:

@@ -85,7 +85,10 @@ class TPGroup:
             parts = [torch.empty_like(t) for _ in range(self.size)]
             self._pg.allgather([parts], [t]).wait(timedelta(seconds=TIMEOUT_S))
         except RuntimeError as e:
-            raise TPError(f"tensor-parallel all-reduce failed: {_first_line(e)}") from None
+            raise TPError(
+                f"tensor-parallel all-reduce failed (a rank died or stopped answering): "
+                f"{_first_line(e)}"
+            ) from None
         out = parts[0].clone()
         for p in parts[1:]:
             out += p
@@ -121,7 +124,11 @@ class TPGroup:
 
 
 def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    """The first line of ``e``, without gloo's ``[source.cc:123]`` prefix, at most 200 chars."""
+    line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    if line.startswith("[") and "] " in line:
+        line = line.partition("] ")[2]
+    return line[:200]
 
 
 @dataclass
