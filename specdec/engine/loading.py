@@ -4,6 +4,7 @@ their kernels and compute dtype, and the one-line description the engine logs at
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -199,8 +200,10 @@ def load_target(
         config.max_model_len, config.activation_dtype, config.kv_cache_dtype, config.tokenizer,
     )  # fmt: skip
     plan_shard(load_checkpoint(resolve_model_path(config.model)).arch, 0, size)  # before spawning
-    bind_rank(cores[0], config.threads)
+    before = (os.sched_getaffinity(0), torch.get_num_threads())
     group = start_group(load, size, cores)
+    group.workers.restore = before
+    bind_rank(cores[0], config.threads)
     try:
         out = load_model(
             config.model, device, dtype, kernels, config.quantization, config.max_model_len,

@@ -32,6 +32,7 @@ from datetime import timedelta
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -64,12 +65,76 @@ class LoadArgs:
     tokenizer: str | None
 
 
+SHM_CAP = 1 << 20  # float32 elements per rank and buffer (4 MiB); larger tensors go through gloo
+_SHM_HEADER = 4096  # one 64-byte line of flags per rank
+
+
+class ShmAllReduce:
+    """The all-reduce of one host through a shared /dev/shm file (the DeepSpeed / vLLM-CPU
+    pattern): each rank writes its tensor into its slot and bumps its sequence flag, waits for
+    every flag, then sums the slots in rank order, so every rank gets the same bits, batch
+    after batch. Two buffers alternate: a rank that passed round s + 1's wait knows every peer
+    finished reading round s, whose buffer round s + 2 reuses. x86 keeps stores in order, so a
+    flag is never seen before its data."""
+
+    def __init__(self, path: str, rank: int, size: int, watch: Callable[[], None]) -> None:
+        nbytes = _SHM_HEADER + 2 * size * SHM_CAP * 4
+        mm = np.memmap(path, dtype=np.uint8, mode="r+", shape=(nbytes,))
+        self._flags = np.frombuffer(mm, dtype=np.int64, count=size * 8).reshape(size, 8)[:, 0]
+        self._data = np.frombuffer(mm, np.float32, 2 * size * SHM_CAP, _SHM_HEADER)
+        self._data = self._data.reshape(2, size, SHM_CAP)
+        self.rank, self.size, self._seq, self._watch = rank, size, 0, watch
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H] summed
+        n = t.numel()
+        self._seq += 1
+        buf = self._data[self._seq % 2]
+        buf[self.rank, :n] = t.numpy().reshape(-1)
+        self._flags[self.rank] = self._seq
+        self._wait(self._seq)
+        out = buf[0, :n].copy()
+        for r in range(1, self.size):
+            out += buf[r, :n]
+        return torch.from_numpy(out).view(t.shape)
+
+    def _wait(self, seq: int) -> None:
+        spins, deadline = 0, time.monotonic() + TIMEOUT_S
+        while self._flags.min() < seq:
+            spins += 1
+            if spins > 200:
+                os.sched_yield()  # NOTE: ranks may share cores (4 ranks on 2 cores)
+            if spins % 2000 == 0:
+                self._watch()
+                if time.monotonic() > deadline:
+                    raise TPError("tensor-parallel all-reduce timed out (a rank stopped answering)")
+
+
+def make_shm_file(size: int) -> str | None:
+    """A zeroed /dev/shm file for ``ShmAllReduce`` (None where there is none, or
+    SPECDEC_TP_SHM=0: gloo alone)."""
+    if os.environ.get("SPECDEC_TP_SHM", "1") == "0" or not os.path.isdir("/dev/shm"):
+        return None
+    path = f"/dev/shm/specdec-tp-{os.getpid()}-{os.urandom(4).hex()}"
+    with open(path, "wb") as f:
+        f.truncate(_SHM_HEADER + 2 * size * SHM_CAP * 4)
+    return path
+
+
 class TPGroup:
     """One rank's view of the group: ``all_reduce`` in a fixed order, and (on rank 0) the
     workers to drive."""
 
-    def __init__(self, rank: int, size: int, pg: Any, workers: MpWorkers | None = None) -> None:
+    def __init__(
+        self,
+        rank: int,
+        size: int,
+        pg: Any,
+        workers: MpWorkers | None = None,
+        shm_path: str | None = None,
+    ) -> None:
         self.rank, self.size, self._pg, self.workers = rank, size, pg, workers
+        watch = workers.check if workers is not None else (lambda: None)
+        self._shm = ShmAllReduce(shm_path, rank, size, watch) if shm_path else None
         self._kv_ids: weakref.WeakKeyDictionary[KVCache, int] = weakref.WeakKeyDictionary()
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:  # [T, H] summed over ranks
@@ -78,6 +143,8 @@ class TPGroup:
         depends on an element's chunk (so on the batch size) above 2 ranks; at 2 ranks a + b
         is commutative, so its all-reduce is already exact."""
         t = t.contiguous()
+        if self._shm is not None and t.numel() <= SHM_CAP and t.dtype == torch.float32:
+            return self._shm(t)
         try:
             if self.size == 2:
                 self._pg.allreduce([t]).wait(timedelta(seconds=TIMEOUT_S))
@@ -138,6 +205,8 @@ class MpWorkers:
     procs: list[Any] = field(default_factory=list)
     conns: list[Connection] = field(default_factory=list)
     closed: bool = False
+    # rank 0's cores and torch threads before it bound itself, given back on stop
+    restore: tuple[set[int], int] | None = None
 
     @property
     def pids(self) -> list[int]:
@@ -172,6 +241,9 @@ class MpWorkers:
         if self.closed:
             return
         self.closed = True
+        if self.restore is not None:
+            os.sched_setaffinity(0, self.restore[0])
+            torch.set_num_threads(self.restore[1])
         for c in self.conns:
             try:
                 c.send_bytes(pickle.dumps(None))
@@ -192,10 +264,11 @@ def start_group(load: LoadArgs, size: int, cores: list[list[int]]) -> TPGroup:
     store = dist.TCPStore(
         "127.0.0.1", 0, size, True, timeout=timedelta(seconds=TIMEOUT_S), wait_for_workers=False
     )
+    shm_path = make_shm_file(size)
     workers = MpWorkers()
     for rank in range(1, size):
         parent, child = socket.socketpair()
-        args = (rank, size, store.port, load, cores[rank], os.getpid())
+        args = (rank, size, store.port, load, cores[rank], os.getpid(), shm_path)
         p = subprocess.Popen(
             [sys.executable, "-m", "specdec.worker.tp", str(child.fileno())],
             stdin=subprocess.PIPE, pass_fds=(child.fileno(),), env=_worker_env(),
@@ -208,10 +281,13 @@ def start_group(load: LoadArgs, size: int, cores: list[list[int]]) -> TPGroup:
     try:
         workers.wait_for("joined", time.monotonic() + TIMEOUT_S)
         pg = dist.ProcessGroupGloo(store, 0, size, timedelta(seconds=TIMEOUT_S))
+        group = TPGroup(0, size, pg, workers, shm_path)
     except (RuntimeError, TPError) as e:
         workers.stop()
         raise TPError(f"tensor-parallel group did not form: {_first_line(e)}") from None
-    group = TPGroup(0, size, pg, workers)
+    finally:
+        if shm_path is not None:  # NOTE: every rank has it mapped: nothing left behind on a kill
+            os.unlink(shm_path)
     group._store = store  # NOTE: the store's server lives as long as the group
     return group
 
@@ -244,6 +320,7 @@ def worker_main(
     load: LoadArgs,
     cores: list[int],
     parent_pid: int,
+    shm_path: str | None,
     conn: Connection,
 ) -> None:
     """A worker rank: bind, join the group, load the shard, then run forwards until told to
@@ -255,9 +332,10 @@ def worker_main(
     bind_rank(cores)
     try:
         store = dist.TCPStore("127.0.0.1", port, size, False, timeout=timedelta(seconds=TIMEOUT_S))
+        group = TPGroup(rank, size, None, None, shm_path)  # maps the file before rank 0 unlinks it
         conn.send(("joined", None))
-        pg = dist.ProcessGroupGloo(store, rank, size, timedelta(seconds=TIMEOUT_S))
-        model = _load_shard(load, TPGroup(rank, size, pg))
+        group._pg = dist.ProcessGroupGloo(store, rank, size, timedelta(seconds=TIMEOUT_S))
+        model = _load_shard(load, group)
         conn.send(("ready", None))
     except Exception as e:  # noqa: BLE001 - reported to rank 0 in one line
         conn.send(("error", f"{type(e).__name__}: {_first_line(e)}"))
