@@ -101,8 +101,12 @@ class ShmAllReduce:
         spins, deadline = 0, time.monotonic() + TIMEOUT_S
         while self._flags.min() < seq:
             spins += 1
-            if spins > 200:
-                os.sched_yield()  # NOTE: ranks may share cores (4 ranks on 2 cores)
+            # NOTE: spin, then yield, then nap: ranks may share cores (4 ranks on 2, or a
+            # loaded host), where a spinning rank would steal the time of the one it waits for
+            if spins > 2000:
+                time.sleep(20e-6)
+            elif spins > 200:
+                os.sched_yield()
             if spins % 2000 == 0:
                 self._watch()
                 if time.monotonic() > deadline:
