@@ -10,12 +10,11 @@ adaptive controller's cost probe, EAGLE's hidden states) therefore work unchange
 Faults: a worker that raises or dies makes rank 0's next collective fail (the peer's socket
 closes) or time out; rank 0 raises ``TPError`` and the engine shuts down cleanly (no restart:
 a half-written KV on one rank cannot be trusted). Workers die with the engine process
-(PR_SET_PDEATHSIG plus a parent-pid watchdog thread) and on a closed pipe.
+(a parent-pid watchdog thread) and on a closed pipe.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import pickle
@@ -44,7 +43,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("specdec.tp")
 TIMEOUT_S = float(os.environ.get("SPECDEC_TP_TIMEOUT", "120"))  # every wait between ranks
-_PR_SET_PDEATHSIG = 1
 
 
 class TPError(ExecutorError):
@@ -304,10 +302,8 @@ def _worker_env() -> dict[str, str]:
 
 
 def _die_with_parent(parent_pid: int) -> None:
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
+    """Exit when the engine process is gone. NOTE: not PR_SET_PDEATHSIG, which fires when the
+    parent *thread* exits: an engine built in a short-lived thread would lose its workers."""
 
     def watch() -> None:
         while os.getppid() == parent_pid:
