@@ -30,6 +30,7 @@ from specdec.model.moe import MoeBlock, load_moe
 
 if TYPE_CHECKING:
     from specdec.model.weight_cache import WeightCache
+    from specdec.worker.tp import TPGroup
 
 ACTIVATION_DTYPES = ("auto", "float32", "int8", "bf16x2")
 HIDDEN_FINAL = -1  # in a capture list: the final normed hidden state (what the LM head reads)
@@ -72,8 +73,17 @@ class LlamaModel:
         max_len: int = 2048,
         activation_dtype: str = "float32",
         weight_cache: WeightCache | None = None,
+        tp: TPGroup | None = None,
     ) -> None:
         self.cfg: ArchConfig = ckpt.arch
+        # NOTE: under tensor parallelism ``ckpt`` holds this rank's shard (worker/shard.py) and
+        # shard_cfg its head and intermediate counts; cfg stays the whole model's (drafters read it)
+        self.tp = tp
+        self.shard_cfg = self.cfg
+        if tp is not None:
+            from specdec.worker.shard import plan_shard, shard_arch
+
+            self.shard_cfg = shard_arch(self.cfg, plan_shard(self.cfg, tp.rank, tp.size))
         self.source_path = ckpt.path  # the checkpoint it was loaded from (MTP layers live there)
         self.ops = ops
         self.device = device
@@ -110,9 +120,13 @@ class LlamaModel:
         # The whole layer stack as one native call (kernels/csrc/layer.cpp: forward_layers) when
         # the native kernels run; the Python _layer below is the same computation, op by op
         # (CUDA, torch kernels, tests).
-        # NOTE: mixture-of-experts layers run the Python layer (moe.py), not the fused one
+        # NOTE: mixture-of-experts layers run the Python layer (moe.py), not the fused one; the
+        # fused stack has no all-reduce inside, so tensor-parallel ranks run _layer too
         self.use_fused_layers = ops.supports_fused_layers and (
-            dtype == torch.float32 and device.type == "cpu" and not self.cfg.num_experts
+            dtype == torch.float32
+            and device.type == "cpu"
+            and not self.cfg.num_experts
+            and tp is None
         )
         self._fused: list | None = None
         self._rope_index: list[int] | None = None  # per layer: which rotary table it uses
@@ -268,7 +282,10 @@ class LlamaModel:
         """The final normed states [T, H], and the states named in ``capture`` side by side
         [T, H * len(capture)] (None when it is empty): ``HIDDEN_FINAL`` is the final normed
         state, ``i`` the residual stream entering layer i (layer i - 1's output; vLLM's and
-        EAGLE-3's convention for auxiliary hidden states)."""
+        EAGLE-3's convention for auxiliary hidden states). Under tensor parallelism rank 0
+        first sends the inputs to the other ranks, which run the same forward on their shards."""
+        if self.tp is not None:
+            self.tp.send_forward(input_ids, positions, batch, kv, capture, num_layers)
         x = self.embed(input_ids)
         positions = positions.to(self.device)
         layers = self.layers[: num_layers or len(self.layers)]
@@ -330,11 +347,13 @@ class LlamaModel:
         batch: SeqBatch,
         kv: KVCache,
     ) -> torch.Tensor:  # [T, H]
-        cfg = self.cfg
+        cfg = self.shard_cfg
         eps = cfg.rms_norm_eps
         h = self.ops.rms_norm(x, layer.input_norm, eps)
         attn = self._attention(i, layer, h, positions, batch, kv)
         attn = layer.o_proj(attn)
+        if self.tp is not None:
+            attn = self.tp.all_reduce(attn)
         if layer.post_attn_out_norm is not None:
             attn = self.ops.rms_norm(attn, layer.post_attn_out_norm, eps)
         x = x + attn
@@ -344,6 +363,8 @@ class LlamaModel:
         gate, up = layer.gate_up(h).split(cfg.intermediate_size, dim=-1)
         act = F.gelu(gate, approximate="tanh") if cfg.is_gemma else F.silu(gate)
         mlp = layer.down(act * up)
+        if self.tp is not None:
+            mlp = self.tp.all_reduce(mlp)
         if layer.post_ffw_norm is not None:
             mlp = self.ops.rms_norm(mlp, layer.post_ffw_norm, eps)
         return x + mlp
@@ -356,8 +377,8 @@ class LlamaModel:
         positions: torch.Tensor,  # [T]
         batch: SeqBatch,
         kv: KVCache,
-    ) -> torch.Tensor:  # [T, num_heads * D]
-        cfg = self.cfg
+    ) -> torch.Tensor:  # [T, num_heads * D] (this rank's heads)
+        cfg = self.shard_cfg
         T, D = h.shape[0], cfg.head_dim
         nq, nkv = cfg.num_heads * D, cfg.num_kv_heads * D
         qkv = layer.qkv(h)
@@ -408,7 +429,7 @@ class LlamaModel:
         return KVCache(
             num_layers or self.cfg.num_layers,
             num_slots,
-            self.cfg.num_kv_heads,
+            self.shard_cfg.num_kv_heads,
             max_len,
             self.cfg.head_dim,
             self.kv_dtype,
