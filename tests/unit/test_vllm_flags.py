@@ -208,7 +208,7 @@ def test_flags_parse_to_vllm_values(monkeypatch) -> None:
         (["--hf-overrides", '{"num_hidden_layers": 2}'], "hf_overrides (--hf-overrides)"),
         (["--logits-processors", "a.B"], "logits_processors (--logits-processors)"),
         (["--quantization", "awq"], "--quantization"),
-        (["--tensor-parallel-size", "2"], "tensor_parallel_size (--tensor-parallel-size)"),
+        (["--pipeline-parallel-size", "2"], "pipeline_parallel_size (--pipeline-parallel-size)"),
         (["--nnodes", "2"], "nnodes (--nnodes)"),
         (["--structured-outputs-config", '{"disable_any_whitespace": true}'],
          "structured_outputs_config (--structured-outputs-config)"),
