@@ -235,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         # NOTE: every unknown flag at once, named by the sub-command that did not know them
         _chosen(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
+    raw = list(sys.argv[1:] if argv is None else argv)
+    args.raw_argv = raw[raw.index(args.command) + 1 :] if args.command in raw else raw
     return run_command(args.func, args)
 
 

@@ -621,6 +621,12 @@ def make_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="/metrics names: specdec:*, vLLM's vllm:* (what dashboards built for vLLM query), "
         "or both (default)",
     )
+    p.add_argument(
+        "--replica-cpu-binding",
+        default=None,
+        help="with --data-parallel-size N: each replica's cores, '0-3|4-7' (one group per "
+        "replica); default: the usable cores split evenly",
+    )
     p.add_argument("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug", "trace"])  # fmt: skip
     return p
 
@@ -657,9 +663,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if allowed_hosts is None:
         allowed_hosts = default_allowed_hosts(args.host)
     args.model = getattr(args, "model_tag", None) or args.model
+    num_replicas = args.data_parallel_size
+    if num_replicas < 1:
+        raise ConfigError(f"--data-parallel-size must be >= 1, got {num_replicas}")
+    args.data_parallel_size = 1  # NOTE: each replica is one engine; the front runs the others
     # NOTE: every engine flag is checked (bad JSON, method, parallel size: exit 2) before loading
     engine_args = EngineArgs.from_cli_args(args)
     config = engine_args.create_engine_config()
+    if num_replicas > 1:
+        from specdec.entrypoints.replicas.serve import serve_replicas
+
+        args.data_parallel_size = num_replicas
+        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+        api_key = (args.api_key or [None])[0] or os.environ.get(API_KEY_ENV) or None
+        return serve_replicas(args, list(args.raw_argv), api_key, allowed_hosts)
     spec = config.speculative
     # vLLM's --generation-config / --override-generation-config under llama.cpp's --temp ...
     defaults = {**engine_args.generation_defaults(), **sampling_defaults(args)}
@@ -801,6 +818,7 @@ def main(argv: list[str] | None = None) -> int:
         argparse.ArgumentParser(prog="python -m specdec.entrypoints.openai.api_server")
     )
     args = parser.parse_args(argv)
+    args.raw_argv = list(sys.argv[1:] if argv is None else argv)
     return run_command(cmd_serve, args)
 
 

@@ -1,0 +1,171 @@
+"""Which replica serves a request: session affinity, prefix affinity, least load.
+
+Shared by ``specdec serve --data-parallel-size N`` and the Ray Serve deployment. As Ray Serve's
+``PrefixCacheAffinityRouter``: while queues are balanced, a request goes to the replica whose
+prefix tree holds the longest prefix of its text (when that match covers at least
+``match_rate_threshold`` of the text), else to the least-loaded replica; when the busiest and
+the idlest replica differ by more than ``imbalanced_threshold`` ongoing requests, load wins.
+A request with an ``x-session-id`` goes to the session's replica by rendezvous hashing
+(consistent: a replica joining or leaving moves only the sessions it gains or loses).
+Affinity keeps a replica's prefix cache and its suffix-decoding tree warm for the
+conversations it has seen: no engine shares drafter state across replicas.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+CHUNK_CHARS = 16  # prefix tree edges hold this many characters (as KV blocks hold tokens)
+MAX_TEXT_CHARS = 8192  # only the first characters of a request are routed on
+
+
+@dataclass
+class _Node:
+    children: dict[str, _Node] = field(default_factory=dict)
+    last_used: int = 0
+
+
+class PrefixTree:
+    """The text prefixes one replica has served, in chunks of ``CHUNK_CHARS`` characters,
+    bounded at ``max_nodes`` (least recently used leaves are evicted)."""
+
+    def __init__(self, max_nodes: int = 50_000) -> None:
+        self.root = _Node()
+        self.num_nodes = 0
+        self.max_nodes = max_nodes
+        self._clock = 0
+
+    @staticmethod
+    def _chunks(text: str) -> list[str]:
+        text = text[:MAX_TEXT_CHARS]
+        return [text[i : i + CHUNK_CHARS] for i in range(0, len(text), CHUNK_CHARS)]
+
+    def match(self, text: str) -> int:
+        """How many leading characters of ``text`` this tree holds (whole chunks)."""
+        node, matched = self.root, 0
+        for chunk in self._chunks(text):
+            node = node.children.get(chunk)
+            if node is None:
+                break
+            matched += len(chunk)
+        return matched
+
+    def insert(self, text: str) -> None:
+        self._clock += 1
+        node = self.root
+        for chunk in self._chunks(text):
+            child = node.children.get(chunk)
+            if child is None:
+                child = node.children[chunk] = _Node()
+                self.num_nodes += 1
+            child.last_used = self._clock
+            node = child
+        if self.num_nodes > self.max_nodes:
+            self._evict(self.num_nodes - self.max_nodes * 9 // 10)
+
+    def _evict(self, count: int) -> None:
+        """Drop ``count`` least recently used leaves (repeatedly, so branches shrink too)."""
+        while count > 0:
+            leaves: list[tuple[int, _Node, str]] = []
+            stack = [self.root]
+            while stack:
+                parent = stack.pop()
+                for key, child in parent.children.items():
+                    if child.children:
+                        stack.append(child)
+                    else:
+                        leaves.append((child.last_used, parent, key))
+            leaves.sort(key=lambda leaf: leaf[0])
+            for _, parent, key in leaves[:count]:
+                del parent.children[key]
+            self.num_nodes -= min(count, len(leaves))
+            count -= min(count, len(leaves))
+
+
+@dataclass
+class RouterConfig:
+    """Ray Serve's PrefixCacheAffinityRouter knobs, with its defaults."""
+
+    imbalanced_threshold: int = 10  # ongoing requests between the busiest and idlest replica
+    match_rate_threshold: float = 0.1  # share of the text a tree must hold to attract it
+    max_tree_nodes: int = 50_000
+
+
+@dataclass
+class Choice:
+    replica: int
+    reason: str  # "session", "prefix", "least_loaded", "only"
+
+
+class Router:
+    """Picks a replica for a request; replicas are named by index, loads are counted outside."""
+
+    def __init__(self, num_replicas: int, config: RouterConfig | None = None) -> None:
+        self.config = config or RouterConfig()
+        self.trees = [PrefixTree(self.config.max_tree_nodes) for _ in range(num_replicas)]
+
+    def add_replica(self) -> int:
+        self.trees.append(PrefixTree(self.config.max_tree_nodes))
+        return len(self.trees) - 1
+
+    def reset(self, replica: int) -> None:
+        """A restarted replica has an empty prefix cache and drafter: forget what it held."""
+        self.trees[replica] = PrefixTree(self.config.max_tree_nodes)
+
+    def choose(self, text: str, session_id: str | None, loads: dict[int, int]) -> Choice:
+        """``loads``: ongoing requests of each replica that can take one (at least one)."""
+        if not loads:
+            raise ValueError("no replica is available")
+        candidates = sorted(loads)
+        if len(candidates) == 1:
+            return self._commit(Choice(candidates[0], "only"), text)
+        least = min(candidates, key=lambda r: (loads[r], r))
+        if max(loads.values()) - loads[least] > self.config.imbalanced_threshold:
+            return self._commit(Choice(least, "least_loaded"), text)
+        if session_id:
+            return self._commit(Choice(rendezvous(session_id, candidates), "session"), text)
+        best, best_len = least, 0
+        for r in candidates:
+            n = self.trees[r].match(text)
+            if n > best_len or (n == best_len and n > 0 and loads[r] < loads[best]):
+                best, best_len = r, n
+        limited = min(len(text), MAX_TEXT_CHARS)
+        if best_len > 0 and best_len >= self.config.match_rate_threshold * limited:
+            return self._commit(Choice(best, "prefix"), text)
+        return self._commit(Choice(least, "least_loaded"), text)
+
+    def _commit(self, choice: Choice, text: str) -> Choice:
+        self.trees[choice.replica].insert(text)
+        return choice
+
+
+def rendezvous(key: str, replicas: list[int]) -> int:
+    """Highest-random-weight hashing: the replica ``key`` belongs to among ``replicas``."""
+
+    def weight(r: int) -> bytes:
+        return hashlib.blake2b(f"{r}\0{key}".encode(), digest_size=8).digest()
+
+    return max(replicas, key=weight)
+
+
+def routing_text(body: dict) -> str:
+    """The text a request is routed on: a chat's messages (role and text parts) in order, or a
+    completion's prompt (token ids as numbers)."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        parts = []
+        for m in messages:
+            if not isinstance(m, dict):
+                continue
+            content = m.get("content")
+            if isinstance(content, list):
+                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            parts.append(f"<{m.get('role', '')}>{content if isinstance(content, str) else ''}")
+        return "".join(parts)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list):
+        prompt = prompt[0] if prompt and not isinstance(prompt[0], int) else prompt
+    if isinstance(prompt, list):
+        return " ".join(str(t) for t in prompt)
+    return prompt if isinstance(prompt, str) else ""
