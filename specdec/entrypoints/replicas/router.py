@@ -14,6 +14,7 @@ conversations it has seen: no engine shares drafter state across replicas.
 from __future__ import annotations
 
 import hashlib
+import heapq
 from dataclasses import dataclass, field
 
 CHUNK_CHARS = 16  # prefix tree edges hold this many characters (as KV blocks hold tokens)
@@ -65,22 +66,27 @@ class PrefixTree:
             self._evict(self.num_nodes - self.max_nodes * 9 // 10)
 
     def _evict(self, count: int) -> None:
-        """Drop ``count`` least recently used leaves (repeatedly, so branches shrink too)."""
-        while count > 0:
-            leaves: list[tuple[int, _Node, str]] = []
-            stack = [self.root]
-            while stack:
-                parent = stack.pop()
-                for key, child in parent.children.items():
-                    if child.children:
-                        stack.append(child)
-                    else:
-                        leaves.append((child.last_used, parent, key))
-            leaves.sort(key=lambda leaf: leaf[0])
-            for _, parent, key in leaves[:count]:
-                del parent.children[key]
-            self.num_nodes -= min(count, len(leaves))
-            count -= min(count, len(leaves))
+        """Drop the ``count`` least recently used nodes, leaves first (a parent whose last child
+        went becomes a leaf in its turn)."""
+        parents: dict[int, tuple[_Node, str]] = {}
+        heap: list[tuple[int, int, _Node]] = []
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            for key, child in node.children.items():
+                parents[id(child)] = (node, key)
+                stack.append(child)
+                if not child.children:
+                    heap.append((child.last_used, id(child), child))
+        heapq.heapify(heap)
+        while count > 0 and heap:
+            _, _, node = heapq.heappop(heap)
+            parent, key = parents[id(node)]
+            del parent.children[key]
+            self.num_nodes -= 1
+            count -= 1
+            if parent is not self.root and not parent.children:
+                heapq.heappush(heap, (parent.last_used, id(parent), parent))
 
 
 @dataclass
@@ -104,6 +110,7 @@ class Router:
     def __init__(self, num_replicas: int, config: RouterConfig | None = None) -> None:
         self.config = config or RouterConfig()
         self.trees = [PrefixTree(self.config.max_tree_nodes) for _ in range(num_replicas)]
+        self._turn = 0
 
     def add_replica(self) -> int:
         self.trees.append(PrefixTree(self.config.max_tree_nodes))
@@ -120,7 +127,7 @@ class Router:
         candidates = sorted(loads)
         if len(candidates) == 1:
             return self._commit(Choice(candidates[0], "only"), text)
-        least = min(candidates, key=lambda r: (loads[r], r))
+        least = self._least_loaded(loads)
         if max(loads.values()) - loads[least] > self.config.imbalanced_threshold:
             return self._commit(Choice(least, "least_loaded"), text)
         if session_id:
@@ -134,6 +141,14 @@ class Router:
         if best_len > 0 and best_len >= self.config.match_rate_threshold * limited:
             return self._commit(Choice(best, "prefix"), text)
         return self._commit(Choice(least, "least_loaded"), text)
+
+    def _least_loaded(self, loads: dict[int, int]) -> int:
+        """The replica with the fewest ongoing requests; ties take turns (an idle pool spreads
+        new conversations instead of piling them on the first replica)."""
+        fewest = min(loads.values())
+        ties = sorted(r for r, n in loads.items() if n == fewest)
+        self._turn += 1
+        return ties[self._turn % len(ties)]
 
     def _commit(self, choice: Choice, text: str) -> Choice:
         self.trees[choice.replica].insert(text)
