@@ -31,7 +31,7 @@ def test_prefix_tree_matches_whole_chunks_and_evicts_oldest():
 
 
 def test_shared_prefix_goes_to_one_replica():
-    router = Router(3)
+    router = Router()
     first = router.choose(LONG + "q0", None, {0: 0, 1: 0, 2: 0}).replica
     for i in range(1, 6):
         loads = {r: int(r == first) for r in range(3)}  # the warm replica is a little busier
@@ -40,20 +40,20 @@ def test_shared_prefix_goes_to_one_replica():
 
 
 def test_idle_ties_take_turns():
-    router = Router(2)
+    router = Router()
     served = {router.choose(f"topic {i} " * 10, None, {0: 0, 1: 0}).replica for i in range(4)}
     assert served == {0, 1}
 
 
 def test_new_text_goes_to_least_loaded():
-    router = Router(3)
+    router = Router()
     router.choose(LONG, None, {0: 0, 1: 0, 2: 0})
     choice = router.choose("something else entirely " * 4, None, {0: 3, 1: 1, 2: 2})
     assert (choice.replica, choice.reason) == (1, "least_loaded")
 
 
 def test_imbalance_overrides_affinity():
-    router = Router(2, RouterConfig(imbalanced_threshold=4))
+    router = Router(RouterConfig(imbalanced_threshold=4))
     warm = router.choose(LONG, "s1", {0: 0, 1: 0}).replica
     cold = 1 - warm
     choice = router.choose(LONG, "s1", {warm: 9, cold: 0})
@@ -62,7 +62,7 @@ def test_imbalance_overrides_affinity():
 
 
 def test_sessions_are_sticky_and_consistent():
-    router = Router(4)
+    router = Router()
     loads = {r: 0 for r in range(4)}
     homes = {f"s{i}": router.choose(f"turn {i}", f"s{i}", loads).replica for i in range(40)}
     assert len(set(homes.values())) > 1  # spread over replicas
@@ -76,15 +76,15 @@ def test_sessions_are_sticky_and_consistent():
 
 
 def test_reset_forgets_a_replica():
-    router = Router(2)
+    router = Router()
     warm = router.choose(LONG, None, {0: 0, 1: 0}).replica
     router.reset(warm)
-    assert router.trees[warm].match(LONG) == 0
+    assert router.tree(warm).match(LONG) == 0
 
 
 def test_no_replica_is_an_error():
     with pytest.raises(ValueError):
-        Router(2).choose("x", None, {})
+        Router().choose("x", None, {})
 
 
 def test_routing_text():

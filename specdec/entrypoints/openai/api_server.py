@@ -627,6 +627,13 @@ def make_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="with --data-parallel-size N: each replica's cores, '0-3|4-7' (one group per "
         "replica); default: the usable cores split evenly",
     )
+    ray = p.add_argument_group("Ray Serve (pip install 'specdec[ray]')")
+    ray.add_argument("--ray", action="store_true", help="deploy on Ray Serve: one engine per replica behind one OpenAI ingress")  # fmt: skip
+    ray.add_argument("--ray-address", default=None, help="join this Ray cluster ('auto': the local one started by `ray start`); default: start a local Ray")  # fmt: skip
+    ray.add_argument("--num-replicas", type=int, default=1, help="engine replicas (fixed)")
+    ray.add_argument("--min-replicas", type=int, default=None, help="autoscale from this many replicas")  # fmt: skip
+    ray.add_argument("--max-replicas", type=int, default=None, help="autoscale up to this many replicas")  # fmt: skip
+    ray.add_argument("--target-ongoing-requests", type=float, default=2.0, help="autoscaling target: ongoing requests per replica (default 2)")  # fmt: skip
     p.add_argument("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug", "trace"])  # fmt: skip
     return p
 
@@ -670,6 +677,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # NOTE: every engine flag is checked (bad JSON, method, parallel size: exit 2) before loading
     engine_args = EngineArgs.from_cli_args(args)
     config = engine_args.create_engine_config()
+    if args.ray:
+        from specdec.entrypoints.replicas.ray_app import serve_ray
+
+        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+        api_key = (args.api_key or [None])[0] or os.environ.get(API_KEY_ENV) or None
+        return serve_ray(args, list(args.raw_argv), api_key, allowed_hosts)
     if num_replicas > 1:
         from specdec.entrypoints.replicas.serve import serve_replicas
 

@@ -43,7 +43,7 @@ class _ConnectFailed(Exception):
     """The replica could not be reached: nothing was sent, another may take the request."""
 
 
-def replica_lost_error(index: int) -> Any:
+def replica_lost_error(index: int | str) -> Any:
     from specdec.entrypoints.openai.protocol import RequestError
 
     return RequestError(
@@ -72,7 +72,6 @@ def build_front_app(
     shutdown_timeout: float = 10.0,
 ) -> Any:
     """The FastAPI front; its lifespan starts the replicas and its drain stops them."""
-    import hmac
     from contextlib import asynccontextmanager
 
     from fastapi import APIRouter, Depends, FastAPI, Request
@@ -114,24 +113,7 @@ def build_front_app(
     app.state.pool = pool
     app.state.router = router
 
-    async def check_api_key(request: Request) -> None:
-        if api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-            raise RequestError(
-                "invalid or missing API key (send 'Authorization: Bearer <key>')",
-                status=401,
-                code="invalid_api_key",
-                type="authentication_error",
-            )
-
-    async def request_error(request: Request, exc: RequestError) -> JSONResponse:
-        headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.status == 503 else None
-        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
-
-    app.add_exception_handler(RequestError, request_error)
-    app.add_middleware(_Guard, state=state)
+    check_api_key = install_checks(app, state, api_key)
 
     def pick(text: str, session: str | None) -> Replica:
         loads = {r.index: r.ongoing for r in pool.replicas if r.up}
@@ -232,6 +214,37 @@ def build_front_app(
         return Response(merged + front_metrics(pool, decisions), media_type=CONTENT_TYPE)
 
     return app
+
+
+def install_checks(app: Any, state: _ServerState, api_key: str | None) -> Any:
+    """The single server's checks on a front app (``_Guard``, OpenAI-style errors, 503s with
+    Retry-After); returns the API key dependency for its routers."""
+    import hmac
+
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
+
+    from specdec.entrypoints.openai.protocol import RequestError
+
+    async def check_api_key(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            raise RequestError(
+                "invalid or missing API key (send 'Authorization: Bearer <key>')",
+                status=401,
+                code="invalid_api_key",
+                type="authentication_error",
+            )
+
+    async def request_error(request: Request, exc: RequestError) -> JSONResponse:
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.status == 503 else None
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+    app.add_exception_handler(RequestError, request_error)
+    app.add_middleware(_Guard, state=state)
+    return check_api_key
 
 
 def _headers(incoming: Any) -> dict[str, str]:

@@ -34,7 +34,9 @@ FRONT_FLAGS: dict[str, int] = {
     "--data-parallel-size": 1, "-dp": 1, "--host": 1, "--port": 1, "--uds": 1,
     "--root-path": 1, "--ssl-keyfile": 1, "--ssl-certfile": 1, "--ssl-ca-certs": 1,
     "--ssl-cert-reqs": 1, "--ssl-ciphers": 1, "--middleware": 1, "--api-key": -1,
-    "--allowed-hosts": -1, "--allowed-origins": -1, "--replica-cpu-binding": 1,
+    "--allowed-hosts": -1, "--allowed-origins": -1, "--replica-cpu-binding": 1, "--ray": 0,
+    "--ray-address": 1, "--num-replicas": 1, "--min-replicas": 1, "--max-replicas": 1,
+    "--target-ongoing-requests": 1,
 }  # fmt: skip
 
 

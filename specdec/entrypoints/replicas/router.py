@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 CHUNK_CHARS = 16  # prefix tree edges hold this many characters (as KV blocks hold tokens)
@@ -105,22 +106,24 @@ class Choice:
 
 
 class Router:
-    """Picks a replica for a request; replicas are named by index, loads are counted outside."""
+    """Picks a replica for a request. Replicas are named by any sortable id (an index here, a
+    Ray Serve replica id there); their loads are counted by the caller."""
 
-    def __init__(self, num_replicas: int, config: RouterConfig | None = None) -> None:
+    def __init__(self, config: RouterConfig | None = None) -> None:
         self.config = config or RouterConfig()
-        self.trees = [PrefixTree(self.config.max_tree_nodes) for _ in range(num_replicas)]
+        self.trees: dict[Hashable, PrefixTree] = {}
         self._turn = 0
 
-    def add_replica(self) -> int:
-        self.trees.append(PrefixTree(self.config.max_tree_nodes))
-        return len(self.trees) - 1
+    def tree(self, replica: Hashable) -> PrefixTree:
+        if replica not in self.trees:
+            self.trees[replica] = PrefixTree(self.config.max_tree_nodes)
+        return self.trees[replica]
 
-    def reset(self, replica: int) -> None:
-        """A restarted replica has an empty prefix cache and drafter: forget what it held."""
-        self.trees[replica] = PrefixTree(self.config.max_tree_nodes)
+    def reset(self, replica: Hashable) -> None:
+        """A restarted (or removed) replica has an empty prefix cache and drafter: forget it."""
+        self.trees.pop(replica, None)
 
-    def choose(self, text: str, session_id: str | None, loads: dict[int, int]) -> Choice:
+    def choose(self, text: str, session_id: str | None, loads: dict[Hashable, int]) -> Choice:
         """``loads``: ongoing requests of each replica that can take one (at least one)."""
         if not loads:
             raise ValueError("no replica is available")
@@ -134,7 +137,7 @@ class Router:
             return self._commit(Choice(rendezvous(session_id, candidates), "session"), text)
         best, best_len = least, 0
         for r in candidates:
-            n = self.trees[r].match(text)
+            n = self.tree(r).match(text)
             if n > best_len or (n == best_len and n > 0 and loads[r] < loads[best]):
                 best, best_len = r, n
         limited = min(len(text), MAX_TEXT_CHARS)
@@ -142,7 +145,7 @@ class Router:
             return self._commit(Choice(best, "prefix"), text)
         return self._commit(Choice(least, "least_loaded"), text)
 
-    def _least_loaded(self, loads: dict[int, int]) -> int:
+    def _least_loaded(self, loads: dict[Hashable, int]) -> Hashable:
         """The replica with the fewest ongoing requests; ties take turns (an idle pool spreads
         new conversations instead of piling them on the first replica)."""
         fewest = min(loads.values())
@@ -151,11 +154,11 @@ class Router:
         return ties[self._turn % len(ties)]
 
     def _commit(self, choice: Choice, text: str) -> Choice:
-        self.trees[choice.replica].insert(text)
+        self.tree(choice.replica).insert(text)
         return choice
 
 
-def rendezvous(key: str, replicas: list[int]) -> int:
+def rendezvous(key: str, replicas: list[Hashable]) -> Hashable:
     """Highest-random-weight hashing: the replica ``key`` belongs to among ``replicas``."""
 
     def weight(r: int) -> bytes:

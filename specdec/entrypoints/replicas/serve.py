@@ -25,7 +25,7 @@ def serve_replicas(
     num = args.data_parallel_size
     groups = split_cores(num, args.replica_cpu_binding, "--replica-cpu-binding")
     pool = ReplicaPool(replica_argv(argv), groups, threads=args.threads)
-    router = Router(num)
+    router = Router()
     pool.on_restart = router.reset
     app = build_front_app(
         pool, router, api_key, allowed_hosts=allowed_hosts, shutdown_timeout=args.shutdown_timeout
