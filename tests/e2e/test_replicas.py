@@ -8,12 +8,14 @@ other replica takes new requests and the killed one comes back; SIGTERM leaves n
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -145,6 +147,12 @@ def test_metrics_carry_the_replica_label(front):
     for r in ("0", "1"):
         assert f'specdec:time_to_first_token_seconds_count{{replica="{r}"' in text
         assert f'specdec:replica_up{{replica="{r}"}} 1' in text
+    # every series the Grafana dashboard filters by replica is there with the label
+    dashboard = json.loads((Path(__file__).parents[2] / "docs/grafana/specdec_dashboard.json").read_text())  # fmt: skip
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    assert all('replica=~"$replica"' in e for e in exprs)
+    for name in {n for e in exprs for n in re.findall(r"(vllm:[a-z0-9_]+)", e)}:
+        assert re.search(rf'^{name}{{replica="[01]"', text, re.M), name
 
 
 def _stream_events(url: str, session: str, out: list) -> None:

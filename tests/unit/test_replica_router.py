@@ -45,6 +45,12 @@ def test_idle_ties_take_turns():
     assert served == {0, 1}
 
 
+def test_round_robin_ignores_affinity():
+    router = Router(RouterConfig(policy="round_robin"))
+    served = [router.choose(LONG, "s", {0: 0, 1: 0}).replica for _ in range(4)]
+    assert sorted(served) == [0, 0, 1, 1]
+
+
 def test_new_text_goes_to_least_loaded():
     router = Router()
     router.choose(LONG, None, {0: 0, 1: 0, 2: 0})

@@ -627,6 +627,13 @@ def make_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="with --data-parallel-size N: each replica's cores, '0-3|4-7' (one group per "
         "replica); default: the usable cores split evenly",
     )
+    p.add_argument(
+        "--replica-routing",
+        choices=["affinity", "round_robin"],
+        default="affinity",
+        help="with --data-parallel-size: session, prefix and load affinity (default), or round "
+        "robin (a baseline)",
+    )
     ray = p.add_argument_group("Ray Serve (pip install 'specdec[ray]')")
     ray.add_argument("--ray", action="store_true", help="deploy on Ray Serve: one engine per replica behind one OpenAI ingress")  # fmt: skip
     ray.add_argument("--ray-address", default=None, help="join this Ray cluster ('auto': the local one started by `ray start`); default: start a local Ray")  # fmt: skip

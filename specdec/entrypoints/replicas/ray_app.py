@@ -293,7 +293,28 @@ def serve_ray(args: argparse.Namespace, argv: list[str], api_key: str | None,
         if args.ray_address is None:
             serve.shutdown()
         ray.shutdown()
+        if args.ray_address is None:
+            _reap_children()
     return 0
+
+
+def _reap_children(grace_s: float = 10.0) -> None:
+    """The local Ray this command started: any of its processes still running (its per-node
+    agents can outlive the raylet) get SIGTERM, then SIGKILL, by PID."""
+    import psutil
+
+    left = psutil.Process().children(recursive=True)
+    for proc in left:
+        try:
+            proc.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(left, timeout=grace_s)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 def _wait_for_signal() -> None:

@@ -97,6 +97,7 @@ class RouterConfig:
     imbalanced_threshold: int = 10  # ongoing requests between the busiest and idlest replica
     match_rate_threshold: float = 0.1  # share of the text a tree must hold to attract it
     max_tree_nodes: int = 50_000
+    policy: str = "affinity"  # or "round_robin" (no affinity: the baseline benchmarks compare)
 
 
 @dataclass
@@ -130,6 +131,9 @@ class Router:
         candidates = sorted(loads)
         if len(candidates) == 1:
             return self._commit(Choice(candidates[0], "only"), text)
+        if self.config.policy == "round_robin":
+            self._turn += 1
+            return Choice(candidates[self._turn % len(candidates)], "round_robin")
         least = self._least_loaded(loads)
         if max(loads.values()) - loads[least] > self.config.imbalanced_threshold:
             return self._commit(Choice(least, "least_loaded"), text)

@@ -19,13 +19,13 @@ def serve_replicas(
 
     from specdec.entrypoints.openai.api_server import _FLUSH_TIMEOUT_S, make_server
     from specdec.entrypoints.replicas.front import build_front_app
-    from specdec.entrypoints.replicas.router import Router
+    from specdec.entrypoints.replicas.router import Router, RouterConfig
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # NOTE: not a line per health poll
     num = args.data_parallel_size
     groups = split_cores(num, args.replica_cpu_binding, "--replica-cpu-binding")
     pool = ReplicaPool(replica_argv(argv), groups, threads=args.threads)
-    router = Router()
+    router = Router(RouterConfig(policy=args.replica_routing))
     pool.on_restart = router.reset
     app = build_front_app(
         pool, router, api_key, allowed_hosts=allowed_hosts, shutdown_timeout=args.shutdown_timeout
