@@ -51,6 +51,14 @@ def ray_app():
         while not _ready(url):
             assert proc.poll() is None and time.monotonic() < deadline, "Ray app did not start"
             time.sleep(0.5)
+        # NOTE: the ingress learns of the second replica a little after the app is ready
+        seen: set[str] = set()
+        for i in range(400):
+            seen.add(_complete(url, "hi", f"w{i}", max_tokens=1).headers["x-specdec-replica"])
+            if len(seen) == 2:
+                break
+            time.sleep(0.2)
+        assert len(seen) == 2, "the ingress never routed to both replicas"
         pids.update(_tree(proc.pid))
         yield proc, url, pids
     finally:

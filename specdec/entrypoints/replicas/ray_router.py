@@ -33,10 +33,14 @@ class SpecdecRequestRouter(RequestRouter):
         if not isinstance(route, dict):
             return [candidate_replicas]
         probed = await self._probe_queue_lens(candidate_replicas, 0)
+        known = [q for _, q in probed if q is not None]
+        # NOTE: a replica whose probe did not answer in time (a loaded host) stays a candidate at
+        # the highest known load: dropping it would move its sessions and prefixes elsewhere.
+        unknown = max(known, default=0)
         loads = {
-            r.replica_id.unique_id: q
+            r.replica_id.unique_id: unknown if q is None else q
             for r, q in probed
-            if q is not None and q < r.max_ongoing_requests
+            if q is None or q < r.max_ongoing_requests
         }
         if not loads:
             return [candidate_replicas]
