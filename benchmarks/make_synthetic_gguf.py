@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import os
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,9 +36,12 @@ class LlamaShape:
     rope_theta: float = 100000.0
     context: int = 8192
     tie_embeddings: bool = True
-    arch: str = "llama"  # "qwen3": per-head q/k norms, explicit head_dim
+    arch: str = "llama"  # "qwen3": per-head q/k norms, explicit head_dim; "qwen3moe": experts too
     head_dim: int = 0  # 0: hidden / heads
     vocab: int = 0  # 0: the tokenizer's (49,152); more: padded with tokens no text encodes to
+    experts: int = 0  # mixture of experts: every layer's FFN is ``experts`` SwiGLUs of expert_ffn
+    experts_used: int = 0
+    expert_ffn: int = 0
 
 
 SHAPES = {
@@ -60,7 +65,23 @@ SHAPES = {
         vocab=151936,
     ),  # fmt: skip
     "qwen3-tiny": LlamaShape(256, 2, 4, 2, 512, context=512, arch="qwen3", head_dim=128),
-}
+    # Qwen3-30B-A3B's width (config.json of Qwen/Qwen3-30B-A3B: 128 experts of 768, 8 used, 32
+    # q heads, 4 kv heads of 128, untied output) with 8 of its 48 layers: the 48 would be ~17 GB
+    # at Q4_K_M on a 24 GiB machine; a layer's cost per token is the same, 1/6 of the stack
+    "qwen3-30b-a3b-8l": LlamaShape(
+        2048, 8, 32, 4, 6144, rope_theta=1_000_000.0, context=40960, tie_embeddings=False,
+        arch="qwen3moe", head_dim=128, vocab=151936, experts=128, experts_used=8, expert_ffn=768,
+    ),
+    # the dense model of the same active size: the same 8 layers, one FFN of 8 x 768 = 6,144
+    "qwen3-30b-a3b-dense-8l": LlamaShape(
+        2048, 8, 32, 4, 6144, rope_theta=1_000_000.0, context=40960, tie_embeddings=False,
+        arch="qwen3", head_dim=128, vocab=151936,
+    ),
+    "qwen3moe-tiny": LlamaShape(
+        256, 2, 4, 2, 512, context=512, arch="qwen3moe", head_dim=64, experts=8, experts_used=2,
+        expert_ffn=256,
+    ),
+}  # fmt: skip
 GGUF_TYPES = {
     "F32": QT.F32,
     "F16": QT.F16,
@@ -170,6 +191,10 @@ def write_gguf(
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     w.add_vocab_size(vocab)
+    if shape.experts:
+        w.add_expert_count(shape.experts)
+        w.add_expert_used_count(shape.experts_used)
+        w.add_expert_feed_forward_length(shape.expert_ffn)
     for key, value, vtype, sub in fields:
         w.add_key_value(key, value, vtype, sub_type=sub)
     rng = np.random.default_rng(seed)
@@ -186,19 +211,24 @@ def write_gguf(
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", ones)
         w.add_tensor(p + "ffn_norm.weight", ones)
-        if shape.arch == "qwen3":
+        if shape.arch in ("qwen3", "qwen3moe"):
             w.add_tensor(p + "attn_q_norm.weight", np.ones(head_dim, dtype=np.float32))
             w.add_tensor(p + "attn_k_norm.weight", np.ones(head_dim, dtype=np.float32))
+        ffn = () if shape.experts else (
+            ("ffn_gate", shape.ffn, shape.hidden),
+            ("ffn_up", shape.ffn, shape.hidden),
+            ("ffn_down", shape.hidden, shape.ffn),
+        )  # fmt: skip
         for name, rows, cols in (
             ("attn_q", q, shape.hidden),
             ("attn_k", kv, shape.hidden),
             ("attn_v", kv, shape.hidden),
             ("attn_output", shape.hidden, q),
-            ("ffn_gate", shape.ffn, shape.hidden),
-            ("ffn_up", shape.ffn, shape.hidden),
-            ("ffn_down", shape.hidden, shape.ffn),
+            *ffn,
         ):
             add(p + name + ".weight", rows, cols, std)
+        if shape.experts:
+            _add_experts(w, p, shape, rng, types, quantize)
     w.add_tensor("output_norm.weight", ones)
     if not shape.tie_embeddings:
         add("output.weight", vocab, shape.hidden, std)
@@ -209,8 +239,38 @@ def write_gguf(
     return path
 
 
-def quantize_with_llama_cpp(source: Path, dest: Path, type_name: str) -> Path:
-    """A K-quant file from an F16/F32 one, with llama.cpp's own quantizer."""
+def _add_experts(
+    w: gguf.GGUFWriter,
+    prefix: str,
+    shape: LlamaShape,
+    rng: np.random.Generator,
+    types: Callable[[str], QT],
+    quantize: Callable[[np.ndarray, QT], np.ndarray] | None,
+) -> None:
+    """A layer's float32 router and its experts stacked [experts, out, in] as llama.cpp names
+    them; each expert is drawn and quantized alone (a layer's float32 experts would be 2.4 GB)."""
+    std = 1.0 / np.sqrt(shape.hidden)
+    router = (rng.standard_normal((shape.experts, shape.hidden)) * std).astype(np.float32)
+    w.add_tensor(prefix + "ffn_gate_inp.weight", router)
+    for name, rows, cols in (
+        ("ffn_gate_exps", shape.expert_ffn, shape.hidden),
+        ("ffn_up_exps", shape.expert_ffn, shape.hidden),
+        ("ffn_down_exps", shape.hidden, shape.expert_ffn),
+    ):
+        t = types(prefix + name + ".weight")
+        parts = [_tensor(rng, (rows, cols), t, std, quantize) for _ in range(shape.experts)]
+        _add(w, prefix + name + ".weight", np.stack(parts), t)
+
+
+def quantize_with_llama_cpp(
+    source: Path, dest: Path, type_name: str, binary: Path | None = None
+) -> Path:
+    """A K-quant file from an F16/F32 one, with llama.cpp's own quantizer: its ``llama-quantize``
+    program when ``binary`` is given, else llama-cpp-python's binding."""
+    if binary is not None:
+        env = dict(os.environ, LD_LIBRARY_PATH=str(binary.parent))
+        subprocess.run([str(binary), str(source), str(dest), type_name], check=True, env=env)
+        return dest
     try:
         import llama_cpp
     except ImportError as e:
@@ -231,6 +291,10 @@ def main() -> None:
     )
     ap.add_argument("--out", type=Path, default=Path("bench_out/synthetic"))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--llama-quantize", type=Path, default=None,
+        help="llama.cpp's llama-quantize program for the K-quants (default: llama-cpp-python)",
+    )  # fmt: skip
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     shape = SHAPES[args.shape]
@@ -242,7 +306,7 @@ def main() -> None:
         else:
             if f16 is None:
                 f16 = write_gguf(args.out / f"{args.shape}-F16.gguf", shape, "F16", args.seed)
-            quantize_with_llama_cpp(f16, dest, name)
+            quantize_with_llama_cpp(f16, dest, name, args.llama_quantize)
         print(f"wrote {dest} ({dest.stat().st_size / 1e6:.0f} MB)")
 
 

@@ -11,6 +11,17 @@ fi
 VPY=.venv/bin/python
 want="runtime"
 [ "${1:-}" = "test" ] && want="test"
+# The chat page's browser test drives Debian's chromium (Playwright cannot download browsers here):
+# install it when missing, and fail loudly if that is not possible.
+if [ "$want" = "test" ] && ! command -v chromium >/dev/null; then
+  echo "[setup] installing chromium (the browser test needs it)" >&2
+  if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
+    echo "[setup] chromium is missing: run 'apt-get install chromium' as root" >&2
+    exit 1
+  fi
+  apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null
+  command -v chromium >/dev/null || { echo "[setup] chromium did not install" >&2; exit 1; }
+fi
 stamp=".venv/.specdec-setup-$want"
 hash=$(cat requirements.txt requirements-test.txt setup.py pyproject.toml specdec/kernels/csrc/* specdec/spec_decode/csrc/* 2>/dev/null | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$hash" ] && [ -z "${SPECDEC_FORCE_SETUP:-}" ]; then

@@ -220,6 +220,7 @@ QUANTIZATIONS = ("auto", "fp32", "q8_0", "q4_0", "q4_1")
 QUANTIZATION_ALIASES = {"gguf": "auto", "none": "auto"}  # vLLM's name for a GGUF file's own
 ACTIVATION_DTYPES = ("auto", "float32", "int8", "bf16x2")
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+EXECUTOR_BACKENDS = ("uni", "mp", "ray")
 # llama.cpp's (-ctk / -ctv) and vLLM's short spellings
 KV_CACHE_DTYPE_ALIASES = {"f32": "float32", "fp32": "float32", "f16": "float16",
                           "fp16": "float16", "half": "float16", "bf16": "bfloat16"}  # fmt: skip
@@ -257,6 +258,11 @@ class EngineConfig:
     # | "float32" | "float16" | "bfloat16"
     kv_cache_dtype: str = "auto"
     threads: int | None = None  # torch (and native kernel) threads; None: torch's choice
+    # tensor parallelism (issue 31): ranks running the target, how they run ("uni" | "mp"; "mp"
+    # when the size is above 1), and each rank's cores ("0-31|32-63"; None: split evenly)
+    tensor_parallel_size: int = 1
+    distributed_executor_backend: str | None = None
+    cpu_binding: str | None = None
     speculative: SpeculativeConfig | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -279,6 +285,8 @@ class EngineConfig:
             _check_engine_int("max_model_len", self.max_model_len, 16)
         if self.threads is not None:
             _check_engine_int("threads", self.threads, 1)
+        _check_engine_int("tensor_parallel_size", self.tensor_parallel_size, 1)
+        self._check_parallel()
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ConfigError(f"seed must be an integer, got {self.seed!r}")
         if self.kv_cache_memory is not None and not (
@@ -291,6 +299,34 @@ class EngineConfig:
             raise ConfigError(
                 f"enable_prefix_caching must be true or false, got {self.enable_prefix_caching!r}"
             )
+
+    def _check_parallel(self) -> None:
+        """The executor backend and the CPU binding (the heads are checked at load)."""
+        backend = self.distributed_executor_backend
+        if backend is None:
+            backend = "mp" if self.tensor_parallel_size > 1 else "uni"
+        if backend not in EXECUTOR_BACKENDS:
+            raise ConfigError(
+                f"distributed_executor_backend must be one of {', '.join(EXECUTOR_BACKENDS)}, "
+                f"got {backend!r}"
+            )
+        if backend == "ray":
+            raise ConfigError(
+                "distributed_executor_backend ray is not built yet; use mp (one host)"
+            )
+        if backend == "uni" and self.tensor_parallel_size > 1:
+            raise ConfigError(
+                "distributed_executor_backend uni runs one rank; use mp for "
+                f"tensor_parallel_size {self.tensor_parallel_size}"
+            )
+        # NOTE: one rank runs in-process whatever the backend (vLLM's guides pass "mp" at TP 1)
+        self.distributed_executor_backend = backend if self.tensor_parallel_size > 1 else "uni"
+        if self.device != "cpu" and self.tensor_parallel_size > 1:
+            raise ConfigError("tensor_parallel_size above 1 runs on device cpu only")
+        if self.cpu_binding is not None or self.tensor_parallel_size > 1:
+            from specdec.worker.binding import parse_cpu_binding
+
+            parse_cpu_binding(self.cpu_binding, self.tensor_parallel_size)
 
 
 def _check_engine_int(key: str, value: Any, minimum: int) -> None:
@@ -545,7 +581,18 @@ class EngineArgs:
         kind=SPECULATIVE,
     )
     # -- one device
-    tensor_parallel_size: int = _arg(1, "1 only", type=int, flags=("-tp",), kind=SINGLE)
+    tensor_parallel_size: int = _arg(
+        1, "ranks running the target, each with its shard of the weights and KV heads",
+        type=int, flags=("-tp",),
+    )  # fmt: skip
+    distributed_executor_backend: str | None = _arg(
+        None, "how the ranks run: uni (one process) or mp (worker processes; the default above "
+        "tensor_parallel_size 1)",
+    )  # fmt: skip
+    cpu_binding: str | None = _arg(
+        None, "each rank's cores, '|'-separated ('0-31|32-63'; env SPECDEC_CPU_OMP_THREADS_BIND); "
+        "default: the usable cores split evenly",
+    )  # fmt: skip
     pipeline_parallel_size: int = _arg(1, "1 only", type=int, flags=("-pp",), kind=SINGLE)
     data_parallel_size: int = _arg(
         1,
@@ -633,7 +680,6 @@ class EngineArgs:
     )
     enforce_eager: bool = _ignored(False, "no graphs on CPU", type=bool)
     async_scheduling: bool = _ignored(False, "one engine thread", type=bool)
-    distributed_executor_backend: str | None = _ignored(None, "one process")
     use_v2_block_manager: bool = _ignored(False, "slot-based KV pool", type=bool)
     enable_chunked_prefill: bool | None = _ignored(
         None, "prompts are always prefilled in chunks", type=bool
@@ -811,7 +857,14 @@ class EngineArgs:
     show_hidden_metrics_for_version: str | None = _ignored(None, "see /metrics")
     otlp_traces_endpoint: str | None = _ignored(None, "no tracing")
     collect_detailed_traces: list[str] | None = _ignored(None, "no tracing", nargs="+")
-    per_request_spec_decode_metrics: str | None = _ignored(None, "see /metrics")
+    per_request_spec_decode_metrics: str | None = _arg(
+        None,
+        "serve: each response's speculative figures in vLLM's shape, its top-level "
+        "metrics.speculative_decoding ('summary'; 'detailed' gives the summary: per-step lists "
+        "are not kept; 'none': off)",
+        choices=("none", "summary", "detailed"),
+        kind=SERVER,
+    )
     kv_cache_metrics: bool = _ignored(False, "see /metrics", type=bool)
     kv_cache_metrics_sample: float | None = _ignored(None, "see /metrics", type=float)
     cudagraph_metrics: bool = _ignored(False, "no CUDA graphs", type=bool)

@@ -37,6 +37,15 @@ class CompletionOutput:
         return self.finish_reason is not None
 
 
+@dataclass(frozen=True)
+class TokenProvenance:
+    """One output token: the end of its text in the output text (characters), and whether it
+    was an accepted draft token (False: the target sampled it: first, recovered or bonus)."""
+
+    text_end: int
+    from_draft: bool
+
+
 @dataclass
 class RequestMetrics:
     arrival_time: float
@@ -63,6 +72,9 @@ class RequestOutput:
     error: str | None = None  # why the request failed (finish_reason "error"); others go on
     # with SamplingParams.prompt_logprobs: None for the first prompt token, then each one's
     prompt_logprobs: list[PositionLogprobs | None] | None = None
+    # per token of delta_token_ids: where its text ends in the output text, and whether it was an
+    # accepted draft (False: the target sampled it). A token's text may still be held back.
+    delta_provenance: list[TokenProvenance] = field(default_factory=list)
 
 
 def merge_samples(

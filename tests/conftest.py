@@ -65,6 +65,31 @@ def with_chat_template(model: Path, folder: Path, template: str | None) -> Path:
     return folder
 
 
+# Tiny mixtures of experts: Qwen3-MoE renormalising its top-k (as Qwen3-30B-A3B) with a dense
+# layer (mlp_only_layers), Qwen2-MoE not renormalising, with its gated shared expert.
+_MOE_ARCHS = {
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(
+            head_dim=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+            norm_topk_prob=True, mlp_only_layers=[1],
+        ),
+    ),
+    "mixtral": (
+        "MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2)
+    ),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        dict(
+            num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
+            shared_expert_intermediate_size=96, norm_topk_prob=False,
+        ),
+    ),
+}  # fmt: skip
+
+
 def make_tiny_model(
     folder: Path, arch: str = "llama", seed: int = 0, num_layers: int = 2, **overrides
 ) -> Path:
@@ -104,6 +129,10 @@ def make_tiny_model(
         # explicit head_dim (not hidden / heads, as the real ones), tied embeddings (0.6B-4B)
         cfg = transformers.Qwen3Config(**common, head_dim=32, tie_word_embeddings=True)
         model = transformers.Qwen3ForCausalLM(cfg)
+    elif arch in _MOE_ARCHS:
+        config_cls, model_cls, moe = _MOE_ARCHS[arch]
+        cfg = getattr(transformers, config_cls)(**(common | moe), tie_word_embeddings=False)
+        model = getattr(transformers, model_cls)(cfg)
     else:
         cfg = transformers.LlamaConfig(**common, tie_word_embeddings=True)
         model = transformers.LlamaForCausalLM(cfg)
@@ -141,6 +170,21 @@ def tiny_qwen2(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen3(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny_qwen3"), "qwen3", seed=4, num_layers=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_moe(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_qwen3_moe"), "qwen3_moe", 6, num_layers=3)
+
+
+@pytest.fixture(scope="session")
+def tiny_mixtral(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_mixtral"), "mixtral", 7, num_layers=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_moe(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_qwen2_moe"), "qwen2_moe", 8, num_layers=2)
 
 
 def bench_prompts(n: int | None = None) -> list[dict]:

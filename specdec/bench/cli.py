@@ -80,6 +80,11 @@ def _forward_cost_parser(sub) -> None:
     p.add_argument(
         "--json", dest="json_path", default=None, help="also write the results to this JSON file"
     )
+    p.add_argument(
+        "--moe-one-by-one", action="store_true",
+        help="mixture of experts: run each row's experts one by one (the baseline of the "
+        "expert-grouped step)",
+    )  # fmt: skip
     p.set_defaults(func=cmd_forward_cost)
 
 
@@ -131,6 +136,7 @@ def cmd_forward_cost(args: argparse.Namespace) -> int:
             repeats=args.repeats,
             warmup=args.warmup,
             json_path=args.json_path,
+            moe_grouped=not args.moe_one_by_one,
         )
     )
     return 0

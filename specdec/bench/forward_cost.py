@@ -31,6 +31,7 @@ class ForwardCostOptions:
     warmup: int = 2
     seed: int = 0
     json_path: str | None = None
+    moe_grouped: bool = True  # False: each row's experts one by one (mixture-of-experts models)
 
 
 def measure_forward_cost(
@@ -104,13 +105,17 @@ def run_forward_cost(opts: ForwardCostOptions) -> dict[str, Any]:
     max_len = max(16, opts.context + max(opts.ns) + 1)
     llm = LLM.from_engine_args(opts.engine.replace(max_model_len=max_len, max_num_seqs=1))
     model = llm.engine.model
+    for lw in model.layers:
+        if lw.moe is not None:
+            lw.moe.grouped = opts.moe_grouped
     rows = measure_forward_cost(
         model, opts.context, list(opts.ns), opts.repeats, opts.warmup, opts.seed
     )
     title = (
         f"N (context {opts.context}, kernels {opts.engine.kernels}, quantization "
         f"{opts.engine.quantization}, "
-        f"activations {model.activation_dtype}, KV cache {str(model.kv_dtype).removeprefix('torch.')})"
+        f"activations {model.activation_dtype}, KV cache {str(model.kv_dtype).removeprefix('torch.')}"
+        f"{'' if opts.moe_grouped else ', experts one by one'})"
     )
     print(format_forward_cost(rows, title))
     settings = {k: v for k, v in asdict(opts).items() if k not in ("json_path", "engine")}

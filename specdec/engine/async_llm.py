@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from specdec.config import EngineConfig
+from specdec.engine.executor import ExecutorError
 from specdec.engine.llm_engine import LLMEngine
 from specdec.metrics import EngineMetrics
 from specdec.outputs import RequestOutput
@@ -169,6 +170,7 @@ class AsyncLLM:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
+        self.engine.shutdown()  # NOTE: tensor-parallel workers end with the engine
 
     @property
     def is_running(self) -> bool:
@@ -279,7 +281,11 @@ class AsyncLLM:
                 if self.log_stats:
                     self._log.maybe_log(self.log_interval)
         except BaseException as e:  # noqa: BLE001 - report, then refuse new work
-            logger.exception("engine loop crashed")
+            if isinstance(e, ExecutorError):  # a worker gone: one line, then refuse (503)
+                logger.error("engine stopped: %s", e)
+                self.engine.shutdown()
+            else:
+                logger.exception("engine loop crashed")
             self.dead_error = e
             self._fail_all(EngineDeadError(f"engine loop crashed: {e}"))
         finally:
@@ -332,6 +338,8 @@ class AsyncLLM:
     def _step(self) -> None:
         try:
             outputs = self.engine.step()
+        except ExecutorError:
+            raise  # NOTE: the executor is gone: the loop ends and the engine refuses work
         except Exception as e:  # noqa: BLE001 - fail the batch, keep the loop
             logger.exception(
                 "engine step failed; failing %d in-flight request(s)", len(self._streams)

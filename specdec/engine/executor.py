@@ -84,7 +84,10 @@ class UniExecutor(Executor):
 
 
 # backend name -> "module:Class"; a class is built as Class(config, model, kv, hidden_layers)
-EXECUTORS: dict[str, str] = {"uni": "specdec.engine.executor:UniExecutor"}
+EXECUTORS: dict[str, str] = {
+    "uni": "specdec.engine.executor:UniExecutor",
+    "mp": "specdec.engine.mp_executor:MultiprocExecutor",
+}
 
 
 def make_executor(

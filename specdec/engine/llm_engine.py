@@ -14,7 +14,7 @@ import torch
 
 from specdec.config import EngineConfig, SpeculativeConfig
 from specdec.engine.executor import Executor, make_executor
-from specdec.engine.loading import describe_model, load_draft, load_model, resolve_dtype
+from specdec.engine.loading import describe_model, load_draft, load_target, resolve_dtype
 from specdec.engine.output_processor import OutputProcessor
 from specdec.engine.processor import Processor
 from specdec.engine.request import Request
@@ -40,11 +40,7 @@ class LLMEngine:
         if config.threads is not None:
             torch.set_num_threads(config.threads)
         dtype, self._kernels = resolve_dtype(config)
-        self.model, self.tokenizer = load_model(
-            config.model, self.device, dtype, self._kernels, config.quantization,
-            config.max_model_len, config.activation_dtype, config.kv_cache_dtype,
-            config.tokenizer,
-        )  # fmt: skip
+        self.model, self.tokenizer = load_target(config, self.device, dtype, self._kernels)
         self.max_model_len = self.model.max_len
         num_running_slots, num_cache_slots = self._num_kv_slots(config)
         self.kv = self.model.make_kv_cache(num_running_slots + num_cache_slots, self.max_model_len)

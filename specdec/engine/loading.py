@@ -4,6 +4,8 @@ their kernels and compute dtype, and the one-line description the engine logs at
 from __future__ import annotations
 
 import logging
+import os
+import time
 from pathlib import Path
 
 import torch
@@ -15,6 +17,9 @@ from specdec.model.loader import load_checkpoint
 from specdec.model.registry import resolve_model_path
 from specdec.model.tokenizer import Tokenizer
 from specdec.model.weight_cache import WeightCache
+from specdec.worker.binding import bind_rank, parse_cpu_binding
+from specdec.worker.shard import plan_shard, shard_checkpoint
+from specdec.worker.tp import LoadArgs, TPGroup, start_group
 
 logger = logging.getLogger("specdec.engine")
 
@@ -25,6 +30,7 @@ _DTYPES = {
     "auto": torch.float32,
 }
 DEFAULT_MAX_MODEL_LEN = 4096
+TP_START_TIMEOUT_S = 600.0  # workers spawn, import torch and load their shards
 # NOTE: decoding SmolLM2-135M on the torch kernels in bfloat16 against the native kernels'
 # default (float32 activations, int8 for the GGUF's Q4_1 weights): 33 vs 334 tokens/s on the
 # development machine (issue 20); 9 vs 61 on a loaded 2-core VM. Quoted when the slower one runs.
@@ -55,9 +61,13 @@ def load_model(
     activation_dtype: str = "auto",
     kv_cache_dtype: str = "auto",
     tokenizer_path: str | None = None,
+    tp: TPGroup | None = None,
 ) -> tuple[LlamaModel, Tokenizer]:
+    """``tp``: load only this rank's shard (tensor parallelism; worker/shard.py)."""
     path = resolve_model_path(model)
     ckpt = load_checkpoint(path)
+    if tp is not None:
+        ckpt = shard_checkpoint(ckpt, tp.rank, tp.size)
     if tokenizer_path is not None:
         tokenizer = _own_tokenizer(tokenizer_path, ckpt.arch.vocab_size)
     elif ckpt.gguf_metadata is not None:
@@ -82,8 +92,10 @@ def load_model(
             "quantization": quantization, "activation_dtype": activation_dtype,
             "dtype": str(dtype), "isa": native_isa(), "int8_fast": int8_activations_fast(),
         }  # fmt: skip
+        if tp is not None:  # NOTE: one cache file per rank's shard
+            settings["tensor_parallel"] = f"{tp.rank}/{tp.size}"
         cache = WeightCache.for_model(path, settings)
-    model = LlamaModel(ckpt, ops, device, dtype, quantization, max_len, activation_dtype, cache)
+    model = LlamaModel(ckpt, ops, device, dtype, quantization, max_len, activation_dtype, cache, tp)
     if cache is not None and cache.hits:
         logger.info("weights mapped from the weight cache %s", cache.path)
     model.set_kv_dtype(kv_cache_dtype)
@@ -123,6 +135,8 @@ def describe_model(model: LlamaModel) -> str:
     formats: dict[str, int] = {}
     for lw in model.layers:
         for lin in (lw.qkv, lw.o_proj, lw.gate_up, lw.down):
+            if lin is None:  # a mixture-of-experts layer: its experts are in model.linears()
+                continue
             formats[lin.weight.qtype] = formats.get(lin.weight.qtype, 0) + 1
     layers = "/".join(sorted(formats, key=lambda q: -formats[q]))
     isa = getattr(model.ops, "isa", None) if model.ops.name == "native" else None
@@ -169,3 +183,37 @@ def load_draft(
             f"from the target's ({target.cfg.vocab_size}); draft and target must share a tokenizer"
         )
     return draft
+
+
+def load_target(
+    config: EngineConfig, device: torch.device, dtype: torch.dtype, kernels: str
+) -> tuple[LlamaModel, Tokenizer]:
+    """The target model, as rank 0 of ``tensor_parallel_size`` ranks when that is above 1
+    (the workers start first and load their shards while rank 0 loads its own)."""
+    size = config.tensor_parallel_size
+    if size == 1:
+        return load_model(
+            config.model, device, dtype, kernels, config.quantization, config.max_model_len,
+            config.activation_dtype, config.kv_cache_dtype, config.tokenizer,
+        )  # fmt: skip
+    cores = parse_cpu_binding(config.cpu_binding, size)
+    load = LoadArgs(
+        config.model, str(dtype).removeprefix("torch."), kernels, config.quantization,
+        config.max_model_len, config.activation_dtype, config.kv_cache_dtype, config.tokenizer,
+    )  # fmt: skip
+    plan_shard(load_checkpoint(resolve_model_path(config.model)).arch, 0, size)  # before spawning
+    before = (os.sched_getaffinity(0), torch.get_num_threads())
+    group = start_group(load, size, cores)
+    group.workers.restore = before
+    bind_rank(cores[0], config.threads)
+    try:
+        out = load_model(
+            config.model, device, dtype, kernels, config.quantization, config.max_model_len,
+            config.activation_dtype, config.kv_cache_dtype, config.tokenizer, tp=group,
+        )  # fmt: skip
+        group.workers.wait_for("ready", time.monotonic() + TP_START_TIMEOUT_S)
+    except BaseException:
+        group.workers.stop()
+        raise
+    logger.info("tensor parallel: %d ranks (workers %s), cores %s", size, group.workers.pids, cores)
+    return out

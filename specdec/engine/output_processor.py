@@ -11,7 +11,13 @@ from dataclasses import dataclass, field
 from specdec.engine.request import Request
 from specdec.engine.scheduler import SchedulerOutput
 from specdec.model.tokenizer import Tokenizer
-from specdec.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
+from specdec.outputs import (
+    CompletionOutput,
+    Logprob,
+    PositionLogprobs,
+    RequestOutput,
+    TokenProvenance,
+)
 from specdec.sample.logprobs import TokenLogprobs
 
 
@@ -44,6 +50,7 @@ class OutputProcessor:
         delta_text = text[req.num_streamed_chars :]
         req.num_streamed_chars = len(text)
         delta_ids = req.output_token_ids[req.num_streamed_tokens :]
+        provenance = _provenance(req, req.num_streamed_tokens)
         req.num_streamed_tokens = len(req.output_token_ids)
         completion = CompletionOutput(
             index=0,
@@ -72,6 +79,7 @@ class OutputProcessor:
             delta_text=delta_text,
             delta_token_ids=delta_ids,
             prompt_logprobs=prompt_logprobs,
+            delta_provenance=provenance,
         )
 
     def forget(self, req_id: str) -> None:
@@ -124,3 +132,16 @@ class OutputProcessor:
             text = self.tokenizer.decode([token_id], skip_special_tokens=False)
             self._token_texts[token_id] = text
         return text
+
+
+def _provenance(req: Request, start: int) -> list[TokenProvenance]:
+    """Provenance of the output tokens from ``start`` on. Once finished, text ends are clipped
+    to the final text (a stop string cut it) and the last token owns whatever text is left
+    (bytes a finalize() flushed)."""
+    ends = req.output_char_ends[start:]
+    drafts = req.output_from_draft[start:]
+    if req.is_finished and ends:
+        final = len(req.output_text)
+        ends = [min(e, final) for e in ends]
+        ends[-1] = final
+    return [TokenProvenance(e, d) for e, d in zip(ends, drafts)]

@@ -53,6 +53,11 @@ class Request:
     cache_salt: int = 0  # prefixes are shared only between requests of the same salt
     grammar: Grammar | None = None  # structured output: follows the committed tokens
     num_forced_drafts: int = 0  # of draft_token_ids, the last ones the grammar forced
+    # per output token: where its text ends in the output text before any stop-string cut, and
+    # whether it was an accepted draft (else the target sampled it): streamed provenance
+    output_char_ends: list[int] = field(default_factory=list)
+    output_from_draft: list[bool] = field(default_factory=list)
+    num_step_committed: int = 0  # tokens the last verification step appended (stops cut a run)
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -272,6 +272,7 @@ class Scheduler:
         grammar = req.grammar
         if grammar is not None and (why := grammar.failure()) is not None:
             raise GrammarViolation(why)  # the client's constraint: its request fails alone
+        req.num_step_committed = 0
         for i, tok in enumerate(result.token_ids):
             if grammar is not None and not grammar.accept(tok):
                 if (why := grammar.failure()) is not None and "gave up" in why:
@@ -291,6 +292,9 @@ class Scheduler:
                 req.penalty.output_counts[tok] += 1
             delta = req.detokenizer.add_tokens([tok])
             req.output_text += delta
+            req.output_char_ends.append(len(req.output_text))
+            req.output_from_draft.append(i < result.num_accepted)
+            req.num_step_committed += 1
             if self._check_stop(req, tok, delta) or (
                 grammar is not None and self._grammar_done(req, grammar)
             ):

@@ -215,8 +215,11 @@ class Speculator:
             num_valid = len(s.token_ids)
             if isinstance(result, VerifyResult):
                 num_valid += result.num_accepted - s.num_drafts
-                req.spec_stats.observe(s.num_drafts, result.num_accepted)
-                self.stats.observe(s.num_drafts, result.num_accepted)
+                # NOTE: drafts accepted past a stop (EOS inside an accepted run) are not output:
+                # the request's figures count the accepted drafts it returns
+                num_kept = min(result.num_accepted, req.num_step_committed)
+                req.spec_stats.observe(s.num_drafts, num_kept)
+                self.stats.observe(s.num_drafts, num_kept)
                 # NOTE: grammar-forced drafts come last; the controller learns the drafter's
                 num_model = s.num_drafts - s.num_forced_drafts
                 if s.num_forced_drafts:

@@ -29,7 +29,7 @@ and what attention reads; entries are rounded once, when written), else the mode
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -73,6 +73,9 @@ class KVCache:
         # vLLM's prefix_cache_queries / prefix_cache_hits, in tokens.
         self.num_prefix_cache_queries = 0
         self.num_prefix_cache_hits = 0
+        # tensor parallelism: called as mirror(method, args) for every change to the cache's
+        # contents not made by a forward, so other ranks' caches of their heads follow
+        self.mirror: Callable[[str, tuple], None] | None = None
 
     def store(self, layer: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write ``k`` / ``v`` ``[n, Hkv, D]`` at positions ``start .. start + n - 1`` (converted to
@@ -154,10 +157,16 @@ class KVCache:
         # system prompt would otherwise make each new request evict the previous one). Copy the
         # shared prefix into the victim instead: a memory copy is far cheaper than a forward.
         self._take(victim, 0)
-        nk = -(-num_reused // self.key_block) if self.key_block else num_reused
-        self.k[:, victim, :, :nk] = self.k[:, best, :, :nk]  # a partial last block: stale tail
-        self.v[:, victim, :, :num_reused] = self.v[:, best, :, :num_reused]
+        self.copy_prefix(best, victim, num_reused)
         return victim, num_reused
+
+    def copy_prefix(self, src: int, dst: int, num_tokens: int) -> None:
+        """Copy the KV of positions 0..num_tokens-1 from slot ``src`` to slot ``dst``."""
+        nk = -(-num_tokens // self.key_block) if self.key_block else num_tokens
+        self.k[:, dst, :, :nk] = self.k[:, src, :, :nk]  # a partial last block: stale tail
+        self.v[:, dst, :, :num_tokens] = self.v[:, src, :, :num_tokens]
+        if self.mirror is not None:
+            self.mirror("copy_prefix", (src, dst, num_tokens))
 
     def free(self, slot: int, cached_token_ids: Sequence[int] = (), cache_salt: int = 0) -> None:
         """Return a slot; under prefix caching it remembers ``cached_token_ids`` (whose KV it
@@ -221,6 +230,8 @@ class KVCache:
         kept_blocks = -(-num_kept // self.key_block) if self.key_block else num_kept
         self._k_buf.release(_slot_ranges(self.k, slot, kept_blocks))
         self._v_buf.release(_slot_ranges(self.v, slot, num_kept))
+        if self.mirror is not None:
+            self.mirror("_release", (slot, num_kept))
 
 
 def _paged(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> PagedBuffer:

@@ -6,7 +6,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
+SUPPORTED_ARCHS = (
+    "llama", "mistral", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "mixtral",
+)  # fmt: skip
 
 
 class UnsupportedModelError(ValueError):
@@ -30,6 +32,13 @@ class ArchConfig:
     attention_bias: bool = False  # Qwen2: bias on q/k/v
     qk_norm: bool = False  # Qwen3: RMSNorm over each head's q and k before RoPE
     rope_scaling: dict[str, Any] | None = None  # llama3: factor, low/high_freq_factor, original_max
+    # Mixture of experts (Qwen3-MoE, Qwen2-MoE, Mixtral); a layer is sparse where its router is
+    # in the checkpoint (mlp_only_layers / decoder_sparse_step leave it out there)
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE: one shared expert, sigmoid-gated
+    norm_topk_prob: bool = False  # renormalise the top-k router probabilities to sum to 1
     # Gemma 3
     sliding_window: int = 0
     layer_types: list[str] = field(default_factory=list)  # "sliding_attention" | "full_attention"
@@ -81,7 +90,7 @@ def arch_from_gguf(meta: dict[str, Any], vocab_size: int) -> ArchConfig:
     arch = meta.get("general.architecture", "")
     family = {
         "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama",
-        "gemma3": "gemma3",
+        "qwen3moe": "llama", "qwen2moe": "llama", "gemma3": "gemma3",
     }.get(arch)  # fmt: skip
     if family is None:
         raise UnsupportedModelError(
@@ -103,7 +112,7 @@ def arch_from_gguf(meta: dict[str, Any], vocab_size: int) -> ArchConfig:
         arch=family,
         vocab_size=vocab_size,
         hidden_size=hidden,
-        intermediate_size=int(get("feed_forward_length")),
+        intermediate_size=int(get("feed_forward_length", 0) or get("expert_feed_forward_length")),
         num_layers=int(get("block_count")),
         num_heads=heads,
         num_kv_heads=int(get("attention.head_count_kv", heads)),
@@ -111,10 +120,12 @@ def arch_from_gguf(meta: dict[str, Any], vocab_size: int) -> ArchConfig:
         rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
         rope_theta=float(get("rope.freq_base", 1_000_000.0 if family == "gemma3" else 10000.0)),
         max_position_embeddings=int(get("context_length", 2048)),
-        attention_bias=arch == "qwen2",
-        qk_norm=arch == "qwen3",
+        attention_bias=arch in ("qwen2", "qwen2moe"),
+        qk_norm=arch in ("qwen3", "qwen3moe"),
         rope_scaling=rope_scaling,
     )
+    if int(get("expert_count", 0) or 0):
+        _moe_from_gguf(cfg, arch, get)
     if family == "gemma3":
         cfg.sliding_window = int(get("attention.sliding_window", 4096))
         cfg.layer_types = _gemma_layer_types(cfg.num_layers)
@@ -122,6 +133,25 @@ def arch_from_gguf(meta: dict[str, Any], vocab_size: int) -> ArchConfig:
         cfg.final_logit_softcapping = float(get("final_logit_softcapping", 0.0) or 0.0)
         cfg.attn_logit_softcapping = float(get("attn_logit_softcapping", 0.0) or 0.0)
     return cfg
+
+
+def _moe_from_gguf(cfg: ArchConfig, arch: str, get: Any) -> None:
+    cfg.num_experts = int(get("expert_count"))
+    cfg.num_experts_per_tok = int(get("expert_used_count"))
+    cfg.moe_intermediate_size = int(get("expert_feed_forward_length", 0) or cfg.intermediate_size)
+    cfg.shared_expert_intermediate_size = int(get("expert_shared_feed_forward_length", 0) or 0)
+    # NOTE: llama.cpp renormalises the top-k weights for llama (Mixtral) and qwen3moe, never for
+    # qwen2moe (its build_moe_ffn calls); a GGUF file carries no flag of its own.
+    cfg.norm_topk_prob = arch != "qwen2moe"
+
+
+def _moe_from_hf(out: ArchConfig, cfg: dict[str, Any], model_type: str) -> None:
+    out.num_experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    out.num_experts_per_tok = int(cfg.get("num_experts_per_tok") or 0)
+    out.moe_intermediate_size = int(cfg.get("moe_intermediate_size") or out.intermediate_size)
+    out.shared_expert_intermediate_size = int(cfg.get("shared_expert_intermediate_size") or 0)
+    # NOTE: Mixtral always renormalises; Qwen's MoE configs say so in norm_topk_prob.
+    out.norm_topk_prob = model_type == "mixtral" or bool(cfg.get("norm_topk_prob", False))
 
 
 def arch_from_hf_config(cfg: dict[str, Any]) -> ArchConfig:
@@ -134,12 +164,15 @@ def arch_from_hf_config(cfg: dict[str, Any]) -> ArchConfig:
         "mistral": "llama",
         "qwen2": "llama",
         "qwen3": "llama",
+        "qwen3_moe": "llama",
+        "qwen2_moe": "llama",
+        "mixtral": "llama",
         "gemma3_text": "gemma3",
     }.get(model_type)
     if family is None:
         raise UnsupportedModelError(
             f"unsupported model_type '{model_type}' in config.json: supported are "
-            "llama, mistral, qwen2, qwen3, gemma3_text"
+            "llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe, mixtral, gemma3_text"
         )
     heads = int(cfg["num_attention_heads"])
     hidden = int(cfg["hidden_size"])
@@ -176,10 +209,12 @@ def arch_from_hf_config(cfg: dict[str, Any]) -> ArchConfig:
         rope_theta=float(theta),
         max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", family == "gemma3")),
-        attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
-        qk_norm=model_type == "qwen3",
+        attention_bias=bool(cfg.get("attention_bias", model_type in ("qwen2", "qwen2_moe"))),
+        qk_norm=model_type in ("qwen3", "qwen3_moe"),
         rope_scaling=dict(rope_scaling) if rope_scaling else None,
     )
+    if model_type in ("qwen3_moe", "qwen2_moe", "mixtral"):
+        _moe_from_hf(out, cfg, model_type)
     if family == "gemma3":
         out.sliding_window = int(cfg.get("sliding_window") or 4096)
         out.layer_types = list(cfg.get("layer_types") or []) or _gemma_layer_types(

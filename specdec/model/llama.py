@@ -26,9 +26,11 @@ from specdec.kv_cache.pool import KVCache
 from specdec.model.arch import ArchConfig
 from specdec.model.layers import Linear, Rotary, make_linear, rope_inv_freq
 from specdec.model.loader import LoadedCheckpoint, RawTensor
+from specdec.model.moe import MoeBlock, load_moe
 
 if TYPE_CHECKING:
     from specdec.model.weight_cache import WeightCache
+    from specdec.worker.tp import TPGroup
 
 ACTIVATION_DTYPES = ("auto", "float32", "int8", "bf16x2")
 HIDDEN_FINAL = -1  # in a capture list: the final normed hidden state (what the LM head reads)
@@ -49,8 +51,9 @@ class LayerWeights:
     qkv: Linear
     o_proj: Linear
     post_attn_norm: torch.Tensor  # [H]
-    gate_up: Linear
-    down: Linear
+    gate_up: Linear | None  # None in a mixture-of-experts layer
+    down: Linear | None
+    moe: MoeBlock | None = None
     q_norm: torch.Tensor | None = None  # [D] (Gemma 3, Qwen3)
     k_norm: torch.Tensor | None = None  # [D] (Gemma 3, Qwen3)
     post_attn_out_norm: torch.Tensor | None = None  # [H] (Gemma 3)
@@ -70,8 +73,17 @@ class LlamaModel:
         max_len: int = 2048,
         activation_dtype: str = "float32",
         weight_cache: WeightCache | None = None,
+        tp: TPGroup | None = None,
     ) -> None:
         self.cfg: ArchConfig = ckpt.arch
+        # NOTE: under tensor parallelism ``ckpt`` holds this rank's shard (worker/shard.py) and
+        # shard_cfg its head and intermediate counts; cfg stays the whole model's (drafters read it)
+        self.tp = tp
+        self.shard_cfg = self.cfg
+        if tp is not None:
+            from specdec.worker.shard import plan_shard, shard_arch
+
+            self.shard_cfg = shard_arch(self.cfg, plan_shard(self.cfg, tp.rank, tp.size))
         self.source_path = ckpt.path  # the checkpoint it was loaded from (MTP layers live there)
         self.ops = ops
         self.device = device
@@ -108,8 +120,13 @@ class LlamaModel:
         # The whole layer stack as one native call (kernels/csrc/layer.cpp: forward_layers) when
         # the native kernels run; the Python _layer below is the same computation, op by op
         # (CUDA, torch kernels, tests).
+        # NOTE: mixture-of-experts layers run the Python layer (moe.py), not the fused one; the
+        # fused stack has no all-reduce inside, so tensor-parallel ranks run _layer too
         self.use_fused_layers = ops.supports_fused_layers and (
-            dtype == torch.float32 and device.type == "cpu"
+            dtype == torch.float32
+            and device.type == "cpu"
+            and not self.cfg.num_experts
+            and tp is None
         )
         self._fused: list | None = None
         self._rope_index: list[int] | None = None  # per layer: which rotary table it uses
@@ -138,7 +155,10 @@ class LlamaModel:
 
     # ---- activation precision ------------------------------------------------------------
     def linears(self) -> list[Linear]:
-        out = [lin for lw in self.layers for lin in (lw.qkv, lw.o_proj, lw.gate_up, lw.down)]
+        out = []
+        for lw in self.layers:
+            out += [lw.qkv, lw.o_proj]
+            out += lw.moe.linears() if lw.moe is not None else [lw.gate_up, lw.down]
         return out + [self.lm_head]
 
     def set_activation_dtype(self, activation_dtype: str) -> None:
@@ -214,9 +234,16 @@ class LlamaModel:
             qkv=lin(["q_proj", "k_proj", "v_proj"]),
             o_proj=lin(["o_proj"]),
             post_attn_norm=self._vec(t[p + post_attn]),
-            gate_up=lin(["gate_proj", "up_proj"]),
-            down=lin(["down_proj"]),
+            gate_up=None,
+            down=None,
         )
+        cfg = self.cfg
+        if p + "router" in t:
+            layer.moe = load_moe(
+                set(t), p, cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob, lin
+            )
+        else:
+            layer.gate_up, layer.down = lin(["gate_proj", "up_proj"]), lin(["down_proj"])
         if self.cfg.is_gemma or self.cfg.qk_norm:
             layer.q_norm = self._vec(t[p + "q_norm"])
             layer.k_norm = self._vec(t[p + "k_norm"])
@@ -255,7 +282,10 @@ class LlamaModel:
         """The final normed states [T, H], and the states named in ``capture`` side by side
         [T, H * len(capture)] (None when it is empty): ``HIDDEN_FINAL`` is the final normed
         state, ``i`` the residual stream entering layer i (layer i - 1's output; vLLM's and
-        EAGLE-3's convention for auxiliary hidden states)."""
+        EAGLE-3's convention for auxiliary hidden states). Under tensor parallelism rank 0
+        first sends the inputs to the other ranks, which run the same forward on their shards."""
+        if self.tp is not None:
+            self.tp.send_forward(input_ids, positions, batch, kv, capture, num_layers)
         x = self.embed(input_ids)
         positions = positions.to(self.device)
         layers = self.layers[: num_layers or len(self.layers)]
@@ -317,18 +347,24 @@ class LlamaModel:
         batch: SeqBatch,
         kv: KVCache,
     ) -> torch.Tensor:  # [T, H]
-        cfg = self.cfg
+        cfg = self.shard_cfg
         eps = cfg.rms_norm_eps
         h = self.ops.rms_norm(x, layer.input_norm, eps)
         attn = self._attention(i, layer, h, positions, batch, kv)
         attn = layer.o_proj(attn)
+        if self.tp is not None:
+            attn = self.tp.all_reduce(attn)
         if layer.post_attn_out_norm is not None:
             attn = self.ops.rms_norm(attn, layer.post_attn_out_norm, eps)
         x = x + attn
         h = self.ops.rms_norm(x, layer.post_attn_norm, eps)
+        if layer.moe is not None:
+            return x + layer.moe(h)
         gate, up = layer.gate_up(h).split(cfg.intermediate_size, dim=-1)
         act = F.gelu(gate, approximate="tanh") if cfg.is_gemma else F.silu(gate)
         mlp = layer.down(act * up)
+        if self.tp is not None:
+            mlp = self.tp.all_reduce(mlp)
         if layer.post_ffw_norm is not None:
             mlp = self.ops.rms_norm(mlp, layer.post_ffw_norm, eps)
         return x + mlp
@@ -341,8 +377,8 @@ class LlamaModel:
         positions: torch.Tensor,  # [T]
         batch: SeqBatch,
         kv: KVCache,
-    ) -> torch.Tensor:  # [T, num_heads * D]
-        cfg = self.cfg
+    ) -> torch.Tensor:  # [T, num_heads * D] (this rank's heads)
+        cfg = self.shard_cfg
         T, D = h.shape[0], cfg.head_dim
         nq, nkv = cfg.num_heads * D, cfg.num_kv_heads * D
         qkv = layer.qkv(h)
@@ -393,7 +429,7 @@ class LlamaModel:
         return KVCache(
             num_layers or self.cfg.num_layers,
             num_slots,
-            self.cfg.num_kv_heads,
+            self.shard_cfg.num_kv_heads,
             max_len,
             self.cfg.head_dim,
             self.kv_dtype,

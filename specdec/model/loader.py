@@ -3,7 +3,9 @@
 Canonical names: ``embed_tokens``, ``norm``, ``lm_head``, ``rope_freqs`` and per layer
 ``layers.{i}.{input_layernorm, q_proj, k_proj, v_proj, o_proj, q_norm, k_norm,
 post_attention_layernorm, pre_feedforward_layernorm, post_feedforward_layernorm,
-gate_proj, up_proj, down_proj}`` plus ``.bias`` variants for q/k/v.
+gate_proj, up_proj, down_proj}`` plus ``.bias`` variants for q/k/v; mixture-of-experts layers
+have ``router``, ``experts.{e}.{gate_proj, up_proj, down_proj}`` and (Qwen2-MoE)
+``shared_expert.{gate_proj, up_proj, down_proj}``, ``shared_expert_gate``.
 """
 
 from __future__ import annotations
@@ -61,6 +63,17 @@ _GGUF_LAYER_NAMES = {
     "ffn_gate": "gate_proj",
     "ffn_up": "up_proj",
     "ffn_down": "down_proj",
+    "ffn_gate_inp": "router",
+    "ffn_gate_shexp": "shared_expert.gate_proj",
+    "ffn_up_shexp": "shared_expert.up_proj",
+    "ffn_down_shexp": "shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "shared_expert_gate",
+}
+# stacked experts [num_experts, out, in], split into one tensor per expert
+_GGUF_EXPERT_NAMES = {
+    "ffn_gate_exps": "gate_proj",
+    "ffn_up_exps": "up_proj",
+    "ffn_down_exps": "down_proj",
 }
 _GGUF_TOP_NAMES = {
     "token_embd": "embed_tokens",
@@ -204,6 +217,22 @@ def _canonical_gguf_name(name: str) -> str | None:
     return None if mapped is None else mapped + (".bias" if suffix == "bias" else "")
 
 
+def _split_experts(name: str, raw: RawTensor) -> dict[str, RawTensor]:
+    """One stacked expert tensor ``blk.{i}.ffn_*_exps`` [E, out, in] as E tensors [out, in],
+    each a view of the file's mapping (no copy)."""
+    _, layer, part, _ = name.split(".")
+    if part not in _GGUF_EXPERT_NAMES:
+        raise UnsupportedModelError(f"tensor {name}: unexpected 3-dimensional tensor")
+    num_experts, rows, cols = raw.shape
+    data = raw.data.reshape(num_experts, rows, -1)  # blocks or bytes per row, as stored
+    return {
+        f"layers.{layer}.experts.{e}.{_GGUF_EXPERT_NAMES[part]}": RawTensor(
+            raw.qtype, data[e], (rows, cols)
+        )
+        for e in range(num_experts)
+    }
+
+
 def load_gguf(path: Path) -> LoadedCheckpoint:
     reader = read_gguf(path)
     meta = gguf_metadata(reader)
@@ -215,10 +244,15 @@ def load_gguf(path: Path) -> LoadedCheckpoint:
                 f"tensor {t.name} has GGUF type {t.tensor_type.name}; supported: "
                 + ", ".join(q.name for q in GGUF_TYPES)
             )
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        if len(shape) == 3:
+            tensors.update(_split_experts(t.name, RawTensor(qtype, t.data, shape)))
+            continue
         name = _canonical_gguf_name(t.name)
         if name is None:
             continue
-        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        if name.endswith("shared_expert_gate") and len(shape) == 1:
+            shape = (1, shape[0])  # NOTE: llama.cpp stores the one-output gate as a vector
         tensors[name] = RawTensor(qtype, t.data, shape)
     vocab = (
         int(meta.get(f"{meta.get('general.architecture')}.vocab_size", 0))
@@ -249,7 +283,16 @@ def _canonical_hf_name(name: str) -> str | None:
     if name.endswith(".weight"):
         name = name[: -len(".weight")]
     name = name.replace(".self_attn.", ".").replace(".mlp.", ".")
+    name = name.replace(".block_sparse_moe.", ".")  # Mixtral
+    base, _, last = name.rpartition(".")
+    if ".experts." in name and last in _MIXTRAL_EXPERT_NAMES:
+        name = f"{base}.{_MIXTRAL_EXPERT_NAMES[last]}"
+    elif last == "gate" and base.startswith("layers."):
+        name = f"{base}.router"
     return name
+
+
+_MIXTRAL_EXPERT_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 
 
 # safetensors dtypes read straight from a memory map of the file: (qtype, numpy dtype).

@@ -50,6 +50,8 @@ class EagleProposer(HiddenStateProposer):
         num_layers = 1 + max(int(k.split(".")[1]) for k in w if k.startswith("layers."))
         super().__init__(target, cfg, max_num_seqs, max_len, sample_method, num_layers)
         self.fc = HeadLinear(w["fc.weight"], w.get("fc.bias"), target)
+        for i in range(num_layers):
+            self.check_attention(w, f"layers.{i}.")
         self.layers = [head_layer(w, f"layers.{i}.", target) for i in range(num_layers)]
         self.layers[0].input_norm = None  # NOTE: EAGLE's first layer reads fc's output as it is
 

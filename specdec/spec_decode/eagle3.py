@@ -108,6 +108,7 @@ class Eagle3Proposer(HiddenStateProposer):
         self.fc = HeadLinear(w["fc.weight"], None, target, qtype)
         self.lm_head = HeadLinear(w["lm_head.weight"], None, target, qtype)
         self.norm = f32("norm.weight")
+        self.check_attention(w, "layers.0.")
         self.layer = head_layer(w, "layers.0.", target, qtype)
         self.qtype = qtype
         if self.layer.input_norm is None or "layers.0.hidden_norm.weight" not in w:

@@ -249,6 +249,19 @@ class HiddenStateProposer(Proposer):
         )  # fmt: skip
         self.states: dict[str, _HeadState] = {}
 
+    def check_attention(self, w: dict[str, torch.Tensor], prefix: str) -> None:
+        """The layer's q / k / v rows must be its heads x head_dim (else its attention would
+        silently read the wrong columns): a one-line ConfigError naming the tensor."""
+        names = [prefix + f"self_attn.{n}.weight" for n in ("q_proj", "k_proj", "v_proj")]
+        if any(n not in w for n in names):
+            return  # head_layer names the missing tensor
+        in_dim = w[names[0]].shape[1]
+        for name, heads in (("q_proj", self.num_heads), ("k_proj", self.num_kv_heads),
+                            ("v_proj", self.num_kv_heads)):  # fmt: skip
+            t = w[prefix + f"self_attn.{name}.weight"]
+            want = (heads * self.head_dim, in_dim)
+            check_shape(prefix + f"self_attn.{name}", t, want, f"{heads} heads x {self.head_dim}")
+
     # ---- what a head defines -----------------------------------------------------------------
     @abstractmethod
     def _step(

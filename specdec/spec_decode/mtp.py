@@ -104,6 +104,7 @@ class MtpProposer(HiddenStateProposer):
         self.token_norm, self.hidden_norm, self.final_norm = (f32(x) for x in names[:2] + names[3:])
         check_shape(p + names[2], w[p + names[2] + ".weight"], (H, 2 * H), "[hidden, 2 * hidden]")
         self.proj = HeadLinear(w[p + names[2] + ".weight"], None, target)
+        self.check_attention(w, p)
         self.layer = head_layer(w, p, target)
         self.head = None
         if p + "shared_head.head.weight" in w:

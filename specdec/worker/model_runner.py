@@ -39,6 +39,14 @@ class ModelRunnerOutput:
     prompt_logprobs: list[list[TokenLogprobs] | None] = field(default_factory=list)
 
 
+def _raise_if_executor_gone(e: Exception) -> None:
+    """A rank gone (tensor parallelism) fails every request, not one: let it through."""
+    from specdec.engine.executor import ExecutorError  # NOTE: executor imports this module
+
+    if isinstance(e, ExecutorError):
+        raise e
+
+
 class ModelRunner:
     def __init__(self, model: LlamaModel, kv: KVCache, hidden_layers: tuple[int, ...] = ()) -> None:
         self.model = model
@@ -51,6 +59,7 @@ class ModelRunner:
         try:
             logits, hidden = self._forward(sched.scheduled)
         except Exception as e:  # noqa: BLE001 - isolated below
+            _raise_if_executor_gone(e)
             if len(sched.scheduled) == 1:
                 return ModelRunnerOutput([failure("the forward pass", e)], [None], [None])
             return self._one_by_one(sched.scheduled)
@@ -65,6 +74,7 @@ class ModelRunner:
             try:
                 logits, hidden = self._forward([s])
             except Exception as e:  # noqa: BLE001
+                _raise_if_executor_gone(e)
                 out.results.append(failure("the forward pass", e))
                 out.hidden_states.append(None)
                 out.prompt_logprobs.append(None)

@@ -139,3 +139,19 @@ def test_every_method_exact_on_qwen3(method, qwen3_cases) -> None:
         ids, num_drafts = _generate(target, spec | {"adaptive": False}, p)
         assert ids == _generate(target, None, p)[0]
         assert num_drafts > 0
+
+
+def test_a_head_with_the_wrong_head_size_is_refused(tiny_qwen3, tmp_path) -> None:
+    """An MTP layer written for hidden / heads (16) on a target of head_dim 32: a one-line error
+    naming the tensor, not a head that silently drafts nothing."""
+    import json
+
+    folder = write_mtp_target(tmp_path / "mtp", tiny_qwen3)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(cfg | {"head_dim": 16}))
+    with pytest.raises(
+        ValueError,
+        match=r"self_attn\.q_proj has shape \(128, 64\).*8 heads|"
+        r"self_attn\.q_proj has shape .* heads x 16",
+    ):
+        LLM(str(folder), speculative_config={"method": "mtp"}, max_model_len=128)

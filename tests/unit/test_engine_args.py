@@ -143,8 +143,8 @@ def test_vllm_kwargs_run_and_unsupported_ones_fail_clearly(tiny_llama, caplog) -
     )  # fmt: skip
     ignored = [r.getMessage() for r in caplog.records if "ignored on CPU" in r.getMessage()]
     assert len(ignored) == 1
-    for name in ("enforce_eager", "async_scheduling", "distributed_executor_backend",
-                 "trust_remote_code", "use_v2_block_manager", "n_gpu_layers"):  # fmt: skip
+    for name in ("enforce_eager", "async_scheduling", "trust_remote_code",
+                 "use_v2_block_manager", "n_gpu_layers"):  # fmt: skip
         assert name in ignored[0]
     assert llm.engine.spec.method == "ngram" and llm.engine.spec.num_speculative_tokens == 3
     out = llm.generate("the the the", SamplingParams(temperature=0, max_tokens=8))[0]
@@ -152,7 +152,8 @@ def test_vllm_kwargs_run_and_unsupported_ones_fail_clearly(tiny_llama, caplog) -
     caplog.clear()
     LLM(str(tiny_llama), max_model_len=64, enforce_eager=True)  # logged once per process
     assert not [r for r in caplog.records if "ignored on CPU" in r.getMessage()]
-    for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+    assert llm.engine.config.distributed_executor_backend == "uni"  # "mp" at TP 1: in-process
+    for key in ("pipeline_parallel_size", "data_parallel_size"):
         with pytest.raises(ConfigError, match=f"{key} .--[a-z-]+. must be 1, got 2: specdec runs"):
             LLM(str(tiny_llama), **{key: 2})
     with pytest.raises(TypeError, match="unexpected keyword argument 'max_num_seq'; did you mean"):
@@ -160,9 +161,12 @@ def test_vllm_kwargs_run_and_unsupported_ones_fail_clearly(tiny_llama, caplog) -
     assert EngineArgs.names(SINGLE) and EngineArgs.names(IGNORED) and EngineArgs.names(ALIAS)
 
 
-def test_tensor_parallel_above_one_is_a_clear_cli_error(tiny_llama, capsys) -> None:
-    assert cli.main(["generate", "-m", str(tiny_llama), "--tensor-parallel-size", "2"]) == 2
-    assert "tensor_parallel_size (--tensor-parallel-size) must be 1, got 2" in (
+def test_bad_tensor_parallel_sizes_are_clear_cli_errors(tiny_llama, capsys) -> None:
+    assert cli.main(["generate", "-m", str(tiny_llama), "--tensor-parallel-size", "0"]) == 2
+    assert "tensor_parallel_size must be an integer >= 1, got 0" in capsys.readouterr().err
+    # the tiny model has 4 attention heads: 8 ranks would leave some without one
+    assert cli.main(["generate", "-m", str(tiny_llama), "-tp", "8"]) == 2
+    assert "tensor_parallel_size 8 exceeds the model's 4 attention heads" in (
         capsys.readouterr().err
     )
 

@@ -32,7 +32,13 @@ def _full(model: LlamaModel, ids: list[int]) -> torch.Tensor:
     return model.compute_logits(h)
 
 
-@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_gemma", "tiny_qwen2", "tiny_qwen3"])
+@pytest.mark.parametrize(
+    "fixture",
+    [
+        "tiny_llama", "tiny_gemma", "tiny_qwen2", "tiny_qwen3",
+        "tiny_qwen3_moe", "tiny_mixtral", "tiny_qwen2_moe",
+    ],
+)  # fmt: skip
 @pytest.mark.parametrize("kernels", ["native", "torch"])
 def test_logits_match_transformers(fixture: str, kernels: str, request) -> None:
     folder = request.getfixturevalue(fixture)

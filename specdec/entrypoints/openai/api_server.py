@@ -77,6 +77,7 @@ def build_app(
     chat_template_timeout: float | None = None,
     sampling_defaults: dict[str, Any] | None = None,
     metrics_prefixes: tuple[str, ...] | None = None,
+    per_request_spec_decode_metrics: str | None = None,
 ) -> Any:
     """A FastAPI app serving ``llm`` (an AsyncLLM); its lifespan starts and stops the engine thread.
 
@@ -110,6 +111,7 @@ def build_app(
     serving = OpenAIServing(
         llm, served_model_names, model_root, template_sandbox=sandbox,
         sampling_defaults=sampling_defaults,
+        per_request_spec_decode_metrics=per_request_spec_decode_metrics,
     )  # fmt: skip
     state = _ServerState(allowed_hosts=list(allowed_hosts) if allowed_hosts is not None else None)
 
@@ -252,6 +254,9 @@ def build_app(
     async def metrics() -> Any:
         return Response(llm.metrics.render(), media_type=CONTENT_TYPE)
 
+    from specdec.entrypoints.openai.chat_page import add_chat_page
+
+    add_chat_page(app)
     return app
 
 
@@ -745,11 +750,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         shutdown_timeout=args.shutdown_timeout,
         sampling_defaults=defaults,
         metrics_prefixes=PREFIX_CHOICES[args.metrics_prefix],
+        per_request_spec_decode_metrics=_spec_metrics_level(args.per_request_spec_decode_metrics),
     )
     _apply_app_flags(app, args)
     logger.info(
-        "serving %s (%s) on %s/v1, max_model_len %d, prefix caching: %s, speculation: %s",
-        names[0], root, _address(args), llm.engine.max_model_len,
+        "serving %s (%s) on %s/v1 (chat page: %s/), max_model_len %d, prefix caching: %s, speculation: %s",
+        names[0], root, _address(args), _address(args), llm.engine.max_model_len,
         "on" if args.enable_prefix_caching else "off",
         f"{spec.method} k={spec.num_speculative_tokens}" if spec else "off",
     )  # fmt: skip
@@ -772,6 +778,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server = make_server(config)
     server.run()
     return 0 if server.started else 1
+
+
+def _spec_metrics_level(value: str | None) -> str | None:
+    """vLLM's --per-request-spec-decode-metrics: "summary" or None (off)."""
+    if value == "detailed":
+        logger.warning(
+            "--per-request-spec-decode-metrics detailed: per-step lists are not kept; "
+            "responses carry the summary"
+        )
+    return None if value in (None, "none") else "summary"
 
 
 def _given(args: argparse.Namespace, name: str, parse: Any) -> bool:

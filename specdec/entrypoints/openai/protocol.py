@@ -223,6 +223,9 @@ class _SamplingRequest(OpenAIBaseModel):
     speculative_p_min: Probability | None = Field(
         None, validation_alias=AliasChoices("speculative.p_min", "speculative_p_min")
     )
+    # streaming only: each chunk's choice says, per token, how many characters of its text the
+    # token wrote and whether it was an accepted draft (``token_provenance``); off by default
+    return_token_provenance: bool = False
     # structured output: OpenAI's response_format, vLLM's structured_outputs and guided_* fields
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
@@ -243,6 +246,11 @@ class _SamplingRequest(OpenAIBaseModel):
         if self.stream_options is not None and not self.stream:
             raise RequestError(
                 "stream_options is only allowed when stream is true", "stream_options"
+            )
+        if self.return_token_provenance and not self.stream:
+            raise RequestError(
+                "return_token_provenance is only allowed when stream is true",
+                "return_token_provenance",
             )
 
     def to_sampling_params(
@@ -405,6 +413,10 @@ class CompletionRequest(_SamplingRequest):
             raise RequestError(f"best_of must be >= n ({self.n}), got {self.best_of}", "best_of")
         if self.stream and (self.best_of or self.n) > self.n:
             raise RequestError("best_of > n cannot be streamed", "best_of")
+        if self.echo and self.return_token_provenance:
+            raise RequestError(
+                "return_token_provenance cannot be combined with echo", "return_token_provenance"
+            )
 
     def prompts(self) -> list[str | list[int]]:
         """The prompts: one, or a batch (a list of strings or of token id lists)."""
@@ -569,6 +581,8 @@ class ChatCompletionResponse(BaseModel):
     usage: UsageInfo
     prompt_logprobs: PromptLogprobs | None = None
     spec_decode: dict[str, Any] | None = None
+    timings: dict[str, Any] | None = None
+    metrics: dict[str, Any] | None = None
 
 
 class DeltaMessage(BaseModel):
@@ -577,12 +591,18 @@ class DeltaMessage(BaseModel):
     tool_calls: list[dict[str, Any]] | None = None
 
 
+# return_token_provenance: per token of a chunk's text, [characters it wrote, 1 if it was an
+# accepted draft token else 0]; the characters add up to the chunk's text
+TokenProvenanceList = list[list[int]]
+
+
 class ChatStreamChoice(BaseModel):
     index: int = 0
     delta: DeltaMessage
     logprobs: ChatChoiceLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_provenance: TokenProvenanceList | None = None
 
 
 class ChatCompletionChunk(BaseModel):
@@ -593,6 +613,8 @@ class ChatCompletionChunk(BaseModel):
     choices: list[ChatStreamChoice]
     usage: UsageInfo | None = None
     spec_decode: dict[str, Any] | None = None
+    timings: dict[str, Any] | None = None  # llama.cpp's server: on the last chunk
+    metrics: dict[str, Any] | None = None  # vLLM's per-request metrics: on the last chunk
 
 
 class CompletionLogprobs(BaseModel):
@@ -609,6 +631,7 @@ class CompletionChoice(BaseModel):
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     prompt_logprobs: PromptLogprobs | None = None
+    token_provenance: TokenProvenanceList | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -619,6 +642,8 @@ class CompletionResponse(BaseModel):
     choices: list[CompletionChoice]
     usage: UsageInfo | None = None
     spec_decode: dict[str, Any] | None = None
+    timings: dict[str, Any] | None = None
+    metrics: dict[str, Any] | None = None
 
 
 class ModelCard(BaseModel):
@@ -636,13 +661,15 @@ class ModelList(BaseModel):
 
 
 def dump_chunk(chunk: BaseModel) -> str:
-    """One SSE event; ``usage``, ``spec_decode`` and a delta's ``tool_calls`` appear only where
-    set."""
+    """One SSE event; ``usage``, ``spec_decode``, ``timings``, ``metrics``, a choice's
+    ``token_provenance`` and a delta's ``tool_calls`` appear only where set."""
     d = chunk.model_dump()
-    for key in ("usage", "spec_decode"):
+    for key in ("usage", "spec_decode", "timings", "metrics"):
         if d.get(key) is None:
             d.pop(key, None)
     for choice in d.get("choices", []):
+        if choice.get("token_provenance") is None:
+            choice.pop("token_provenance", None)
         delta = choice.get("delta")
         if isinstance(delta, dict) and delta.get("tool_calls") is None:
             delta.pop("tool_calls", None)

@@ -56,6 +56,7 @@ from specdec.entrypoints.openai.safety import (
     unrepresentable,
     unrepresentable_error,
 )
+from specdec.entrypoints.openai.stats import ProvenanceAligner, timings, vllm_spec_metrics
 from specdec.entrypoints.openai.tools import ToolPlan, plan_tools
 from specdec.entrypoints.openai.tools import template_messages as tool_template_messages
 from specdec.model.tokenizer import prepare_messages
@@ -218,6 +219,7 @@ class OpenAIServing:
         num_prepare_threads: int = 2,
         sampling_defaults: dict[str, Any] | None = None,
         num_respond_threads: int = 2,
+        per_request_spec_decode_metrics: str | None = None,
     ) -> None:
         if not served_model_names:
             raise ValueError("at least one served model name is needed")
@@ -227,6 +229,8 @@ class OpenAIServing:
         self.tokenizer = llm.engine.tokenizer
         self.max_model_len = llm.engine.max_model_len
         self.template_sandbox = template_sandbox
+        # vLLM's --per-request-spec-decode-metrics: "summary" adds metrics.speculative_decoding
+        self.per_request_spec_decode_metrics = per_request_spec_decode_metrics
         self._dropped_bytes = dropped_bytes(self.tokenizer.hf)
         # the server's defaults for sampling fields a request leaves out (llama.cpp's --temp ...)
         self.sampling_defaults = dict(sampling_defaults or {})
@@ -487,6 +491,40 @@ class OpenAIServing:
             stream.abort()
         yield DONE
 
+    def _figures(
+        self, pairs: list[tuple[_Job, RequestOutput]], req: _SamplingRequest
+    ) -> dict[str, Any]:
+        """A response's (or one finished choice's) per-request figures: our ``spec_decode``,
+        llama.cpp's ``timings`` and, when the server was asked, vLLM's ``metrics``."""
+        merged = _merge_all([o for _, o in pairs])
+        usage = _usage(pairs)
+        cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else 0
+        spec = self._spec_decode(merged, req)
+        figures: dict[str, Any] = {
+            "spec_decode": spec,
+            "timings": timings(
+                usage.prompt_tokens,
+                cached or 0,
+                usage.completion_tokens,
+                [o.metrics for _, o in pairs],
+                merged.spec_decode_stats,
+            ),  # fmt: skip
+        }
+        k = spec.get("num_speculative_tokens")
+        if self.per_request_spec_decode_metrics and k is not None:
+            figures["metrics"] = vllm_spec_metrics(merged.spec_decode_stats, k)
+        return figures
+
+    def _finish_figures(
+        self, job: _Job, out: RequestOutput, req: _SamplingRequest
+    ) -> dict[str, Any]:
+        """A stream chunk's figures: a finished choice's; ``timings`` and ``metrics`` go on the
+        usage chunk instead when there is one (they belong on the last chunk)."""
+        if not out.finished:
+            return {}
+        figures = self._figures([(job, out)], req)
+        return {"spec_decode": figures["spec_decode"]} if req.include_usage else figures
+
     def _spec_decode(self, out: RequestOutput, req: _SamplingRequest) -> dict[str, Any]:
         """The response's ``spec_decode``: the request's acceptance figures, and the most drafts
         per step it allowed (its own cap within the engine's; 0: speculation off for it)."""
@@ -509,6 +547,11 @@ class OpenAIServing:
             req.tools, req.tool_choice, req.chat_template or self.tokenizer.chat_template
         )
         req._tool_plan = plan
+        if plan is not None and req.return_token_provenance:
+            raise RequestError(
+                "return_token_provenance cannot be combined with tools that may be called",
+                "return_token_provenance",
+            )
         prompt_ids = await self._chat_prompt_ids(req, plan)
         max_param = (
             "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
@@ -546,11 +589,14 @@ class OpenAIServing:
                 entries = self._chat_logprob_entries(c.token_ids, c.logprobs or [], top)
                 choice["logprobs"] = {"content": entries}
             choices.append(choice)
+        pairs = [(job, o) for o in outs]
         body = ChatCompletionResponse(
-            id=rid, created=created, model=model, choices=[],
-            usage=_usage([(job, o) for o in outs]), spec_decode=self._spec_decode(merged, req),
+            id=rid, created=created, model=model, choices=[], usage=_usage(pairs),
+            **self._figures(pairs, req),
         ).model_dump()  # fmt: skip
         body["choices"], body["prompt_logprobs"] = choices, self._prompt_logprobs(merged)
+        if body["metrics"] is None:
+            del body["metrics"]
         return encode_json(body)
 
     @staticmethod
@@ -703,6 +749,7 @@ class OpenAIServing:
         last: dict[int, tuple[_Job, RequestOutput]] = {}
         top = req.top_logprobs or 0
         plan: ToolPlan | None = req._tool_plan
+        aligners: dict[int, ProvenanceAligner] = {}
         async for index, job, out in _merged(jobs):
             last[index] = (job, out)
             c = out.outputs[0]
@@ -710,7 +757,8 @@ class OpenAIServing:
             if req.logprobs:
                 entries = self._chat_logprob_entries(*_new_logprobs(out), top)
                 logprobs = ChatChoiceLogprobs(content=entries)
-            delta, finish = DeltaMessage(content=out.delta_text), c.finish_reason
+            text, provenance = _provenance(req, aligners, index, out)
+            delta, finish = DeltaMessage(content=text), c.finish_reason
             if plan is not None:
                 # NOTE: calls are read from the whole text: it comes in one delta at the end
                 if not out.finished:
@@ -718,7 +766,7 @@ class OpenAIServing:
                 message, finish = self._chat_message(plan, c.text, c.finish_reason)
                 calls = [{"index": i, **call} for i, call in enumerate(message.tool_calls)]
                 delta = DeltaMessage(content=message.content, tool_calls=calls or None)
-            if not (delta.content or out.finished or (logprobs and logprobs.content)):
+            if not (delta.content or out.finished or (logprobs and logprobs.content) or provenance):
                 continue
             choice = ChatStreamChoice(
                 index=index,
@@ -726,16 +774,16 @@ class OpenAIServing:
                 logprobs=logprobs,
                 finish_reason=finish if out.finished else None,
                 stop_reason=c.stop_reason if out.finished else None,
+                token_provenance=provenance,
             )
             yield chunk(
                 [choice],
                 usage=_usage(list(last.values())) if continuous else None,
-                spec_decode=self._spec_decode(out, req) if out.finished else None,
+                **self._finish_figures(job, out, req),
             )
         if req.include_usage and last:
             pairs = list(last.values())
-            merged = _merge_all([o for _, o in pairs])
-            yield chunk([], usage=_usage(pairs), spec_decode=self._spec_decode(merged, req))
+            yield chunk([], usage=_usage(pairs), **self._figures(pairs, req))
 
     # ---- /v1/completions -----------------------------------------------------------------------
     async def create_completion(
@@ -779,9 +827,11 @@ class OpenAIServing:
                 choices.append(self._completion_choice(req, job, merged, c, index))
         body = CompletionResponse(
             id=rid, created=created, model=model, choices=[], usage=_usage(every),
-            spec_decode=self._spec_decode(_merge_all([o for _, o in every]), req),
+            **self._figures(every, req),
         ).model_dump()  # fmt: skip
         body["choices"] = choices
+        if body["metrics"] is None:
+            del body["metrics"]
         return encode_json(body)
 
     def _echo_text(self, job: _Job) -> str:
@@ -865,11 +915,13 @@ class OpenAIServing:
         continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
         last: dict[int, tuple[_Job, RequestOutput]] = {}
         offsets: dict[int, int] = {}
+        aligners: dict[int, ProvenanceAligner] = {}
         async for index, job, out in _merged(jobs):
             first = index not in last
             last[index] = (job, out)
             c = out.outputs[0]
-            text, logprobs = out.delta_text, None
+            logprobs = None
+            text, provenance = _provenance(req, aligners, index, out)
             if req.logprobs is not None:
                 logprobs = CompletionLogprobs()
                 if first and req.echo:
@@ -880,7 +932,7 @@ class OpenAIServing:
                 )
             if first and req.echo:
                 text = self._echo_text(job) + text
-            if not (text or out.finished or (logprobs and logprobs.tokens)):
+            if not (text or out.finished or (logprobs and logprobs.tokens) or provenance):
                 continue
             choice = CompletionChoice(
                 index=index,
@@ -891,16 +943,27 @@ class OpenAIServing:
                 prompt_logprobs=self._prompt_logprobs(out)
                 if first and req.prompt_logprobs is not None
                 else None,
+                token_provenance=provenance,
             )
             yield chunk(
                 [choice],
                 usage=_usage(list(last.values())) if continuous else None,
-                spec_decode=self._spec_decode(out, req) if out.finished else None,
+                **self._finish_figures(job, out, req),
             )
         if req.include_usage and last:
             pairs = list(last.values())
-            merged = _merge_all([o for _, o in pairs])
-            yield chunk([], usage=_usage(pairs), spec_decode=self._spec_decode(merged, req))
+            yield chunk([], usage=_usage(pairs), **self._figures(pairs, req))
+
+
+def _provenance(
+    req: _SamplingRequest, aligners: dict[int, ProvenanceAligner], index: int, out: RequestOutput
+) -> tuple[str, list[list[int]] | None]:
+    """A choice's text to stream now and, with return_token_provenance, its tokens' provenance
+    (the text is then cut at token ends)."""
+    if not req.return_token_provenance:
+        return out.delta_text, None
+    aligner = aligners.setdefault(index, ProvenanceAligner())
+    return aligner.feed(out.delta_text, out.delta_provenance)
 
 
 def _merge(job: _Job, outs: list[RequestOutput], rid: str) -> RequestOutput:

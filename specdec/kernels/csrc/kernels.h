@@ -41,6 +41,55 @@ constexpr int64_t kKeyBlock = 16;
 // Largest number of weight rows a linear kernel dequantizes into its scratch buffer at once.
 constexpr int64_t kMaxScratchRows = 8;
 
+// ---------------------------------------------------------------------------------------------
+// Attention (flash-decoding, arXiv:2307.08691 / Dao et al. 2023).  Keys are split into blocks of
+// kAttnBlock positions, fixed in absolute position; a row's result is a partial softmax per
+// block (attention_block) merged in block order (attention_merge).  The block size, the block
+// order and the merge order depend on nothing but the row's own key range, and every arithmetic
+// step of a row reads only its own query, its own keys and its own partials, so a row's result is
+// bit-identical alone or among any rows, whatever the thread split.
+//
+// q . k_j: four chains, chain c over d = c, c + 4, c + 8, ..., each a multiply then one FMA per
+// d in order, summed (c0 + c1) + (c2 + c3), then * scale (one chain of
+// 256, Gemma's head size, took its logits from 1.3e-3 to 4.2e-3 off float64 transformers; four
+// chains: 1.8e-3); softcap > 0 then maps s to softcap * tanh(s / softcap).  Values: per output
+// element one FMA chain over the row's keys of the block in order, from zero.
+// NOTE: 256, not 128: 4-10% less time per step at one row (per-block costs: the softmax's setup,
+// the partials, the merge), and still 8 items a kv head at 2,000 positions for two threads.
+constexpr int64_t kAttnBlock = 256;
+// Most rows of one sequence that share a pass over a block (a verification step's 1 + drafts).
+constexpr int64_t kAttnRows = 16;
+
+// R consecutive query rows of one sequence and the G query heads of one kv head.
+struct AttnRows {
+    const float* q;  // row r, head g at q + r * q_row_stride + g * q_head_stride (D floats)
+    int64_t q_row_stride, q_head_stride;
+    int64_t R, G, D;
+    const int64_t* lo;  // [R]: the first key row r sees
+    const int64_t* hi;  // [R]: its last key (inclusive)
+    // Keys blocked (kKeyBlock keys per block, transposed): element d of key j at
+    // kt[(j / kKeyBlock) * D * kKeyBlock + d * kKeyBlock + j % kKeyBlock]; value j at v + j * v_stride.
+    // float32, or IEEE half when `half` (converted exactly on load: the same results as a float
+    // cache holding the rounded values).
+    const void* kt;
+    const void* v;
+    int64_t v_stride;
+    bool half;
+    float scale, softcap;
+};
+
+// A partial's record: m, l, six unused floats, then o[D] (32-byte aligned when the record is),
+// padded to a multiple of 8 floats.
+constexpr int64_t kAttnOut = 8;
+inline int64_t attn_part_floats(int64_t D) { return kAttnOut + (D + 7) / 8 * 8; }
+// Value rows a value tile takes at a time (kernels_avx2.cpp).
+constexpr int64_t kAttnValueKeys = 64;
+// A key block and kAttnValueKeys value rows of floats, R * G rows of scores and R * G query pointers, and
+// room to align them.
+inline int64_t attn_scratch_floats(int64_t R, int64_t G, int64_t D) {
+    return (kKeyBlock + kAttnValueKeys) * ((D + 7) / 8 * 8) + R * G * (kAttnBlock + 2) + 32;
+}
+
 struct KernelTable {
     const char* name;
 
@@ -55,32 +104,23 @@ struct KernelTable {
     void (*rms_norm_rows)(const float* x, const float* w, float* y, int64_t K, float eps,
                           int64_t m0, int64_t m1);
 
-    // One query row of G heads sharing a kv head (GQA group): for head g, softmax over keys j in
-    // [lo, hi] (inclusive) of scale * q_g.k_j, then sum_j p_j v_j.  q_g = q + g * q_head_stride
-    // (D floats).  Keys are blocked (kKeyBlock keys per block, transposed): element d of key j is
-    // kt[(j / kKeyBlock) * D * kKeyBlock + d * kKeyBlock + j % kKeyBlock]; value j is at
-    // v + j * v_stride.  Output head g at out + g * out_head_stride.  softcap > 0 maps a scaled
-    // score s to softcap * tanh(s / softcap).  Every ISA computes q.k_j the same way: four chains
-    // over d = c, c + 4, c + 8, ... (c = 0..3), each q[c] * k[c] then one fused multiply-add per d
-    // in order, summed as (c0 + c1) + (c2 + c3), then * scale (one chain of 256, Gemma's head size,
-    // took its logits from 1.3e-3 to 4.2e-3 off float64 transformers; four chains: 1.8e-3).  Each head's result
-    // is independent of G and of the other rows.  scratch: at least 4 * ((hi - lo + 1) + 2 * kKeyBlock) floats.
-    void (*attention_group)(const float* q, int64_t q_head_stride, int64_t G, const float* kt,
-                            const float* v, int64_t v_stride, int64_t lo, int64_t hi, int64_t D,
-                            float scale, float softcap, float* out, int64_t out_head_stride,
-                            float* scratch);
-
     // Index of the first maximum of x[0, n) (n >= 1; NaNs are never chosen unless all are NaN,
     // then 0).  Exact: any implementation returns the same index.
     int64_t (*argmax)(const float* x, int64_t n);
 
-    // attention_group over a 16-bit cache (kv_cache_dtype float16): the same layouts with IEEE
-    // half elements, each converted exactly to float (half.h) on load, then the same arithmetic,
-    // so the result equals attention_group's over a float cache holding the rounded values.
-    void (*attention_group_f16)(const float* q, int64_t q_head_stride, int64_t G, const uint16_t* kt,
-                                const uint16_t* v, int64_t v_stride, int64_t lo, int64_t hi, int64_t D,
-                                float scale, float softcap, float* out, int64_t out_head_stride,
-                                float* scratch);
+    // Flash-decoding attention (AttnRows): the partial softmax of every row of `a` against keys
+    // [j0, j0 + kAttnBlock) (j0 a multiple of kAttnBlock), restricted to each row's own range.
+    // part: R * G records of attn_part_floats(D) floats, record r * G + g = (m, l, o): the
+    // maximum scaled score m, l = sum_j exp(s_j - m) and o = sum_j exp(s_j - m) v_j over the
+    // row's keys in the block (rows without any: untouched).  scratch: attn_scratch_floats.
+    void (*attention_block)(const AttnRows& a, int64_t j0, float* part, float* scratch);
+
+    // Every row's output from its partials of blocks [b0, b1) (part: consecutive blocks, each
+    // R * G records): M = the maximum m, w_b = exp(m_b - M) (exactly 1 where m_b == M), then
+    // L = sum_b l_b w_b and O = sum_b w_b o_b in block order, out = O * (1 / L); row r head g at
+    // out + r * out_row_stride + g * D.
+    void (*attention_merge)(const AttnRows& a, int64_t b0, int64_t b1, const float* part, float* out,
+                            int64_t out_row_stride);
 };
 
 // 8-bit activation path (kernels_vnni.cpp).  Weight formats it takes (the GGUF format the weight

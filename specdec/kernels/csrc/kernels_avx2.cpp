@@ -324,7 +324,7 @@ void rms_norm_rows(const float* x, const float* w, float* y, int64_t K, float ep
 }
 
 // ---------------------------------------------------------------------------------------------
-// Attention for one query row (blocked, transposed key cache: see kernels.h).
+// Attention (blocked, transposed key cache: see kernels.h, AttnRows).
 
 // exp(x) for x <= 0 (softmax after max subtraction); Cephes-style range reduction + polynomial.
 inline __m256 exp256(__m256 x) {
@@ -357,59 +357,151 @@ inline __m256 load8(const uint16_t* p) {
 inline float load1(const float* p) { return *p; }
 inline float load1(const uint16_t* p) { return half_to_float(*p); }
 
-// Scaled (and soft-capped) scores of GB query heads against keys lo..hi of a blocked key cache
-// (kernels.h): s[g * s_stride + j - base] with base the first key of lo's block; mx[g] = the
-// maximum over lo..hi.  q . k_j as kernels.h defines it (four chains over d, then
-// (c0 + c1) + (c2 + c3)), then * scale; one head at a time (8 accumulators per 16-key block).
-template <int GB, typename KV>
-inline void group_scores(const float* q, int64_t q_hs, const KV* kt, int64_t lo, int64_t hi,
-                         int64_t D, float scale, float softcap, float* s, int64_t s_stride,
-                         float* mx) {
+// ---------------------------------------------------------------------------------------------
+// Flash-decoding attention (kernels.h, AttnRows): scores of every (row, head) query against one
+// key block at a time, the softmax of each row over its own keys, then the values.
+
+// NOTE: the hardware prefetchers left a third of the time on K and V loads at one row (the
+// development machine): keys and values are prefetched this many positions ahead (8 KiB of a
+// half cache at D = 64), past the block into the next, which the same task usually takes.
+constexpr int64_t kAttnPrefetchKeys = 64;
+
+// Every cache line of [p, p + bytes), four a loop step (the loop's own instructions cost a tenth
+// of a row's time at one MHA row otherwise).
+inline void prefetch_span(const void* p, int64_t bytes) {
+    const char* c = static_cast<const char*>(p);
+    int64_t o = 0;
+    for (; o + 256 <= bytes; o += 256) {
+        prefetch(c + o);
+        prefetch(c + o + 64);
+        prefetch(c + o + 128);
+        prefetch(c + o + 192);
+    }
+    for (; o < bytes; o += 64) prefetch(c + o);
+}
+
+// n elements (n % 8 == 0) of a cache into floats (exact for half).
+template <typename KV>
+inline const float* widen(const KV* src, int64_t n, float* dst) {
+    for (int64_t i = 0; i < n; i += 8) _mm256_storeu_ps(dst + i, load8(src + i));
+    return dst;
+}
+
+// Value rows [0, n) (v_stride apart, D each) into floats, dst_stride apart.
+template <typename KV>
+inline const float* widen_rows(const KV* v, int64_t v_stride, int64_t n, int64_t D, float* dst, int64_t dst_stride) {
+    for (int64_t j = 0; j < n; ++j) {
+        const KV* src = v + j * v_stride;
+        float* out = dst + j * dst_stride;
+        int64_t c = 0;
+        for (; c + 8 <= D; c += 8) _mm256_storeu_ps(out + c, load8(src + c));
+        for (; c < D; ++c) out[c] = load1(src + c);
+    }
+    return dst;
+}
+
+// Most queries per score tile: 2 * 6 accumulators, two key vectors and a broadcast.
+constexpr int kScoreTile = 6;
+
+// s[t * ss + i] = scale * q_t . key i for QT queries and the 16 keys of one key block (kb: D x 16
+// elements, transposed), as kernels.h defines it: chain c over d = c, c + 4, ... in order.  CH
+// chains run at a time, the queries side by side (2 * QT * CH accumulators: 8 to 12, enough
+// independent FMAs to hide their latency, one stream of key loads).
+template <int QT, int CH, typename KV>
+inline void score_tile(const float* const* qp, const KV* kb, int64_t D, __m256 vscale, float* s, int64_t ss) {
     static_assert(kKeyBlock == 16, "two 8-lane vectors per key block");
-    const int64_t b0 = lo / kKeyBlock, b1 = hi / kKeyBlock, base = b0 * kKeyBlock;
-    const __m256 vscale = _mm256_set1_ps(scale);
-    for (int g = 0; g < GB; ++g) {
-        const float* qg = q + g * q_hs;
-        float* sg = s + g * s_stride;
-        for (int64_t b = b0; b <= b1; ++b) {
-            const KV* kb = kt + b * D * kKeyBlock;
-            __m256 acc[4][2];
-            for (int c = 0; c < 4; ++c) {
-                if (c < D) {
-                    const __m256 qd = _mm256_broadcast_ss(qg + c);
-                    acc[c][0] = _mm256_mul_ps(qd, load8(kb + c * kKeyBlock));
-                    acc[c][1] = _mm256_mul_ps(qd, load8(kb + c * kKeyBlock + 8));
-                } else {
-                    acc[c][0] = acc[c][1] = _mm256_setzero_ps();
-                }
+    alignas(32) float ch[4][QT][16];
+    for (int c0 = 0; c0 < 4; c0 += CH) {
+        __m256 acc[CH][QT][2];
+        for (int i = 0; i < CH; ++i) {
+            const int64_t d = c0 + i;
+            if (d >= D) {
+                for (int t = 0; t < QT; ++t) acc[i][t][0] = acc[i][t][1] = _mm256_setzero_ps();
+                continue;
             }
-            for (int64_t d0 = 4; d0 < D; d0 += 4) {
-                for (int c = 0; c < 4 && d0 + c < D; ++c) {
-                    const KV* kd = kb + (d0 + c) * kKeyBlock;
-                    const __m256 qd = _mm256_broadcast_ss(qg + d0 + c);
-                    acc[c][0] = _mm256_fmadd_ps(qd, load8(kd), acc[c][0]);
-                    acc[c][1] = _mm256_fmadd_ps(qd, load8(kd + 8), acc[c][1]);
-                }
-            }
-            float* sb = sg + (b * kKeyBlock - base);
-            for (int h = 0; h < 2; ++h) {
-                const __m256 sum = _mm256_add_ps(_mm256_add_ps(acc[0][h], acc[1][h]),
-                                                 _mm256_add_ps(acc[2][h], acc[3][h]));
-                _mm256_storeu_ps(sb + 8 * h, _mm256_mul_ps(sum, vscale));
+            const __m256 k0 = load8(kb + d * kKeyBlock), k1 = load8(kb + d * kKeyBlock + 8);
+            for (int t = 0; t < QT; ++t) {
+                const __m256 qd = _mm256_broadcast_ss(qp[t] + d);
+                acc[i][t][0] = _mm256_mul_ps(qd, k0);
+                acc[i][t][1] = _mm256_mul_ps(qd, k1);
             }
         }
-        float m = -INFINITY;
-        for (int64_t j = lo - base; j <= hi - base; ++j) {
-            if (softcap > 0.0f) sg[j] = softcap * tanhf(sg[j] / softcap);
-            m = sg[j] > m ? sg[j] : m;
+        for (int64_t d0 = 4; d0 < D; d0 += 4)
+            for (int i = 0; i < CH; ++i) {
+                const int64_t d = d0 + c0 + i;
+                if (d >= D) break;
+                const __m256 k0 = load8(kb + d * kKeyBlock), k1 = load8(kb + d * kKeyBlock + 8);
+                for (int t = 0; t < QT; ++t) {
+                    const __m256 qd = _mm256_broadcast_ss(qp[t] + d);
+                    acc[i][t][0] = _mm256_fmadd_ps(qd, k0, acc[i][t][0]);
+                    acc[i][t][1] = _mm256_fmadd_ps(qd, k1, acc[i][t][1]);
+                }
+            }
+        for (int i = 0; i < CH; ++i)
+            for (int t = 0; t < QT; ++t) {
+                _mm256_store_ps(ch[c0 + i][t], acc[i][t][0]);
+                _mm256_store_ps(ch[c0 + i][t] + 8, acc[i][t][1]);
+            }
+    }
+    for (int t = 0; t < QT; ++t)
+        for (int h = 0; h < 2; ++h) {
+            const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_load_ps(ch[0][t] + 8 * h), _mm256_load_ps(ch[1][t] + 8 * h)),
+                                             _mm256_add_ps(_mm256_load_ps(ch[2][t] + 8 * h), _mm256_load_ps(ch[3][t] + 8 * h)));
+            _mm256_storeu_ps(s + t * ss + 8 * h, _mm256_mul_ps(sum, vscale));
         }
-        mx[g] = m;
+}
+
+// score_tile over Q queries in tiles of at most kScoreTile, as even as possible (a tile of 2 next
+// to one of 6 would leave the FMA units waiting); small tiles run several chains at once.
+template <typename KV>
+inline void score_queries(const float* const* qp, int64_t Q, const KV* kb, int64_t D, __m256 vscale, float* s,
+                          int64_t ss) {
+    const int64_t ntiles = (Q + kScoreTile - 1) / kScoreTile;
+    for (int64_t i = 0, t = 0; i < ntiles; ++i) {
+        const int64_t qt = Q / ntiles + (i < Q % ntiles ? 1 : 0);
+        switch (qt) {
+            case 1: score_tile<1, 4, KV>(qp + t, kb, D, vscale, s + t * ss, ss); break;
+            case 2: score_tile<2, 2, KV>(qp + t, kb, D, vscale, s + t * ss, ss); break;
+            case 3: score_tile<3, 2, KV>(qp + t, kb, D, vscale, s + t * ss, ss); break;
+            case 4: score_tile<4, 1, KV>(qp + t, kb, D, vscale, s + t * ss, ss); break;
+            case 5: score_tile<5, 1, KV>(qp + t, kb, D, vscale, s + t * ss, ss); break;
+            default: score_tile<6, 1, KV>(qp + t, kb, D, vscale, s + t * ss, ss); break;
+        }
+        t += qt;
     }
 }
 
-// s[0..n) <- exp(s - mx) in place; returns 1 / sum (8-lane sum in key order, then hsum8).
-inline float softmax_inplace(float* s, int64_t n, float mx) {
-    const __m256 vmx = _mm256_set1_ps(mx);
+// Scores of the Q queries against key blocks [sb0, sb1) into s (s[q * ss + j - j0] for key j).
+// A half cache is widened once per key block when several tiles read it.
+template <typename KV>
+inline void score_keys(const float* const* qp, int64_t Q, const KV* kt, int64_t sb0, int64_t sb1, int64_t j0,
+                       int64_t kend, int64_t D, __m256 vscale, float* s, int64_t ss, float* kf) {
+    for (int64_t sb = sb0; sb < sb1; ++sb) {
+        const KV* kb = kt + sb * D * kKeyBlock;
+        if ((sb + 1) * kKeyBlock + kAttnPrefetchKeys <= kend)
+            prefetch_span(kb + kAttnPrefetchKeys * D, kKeyBlock * D * int64_t(sizeof(KV)));
+        float* sd = s + (sb * kKeyBlock - j0);
+        if (sizeof(KV) == 2 && Q > kScoreTile) score_queries<float>(qp, Q, widen(kb, D * kKeyBlock, kf), D, vscale, sd, ss);
+        else score_queries<KV>(qp, Q, kb, D, vscale, sd, ss);
+    }
+}
+
+// Soft cap (in place) and the maximum m of s[0, n), then s <- exp(s - m); returns the sum (8-lane
+// sums in key order, then hsum8).
+inline float block_softmax(float* s, int64_t n, float softcap, float* m_out) {
+    if (softcap > 0.0f)
+        for (int64_t j = 0; j < n; ++j) s[j] = softcap * tanhf(s[j] / softcap);
+    // NOTE: _mm256_max_ps(x, m) keeps m where x is NaN, as the scalar `x > m ? x : m` does
+    __m256 vm = _mm256_set1_ps(-INFINITY);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) vm = _mm256_max_ps(_mm256_loadu_ps(s + i), vm);
+    float lanes[8];
+    _mm256_storeu_ps(lanes, vm);
+    float m = -INFINITY;
+    for (float x : lanes) m = x > m ? x : m;
+    for (; i < n; ++i) m = s[i] > m ? s[i] : m;
+    *m_out = m;
+    const __m256 vmx = _mm256_set1_ps(m);
     __m256 sum = _mm256_setzero_ps();
     int64_t j = 0;
     for (; j + 8 <= n; j += 8) {
@@ -424,69 +516,160 @@ inline float softmax_inplace(float* s, int64_t n, float mx) {
         _mm256_maskstore_ps(s + j, mask, e);
         sum = _mm256_add_ps(sum, e);
     }
-    return 1.0f / hsum8(sum);
+    return hsum8(sum);
 }
 
-// out_g[c : c + 8 NV) = inv_g * sum_j p_g[j] v[j][c : c + 8 NV) for GB heads sharing each value
-// load.  Per output element: one FMA chain over j in key order, whatever GB and NV.
+// acc_g[c, c + 8 NV) += sum_j p_g[j] v_j[c, c + 8 NV) for j in [0, n), GB heads sharing each value
+// load (p_g = p + g * p_stride, acc_g = acc + g * acc_stride).  Per element one FMA chain in key order.
 template <int GB, int NV, typename KV>
-inline void group_values(const float* p, int64_t p_stride, int64_t n, const KV* v,
-                         int64_t v_stride, const float* inv, float* out, int64_t out_hs) {
-    __m256 acc[GB][NV];
+inline void value_tile(const float* p, int64_t p_stride, const KV* v, int64_t v_stride, int64_t n, float* acc,
+                       int64_t acc_stride) {
+    __m256 a[GB][NV];
     for (int g = 0; g < GB; ++g)
-        for (int i = 0; i < NV; ++i) acc[g][i] = _mm256_setzero_ps();
+        for (int i = 0; i < NV; ++i) a[g][i] = _mm256_loadu_ps(acc + g * acc_stride + 8 * i);
     for (int64_t j = 0; j < n; ++j) {
         const KV* vj = v + j * v_stride;
         __m256 pj[GB];
         for (int g = 0; g < GB; ++g) pj[g] = _mm256_broadcast_ss(p + g * p_stride + j);
         for (int i = 0; i < NV; ++i) {
             const __m256 vv = load8(vj + 8 * i);
-            for (int g = 0; g < GB; ++g) acc[g][i] = _mm256_fmadd_ps(pj[g], vv, acc[g][i]);
+            for (int g = 0; g < GB; ++g) a[g][i] = _mm256_fmadd_ps(pj[g], vv, a[g][i]);
         }
     }
-    for (int g = 0; g < GB; ++g) {
-        const __m256 s = _mm256_set1_ps(inv[g]);
-        for (int i = 0; i < NV; ++i) _mm256_storeu_ps(out + g * out_hs + 8 * i, _mm256_mul_ps(acc[g][i], s));
-    }
+    for (int g = 0; g < GB; ++g)
+        for (int i = 0; i < NV; ++i) _mm256_storeu_ps(acc + g * acc_stride + 8 * i, a[g][i]);
 }
 
 template <int GB, typename KV>
-void attention_heads(const float* q, int64_t q_hs, const KV* kt, const KV* v, int64_t v_stride,
-                     int64_t lo, int64_t hi, int64_t D, float scale, float softcap, float* out,
-                     int64_t out_hs, float* scratch) {
+inline void value_heads(const float* p, int64_t p_stride, const KV* v, int64_t v_stride, int64_t n, int64_t D,
+                        float* acc, int64_t acc_stride) {
     constexpr int NV = GB == 1 ? 8 : GB == 4 ? 2 : 4;  // <= 12 accumulators
-    const int64_t n = hi - lo + 1;
-    const int64_t base = lo / kKeyBlock * kKeyBlock;
-    const int64_t s_stride = (hi / kKeyBlock + 1) * kKeyBlock - base;
-    float mx[GB], inv[GB];
-    group_scores<GB, KV>(q, q_hs, kt, lo, hi, D, scale, softcap, scratch, s_stride, mx);
-    float* p = scratch + (lo - base);  // p[g * s_stride + j - lo]
-    for (int g = 0; g < GB; ++g) inv[g] = softmax_inplace(p + g * s_stride, n, mx[g]);
-    const KV* vb = v + lo * v_stride;
     int64_t c = 0;
-    for (; c + 8 * NV <= D; c += 8 * NV)
-        group_values<GB, NV, KV>(p, s_stride, n, vb + c, v_stride, inv, out + c, out_hs);
-    for (; c + 8 <= D; c += 8)
-        group_values<GB, 1, KV>(p, s_stride, n, vb + c, v_stride, inv, out + c, out_hs);
-    for (; c < D; ++c) {  // D % 8 columns: scalar, same order over j
+    for (; c + 8 * NV <= D; c += 8 * NV) value_tile<GB, NV, KV>(p, p_stride, v + c, v_stride, n, acc + c, acc_stride);
+    for (; c + 8 <= D; c += 8) value_tile<GB, 1, KV>(p, p_stride, v + c, v_stride, n, acc + c, acc_stride);
+    for (; c < D; ++c)  // D % 8 columns: scalar, the same chain
         for (int g = 0; g < GB; ++g) {
-            const float* pg = p + g * s_stride;
-            float acc = 0.0f;
-            for (int64_t j = 0; j < n; ++j) acc = fmaf(pg[j], load1(vb + j * v_stride + c), acc);
-            out[g * out_hs + c] = acc * inv[g];
+            float x = acc[g * acc_stride + c];
+            for (int64_t j = 0; j < n; ++j) x = fmaf(p[g * p_stride + j], load1(v + j * v_stride + c), x);
+            acc[g * acc_stride + c] = x;
         }
+}
+
+// The rows' values against value rows [k0, k1) (vb: row k0, vs apart) into their partials.
+template <typename KV>
+inline void block_values(const AttnRows& a, const int64_t* beg, const int64_t* end, int64_t j0, int64_t k0,
+                         int64_t k1, const KV* vb, int64_t vs, const float* s, float* part) {
+    const int64_t G = a.G, P = attn_part_floats(a.D);
+    for (int64_t r = 0; r < a.R; ++r) {
+        const int64_t a0 = beg[r] > k0 ? beg[r] : k0, a1 = end[r] < k1 ? end[r] : k1;
+        if (a0 >= a1) continue;
+        for_head_chunks(G, [&](auto gb, int64_t g0) {
+            const int64_t qi = r * G + g0;
+            value_heads<decltype(gb)::value, KV>(s + qi * kAttnBlock + (a0 - j0), kAttnBlock, vb + (a0 - k0) * vs, vs,
+                                                 a1 - a0, a.D, part + qi * P + kAttnOut, P);
+        });
     }
 }
 
+// Values are taken this many positions at a time (aligned): each value tile runs over them with
+// its accumulators in registers (16 at a time spent a third of the values' time on the tiles'
+// loads, stores and loop set-up at 8 rows).
+constexpr int64_t kValueKeys = kAttnValueKeys;
+
+// NOTE: a half cache is widened into scratch once per key block when several query tiles (keys)
+// or rows (values) read it, else read in place (F16C on load): the same floats either way.
+// (the partials' D values of a row start as zero: the same chain from the first key on)
 template <typename KV>
-void attention_groups(const float* q, int64_t q_head_stride, int64_t G, const KV* kt, const KV* v,
-                      int64_t v_stride, int64_t lo, int64_t hi, int64_t D, float scale, float softcap,
-                      float* out, int64_t out_head_stride, float* scratch) {
-    for_head_chunks(G, [&](auto gb, int64_t g0) {
-        attention_heads<decltype(gb)::value, KV>(q + g0 * q_head_stride, q_head_stride, kt, v, v_stride, lo,
-                                                 hi, D, scale, softcap, out + g0 * out_head_stride,
-                                                 out_head_stride, scratch);
-    });
+void attention_block_kv(const AttnRows& a, int64_t j0, float* part, float* scratch) {
+    const int64_t D = a.D, G = a.G, R = a.R, Q = R * G, P = attn_part_floats(D);
+    int64_t beg[kAttnRows], end[kAttnRows], jmin = j0 + kAttnBlock, jmax = j0, active = 0;
+    for (int64_t r = 0; r < R; ++r) {
+        beg[r] = a.lo[r] > j0 ? a.lo[r] : j0;
+        end[r] = a.hi[r] + 1 < j0 + kAttnBlock ? a.hi[r] + 1 : j0 + kAttnBlock;
+        if (beg[r] < end[r]) {
+            jmin = beg[r] < jmin ? beg[r] : jmin;
+            jmax = end[r] > jmax ? end[r] : jmax;
+            ++active;
+        }
+    }
+    if (active == 0) return;
+    // NOTE: 64-byte aligned (a 32-byte load across two cache lines costs two)
+    const int64_t Dp = (D + 7) / 8 * 8;
+    float* kf = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t(63));
+    float* vf = kf + kKeyBlock * Dp;
+    float* s = vf + kValueKeys * Dp;  // s[(r * G + g) * kAttnBlock + j - j0]
+    const float** qp = reinterpret_cast<const float**>(s + Q * kAttnBlock);
+    for (int64_t r = 0; r < R; ++r)
+        for (int64_t g = 0; g < G; ++g) qp[r * G + g] = a.q + r * a.q_row_stride + g * a.q_head_stride;
+    const KV* kt = static_cast<const KV*>(a.kt);
+    const KV* v = static_cast<const KV*>(a.v);
+    const bool widen_v = sizeof(KV) == 2 && active > 1;
+    const int64_t sb0 = jmin / kKeyBlock, sb1 = (jmax - 1) / kKeyBlock + 1;
+    // NOTE: prefetches stop at the rows' last key (none past a unit's end)
+    int64_t kend = 0;
+    for (int64_t r = 0; r < R; ++r) kend = a.hi[r] + 1 > kend ? a.hi[r] + 1 : kend;
+    score_keys<KV>(qp, Q, kt, sb0, sb1, j0, kend, D, _mm256_set1_ps(a.scale), s, kAttnBlock, kf);
+    for (int64_t r = 0; r < R; ++r) {
+        if (beg[r] >= end[r]) continue;
+        for (int64_t g = 0; g < G; ++g) {
+            float* rec = part + (r * G + g) * P;
+            rec[1] = block_softmax(s + (r * G + g) * kAttnBlock + (beg[r] - j0), end[r] - beg[r], a.softcap, rec);
+            for (int64_t c = 0; c < D; ++c) rec[kAttnOut + c] = 0.0f;
+        }
+    }
+    for (int64_t k0 = jmin, k1; k0 < jmax; k0 = k1) {
+        k1 = (k0 / kValueKeys + 1) * kValueKeys < jmax ? (k0 / kValueKeys + 1) * kValueKeys : jmax;
+        const int64_t p1 = k1 + kAttnPrefetchKeys < kend ? k1 + kAttnPrefetchKeys : kend;
+        const int64_t p0 = k0 + kAttnPrefetchKeys;
+        if (p0 < p1 && a.v_stride == D)  // rows back to back: one span
+            prefetch_span(v + p0 * D, (p1 - p0) * D * int64_t(sizeof(KV)));
+        else
+            for (int64_t j = p0; j < p1; ++j) prefetch_span(v + j * a.v_stride, D * int64_t(sizeof(KV)));
+        if (widen_v)
+            block_values<float>(a, beg, end, j0, k0, k1, widen_rows(v + k0 * a.v_stride, a.v_stride, k1 - k0, D, vf, Dp),
+                                Dp, s, part);
+        else
+            block_values<KV>(a, beg, end, j0, k0, k1, v + k0 * a.v_stride, a.v_stride, s, part);
+    }
+}
+
+void attention_block(const AttnRows& a, int64_t j0, float* part, float* scratch) {
+    if (a.half) attention_block_kv<uint16_t>(a, j0, part, scratch);
+    else attention_block_kv<float>(a, j0, part, scratch);
+}
+
+inline float exp1(float x) { return _mm256_cvtss_f32(exp256(_mm256_set1_ps(x))); }
+
+void attention_merge(const AttnRows& a, int64_t b0, int64_t b1, const float* part, float* out,
+                     int64_t out_row_stride) {
+    const int64_t D = a.D, G = a.G, P = attn_part_floats(D), bstride = a.R * G * P;
+    for (int64_t r = 0; r < a.R; ++r) {
+        const int64_t bl = a.lo[r] / kAttnBlock > b0 ? a.lo[r] / kAttnBlock : b0;
+        const int64_t bh = a.hi[r] / kAttnBlock < b1 - 1 ? a.hi[r] / kAttnBlock : b1 - 1;
+        for (int64_t g = 0; g < G; ++g) {
+            const float* rec0 = part + (r * G + g) * P;
+            float M = -INFINITY;
+            for (int64_t b = bl; b <= bh; ++b) {
+                const float m = rec0[(b - b0) * bstride];
+                M = m > M ? m : M;
+            }
+            float* o = out + r * out_row_stride + g * D;
+            for (int64_t c = 0; c < D; ++c) o[c] = 0.0f;
+            float L = 0.0f;
+            for (int64_t b = bl; b <= bh; ++b) {
+                const float* rec = rec0 + (b - b0) * bstride;
+                const float w = rec[0] == M ? 1.0f : exp1(rec[0] - M);
+                L += rec[1] * w;
+                const __m256 vw = _mm256_set1_ps(w);
+                int64_t c = 0;
+                for (; c + 8 <= D; c += 8)
+                    _mm256_storeu_ps(o + c, _mm256_fmadd_ps(_mm256_loadu_ps(rec + kAttnOut + c), vw, _mm256_loadu_ps(o + c)));
+                for (; c < D; ++c) o[c] = fmaf(rec[kAttnOut + c], w, o[c]);
+            }
+            const float inv = 1.0f / L;
+            for (int64_t c = 0; c < D; ++c) o[c] *= inv;
+        }
+    }
 }
 
 // Two passes: the maximum (NaN-free lanes: _mm256_max_ps returns its second operand when either
@@ -514,8 +697,7 @@ int64_t argmax(const float* x, int64_t n) {
     return 0;
 }
 
-const KernelTable kTable = {"avx2", linear_rows, rms_norm_rows, attention_groups<float>, argmax,
-                            attention_groups<uint16_t>};
+const KernelTable kTable = {"avx2", linear_rows, rms_norm_rows, argmax, attention_block, attention_merge};
 
 }  // namespace
 

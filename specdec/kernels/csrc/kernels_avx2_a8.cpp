@@ -76,6 +76,8 @@ inline void dot_q4(const uint8_t* quants, const int8_t* const* xb, __m256i* lo, 
     const __m256i mask = _mm256_set1_epi8(0x0F);
     __m256i a_lo[R], a_hi[R];
     for (int r = 0; r < R; ++r) a_lo[r] = a_hi[r] = _mm256_setzero_si256();
+    // NOTE: not unrolled: unrolled, GCC kept every pass's operands live and spilled ~400 times
+#pragma GCC unroll 1
     for (int p = 0; p < 4; ++p) {
         const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + p * 64));
         const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + p * 64 + 32));
@@ -127,19 +129,21 @@ inline __m256 f16x8(const uint8_t* p) {
 
 // Outputs of tile group g for activation rows [m, m + R): each row's float steps in the twins'
 // order, in the lanes of its two accumulators.
-template <int R>
-void group_rows(int kind, const int8_t* xq, const float* dx, const int32_t* sx, const float* dxs,
+template <int R, int kind>
+void group_rows(const int8_t* xq, const float* dx, const int32_t* sx, const float* dxs,
                 int64_t m, int64_t K, const uint8_t* wg, const float* bias, float* y, int64_t N, int64_t g) {
-    const int64_t nb = K / 32, TB = a8_tile_bytes(kind);
-    const int32_t offset = kind == A8_Q8 ? 128 : kind == A8_Q4_0 ? 8 : 0;
+    constexpr int64_t TB = a8_tile_bytes(kind);
+    constexpr int32_t offset = kind == A8_Q8 ? 128 : kind == A8_Q4_0 ? 8 : 0;
+    const int64_t nb = K / 32;
     __m256 acc_lo[R], acc_hi[R];
     for (int r = 0; r < R; ++r) acc_lo[r] = acc_hi[r] = _mm256_setzero_ps();
+#pragma GCC unroll 1
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* tile = wg + b * TB;
         const int8_t* xb[R];
         for (int r = 0; r < R; ++r) xb[r] = xq + (m + r) * K + b * 32;
         __m256i s_lo[R], s_hi[R];
-        if (kind == A8_Q8) {
+        if constexpr (kind == A8_Q8) {
             dot_q8<R>(tile + 64, xb, s_lo, s_hi);
         } else {
             dot_q4<R>(tile + 64, xb, s_lo, s_hi);
@@ -147,7 +151,7 @@ void group_rows(int kind, const int8_t* xq, const float* dx, const int32_t* sx, 
         const __m256 d_lo = f16x8(tile), d_hi = f16x8(tile + 16);
         for (int r = 0; r < R; ++r) {
             const int64_t blk = (m + r) * nb + b;
-            if (offset) {
+            if constexpr (offset != 0) {
                 const __m256i o = _mm256_set1_epi32(offset * sx[blk]);
                 s_lo[r] = _mm256_sub_epi32(s_lo[r], o);
                 s_hi[r] = _mm256_sub_epi32(s_hi[r], o);
@@ -155,7 +159,7 @@ void group_rows(int kind, const int8_t* xq, const float* dx, const int32_t* sx, 
             const __m256 dxv = _mm256_set1_ps(dx[blk]);
             acc_lo[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s_lo[r]), dxv), d_lo, acc_lo[r]);
             acc_hi[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s_hi[r]), dxv), d_hi, acc_hi[r]);
-            if (kind == A8_Q4_1) {
+            if constexpr (kind == A8_Q4_1) {
                 const __m256 dxs_v = _mm256_set1_ps(dxs[blk]);
                 acc_lo[r] = _mm256_fmadd_ps(f16x8(tile + 32), dxs_v, acc_lo[r]);
                 acc_hi[r] = _mm256_fmadd_ps(f16x8(tile + 48), dxs_v, acc_hi[r]);
@@ -177,21 +181,33 @@ void group_rows(int kind, const int8_t* xq, const float* dx, const int32_t* sx, 
 // which rows share its pass: every lane's arithmetic is its own).
 constexpr int64_t kRowsPerPass = 4;
 
-void linear_groups(int kind, const int8_t* xq, const float* dx, const int32_t* sx, const float* dxs,
-                   int64_t M, int64_t K, const uint8_t* w, const float* bias, float* y, int64_t N,
-                   int64_t g0, int64_t g1, const void* /*prep*/) {
+template <int kind>
+void groups_of(const int8_t* xq, const float* dx, const int32_t* sx, const float* dxs, int64_t M,
+               int64_t K, const uint8_t* w, const float* bias, float* y, int64_t N, int64_t g0, int64_t g1) {
     const int64_t group_bytes = K / 32 * a8_tile_bytes(kind);
     for (int64_t g = g0; g < g1; ++g) {
         const uint8_t* wg = w + g * group_bytes;
         int64_t m = 0;
         for (; m + kRowsPerPass <= M; m += kRowsPerPass)
-            group_rows<kRowsPerPass>(kind, xq, dx, sx, dxs, m, K, wg, bias, y, N, g);
+            group_rows<kRowsPerPass, kind>(xq, dx, sx, dxs, m, K, wg, bias, y, N, g);
         switch (M - m) {
-            case 3: group_rows<3>(kind, xq, dx, sx, dxs, m, K, wg, bias, y, N, g); break;
-            case 2: group_rows<2>(kind, xq, dx, sx, dxs, m, K, wg, bias, y, N, g); break;
-            case 1: group_rows<1>(kind, xq, dx, sx, dxs, m, K, wg, bias, y, N, g); break;
+            case 3: group_rows<3, kind>(xq, dx, sx, dxs, m, K, wg, bias, y, N, g); break;
+            case 2: group_rows<2, kind>(xq, dx, sx, dxs, m, K, wg, bias, y, N, g); break;
+            case 1: group_rows<1, kind>(xq, dx, sx, dxs, m, K, wg, bias, y, N, g); break;
             default: break;
         }
+    }
+}
+
+void linear_groups(int kind, const int8_t* xq, const float* dx, const int32_t* sx, const float* dxs,
+                   int64_t M, int64_t K, const uint8_t* w, const float* bias, float* y, int64_t N,
+                   int64_t g0, int64_t g1, const void* /*prep*/) {
+    if (kind == A8_Q8) {
+        groups_of<A8_Q8>(xq, dx, sx, dxs, M, K, w, bias, y, N, g0, g1);
+    } else if (kind == A8_Q4_0) {
+        groups_of<A8_Q4_0>(xq, dx, sx, dxs, M, K, w, bias, y, N, g0, g1);
+    } else {
+        groups_of<A8_Q4_1>(xq, dx, sx, dxs, M, K, w, bias, y, N, g0, g1);
     }
 }
 

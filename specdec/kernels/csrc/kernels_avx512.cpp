@@ -1,7 +1,7 @@
 // AVX-512 linear kernels (16-lane FMA).  Compiled on its own with -mavx512f -mavx512dq
 // -mavx512bw -mavx512vl -mavx2 -mfma -mf16c -O3 -ffp-contract=off; only called after ops.cpp has
-// checked the CPU supports those instruction sets.  rms_norm comes from the AVX2 table; attention
-// (below) has its own 16-lane kernel.
+// checked the CPU supports those instruction sets.  rms_norm and attention come from the AVX2
+// table.
 //
 // Same linkage rule as kernels_avx2.cpp: everything has internal linkage except the accessor.
 //
@@ -15,7 +15,6 @@
 #include <math.h>
 #include <string.h>
 
-#include "head_chunks.h"
 #include "kernels.h"
 #include "simd512.h"
 
@@ -292,196 +291,6 @@ void linear_rows(int qtype, const float* x, int64_t M, int64_t K, const uint8_t*
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Attention for one query row and the G query heads of one kv head (GQA group).
-//
-// Scores: the key cache is blocked and transposed (kernels.h), so a vector holds one element of 16
-// consecutive keys: per (head, key) one FMA chain over d in order, with no horizontal sums (the
-// row-major layout needed a 16-to-1 lane reduction per key, which cost as much as the products).
-// Softmax: exp of (s - max), summed in 16-lane chunks in key order.  Values: per output element
-// one FMA chain over keys in order.  None of it depends on other rows, so a row's result is the
-// same whatever the batch.
-
-inline __m512 exp512(__m512 x) {
-    const __m512 one = _mm512_set1_ps(1.0f);
-    x = _mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f));
-    x = _mm512_max_ps(x, _mm512_set1_ps(-88.3762626647949f));
-    __m512 fx = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f));
-    fx = _mm512_roundscale_ps(fx, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
-    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
-    const __m512 z = _mm512_mul_ps(x, x);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(y, z, x);
-    y = _mm512_add_ps(y, one);
-    __m512i e = _mm512_add_epi32(_mm512_cvttps_epi32(fx), _mm512_set1_epi32(127));
-    e = _mm512_slli_epi32(e, 23);
-    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
-}
-
-// Sixteen cache elements as floats: float32 as they are, IEEE half converted exactly.
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const uint16_t* p) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-inline __m512 load16_masked(__mmask16 m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
-inline __m512 load16_masked(__mmask16 m, const uint16_t* p) {
-    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
-}
-
-// Scores of GB heads against KB consecutive key blocks (kernels.h layout): out[g][b] lane i =
-// q_g . key i of block b as kernels.h defines it (four chains over d = c, c + 4, ..., each a
-// multiply then FMAs in order, summed (c0 + c1) + (c2 + c3)).  The heads share each key load;
-// each q element is a broadcast.
-template <int GB, int KB, typename KV>
-inline void kt_block_scores(const float* q, int64_t q_hs, const KV* kt, int64_t D,
-                            __m512 out[GB][KB]) {
-    __m512 acc[GB][KB][4];
-    for (int c = 0; c < 4; ++c)
-        for (int b = 0; b < KB; ++b) {
-            const __m512 k0 = c < D ? load16(kt + b * D * kKeyBlock + c * kKeyBlock) : _mm512_setzero_ps();
-            for (int g = 0; g < GB; ++g)
-                acc[g][b][c] = c < D ? _mm512_mul_ps(_mm512_set1_ps(q[g * q_hs + c]), k0) : _mm512_setzero_ps();
-        }
-    for (int64_t d0 = 4; d0 < D; d0 += 4) {
-        for (int c = 0; c < 4 && d0 + c < D; ++c)
-            for (int b = 0; b < KB; ++b) {
-                const __m512 kd = load16(kt + b * D * kKeyBlock + (d0 + c) * kKeyBlock);
-                for (int g = 0; g < GB; ++g)
-                    acc[g][b][c] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * q_hs + d0 + c]), kd, acc[g][b][c]);
-            }
-    }
-    for (int g = 0; g < GB; ++g)
-        for (int b = 0; b < KB; ++b)
-            out[g][b] = _mm512_add_ps(_mm512_add_ps(acc[g][b][0], acc[g][b][1]),
-                                      _mm512_add_ps(acc[g][b][2], acc[g][b][3]));
-}
-
-// Scaled (soft-capped) scores of GB heads against keys lo..hi into s[g * s_stride + j - base]
-// (base: the first key of lo's block; whole blocks are written, lanes outside lo..hi unused);
-// mx[g] = the maximum over lo..hi.
-template <int GB, typename KV>
-inline void scores512(const float* q, int64_t q_hs, const KV* kt, int64_t lo, int64_t hi,
-                      int64_t D, float scale, float softcap, float* s, int64_t s_stride, float* mx) {
-    static_assert(kKeyBlock == 16, "one 16-lane vector per key block");
-    constexpr int KB = GB == 1 ? 4 : GB == 4 ? 1 : 2;  // <= 24 accumulators
-    const int64_t b0 = lo / kKeyBlock, b1 = hi / kKeyBlock, base = b0 * kKeyBlock;
-    const __m512 vscale = _mm512_set1_ps(scale);
-    __m512 vmax[GB];
-    for (int g = 0; g < GB; ++g) vmax[g] = _mm512_set1_ps(-INFINITY);
-    auto emit = [&](const __m512& acc, int g, int64_t b) {
-        const int64_t j0 = b * kKeyBlock;
-        __m512 sc = _mm512_mul_ps(acc, vscale);
-        if (softcap > 0.0f) {
-            alignas(64) float tmp[16];
-            _mm512_store_ps(tmp, sc);
-            for (int i = 0; i < 16; ++i) tmp[i] = softcap * tanhf(tmp[i] / softcap);
-            sc = _mm512_load_ps(tmp);
-        }
-        _mm512_storeu_ps(s + g * s_stride + (j0 - base), sc);
-        const int64_t first = lo > j0 ? lo - j0 : 0, last = hi - j0 < 15 ? hi - j0 : 15;
-        const __mmask16 m = static_cast<__mmask16>(((1u << (last + 1)) - 1) & ~((1u << first) - 1));
-        vmax[g] = _mm512_mask_max_ps(vmax[g], m, vmax[g], sc);
-    };
-    int64_t b = b0;
-    for (; b + KB <= b1 + 1; b += KB) {
-        __m512 acc[GB][KB];
-        kt_block_scores<GB, KB, KV>(q, q_hs, kt + b * D * kKeyBlock, D, acc);
-        for (int g = 0; g < GB; ++g)
-            for (int i = 0; i < KB; ++i) emit(acc[g][i], g, b + i);
-    }
-    for (; b <= b1; ++b) {
-        __m512 acc[GB][1];
-        kt_block_scores<GB, 1, KV>(q, q_hs, kt + b * D * kKeyBlock, D, acc);
-        for (int g = 0; g < GB; ++g) emit(acc[g][0], g, b);
-    }
-    for (int g = 0; g < GB; ++g) mx[g] = _mm512_reduce_max_ps(vmax[g]);
-}
-
-// s[0..n) <- exp(s - mx) in place; returns 1 / sum (16-lane sums in key order, then hsum16).
-inline float softmax512(float* s, int64_t n, float mx) {
-    const __m512 vmx = _mm512_set1_ps(mx);
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t j = 0; j < n; j += 16) {
-        const __mmask16 m = tail_mask(n - j < 16 ? n - j : 16);
-        const __m512 e = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), vmx)));
-        _mm512_mask_storeu_ps(s + j, m, e);
-        sum = _mm512_add_ps(sum, e);
-    }
-    return 1.0f / hsum16(sum);
-}
-
-// out_g[c : c + 16 NV) = inv_g * sum_j p_g[j] v_j[c : c + 16 NV), GB heads sharing each load.
-// MASKED: one vector (NV == 1) of which only the `last` columns exist.
-template <int GB, int NV, bool MASKED, typename KV>
-inline void values512(const float* p, int64_t p_stride, int64_t n, const KV* v, int64_t v_stride,
-                      const float* inv, float* out, int64_t out_hs, __mmask16 last) {
-    static_assert(!MASKED || NV == 1, "a masked tail is one vector");
-    __m512 acc[GB][NV];
-    for (int g = 0; g < GB; ++g)
-        for (int i = 0; i < NV; ++i) acc[g][i] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < n; ++j) {
-        const KV* vj = v + j * v_stride;
-        __m512 vv[NV];
-        for (int i = 0; i < NV; ++i)
-            vv[i] = MASKED ? load16_masked(last, vj + 16 * i) : load16(vj + 16 * i);
-        for (int g = 0; g < GB; ++g) {
-            const __m512 pj = _mm512_set1_ps(p[g * p_stride + j]);
-            for (int i = 0; i < NV; ++i) acc[g][i] = _mm512_fmadd_ps(pj, vv[i], acc[g][i]);
-        }
-    }
-    for (int g = 0; g < GB; ++g) {
-        const __m512 sc = _mm512_set1_ps(inv[g]);
-        for (int i = 0; i < NV; ++i) {
-            const __m512 r = _mm512_mul_ps(acc[g][i], sc);
-            if (MASKED) _mm512_mask_storeu_ps(out + g * out_hs + 16 * i, last, r);
-            else _mm512_storeu_ps(out + g * out_hs + 16 * i, r);
-        }
-    }
-}
-
-template <int GB, typename KV>
-void values_heads(const float* p, int64_t p_stride, int64_t n, const KV* v, int64_t v_stride,
-                  int64_t D, const float* inv, float* out, int64_t out_hs) {
-    constexpr int NV = GB == 1 ? 8 : GB == 2 ? 6 : 4;  // <= 24 accumulators + NV loads
-    int64_t c = 0;
-    for (; c + 16 * NV <= D; c += 16 * NV)
-        values512<GB, NV, false, KV>(p, p_stride, n, v + c, v_stride, inv, out + c, out_hs, 0xFFFF);
-    for (; c + 16 <= D; c += 16)
-        values512<GB, 1, false, KV>(p, p_stride, n, v + c, v_stride, inv, out + c, out_hs, 0xFFFF);
-    if (c < D) values512<GB, 1, true, KV>(p, p_stride, n, v + c, v_stride, inv, out + c, out_hs, tail_mask(D - c));
-}
-
-template <int GB, typename KV>
-void attention_heads(const float* q, int64_t q_hs, const KV* kt, const KV* v, int64_t v_stride,
-                     int64_t lo, int64_t hi, int64_t D, float scale, float softcap, float* out,
-                     int64_t out_hs, float* scratch) {
-    const int64_t n = hi - lo + 1;
-    const int64_t base = lo / kKeyBlock * kKeyBlock;
-    const int64_t s_stride = (hi / kKeyBlock + 1) * kKeyBlock - base;
-    float mx[GB], inv[GB];
-    scores512<GB, KV>(q, q_hs, kt, lo, hi, D, scale, softcap, scratch, s_stride, mx);
-    float* p = scratch + (lo - base);  // p[g * s_stride + j - lo]
-    for (int g = 0; g < GB; ++g) inv[g] = softmax512(p + g * s_stride, n, mx[g]);
-    values_heads<GB, KV>(p, s_stride, n, v + lo * v_stride, v_stride, D, inv, out, out_hs);
-}
-
-template <typename KV>
-void attention_groups(const float* q, int64_t q_head_stride, int64_t G, const KV* kt, const KV* v,
-                      int64_t v_stride, int64_t lo, int64_t hi, int64_t D, float scale, float softcap,
-                      float* out, int64_t out_head_stride, float* scratch) {
-    for_head_chunks(G, [&](auto gb, int64_t g0) {
-        attention_heads<decltype(gb)::value, KV>(q + g0 * q_head_stride, q_head_stride, kt, v, v_stride, lo,
-                                                 hi, D, scale, softcap, out + g0 * out_head_stride,
-                                                 out_head_stride, scratch);
-    });
-}
-
 // As the AVX2 one, 16 lanes and four independent maxima (the max pass is latency-bound).
 int64_t argmax(const float* x, int64_t n) {
     int64_t i = 0;
@@ -512,8 +321,10 @@ int64_t argmax(const float* x, int64_t n) {
 }  // namespace
 
 const KernelTable* avx512_table() {
-    static const KernelTable table = {"avx512", linear_rows, avx2_table()->rms_norm_rows,
-                                      attention_groups<float>, argmax, attention_groups<uint16_t>};
+    // NOTE: attention is the AVX2 one (flash-decoding blocks, kernels.h): bound by memory at one
+    // row, and one definition keeps every table's attention bit-identical to the AVX2 table's
+    static const KernelTable table = {"avx512", linear_rows, avx2_table()->rms_norm_rows, argmax,
+                                      avx2_table()->attention_block, avx2_table()->attention_merge};
     return &table;
 }
 

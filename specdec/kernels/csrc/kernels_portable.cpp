@@ -6,6 +6,7 @@
 // differ from the AVX2 path (no fused multiply-add) but not between batch sizes.
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 
 #include "half.h"
@@ -123,51 +124,82 @@ void rms_norm_rows(const float* x, const float* w, float* y, int64_t K, float ep
 inline float load1(const float* p) { return *p; }
 inline float load1(const uint16_t* p) { return half_to_float(*p); }
 
-// q . k_j for a blocked key cache as kernels.h defines it (std::fma: one rounding, as vfmadd).
+// scale * q . k_j for a blocked key cache as kernels.h defines it (std::fma: one rounding, as vfmadd).
 template <typename KV>
-inline float blocked_score(const float* q, const KV* kt, int64_t j, int64_t D) {
+inline float blocked_score(const float* q, const KV* kt, int64_t j, int64_t D, float scale) {
     const KV* kb = kt + (j / kKeyBlock) * D * kKeyBlock + j % kKeyBlock;
     float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int64_t d = 0; d < 4 && d < D; ++d) c[d] = q[d] * load1(kb + d * kKeyBlock);
     for (int64_t d = 4; d < D; ++d) c[d % 4] = std::fma(q[d], load1(kb + d * kKeyBlock), c[d % 4]);
-    return (c[0] + c[1]) + (c[2] + c[3]);
+    return ((c[0] + c[1]) + (c[2] + c[3])) * scale;
 }
 
+// The partial softmax of one (row, head) over keys [b, e): rec = (m, l, o[D]).
 template <typename KV>
-void attention_row(const float* q, const KV* kt, const KV* v, int64_t v_stride, int64_t lo,
-                   int64_t hi, int64_t D, float scale, float softcap, float* out, float* scratch) {
-    const int64_t n = hi - lo + 1;
-    float* s = scratch;
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < n; ++j) {
-        float sj = blocked_score(q, kt, lo + j, D) * scale;
+void block_query(const float* q, const KV* kt, const KV* v, int64_t v_stride, int64_t b, int64_t e, int64_t D,
+                 float scale, float softcap, float* rec, float* s) {
+    float m = -INFINITY;
+    for (int64_t j = b; j < e; ++j) {
+        float sj = blocked_score(q, kt, j, D, scale);
         if (softcap > 0.0f) sj = softcap * std::tanh(sj / softcap);
-        s[j] = sj;
-        mx = sj > mx ? sj : mx;
+        s[j - b] = sj;
+        m = sj > m ? sj : m;
     }
-    float sum = 0.0f;
-    for (int64_t j = 0; j < n; ++j) {
-        s[j] = std::exp(s[j] - mx);
-        sum += s[j];
+    float l = 0.0f;
+    for (int64_t j = b; j < e; ++j) {
+        s[j - b] = std::exp(s[j - b] - m);
+        l += s[j - b];
     }
-    const float inv = 1.0f / sum;
-    const KV* vb = v + lo * v_stride;
-    for (int64_t d = 0; d < D; ++d) out[d] = 0.0f;
-    for (int64_t j = 0; j < n; ++j) {
-        const float p = s[j];
-        const KV* vj = vb + j * v_stride;
-        for (int64_t d = 0; d < D; ++d) out[d] += p * load1(vj + d);
+    rec[0] = m;
+    rec[1] = l;
+    float* o = rec + kAttnOut;
+    for (int64_t d = 0; d < D; ++d) o[d] = 0.0f;
+    for (int64_t j = b; j < e; ++j) {
+        const KV* vj = v + j * v_stride;
+        for (int64_t d = 0; d < D; ++d) o[d] = std::fma(s[j - b], load1(vj + d), o[d]);
     }
-    for (int64_t d = 0; d < D; ++d) out[d] *= inv;
 }
 
 template <typename KV>
-void attention_rows(const float* q, int64_t q_head_stride, int64_t G, const KV* kt, const KV* v,
-                    int64_t v_stride, int64_t lo, int64_t hi, int64_t D, float scale, float softcap,
-                    float* out, int64_t out_head_stride, float* scratch) {
-    for (int64_t g = 0; g < G; ++g)
-        attention_row(q + g * q_head_stride, kt, v, v_stride, lo, hi, D, scale, softcap,
-                      out + g * out_head_stride, scratch);
+void attention_block_kv(const AttnRows& a, int64_t j0, float* part, float* scratch) {
+    const int64_t P = attn_part_floats(a.D);
+    for (int64_t r = 0; r < a.R; ++r) {
+        const int64_t b = std::max(a.lo[r], j0), e = std::min(a.hi[r] + 1, j0 + kAttnBlock);
+        if (b >= e) continue;
+        for (int64_t g = 0; g < a.G; ++g)
+            block_query(a.q + r * a.q_row_stride + g * a.q_head_stride, static_cast<const KV*>(a.kt),
+                        static_cast<const KV*>(a.v), a.v_stride, b, e, a.D, a.scale, a.softcap,
+                        part + (r * a.G + g) * P, scratch);
+    }
+}
+
+void attention_block(const AttnRows& a, int64_t j0, float* part, float* scratch) {
+    if (a.half) attention_block_kv<uint16_t>(a, j0, part, scratch);
+    else attention_block_kv<float>(a, j0, part, scratch);
+}
+
+void attention_merge(const AttnRows& a, int64_t b0, int64_t b1, const float* part, float* out,
+                     int64_t out_row_stride) {
+    const int64_t D = a.D, G = a.G, P = attn_part_floats(D), bstride = a.R * G * P;
+    for (int64_t r = 0; r < a.R; ++r) {
+        const int64_t bl = std::max(b0, a.lo[r] / kAttnBlock), bh = std::min(b1 - 1, a.hi[r] / kAttnBlock);
+        for (int64_t g = 0; g < G; ++g) {
+            const float* rec0 = part + (r * G + g) * P;
+            float M = -INFINITY;
+            for (int64_t b = bl; b <= bh; ++b) M = rec0[(b - b0) * bstride] > M ? rec0[(b - b0) * bstride] : M;
+            float* o = out + r * out_row_stride + g * D;
+            for (int64_t c = 0; c < D; ++c) o[c] = 0.0f;
+            float L = 0.0f;
+            for (int64_t b = bl; b <= bh; ++b) {
+                const float* rec = rec0 + (b - b0) * bstride;
+                const float w = rec[0] == M ? 1.0f : std::exp(rec[0] - M);
+                L += rec[1] * w;
+                for (int64_t c = 0; c < D; ++c) o[c] = std::fma(rec[kAttnOut + c], w, o[c]);
+            }
+            const float inv = 1.0f / L;
+            for (int64_t c = 0; c < D; ++c) o[c] *= inv;
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -252,8 +284,7 @@ int64_t argmax(const float* x, int64_t n) {
     return best;
 }
 
-const KernelTable kTable = {"portable", linear_rows, rms_norm_rows, attention_rows<float>, argmax,
-                            attention_rows<uint16_t>};
+const KernelTable kTable = {"portable", linear_rows, rms_norm_rows, argmax, attention_block, attention_merge};
 const A8Table kA8Table = {"portable", a8_quantize_rows, a8_linear_groups, nullptr};
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cstring>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -847,6 +848,51 @@ torch::Tensor argmax_rows(torch::Tensor x) {
     return out;
 }
 
+namespace {
+
+// Up to kAttnRows consecutive query rows of one sequence and one kv head, against key blocks
+// [b0, b1); its partials start at part (floats) in the call's buffer.
+struct AttnUnit {
+    int64_t row0, rows, slot, hk, b0, b1, part;
+};
+
+// One work item: a unit and one of its key blocks.
+struct AttnItem {
+    int64_t unit, block;
+};
+
+// The units of a call: each sequence's rows in groups of kAttnRows, times the kv heads; their
+// items in unit order.  Returns the floats of partials they need (record_floats per row a block).
+int64_t attention_units(const std::vector<int64_t>& slots, const std::vector<int64_t>& counts,
+                        const std::vector<int64_t>& row_lo, const std::vector<int64_t>& row_hi, int64_t Hkv,
+                        int64_t record_floats, std::vector<AttnUnit>* units, std::vector<AttnItem>* items) {
+    int64_t part = 0, row = 0;
+    for (size_t s = 0; s < slots.size(); ++s) {
+        for (int64_t r0 = 0; r0 < counts[s]; r0 += kAttnRows) {
+            const int64_t row0 = row + r0, rows = std::min(kAttnRows, counts[s] - r0);
+            int64_t lo = row_lo[row0], hi = row_hi[row0];
+            for (int64_t r = row0; r < row0 + rows; ++r) {
+                lo = std::min(lo, row_lo[r]);
+                hi = std::max(hi, row_hi[r]);
+            }
+            const int64_t b0 = lo / kAttnBlock, b1 = hi / kAttnBlock + 1;
+            for (int64_t hk = 0; hk < Hkv; ++hk) {
+                for (int64_t b = b0; b < b1; ++b) items->push_back({static_cast<int64_t>(units->size()), b});
+                units->push_back({row0, rows, slots[s], hk, b0, b1, part});
+                part += ((b1 - b0) * rows * record_floats + 15) / 16 * 16;  // own cache lines
+            }
+        }
+        row += counts[s];
+    }
+    return part;
+}
+
+}  // namespace
+
+// Flash-decoding over every sequence at once (kernels.h, AttnRows): units of up to kAttnRows rows
+// of a sequence and one kv head, each against its key blocks of kAttnBlock positions, so the rows
+// of a verification step read each K / V block once.  Merges run in block order whoever computed
+// the blocks: the split (whole units or single blocks per task) changes no result.
 torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                              const std::vector<int64_t>& slots, const std::vector<int64_t>& starts,
                              const std::vector<int64_t>& counts, double scale, int64_t sliding_window,
@@ -871,62 +917,93 @@ torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tens
     TORCH_CHECK(Hkv > 0 && H % Hkv == 0, "specdec native attention: H (", H, ") not a multiple of Hkv (", Hkv, ")");
     TORCH_CHECK(slots.size() == starts.size() && slots.size() == counts.size(),
                 "specdec native attention: slots, starts and counts differ in length");
-    // Per row: its slot and position.
-    std::vector<int64_t> row_slot, row_pos;
-    row_slot.reserve(static_cast<size_t>(T));
-    row_pos.reserve(static_cast<size_t>(T));
-    int64_t span_sum = 0, max_end = 0;
+    // Per row: the first and last key it sees.
+    std::vector<int64_t> row_lo, row_hi;
+    row_lo.reserve(static_cast<size_t>(T));
+    row_hi.reserve(static_cast<size_t>(T));
     for (size_t s = 0; s < slots.size(); ++s) {
         TORCH_CHECK(slots[s] >= 0 && slots[s] < S, "specdec native attention: slot out of range");
         TORCH_CHECK(starts[s] >= 0 && counts[s] >= 0 && starts[s] + counts[s] <= L,
                     "specdec native attention: start_pos + T (", starts[s] + counts[s],
                     ") exceeds cache length ", L);
         for (int64_t i = 0; i < counts[s]; ++i) {
-            row_slot.push_back(slots[s]);
-            row_pos.push_back(starts[s] + i);
-            const int64_t span = starts[s] + i + 1;
-            span_sum += sliding_window > 0 ? std::min(span, sliding_window) : span;
+            const int64_t pos = starts[s] + i;
+            row_lo.push_back(sliding_window > 0 ? std::max<int64_t>(0, pos - sliding_window + 1) : 0);
+            row_hi.push_back(pos);
         }
-        max_end = std::max(max_end, starts[s] + counts[s]);
     }
-    TORCH_CHECK(static_cast<int64_t>(row_pos.size()) == T, "specdec native attention: counts sum to ",
-                row_pos.size(), " but q has ", T, " rows");
+    TORCH_CHECK(static_cast<int64_t>(row_hi.size()) == T, "specdec native attention: counts sum to ",
+                row_hi.size(), " but q has ", T, " rows");
     if (q.stride(2) != 1) q = q.contiguous();
     if (!k_cache.is_contiguous()) k_cache = k_cache.contiguous();
     if (v_cache.stride(3) != 1) v_cache = v_cache.contiguous();
     auto out = torch::empty({T, H, D}, q.options().memory_format(at::MemoryFormat::Contiguous));
     if (T == 0 || H == 0) return out;
+    const int64_t G = H / Hkv, P = attn_part_floats(D);
+    std::vector<AttnUnit> units;
+    std::vector<AttnItem> items;
+    const int64_t part_floats = attention_units(slots, counts, row_lo, row_hi, Hkv, G * P, &units, &items);
     const float* qp = q.data_ptr<float>();
-    // float32 or IEEE half (kernels.h, attention_group_f16): only the element type differs.
-    const void* kp = k_cache.data_ptr();
-    const void* vp = v_cache.data_ptr();
+    const char* kp = static_cast<const char*>(k_cache.data_ptr());
+    const char* vp = static_cast<const char*>(v_cache.data_ptr());
+    const int64_t elt = half ? 2 : 4;
     float* op = out.data_ptr<float>();
     const int64_t qs0 = q.stride(0), qs1 = q.stride(1);
     const int64_t ks0 = k_cache.stride(0), ks1 = k_cache.stride(1);
     const int64_t vs0 = v_cache.stride(0), vs1 = v_cache.stride(1), vs2 = v_cache.stride(2);
-    const int64_t group = H / Hkv;
     const KernelTable* tab = g_table;
     const float fscale = static_cast<float>(scale), fcap = static_cast<float>(softcap);
-    const int64_t grain = grain_for(0.08 * static_cast<double>(span_sum / T * D * group));
-    // One work item per (row, kv head), over every sequence at once: the query heads of a GQA
-    // group share each K/V load.
-    parallel_range(T * Hkv, grain, [&](int64_t i0, int64_t i1) {
-        float* s = scratch(4 * (max_end + 2 * kKeyBlock));
+    auto rows_of = [&](const AttnUnit& u) {
+        return AttnRows{qp + u.row0 * qs0 + u.hk * G * qs1, qs0, qs1, u.rows, G, D,
+                        row_lo.data() + u.row0, row_hi.data() + u.row0,
+                        kp + (u.slot * ks0 + u.hk * ks1) * elt, vp + (u.slot * vs0 + u.hk * vs1) * elt,
+                        vs2, half, fscale, fcap};
+    };
+    // NOTE: per item, its K and V bytes at ~8 GB/s a thread plus its products at ~32 flops/ns
+    const double rows_avg = static_cast<double>(T * Hkv) / static_cast<double>(units.size());
+    const double item_ns = kAttnBlock * D * 2.0 * elt / 8.0 + rows_avg * G * kAttnBlock * D * 4.0 / 32.0;
+    const int64_t nunits = static_cast<int64_t>(units.size()), nitems = static_cast<int64_t>(items.size());
+    if (nunits >= 4 * at::get_num_threads()) {
+        // Units enough for the threads (MHA, batches, prefill): each unit whole in one task, its
+        // partials in that task's buffer (a prefill's would not fit in one), merged at once.
+        parallel_range(nunits, grain_for(item_ns * nitems / nunits), [&](int64_t u0, int64_t u1) {
+            float* s = scratch(attn_scratch_floats(kAttnRows, G, D));
+            thread_local std::vector<float> buf;
+            for (int64_t i = u0; i < u1; ++i) {
+                const AttnUnit& u = units[static_cast<size_t>(i)];
+                const AttnRows a = rows_of(u);
+                const int64_t rec = u.rows * G * P, need = (u.b1 - u.b0) * rec + 16;
+                if (static_cast<int64_t>(buf.size()) < need) buf.resize(static_cast<size_t>(need));
+                float* up = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
+                for (int64_t b = u.b0; b < u.b1; ++b) tab->attention_block(a, b * kAttnBlock, up + (b - u.b0) * rec, s);
+                tab->attention_merge(a, u.b0, u.b1, up, op + (u.row0 * H + u.hk * G) * D, H * D);
+            }
+        });
+        return out;
+    }
+    // Few units (one request's decode or verification step): one item per block, so that even a
+    // single row spreads over the threads; the thread finishing a unit's last block merges it.
+    thread_local std::vector<float> part_buf;
+    if (static_cast<int64_t>(part_buf.size()) < part_floats + 16) part_buf.resize(static_cast<size_t>(part_floats + 16));
+    float* part = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(part_buf.data()) + 63) & ~uintptr_t(63));
+    // Blocks of each unit not finished yet, a cache line each (threads finishing their units'
+    // blocks would otherwise pass lines back and forth).
+    struct alignas(64) Pending {
+        std::atomic<int64_t> blocks;
+    };
+    std::unique_ptr<Pending[]> pending(new Pending[units.size()]);
+    for (size_t u = 0; u < units.size(); ++u)
+        pending[u].blocks.store(units[u].b1 - units[u].b0, std::memory_order_relaxed);
+    parallel_range(nitems, grain_for(item_ns), [&](int64_t i0, int64_t i1) {
+        float* s = scratch(attn_scratch_floats(kAttnRows, G, D));
         for (int64_t i = i0; i < i1; ++i) {
-            const int64_t t = i / Hkv, hk = i % Hkv;
-            const int64_t slot = row_slot[t], pos = row_pos[t];
-            const int64_t lo = sliding_window > 0 ? std::max<int64_t>(0, pos - sliding_window + 1) : 0;
-            const int64_t ko = slot * ks0 + hk * ks1, vo = slot * vs0 + hk * vs1;
-            float* o = op + (t * H + hk * group) * D;
-            if (half)
-                tab->attention_group_f16(qp + t * qs0 + hk * group * qs1, qs1, group,
-                                         static_cast<const uint16_t*>(kp) + ko,
-                                         static_cast<const uint16_t*>(vp) + vo, vs2, lo, pos, D, fscale, fcap,
-                                         o, D, s);
-            else
-                tab->attention_group(qp + t * qs0 + hk * group * qs1, qs1, group,
-                                     static_cast<const float*>(kp) + ko, static_cast<const float*>(vp) + vo,
-                                     vs2, lo, pos, D, fscale, fcap, o, D, s);
+            const AttnItem& it = items[static_cast<size_t>(i)];
+            const AttnUnit& u = units[static_cast<size_t>(it.unit)];
+            const AttnRows a = rows_of(u);
+            float* up = part + u.part;
+            tab->attention_block(a, it.block * kAttnBlock, up + (it.block - u.b0) * u.rows * G * P, s);
+            if (pending[static_cast<size_t>(it.unit)].blocks.fetch_sub(1, std::memory_order_acq_rel) == 1)
+                tab->attention_merge(a, u.b0, u.b1, up, op + (u.row0 * H + u.hk * G) * D, H * D);
         }
     });
     return out;
@@ -993,6 +1070,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("attention", &attention, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"),
           py::arg("start_pos"), py::arg("scale"), py::arg("sliding_window") = 0,
           py::arg("softcap") = 0.0, nogil);
+    m.def("attention_seqs", &attention_seqs,
+          "Attention of several sequences' rows in one call: k_cache [S, Hkv, L / 16, D, 16] (blocked), "
+          "v_cache [S, Hkv, L, D]; sequence i's counts[i] rows of q sit at positions starts[i]... of slot slots[i]",
+          py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("slots"), py::arg("starts"),
+          py::arg("counts"), py::arg("scale"), py::arg("sliding_window") = 0, py::arg("softcap") = 0.0, nogil);
     m.def("repack_a8", &repack_a8, "Repack GGUF q8_0/q4_0/q4_1 rows for the 8-bit activation kernels",
           py::arg("w"), py::arg("qtype"), py::arg("n"), py::arg("k"), nogil);
     m.def("repack_a8_cat", &repack_a8_cat, "Several GGUF q8_0/q4_0/q4_1 weights of one K, repacked into one buffer",

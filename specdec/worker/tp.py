@@ -1,0 +1,388 @@
+"""Tensor-parallel ranks on one host: the communicator, the worker processes and their loop.
+
+Rank 0 lives in the engine process (scheduler, speculator, sampling, every drafter); ranks
+1..N-1 are fresh interpreters (``python -m specdec.worker.tp``: never a re-import of the user's
+script, so a snippet without a ``__main__`` guard works). The lockstep is at the model forward:
+rank 0's ``LlamaModel.forward_capture`` sends each forward's inputs (ids, positions, SeqBatch,
+layer count, which KV cache) down a pipe to every worker, then all ranks run their shard and meet at two all-reduces per layer. Drafters that call the target (layer skip, the
+adaptive controller's cost probe, EAGLE's hidden states) therefore work unchanged at any TP.
+
+Faults: a worker that raises or dies makes rank 0's next collective fail (the peer's socket
+closes) or time out; rank 0 raises ``TPError`` and the engine shuts down cleanly (no restart:
+a half-written KV on one rank cannot be trusted). Workers die with the engine process
+(a parent-pid watchdog thread) and on a closed pipe.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from specdec.engine.executor import ExecutorError
+
+if TYPE_CHECKING:
+    from specdec.kv_cache.pool import KVCache
+    from specdec.model.llama import LlamaModel, SeqBatch
+
+logger = logging.getLogger("specdec.tp")
+TIMEOUT_S = float(os.environ.get("SPECDEC_TP_TIMEOUT", "120"))  # every wait between ranks
+
+
+class TPError(ExecutorError):
+    """A tensor-parallel rank died, raised or stopped answering."""
+
+
+@dataclass
+class LoadArgs:
+    """What a worker needs to load its shard (the same choices as rank 0's ``load_model``)."""
+
+    model: str
+    dtype: str  # torch dtype name
+    kernels: str
+    quantization: str
+    max_len: int | None
+    activation_dtype: str
+    kv_cache_dtype: str
+    tokenizer: str | None
+
+
+SHM_CAP = 1 << 20  # float32 elements per rank and buffer (4 MiB); larger tensors go through gloo
+_SHM_HEADER = 4096  # one 64-byte line of flags per rank
+
+
+class ShmAllReduce:
+    """The all-reduce of one host through a shared /dev/shm file (the DeepSpeed / vLLM-CPU
+    pattern): each rank writes its tensor into its slot and bumps its sequence flag, waits for
+    every flag, then sums the slots in rank order, so every rank gets the same bits, batch
+    after batch. Two buffers alternate: a rank that passed round s + 1's wait knows every peer
+    finished reading round s, whose buffer round s + 2 reuses. x86 keeps stores in order, so a
+    flag is never seen before its data."""
+
+    def __init__(self, path: str, rank: int, size: int, watch: Callable[[], None]) -> None:
+        nbytes = _SHM_HEADER + 2 * size * SHM_CAP * 4
+        mm = np.memmap(path, dtype=np.uint8, mode="r+", shape=(nbytes,))
+        self._flags = np.frombuffer(mm, dtype=np.int64, count=size * 8).reshape(size, 8)[:, 0]
+        self._data = np.frombuffer(mm, np.float32, 2 * size * SHM_CAP, _SHM_HEADER)
+        self._data = self._data.reshape(2, size, SHM_CAP)
+        self.rank, self.size, self._seq, self._watch = rank, size, 0, watch
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H] summed
+        n = t.numel()
+        self._seq += 1
+        buf = self._data[self._seq % 2]
+        buf[self.rank, :n] = t.numpy().reshape(-1)
+        self._flags[self.rank] = self._seq
+        self._wait(self._seq)
+        out = buf[0, :n].copy()
+        for r in range(1, self.size):
+            out += buf[r, :n]
+        return torch.from_numpy(out).view(t.shape)
+
+    def _wait(self, seq: int) -> None:
+        spins, deadline = 0, time.monotonic() + TIMEOUT_S
+        while self._flags.min() < seq:
+            spins += 1
+            # NOTE: spin, then yield, then nap: ranks may share cores (4 ranks on 2, or a
+            # loaded host), where a spinning rank would steal the time of the one it waits for
+            if spins > 2000:
+                time.sleep(20e-6)
+            elif spins > 200:
+                os.sched_yield()
+            if spins % 2000 == 0:
+                self._watch()
+                if time.monotonic() > deadline:
+                    raise TPError("tensor-parallel all-reduce timed out (a rank stopped answering)")
+
+
+def make_shm_file(size: int) -> str | None:
+    """A zeroed /dev/shm file for ``ShmAllReduce`` (None where there is none, or
+    SPECDEC_TP_SHM=0: gloo alone)."""
+    if os.environ.get("SPECDEC_TP_SHM", "1") == "0" or not os.path.isdir("/dev/shm"):
+        return None
+    path = f"/dev/shm/specdec-tp-{os.getpid()}-{os.urandom(4).hex()}"
+    with open(path, "wb") as f:
+        f.truncate(_SHM_HEADER + 2 * size * SHM_CAP * 4)
+    return path
+
+
+class TPGroup:
+    """One rank's view of the group: ``all_reduce`` in a fixed order, and (on rank 0) the
+    workers to drive."""
+
+    def __init__(
+        self,
+        rank: int,
+        size: int,
+        pg: Any,
+        workers: MpWorkers | None = None,
+        shm_path: str | None = None,
+    ) -> None:
+        self.rank, self.size, self._pg, self.workers = rank, size, pg, workers
+        watch = workers.check if workers is not None else (lambda: None)
+        self._shm = ShmAllReduce(shm_path, rank, size, watch) if shm_path else None
+        self._kv_ids: weakref.WeakKeyDictionary[KVCache, int] = weakref.WeakKeyDictionary()
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:  # [T, H] summed over ranks
+        """Sum in rank order (rank 0 + rank 1 + ...), whatever the batch: rows stay
+        batch-invariant at a given TP size. NOTE: gloo's ring all-reduce adds in an order that
+        depends on an element's chunk (so on the batch size) above 2 ranks; at 2 ranks a + b
+        is commutative, so its all-reduce is already exact."""
+        t = t.contiguous()
+        if self._shm is not None and t.numel() <= SHM_CAP and t.dtype == torch.float32:
+            return self._shm(t)
+        try:
+            if self.size == 2:
+                self._pg.allreduce([t]).wait(timedelta(seconds=TIMEOUT_S))
+                return t
+            parts = [torch.empty_like(t) for _ in range(self.size)]
+            self._pg.allgather([parts], [t]).wait(timedelta(seconds=TIMEOUT_S))
+        except RuntimeError as e:
+            raise TPError(
+                f"tensor-parallel all-reduce failed (a rank died or stopped answering): "
+                f"{_first_line(e)}"
+            ) from None
+        out = parts[0].clone()
+        for p in parts[1:]:
+            out += p
+        return out
+
+    def send_forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        batch: SeqBatch,
+        kv: KVCache,
+        capture: tuple[int, ...],
+        num_layers: int | None,
+    ) -> None:
+        """Rank 0: hand one forward's inputs to every worker (they mirror ``kv`` by id)."""
+        if self.workers is None:
+            return
+        kv_id = self._kv_ids.get(kv)
+        if kv_id is None:
+            kv_id = self._kv_ids[kv] = len(self._kv_ids)
+            self.workers.send(("make_kv", kv_id, (kv.k.shape[0], kv.num_slots, kv.max_len)))
+            kv.mirror = self._mirror(kv_id)
+        self.workers.send(("forward", kv_id, input_ids, positions, batch, capture, num_layers))
+
+    def _mirror(self, kv_id: int) -> Callable[[str, tuple], None]:
+        workers = self.workers
+
+        def mirror(method: str, args: tuple) -> None:
+            if not workers.closed:
+                workers.send(("kv", kv_id, method, args))
+
+        return mirror
+
+
+def _first_line(e: BaseException) -> str:
+    """The first line of ``e``, without gloo's ``[source.cc:123]`` prefix, at most 200 chars."""
+    line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    if line.startswith("[") and "] " in line:
+        line = line.partition("] ")[2]
+    return line[:200]
+
+
+@dataclass
+class MpWorkers:
+    """Ranks 1..N-1 as spawned processes, each with a command pipe."""
+
+    procs: list[Any] = field(default_factory=list)
+    conns: list[Connection] = field(default_factory=list)
+    closed: bool = False
+    # rank 0's cores and torch threads before it bound itself, given back on stop
+    restore: tuple[set[int], int] | None = None
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def send(self, cmd: tuple) -> None:
+        data = pickle.dumps(cmd)  # NOTE: plain pickle: tensors by value, not by shared fd
+        try:
+            for c in self.conns:
+                c.send_bytes(data)
+        except (OSError, ValueError) as e:
+            raise TPError(f"tensor-parallel worker unreachable: {_first_line(e)}") from None
+
+    def check(self) -> None:
+        """Raise ``TPError`` when a worker has exited."""
+        for rank, p in enumerate(self.procs, start=1):
+            if p.poll() is not None:
+                raise TPError(f"tensor-parallel rank {rank} (pid {p.pid}) exited ({p.returncode})")
+
+    def wait_for(self, expected: str, deadline: float) -> None:
+        """Wait (bounded, watching each worker) for every worker's ``expected`` message."""
+        for rank, (p, c) in enumerate(zip(self.procs, self.conns), start=1):
+            while not c.poll(0.2):
+                if p.poll() is not None or time.monotonic() > deadline:
+                    raise TPError(f"tensor-parallel rank {rank} failed to start (pid {p.pid})")
+            kind, msg = c.recv()
+            if kind != expected:
+                raise TPError(f"tensor-parallel rank {rank}: {msg}")
+
+    def stop(self) -> None:
+        """Close the pipes, then terminate and reap every worker (bounded)."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.restore is not None:
+            os.sched_setaffinity(0, self.restore[0])
+            torch.set_num_threads(self.restore[1])
+        for c in self.conns:
+            try:
+                c.send_bytes(pickle.dumps(None))
+                c.close()
+            except (OSError, ValueError):
+                pass
+        for p in self.procs:
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+
+
+def start_group(load: LoadArgs, size: int, cores: list[list[int]]) -> TPGroup:
+    """Rank 0: start workers 1..size-1 and join them in a gloo group (they load their shards
+    while rank 0 loads its own; ``MpWorkers.wait_for('ready')`` waits for them)."""
+    store = dist.TCPStore(
+        "127.0.0.1", 0, size, True, timeout=timedelta(seconds=TIMEOUT_S), wait_for_workers=False
+    )
+    shm_path = make_shm_file(size)
+    workers = MpWorkers()
+    for rank in range(1, size):
+        parent, child = socket.socketpair()
+        args = (rank, size, store.port, load, cores[rank], os.getpid(), shm_path)
+        p = subprocess.Popen(
+            [sys.executable, "-m", "specdec.worker.tp", str(child.fileno())],
+            stdin=subprocess.PIPE, pass_fds=(child.fileno(),), env=_worker_env(),
+        )  # fmt: skip
+        p.stdin.write(pickle.dumps(args))
+        p.stdin.close()
+        child.close()
+        workers.procs.append(p)
+        workers.conns.append(Connection(parent.detach()))
+    try:
+        workers.wait_for("joined", time.monotonic() + TIMEOUT_S)
+        pg = dist.ProcessGroupGloo(store, 0, size, timedelta(seconds=TIMEOUT_S))
+        group = TPGroup(0, size, pg, workers, shm_path)
+    except (RuntimeError, TPError) as e:
+        workers.stop()
+        raise TPError(f"tensor-parallel group did not form: {_first_line(e)}") from None
+    finally:
+        if shm_path is not None:  # NOTE: every rank has it mapped: nothing left behind on a kill
+            os.unlink(shm_path)
+    group._store = store  # NOTE: the store's server lives as long as the group
+    return group
+
+
+def _worker_env() -> dict[str, str]:
+    """This process's environment, with the specdec it runs first on the path."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Exit when the engine process is gone. NOTE: not PR_SET_PDEATHSIG, which fires when the
+    parent *thread* exits: an engine built in a short-lived thread would lose its workers."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="specdec-tp-watchdog").start()
+
+
+def worker_main(
+    rank: int,
+    size: int,
+    port: int,
+    load: LoadArgs,
+    cores: list[int],
+    parent_pid: int,
+    shm_path: str | None,
+    conn: Connection,
+) -> None:
+    """A worker rank: bind, join the group, load the shard, then run forwards until told to
+    stop (or until the pipe closes). Any error ends the process: rank 0's collective fails."""
+    _die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # NOTE: Ctrl-C is the engine's to handle
+    from specdec.worker.binding import bind_rank
+
+    bind_rank(cores)
+    try:
+        store = dist.TCPStore("127.0.0.1", port, size, False, timeout=timedelta(seconds=TIMEOUT_S))
+        group = TPGroup(rank, size, None, None, shm_path)  # maps the file before rank 0 unlinks it
+        conn.send(("joined", None))
+        group._pg = dist.ProcessGroupGloo(store, rank, size, timedelta(seconds=TIMEOUT_S))
+        model = _load_shard(load, group)
+        conn.send(("ready", None))
+    except Exception as e:  # noqa: BLE001 - reported to rank 0 in one line
+        conn.send(("error", f"{type(e).__name__}: {_first_line(e)}"))
+        os._exit(1)
+    _serve(model, conn)
+
+
+def _load_shard(load: LoadArgs, group: TPGroup) -> LlamaModel:
+    from specdec.engine.loading import load_model
+
+    model, _ = load_model(
+        load.model, torch.device("cpu"), getattr(torch, load.dtype), load.kernels,
+        load.quantization, load.max_len, load.activation_dtype, load.kv_cache_dtype,
+        load.tokenizer, tp=group,
+    )  # fmt: skip
+    return model
+
+
+def _run(model: LlamaModel, kvs: dict[int, KVCache], cmd: tuple) -> None:
+    """One command from rank 0: make a KV cache, mirror a change to one, or run a forward."""
+    kind, kv_id, *args = cmd
+    if kind == "make_kv":
+        num_layers, num_slots, max_len = args[0]
+        kvs[kv_id] = model.make_kv_cache(num_slots, max_len, num_layers)
+    elif kind == "kv":
+        method, margs = args
+        getattr(kvs[kv_id], method)(*margs)
+    else:
+        input_ids, positions, batch, capture, num_layers = args
+        model.forward_capture(input_ids, positions, batch, kvs[kv_id], capture, num_layers)
+
+
+def _serve(model: LlamaModel, conn: Connection) -> None:
+    kvs: dict[int, KVCache] = {}
+    while True:
+        try:
+            cmd = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            os._exit(0)
+        if cmd is None:
+            os._exit(0)
+        try:
+            _run(model, kvs, cmd)
+        except Exception as e:  # noqa: BLE001 - the peer's failed collective reports it
+            logger.error("tensor-parallel rank %d failed: %s", model.tp.rank, _first_line(e))
+            os._exit(1)
+
+
+if __name__ == "__main__":
+    worker_main(*pickle.loads(sys.stdin.buffer.read()), Connection(int(sys.argv[1])))

@@ -1,0 +1,261 @@
+"""Tensor parallelism (issue 31): TP 2 on the mp backend, exact against TP 2 plain for every
+drafter, close to TP 1, bad sizes and bindings, a worker killed mid-generation, the server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import torch
+
+from specdec import LLM, SamplingParams
+from specdec.config import ConfigError, EngineConfig
+from specdec.engine.executor import ExecutorError
+from specdec.model.llama import SeqBatch
+from specdec.worker.binding import parse_cpu_binding
+from specdec.worker.shard import plan_shard
+from tests.e2e.test_server import REPO, _free_port, _start
+
+PROMPTS = ["a b a b a b a", "the cat sat on the mat, the cat", "1 2 3 4 1 2 3"]
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+SEEDED = SamplingParams(temperature=0.9, seed=11, max_tokens=12, ignore_eos=True)
+HEAD = str(REPO / "specdec" / "heads" / "smollm2-135m-eagle3")
+
+
+def _worker_pids(parent: int) -> list[int]:
+    """Live ``specdec.worker.tp`` processes whose parent is ``parent``."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            stat = (d / "stat").read_text()
+            cmd = (d / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        ppid = int(stat.rpartition(")")[2].split()[1])
+        if ppid == parent and b"specdec.worker.tp" in cmd:
+            pids.append(int(d.name))
+    return pids
+
+
+def _gone(pids: list[int], timeout: float = 15) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if Path(f"/proc/{p}").exists() and not _zombie(p)]
+        if not alive:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
+        return False
+
+
+def _tokens(llm: LLM, prompts: list[str], sp: SamplingParams) -> list[list[int]]:
+    return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, sp, use_tqdm=False)]
+
+
+def _runs(llm: LLM) -> tuple:
+    """Greedy and seeded, batched and each prompt alone."""
+    alone = [_tokens(llm, [p], GREEDY)[0] for p in PROMPTS[:2]]
+    return _tokens(llm, PROMPTS, GREEDY), _tokens(llm, PROMPTS, SEEDED), alone
+
+
+def _llm(model: str, tp: int, spec: dict | None = None, **kw) -> LLM:
+    return LLM(model, max_model_len=128, tensor_parallel_size=tp, speculative_config=spec, **kw)
+
+
+def test_every_drafter_at_tp2_equals_tp2_plain_on_the_tiny_model(tiny_llama, tiny_draft) -> None:
+    plain = _llm(str(tiny_llama), 2)
+    assert plain.engine.executor.num_ranks == 2 and len(plain.engine.executor.workers.pids) == 1
+    want = _runs(plain)
+    plain.engine.shutdown()
+    specs = [
+        {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3},
+        {"method": "suffix", "num_speculative_tokens": 4, "adaptive": False},
+        {"method": "draft_model", "model": str(tiny_draft), "num_speculative_tokens": 3},
+    ]
+    for spec in specs:
+        llm = _llm(str(tiny_llama), 2, spec)
+        assert _runs(llm) == want, spec["method"]
+        llm.engine.shutdown()
+
+
+def _logits(llm: LLM, ids: list[int]) -> torch.Tensor:  # [T, V]
+    m = llm.engine.model
+    kv = m.make_kv_cache(1, 64)
+    h = m.forward(torch.tensor(ids), torch.arange(len(ids)), SeqBatch([0], [0], [len(ids)]), kv)
+    return m.compute_logits(h)
+
+
+def test_tp2_is_close_to_tp1_and_kv_mirrors_prefix_reuse(tiny_llama) -> None:
+    one, two = _llm(str(tiny_llama), 1), _llm(str(tiny_llama), 2, enable_prefix_caching=True)
+    ids = [5, 17, 33, 2, 9, 100, 7, 64]
+    assert (_logits(one, ids) - _logits(two, ids)).abs().max().item() < 1e-3
+    # a second pass reuses cached prefixes (a slot copy on rank 0, mirrored to the workers)
+    for llm in (one, two):
+        _tokens(llm, PROMPTS, GREEDY)
+    assert _tokens(one, PROMPTS, SEEDED) == _tokens(two, PROMPTS, SEEDED)
+    assert _tokens(one, PROMPTS, GREEDY) == _tokens(two, PROMPTS, GREEDY)
+    two.engine.shutdown()
+
+
+def test_smollm2_tp2_eagle3_and_ngram_exact_and_close_to_tp1() -> None:
+    from specdec.model.registry import ModelNotFoundError, resolve_model_path
+
+    try:
+        resolve_model_path("smollm2-135m")
+    except ModelNotFoundError as e:
+        pytest.skip(str(e))
+    prompts = ["def fibonacci(n):", "The capital of France is"]
+    greedy = SamplingParams(temperature=0, max_tokens=16)
+    seeded = SamplingParams(temperature=0.8, seed=5, max_tokens=16)
+    one = _llm("smollm2-135m", 1)
+    ref = _tokens(one, prompts, greedy)
+    out = {}
+    eagle3 = {"method": "eagle3", "model": HEAD, "num_speculative_tokens": 3,
+              "draft_tensor_parallel_size": 1}  # fmt: skip
+    ngram = {"method": "ngram", "num_speculative_tokens": 3}
+    for name, spec in (("plain", None), ("eagle3", eagle3), ("ngram", ngram)):
+        llm = _llm("smollm2-135m", 2, spec, distributed_executor_backend="mp")
+        out[name] = (_tokens(llm, prompts, greedy), _tokens(llm, prompts, seeded))
+        llm.engine.shutdown()
+    assert out["eagle3"] == out["plain"] and out["ngram"] == out["plain"]
+    # TP 1 against TP 2 (int8 activations): the texts run together for a while, then a near-tie
+    # may flip (the issue's 90% goal is over 30 prompts x 128 tokens: benchmarks/tp_bench.py)
+    for a, b in zip(out["plain"][0], ref):
+        assert a[:8] == b[:8]
+    # NOTE: float32 activations: the partial sums add in another order (30 layers amplify it to
+    # ~3e-4 of the largest logit); with int8 activations an order-level change can flip a
+    # rounding to int8, so TP 1 and TP 2 logits differ by quantization noise (~1 on ~25)
+    ids = [1, 2, 3, 4, 5, 6, 7, 8]
+    f32 = _logits(_llm("smollm2-135m", 1, activation_dtype="float32"), ids)
+    two = _llm("smollm2-135m", 2, activation_dtype="float32")
+    assert (f32 - _logits(two, ids)).abs().max() < 1e-3 * f32.abs().max()
+    two.engine.shutdown()
+
+
+def test_bad_sizes_and_bindings_are_one_line_errors(tiny_llama) -> None:
+    with pytest.raises(ConfigError, match="tensor_parallel_size 8 exceeds the model's 4 attention"):
+        _llm(str(tiny_llama), 8)
+    with pytest.raises(ConfigError, match="tensor_parallel_size must be an integer >= 1"):
+        EngineConfig(model="x", tensor_parallel_size=0)
+    with pytest.raises(ConfigError, match="distributed_executor_backend uni runs one rank"):
+        EngineConfig(model="x", tensor_parallel_size=2, distributed_executor_backend="uni")
+    with pytest.raises(ConfigError, match="distributed_executor_backend must be one of"):
+        EngineConfig(model="x", tensor_parallel_size=2, distributed_executor_backend="mpi")
+    missing = max(os.sched_getaffinity(0)) + 1
+    with pytest.raises(ConfigError, match=f"cpu_binding '0|{missing}' names cores .*: {missing}"):
+        EngineConfig(model="x", tensor_parallel_size=2, cpu_binding=f"0|{missing}")
+    with pytest.raises(ConfigError, match="names 1 core groups for tensor_parallel_size 2"):
+        EngineConfig(model="x", tensor_parallel_size=2, cpu_binding="0")
+    with pytest.raises(ConfigError, match="cpu_binding 'a-b': expected core lists"):
+        EngineConfig(model="x", tensor_parallel_size=2, cpu_binding="a-b")
+    usable = sorted(os.sched_getaffinity(0))
+    groups = parse_cpu_binding(None, 2)
+    assert len(groups) == 2 and sorted(sum(groups, [])) == usable[: len(usable) // 2 * 2]
+    os.environ["SPECDEC_CPU_OMP_THREADS_BIND"] = f"{usable[0]}|{usable[0]}"
+    try:
+        assert parse_cpu_binding(None, 2) == [[usable[0]], [usable[0]]]
+    finally:
+        del os.environ["SPECDEC_CPU_OMP_THREADS_BIND"]
+
+
+def test_uneven_head_splits_keep_gqa_groups_whole_or_copy_them() -> None:
+    from specdec.model.arch import ArchConfig
+
+    smol = ArchConfig("llama", 100, 576, 1536, 2, 9, 3, 64, 1e-5, 1e4, 2048)
+    # 9 query heads over 3 KV heads (groups of 3): TP 2 splits 4 / 5, each partial group's
+    # query heads get their own copy of its KV head
+    two = [plan_shard(smol, r, 2) for r in range(2)]
+    assert [(p.q_lo, p.q_hi) for p in two] == [(0, 4), (4, 9)]
+    assert [p.kv_heads for p in two] == [(0, 0, 0, 1), (1, 1, 2, 2, 2)]
+    assert [plan_shard(smol, r, 3).kv_heads for r in range(3)] == [(0,), (1,), (2,)]
+    four = [plan_shard(smol, r, 4) for r in range(4)]
+    assert [(p.q_lo, p.q_hi) for p in four] == [(0, 2), (2, 4), (4, 6), (6, 9)]
+    assert [p.kv_heads for p in four] == [(0,), (0, 1), (1,), (2,)]
+    assert sum(p.f_hi - p.f_lo for p in four) == 1536 and all(p.f_lo % 32 == 0 for p in four)
+
+
+def test_a_worker_killed_mid_generation_fails_the_step_without_hang_or_orphan(tiny_llama) -> None:
+    llm = _llm(str(tiny_llama), 2)
+    pids = llm.engine.executor.workers.pids
+    assert _worker_pids(os.getpid()) == pids
+    llm.engine.add_request("a b a b", SamplingParams(temperature=0, max_tokens=50, ignore_eos=True))
+    llm.engine.step()
+    os.kill(pids[0], signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(
+        ExecutorError, match=r"^tensor-parallel (rank 1 \(pid \d+\) exited|all-reduce failed)"
+    ) as e:
+        for _ in range(50):
+            llm.engine.step()
+    assert "\n" not in str(e.value) and time.monotonic() - start < 30
+    assert _gone(pids)
+    with pytest.raises(ExecutorError):  # the engine stays down: no restart
+        llm.generate("a b", GREEDY, use_tqdm=False)
+
+
+def test_a_tp2_server_answers_then_503_after_a_worker_dies(tiny_llama) -> None:
+    srv = _start(str(tiny_llama), tensor_parallel_size=2)
+    try:
+        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0, timeout=60)
+        msgs = [{"role": "user", "content": "hi"}]
+        r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=4)
+        assert r.choices[0].message.content is not None
+        pids = _worker_pids(os.getpid())
+        os.kill(pids[0], signal.SIGKILL)
+        codes = []
+        for _ in range(2):
+            resp = httpx.post(
+                f"{srv.url}/v1/chat/completions",
+                json={"model": "tiny", "messages": msgs, "max_tokens": 4}, timeout=60,
+            )  # fmt: skip
+            codes.append(resp.status_code)
+            assert "Traceback" not in resp.text
+        assert codes[-1] == 503 and _gone(pids)
+    finally:
+        srv.stop()
+
+
+def test_serve_tp2_subprocess_sigterm_leaves_no_worker(tiny_llama) -> None:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specdec", "serve", str(tiny_llama), "-tp", "2", "--port",
+         str(port), "--max-model-len", "128", "--uvicorn-log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO,
+        env={**os.environ, "SPECDEC_API_KEY": ""},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.3)
+            assert proc.poll() is None
+        body = {"model": str(tiny_llama), "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 4}  # fmt: skip
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 200, json.dumps(r.json())[:200]
+        pids = _worker_pids(proc.pid)
+        assert len(pids) == 1
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        assert _gone(pids)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
