@@ -671,8 +671,9 @@ def add_serve_parser(subparsers: Any) -> None:
     p.set_defaults(func=cmd_serve)
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    """Validate the flags, load the model, serve until interrupted."""
+def check_serve_args(args: argparse.Namespace) -> tuple[Any, Any, list[str] | None]:
+    """Every flag checked (a bad one: exit 2) before anything loads: (engine args, engine
+    config, accepted Host names). ``--data-parallel-size`` is the replicas' (one engine each)."""
     if not args.shutdown_timeout >= 0:
         raise ConfigError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
     _check_server_flags(args)
@@ -685,23 +686,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
     num_replicas = args.data_parallel_size
     if num_replicas < 1:
         raise ConfigError(f"--data-parallel-size must be >= 1, got {num_replicas}")
-    args.data_parallel_size = 1  # NOTE: each replica is one engine; the front runs the others
-    # NOTE: every engine flag is checked (bad JSON, method, parallel size: exit 2) before loading
-    engine_args = EngineArgs.from_cli_args(args)
-    config = engine_args.create_engine_config()
-    if args.ray:
-        from specdec.entrypoints.replicas.ray_app import serve_ray
-
-        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
-        api_key = (args.api_key or [None])[0] or os.environ.get(API_KEY_ENV) or None
-        return serve_ray(args, list(args.raw_argv), api_key, allowed_hosts)
-    if num_replicas > 1:
-        from specdec.entrypoints.replicas.serve import serve_replicas
-
+    args.data_parallel_size = 1
+    try:
+        # NOTE: every engine flag is checked (bad JSON, method, parallel size) before loading
+        engine_args = EngineArgs.from_cli_args(args)
+        config = engine_args.create_engine_config()
+    finally:
         args.data_parallel_size = num_replicas
-        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
-        api_key = (args.api_key or [None])[0] or os.environ.get(API_KEY_ENV) or None
-        return serve_replicas(args, list(args.raw_argv), api_key, allowed_hosts)
+    return engine_args, config, allowed_hosts
+
+
+def api_key_from(args: argparse.Namespace) -> str | None:
+    return (args.api_key or [None])[0] or os.environ.get(API_KEY_ENV) or None
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Validate the flags, load the model, serve until interrupted (one engine)."""
+    if args.ray or args.data_parallel_size != 1:
+        raise ConfigError("--data-parallel-size / --ray: start replicas with `specdec serve`")
+    engine_args, config, allowed_hosts = check_serve_args(args)
     spec = config.speculative
     # vLLM's --generation-config / --override-generation-config under llama.cpp's --temp ...
     defaults = {**engine_args.generation_defaults(), **sampling_defaults(args)}
@@ -738,7 +741,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     engine.grammar_compiler.start()  # NOTE: not at the first structured request
     llm = AsyncLLM(engine, log_stats=not args.disable_log_stats)
     names = args.served_model_name or [args.model]
-    api_key = (args.api_key or [None])[0] or os.environ.get(API_KEY_ENV) or None
+    api_key = api_key_from(args)
     app = build_app(
         llm,
         names,
@@ -854,7 +857,6 @@ def main(argv: list[str] | None = None) -> int:
         argparse.ArgumentParser(prog="python -m specdec.entrypoints.openai.api_server")
     )
     args = parser.parse_args(argv)
-    args.raw_argv = list(sys.argv[1:] if argv is None else argv)
     return run_command(cmd_serve, args)
 
 

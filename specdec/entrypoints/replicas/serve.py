@@ -45,3 +45,20 @@ def serve_replicas(
     finally:
         pool.kill_now()  # NOTE: a no-op after a clean lifespan shutdown
     return 0 if server.started else 1
+
+
+def cmd_serve_any(args: argparse.Namespace) -> int:
+    """``specdec serve``: one engine, ``--data-parallel-size N`` replicas, or ``--ray``."""
+    from specdec.entrypoints.openai.api_server import api_key_from, check_serve_args, cmd_serve
+    from specdec.entrypoints.utils import LOG_FORMAT
+
+    if not args.ray and args.data_parallel_size == 1:
+        return cmd_serve(args)
+    _, _, allowed_hosts = check_serve_args(args)
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    argv = list(getattr(args, "raw_argv", []))
+    if args.ray:
+        from specdec.entrypoints.replicas.ray_app import serve_ray
+
+        return serve_ray(args, argv, api_key_from(args), allowed_hosts)
+    return serve_replicas(args, argv, api_key_from(args), allowed_hosts)
