@@ -289,21 +289,38 @@ def serve_ray(args: argparse.Namespace, argv: list[str], api_key: str | None,
         )  # fmt: skip
         _wait_for_signal()
     finally:
-        serve.delete(APP_NAME)
-        if args.ray_address is None:
-            serve.shutdown()
-        ray.shutdown()
-        if args.ray_address is None:
-            _reap_children()
+        import psutil
+
+        # NOTE: taken before Ray stops: its per-node agents can outlive the raylet, orphaned
+        started_here = psutil.Process().children(recursive=True)
+        local = args.ray_address is None
+        # NOTE: bounded: a signal to the whole process group (Ctrl-C in a terminal) also stops
+        # the raylet, and serve.delete then waits on it forever
+        stopper = threading.Thread(target=_stop_ray, args=(local,), daemon=True)
+        stopper.start()
+        stopper.join(args.shutdown_timeout + 30.0)
+        if local:
+            _reap(started_here)
     return 0
 
 
-def _reap_children(grace_s: float = 10.0) -> None:
-    """The local Ray this command started: any of its processes still running (its per-node
-    agents can outlive the raylet) get SIGTERM, then SIGKILL, by PID."""
+def _stop_ray(local: bool) -> None:
+    import ray
+    from ray import serve
+
+    try:
+        serve.delete(APP_NAME)
+        if local:
+            serve.shutdown()
+    finally:
+        ray.shutdown()
+
+
+def _reap(left: list, grace_s: float = 10.0) -> None:
+    """The local Ray this command started: its processes still running get SIGTERM, then
+    SIGKILL, by PID."""
     import psutil
 
-    left = psutil.Process().children(recursive=True)
     for proc in left:
         try:
             proc.terminate()
