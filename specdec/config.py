@@ -594,7 +594,13 @@ class EngineArgs:
         "default: the usable cores split evenly",
     )  # fmt: skip
     pipeline_parallel_size: int = _arg(1, "1 only", type=int, flags=("-pp",), kind=SINGLE)
-    data_parallel_size: int = _arg(1, "1 only", type=int, flags=("-dp",), kind=SINGLE)
+    data_parallel_size: int = _arg(
+        1,
+        "specdec serve: engine replicas behind one endpoint; 1 elsewhere",
+        type=int,
+        flags=("-dp",),
+        kind=SINGLE,
+    )
     # -- vLLM's name for kv_cache_memory as a fraction
     gpu_memory_utilization: float | None = _arg(
         None, "vLLM: --kv-cache-memory as a fraction of available RAM", type=float, kind=ALIAS

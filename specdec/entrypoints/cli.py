@@ -223,6 +223,12 @@ def _chosen(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpar
     return parser
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from specdec.entrypoints.replicas.serve import cmd_serve_any
+
+    return cmd_serve_any(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="specdec", description="speculative decoding inference engine")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -235,6 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         # NOTE: every unknown flag at once, named by the sub-command that did not know them
         _chosen(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.command == "serve":
+        args.func = _serve  # NOTE: one engine, replicas or Ray Serve (replicas/serve.py)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    args.raw_argv = raw[raw.index(args.command) + 1 :] if args.command in raw else raw
     return run_command(args.func, args)
 
 

@@ -626,6 +626,26 @@ def make_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="/metrics names: specdec:*, vLLM's vllm:* (what dashboards built for vLLM query), "
         "or both (default)",
     )
+    p.add_argument(
+        "--replica-cpu-binding",
+        default=None,
+        help="with --data-parallel-size N: each replica's cores, '0-3|4-7' (one group per "
+        "replica); default: the usable cores split evenly",
+    )
+    p.add_argument(
+        "--replica-routing",
+        choices=["affinity", "round_robin"],
+        default="affinity",
+        help="with --data-parallel-size: session, prefix and load affinity (default), or round "
+        "robin (a baseline)",
+    )
+    ray = p.add_argument_group("Ray Serve (pip install 'specdec[ray]')")
+    ray.add_argument("--ray", action="store_true", help="deploy on Ray Serve: one engine per replica behind one OpenAI ingress")  # fmt: skip
+    ray.add_argument("--ray-address", default=None, help="join this Ray cluster ('auto': the local one started by `ray start`); default: start a local Ray")  # fmt: skip
+    ray.add_argument("--num-replicas", type=int, default=1, help="engine replicas (fixed)")
+    ray.add_argument("--min-replicas", type=int, default=None, help="autoscale from this many replicas")  # fmt: skip
+    ray.add_argument("--max-replicas", type=int, default=None, help="autoscale up to this many replicas")  # fmt: skip
+    ray.add_argument("--target-ongoing-requests", type=float, default=2.0, help="autoscaling target: ongoing requests per replica (default 2)")  # fmt: skip
     p.add_argument("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug", "trace"])  # fmt: skip
     return p
 
@@ -651,8 +671,9 @@ def add_serve_parser(subparsers: Any) -> None:
     p.set_defaults(func=cmd_serve)
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    """Validate the flags, load the model, serve until interrupted."""
+def check_serve_args(args: argparse.Namespace) -> tuple[Any, Any, list[str] | None]:
+    """Every flag checked (a bad one: exit 2) before anything loads: (engine args, engine
+    config, accepted Host names). ``--data-parallel-size`` is the replicas' (one engine each)."""
     if not args.shutdown_timeout >= 0:
         raise ConfigError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
     _check_server_flags(args)
@@ -662,9 +683,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if allowed_hosts is None:
         allowed_hosts = default_allowed_hosts(args.host)
     args.model = getattr(args, "model_tag", None) or args.model
-    # NOTE: every engine flag is checked (bad JSON, method, parallel size: exit 2) before loading
-    engine_args = EngineArgs.from_cli_args(args)
-    config = engine_args.create_engine_config()
+    num_replicas = args.data_parallel_size
+    if num_replicas < 1:
+        raise ConfigError(f"--data-parallel-size must be >= 1, got {num_replicas}")
+    args.data_parallel_size = 1
+    try:
+        # NOTE: every engine flag is checked (bad JSON, method, parallel size) before loading
+        engine_args = EngineArgs.from_cli_args(args)
+        config = engine_args.create_engine_config()
+    finally:
+        args.data_parallel_size = num_replicas
+    return engine_args, config, allowed_hosts
+
+
+def api_key_from(args: argparse.Namespace) -> str | None:
+    return (args.api_key or [None])[0] or os.environ.get(API_KEY_ENV) or None
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Validate the flags, load the model, serve until interrupted (one engine)."""
+    if args.ray or args.data_parallel_size != 1:
+        raise ConfigError("--data-parallel-size / --ray: start replicas with `specdec serve`")
+    engine_args, config, allowed_hosts = check_serve_args(args)
     spec = config.speculative
     # vLLM's --generation-config / --override-generation-config under llama.cpp's --temp ...
     defaults = {**engine_args.generation_defaults(), **sampling_defaults(args)}
@@ -701,7 +741,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     engine.grammar_compiler.start()  # NOTE: not at the first structured request
     llm = AsyncLLM(engine, log_stats=not args.disable_log_stats)
     names = args.served_model_name or [args.model]
-    api_key = (args.api_key or [None])[0] or os.environ.get(API_KEY_ENV) or None
+    api_key = api_key_from(args)
     app = build_app(
         llm,
         names,

@@ -1,0 +1,407 @@
+"""The OpenAI front of ``specdec serve --data-parallel-size N``: one endpoint, N replicas.
+
+The front runs the single server's checks before routing (``_Guard``: Host, JSON-only bodies,
+503 while draining; the API key; the body limit; the request models' validation, so a bad
+request never reaches a replica), picks a replica (``router.Router``), relays the replica's
+answer and names it in ``x-specdec-replica``. A replica that dies mid-answer: its streams end
+with an error event and ``[DONE]``, its non-streamed requests get a 503 with ``Retry-After``,
+requests not yet sent go to another replica, and the pool restarts it. ``/metrics`` holds every
+replica's metrics with a ``replica`` label, and the front's own (replica up, ongoing requests,
+restarts, routing decisions).
+"""
+
+# NOTE: no `from __future__ import annotations`: FastAPI reads the handlers' annotations.
+
+import asyncio
+import json
+import logging
+from collections import Counter
+from typing import Any
+
+from specdec.entrypoints.openai.api_server import (
+    _DISCONNECTED,
+    MAX_BODY_BYTES,
+    _Guard,
+    _parse_request,
+    _read_body,
+    _ServerState,
+    _wait_until,
+    _with_cancellation,
+)
+from specdec.entrypoints.replicas.pool import Replica, ReplicaPool
+from specdec.entrypoints.replicas.router import Router, routing_text
+
+logger = logging.getLogger("specdec.entrypoints.replicas")
+
+REPLICA_HEADER = "x-specdec-replica"
+SESSION_HEADER = "x-session-id"
+RETRY_AFTER_S = 1
+_DONE = b"data: [DONE]\n\n"
+
+
+class _ConnectFailed(Exception):
+    """The replica could not be reached: nothing was sent, another may take the request."""
+
+
+def replica_lost_error(index: int | str) -> Any:
+    from specdec.entrypoints.openai.protocol import RequestError
+
+    return RequestError(
+        f"replica {index} stopped while answering; retry the request",
+        status=503,
+        code=None,
+        type="service_unavailable",
+    )
+
+
+def no_replica_error() -> Any:
+    from specdec.entrypoints.openai.protocol import RequestError
+
+    return RequestError(
+        "no replica is ready; retry shortly", status=503, code=None, type="service_unavailable"
+    )
+
+
+def build_front_app(
+    pool: ReplicaPool,
+    router: Router,
+    api_key: str | None = None,
+    *,
+    allowed_hosts: list[str] | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    shutdown_timeout: float = 10.0,
+) -> Any:
+    """The FastAPI front; its lifespan starts the replicas and its drain stops them."""
+    from contextlib import asynccontextmanager
+
+    from fastapi import APIRouter, Depends, FastAPI, Request
+    from fastapi.responses import JSONResponse, Response
+
+    from specdec.entrypoints.openai.protocol import (
+        ChatCompletionRequest,
+        CompletionRequest,
+        RequestError,
+    )
+
+    state = _ServerState(allowed_hosts=list(allowed_hosts) if allowed_hosts is not None else None)
+    decisions: Counter[tuple[int, str]] = Counter()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        try:
+            await pool.start()
+        except BaseException:
+            await pool.stop(5.0)
+            raise
+        monitor = asyncio.ensure_future(pool.monitor())
+        try:
+            yield
+        finally:
+            monitor.cancel()
+            await pool.stop(shutdown_timeout + 5.0)
+
+    async def drain(force_exit: Any = lambda: False) -> None:
+        # NOTE: each replica drains its own requests on SIGTERM (finish within the timeout, then
+        # an error event and [DONE]); the front relays that and waits for its streams to end.
+        state.draining = True
+        pool.terminate()
+        loop = asyncio.get_running_loop()
+        await _wait_until(lambda: not state.in_flight or force_exit(), loop, shutdown_timeout + 5)
+
+    app = FastAPI(title="specdec (replicas)", lifespan=lifespan)
+    app.state.drain = drain
+    app.state.pool = pool
+    app.state.router = router
+
+    check_api_key = install_checks(app, state, api_key)
+
+    def pick(text: str, session: str | None) -> Replica:
+        loads = {r.index: r.ongoing for r in pool.replicas if r.up}
+        if not loads or state.draining:
+            raise no_replica_error()
+        choice = router.choose(text, session, loads)
+        decisions[(choice.replica, choice.reason)] += 1
+        return pool.replicas[choice.replica]
+
+    async def generate(request: Request, model: Any) -> Any:
+        body = await _read_body(request, max_body_bytes, RequestError)
+        req = await asyncio.to_thread(_parse_request, body, model)  # 400 before routing
+        text = routing_text(json.loads(body))
+        session = request.headers.get(SESSION_HEADER)
+        path = request.url.path
+        for _ in range(len(pool.replicas)):
+            replica = pick(text, session)
+            try:
+                if req.stream:
+                    return await _relay_stream(replica, path, body, request.headers)
+                result = await _with_cancellation(
+                    _relay(replica, path, body, request.headers), request
+                )
+                return Response(status_code=499) if result is _DISCONNECTED else result
+            except _ConnectFailed:
+                pool.mark_down(replica)
+        raise no_replica_error()
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
+
+    @v1.post("/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        return await generate(request, ChatCompletionRequest)
+
+    @v1.post("/completions")
+    async def completions(request: Request) -> Any:
+        return await generate(request, CompletionRequest)
+
+    @v1.get("/models")
+    async def list_models(request: Request) -> Any:
+        return await forward_any(request)
+
+    @v1.get("/models/{model_id:path}")
+    async def retrieve_model(request: Request, model_id: str) -> Any:
+        return await forward_any(request)
+
+    app.include_router(v1)
+    tools = APIRouter(dependencies=[Depends(check_api_key)])
+
+    @tools.post("/tokenize")
+    async def tokenize(request: Request) -> Any:
+        return await forward_any(request)
+
+    @tools.post("/detokenize")
+    async def detokenize(request: Request) -> Any:
+        return await forward_any(request)
+
+    @tools.get("/replicas")
+    async def replicas() -> Any:
+        return JSONResponse({"replicas": [_describe(r) for r in pool.replicas]})
+
+    app.include_router(tools)
+
+    async def forward_any(request: Request) -> Any:
+        body = await _read_body(request, max_body_bytes, RequestError)
+        for _ in range(len(pool.replicas)):
+            replica = pick("", None)
+            try:
+                return await _relay(
+                    replica, request.url.path, body, request.headers, request.method
+                )
+            except _ConnectFailed:
+                pool.mark_down(replica)
+        raise no_replica_error()
+
+    @app.get("/version")
+    async def version(request: Request) -> Any:
+        return await forward_any(request)
+
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def ping() -> Any:
+        return await health()
+
+    @app.get("/health")
+    async def health() -> Any:
+        if state.draining:
+            return JSONResponse({"error": {"message": "shutting down"}}, status_code=503)
+        if any(r.up for r in pool.replicas):
+            return Response(status_code=200)
+        return JSONResponse({"error": {"message": "no replica is ready"}}, status_code=503)
+
+    @app.get("/metrics")
+    async def metrics() -> Any:
+        from specdec.metrics import CONTENT_TYPE
+
+        texts = await asyncio.gather(*(_scrape(r) for r in pool.replicas))
+        merged = merge_metrics({r.index: t for r, t in zip(pool.replicas, texts) if t})
+        return Response(merged + front_metrics(pool, decisions), media_type=CONTENT_TYPE)
+
+    return app
+
+
+def install_checks(app: Any, state: _ServerState, api_key: str | None) -> Any:
+    """The single server's checks on a front app (``_Guard``, OpenAI-style errors, 503s with
+    Retry-After); returns the API key dependency for its routers."""
+    import hmac
+
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
+
+    from specdec.entrypoints.openai.protocol import RequestError
+
+    async def check_api_key(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            raise RequestError(
+                "invalid or missing API key (send 'Authorization: Bearer <key>')",
+                status=401,
+                code="invalid_api_key",
+                type="authentication_error",
+            )
+
+    async def request_error(request: Request, exc: RequestError) -> JSONResponse:
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.status == 503 else None
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+    app.add_exception_handler(RequestError, request_error)
+    app.add_middleware(_Guard, state=state)
+    return check_api_key
+
+
+def _headers(incoming: Any) -> dict[str, str]:
+    keep = ("content-type", "accept", SESSION_HEADER, "x-request-id")
+    return {k: incoming[k] for k in keep if k in incoming}
+
+
+def _answer(resp: Any, replica: Replica) -> Any:
+    from fastapi.responses import Response
+
+    headers = {REPLICA_HEADER: str(replica.index)}
+    if "retry-after" in resp.headers:
+        headers["Retry-After"] = resp.headers["retry-after"]
+    media_type = resp.headers.get("content-type", "application/json")
+    return Response(resp.content, resp.status_code, headers=headers, media_type=media_type)
+
+
+async def _relay(
+    replica: Replica, path: str, body: bytes, incoming: Any, method: str = "POST"
+) -> Any:
+    """The replica's whole answer, or a 503 with Retry-After when it dies before answering."""
+    import httpx
+
+    replica.ongoing += 1
+    try:
+        content = body if method == "POST" else None
+        resp = await replica.client.request(
+            method, path, content=content, headers=_headers(incoming)
+        )
+    except httpx.ConnectError:
+        raise _ConnectFailed from None
+    except httpx.TransportError:
+        raise replica_lost_error(replica.index) from None
+    finally:
+        replica.ongoing -= 1
+    return _answer(resp, replica)
+
+
+async def _relay_stream(replica: Replica, path: str, body: bytes, incoming: Any) -> Any:
+    """The replica's SSE stream, relayed; if the replica dies mid-stream, an error event and
+    ``[DONE]`` end it."""
+    import httpx
+    from fastapi.responses import StreamingResponse
+
+    replica.ongoing += 1
+    try:
+        request = replica.client.build_request(
+            "POST", path, content=body, headers=_headers(incoming)
+        )
+        resp = await replica.client.send(request, stream=True)
+    except httpx.ConnectError:
+        replica.ongoing -= 1
+        raise _ConnectFailed from None
+    except httpx.TransportError:
+        replica.ongoing -= 1
+        raise replica_lost_error(replica.index) from None
+    if resp.status_code != 200 or not resp.headers.get("content-type", "").startswith(
+        "text/event-stream"
+    ):
+        try:
+            await resp.aread()
+        finally:
+            await resp.aclose()
+            replica.ongoing -= 1
+        return _answer(resp, replica)
+
+    async def events() -> Any:
+        tail = b"\n\n"
+        try:
+            async for chunk in resp.aiter_raw():
+                tail = (tail + chunk)[-2:]
+                yield chunk
+        except httpx.TransportError:
+            logger.warning("replica %d: a stream broke off (the replica stopped)", replica.index)
+            err = replica_lost_error(replica.index)
+            yield (
+                b"" if tail == b"\n\n" else b"\n\n"
+            ) + f"data: {json.dumps(err.body())}\n\n".encode()
+            yield _DONE
+        finally:
+            await resp.aclose()
+            replica.ongoing -= 1
+
+    headers = {
+        "Cache-Control": "no-cache",
+        "X-Accel-Buffering": "no",
+        REPLICA_HEADER: str(replica.index),
+    }
+    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+
+
+async def _scrape(replica: Replica) -> str:
+    import httpx
+
+    if not replica.up:
+        return ""
+    try:
+        resp = await replica.client.get("/metrics", timeout=3.0)
+    except httpx.TransportError:
+        return ""
+    return resp.text if resp.status_code == 200 else ""
+
+
+def _describe(r: Replica) -> dict[str, Any]:
+    return {
+        "replica": r.index, "pid": r.pid, "up": r.up, "ongoing": r.ongoing,
+        "restarts": r.restarts, "cores": r.cores,
+    }  # fmt: skip
+
+
+def merge_metrics(texts: dict[int, str]) -> str:
+    """Prometheus texts from several replicas as one, each sample labelled ``replica``."""
+    families: dict[str, list[str]] = {}
+    samples: dict[str, list[str]] = {}
+    for index, text in texts.items():
+        family = ""
+        for line in text.splitlines():
+            if line.startswith("# "):
+                parts = line.split(" ", 3)
+                family = parts[2] if len(parts) > 2 else family
+                if family not in families:
+                    families[family], samples[family] = [], []
+                if len(families[family]) < 2 and line not in families[family]:
+                    families[family].append(line)
+            elif line.strip():
+                samples.setdefault(family, []).append(_label(line, index))
+                families.setdefault(family, [])
+    out = []
+    for family, header in families.items():
+        out.extend(header)
+        out.extend(samples.get(family, []))
+    return "\n".join(out) + "\n" if out else ""
+
+
+def _label(sample: str, index: int) -> str:
+    """``name{a="b"} 1`` -> ``name{replica="I",a="b"} 1``."""
+    brace, space = sample.find("{"), sample.find(" ")
+    if brace != -1 and (space == -1 or brace < space):
+        close = sample[brace + 1 :]
+        sep = "" if close.startswith("}") else ","
+        return f'{sample[:brace]}{{replica="{index}"{sep}{close}'
+    return f'{sample[:space]}{{replica="{index}"}}{sample[space:]}'
+
+
+def front_metrics(pool: ReplicaPool, decisions: Counter) -> str:
+    """The front's own series: replica up, ongoing requests, restarts, routing decisions."""
+    lines = []
+    for name, kind, help_text, value in (
+        ("specdec:replica_up", "gauge", "1 while the replica takes requests", lambda r: int(r.up)),
+        ("specdec:replica_ongoing_requests", "gauge", "requests the front has sent to the replica and not finished", lambda r: r.ongoing),
+        ("specdec:replica_restarts_total", "counter", "times the replica was restarted", lambda r: r.restarts),
+    ):  # fmt: skip
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+        lines += [f'{name}{{replica="{r.index}"}} {value(r)}' for r in pool.replicas]
+    name = "specdec:router_requests_total"
+    lines += [f"# HELP {name} requests routed, by replica and reason", f"# TYPE {name} counter"]
+    lines += [
+        f'{name}{{replica="{r}",reason="{why}"}} {n}' for (r, why), n in sorted(decisions.items())
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,345 @@
+"""Ray Serve: ``specdec serve MODEL --ray --num-replicas N`` (or ``--min-replicas/--max-replicas``).
+
+Two deployments. ``SpecdecEngine``: one replica = one specdec engine, run as the same
+``specdec serve`` process the single server is (a child of the replica actor on a private Unix
+socket; it dies with the actor), so every engine flag means what it means there. Resources per
+replica: ``num_cpus`` = threads x tensor_parallel_size; when a replica is tensor-parallel
+(``--tensor-parallel-size`` > 1, with the executor's ``distributed_executor_backend``), a
+placement group with one ``{"CPU": threads}`` bundle per rank (STRICT_PACK: a replica's ranks
+share one host and its shared-memory all-reduce). ``SpecdecIngress``: the OpenAI endpoint, with
+the single server's checks before routing (the same ``_Guard``, API key, body limit and request
+models) and the answer relayed with ``x-specdec-replica``. The engine deployment routes with
+``SpecdecRequestRouter``, a Ray Serve 2.60 custom request router around the same ``Router`` the
+``--data-parallel-size`` front uses (prefix tree per replica, ``x-session-id`` rendezvous
+hashing, least-loaded when queues differ by more than ``imbalanced_threshold``). Autoscaling is
+Ray Serve's: ``target_ongoing_requests`` per replica between the min and the max.
+"""
+
+# NOTE: no `from __future__ import annotations`: FastAPI reads the handlers' annotations.
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+from specdec.entrypoints.replicas.pool import _child_setup, replica_argv
+
+logger = logging.getLogger("specdec.entrypoints.replicas")
+
+APP_NAME = "specdec"
+ENGINE_NAME = "SpecdecEngine"
+STARTUP_TIMEOUT_S = 600.0
+
+
+class SpecdecEngine:
+    """One Ray Serve replica: a ``specdec serve`` engine process and a relay to it."""
+
+    def __init__(self, argv: list[str], threads: int) -> None:
+        import httpx
+        from ray import serve
+
+        self.name = serve.get_replica_context().replica_id.unique_id
+        self.workdir = tempfile.mkdtemp(prefix="specdec-ray-")
+        os.chmod(self.workdir, 0o700)
+        sock = os.path.join(self.workdir, "engine.sock")
+        cmd = [sys.executable, "-m", "specdec.entrypoints.cli", "serve", *argv,
+               "--uds", sock, "--threads", str(threads)]  # fmt: skip
+        cores = sorted(os.sched_getaffinity(0))
+        env = {k: v for k, v in os.environ.items() if k != "SPECDEC_API_KEY"}
+        self.proc = subprocess.Popen(
+            cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=lambda: _child_setup(cores),  # noqa: PLW1509
+        )  # fmt: skip
+        transport = httpx.HTTPTransport(uds=sock)
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        with httpx.Client(transport=transport, base_url="http://localhost") as probe:
+            while not self._healthy(probe):
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the specdec engine did not start ({self.proc.returncode})")
+                time.sleep(0.2)
+        self.client = httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(uds=sock),
+            base_url="http://localhost",
+            timeout=httpx.Timeout(None, connect=5.0),
+        )
+
+    @staticmethod
+    def _healthy(probe: Any) -> bool:
+        import httpx
+
+        try:
+            return probe.get("/health", timeout=2.0).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    async def generate(self, route: dict, path: str, body: bytes, headers: dict) -> Any:
+        """The engine's answer: first ``{"status", "headers", "replica"}``, then body chunks."""
+        async with self.client.stream("POST", path, content=body, headers=headers) as resp:
+            keep = {k: v for k, v in resp.headers.items() if k in ("content-type", "retry-after")}
+            yield {"status": resp.status_code, "headers": keep, "replica": self.name}
+            async for chunk in resp.aiter_raw():
+                yield chunk
+
+    async def request(self, method: str, path: str, body: bytes, headers: dict) -> dict:
+        resp = await self.client.request(method, path, content=body or None, headers=headers)
+        keep = {k: v for k, v in resp.headers.items() if k in ("content-type", "retry-after")}
+        return {"status": resp.status_code, "headers": keep, "body": resp.content}
+
+    async def metrics(self) -> str:
+        return (await self.client.get("/metrics", timeout=5.0)).text
+
+    def check_health(self) -> None:
+        """Ray Serve's health probe: a replica whose engine died is replaced."""
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"the specdec engine exited ({self.proc.returncode})")
+
+    def __del__(self) -> None:
+        proc = getattr(self, "proc", None)
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        shutil.rmtree(getattr(self, "workdir", ""), ignore_errors=True)
+
+
+def build_ingress_app(api_key: str | None, allowed_hosts: list[str] | None) -> Any:
+    """The OpenAI endpoint in front of the engine deployment (same checks as the single server)."""
+    from fastapi import APIRouter, Depends, FastAPI, Request
+    from fastapi.responses import Response
+    from ray import serve
+
+    from specdec.entrypoints.openai.api_server import _read_body, _ServerState
+    from specdec.entrypoints.openai.protocol import (
+        ChatCompletionRequest,
+        CompletionRequest,
+        RequestError,
+    )
+    from specdec.entrypoints.replicas.front import _headers, install_checks
+
+    state = _ServerState(allowed_hosts=allowed_hosts)
+    app = FastAPI(title="specdec (Ray Serve)")
+    check_api_key = install_checks(app, state, api_key)
+    engine = serve.get_deployment_handle(ENGINE_NAME, APP_NAME)
+
+    async def generate(request: Request, model: Any) -> Any:
+        body = await _read_body(request, MAX_BODY, RequestError)
+        return await _generate(engine, request, body, model)
+
+    async def forward(request: Request) -> Any:
+        body = await _read_body(request, MAX_BODY, RequestError)
+        try:
+            got = await engine.request.remote(
+                request.method, request.url.path, body, _headers(request.headers)
+            )
+        except Exception as e:  # noqa: BLE001 - a replica lost (a Ray error): retry later
+            raise _lost(e) from None
+        return Response(got["body"], got["status"], headers=got["headers"])
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
+    v1.add_api_route("/chat/completions", _route(generate, ChatCompletionRequest), methods=["POST"])
+    v1.add_api_route("/completions", _route(generate, CompletionRequest), methods=["POST"])
+    v1.add_api_route("/models", forward, methods=["GET"])
+    v1.add_api_route("/models/{model_id:path}", forward, methods=["GET"])
+    app.include_router(v1)
+    tools = APIRouter(dependencies=[Depends(check_api_key)])
+    tools.add_api_route("/tokenize", forward, methods=["POST"])
+    tools.add_api_route("/detokenize", forward, methods=["POST"])
+    app.include_router(tools)
+    app.add_api_route("/version", forward, methods=["GET"])
+    app.add_api_route("/health", lambda: Response(status_code=200), methods=["GET"])
+    return app
+
+
+MAX_BODY = 4 * 1024 * 1024
+
+
+def _route(generate: Any, model: Any) -> Any:
+    from fastapi import Request
+
+    async def handler(request: Request) -> Any:
+        return await generate(request, model)
+
+    return handler
+
+
+def _lost(e: Exception) -> Any:
+    from specdec.entrypoints.replicas.front import replica_lost_error
+
+    logger.warning("a replica was lost: %s", type(e).__name__)
+    return replica_lost_error("of the engine deployment")
+
+
+async def _generate(engine: Any, request: Any, body: bytes, model: Any) -> Any:
+    """Validate (400 before routing), route on text and session, relay the replica's answer."""
+    from fastapi.responses import Response, StreamingResponse
+
+    from specdec.entrypoints.openai.api_server import _parse_request
+    from specdec.entrypoints.replicas.front import REPLICA_HEADER, SESSION_HEADER, _headers
+    from specdec.entrypoints.replicas.router import routing_text
+
+    req = await asyncio.to_thread(_parse_request, body, model)
+    route = {"text": routing_text(json.loads(body)), "session": request.headers.get(SESSION_HEADER)}
+    gen = engine.options(stream=True).generate.remote(
+        route, request.url.path, body, _headers(request.headers)
+    )
+    try:
+        head = await gen.__anext__()
+        if req.stream and head["status"] == 200:
+            headers = {"Cache-Control": "no-cache", REPLICA_HEADER: head["replica"]}
+            return StreamingResponse(_relay(gen), media_type="text/event-stream", headers=headers)
+        content = b"".join([chunk async for chunk in gen])
+    except asyncio.CancelledError:
+        gen.cancel()
+        raise
+    except Exception as e:  # noqa: BLE001 - a replica lost (a Ray error): 503 + Retry-After
+        raise _lost(e) from None
+    headers = {**head["headers"], REPLICA_HEADER: head["replica"]}
+    return Response(content, head["status"], headers=headers)
+
+
+async def _relay(gen: Any) -> Any:
+    """A replica's SSE stream; a replica lost mid-stream ends it with an error event and [DONE]."""
+    tail = b"\n\n"
+    try:
+        async for chunk in gen:
+            tail = (tail + chunk)[-2:]
+            yield chunk
+    except Exception as e:  # noqa: BLE001 - a replica lost (a Ray error)
+        err = _lost(e)
+        yield (b"" if tail == b"\n\n" else b"\n\n") + f"data: {json.dumps(err.body())}\n\n".encode()
+        yield b"data: [DONE]\n\n"
+    finally:
+        gen.cancel()
+
+
+def build_ray_app(args: argparse.Namespace, argv: list[str], api_key: str | None,
+                  allowed_hosts: list[str] | None) -> Any:  # fmt: skip
+    """The Ray Serve application: the engine deployment (resources, router, autoscaling) bound
+    under the ingress."""
+    from ray import serve
+    from ray.serve.config import RequestRouterConfig
+
+    threads = args.threads or 1
+    tp = getattr(args, "tensor_parallel_size", 1) or 1
+    options: dict[str, Any] = {
+        "name": ENGINE_NAME,
+        "ray_actor_options": {"num_cpus": threads * tp},
+        "request_router_config": RequestRouterConfig(
+            request_router_class="specdec.entrypoints.replicas.ray_router.SpecdecRequestRouter"
+        ),
+        "health_check_period_s": 2.0,
+        "graceful_shutdown_timeout_s": args.shutdown_timeout + 5.0,
+    }
+    if tp > 1:  # NOTE: one bundle per rank, on one host (the ranks share memory)
+        options["ray_actor_options"] = {"num_cpus": threads}
+        options["placement_group_bundles"] = [{"CPU": threads}] * tp
+        options["placement_group_strategy"] = "STRICT_PACK"
+    if args.min_replicas is not None or args.max_replicas is not None:
+        low = args.min_replicas if args.min_replicas is not None else 1
+        options["autoscaling_config"] = {
+            "min_replicas": low,
+            "max_replicas": args.max_replicas if args.max_replicas is not None else max(low, 1),
+            "target_ongoing_requests": args.target_ongoing_requests,
+        }
+    else:
+        options["num_replicas"] = args.num_replicas
+    engine = serve.deployment(SpecdecEngine, **options).bind(replica_argv(argv), threads)
+
+    def builder() -> Any:
+        return build_ingress_app(api_key, allowed_hosts)
+
+    @serve.ingress(builder)
+    class SpecdecIngress:
+        def __init__(self, engine: Any) -> None:
+            self.engine = engine  # NOTE: bound so that the app deploys it; found by name
+
+    ingress = serve.deployment(
+        SpecdecIngress, name="SpecdecIngress", ray_actor_options={"num_cpus": 0}
+    )
+    return ingress.bind(engine)
+
+
+def serve_ray(args: argparse.Namespace, argv: list[str], api_key: str | None,
+              allowed_hosts: list[str] | None) -> int:  # fmt: skip
+    """Start (or join, ``--ray-address``) Ray, deploy, serve until SIGINT/SIGTERM, clean up."""
+    import ray
+    from ray import serve
+
+    started = time.monotonic()
+    ray.init(address=args.ray_address, include_dashboard=False, log_to_driver=True)
+    try:
+        serve.start(http_options={"host": args.host, "port": args.port})
+        serve.run(
+            build_ray_app(args, argv, api_key, allowed_hosts), name=APP_NAME, route_prefix="/"
+        )
+        logger.info(
+            "Ray Serve app %r ready on http://%s:%d/v1 after %.1f s",
+            APP_NAME, args.host, args.port, time.monotonic() - started,
+        )  # fmt: skip
+        _wait_for_signal()
+    finally:
+        import psutil
+
+        # NOTE: taken before Ray stops: its per-node agents can outlive the raylet, orphaned
+        started_here = psutil.Process().children(recursive=True)
+        local = args.ray_address is None
+        # NOTE: bounded: a signal to the whole process group (Ctrl-C in a terminal) also stops
+        # the raylet, and serve.delete then waits on it forever
+        stopper = threading.Thread(target=_stop_ray, args=(local,), daemon=True)
+        stopper.start()
+        stopper.join(args.shutdown_timeout + 30.0)
+        if local:
+            _reap(started_here)
+    return 0
+
+
+def _stop_ray(local: bool) -> None:
+    import ray
+    from ray import serve
+
+    try:
+        serve.delete(APP_NAME)
+        if local:
+            serve.shutdown()
+    finally:
+        ray.shutdown()
+
+
+def _reap(left: list, grace_s: float = 10.0) -> None:
+    """The local Ray this command started: its processes still running get SIGTERM, then
+    SIGKILL, by PID."""
+    import psutil
+
+    for proc in left:
+        try:
+            proc.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(left, timeout=grace_s)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _wait_for_signal() -> None:
+    """Until SIGINT or SIGTERM. NOTE: not sigwait: Ray's threads do not block the signals, and
+    Python runs handlers on the main thread only between bytecodes."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(0.5):
+        pass
+    logger.info("stopping the Ray Serve app")

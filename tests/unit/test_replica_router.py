@@ -1,0 +1,134 @@
+"""The replica router (prefix tree, sessions, load), the metrics merge and the replica argv."""
+
+import pytest
+
+from specdec.config import ConfigError
+from specdec.entrypoints.replicas.cores import split_cores
+from specdec.entrypoints.replicas.front import merge_metrics
+from specdec.entrypoints.replicas.pool import replica_argv
+from specdec.entrypoints.replicas.router import (
+    CHUNK_CHARS,
+    PrefixTree,
+    Router,
+    RouterConfig,
+    rendezvous,
+    routing_text,
+)
+
+LONG = "You are a careful assistant. Answer in one short paragraph. " * 8
+
+
+def test_prefix_tree_matches_whole_chunks_and_evicts_oldest():
+    tree = PrefixTree(max_nodes=40)
+    tree.insert(LONG + "first question")
+    assert tree.match(LONG + "another question") >= len(LONG) - CHUNK_CHARS
+    assert tree.match("unrelated text " * 4) == 0
+    for i in range(30):  # far more nodes than the bound
+        tree.insert(f"{i:04d}" * 8)
+    assert tree.num_nodes <= 40
+    assert tree.match(f"{29:04d}" * 8) == 32  # the newest survived
+    assert tree.match(LONG) == 0  # the oldest went first, branch and all
+
+
+def test_shared_prefix_goes_to_one_replica():
+    router = Router()
+    first = router.choose(LONG + "q0", None, {0: 0, 1: 0, 2: 0}).replica
+    for i in range(1, 6):
+        loads = {r: int(r == first) for r in range(3)}  # the warm replica is a little busier
+        choice = router.choose(LONG + f"question {i}", None, loads)
+        assert (choice.replica, choice.reason) == (first, "prefix")
+
+
+def test_idle_ties_take_turns():
+    router = Router()
+    served = {router.choose(f"topic {i} " * 10, None, {0: 0, 1: 0}).replica for i in range(4)}
+    assert served == {0, 1}
+
+
+def test_round_robin_ignores_affinity():
+    router = Router(RouterConfig(policy="round_robin"))
+    served = [router.choose(LONG, "s", {0: 0, 1: 0}).replica for _ in range(4)]
+    assert sorted(served) == [0, 0, 1, 1]
+
+
+def test_new_text_goes_to_least_loaded():
+    router = Router()
+    router.choose(LONG, None, {0: 0, 1: 0, 2: 0})
+    choice = router.choose("something else entirely " * 4, None, {0: 3, 1: 1, 2: 2})
+    assert (choice.replica, choice.reason) == (1, "least_loaded")
+
+
+def test_imbalance_overrides_affinity():
+    router = Router(RouterConfig(imbalanced_threshold=4))
+    warm = router.choose(LONG, "s1", {0: 0, 1: 0}).replica
+    cold = 1 - warm
+    choice = router.choose(LONG, "s1", {warm: 9, cold: 0})
+    assert (choice.replica, choice.reason) == (cold, "least_loaded")
+    assert router.choose(LONG, "s1", {warm: 4, cold: 0}).replica == warm  # within the threshold
+
+
+def test_sessions_are_sticky_and_consistent():
+    router = Router()
+    loads = {r: 0 for r in range(4)}
+    homes = {f"s{i}": router.choose(f"turn {i}", f"s{i}", loads).replica for i in range(40)}
+    assert len(set(homes.values())) > 1  # spread over replicas
+    for s, home in homes.items():
+        assert router.choose("a different prompt", s, loads).replica == home
+    # replica 2 goes away: only its sessions move
+    without = {r: 0 for r in (0, 1, 3)}
+    for s, home in homes.items():
+        if home != 2:
+            assert rendezvous(s, sorted(without)) == home
+
+
+def test_reset_forgets_a_replica():
+    router = Router()
+    warm = router.choose(LONG, None, {0: 0, 1: 0}).replica
+    router.reset(warm)
+    assert router.tree(warm).match(LONG) == 0
+
+
+def test_no_replica_is_an_error():
+    with pytest.raises(ValueError):
+        Router().choose("x", None, {})
+
+
+def test_routing_text():
+    chat = {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]}  # fmt: skip
+    assert routing_text(chat) == "<system>S<user>hi"
+    assert routing_text({"prompt": "abc"}) == "abc"
+    assert routing_text({"prompt": ["abc", "def"]}) == "abc"
+    assert routing_text({"prompt": [1, 2, 3]}) == "1 2 3"
+    assert routing_text({"prompt": None}) == ""
+
+
+def test_merge_metrics_labels_every_sample_once_per_family():
+    text = (
+        "# HELP a:x_total X.\n# TYPE a:x_total counter\na:x_total 3.0\n"
+        '# HELP a:h H.\n# TYPE a:h histogram\na:h_bucket{le="1.0",model_name="m"} 1.0\n'
+    )
+    merged = merge_metrics({0: text, 1: text})
+    assert merged.count("# TYPE a:x_total counter") == 1
+    assert 'a:x_total{replica="0"} 3.0' in merged and 'a:x_total{replica="1"} 3.0' in merged
+    assert 'a:h_bucket{replica="1",le="1.0",model_name="m"} 1.0' in merged
+    lines = merged.splitlines()  # a family's samples follow its header
+    assert lines.index('a:x_total{replica="1"} 3.0') < lines.index("# HELP a:h H.")
+
+
+def test_replica_argv_drops_the_front_flags():
+    argv = [
+        "smollm2-135m", "-dp", "2", "--host", "0.0.0.0", "--port=9000", "--api-key", "k",
+        "--allowed-hosts", "a", "b", "--max-model-len", "512", "--replica-cpu-binding", "0|1",
+    ]  # fmt: skip
+    assert replica_argv(argv) == ["smollm2-135m", "--max-model-len", "512"]
+
+
+def test_split_cores():
+    groups = split_cores(2)
+    assert len(groups) == 2 and all(groups)
+    usable = sorted(split_cores(1)[0])
+    assert split_cores(1, f"{usable[0]}") == [[usable[0]]]
+    with pytest.raises(ConfigError, match="--replica-cpu-binding"):
+        split_cores(2, "0", "--replica-cpu-binding")
+    with pytest.raises(ConfigError, match="cannot use"):
+        split_cores(1, "100000")
