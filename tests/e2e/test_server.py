@@ -624,7 +624,7 @@ def test_async_llm_generate_cancel_and_errors(tiny_llama) -> None:
     [
         (["--speculative-config", "{not json"], "not valid JSON"),
         (["--speculative-config", '{"method": "telepathy"}'], "telepathy"),
-        (["--tensor-parallel-size", "2"], "tensor-parallel-size"),
+        (["--pipeline-parallel-size", "2"], "pipeline-parallel-size"),
     ],
 )
 def test_serve_bad_flags_exit_2(tiny_llama, capsys, flags: list[str], needle: str) -> None:
