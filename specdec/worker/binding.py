@@ -24,16 +24,27 @@ def _parse_cores(text: str) -> list[int]:
     return cores
 
 
+def parse_cores(text: str) -> list[int]:
+    """``"0-3,6"`` -> [0, 1, 2, 3, 6]; ValueError for a malformed list."""
+    return _parse_cores(text)
+
+
+def even_split(usable: list[int], num_groups: int) -> list[list[int]]:
+    """``usable`` split evenly into ``num_groups`` (more groups than cores: they share, round
+    robin; slow, correct)."""
+    if num_groups > len(usable):
+        return [[usable[g % len(usable)]] for g in range(num_groups)]
+    per = len(usable) // num_groups
+    return [usable[g * per : (g + 1) * per] for g in range(num_groups)]
+
+
 def parse_cpu_binding(binding: str | None, num_ranks: int) -> list[list[int]]:
     """Each rank's cores. A binding naming cores this process cannot use, or a count of
     groups other than ``num_ranks``, is a one-line ``ConfigError`` naming ``cpu_binding``."""
     usable = sorted(os.sched_getaffinity(0))
     binding = binding if binding is not None else os.environ.get(BIND_ENV) or None
     if binding is None:
-        if num_ranks > len(usable):  # NOTE: more ranks than cores: they share (slow, correct)
-            return [[usable[r % len(usable)]] for r in range(num_ranks)]
-        per = len(usable) // num_ranks
-        return [usable[r * per : (r + 1) * per] for r in range(num_ranks)]
+        return even_split(usable, num_ranks)
     try:
         groups = [_parse_cores(g) for g in binding.split("|")]
     except ValueError:

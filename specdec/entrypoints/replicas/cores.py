@@ -6,17 +6,7 @@ from __future__ import annotations
 import os
 
 from specdec.config import ConfigError
-
-
-def _parse_cores(text: str) -> list[int]:
-    cores: list[int] = []
-    for part in text.split(","):
-        lo, _, hi = part.strip().partition("-")
-        first, last = int(lo), int(hi or lo)
-        if last < first:
-            raise ValueError(part)
-        cores.extend(range(first, last + 1))
-    return cores
+from specdec.worker.binding import even_split, parse_cores
 
 
 def split_cores(
@@ -26,12 +16,9 @@ def split_cores(
     cores: they share, round robin). A bad binding is a one-line ``ConfigError`` naming ``field``."""
     usable = sorted(os.sched_getaffinity(0))
     if binding is None:
-        if num_groups > len(usable):
-            return [[usable[g % len(usable)]] for g in range(num_groups)]
-        per = len(usable) // num_groups
-        return [usable[g * per : (g + 1) * per] for g in range(num_groups)]
+        return even_split(usable, num_groups)
     try:
-        groups = [_parse_cores(g) for g in binding.split("|")]
+        groups = [parse_cores(g) for g in binding.split("|")]
     except ValueError:
         raise ConfigError(f"{field} {binding!r}: expected core lists like '0-3|4-7'") from None
     if len(groups) != num_groups:
