@@ -138,7 +138,14 @@ def _native_build():
         name=KERNELS_EXT,
         sources=[
             os.path.join(CSRC, f)
-            for f in ("ops.cpp", "layer.cpp", "head.cpp", "kernels_portable.cpp", "kquants.cpp")
+            for f in (
+                "ops.cpp",
+                "layer.cpp",
+                "allreduce.cpp",
+                "head.cpp",
+                "kernels_portable.cpp",
+                "kquants.cpp",
+            )
         ],
         include_dirs=[os.path.abspath(CSRC)],
         extra_compile_args=list(COMMON_FLAGS),
@@ -146,6 +153,7 @@ def _native_build():
     ext.depends = [
         os.path.join(CSRC, f)
         for f in (
+            "allreduce.h",
             "amx_tiles.h",
             "half.h",
             "head_chunks.h",

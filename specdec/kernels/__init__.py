@@ -827,11 +827,14 @@ class NativeOps(KernelOps):
         starts: list[int],
         counts: list[int],
         capture: list[int],
+        reducer: Any = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """``decoder_layer`` results run in order in one native call: the last one's output, and
-        the input of each layer index in ``capture``. ``rope[i]`` picks layer i's (cos, sin)."""
+        the input of each layer index in ``capture``. ``rope[i]`` picks layer i's (cos, sin).
+        ``reducer`` (a ``_C.ShmReducer``, tensor parallelism) sums the ranks' o_proj and
+        down_proj outputs inside each layer."""
         return self._C.forward_layers(
-            layers, x, cos, sin, rope, k_caches, v_caches, slots, starts, counts, capture
+            layers, x, cos, sin, rope, k_caches, v_caches, slots, starts, counts, capture, reducer
         )
 
     def attention(

@@ -7,7 +7,7 @@ linear layers; attention runs per sequence against that sequence's KV slot.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -120,13 +120,13 @@ class LlamaModel:
         # The whole layer stack as one native call (kernels/csrc/layer.cpp: forward_layers) when
         # the native kernels run; the Python _layer below is the same computation, op by op
         # (CUDA, torch kernels, tests).
-        # NOTE: mixture-of-experts layers run the Python layer (moe.py), not the fused one; the
-        # fused stack has no all-reduce inside, so tensor-parallel ranks run _layer too
+        # NOTE: mixture-of-experts layers run the Python layer (moe.py), not the fused one;
+        # tensor-parallel ranks run the fused stack when their all-reduce is the native one
         self.use_fused_layers = ops.supports_fused_layers and (
             dtype == torch.float32
             and device.type == "cpu"
             and not self.cfg.num_experts
-            and tp is None
+            and (tp is None or tp.native_reducer is not None)
         )
         self._fused: list | None = None
         self._rope_index: list[int] | None = None  # per layer: which rotary table it uses
@@ -298,7 +298,7 @@ class LlamaModel:
                     thetas.index(self.cfg.layer_rope_theta(i)) for i in range(len(self.layers))
                 ]
             want = [i for i in capture if 0 <= i < n]
-            x, got = self.ops.forward_layers(
+            x, got = self._forward_fused(
                 self._fused_layers()[:n],
                 x,
                 [self._rotary[t].cos[positions] for t in thetas],
@@ -310,6 +310,7 @@ class LlamaModel:
                 batch.start_pos,
                 batch.num_tokens,
                 want,
+                self.tp.native_reducer if self.tp is not None else None,
             )
             taken.update(zip(want, got))
         else:
@@ -324,10 +325,20 @@ class LlamaModel:
         taken[HIDDEN_FINAL] = final
         return final, torch.cat([taken[i] for i in capture], dim=-1)
 
+    def _forward_fused(self, *args: Any) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """``ops.forward_layers``; under tensor parallelism a failed all-reduce inside it is a
+        ``TPError`` (an executor fault), not a bare RuntimeError."""
+        if self.tp is None:
+            return self.ops.forward_layers(*args)
+        try:
+            return self.ops.forward_layers(*args)
+        except RuntimeError as e:
+            raise self.tp.error(e) from None
+
     def _fused_layers(self) -> list:
         if self._fused is None:
             self._fused = [
-                self.ops.decoder_layer(self.cfg, i, lw) for i, lw in enumerate(self.layers)
+                self.ops.decoder_layer(self.shard_cfg, i, lw) for i, lw in enumerate(self.layers)
             ]
         return self._fused
 

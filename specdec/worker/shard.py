@@ -119,7 +119,10 @@ def shard_checkpoint(ckpt: LoadedCheckpoint, rank: int, size: int) -> LoadedChec
         leaf = name.split(".")[2] if name.startswith("layers.") else ""
         if leaf in rows_of:
             tensors[name] = _rows(raw, rows_of[leaf])
-        elif leaf in cols_of and not name.endswith(".bias"):
+        elif leaf in cols_of and name.endswith(".bias"):
+            if rank == 0:  # NOTE: added once, by rank 0's partial sum, not once per rank
+                tensors[name] = raw
+        elif leaf in cols_of:
             tensors[name] = _cols(raw, *cols_of[leaf])
         else:
             tensors[name] = raw

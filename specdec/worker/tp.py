@@ -63,58 +63,51 @@ class LoadArgs:
     tokenizer: str | None
 
 
-SHM_CAP = 1 << 20  # float32 elements per rank and buffer (4 MiB); larger tensors go through gloo
+SHM_CAP = 1 << 20  # float32 elements per rank and buffer (4 MiB); larger tensors go in rounds
 _SHM_HEADER = 4096  # one 64-byte line of flags per rank
 
 
 class ShmAllReduce:
     """The all-reduce of one host through a shared /dev/shm file (the DeepSpeed / vLLM-CPU
-    pattern): each rank writes its tensor into its slot and bumps its sequence flag, waits for
-    every flag, then sums the slots in rank order, so every rank gets the same bits, batch
-    after batch. Two buffers alternate: a rank that passed round s + 1's wait knows every peer
-    finished reading round s, whose buffer round s + 2 reuses. x86 keeps stores in order, so a
-    flag is never seen before its data."""
+    pattern), run by the native ``_C.ShmReducer`` (kernels/csrc/allreduce.cpp): each rank
+    writes its tensor into its slot and bumps its sequence flag, waits for every flag, then
+    sums the slots in rank order, so every rank gets the same bits, batch after batch. The
+    same native object serves the fused layer stack (``native``) and the Python layers, so
+    they share one round counter."""
 
     def __init__(self, path: str, rank: int, size: int, watch: Callable[[], None]) -> None:
+        from specdec.kernels import native_module
+
         nbytes = _SHM_HEADER + 2 * size * SHM_CAP * 4
-        mm = np.memmap(path, dtype=np.uint8, mode="r+", shape=(nbytes,))
-        self._flags = np.frombuffer(mm, dtype=np.int64, count=size * 8).reshape(size, 8)[:, 0]
-        self._data = np.frombuffer(mm, np.float32, 2 * size * SHM_CAP, _SHM_HEADER)
-        self._data = self._data.reshape(2, size, SHM_CAP)
-        self.rank, self.size, self._seq, self._watch = rank, size, 0, watch
+        self._mm = np.memmap(path, dtype=np.uint8, mode="r+", shape=(nbytes,))
+        flags = torch.from_numpy(np.frombuffer(self._mm, np.int64, size * 8).reshape(size, 8))
+        data = np.frombuffer(self._mm, np.float32, 2 * size * SHM_CAP, _SHM_HEADER)
+        data = torch.from_numpy(data.reshape(2, size, SHM_CAP))
+
+        def reason() -> str | None:  # NOTE: the native wait calls it; it must not raise
+            try:
+                watch()
+            except TPError as e:
+                return str(e)
+            return None
+
+        self.native = native_module().ShmReducer(flags, data, rank, size, reason, TIMEOUT_S)
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H] summed
-        n = t.numel()
-        self._seq += 1
-        buf = self._data[self._seq % 2]
-        buf[self.rank, :n] = t.numpy().reshape(-1)
-        self._flags[self.rank] = self._seq
-        self._wait(self._seq)
-        out = buf[0, :n].copy()
-        for r in range(1, self.size):
-            out += buf[r, :n]
-        return torch.from_numpy(out).view(t.shape)
-
-    def _wait(self, seq: int) -> None:
-        spins, deadline = 0, time.monotonic() + TIMEOUT_S
-        while self._flags.min() < seq:
-            spins += 1
-            # NOTE: spin, then yield, then nap: ranks may share cores (4 ranks on 2, or a
-            # loaded host), where a spinning rank would steal the time of the one it waits for
-            if spins > 2000:
-                time.sleep(20e-6)
-            elif spins > 200:
-                os.sched_yield()
-            if spins % 2000 == 0:
-                self._watch()
-                if time.monotonic() > deadline:
-                    raise TPError("tensor-parallel all-reduce timed out (a rank stopped answering)")
+        try:
+            return self.native.reduce(t)
+        except RuntimeError as e:
+            raise TPError(_first_line(e)) from None
 
 
 def make_shm_file(size: int) -> str | None:
-    """A zeroed /dev/shm file for ``ShmAllReduce`` (None where there is none, or
-    SPECDEC_TP_SHM=0: gloo alone)."""
+    """A zeroed /dev/shm file for ``ShmAllReduce`` (None where there is none, where the native
+    kernels are not built, or SPECDEC_TP_SHM=0: gloo alone)."""
+    from specdec.kernels import native_available
+
     if os.environ.get("SPECDEC_TP_SHM", "1") == "0" or not os.path.isdir("/dev/shm"):
+        return None
+    if not native_available():
         return None
     path = f"/dev/shm/specdec-tp-{os.getpid()}-{os.urandom(4).hex()}"
     with open(path, "wb") as f:
@@ -139,13 +132,22 @@ class TPGroup:
         self._shm = ShmAllReduce(shm_path, rank, size, watch) if shm_path else None
         self._kv_ids: weakref.WeakKeyDictionary[KVCache, int] = weakref.WeakKeyDictionary()
 
+    @property
+    def native_reducer(self) -> Any:
+        """The native shared-memory all-reduce the fused layer stack calls (None: gloo only)."""
+        return self._shm.native if self._shm is not None else None
+
+    def error(self, e: BaseException) -> TPError:
+        """``e`` (a failed collective) as the one-line executor fault."""
+        return e if isinstance(e, TPError) else TPError(_first_line(e))
+
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:  # [T, H] summed over ranks
         """Sum in rank order (rank 0 + rank 1 + ...), whatever the batch: rows stay
         batch-invariant at a given TP size. NOTE: gloo's ring all-reduce adds in an order that
         depends on an element's chunk (so on the batch size) above 2 ranks; at 2 ranks a + b
         is commutative, so its all-reduce is already exact."""
         t = t.contiguous()
-        if self._shm is not None and t.numel() <= SHM_CAP and t.dtype == torch.float32:
+        if self._shm is not None and t.dtype == torch.float32:
             return self._shm(t)
         try:
             if self.size == 2:

@@ -111,6 +111,42 @@ def test_tp2_is_close_to_tp1_and_kv_mirrors_prefix_reuse(tiny_llama) -> None:
     two.engine.shutdown()
 
 
+def test_tp2_fused_stack_equals_python_layers_over_gloo(tiny_llama, monkeypatch) -> None:
+    """The fused layer stack with the native shared-memory all-reduce inside gives the bits of
+    the Python layers reduced by gloo (at 2 ranks both add rank 0 + rank 1)."""
+    fused = _llm(str(tiny_llama), 2)
+    assert fused.engine.model.use_fused_layers
+    ids = [5, 17, 33, 2, 9, 100, 7, 64]
+    want, tokens = _logits(fused, ids), _tokens(fused, PROMPTS, SEEDED)
+    fused.engine.shutdown()
+    monkeypatch.setenv("SPECDEC_TP_SHM", "0")
+    slow = _llm(str(tiny_llama), 2)
+    assert not slow.engine.model.use_fused_layers
+    assert torch.equal(_logits(slow, ids), want)
+    assert _tokens(slow, PROMPTS, SEEDED) == tokens
+    slow.engine.shutdown()
+
+
+def test_row_parallel_biases_are_added_once(tmp_path) -> None:
+    """o_proj and down_proj biases (Llama's attention_bias / mlp_bias) belong to rank 0's
+    partial sum only: TP 2 stays close to TP 1 (each rank adding them would double them)."""
+    from safetensors.torch import load_file, save_file
+
+    from tests.conftest import make_tiny_model
+
+    folder = make_tiny_model(tmp_path / "biased", "llama", 9, 2, attention_bias=True, mlp_bias=True)
+    weights = load_file(folder / "model.safetensors")
+    g = torch.Generator().manual_seed(9)
+    for name, t in weights.items():
+        if name.endswith(("o_proj.bias", "down_proj.bias")):
+            weights[name] = torch.randn(t.shape, generator=g)
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    one, two = _llm(str(folder), 1), _llm(str(folder), 2)
+    ids = [5, 17, 33, 2, 9, 100, 7, 64]
+    assert (_logits(one, ids) - _logits(two, ids)).abs().max().item() < 1e-3
+    two.engine.shutdown()
+
+
 def test_smollm2_tp2_eagle3_and_ngram_exact_and_close_to_tp1() -> None:
     from specdec.model.registry import ModelNotFoundError, resolve_model_path
 

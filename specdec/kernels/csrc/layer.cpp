@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "allreduce.h"
 #include "ops.h"
 
 namespace specdec {
@@ -109,7 +110,8 @@ class DecoderLayer {
     // starts[s]... of KV slot slots[s].  Returns the layer's output [T, hidden].
     torch::Tensor forward(torch::Tensor x, torch::Tensor cos, torch::Tensor sin,
                           torch::Tensor k_cache, torch::Tensor v_cache, const std::vector<int64_t>& slots,
-                          const std::vector<int64_t>& starts, const std::vector<int64_t>& counts) {
+                          const std::vector<int64_t>& starts, const std::vector<int64_t>& counts,
+                          ShmReducer* reducer = nullptr) {
         const int64_t T = x.size(0), D = D_;
         TORCH_CHECK(slots.size() == starts.size() && slots.size() == counts.size(),
                     "DecoderLayer: slots, starts and counts differ in length");
@@ -188,6 +190,7 @@ class DecoderLayer {
             write(k_cache.data_ptr<float>(), v_cache.data_ptr<float>());
         torch::Tensor attn = attention_seqs(qr, k_cache, v_cache, slots, starts, counts, scale_, window_, softcap_);
         torch::Tensor o = o_(attn.view({T, nq}));
+        if (reducer != nullptr) o = reducer->reduce(o);  // tensor parallel: the ranks' partial sums
         if (post_attn_out_norm_.has_value()) o = rms_norm(o, *post_attn_out_norm_, eps_);
         x = x + o;
 
@@ -197,6 +200,7 @@ class DecoderLayer {
         torch::Tensor gate = gu.narrow(1, 0, I_), up = gu.narrow(1, I_, I_);
         torch::Tensor act = gelu_ ? at::gelu(gate, "tanh") : at::silu(gate);
         torch::Tensor mlp = down_(act * up);
+        if (reducer != nullptr) mlp = reducer->reduce(mlp);
         if (post_ffw_norm_.has_value()) mlp = rms_norm(mlp, *post_ffw_norm_, eps_);
         return x + mlp;
     }
@@ -217,12 +221,14 @@ class DecoderLayer {
 // per-layer Python loop cost 2-6% of a decode step (benchmarks/layer_loop_ab.py).  Every argument
 // is checked before the first layer writes its cache.  rope[i] picks layer i's
 // cos / sin pair; k_caches / v_caches hold every layer's cache along dim 0.  Returns the last
-// layer's output and, for each index in capture, the residual stream entering that layer.
+// layer's output and, for each index in capture, the residual stream entering that layer.  Under
+// tensor parallelism, reducer sums the ranks' o_proj and down_proj outputs inside each layer (every
+// rank runs this same call on its shard, in lockstep).
 std::tuple<torch::Tensor, std::vector<torch::Tensor>> forward_layers(
     const std::vector<DecoderLayer*>& layers, torch::Tensor x, const std::vector<torch::Tensor>& cos,
     const std::vector<torch::Tensor>& sin, const std::vector<int64_t>& rope, const torch::Tensor& k_caches,
     const torch::Tensor& v_caches, const std::vector<int64_t>& slots, const std::vector<int64_t>& starts,
-    const std::vector<int64_t>& counts, const std::vector<int64_t>& capture) {
+    const std::vector<int64_t>& counts, const std::vector<int64_t>& capture, ShmReducer* reducer) {
     const int64_t n = static_cast<int64_t>(layers.size());
     TORCH_CHECK(static_cast<int64_t>(rope.size()) == n, "forward_layers: one rope index per layer");
     TORCH_CHECK(cos.size() == sin.size(), "forward_layers: as many cos as sin tables");
@@ -237,7 +243,8 @@ std::tuple<torch::Tensor, std::vector<torch::Tensor>> forward_layers(
     for (int64_t i = 0; i < n; ++i) {
         for (size_t c = 0; c < capture.size(); ++c)
             if (capture[c] == i) taken[c] = x;
-        x = layers[i]->forward(x, cos[rope[i]], sin[rope[i]], k_caches[i], v_caches[i], slots, starts, counts);
+        x = layers[i]->forward(x, cos[rope[i]], sin[rope[i]], k_caches[i], v_caches[i], slots, starts, counts,
+                               reducer);
     }
     return {x, taken};
 }
@@ -248,7 +255,7 @@ void bind_decoder_layer(py::module_& m) {
     m.def("forward_layers", &forward_layers, py::arg("layers"), py::arg("x"), py::arg("cos"),
           py::arg("sin"), py::arg("rope"), py::arg("k_caches"), py::arg("v_caches"), py::arg("slots"),
           py::arg("starts"), py::arg("counts"), py::arg("capture"),
-          py::call_guard<py::gil_scoped_release>());
+          py::arg("reducer") = static_cast<ShmReducer*>(nullptr), py::call_guard<py::gil_scoped_release>());
     py::class_<DecoderLayer>(m, "DecoderLayer")
         .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, int64_t, double,
                       const std::string&, torch::Tensor, torch::Tensor, torch::Tensor, int64_t,
@@ -270,7 +277,8 @@ void bind_decoder_layer(py::module_& m) {
              py::arg("down_parts") = std::vector<int64_t>{})
         .def("forward", &DecoderLayer::forward, py::arg("x"), py::arg("cos"), py::arg("sin"),
              py::arg("k_cache"), py::arg("v_cache"), py::arg("slots"), py::arg("starts"),
-             py::arg("counts"), py::call_guard<py::gil_scoped_release>());
+             py::arg("counts"), py::arg("reducer") = static_cast<ShmReducer*>(nullptr),
+             py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace specdec

@@ -34,6 +34,9 @@ torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tens
 // Registers the DecoderLayer class (layer.cpp).
 void bind_decoder_layer(py::module_& m);
 
+// Registers the ShmReducer class (allreduce.cpp).
+void bind_allreduce(py::module_& m);
+
 // Registers the Eagle3Head class (head.cpp).
 void bind_eagle3_head(py::module_& m);
 
