@@ -83,25 +83,47 @@ def allreduce(args: argparse.Namespace) -> None:
         os.unlink(shm)
 
 
-def _decode_tps(model: str, tp: int, threads: int | None, tokens: int) -> float:
+def _decode_tps(model: str, tp: int, threads: int | None, tokens: int, act: str) -> float:
     from specdec import LLM, SamplingParams
 
-    llm = LLM(model, max_model_len=512, tensor_parallel_size=tp, threads=threads)
+    llm = LLM(model, max_model_len=512, tensor_parallel_size=tp, threads=threads,
+              activation_dtype=act)  # fmt: skip
     sp = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     llm.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
-    start = time.perf_counter()
-    out = llm.generate(PROMPTS[:1], sp, use_tqdm=False)[0]
-    elapsed = time.perf_counter() - start
+    rates = []
+    for _ in range(3):
+        start = time.perf_counter()
+        out = llm.generate(PROMPTS[:1], sp, use_tqdm=False)[0]
+        rates.append(len(out.outputs[0].token_ids) / (time.perf_counter() - start))
     llm.engine.shutdown()
-    return len(out.outputs[0].token_ids) / elapsed
+    return statistics.median(rates)
 
 
 def decode(args: argparse.Namespace) -> None:
+    """TP 1 x 2 threads and TP 2 x 1 thread a rank, alternated ``rounds`` times; medians."""
     cores = len(os.sched_getaffinity(0))
-    one = _decode_tps(args.model, 1, 2, args.tokens)
-    two = _decode_tps(args.model, 2, None, args.tokens)
-    print(f"{args.model}: decode TP 1 x 2 threads {one:.1f} tok/s, TP 2 x 1 thread {two:.1f} "
-          f"tok/s, ratio {two / one:.2f} ({cores} usable cores)")  # fmt: skip
+    one, two = [], []
+    for _ in range(args.rounds):
+        one.append(_decode_tps(args.model, 1, 2, args.tokens, args.activation_dtype))
+        two.append(_decode_tps(args.model, 2, None, args.tokens, args.activation_dtype))
+    a, b = statistics.median(one), statistics.median(two)
+    print(f"{args.model} ({args.activation_dtype} activations): decode TP 1 x 2 threads "
+          f"{a:.1f} tok/s, TP 2 x 1 thread {b:.1f} tok/s, ratio {b / a:.2f} "
+          f"({cores} usable cores; rounds {one} / {two})")  # fmt: skip
+
+
+def _first_logits(llm, prompts: list[str]) -> list:
+    """Each prompt's next-token logits (one forward of the whole prompt)."""
+    from specdec.model.llama import SeqBatch
+
+    m, out = llm.engine.model, []
+    for p in prompts:
+        ids = llm.get_tokenizer().encode(p)
+        kv = m.make_kv_cache(1, len(ids) + 1)
+        batch = SeqBatch([0], [0], [len(ids)])
+        h = m.forward(torch.tensor(ids), torch.arange(len(ids)), batch, kv)
+        out.append(m.compute_logits(h[-1:])[0])
+    return out
 
 
 def agree(args: argparse.Namespace) -> None:
@@ -109,14 +131,18 @@ def agree(args: argparse.Namespace) -> None:
 
     prompts = [f"{PROMPTS[i % len(PROMPTS)]} ({i})" for i in range(args.prompts)]
     sp = SamplingParams(temperature=0, max_tokens=args.tokens)
-    texts = {}
+    texts, logits = {}, {}
     for tp in (1, 2):
-        llm = LLM(args.model, max_model_len=512, tensor_parallel_size=tp)
+        llm = LLM(args.model, max_model_len=512, tensor_parallel_size=tp,
+                  activation_dtype=args.activation_dtype)  # fmt: skip
         texts[tp] = [o.outputs[0].text for o in llm.generate(prompts, sp, use_tqdm=False)]
+        logits[tp] = _first_logits(llm, prompts)
         llm.engine.shutdown()
     same = sum(a == b for a, b in zip(texts[1], texts[2]))
-    print(f"{args.model}: TP 2 greedy text equals TP 1 on {same}/{len(prompts)} prompts "
-          f"x {args.tokens} tokens")  # fmt: skip
+    diff = max((a - b).abs().max().item() for a, b in zip(logits[1], logits[2]))
+    print(f"{args.model} ({args.activation_dtype} activations): TP 2 greedy text equals TP 1 on "
+          f"{same}/{len(prompts)} prompts x {args.tokens} tokens; next-token logits after each "
+          f"prompt differ by at most {diff:.2e}")  # fmt: skip
 
 
 def main() -> None:
@@ -131,10 +157,13 @@ def main() -> None:
     d = sub.add_parser("decode")
     d.add_argument("--model", default="smollm2-135m")
     d.add_argument("--tokens", type=int, default=128)
+    d.add_argument("--rounds", type=int, default=2)
+    d.add_argument("--activation-dtype", default="auto")
     g = sub.add_parser("agree")
     g.add_argument("--model", default="smollm2-135m")
     g.add_argument("--prompts", type=int, default=30)
     g.add_argument("--tokens", type=int, default=128)
+    g.add_argument("--activation-dtype", default="auto")
     args = ap.parse_args()
     {"allreduce": allreduce, "decode": decode, "agree": agree}[args.cmd](args)
 

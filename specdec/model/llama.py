@@ -104,14 +104,22 @@ class LlamaModel:
         self._cache = weight_cache
         self.layers = [self._load_layer(t, i, quantization) for i in range(self.cfg.num_layers)]
         self.norm = self._vec(t["norm"])
-        tied = self.cfg.tie_word_embeddings
+        # NOTE: under tensor parallelism the output layer is this rank's vocabulary rows
+        # (worker/shard.py), never the (whole) embedding
+        tied = self.cfg.tie_word_embeddings and tp is None
         embed = self._linear("embed_tokens", [t["embed_tokens"]], [None], quantization, tied)
         # NOTE: tied models read their embeddings from the output layer's (quantized) rows.
         self._embed: PackedWeight = embed.weight
+        self.vocab_range: tuple[int, int] | None = None  # tensor parallel: this rank's rows
         if tied:
             self.lm_head = embed
         else:
             self.lm_head = self._linear("lm_head", [t["lm_head"]], [None], quantization)
+        if tp is not None:
+            from specdec.worker.shard import vocab_range
+
+            self.vocab_rows = t["embed_tokens"].shape[0]
+            self.vocab_range = vocab_range(self.vocab_rows, tp.rank, tp.size)
         freq_factors = t["rope_freqs"].to_float() if "rope_freqs" in t else None
         self._rotary: dict[float, Rotary] = {}
         for theta in {self.cfg.layer_rope_theta(i) for i in range(self.cfg.num_layers)}:
@@ -343,7 +351,17 @@ class LlamaModel:
         return self._fused
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [R, H] -> [R, V] float32
-        logits = self.lm_head(hidden).float()
+        """Logits of ``hidden``'s rows. Under tensor parallelism rank 0 first sends the rows to
+        the workers; each rank computes its vocabulary rows, and an all-reduce of the rows
+        placed among zeros gathers them (adding zeros changes no bit)."""
+        if self.vocab_range is None:
+            logits = self.lm_head(hidden).float()
+        else:
+            self.tp.send_logits(hidden)
+            lo, hi = self.vocab_range
+            full = torch.zeros(hidden.shape[0], self.vocab_rows, device=self.device)
+            full[:, lo:hi] = self.lm_head(hidden).float()
+            logits = self.tp.all_reduce(full)
         cap = self.cfg.final_logit_softcapping
         if cap:
             logits = torch.tanh(logits / cap) * cap

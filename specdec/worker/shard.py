@@ -2,8 +2,9 @@
 
 q/k/v (and their biases) and gate/up split by output rows (heads, intermediate columns);
 o_proj and down_proj split by input columns, so each rank's partial sums add up to the whole
-(one all-reduce each per layer). Norms, embeddings and the LM head stay replicated (see
-``LlamaModel.compute_logits``: rank 0 alone computes logits).
+(one all-reduce each per layer). Norms and embeddings stay replicated; the output layer splits
+by vocabulary rows, each rank's logits gathered through the all-reduce (see
+``LlamaModel.compute_logits``).
 
 Heads split as evenly as the ranks allow, not only by divisors: SmolLM2-135M has 9 query
 heads over 3 KV heads, so TP 2 gives ranks 5 and 4 heads. A rank keeps the KV heads its query
@@ -69,6 +70,11 @@ def plan_shard(arch: ArchConfig, rank: int, size: int) -> ShardPlan:
     return ShardPlan(q_lo, q_hi, kv, f_lo, f_hi)
 
 
+def vocab_range(rows: int, rank: int, size: int) -> tuple[int, int]:
+    """[lo, hi) of the output layer's ``rows`` (vocabulary entries) that the rank computes."""
+    return _even(rows, rank, size, 64)
+
+
 def shard_arch(arch: ArchConfig, plan: ShardPlan) -> ArchConfig:
     """The shapes one rank computes with (its heads, its intermediate columns)."""
     return dataclasses.replace(
@@ -126,4 +132,9 @@ def shard_checkpoint(ckpt: LoadedCheckpoint, rank: int, size: int) -> LoadedChec
             tensors[name] = _cols(raw, *cols_of[leaf])
         else:
             tensors[name] = raw
+    # NOTE: the output layer splits by vocabulary (each rank's logits gathered on rank 0); the
+    # embedding stays whole, also where it is tied to the output layer
+    head = ckpt.tensors.get("lm_head", ckpt.tensors["embed_tokens"])
+    lo, hi = vocab_range(head.shape[0], rank, size)
+    tensors["lm_head"] = _rows(head, np.arange(lo, hi))
     return dataclasses.replace(ckpt, tensors=tensors)

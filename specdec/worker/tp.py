@@ -184,6 +184,11 @@ class TPGroup:
             kv.mirror = self._mirror(kv_id)
         self.workers.send(("forward", kv_id, input_ids, positions, batch, capture, num_layers))
 
+    def send_logits(self, hidden: torch.Tensor) -> None:
+        """Rank 0: hand the rows whose logits it computes next to every worker."""
+        if self.workers is not None:
+            self.workers.send(("logits", None, hidden))
+
     def _mirror(self, kv_id: int) -> Callable[[str, tuple], None]:
         workers = self.workers
 
@@ -357,7 +362,8 @@ def _load_shard(load: LoadArgs, group: TPGroup) -> LlamaModel:
 
 
 def _run(model: LlamaModel, kvs: dict[int, KVCache], cmd: tuple) -> None:
-    """One command from rank 0: make a KV cache, mirror a change to one, or run a forward."""
+    """One command from rank 0: make a KV cache, mirror a change to one, run a forward, or
+    compute this rank's logits of some rows."""
     kind, kv_id, *args = cmd
     if kind == "make_kv":
         num_layers, num_slots, max_len = args[0]
@@ -365,6 +371,8 @@ def _run(model: LlamaModel, kvs: dict[int, KVCache], cmd: tuple) -> None:
     elif kind == "kv":
         method, margs = args
         getattr(kvs[kv_id], method)(*margs)
+    elif kind == "logits":
+        model.compute_logits(args[0])
     else:
         input_ids, positions, batch, capture, num_layers = args
         model.forward_capture(input_ids, positions, batch, kvs[kv_id], capture, num_layers)

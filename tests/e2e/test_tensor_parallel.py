@@ -103,6 +103,11 @@ def test_tp2_is_close_to_tp1_and_kv_mirrors_prefix_reuse(tiny_llama) -> None:
     one, two = _llm(str(tiny_llama), 1), _llm(str(tiny_llama), 2, enable_prefix_caching=True)
     ids = [5, 17, 33, 2, 9, 100, 7, 64]
     assert (_logits(one, ids) - _logits(two, ids)).abs().max().item() < 1e-3
+    # the output layer split by vocabulary rows, gathered: the same bits as the whole one
+    lo, hi = two.engine.model.vocab_range
+    assert lo == 0 < hi < two.engine.model.vocab_rows and one.engine.model.vocab_range is None
+    h = torch.randn(3, one.engine.model.cfg.hidden_size, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(one.engine.model.compute_logits(h), two.engine.model.compute_logits(h))
     # a second pass reuses cached prefixes (a slot copy on rank 0, mirrored to the workers)
     for llm in (one, two):
         _tokens(llm, PROMPTS, GREEDY)
