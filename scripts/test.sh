@@ -6,4 +6,4 @@ bash scripts/setup.sh test
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
-exec .venv/bin/python -m pytest -q "$@"
+exec .venv/bin/python -m pytest -q --durations=40 "$@"

@@ -310,10 +310,13 @@ class EngineConfig:
                 f"distributed_executor_backend must be one of {', '.join(EXECUTOR_BACKENDS)}, "
                 f"got {backend!r}"
             )
-        if backend == "ray":
-            raise ConfigError(
-                "distributed_executor_backend ray is not built yet; use mp (one host)"
-            )
+        if backend == "ray" and self.tensor_parallel_size > 1:
+            import importlib.util
+
+            if importlib.util.find_spec("ray") is None:
+                raise ConfigError(
+                    "distributed_executor_backend ray needs Ray: pip install 'specdec[ray]'"
+                )
         if backend == "uni" and self.tensor_parallel_size > 1:
             raise ConfigError(
                 "distributed_executor_backend uni runs one rank; use mp for "

@@ -87,6 +87,7 @@ class UniExecutor(Executor):
 EXECUTORS: dict[str, str] = {
     "uni": "specdec.engine.executor:UniExecutor",
     "mp": "specdec.engine.mp_executor:MultiprocExecutor",
+    "ray": "specdec.engine.mp_executor:RayExecutor",
 }
 
 

@@ -203,7 +203,12 @@ def load_target(
     )  # fmt: skip
     plan_shard(load_checkpoint(resolve_model_path(config.model)).arch, 0, size)  # before spawning
     before = (os.sched_getaffinity(0), torch.get_num_threads())
-    group = start_group(load, size, cores)
+    if config.distributed_executor_backend == "ray":
+        from specdec.worker.tp_ray import start_group_ray
+
+        group = start_group_ray(load, size, cores, config.threads or len(cores[-1]))
+    else:
+        group = start_group(load, size, cores)
     group.workers.restore = before
     bind_rank(cores[0], config.threads)
     try:

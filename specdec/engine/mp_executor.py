@@ -1,4 +1,5 @@
-"""The ``mp`` executor: tensor-parallel ranks 1..N-1 in worker processes on this host.
+"""The ``mp`` and ``ray`` executors: tensor-parallel ranks 1..N-1 in worker processes on this
+host (``mp``), or in Ray actors, possibly on other hosts (``ray``, worker/tp_ray.py).
 
 Rank 0's runner is in the engine process, as with ``uni``; its model is rank 0's shard and
 drives the workers at every forward (worker/tp.py), so this class only watches them. A worker
@@ -54,3 +55,8 @@ class MultiprocExecutor(Executor):
 
     def shutdown(self) -> None:
         self.workers.stop()
+
+
+class RayExecutor(MultiprocExecutor):
+    """Rank 0 in-process, ranks 1..N-1 as Ray actors (started by ``load_target``); the same
+    lockstep, liveness read from the actors' tasks."""

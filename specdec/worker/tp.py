@@ -221,6 +221,10 @@ class MpWorkers:
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
 
+    def exit_code(self, i: int) -> int | None:
+        """Worker ``i`` (rank i + 1)'s exit status; None while it runs."""
+        return self.procs[i].poll()
+
     def send(self, cmd: tuple) -> None:
         data = pickle.dumps(cmd)  # NOTE: plain pickle: tensors by value, not by shared fd
         try:
@@ -231,19 +235,20 @@ class MpWorkers:
 
     def check(self) -> None:
         """Raise ``TPError`` when a worker has exited."""
-        for rank, p in enumerate(self.procs, start=1):
-            if p.poll() is not None:
-                raise TPError(f"tensor-parallel rank {rank} (pid {p.pid}) exited ({p.returncode})")
+        for i, pid in enumerate(self.pids):
+            code = self.exit_code(i)
+            if code is not None:
+                raise TPError(f"tensor-parallel rank {i + 1} (pid {pid}) exited ({code})")
 
     def wait_for(self, expected: str, deadline: float) -> None:
         """Wait (bounded, watching each worker) for every worker's ``expected`` message."""
-        for rank, (p, c) in enumerate(zip(self.procs, self.conns), start=1):
+        for i, c in enumerate(self.conns):
             while not c.poll(0.2):
-                if p.poll() is not None or time.monotonic() > deadline:
-                    raise TPError(f"tensor-parallel rank {rank} failed to start (pid {p.pid})")
+                if self.exit_code(i) is not None or time.monotonic() > deadline:
+                    raise TPError(f"tensor-parallel rank {i + 1} failed to start")
             kind, msg = c.recv()
             if kind != expected:
-                raise TPError(f"tensor-parallel rank {rank}: {msg}")
+                raise TPError(f"tensor-parallel rank {i + 1}: {msg}")
 
     def stop(self) -> None:
         """Close the pipes, then terminate and reap every worker (bounded)."""
@@ -259,6 +264,10 @@ class MpWorkers:
                 c.close()
             except (OSError, ValueError):
                 pass
+        self._reap()
+
+    def _reap(self) -> None:
+        """Wait (bounded) for every worker to exit, killing those that do not."""
         for p in self.procs:
             try:
                 p.wait(5)
@@ -326,19 +335,27 @@ def worker_main(
     port: int,
     load: LoadArgs,
     cores: list[int],
-    parent_pid: int,
+    parent_pid: int | None,
     shm_path: str | None,
     conn: Connection,
+    host: str = "127.0.0.1",
+    threads: int | None = None,
 ) -> None:
     """A worker rank: bind, join the group, load the shard, then run forwards until told to
-    stop (or until the pipe closes). Any error ends the process: rank 0's collective fails."""
-    _die_with_parent(parent_pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # NOTE: Ctrl-C is the engine's to handle
+    stop (or until the pipe closes). Any error ends the process: rank 0's collective fails.
+    ``parent_pid`` None (a Ray actor): no parent watch, the closed connection ends it;
+    ``cores`` empty: no binding, ``threads`` torch threads."""
+    if parent_pid is not None:
+        _die_with_parent(parent_pid)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # NOTE: Ctrl-C is the engine's to handle
     from specdec.worker.binding import bind_rank
 
-    bind_rank(cores)
+    if cores:
+        bind_rank(cores, threads)
+    elif threads:
+        torch.set_num_threads(threads)
     try:
-        store = dist.TCPStore("127.0.0.1", port, size, False, timeout=timedelta(seconds=TIMEOUT_S))
+        store = dist.TCPStore(host, port, size, False, timeout=timedelta(seconds=TIMEOUT_S))
         group = TPGroup(rank, size, None, None, shm_path)  # maps the file before rank 0 unlinks it
         conn.send(("joined", None))
         group._pg = dist.ProcessGroupGloo(store, rank, size, timedelta(seconds=TIMEOUT_S))
@@ -347,7 +364,7 @@ def worker_main(
     except Exception as e:  # noqa: BLE001 - reported to rank 0 in one line
         conn.send(("error", f"{type(e).__name__}: {_first_line(e)}"))
         os._exit(1)
-    _serve(model, conn)
+    _serve(model, conn, leave=parent_pid is not None)
 
 
 def _load_shard(load: LoadArgs, group: TPGroup) -> LlamaModel:
@@ -378,15 +395,20 @@ def _run(model: LlamaModel, kvs: dict[int, KVCache], cmd: tuple) -> None:
         model.forward_capture(input_ids, positions, batch, kvs[kv_id], capture, num_layers)
 
 
-def _serve(model: LlamaModel, conn: Connection) -> None:
+def _serve(model: LlamaModel, conn: Connection, leave: bool = True) -> None:
+    """Run rank 0's commands until told to stop; then exit the process (``leave``), or return
+    (a Ray actor, which the engine then removes)."""
     kvs: dict[int, KVCache] = {}
     while True:
         try:
             cmd = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):
-            os._exit(0)
+            cmd = None
         if cmd is None:
-            os._exit(0)
+            conn.close()
+            if leave:
+                os._exit(0)
+            return
         try:
             _run(model, kvs, cmd)
         except Exception as e:  # noqa: BLE001 - the peer's failed collective reports it

@@ -300,3 +300,34 @@ def test_serve_tp2_subprocess_sigterm_leaves_no_worker(tiny_llama) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_ray_backend_equals_mp_and_a_killed_actor_fails_the_step(tiny_llama) -> None:
+    """distributed_executor_backend="ray": rank 1 in a Ray actor (a local cluster), the same
+    tokens as mp; its process killed by its PID fails the next step, and shutdown leaves no
+    actor process."""
+    ray = pytest.importorskip("ray")
+    mp = _llm(str(tiny_llama), 2)
+    want = _tokens(mp, PROMPTS, GREEDY), _tokens(mp, PROMPTS, SEEDED)
+    mp.engine.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    try:
+        llm = _llm(str(tiny_llama), 2, distributed_executor_backend="ray")
+        assert type(llm.engine.executor).__name__ == "RayExecutor"
+        assert (_tokens(llm, PROMPTS, GREEDY), _tokens(llm, PROMPTS, SEEDED)) == want
+        llm.engine.shutdown()
+        assert _gone(llm.engine.executor.workers.pids)
+        llm = _llm(str(tiny_llama), 2, distributed_executor_backend="ray")
+        pids = llm.engine.executor.workers.pids
+        llm.engine.add_request("a b", SamplingParams(temperature=0, max_tokens=50, ignore_eos=True))
+        llm.engine.step()
+        os.kill(pids[0], signal.SIGKILL)
+        with pytest.raises(ExecutorError, match=r"^tensor-parallel ") as e:
+            for _ in range(50):
+                llm.engine.step()
+        assert "\n" not in str(e.value)
+        assert not ray.util.placement_group_table() or all(
+            g["state"] == "REMOVED" for g in ray.util.placement_group_table().values()
+        )
+    finally:
+        ray.shutdown()
