@@ -7,8 +7,8 @@ Project metadata lives in pyproject.toml; this file only adds the C++ extensions
   call), ``head.cpp`` (EAGLE-3's draft head), ``kernels_portable.cpp`` and ``kquants.cpp``
   (K-quant tiles) are compiled with the flags torch's ``BuildExtension`` uses (no ISA flags), so
   the module imports on any x86-64 CPU;
-* ``kernels_avx2.cpp`` and ``kernels_avx2_a8.cpp`` (8-bit activations on AVX2) are compiled on
-  their own with ``-mavx2 -mfma -mf16c -O3``, and
+* ``kernels_avx2.cpp``, ``kernels_avx2_a8.cpp`` (8-bit activations on AVX2) and
+  ``kernels_avx2_kq.cpp`` (the same for K-quants) are compiled on their own with ``-mavx2 -mfma -mf16c -O3``, and
   ``kernels_avx512.cpp`` with AVX-512 F/DQ/BW/VL added, ``kernels_vnni.cpp`` (8-bit activation
   kernels) with VNNI on top, ``kernels_amx.cpp`` (the same kernels on AMX-INT8 tiles) with
   ``-mamx-tile -mamx-int8`` on top of that, ``kernels_amx16.cpp`` (16-bit weights with bf16x2
@@ -47,6 +47,8 @@ ISA_UNITS = [
     ("AVX2", "kernels_avx2.cpp", AVX2_FLAGS, "SPECDEC_HAVE_AVX2"),
     # 8-bit activation kernels on AVX2 (vpmaddubsw), bit-identical to the VNNI ones
     ("AVX2 8-bit activations", "kernels_avx2_a8.cpp", AVX2_FLAGS, "SPECDEC_HAVE_AVX2A8"),
+    # K-quant 8-bit activation kernels on AVX2, bit-identical to the VNNI ones
+    ("AVX2 K-quants", "kernels_avx2_kq.cpp", AVX2_FLAGS, "SPECDEC_HAVE_AVX2KQ"),
     ("AVX-512", "kernels_avx512.cpp", AVX512_FLAGS, "SPECDEC_HAVE_AVX512"),
     ("AVX-512 VNNI", "kernels_vnni.cpp", AVX512_FLAGS + ["-mavx512vnni"], "SPECDEC_HAVE_VNNI"),
     ("AVX-512 16-bit weights", "kernels_bf16.cpp", AVX512_FLAGS, "SPECDEC_HAVE_HALF512"),

@@ -49,6 +49,7 @@ __all__ = [
     "get_ops",
     "int8_activations_fast",
     "int8_activations_pay",
+    "kquant_float_fast",
     "kquant_int8_fast",
     "kquant_native_preferred",
     "kquant_supported",
@@ -143,14 +144,26 @@ def int8_activations_pay(qtype: str) -> bool:
     every format with AVX-512 VNNI; with AVX2 the 4-bit ones only (a Q8_0 code takes two
     vpmaddubsw, about what the float kernels spend: gemma3-270m's Q8_0 layers ran 8 rows 0.9x and
     256 rows 0.74x float32's speed, SmolLM2's Q4_1 ones 1.9x and 1.5x)."""
+    if all(part in KQUANT_QTYPES for part in qtype.split("+")):  # "q4_k+q6_k": fused parts
+        return kquant_int8_fast()
     if not int8_activations_fast():
         return False
     return _C.a8_kernels() != "avx2" or qtype in ("q4_0", "q4_1")
 
 
 def kquant_int8_fast() -> bool:
-    """True when the K-quant 8-bit activation kernels run natively (AVX-512 VNNI, AVX-512
-    selected); on AVX2 they are the scalar twins."""
+    """True when the K-quant 8-bit activation kernels run natively: AVX-512 VNNI with the
+    AVX-512 table selected, or AVX2 (vpmaddubsw, kernels_avx2_kq.cpp) with a vector table."""
+    if _C is None:
+        return False
+    if hasattr(_C, "kq_kernels"):
+        return _C.kq_kernels() != "portable"
+    return bool(_C.a8_available()) and _C.isa() == "avx512"
+
+
+def kquant_float_fast() -> bool:
+    """True when K-quant weights with float activations run vector kernels (AVX-512 only; the
+    AVX2 table's float entry is the scalar twin)."""
     return _C is not None and bool(_C.a8_available()) and _C.isa() == "avx512"
 
 
@@ -220,11 +233,16 @@ def kquant_supported(qtype: str, out_features: int, in_features: int) -> bool:
     )
 
 
-def kquant_native_preferred(qtype: str, out_features: int, in_features: int) -> bool:
-    """Whether loading should keep a GGUF K-quant weight native: it can, and the 8-bit activation
-    kernels run natively here (AVX-512 VNNI).  Elsewhere Q8_0 is faster: its float kernels decode
-    in registers, while a K-quant tile needs the scalar twins there."""
-    return kquant_supported(qtype, out_features, in_features) and kquant_int8_fast()
+def kquant_native_preferred(
+    qtype: str, out_features: int, in_features: int, int8_activations: bool = True
+) -> bool:
+    """Whether loading should keep a GGUF K-quant weight native: it can, and its kernels run
+    natively here: AVX-512 VNNI (both activation types), or AVX2 when 8-bit activations will run
+    it (``int8_activations``).  Elsewhere Q8_0 is faster: its float kernels decode in registers,
+    while a K-quant tile needs the scalar twins there."""
+    if not (kquant_supported(qtype, out_features, in_features) and kquant_int8_fast()):
+        return False
+    return int8_activations or kquant_float_fast()
 
 
 class PackedWeight:

@@ -48,17 +48,17 @@ class Linear:
         return self.ops.linear(x, self.weight, self.bias)
 
 
-def _target_qtype(raw: RawTensor, quantization: str, native: bool) -> str:
+def _target_qtype(raw: RawTensor, quantization: str, native: bool, a8: bool) -> str:
     if not native or quantization == "fp32":
         return "f32"
     if quantization != "auto":
         return quantization
     if raw.qtype in QTYPES or raw.qtype in HALF_QTYPES:  # NOTE: 16-bit stays 16-bit
         return raw.qtype
-    if len(raw.shape) == 2 and kquant_native_preferred(raw.qtype, raw.shape[0], raw.shape[1]):
+    if len(raw.shape) == 2 and kquant_native_preferred(raw.qtype, raw.shape[0], raw.shape[1], a8):
         return raw.qtype
-    # NOTE: formats without a native kernel (Q5_x; K-quants of odd shapes or without VNNI) go
-    # to Q8_0: near-lossless.
+    # NOTE: formats without a native kernel (Q5_x; K-quants of odd shapes, or on AVX2 with
+    # float activations) go to Q8_0: near-lossless.
     return "q8_0" if raw.is_quantized else "f32"
 
 
@@ -76,7 +76,7 @@ def pack_linear(
     kept (each weight stored once; the model's peak while loading stays near its final size).
     """
     native = ops.name == "native"
-    kinds = [_target_qtype(r, quantization, native) for r in raws]
+    kinds = [_target_qtype(r, quantization, native, a8) for r in raws]
     if all(k in KQUANT_QTYPES for k in kinds) and all(r.shape[1] == raws[0].shape[1] for r in raws):
         # kept as they are (formats may differ by part), repacked straight into one buffer;
         # each part's file pages are mapped in one call and dropped once repacked

@@ -541,15 +541,20 @@ def test_int8_activations_fast_reflects_cpu():
     _require_native()
     feats = K.cpu_features()
     has_vnni = feats.get("avx512vnni", False) and _has_avx512(feats)
-    assert K.kquant_int8_fast() == (has_vnni and K.native_isa() == "avx512")
-    # Q8_0 / Q4_0 / Q4_1: VNNI, else AVX2's vpmaddubsw kernels, wherever a vector table runs
+    assert K.kquant_float_fast() == (has_vnni and K.native_isa() == "avx512")
+    # Q8_0 / Q4_0 / Q4_1 and K-quants: VNNI, else AVX2's vpmaddubsw kernels, wherever a vector
+    # table runs
     has_avx2 = all(feats.get(f, False) for f in ("avx2", "fma", "f16c"))
     vector = K.native_isa() in ("avx2", "avx512")
     assert K.int8_activations_fast() == (vector and (has_vnni or has_avx2))
+    assert K.kquant_int8_fast() == (vector and (has_vnni or has_avx2))
+    vnni_now = has_vnni and K.native_isa() == "avx512"
+    assert K._C.kq_kernels() == ("portable" if not vector else "avx512vnni" if vnni_now else "avx2")
     expected = "portable" if not vector else ("avx2" if not has_vnni else K.a8_kernels())
     assert K.a8_kernels() == expected
     try:
         K.set_native_isa("portable")
         assert not K.int8_activations_fast() and K.a8_kernels() == "portable"
+        assert not K.kquant_int8_fast() and K._C.kq_kernels() == "portable"
     finally:
         K.set_native_isa("auto")

@@ -28,10 +28,20 @@ def _avx512_usable() -> bool:
     return all(feats.get(f, False) for f in ("avx512f", "avx512dq", "avx512bw", "avx512vl"))
 
 
+def _avx2_usable() -> bool:
+    feats = K.cpu_features()
+    return all(feats.get(f, False) for f in ("avx2", "fma", "f16c"))
+
+
 def _isas() -> list[str]:
+    """The kernel tables to compare: AVX-512 (VNNI where the CPU has it), AVX2 and the scalar
+    twins, as far as this CPU and build run them."""
+    isas = []
     if K.native_available() and K._C.has_avx512_build() and _avx512_usable():
-        return ["avx512", "portable"]
-    return ["portable"]
+        isas.append("avx512")
+    if K.native_available() and K._C.has_avx2_build() and _avx2_usable():
+        isas.append("avx2")
+    return isas + ["portable"]
 
 
 @pytest.fixture(params=_isas())
@@ -280,26 +290,49 @@ def test_a8_batch_invariant(native, qtype):
             assert torch.equal(native.linear(x[off : off + m], w, bias), single[off : off + m])
 
 
-@pytest.mark.parametrize("a8", [False, True])
-def test_vnni_equals_scalar_twin(a8):
-    # Same integer sums and float operations: bit for bit (the twin runs where VNNI does not),
-    # with int8 activations and with float ones.
+def _by_isa(a8: bool, qtypes, ms, ks, n: int = 48) -> dict[str, list[torch.Tensor]]:
+    """Each table's outputs for random tiles of each format, M rows and K inputs (with a bias)."""
     results: dict[str, list[torch.Tensor]] = {}
     for isa in _isas():
         K.set_native_isa(isa)
         try:
             ops = K.get_ops("native")
-            for qtype in KQ:
-                w, _ = _packed(qtype, 48, 1024, seed=7)
-                if a8:
-                    w.enable_a8()
-                for m in (1, 4, 7):
-                    results.setdefault(isa, []).append(ops.linear(_randn(m, 1024, seed=m) * 3, w))
+            for k in ks:
+                for qtype in qtypes:
+                    w, _ = _packed(qtype, n, k, seed=7 + k)
+                    if a8:
+                        w.enable_a8()
+                    bias = _randn(n, seed=k)
+                    for m in ms:
+                        x = _randn(m, k, seed=m) * 3
+                        x[0, :7] = 1e3  # one block's other codes near zero
+                        results.setdefault(isa, []).append(ops.linear(x, w, bias))
         finally:
             K.set_native_isa("auto")
-    first = next(iter(results.values()))
+    return results
+
+
+@pytest.mark.parametrize("a8", [False, True])
+def test_vnni_equals_scalar_twin(a8):
+    # Same integer sums and float operations: bit for bit (the twin runs where VNNI does not),
+    # with int8 activations and with float ones.
+    results = _by_isa(a8, KQ, (1, 4, 7), (1024,))
+    first = results["portable"]
     for isa, ys in results.items():
         assert all(torch.equal(a, b) for a, b in zip(ys, first)), isa
+
+
+@pytest.mark.skipif("avx2" not in _isas(), reason="needs the AVX2 kernels and an AVX2 CPU")
+@pytest.mark.parametrize("qtype", KQ)
+def test_avx2_equals_scalar_twin(qtype):
+    # kernels_avx2_kq.cpp: the int8 path bit for bit the twins' (and so the VNNI kernels'), for
+    # each row-pass shape (M = 1, 3, 4, 5, 16: passes of 4 plus the rest) and several K.
+    assert K._C.kq_kernels() in ("avx2", "avx512vnni")
+    results = _by_isa(True, (qtype,), (1, 3, 4, 5, 16), (256, 768, 2048), n=32)
+    assert len(results["avx2"]) == len(results["portable"]) == 15
+    for isa, ys in results.items():
+        for i, (a, b) in enumerate(zip(ys, results["portable"])):
+            assert torch.equal(a, b), (isa, i, (a - b).abs().max().item())
 
 
 @pytest.mark.parametrize("a8", [False, True])
@@ -354,8 +387,11 @@ def test_loader_keeps_kquants_native_where_int8_is_fast(monkeypatch):
     ops = K.get_ops("native")
     for fast in (True, False):
         monkeypatch.setattr(K, "kquant_int8_fast", lambda fast=fast: fast)
-        w = pack_linear(raws, "auto", ops, torch.device("cpu"))
+        w = pack_linear(raws, "auto", ops, torch.device("cpu"), a8=True)
         assert w.qtype == ("q4_k+q6_k" if fast else "q8_0")
+        # float activations keep them only where their float kernels are vector ones (AVX-512)
+        w_float = pack_linear(raws, "auto", ops, torch.device("cpu"), a8=False)
+        assert w_float.qtype == ("q4_k+q6_k" if fast and K.kquant_float_fast() else "q8_0")
         if fast:
             assert w.nbytes == sum(r.data.nbytes for r in raws)
             want = np.concatenate([_deq(r.data, r.qtype) for r in raws])
@@ -365,6 +401,7 @@ def test_loader_keeps_kquants_native_where_int8_is_fast(monkeypatch):
         assert pack_linear(raws[:1], "fp32", ops, torch.device("cpu")).qtype == "f32"
     # A K-quant fused with another format: the K-quant counts as Q8_0, then the most precise wins.
     monkeypatch.setattr(K, "kquant_int8_fast", lambda: True)
+    monkeypatch.setattr(K, "kquant_float_fast", lambda: True)
     q4_0 = RawTensor("q4_0", K.quantize_weight(_randn(16, 512), "q4_0").data.numpy(), (16, 512))
     assert pack_linear([raws[0], q4_0], "auto", ops, torch.device("cpu")).qtype == "q8_0"
     f16 = RawTensor("f16", np.zeros((16, 512), dtype=np.float16), (16, 512))
@@ -468,3 +505,60 @@ def test_kquant_model_fused_layers_equal_python_layers(mk, tmp_path):
     # Int8 activations stay close to the float ones (random weights: loose).
     a, b = by_dtype["int8"], by_dtype["float32"]
     assert not torch.equal(a, b) and (a - b).abs().max().item() < 0.2 * b.abs().max().item()
+
+
+class _Recorder:
+    """Kernel ops that record every linear call (x, weight, bias, y) of a forward."""
+
+    def __init__(self, ops) -> None:
+        self.ops, self.calls = ops, []
+
+    def linear(self, x, w, bias=None):
+        y = self.ops.linear(x, w, bias)
+        self.calls.append((x.clone(), w, bias, y.clone()))
+        return y
+
+
+@pytest.mark.skipif("avx2" not in _isas(), reason="needs the AVX2 kernels and an AVX2 CPU")
+def test_kquant_gguf_on_avx2_stays_native_and_equals_scalar_twin(mk, tmp_path):
+    # A tiny Q4_K_M file loaded on the AVX2 table keeps its K-quant tiles (no Q8_0 copy) and runs
+    # int8 activations; every linear of a forward equals the scalar twins' bit for bit on the
+    # same input, fused layers give the same logits, and the twins' whole forward (whose other
+    # float kernels, rms_norm and attention, round differently) stays close.
+    from specdec.kernels import get_ops
+    from specdec.model.llama import LlamaModel, SeqBatch
+    from specdec.model.loader import load_checkpoint
+
+    path = write_kquant_gguf(mk, tmp_path / "tiny-Q4_K_M.gguf", "Q4_K_M", seed=2)
+    prompt = torch.randint(0, 1000, (20,), generator=torch.Generator().manual_seed(1))
+    ops = get_ops("native")
+    logits = {}
+    try:
+        K.set_native_isa("avx2")
+        cpu = torch.device("cpu")
+        model = LlamaModel(load_checkpoint(path), ops, cpu, torch.float32, "auto", 64, "auto")
+        qtypes = {lin.weight.qtype for lin in model.linears()}
+        assert qtypes == {"q4_k", "q6_k", "q4_k+q6_k"}, qtypes
+        assert model.activation_dtype == "int8"
+        assert all(lin.weight.a8 is lin.weight.data for lin in model.linears())  # one copy
+        rec = _Recorder(ops)
+        for lin in model.linears():
+            lin.ops = rec
+        for isa in ("avx2", "portable"):
+            K.set_native_isa(isa)
+            for fused in (False, True):
+                model.use_fused_layers = fused
+                kv = model.make_kv_cache(1, 64)
+                h = model.forward(prompt, torch.arange(20), SeqBatch([0], [0], [20]), kv)
+                logits[isa, fused] = model.compute_logits(h)
+        # the unfused AVX2 forward's linears (the first ones recorded), replayed on the twins
+        calls = rec.calls[: len(model.linears())]
+        assert len(calls) == len(model.linears())
+        for x, w, bias, y in calls:
+            assert torch.equal(ops.linear(x, w, bias), y), w
+    finally:
+        K.set_native_isa("auto")
+    for isa in ("avx2", "portable"):
+        assert torch.equal(logits[isa, True], logits[isa, False]), isa
+    a, b = logits["avx2", False], logits["portable", False]
+    assert (a - b).abs().max().item() < 1e-4 * b.abs().max().item()

@@ -214,6 +214,11 @@ const KernelTable* avx2_table();
 // The 8-bit activation kernels on AVX2 (kernels_avx2_a8.cpp): bit-identical to the VNNI ones.
 const A8Table* avx2_a8_table();
 #endif
+#ifdef SPECDEC_HAVE_AVX2KQ
+// The K-quant 8-bit activation kernels on AVX2 (kernels_avx2_kq.cpp): bit-identical to the VNNI
+// ones and the scalar twins; their float-activation entry is the scalar twin's.
+const KqTable* avx2_kq_table();
+#endif
 #ifdef SPECDEC_HAVE_AVX512
 // 16-lane linear and attention kernels; rms_norm is the AVX2 one (needs SPECDEC_HAVE_AVX2).
 const KernelTable* avx512_table();

@@ -274,13 +274,28 @@ torch::Tensor linear_a8(const torch::Tensor& x_in, const torch::Tensor& w, int64
     return y;
 }
 
-// K-quant kernels: the VNNI ones when a8_table() would pick VNNI, else their scalar twins (the
-// same results, float path included).
+// K-quant kernels: the VNNI ones when a8_table() would pick VNNI, else the AVX2 ones when a
+// vector table is selected, else their scalar twins (the same results, float path included).
 const KqTable* kq_table() {
 #if defined(SPECDEC_HAVE_VNNI)
     if (g_table == avx512_table() && a8_usable()) return vnni_kq_table();
 #endif
+#if defined(SPECDEC_HAVE_AVX2KQ)
+    if (g_table != portable_table() && avx2_usable()) return avx2_kq_table();
+#endif
     return portable_kq_table();
+}
+
+// Which K-quant 8-bit activation kernels kq_table() picks: avx512vnni, avx2 or portable.
+std::string kq_kernels() {
+    const KqTable* t = kq_table();
+#if defined(SPECDEC_HAVE_VNNI)
+    if (t == vnni_kq_table()) return "avx512vnni";
+#endif
+#if defined(SPECDEC_HAVE_AVX2KQ)
+    if (t == avx2_kq_table()) return "avx2";
+#endif
+    return "portable";
 }
 
 bool kq_format_ok(int64_t fmt) { return fmt == QT_Q4_K || fmt == QT_Q5_K || fmt == QT_Q6_K; }
@@ -1098,6 +1113,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("set_amx_min_rows", &set_amx_min_rows,
           "Rows from which every format uses AMX-INT8 (0: the measured per-format thresholds)", py::arg("rows"));
     m.def("a8_kernels", &a8_kernels, "Name of the 8-bit activation kernels in use: amx-int8, avx512vnni, avx2 or portable");
+    m.def("kq_kernels", &kq_kernels, "Name of the K-quant 8-bit activation kernels in use: avx512vnni, avx2 or portable");
     m.attr("QT_A8_BASE") = static_cast<int>(kA8QtypeBase);
     m.attr("KEY_BLOCK") = static_cast<int>(kKeyBlock);
     m.def("cpu_features", &cpu_features);

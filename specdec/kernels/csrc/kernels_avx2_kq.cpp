@@ -1,0 +1,337 @@
+// K-quant (Q4_K, Q5_K, Q6_K) 8-bit activation kernels for AVX2 CPUs without AVX-512 VNNI: the
+// tiles of kquants.cpp, the activations of kernels_vnni.cpp's kq_quantize_rows, and the same
+// results bit for bit as the VNNI kernels and kquants.cpp's scalar twins (arithmetic there).
+// Compiled on its own with the AVX2 flags; only called after ops.cpp has checked the CPU.
+//
+// A tile's 64-byte vectors (lane j = row j) are read as two 32-byte halves: rows 0-7, rows 8-15.
+// Integer sums per row and sub-block: vpmaddubsw (unsigned code x signed activation, pairs in
+// int16, never saturating: at most 2 x 63 x 128 = 16,128), a few of those added in int16 while
+// they cannot overflow (Q4_K: a sub-block's 8 pair sums, <= 30,720; Q5_K: 4, <= 31,744; Q6_K: 2,
+// <= 32,256), then vpmaddwd by the sub-block's scale held in both int16 halves of the row's lane:
+// scale x code sum in int32 in one instruction.  Integer sums are exact and wrap modulo 2^32 like
+// vpdpbusd's, so their order is free; each output's float operations are the twins', in order.
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <type_traits>
+
+#include "kernels.h"
+
+namespace specdec {
+namespace {
+
+inline __m256i load32(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+inline __m256i bcast4(const void* p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+inline __m256 f16x8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+// ---- activations: kernels_vnni.cpp's kq_quantize_rows (and the scalar twin) on AVX2.
+
+inline int32_t hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+void quantize_rows(const float* x, int64_t K, int8_t* xq, float* dk, int16_t* bs16, int8_t* bsm, int64_t m0,
+                   int64_t m1) {
+    const int64_t nb = K / kKqBlock;
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t m = m0; m < m1; ++m) {
+        for (int64_t b = 0; b < nb; ++b) {
+            const float* xb = x + m * K + b * kKqBlock;
+            __m256 a = _mm256_setzero_ps();
+            for (int v = 0; v < 32; ++v) a = _mm256_max_ps(a, _mm256_and_ps(_mm256_loadu_ps(xb + 8 * v), abs_mask));
+            __m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+            h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+            h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+            const float d = _mm_cvtss_f32(h) / 127.0f;
+            const __m256 idv = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+            int8_t* dst = xq + m * K + b * kKqBlock;
+            int16_t* s16 = bs16 + m * (K / 16) + b * 16;
+            for (int v = 0; v < 8; ++v) {  // 32 inputs: two groups of 16
+                __m256i q[4];
+                for (int i = 0; i < 4; ++i)
+                    q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 32 * v + 8 * i), idv));
+                // saturating packs (the twins' clamp), then the lanes back in order
+                const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+                const __m256i codes = _mm256_permutevar8x32_epi32(p, order);
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 32 * v), codes);
+                const __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(dst + 32 * v)));
+                const __m256i w2 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(dst + 32 * v + 8)));
+                const __m256i w3 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(dst + 32 * v + 16)));
+                const __m256i w4 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(dst + 32 * v + 24)));
+                s16[2 * v] = static_cast<int16_t>(hsum_epi32(_mm256_add_epi32(w, w2)));
+                s16[2 * v + 1] = static_cast<int16_t>(hsum_epi32(_mm256_add_epi32(w3, w4)));
+            }
+            for (int k = 0; k < 8; ++k) {
+                const int32_t s32 = s16[2 * k] + s16[2 * k + 1];  // in [-4096, 4064]
+                const int32_t hi = s32 >= 0 ? s32 / 128 : -((-s32 + 127) / 128);  // floor
+                bsm[m * (K / 16) + b * 16 + k] = static_cast<int8_t>(s32 - 128 * hi);
+                bsm[m * (K / 16) + b * 16 + 8 + k] = static_cast<int8_t>(hi);
+            }
+            dk[m * nb + b] = d;
+        }
+    }
+}
+
+// ---- weights
+
+// vpshufb control: byte s (0..3) of every 32-bit lane, zero-extended into both int16 halves.
+inline __m256i byte_to_words(int s) {
+    const uint32_t c = 0x80008000u | static_cast<uint32_t>(s) | (static_cast<uint32_t>(s) << 16);
+    return _mm256_setr_epi32(c, c + 0x00040004, c + 0x00080008, c + 0x000C000C, c, c + 0x00040004,
+                             c + 0x00080008, c + 0x000C000C);
+}
+
+// int8 values (8 rows) -> each in both int16 halves of its row's lane (sign-extended).
+inline __m256i int8_to_words(const uint8_t* p) {
+    const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
+}
+
+// 32 bits -> 32 bytes: byte i is 0x10 where bit i is set (Q5_K's fifth bit).
+inline __m256i bits_to_0x10(const uint8_t* p) {
+    int32_t bits;
+    memcpy(&bits, p, 4);
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(bits), _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
+                                                     0x0303030303030303LL));
+    const __m256i sel = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel), _mm256_set1_epi8(0x10));
+}
+
+// The rows' activation pointers and per-block values for R rows starting at row m.
+struct Rows {
+    const int8_t* xq;
+    const float* dk;
+    const int16_t* bs16;
+    const int8_t* bsm;
+    int64_t K;
+};
+
+// Q4_K / Q5_K: one 16-row tile group (wg, nb tiles) against activation rows [m, m + R).
+template <int FMT, int R>
+void kq4_group(const Rows& a, int64_t m, const uint8_t* wg, const float* bias, float* y, int64_t ldy) {
+    constexpr int64_t TB = kq_tile_bytes(FMT);
+    constexpr int kFlush = FMT == QT_Q5_K ? 2 : 4;  // p steps summed in int16
+    const int64_t K = a.K, nb = K / kKqBlock;
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), m6 = _mm256_set1_epi8(0x3F), top = _mm256_set1_epi8(0x30);
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    __m256 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+#pragma GCC unroll 1
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* t = wg + b * TB;
+        __m256i sc[2][2];  // [half][sub-blocks 0-3, 4-7]: row lanes, one byte per sub-block
+        for (int h = 0; h < 2; ++h) {
+            const __m256i v0 = load32(t + 64 + 32 * h), v2 = load32(t + 192 + 32 * h);
+            sc[h][0] = _mm256_and_si256(v0, m6);
+            sc[h][1] = _mm256_or_si256(_mm256_and_si256(v2, lo4), _mm256_and_si256(_mm256_srli_epi32(v0, 2), top));
+        }
+        __m256i S[R][2];
+        for (int r = 0; r < R; ++r) S[r][0] = S[r][1] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+        for (int s = 0; s < 8; ++s) {
+            const uint8_t* q = t + 256 + 256 * s;
+            const __m256i ctrl = byte_to_words(s % 4);
+            const __m256i sw0 = _mm256_shuffle_epi8(sc[0][s / 4], ctrl), sw1 = _mm256_shuffle_epi8(sc[1][s / 4], ctrl);
+            __m256i p16[R][2];
+            for (int r = 0; r < R; ++r) p16[r][0] = p16[r][1] = _mm256_setzero_si256();
+            for (int p = 0; p < 4; ++p) {
+                const __m256i w0 = load32(q + 64 * p), w1 = load32(q + 64 * p + 32);
+                __m256i w0l = _mm256_and_si256(w0, lo4), w0h = _mm256_and_si256(_mm256_srli_epi16(w0, 4), lo4);
+                __m256i w1l = _mm256_and_si256(w1, lo4), w1h = _mm256_and_si256(_mm256_srli_epi16(w1, 4), lo4);
+                if constexpr (FMT == QT_Q5_K) {
+                    const uint8_t* hb = t + 2304 + 64 * s;
+                    w0l = _mm256_or_si256(w0l, bits_to_0x10(hb + 8 * p));
+                    w1l = _mm256_or_si256(w1l, bits_to_0x10(hb + 8 * p + 4));
+                    w0h = _mm256_or_si256(w0h, bits_to_0x10(hb + 8 * (4 + p)));
+                    w1h = _mm256_or_si256(w1h, bits_to_0x10(hb + 8 * (4 + p) + 4));
+                }
+                for (int r = 0; r < R; ++r) {
+                    const int8_t* xs = a.xq + (m + r) * K + b * kKqBlock + 32 * s;
+                    const __m256i xl = bcast4(xs + 4 * p), xh = bcast4(xs + 16 + 4 * p);
+                    p16[r][0] = _mm256_add_epi16(p16[r][0], _mm256_add_epi16(_mm256_maddubs_epi16(w0l, xl),
+                                                                             _mm256_maddubs_epi16(w0h, xh)));
+                    p16[r][1] = _mm256_add_epi16(p16[r][1], _mm256_add_epi16(_mm256_maddubs_epi16(w1l, xl),
+                                                                             _mm256_maddubs_epi16(w1h, xh)));
+                }
+                if ((p + 1) % kFlush == 0) {
+                    for (int r = 0; r < R; ++r) {
+                        S[r][0] = _mm256_add_epi32(S[r][0], _mm256_madd_epi16(p16[r][0], sw0));
+                        S[r][1] = _mm256_add_epi32(S[r][1], _mm256_madd_epi16(p16[r][1], sw1));
+                        p16[r][0] = p16[r][1] = _mm256_setzero_si256();
+                    }
+                }
+            }
+        }
+        for (int h = 0; h < 2; ++h) {
+            const __m256i v1 = load32(t + 128 + 32 * h), v2 = load32(t + 192 + 32 * h);
+            const __m256i mlo = _mm256_and_si256(v1, m6);
+            const __m256i mhi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(v2, 4), lo4),
+                                                _mm256_and_si256(_mm256_srli_epi32(v1, 2), top));
+            const __m256 d = f16x8(t + 16 * h), dmin = f16x8(t + 32 + 16 * h);
+            for (int r = 0; r < R; ++r) {
+                const int8_t* bs = a.bsm + (m + r) * (K / 16) + b * 16;  // 8 lo, then 8 hi
+                // pair sums <= 2 x 2 x 63 x 127: no saturation, no int16 overflow
+                const __m256i lo = _mm256_add_epi16(_mm256_maddubs_epi16(mlo, bcast4(bs)),
+                                                    _mm256_maddubs_epi16(mhi, bcast4(bs + 4)));
+                const __m256i hi = _mm256_add_epi16(_mm256_maddubs_epi16(mlo, bcast4(bs + 8)),
+                                                    _mm256_maddubs_epi16(mhi, bcast4(bs + 12)));
+                const __m256i mins = _mm256_add_epi32(_mm256_madd_epi16(lo, ones16),
+                                                      _mm256_slli_epi32(_mm256_madd_epi16(hi, ones16), 7));
+                const __m256 dx = _mm256_set1_ps(a.dk[(m + r) * nb + b]);
+                acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(S[r][h]), dx), d, acc[r][h]);
+                acc[r][h] = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(mins), dx), dmin, acc[r][h]);
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        for (int h = 0; h < 2; ++h) {
+            __m256 v = acc[r][h];
+            if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + 8 * h));
+            _mm256_storeu_ps(y + (m + r) * ldy + 8 * h, v);
+        }
+    }
+}
+
+// Bits 2p, 2p + 1 of every byte of h moved to bits 4-5 (other bits: garbage, masked after).
+template <int P>
+inline __m256i q6_high(__m256i h) {
+    if constexpr (P == 0) return _mm256_slli_epi16(h, 4);
+    if constexpr (P == 1) return _mm256_slli_epi16(h, 2);
+    if constexpr (P == 2) return h;
+    return _mm256_srli_epi16(h, 2);
+}
+
+// Q6_K: S = sum_s sc_s * (u_s . x_s) - 32 * sum_s sc_s * bs16_s (the twins' sum, regrouped).
+template <int R>
+void kq6_group(const Rows& a, int64_t m, const uint8_t* wg, const float* bias, float* y, int64_t ldy) {
+    constexpr int64_t TB = kq_tile_bytes(QT_Q6_K);
+    const int64_t K = a.K, nb = K / kKqBlock;
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), hi2 = _mm256_set1_epi8(0x30);
+    __m256 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+#pragma GCC unroll 1
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* t = wg + b * TB;
+        __m256i S[R][2], C[R][2];
+        for (int r = 0; r < R; ++r) S[r][0] = S[r][1] = C[r][0] = C[r][1] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+        for (int u = 0; u < 8; ++u) {
+            const uint8_t* unit = t + 288 + 384 * u;
+            for (int h = 0; h < 2; ++h) {  // rows 0-7, then 8-15
+                const __m256i h0 = load32(unit + 256 + 32 * h), h1 = load32(unit + 320 + 32 * h);
+                const __m256i sa = int8_to_words(t + 32 + 16 * (2 * u) + 8 * h);
+                const __m256i sb = int8_to_words(t + 32 + 16 * (2 * u + 1) + 8 * h);
+                __m256i pa[R], pb[R];
+                for (int r = 0; r < R; ++r) pa[r] = pb[r] = _mm256_setzero_si256();
+                auto step = [&](auto pc) {
+                    constexpr int p = decltype(pc)::value;
+                    const __m256i packed = load32(unit + 64 * p + 32 * h);
+                    const __m256i wl = _mm256_or_si256(_mm256_and_si256(packed, lo4), _mm256_and_si256(q6_high<p>(h0), hi2));
+                    const __m256i wh = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(packed, 4), lo4),
+                                                       _mm256_and_si256(q6_high<p>(h1), hi2));
+                    for (int r = 0; r < R; ++r) {
+                        const int8_t* xs = a.xq + (m + r) * K + b * kKqBlock + 32 * u;
+                        pa[r] = _mm256_add_epi16(pa[r], _mm256_maddubs_epi16(wl, bcast4(xs + 4 * p)));
+                        pb[r] = _mm256_add_epi16(pb[r], _mm256_maddubs_epi16(wh, bcast4(xs + 16 + 4 * p)));
+                    }
+                    if constexpr (p % 2 == 1) {  // two pair sums per int16 at most (<= 32,256)
+                        for (int r = 0; r < R; ++r) {
+                            S[r][h] = _mm256_add_epi32(S[r][h], _mm256_add_epi32(_mm256_madd_epi16(pa[r], sa),
+                                                                                 _mm256_madd_epi16(pb[r], sb)));
+                            pa[r] = pb[r] = _mm256_setzero_si256();
+                        }
+                    }
+                };
+                step(std::integral_constant<int, 0>());
+                step(std::integral_constant<int, 1>());
+                step(std::integral_constant<int, 2>());
+                step(std::integral_constant<int, 3>());
+                for (int r = 0; r < R; ++r) {
+                    const int16_t* bs = a.bs16 + (m + r) * (K / 16) + b * 16 + 2 * u;
+                    const __m256i ba = _mm256_set1_epi32(static_cast<uint16_t>(bs[0]));  // (bs, 0)
+                    const __m256i bb = _mm256_set1_epi32(static_cast<uint16_t>(bs[1]));
+                    C[r][h] = _mm256_add_epi32(C[r][h], _mm256_add_epi32(_mm256_madd_epi16(sa, ba),
+                                                                         _mm256_madd_epi16(sb, bb)));
+                }
+            }
+        }
+        for (int h = 0; h < 2; ++h) {
+            const __m256 d = f16x8(t + 16 * h);
+            for (int r = 0; r < R; ++r) {
+                const __m256i s = _mm256_sub_epi32(S[r][h], _mm256_slli_epi32(C[r][h], 5));
+                const __m256 dx = _mm256_set1_ps(a.dk[(m + r) * nb + b]);
+                acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s), dx), d, acc[r][h]);
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        for (int h = 0; h < 2; ++h) {
+            __m256 v = acc[r][h];
+            if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + 8 * h));
+            _mm256_storeu_ps(y + (m + r) * ldy + 8 * h, v);
+        }
+    }
+}
+
+template <int FMT, int R>
+inline void group_rows(const Rows& a, int64_t m, const uint8_t* wg, const float* bias, float* y, int64_t ldy) {
+    if constexpr (FMT == QT_Q6_K) kq6_group<R>(a, m, wg, bias, y, ldy);
+    else kq4_group<FMT, R>(a, m, wg, bias, y, ldy);
+}
+
+// Activation rows go through a tile group kRowsPerPass at a time, the rest in one pass (a row's
+// result never depends on which rows share its pass: every lane's arithmetic is its own).
+constexpr int64_t kRowsPerPass = 4;
+
+template <int FMT>
+void groups_of(const Rows& a, int64_t M, const uint8_t* w, const float* bias, float* y, int64_t ldy, int64_t g0,
+               int64_t g1) {
+    const int64_t gs = a.K / kKqBlock * kq_tile_bytes(FMT);
+    for (int64_t g = g0; g < g1; ++g) {
+        const uint8_t* wg = w + g * gs;
+        const float* bg = bias ? bias + g * kKqTileRows : nullptr;
+        float* yg = y + g * kKqTileRows;
+        int64_t m = 0;
+        for (; m + kRowsPerPass <= M; m += kRowsPerPass) group_rows<FMT, kRowsPerPass>(a, m, wg, bg, yg, ldy);
+        switch (M - m) {
+            case 3: group_rows<FMT, 3>(a, m, wg, bg, yg, ldy); break;
+            case 2: group_rows<FMT, 2>(a, m, wg, bg, yg, ldy); break;
+            case 1: group_rows<FMT, 1>(a, m, wg, bg, yg, ldy); break;
+            default: break;
+        }
+    }
+}
+
+void linear_groups(int fmt, const int8_t* xq, const float* dk, const int16_t* bs16, const int8_t* bsm, int64_t M,
+                   int64_t K, const uint8_t* w, const float* bias, float* y, int64_t ldy, int64_t g0, int64_t g1) {
+    const Rows a{xq, dk, bs16, bsm, K};
+    switch (fmt) {
+        case QT_Q4_K: groups_of<QT_Q4_K>(a, M, w, bias, y, ldy, g0, g1); break;
+        case QT_Q5_K: groups_of<QT_Q5_K>(a, M, w, bias, y, ldy, g0, g1); break;
+        case QT_Q6_K: groups_of<QT_Q6_K>(a, M, w, bias, y, ldy, g0, g1); break;
+        default: break;
+    }
+}
+
+}  // namespace
+
+// NOTE: float activations take the scalar twin (portable_kq_table): exact but slow; on AVX2
+// the loader keeps K-quants only when 8-bit activations run (kernels/__init__.py).
+const KqTable* avx2_kq_table() {
+    static const KqTable table = {quantize_rows, linear_groups, portable_kq_table()->linear_groups_f32};
+    return &table;
+}
+
+}  // namespace specdec
