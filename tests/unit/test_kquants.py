@@ -335,6 +335,40 @@ def test_avx2_equals_scalar_twin(qtype):
             assert torch.equal(a, b), (isa, i, (a - b).abs().max().item())
 
 
+def extreme_blocks(qtype: str, n: int, k: int) -> np.ndarray:
+    """Every code and scale byte at its maximum (0xFF), finite f16 scales: the largest integer
+    sums the kernels meet (their int16 partial sums must not overflow)."""
+    raw = random_blocks(qtype, n, k).reshape(n, k // 256, -1)
+    keep = raw[..., 208:210].copy() if qtype == "q6_k" else raw[..., 0:4].copy()
+    raw[...] = 0xFF
+    if qtype == "q6_k":
+        raw[..., 208:210] = keep
+    else:
+        raw[..., 0:4] = keep
+    return raw.reshape(n, -1)
+
+
+@pytest.mark.skipif("avx2" not in _isas(), reason="needs the AVX2 kernels and an AVX2 CPU")
+@pytest.mark.parametrize("qtype", KQ)
+def test_avx2_extreme_sums_equal_scalar_twin(qtype):
+    # Maximal codes against activations whose codes are all +127 or -127 (and mixed).
+    n, k = 32, 512
+    w = K.pack_weight(qtype, extreme_blocks(qtype, n, k), n, k)
+    w.enable_a8()
+    x = torch.ones(4, k)
+    x[1] = -1.0
+    x[2, ::2] = -1.0
+    x[3, 256:] = -1.0
+    ys = {}
+    for isa in ("avx2", "portable"):
+        K.set_native_isa(isa)
+        try:
+            ys[isa] = [K.get_ops("native").linear(x[:m], w) for m in (1, 4)]
+        finally:
+            K.set_native_isa("auto")
+    assert all(torch.equal(a, b) for a, b in zip(ys["avx2"], ys["portable"]))
+
+
 @pytest.mark.parametrize("a8", [False, True])
 def test_thread_invariant(a8):
     ops = K.get_ops("native")
