@@ -11,8 +11,9 @@ mixture of experts therefore stays exact.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -72,6 +73,7 @@ class MoeBlock:
     shared: Expert | None = None  # Qwen2-MoE
     shared_gate: Linear | None = None  # [1, H]
     grouped: bool = True
+    last_ids: torch.Tensor | None = None  # [T, k] the experts of the latest call's rows
 
     def linears(self) -> list[Linear]:
         out = [lin for e in self.experts for lin in (e.gate_up, e.down)] + [self.router]
@@ -90,6 +92,7 @@ class MoeBlock:
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
         weights, ids = self.route(h)
+        self.last_ids = ids
         # NOTE: one row (decode) has nothing to group: its experts one by one, same bits
         grouped = self.grouped and h.shape[0] > 1
         per_rank = self._grouped(h, ids) if grouped else self._one_by_one(h, ids)
@@ -145,3 +148,153 @@ def load_moe(
         block.shared = expert("shared_expert")
         block.shared_gate = linear(["shared_expert_gate"])
     return block
+
+
+# ---- speculation priced by the experts a step touches --------------------------------------------
+SPREAD_WINDOW = 16  # a request's latest accepted rows, over which its expert spread is measured
+SPREAD_ALPHA = 0.3  # weight of the newest measurement, per request
+SPREAD_PRIOR_ALPHA = 0.05  # weight of a request's measurement in what new requests start from
+
+
+def moe_blocks(model) -> list[MoeBlock]:
+    """The model's mixture-of-experts blocks, in layer order (none for a dense model)."""
+    layers = getattr(model, "layers", [])
+    return [lw.moe for lw in layers if getattr(lw, "moe", None) is not None]
+
+
+def latest_routes(blocks: list[MoeBlock]) -> torch.Tensor | None:  # -> [T, L, k]
+    """The experts each row of the blocks' latest call chose, per MoE layer."""
+    ids = [b.last_ids for b in blocks]
+    if not ids or any(i is None for i in ids) or len({i.shape[0] for i in ids}) != 1:
+        return None
+    return torch.stack(ids, dim=1)
+
+
+def expert_mask(routes: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """[T, L, k] expert ids -> [L, E] bool: the experts any of the rows touched, per layer."""
+    ids = routes.transpose(0, 1).reshape(routes.shape[1], -1)
+    mask = torch.zeros(routes.shape[1], num_experts, dtype=torch.bool)
+    return mask.scatter_(1, ids.cpu(), True)
+
+
+def distinct_experts(routes: torch.Tensor, num_experts: int) -> float:
+    """Mean over the MoE layers of the distinct experts the rows of ``routes`` touched."""
+    return float(expert_mask(routes, num_experts).sum(dim=1).float().mean())
+
+
+def suffix_spread(routes: torch.Tensor, num_experts: int) -> list[float]:
+    """[n, L, k] consecutive rows -> distinct experts per layer of the last 1, 2, ... n rows."""
+    n, num_layers, _ = routes.shape
+    one_hot = torch.zeros(n, num_layers, num_experts, dtype=torch.int32)
+    one_hot.scatter_(2, routes.flip(0).cpu(), 1)
+    touched = one_hot.cumsum(dim=0) > 0  # [n, L, E]: by the newest i + 1 rows
+    return touched.sum(dim=2).float().mean(dim=1).tolist()
+
+
+@dataclass
+class _Routes:
+    window: torch.Tensor  # [m, L, k] the request's latest accepted rows' experts, oldest first
+    spread: list[float]  # [n - 1]: distinct experts per layer of n consecutive rows (learnt)
+    last_set: torch.Tensor | None = None  # [L, E] the previous step's accepted rows' experts
+
+
+@dataclass
+class ExpertSpread:
+    """How many distinct experts per MoE layer a verify step of n rows of a request touches,
+    predicted from the router choices of the request's accepted rows (its latest
+    ``SPREAD_WINDOW``: the spread of its last n consecutive tokens, smoothed over steps).
+
+    Also measures how well the previous step's accepted rows predict the next step's experts:
+    ``hit_fraction`` (of the experts a decode step touched, the share the previous step's
+    accepted rows had touched) and ``count_error`` (the predicted count's mean relative error).
+    """
+
+    num_experts: int
+    top_k: int
+    prior: list[float] = field(default_factory=list)  # what a new request starts from
+    requests: dict[str, _Routes] = field(default_factory=dict)
+    num_hit: int = 0
+    num_touched: int = 0
+    abs_error: float = 0.0
+    num_predicted: float = 0.0
+
+    def __post_init__(self) -> None:
+        # NOTE: before any measurement, independent uniform routing: the widest spread
+        e, k = self.num_experts, self.top_k
+        self.prior = self.prior or [
+            e * (1.0 - (1.0 - k / e) ** n) for n in range(1, SPREAD_WINDOW + 1)
+        ]
+
+    def predict(self, req_id: str, max_rows: int) -> list[float]:
+        """Distinct experts per layer for 1 .. max_rows rows (extrapolated beyond the window)."""
+        state = self.requests.get(req_id)
+        return self._extend(state.spread if state is not None else self.prior, max_rows)
+
+    def _extend(self, spread: list[float], max_rows: int) -> list[float]:
+        out = spread[:max_rows]
+        step = spread[-1] - spread[-2]  # NOTE: the window's last growth per row, onwards
+        while len(out) < max_rows:
+            out.append(out[-1] + step)
+        return [min(float(self.num_experts), d) for d in out]
+
+    def observe(self, req_id: str, routes: torch.Tensor, num_valid: int, decode: bool) -> None:
+        """A step ran the request's rows ``routes`` [n, L, k]; the first ``num_valid`` stay."""
+        state = self.requests.get(req_id)
+        if decode and state is not None:
+            self._score(state, routes)
+        kept = routes[:num_valid]
+        if state is None:
+            state = self.requests[req_id] = _Routes(kept[-SPREAD_WINDOW:], list(self.prior))
+        else:
+            state.window = torch.cat([state.window, kept])[-SPREAD_WINDOW:]
+        state.last_set = expert_mask(kept, self.num_experts) if num_valid else None
+        for i, d in enumerate(suffix_spread(state.window, self.num_experts)):
+            state.spread[i] += SPREAD_ALPHA * (d - state.spread[i])
+            self.prior[i] += SPREAD_PRIOR_ALPHA * (d - self.prior[i])
+
+    def _score(self, state: _Routes, routes: torch.Tensor) -> None:
+        touched = expert_mask(routes, self.num_experts)
+        if state.last_set is not None:
+            self.num_hit += int((touched & state.last_set).sum())
+            self.num_touched += int(touched.sum())
+        predicted = self._extend(state.spread, routes.shape[0])[-1]
+        self.abs_error += abs(predicted - float(touched.sum(dim=1).float().mean()))
+        self.num_predicted += predicted
+
+    def remove(self, req_id: str) -> None:
+        self.requests.pop(req_id, None)
+
+    @property
+    def hit_fraction(self) -> float:
+        return self.num_hit / max(1, self.num_touched)
+
+    @property
+    def count_error(self) -> float:
+        return self.abs_error / max(1e-9, self.num_predicted)
+
+
+def measure_expert_cost(
+    blocks: list[MoeBlock], num_rows: int, hidden_size: int, dtype: torch.dtype, repeats: int = 3
+) -> float:
+    """Milliseconds one more distinct expert per MoE layer adds to a step (all layers together):
+    the blocks' grouped experts timed over ``num_rows`` rows routed to top_k experts (all rows
+    alike) and to as many as they can reach, interleaved, the fastest of the repeats."""
+    if not blocks:
+        return 0.0
+    e, k = len(blocks[0].experts), blocks[0].top_k
+    narrow = torch.arange(k).repeat(num_rows, 1)  # [n, k]
+    wide = (torch.arange(num_rows)[:, None] * k + torch.arange(k)[None, :]) % e  # [n, k]
+    d_narrow, d_wide = k, min(e, num_rows * k)
+    if d_wide <= d_narrow:
+        return 0.0
+    gen = torch.Generator().manual_seed(0)
+    h = torch.randn(num_rows, hidden_size, generator=gen).to(dtype)
+    fastest = {d_narrow: float("inf"), d_wide: float("inf")}
+    with torch.inference_mode():
+        for _ in range(repeats):
+            for d, ids in ((d_narrow, narrow), (d_wide, wide)):
+                start = time.perf_counter()
+                for b in blocks:
+                    b._grouped(h, ids)
+                fastest[d] = min(fastest[d], 1000.0 * (time.perf_counter() - start))
+    return max(0.0, fastest[d_wide] - fastest[d_narrow]) / (d_wide - d_narrow)

@@ -6,7 +6,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdec.model.moe import _sigmoid_rows, _silu_mul
+from specdec import LLM, SamplingParams
+from specdec.model.moe import (
+    ExpertSpread,
+    _sigmoid_rows,
+    _silu_mul,
+    distinct_experts,
+    expert_mask,
+    suffix_spread,
+)
 
 
 @pytest.fixture
@@ -31,3 +39,56 @@ def test_sigmoid_rows_is_row_invariant() -> None:
     alone = torch.cat([_sigmoid_rows(x[i : i + 1]) for i in range(len(x))])
     assert torch.equal(_sigmoid_rows(x), alone)
     assert torch.allclose(alone, torch.sigmoid(x))
+
+
+def test_suffix_spread_counts_the_distinct_experts_of_the_newest_rows() -> None:
+    # 3 rows, 2 layers, top-2 of 8 experts, oldest first
+    routes = torch.tensor([[[0, 1], [4, 5]], [[1, 2], [4, 5]], [[2, 3], [6, 7]]])
+    # newest row: 2 and 2; + the middle one: 3 and 4; + the oldest: 4 and 4
+    assert suffix_spread(routes, 8) == [2.0, 3.5, 4.0]
+    assert distinct_experts(routes, 8) == 4.0
+    assert expert_mask(routes[:1], 8).sum(dim=1).tolist() == [2, 2]
+
+
+def test_expert_spread_learns_from_the_accepted_rows() -> None:
+    spread = ExpertSpread(num_experts=8, top_k=2)
+    assert spread.predict("new", 3) == pytest.approx([2.0, 8 * (1 - 0.75**2), 8 * (1 - 0.75**3)])
+    same = torch.tensor([[[0, 1]]] * 6)  # [6, 1, 2]: every row the same two experts
+    spread.observe("a", same, num_valid=6, decode=False)  # a prompt
+    for _ in range(20):
+        spread.observe("a", same[:3], num_valid=2, decode=True)  # 1 draft of 2 accepted
+    assert spread.predict("a", 4) == pytest.approx([2.0] * 4, abs=0.01)
+    assert spread.hit_fraction == 1.0  # the previous step's rows held every expert
+    # rows that each take new experts: the prediction widens, and the hits fall
+    for i in range(20):
+        rows = torch.tensor(
+            [[[(2 * i) % 8, (2 * i + 1) % 8]], [[(2 * i + 2) % 8, (2 * i + 3) % 8]]]
+        )
+        spread.observe("a", rows, num_valid=1, decode=True)
+    assert spread.predict("a", 4)[3] > 7.0
+    assert spread.hit_fraction < 0.6
+    # rows not accepted do not enter the window; a removed request starts from the prior
+    spread.observe("b", torch.tensor([[[0, 1]], [[6, 7]]]), num_valid=1, decode=False)
+    assert spread.requests["b"].window.tolist() == [[[0, 1]]]
+    spread.remove("a")
+    assert "a" not in spread.requests
+    assert spread.predict("a", 2)[1] > 2.0  # the prior moved towards what requests showed
+
+
+def test_moe_engine_prices_experts_and_a_dense_one_does_not(tiny_qwen3_moe, tiny_llama) -> None:
+    cfg = {"method": "suffix", "num_speculative_tokens": 4}
+    moe = LLM(str(tiny_qwen3_moe), max_model_len=256, speculative_config=cfg)
+    sp = moe.engine.speculator
+    cost = sp.controller.cost
+    top_k = sp.spread.top_k
+    # the curve's rows (all token 0) routed alike: top_k experts per layer
+    assert cost.curve_experts == top_k and cost.num_experts == sp.spread.num_experts
+    assert cost.expert_ms >= 0.0
+    plain = LLM(str(tiny_qwen3_moe), max_model_len=256)
+    prompt = "one two three one two three one two three"
+    sampling = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    out = moe.generate([prompt], sampling)[0].outputs[0].token_ids
+    assert out == plain.generate([prompt], sampling)[0].outputs[0].token_ids
+    assert sp.spread.num_touched > 0 and sp.spread.requests == {}
+    dense = LLM(str(tiny_llama), max_model_len=256, speculative_config=cfg).engine.speculator
+    assert dense.spread is None and dense.controller.cost.expert_ms == 0.0
