@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from specdec.config import SpeculativeConfig
@@ -254,7 +255,9 @@ class Speculator:
             )
             num_drafts = sum(s.num_drafts for s in sched.scheduled)
             num_tokens = sum(len(r.token_ids) for r in results if isinstance(r, VerifyResult))
-            distinct = self._observe_experts(sched, results) if self.spread is not None else None
+            distinct = None
+            if self.spread is not None and self.enabled:
+                distinct = self._observe_experts(sched, results)
             self.controller.observe_step(
                 len(sched.scheduled), num_drafts, num_tokens, decode_only, distinct
             )
@@ -266,7 +269,7 @@ class Speculator:
         sizes = [len(s.token_ids) for s in sched.scheduled]
         if routes is None or routes.shape[0] != sum(sizes):
             return None  # NOTE: a failed batch ran its requests one by one
-        for s, r, rows in zip(sched.scheduled, results, routes.split(sizes)):
+        for s, r, rows in zip(sched.scheduled, results, np.split(routes, np.cumsum(sizes)[:-1])):
             if r is None or isinstance(r, VerifyResult):
                 num_valid = len(s.token_ids)
                 if r is not None:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -162,40 +163,47 @@ def moe_blocks(model) -> list[MoeBlock]:
     return [lw.moe for lw in layers if getattr(lw, "moe", None) is not None]
 
 
-def latest_routes(blocks: list[MoeBlock]) -> torch.Tensor | None:  # -> [T, L, k]
-    """The experts each row of the blocks' latest call chose, per MoE layer."""
+def latest_routes(blocks: list[MoeBlock]) -> np.ndarray | None:  # -> [T, L, k]
+    """The experts each row of the blocks' latest call chose, per MoE layer.
+
+    NOTE: numpy from here on: a step's bookkeeping is a few dozen ops on arrays of a few
+    thousand entries, where torch's per-op overhead (~10 us) would dominate."""
     ids = [b.last_ids for b in blocks]
     if not ids or any(i is None for i in ids) or len({i.shape[0] for i in ids}) != 1:
         return None
-    return torch.stack(ids, dim=1)
+    return torch.stack(ids, dim=1).cpu().numpy()
 
 
-def expert_mask(routes: torch.Tensor, num_experts: int) -> torch.Tensor:
+def expert_mask(routes: np.ndarray, num_experts: int) -> np.ndarray:
     """[T, L, k] expert ids -> [L, E] bool: the experts any of the rows touched, per layer."""
-    ids = routes.transpose(0, 1).reshape(routes.shape[1], -1)
-    mask = torch.zeros(routes.shape[1], num_experts, dtype=torch.bool)
-    return mask.scatter_(1, ids.cpu(), True)
+    mask = np.zeros((routes.shape[1], num_experts), dtype=bool)
+    mask[np.arange(routes.shape[1])[None, :, None], routes] = True
+    return mask
 
 
-def distinct_experts(routes: torch.Tensor, num_experts: int) -> float:
+def distinct_experts(routes: np.ndarray, num_experts: int) -> float:
     """Mean over the MoE layers of the distinct experts the rows of ``routes`` touched."""
-    return float(expert_mask(routes, num_experts).sum(dim=1).float().mean())
+    return float(expert_mask(routes, num_experts).sum(axis=1).mean())
 
 
-def suffix_spread(routes: torch.Tensor, num_experts: int) -> list[float]:
+def suffix_spread(routes: np.ndarray, num_experts: int) -> list[float]:
     """[n, L, k] consecutive rows -> distinct experts per layer of the last 1, 2, ... n rows."""
     n, num_layers, _ = routes.shape
-    one_hot = torch.zeros(n, num_layers, num_experts, dtype=torch.int32)
-    one_hot.scatter_(2, routes.flip(0).cpu(), 1)
-    touched = one_hot.cumsum(dim=0) > 0  # [n, L, E]: by the newest i + 1 rows
-    return touched.sum(dim=2).float().mean(dim=1).tolist()
+    # NOTE: per (layer, expert), how many rows back it was last chosen (n: never): the last m
+    # rows touched the experts whose age is under m. Oldest row first, so newer ages overwrite.
+    ages = np.full((num_layers, num_experts), n, dtype=np.int64)
+    layers = np.arange(num_layers)[:, None]
+    for i in range(n):
+        ages[layers, routes[i]] = n - 1 - i
+    counts = np.bincount(ages.ravel(), minlength=n + 1)[:n]
+    return (counts.cumsum() / num_layers).tolist()
 
 
 @dataclass
 class _Routes:
-    window: torch.Tensor  # [m, L, k] the request's latest accepted rows' experts, oldest first
+    window: np.ndarray  # [m, L, k] the request's latest accepted rows' experts, oldest first
     spread: list[float]  # [n - 1]: distinct experts per layer of n consecutive rows (learnt)
-    last_set: torch.Tensor | None = None  # [L, E] the previous step's accepted rows' experts
+    last_set: np.ndarray | None = None  # [L, E] the previous step's accepted rows' experts
 
 
 @dataclass
@@ -237,7 +245,7 @@ class ExpertSpread:
             out.append(out[-1] + step)
         return [min(float(self.num_experts), d) for d in out]
 
-    def observe(self, req_id: str, routes: torch.Tensor, num_valid: int, decode: bool) -> None:
+    def observe(self, req_id: str, routes: np.ndarray, num_valid: int, decode: bool) -> None:
         """A step ran the request's rows ``routes`` [n, L, k]; the first ``num_valid`` stay."""
         state = self.requests.get(req_id)
         if decode and state is not None:
@@ -246,19 +254,19 @@ class ExpertSpread:
         if state is None:
             state = self.requests[req_id] = _Routes(kept[-SPREAD_WINDOW:], list(self.prior))
         else:
-            state.window = torch.cat([state.window, kept])[-SPREAD_WINDOW:]
+            state.window = np.concatenate([state.window, kept])[-SPREAD_WINDOW:]
         state.last_set = expert_mask(kept, self.num_experts) if num_valid else None
         for i, d in enumerate(suffix_spread(state.window, self.num_experts)):
             state.spread[i] += SPREAD_ALPHA * (d - state.spread[i])
             self.prior[i] += SPREAD_PRIOR_ALPHA * (d - self.prior[i])
 
-    def _score(self, state: _Routes, routes: torch.Tensor) -> None:
+    def _score(self, state: _Routes, routes: np.ndarray) -> None:
         touched = expert_mask(routes, self.num_experts)
         if state.last_set is not None:
             self.num_hit += int((touched & state.last_set).sum())
             self.num_touched += int(touched.sum())
         predicted = self._extend(state.spread, routes.shape[0])[-1]
-        self.abs_error += abs(predicted - float(touched.sum(dim=1).float().mean()))
+        self.abs_error += abs(predicted - float(touched.sum(axis=1).mean()))
         self.num_predicted += predicted
 
     def remove(self, req_id: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -43,17 +44,30 @@ def test_sigmoid_rows_is_row_invariant() -> None:
 
 def test_suffix_spread_counts_the_distinct_experts_of_the_newest_rows() -> None:
     # 3 rows, 2 layers, top-2 of 8 experts, oldest first
-    routes = torch.tensor([[[0, 1], [4, 5]], [[1, 2], [4, 5]], [[2, 3], [6, 7]]])
+    routes = np.array([[[0, 1], [4, 5]], [[1, 2], [4, 5]], [[2, 3], [6, 7]]])
     # newest row: 2 and 2; + the middle one: 3 and 4; + the oldest: 4 and 4
     assert suffix_spread(routes, 8) == [2.0, 3.5, 4.0]
     assert distinct_experts(routes, 8) == 4.0
-    assert expert_mask(routes[:1], 8).sum(dim=1).tolist() == [2, 2]
+    assert expert_mask(routes[:1], 8).sum(axis=1).tolist() == [2, 2]
+
+
+def test_suffix_spread_matches_a_one_hot_reference() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        n, layers = int(rng.integers(1, 17)), int(rng.integers(1, 6))
+        routes = np.stack(
+            [[rng.permutation(16)[:3] for _ in range(layers)] for _ in range(n)]
+        )  # [n, L, 3]
+        one_hot = np.zeros((n, layers, 16), dtype=bool)
+        np.put_along_axis(one_hot, routes[::-1], True, axis=2)  # newest first
+        want = (np.logical_or.accumulate(one_hot, axis=0).sum(axis=2).mean(axis=1)).tolist()
+        assert suffix_spread(routes, 16) == pytest.approx(want)
 
 
 def test_expert_spread_learns_from_the_accepted_rows() -> None:
     spread = ExpertSpread(num_experts=8, top_k=2)
     assert spread.predict("new", 3) == pytest.approx([2.0, 8 * (1 - 0.75**2), 8 * (1 - 0.75**3)])
-    same = torch.tensor([[[0, 1]]] * 6)  # [6, 1, 2]: every row the same two experts
+    same = np.array([[[0, 1]]] * 6)  # [6, 1, 2]: every row the same two experts
     spread.observe("a", same, num_valid=6, decode=False)  # a prompt
     for _ in range(20):
         spread.observe("a", same[:3], num_valid=2, decode=True)  # 1 draft of 2 accepted
@@ -61,14 +75,12 @@ def test_expert_spread_learns_from_the_accepted_rows() -> None:
     assert spread.hit_fraction == 1.0  # the previous step's rows held every expert
     # rows that each take new experts: the prediction widens, and the hits fall
     for i in range(20):
-        rows = torch.tensor(
-            [[[(2 * i) % 8, (2 * i + 1) % 8]], [[(2 * i + 2) % 8, (2 * i + 3) % 8]]]
-        )
+        rows = np.array([[[(2 * i) % 8, (2 * i + 1) % 8]], [[(2 * i + 2) % 8, (2 * i + 3) % 8]]])
         spread.observe("a", rows, num_valid=1, decode=True)
     assert spread.predict("a", 4)[3] > 7.0
     assert spread.hit_fraction < 0.6
     # rows not accepted do not enter the window; a removed request starts from the prior
-    spread.observe("b", torch.tensor([[[0, 1]], [[6, 7]]]), num_valid=1, decode=False)
+    spread.observe("b", np.array([[[0, 1]], [[6, 7]]]), num_valid=1, decode=False)
     assert spread.requests["b"].window.tolist() == [[[0, 1]]]
     spread.remove("a")
     assert "a" not in spread.requests
