@@ -232,36 +232,46 @@ def replay(moe: str, traces: dict[str, list[Trace]], k: int, max_tokens: int, ro
 
 
 def route_locality(llm: LLM, traces: list[Trace]) -> dict[str, float]:
-    """How well a step's accepted rows predict the next step's experts, on real text: the
-    reference model's prompt + output run through the MoE file's routers in one forward, cut
-    into the trace's steps (a step's rows: its input token and its drafts, taken as the text's
-    own tokens). ``hit``: the share of a step's experts (per layer) that the previous step's
-    accepted rows touched; ``chance``: that share if the step's experts were drawn at random."""
+    """The expert predictor (``moe.ExpertSpread``) on real text: the reference model's prompt +
+    output run through the MoE file's routers in one forward, cut into the trace's steps (a
+    step's rows: its input token and its drafts, taken as the text's own tokens; the accepted
+    ones stay). ``hit``: the share of a step's experts the previous step's accepted rows
+    touched; ``chance``: that share were the step's experts drawn at random; ``count_error``:
+    the predicted distinct experts' mean relative error."""
     import torch
 
     from specdec.model.llama import SeqBatch
-    from specdec.model.moe import expert_mask, latest_routes, moe_blocks
+    from specdec.model.moe import ExpertSpread, expert_mask, latest_routes, moe_blocks
 
     model = llm.engine.model
     blocks, num_experts = moe_blocks(model), model.cfg.num_experts
-    hit = touched = chance = 0.0
-    for trace in traces:
+    spread = ExpertSpread(num_experts, blocks[0].top_k)
+    chance = 0.0
+    for i, trace in enumerate(traces):
         ids = trace.prompt_token_ids + trace.output_token_ids
         kv = model.make_kv_cache(1, len(ids) + 1)
-        n = len(ids)
-        model.forward(torch.tensor(ids), torch.arange(n), SeqBatch([0], [0], [n]), kv)
+        with torch.inference_mode():
+            model.forward(
+                torch.tensor(ids), torch.arange(len(ids)), SeqBatch([0], [0], [len(ids)]), kv
+            )
         routes = latest_routes(blocks)  # [n, L, k]
-        base = len(trace.prompt_token_ids) - 1  # row of the token before output position 0
-        prev = None
+        base = len(trace.prompt_token_ids) - 1  # the row whose output is position 0
+        spread.observe(str(i), routes[: base + 1], base + 1, decode=False)
         for p0, drafts, accepted in trace.steps:
             rows = routes[base + p0 : base + p0 + drafts + 1]
-            step = expert_mask(rows, num_experts)  # [L, E]
+            if not len(rows):
+                break
+            prev = spread.requests[str(i)].last_set
             if prev is not None:
-                hit += float((step & prev).sum())
-                touched += float(step.sum())
-                chance += float((step.sum(1) * prev.sum(1)).sum()) / num_experts
-            prev = expert_mask(rows[: accepted + 1], num_experts)
-    return {"hit": hit / max(1.0, touched), "chance": chance / max(1.0, touched)}
+                step = expert_mask(rows, num_experts)
+                chance += float((step.sum(axis=1) * prev.sum(axis=1)).sum()) / num_experts
+            spread.observe(str(i), rows, min(accepted + 1, len(rows)), decode=True)
+        spread.remove(str(i))
+    return {
+        "hit": spread.hit_fraction,
+        "chance": chance / max(1, spread.num_touched),
+        "count_error": spread.count_error,
+    }
 
 
 def _mean_accepted(traces: list[Trace]) -> float:
@@ -340,7 +350,8 @@ def main() -> None:
             loc = result[name]["route_locality"]
             print(
                 f"{name}: on the reference model's text, a step's accepted rows held "
-                f"{loc['hit']:.3f} of the next step's experts (chance {loc['chance']:.3f})"
+                f"{loc['hit']:.3f} of the next step's experts (chance {loc['chance']:.3f}); "
+                f"predicted distinct experts off by {loc['count_error']:.3f} (relative)"
             )
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,8 @@ from specdec.model.moe import (
     expert_mask,
     suffix_spread,
 )
+from specdec.spec_decode.base import DraftInput, DraftOutput, Proposer
+from specdec.spec_decode.controller import CostModel
 
 
 @pytest.fixture
@@ -104,3 +106,51 @@ def test_moe_engine_prices_experts_and_a_dense_one_does_not(tiny_qwen3_moe, tiny
     assert sp.spread.num_touched > 0 and sp.spread.requests == {}
     dense = LLM(str(tiny_llama), max_model_len=256, speculative_config=cfg).engine.speculator
     assert dense.spread is None and dense.controller.cost.expert_ms == 0.0
+
+
+class _OneRight(Proposer):
+    """The target's next token, then a wrong one: one draft of every step survives."""
+
+    free_drafts = confident_drafts = True
+
+    def __init__(self, plain: list[int], num_prompt: int) -> None:
+        self.plain, self.num_prompt = plain, num_prompt
+
+    def propose(self, inp: DraftInput) -> DraftOutput:
+        out = []
+        for r in inp.requests:
+            p = r.next_position
+            right = self.plain[p : p + 1]
+            out.append(
+                (right + [(t + 1) % 64 for t in self.plain[p + 1 : p + 4]])[: r.max_num_drafts]
+            )
+        return DraftOutput(out, [None] * len(out))
+
+
+def test_engine_passes_expert_spreads_to_the_controller(tiny_qwen3_moe) -> None:
+    # Drafts priced by the experts the speculator predicts (here the uniform prior, 8 experts of
+    # which 2 a row: 2, 3.5, 4.6, 5.5, 6.1 per layer for 1..5 rows) at 3 ms an expert: one
+    # draft (always right) pays, 14.6 ms for 2 tokens; four (one right) cost 22.7 ms for 2.
+    # Unpriced, a confident drafter alone gets its cap.
+    prompt = list(range(3, 20))
+    sampling = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    plain = LLM(str(tiny_qwen3_moe), max_model_len=256).generate([prompt], sampling)[0]
+    plain_ids = list(plain.outputs[0].token_ids)
+    chosen = {}
+    for expert_ms in (0.0, 3.0):
+        cfg = {"method": "suffix", "num_speculative_tokens": 4}
+        llm = LLM(str(tiny_qwen3_moe), max_model_len=256, speculative_config=cfg)
+        sp = llm.engine.speculator
+        sp.proposer = _OneRight(plain_ids, len(prompt))
+        prior = list(sp.spread.prior)
+        sp.spread.predict = lambda req_id, n, prior=prior: prior[:n]
+        ctl = sp.controller
+        ctl.clock = lambda: 0.0
+        ctl._record = lambda *_: None
+        ctl.cost = CostModel([10.0 + 0.1 * n for n in range(8)], expert_ms=expert_ms)
+        ctl.cost.curve_experts, ctl.cost.num_experts = 2.0, 8
+        out = llm.generate([prompt], sampling)[0]
+        assert list(out.outputs[0].token_ids) == plain_ids
+        chosen[expert_ms] = out.spec_decode_stats.mean_chosen_k
+    assert chosen[0.0] > 3.5  # the cap, but where max_tokens clips it
+    assert 0.8 < chosen[3.0] < 1.5
