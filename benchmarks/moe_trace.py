@@ -190,45 +190,61 @@ def replay(moe: str, traces: dict[str, list[Trace]], k: int, max_tokens: int, ro
     llm.generate([{"prompt_token_ids": traces["code_edit"][0].prompt_token_ids}], sampling)
     result: dict = {"cost": _cost_summary(speculator.controller.cost)}
     for name, set_traces in traces.items():
-        ms = {"plain": 0.0, "spec": 0.0}
-        num_tokens, chosen = 0, []
         spread = speculator.spread
         if spread is not None:
             spread.num_hit = spread.num_touched = 0
             spread.abs_error = spread.num_predicted = 0.0
-        for _ in range(rounds):
-            for i, trace in enumerate(set_traces):
-                speculator.enabled = False
-                plain, _ = _timed(llm, trace.prompt_token_ids, sampling)
-                drafter.plan(trace.prompt_token_ids, plain, trace)
-                order = ("plain", "spec") if i % 2 else ("spec", "plain")
-                for kind in order:
-                    speculator.enabled = kind == "spec"
-                    before = speculator.stats.num_chosen_drafts, speculator.stats.num_decisions
-                    out, sec = _timed(llm, trace.prompt_token_ids, sampling)
-                    if out != plain:
-                        raise SystemExit(f"{name} prompt {i}: speculative output differs")
-                    ms[kind] += 1000.0 * sec
-                    if kind == "spec":
-                        st = speculator.stats
-                        chosen.append(
-                            (st.num_chosen_drafts - before[0], st.num_decisions - before[1])
-                        )
-                num_tokens += len(plain)
-        row = {
-            "plain_tok_s": num_tokens / ms["plain"] * 1000.0,
-            "spec_tok_s": num_tokens / ms["spec"] * 1000.0,
-            "trace_mean_accepted": _mean_accepted(set_traces),
-            "mean_chosen_k": sum(c for c, _ in chosen) / max(1, sum(n for _, n in chosen)),
-        }
-        row["speedup"] = row["spec_tok_s"] / row["plain_tok_s"]
+        row = _run_set(llm, drafter, name, set_traces, sampling, rounds)
         if spread is not None:
             row["expert_hit_fraction"] = spread.hit_fraction
             row["expert_count_error"] = spread.count_error
-        if spread is not None:
             row["route_locality"] = route_locality(llm, set_traces)
         result[name] = row
     return result
+
+
+_COUNTS = ("num_decisions", "num_chosen_drafts", "num_draft_tokens", "num_accepted_tokens")
+
+
+def _run_set(
+    llm: LLM,
+    drafter: TraceReplayDrafter,
+    name: str,
+    traces: list[Trace],
+    sampling: SamplingParams,
+    rounds: int,
+) -> dict:
+    """Each prompt plain (its tokens plan the drafter), then plain and speculative, alternating
+    which goes first; the speculative output must equal plain."""
+    speculator = llm.engine.speculator
+    ms = {"plain": 0.0, "spec": 0.0}
+    num_tokens, counts = 0, dict.fromkeys(_COUNTS, 0)
+    for _ in range(rounds):
+        for i, trace in enumerate(traces):
+            speculator.enabled = False
+            plain, _ = _timed(llm, trace.prompt_token_ids, sampling)
+            drafter.plan(trace.prompt_token_ids, plain, trace)
+            for kind in ("plain", "spec") if i % 2 else ("spec", "plain"):
+                speculator.enabled = kind == "spec"
+                before = {c: getattr(speculator.stats, c) for c in _COUNTS}
+                out, sec = _timed(llm, trace.prompt_token_ids, sampling)
+                if out != plain:
+                    raise SystemExit(f"{name} prompt {i}: speculative output differs")
+                ms[kind] += 1000.0 * sec
+                for c in _COUNTS:
+                    counts[c] += getattr(speculator.stats, c) - before[c]
+            num_tokens += len(plain)
+    row = {
+        "plain_tok_s": num_tokens / ms["plain"] * 1000.0,
+        "spec_tok_s": num_tokens / ms["spec"] * 1000.0,
+        "trace_mean_accepted": _mean_accepted(traces),
+        "mean_chosen_k": counts["num_chosen_drafts"] / max(1, counts["num_decisions"]),
+        "num_tokens": num_tokens,
+        "drafts_verified": counts["num_draft_tokens"],
+        "drafts_accepted": counts["num_accepted_tokens"],
+    }
+    row["speedup"] = row["spec_tok_s"] / row["plain_tok_s"]
+    return row
 
 
 def route_locality(llm: LLM, traces: list[Trace]) -> dict[str, float]:
@@ -334,14 +350,16 @@ def main() -> None:
     result["settings"] = {**_settings(args), "moe": args.moe, "rounds": args.rounds}
     print(f"cost: {result['cost']}")
     print(
-        "| set | plain tok/s | spec tok/s | speedup | trace accepted/step | mean k | expert hit | count err |"
+        "| set | plain tok/s | spec tok/s | speedup | trace accepted/step | mean k "
+        "| drafts verified / accepted / tokens | expert hit | count err |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name in SETS:
         r = result[name]
         print(
             f"| {name} | {r['plain_tok_s']:.2f} | {r['spec_tok_s']:.2f} | {r['speedup']:.3f} | "
             f"{r['trace_mean_accepted']:.2f} | {r['mean_chosen_k']:.2f} | "
+            f"{r['drafts_verified']} / {r['drafts_accepted']} / {r['num_tokens']} | "
             f"{r.get('expert_hit_fraction', float('nan')):.3f} | "
             f"{r.get('expert_count_error', float('nan')):.3f} |"
         )

@@ -201,9 +201,17 @@ def suffix_spread(routes: np.ndarray, num_experts: int) -> list[float]:
 
 @dataclass
 class _Routes:
-    window: np.ndarray  # [m, L, k] the request's latest accepted rows' experts, oldest first
+    # per (MoE layer, expert): how many of the request's latest accepted rows came since it was
+    # last chosen (SPREAD_WINDOW: not within the window); the last n rows touched ages < n
+    ages: np.ndarray  # [L, E]
     spread: list[float]  # [n - 1]: distinct experts per layer of n consecutive rows (learnt)
+    num_rows: int = 0  # accepted rows so far, up to SPREAD_WINDOW
     last_set: np.ndarray | None = None  # [L, E] the previous step's accepted rows' experts
+
+    def measured(self) -> list[float]:
+        """Distinct experts per layer of the last 1, 2, ... num_rows accepted rows."""
+        counts = np.bincount(self.ages.ravel(), minlength=SPREAD_WINDOW + 1)
+        return (counts[: self.num_rows].cumsum() / self.ages.shape[0]).tolist()
 
 
 @dataclass
@@ -236,9 +244,7 @@ class ExpertSpread:
     def predict(self, req_id: str, max_rows: int) -> list[float]:
         """Distinct experts per layer for 1 .. max_rows rows (extrapolated beyond the window)."""
         state = self.requests.get(req_id)
-        return self._extend(state.spread if state is not None else self.prior, max_rows)
-
-    def _extend(self, spread: list[float], max_rows: int) -> list[float]:
+        spread = state.spread if state is not None else self.prior
         out = spread[:max_rows]
         step = spread[-1] - spread[-2]  # NOTE: the window's last growth per row, onwards
         while len(out) < max_rows:
@@ -250,23 +256,33 @@ class ExpertSpread:
         state = self.requests.get(req_id)
         if decode and state is not None:
             self._score(state, routes)
-        kept = routes[:num_valid]
         if state is None:
-            state = self.requests[req_id] = _Routes(kept[-SPREAD_WINDOW:], list(self.prior))
-        else:
-            state.window = np.concatenate([state.window, kept])[-SPREAD_WINDOW:]
-        state.last_set = expert_mask(kept, self.num_experts) if num_valid else None
-        for i, d in enumerate(suffix_spread(state.window, self.num_experts)):
+            ages = np.full((routes.shape[1], self.num_experts), SPREAD_WINDOW, dtype=np.int64)
+            state = self.requests[req_id] = _Routes(ages, list(self.prior))
+        kept = routes[:num_valid][-SPREAD_WINDOW:]
+        m = len(kept)
+        state.ages += m
+        np.minimum(state.ages, SPREAD_WINDOW, out=state.ages)
+        layers = np.arange(routes.shape[1])[:, None]
+        for i in range(m):  # oldest first: a newer row's age overwrites
+            state.ages[layers, kept[i]] = m - 1 - i
+        state.last_set = state.ages < m if m else None
+        state.num_rows = min(SPREAD_WINDOW, state.num_rows + m)
+        for i, d in enumerate(state.measured()):
             state.spread[i] += SPREAD_ALPHA * (d - state.spread[i])
             self.prior[i] += SPREAD_PRIOR_ALPHA * (d - self.prior[i])
 
     def _score(self, state: _Routes, routes: np.ndarray) -> None:
         touched = expert_mask(routes, self.num_experts)
         if state.last_set is not None:
-            self.num_hit += int((touched & state.last_set).sum())
-            self.num_touched += int(touched.sum())
-        predicted = self._extend(state.spread, routes.shape[0])[-1]
-        self.abs_error += abs(predicted - float(touched.sum(axis=1).mean()))
+            self.num_hit += int(np.count_nonzero(touched & state.last_set))
+            self.num_touched += int(np.count_nonzero(touched))
+        n, spread = len(routes), state.spread
+        predicted = spread[min(n, len(spread)) - 1]
+        predicted = min(
+            self.num_experts, predicted + (spread[-1] - spread[-2]) * max(0, n - len(spread))
+        )
+        self.abs_error += abs(predicted - np.count_nonzero(touched) / routes.shape[1])
         self.num_predicted += predicted
 
     def remove(self, req_id: str) -> None:

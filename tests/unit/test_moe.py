@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from specdec import LLM, SamplingParams
 from specdec.model.moe import (
+    SPREAD_WINDOW,
     ExpertSpread,
     _sigmoid_rows,
     _silu_mul,
@@ -83,10 +84,24 @@ def test_expert_spread_learns_from_the_accepted_rows() -> None:
     assert spread.hit_fraction < 0.6
     # rows not accepted do not enter the window; a removed request starts from the prior
     spread.observe("b", np.array([[[0, 1]], [[6, 7]]]), num_valid=1, decode=False)
-    assert spread.requests["b"].window.tolist() == [[[0, 1]]]
+    assert spread.requests["b"].last_set.tolist() == [[e in (0, 1) for e in range(8)]]
     spread.remove("a")
     assert "a" not in spread.requests
     assert spread.predict("a", 2)[1] > 2.0  # the prior moved towards what requests showed
+
+
+def test_expert_spread_measures_the_window_of_accepted_rows() -> None:
+    # what ExpertSpread keeps step by step equals suffix_spread over the last 16 accepted rows
+    rng = np.random.default_rng(1)
+    spread, accepted = ExpertSpread(num_experts=12, top_k=3), []
+    for step in range(40):
+        n = int(rng.integers(1, 30 if step == 0 else 6))
+        routes = np.stack([[rng.permutation(12)[:3] for _ in range(4)] for _ in range(n)])
+        valid = int(rng.integers(0 if step else 1, n + 1))
+        spread.observe("r", routes, valid, decode=step > 0)
+        accepted += list(routes[:valid])
+        want = suffix_spread(np.stack(accepted[-SPREAD_WINDOW:]), 12)
+        assert spread.requests["r"].measured() == pytest.approx(want)
 
 
 def test_moe_engine_prices_experts_and_a_dense_one_does_not(tiny_qwen3_moe, tiny_llama) -> None:
