@@ -27,7 +27,7 @@ from specdec.engine.scheduler import (
 )
 from specdec.kv_cache.pool import KVCache
 from specdec.model.llama import LlamaModel
-from specdec.model.moe import ExpertSpread, distinct_experts, latest_routes, moe_blocks
+from specdec.model.moe import ExpertSpread, expert_mask, latest_routes, moe_blocks
 from specdec.sample.rejection_sampler import VerifyResult
 from specdec.spec_decode import DraftInput, DraftRequest, Proposer, make_proposer
 from specdec.spec_decode.base import accepted_prefix
@@ -269,14 +269,16 @@ class Speculator:
         sizes = [len(s.token_ids) for s in sched.scheduled]
         if routes is None or routes.shape[0] != sum(sizes):
             return None  # NOTE: a failed batch ran its requests one by one
-        for s, r, rows in zip(sched.scheduled, results, np.split(routes, np.cumsum(sizes)[:-1])):
+        step, start = None, 0
+        for s, r, n in zip(sched.scheduled, results, sizes):
+            rows, start = routes[start : start + n], start + n
             if r is None or isinstance(r, VerifyResult):
-                num_valid = len(s.token_ids)
-                if r is not None:
-                    num_valid += r.num_accepted - s.num_drafts
-                decode = len(s.token_ids) == 1 + s.num_drafts
-                self.spread.observe(s.req_id, rows, num_valid, decode)
-        return distinct_experts(routes, self.spread.num_experts)
+                num_valid = n + (r.num_accepted - s.num_drafts if r is not None else 0)
+                touched = self.spread.observe(s.req_id, rows, num_valid, n == 1 + s.num_drafts)
+            else:  # failed
+                touched = expert_mask(rows, self.spread.num_experts)
+            step = touched if step is None else step | touched
+        return np.count_nonzero(step) / step.shape[0] if step is not None else None
 
     def _keep_hidden(self, req_id: str, start: int, rows: torch.Tensor) -> None:
         pending = self._hidden.get(req_id)

@@ -171,7 +171,7 @@ def latest_routes(blocks: list[MoeBlock]) -> np.ndarray | None:  # -> [T, L, k]
     ids = [b.last_ids for b in blocks]
     if not ids or any(i is None for i in ids) or len({i.shape[0] for i in ids}) != 1:
         return None
-    return torch.stack(ids, dim=1).cpu().numpy()
+    return np.stack([i.cpu().numpy() for i in ids], axis=1)
 
 
 def expert_mask(routes: np.ndarray, num_experts: int) -> np.ndarray:
@@ -204,14 +204,14 @@ class _Routes:
     # per (MoE layer, expert): how many of the request's latest accepted rows came since it was
     # last chosen (SPREAD_WINDOW: not within the window); the last n rows touched ages < n
     ages: np.ndarray  # [L, E]
-    spread: list[float]  # [n - 1]: distinct experts per layer of n consecutive rows (learnt)
+    spread: np.ndarray  # [n - 1]: distinct experts per layer of n consecutive rows (learnt)
     num_rows: int = 0  # accepted rows so far, up to SPREAD_WINDOW
     last_set: np.ndarray | None = None  # [L, E] the previous step's accepted rows' experts
 
-    def measured(self) -> list[float]:
+    def measured(self) -> np.ndarray:  # [num_rows]
         """Distinct experts per layer of the last 1, 2, ... num_rows accepted rows."""
         counts = np.bincount(self.ages.ravel(), minlength=SPREAD_WINDOW + 1)
-        return (counts[: self.num_rows].cumsum() / self.ages.shape[0]).tolist()
+        return counts[: self.num_rows].cumsum() / self.ages.shape[0]
 
 
 @dataclass
@@ -227,7 +227,7 @@ class ExpertSpread:
 
     num_experts: int
     top_k: int
-    prior: list[float] = field(default_factory=list)  # what a new request starts from
+    prior: np.ndarray | None = None  # [SPREAD_WINDOW] what a new request starts from
     requests: dict[str, _Routes] = field(default_factory=dict)
     num_hit: int = 0
     num_touched: int = 0
@@ -236,29 +236,32 @@ class ExpertSpread:
 
     def __post_init__(self) -> None:
         # NOTE: before any measurement, independent uniform routing: the widest spread
-        e, k = self.num_experts, self.top_k
-        self.prior = self.prior or [
-            e * (1.0 - (1.0 - k / e) ** n) for n in range(1, SPREAD_WINDOW + 1)
-        ]
+        if self.prior is None:
+            n = np.arange(1, SPREAD_WINDOW + 1)
+            self.prior = self.num_experts * (1.0 - (1.0 - self.top_k / self.num_experts) ** n)
 
     def predict(self, req_id: str, max_rows: int) -> list[float]:
         """Distinct experts per layer for 1 .. max_rows rows (extrapolated beyond the window)."""
         state = self.requests.get(req_id)
         spread = state.spread if state is not None else self.prior
-        out = spread[:max_rows]
-        step = spread[-1] - spread[-2]  # NOTE: the window's last growth per row, onwards
+        out = spread[:max_rows].tolist()
+        step = float(spread[-1] - spread[-2])  # NOTE: the window's last growth per row, onwards
         while len(out) < max_rows:
             out.append(out[-1] + step)
         return [min(float(self.num_experts), d) for d in out]
 
-    def observe(self, req_id: str, routes: np.ndarray, num_valid: int, decode: bool) -> None:
-        """A step ran the request's rows ``routes`` [n, L, k]; the first ``num_valid`` stay."""
+    def observe(
+        self, req_id: str, routes: np.ndarray, num_valid: int, decode: bool
+    ) -> np.ndarray:  # -> [L, E]
+        """A step ran the request's rows ``routes`` [n, L, k]; the first ``num_valid`` stay.
+        Returns the experts the rows touched."""
+        touched = expert_mask(routes, self.num_experts)
         state = self.requests.get(req_id)
         if decode and state is not None:
-            self._score(state, routes)
+            self._score(state, touched, len(routes))
         if state is None:
             ages = np.full((routes.shape[1], self.num_experts), SPREAD_WINDOW, dtype=np.int64)
-            state = self.requests[req_id] = _Routes(ages, list(self.prior))
+            state = self.requests[req_id] = _Routes(ages, self.prior.copy())
         kept = routes[:num_valid][-SPREAD_WINDOW:]
         m = len(kept)
         state.ages += m
@@ -268,21 +271,21 @@ class ExpertSpread:
             state.ages[layers, kept[i]] = m - 1 - i
         state.last_set = state.ages < m if m else None
         state.num_rows = min(SPREAD_WINDOW, state.num_rows + m)
-        for i, d in enumerate(state.measured()):
-            state.spread[i] += SPREAD_ALPHA * (d - state.spread[i])
-            self.prior[i] += SPREAD_PRIOR_ALPHA * (d - self.prior[i])
+        measured, n = state.measured(), state.num_rows
+        state.spread[:n] += SPREAD_ALPHA * (measured - state.spread[:n])
+        self.prior[:n] += SPREAD_PRIOR_ALPHA * (measured - self.prior[:n])
+        return touched
 
-    def _score(self, state: _Routes, routes: np.ndarray) -> None:
-        touched = expert_mask(routes, self.num_experts)
+    def _score(self, state: _Routes, touched: np.ndarray, n: int) -> None:
         if state.last_set is not None:
             self.num_hit += int(np.count_nonzero(touched & state.last_set))
             self.num_touched += int(np.count_nonzero(touched))
-        n, spread = len(routes), state.spread
+        spread = state.spread
         predicted = spread[min(n, len(spread)) - 1]
         predicted = min(
             self.num_experts, predicted + (spread[-1] - spread[-2]) * max(0, n - len(spread))
         )
-        self.abs_error += abs(predicted - np.count_nonzero(touched) / routes.shape[1])
+        self.abs_error += abs(predicted - np.count_nonzero(touched) / touched.shape[0])
         self.num_predicted += predicted
 
     def remove(self, req_id: str) -> None:
