@@ -266,6 +266,8 @@ class Speculator:
         """Mixture of experts: each request's rows of this step teach its expert spread; returns
         the distinct experts per MoE layer the step's rows touched."""
         routes = latest_routes(self._moe)  # [T, L, k]
+        for block in self._moe:
+            block.last_ids = None  # NOTE: read once: a step without a forward finds none
         sizes = [len(s.token_ids) for s in sched.scheduled]
         if routes is None or routes.shape[0] != sum(sizes):
             return None  # NOTE: a failed batch ran its requests one by one

@@ -186,19 +186,6 @@ def distinct_experts(routes: np.ndarray, num_experts: int) -> float:
     return float(expert_mask(routes, num_experts).sum(axis=1).mean())
 
 
-def suffix_spread(routes: np.ndarray, num_experts: int) -> list[float]:
-    """[n, L, k] consecutive rows -> distinct experts per layer of the last 1, 2, ... n rows."""
-    n, num_layers, _ = routes.shape
-    # NOTE: per (layer, expert), how many rows back it was last chosen (n: never): the last m
-    # rows touched the experts whose age is under m. Oldest row first, so newer ages overwrite.
-    ages = np.full((num_layers, num_experts), n, dtype=np.int64)
-    layers = np.arange(num_layers)[:, None]
-    for i in range(n):
-        ages[layers, routes[i]] = n - 1 - i
-    counts = np.bincount(ages.ravel(), minlength=n + 1)[:n]
-    return (counts.cumsum() / num_layers).tolist()
-
-
 @dataclass
 class _Routes:
     # per (MoE layer, expert): how many of the request's latest accepted rows came since it was

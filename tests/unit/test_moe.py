@@ -15,7 +15,6 @@ from specdec.model.moe import (
     _silu_mul,
     distinct_experts,
     expert_mask,
-    suffix_spread,
 )
 from specdec.spec_decode.base import DraftInput, DraftOutput, Proposer
 from specdec.spec_decode.controller import CostModel
@@ -43,6 +42,20 @@ def test_sigmoid_rows_is_row_invariant() -> None:
     alone = torch.cat([_sigmoid_rows(x[i : i + 1]) for i in range(len(x))])
     assert torch.equal(_sigmoid_rows(x), alone)
     assert torch.allclose(alone, torch.sigmoid(x))
+
+
+def suffix_spread(routes: np.ndarray, num_experts: int) -> list[float]:
+    """The reference: [n, L, k] consecutive rows -> distinct experts per layer of the last 1, 2,
+    ... n rows."""
+    n, num_layers, _ = routes.shape
+    # NOTE: per (layer, expert), how many rows back it was last chosen (n: never): the last m
+    # rows touched the experts whose age is under m. Oldest row first, so newer ages overwrite.
+    ages = np.full((num_layers, num_experts), n, dtype=np.int64)
+    layers = np.arange(num_layers)[:, None]
+    for i in range(n):
+        ages[layers, routes[i]] = n - 1 - i
+    counts = np.bincount(ages.ravel(), minlength=n + 1)[:n]
+    return (counts.cumsum() / num_layers).tolist()
 
 
 def test_suffix_spread_counts_the_distinct_experts_of_the_newest_rows() -> None:
