@@ -182,3 +182,17 @@ def test_engine_passes_expert_spreads_to_the_controller(tiny_qwen3_moe) -> None:
         chosen[expert_ms] = out.spec_decode_stats.mean_chosen_k
     assert chosen[0.0] > 3.5  # the cap, but where max_tokens clips it
     assert 0.8 < chosen[3.0] < 1.5
+
+
+def test_moe_batch_with_expert_pricing_is_exact(tiny_qwen3_moe) -> None:
+    # two requests at once: the batch rule prices each draft by its request's predicted experts
+    prompts = ["one two three one two three one two three", "a b c d a b c d a b c d a b"]
+    sampling = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    plain = LLM(str(tiny_qwen3_moe), max_model_len=256).generate(prompts, sampling)
+    cfg = {"method": "ngram", "num_speculative_tokens": 3}
+    llm = LLM(str(tiny_qwen3_moe), max_model_len=256, speculative_config=cfg)
+    sp = llm.engine.speculator
+    sp.controller.cost.expert_ms = max(sp.controller.cost.expert_ms, 0.05)  # priced, always
+    out = llm.generate(prompts, sampling)
+    assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in plain]
+    assert sp.spread.requests == {}
