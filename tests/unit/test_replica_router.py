@@ -132,3 +132,38 @@ def test_split_cores():
         split_cores(2, "0", "--replica-cpu-binding")
     with pytest.raises(ConfigError, match="cannot use"):
         split_cores(1, "100000")
+
+
+def test_ttft_for_a_ray_autoscaling_policy():
+    """The engine's TTFT histogram read back from /metrics text, and the mean over a window."""
+    import asyncio
+
+    from specdec.entrypoints.replicas import ray_app
+
+    def text(total: float, count: int, prefix: str = "vllm:") -> str:
+        name = f"{prefix}time_to_first_token_seconds"
+        return (f"# TYPE {name} histogram\n{name}_bucket{{le=\"+Inf\",model_name=\"m\"}} {count}\n"
+                f"{name}_sum{{model_name=\"m\"}} {total}\n{name}_count{{model_name=\"m\"}} {count}\n"
+                f"{name}_sum{{model_name=\"n\"}} 1.0\n{name}_count{{model_name=\"n\"}} 1\n")  # fmt: skip
+
+    assert ray_app.histogram_totals(text(2.5, 4), "time_to_first_token_seconds") == (3.5, 5)
+    assert ray_app.histogram_totals(text(2.5, 4, "specdec:"), "time_to_first_token_seconds") == (3.5, 5)  # fmt: skip
+    assert ray_app.histogram_totals("", "time_to_first_token_seconds") == (0.0, 0.0)
+    assert ray_app.mean_since((1.0, 2), (4.0, 5)) == 1.0
+    assert ray_app.mean_since((4.0, 5), (4.0, 5)) == 0.0  # no request in the window
+    assert ray_app.mean_since((4.0, 5), (0.6, 2)) == 0.3  # the engine restarted
+
+    engine = object.__new__(ray_app.SpecdecEngine)  # the replica's stats method, no Ray
+    engine._ttft_last, readings = (0.0, 0.0), iter([text(0.0, 0), text(1.0, 2), text(1.0, 2)])
+
+    async def metrics() -> dict:
+        return {"replica": "r", "text": next(readings)}
+
+    engine.metrics = metrics
+    got = [asyncio.run(engine.record_autoscaling_stats()) for _ in range(3)]
+    assert [g[ray_app.TTFT_METRIC] for g in got] == [1.0, 0.5, 0.0]
+
+
+def test_merge_metrics_takes_ray_replica_ids():
+    merged = merge_metrics({"abc12": "# TYPE a:g gauge\na:g 1\n", "def34": "a:g 2\n"})
+    assert 'a:g{replica="abc12"} 1' in merged and 'a:g{replica="def34"} 2' in merged

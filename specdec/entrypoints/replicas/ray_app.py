@@ -38,6 +38,8 @@ logger = logging.getLogger("specdec.entrypoints.replicas")
 APP_NAME = "specdec"
 ENGINE_NAME = "SpecdecEngine"
 STARTUP_TIMEOUT_S = 600.0
+METRICS_TIMEOUT_S = 3.0
+TTFT_METRIC = "ttft_mean_s"  # NOTE: the name a custom autoscaling policy reads
 
 
 class SpecdecEngine:
@@ -48,6 +50,7 @@ class SpecdecEngine:
         from ray import serve
 
         self.name = serve.get_replica_context().replica_id.unique_id
+        self._ttft_last = (0.0, 0.0)  # the TTFT histogram's (sum, count) at the last stats call
         self.workdir = tempfile.mkdtemp(prefix="specdec-ray-")
         os.chmod(self.workdir, 0o700)
         sock = os.path.join(self.workdir, "engine.sock")
@@ -94,8 +97,19 @@ class SpecdecEngine:
         keep = {k: v for k, v in resp.headers.items() if k in ("content-type", "retry-after")}
         return {"status": resp.status_code, "headers": keep, "body": resp.content}
 
-    async def metrics(self) -> str:
-        return (await self.client.get("/metrics", timeout=5.0)).text
+    async def metrics(self) -> dict:
+        """This engine's Prometheus text and the replica it comes from (for the ingress merge)."""
+        resp = await self.client.get("/metrics", timeout=METRICS_TIMEOUT_S)
+        return {"replica": self.name, "text": resp.text if resp.status_code == 200 else ""}
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """Ray Serve's custom autoscaling metrics (a policy reads
+        ``ctx.aggregated_metrics[TTFT_METRIC][replica_id]``): this engine's mean TTFT over the
+        requests that got their first token since the last call (0 when none did)."""
+        text = (await self.metrics())["text"]
+        total = histogram_totals(text, "time_to_first_token_seconds")
+        last, self._ttft_last = self._ttft_last, total
+        return {TTFT_METRIC: mean_since(last, total)}
 
     def check_health(self) -> None:
         """Ray Serve's health probe: a replica whose engine died is replaced."""
@@ -111,6 +125,31 @@ class SpecdecEngine:
             except subprocess.TimeoutExpired:
                 proc.kill()
         shutil.rmtree(getattr(self, "workdir", ""), ignore_errors=True)
+
+
+def histogram_totals(text: str, family: str) -> tuple[float, float]:
+    """``(sum, count)`` of a histogram in Prometheus text, summed over its label sets, under
+    whichever prefix the engine exports (``vllm:`` first, then ``specdec:``)."""
+    import re
+
+    for prefix in ("vllm:", "specdec:"):
+        name = re.escape(f"{prefix}{family}")
+        got = {
+            part: [float(v) for v in re.findall(rf"^{name}_{part}(?:{{[^}}]*}})? (\S+)$", text, re.M)]
+            for part in ("sum", "count")
+        }  # fmt: skip
+        if got["count"]:
+            return sum(got["sum"]), sum(got["count"])
+    return 0.0, 0.0
+
+
+def mean_since(last: tuple[float, float], now: tuple[float, float]) -> float:
+    """The mean of a histogram's observations between two ``(sum, count)`` readings (0 when
+    none; a reset counter, as after an engine restart, starts the window over)."""
+    if now[1] < last[1]:
+        last = (0.0, 0.0)
+    n = now[1] - last[1]
+    return (now[0] - last[0]) / n if n > 0 else 0.0
 
 
 def build_ingress_app(api_key: str | None, allowed_hosts: list[str] | None) -> Any:
@@ -158,7 +197,39 @@ def build_ingress_app(api_key: str | None, allowed_hosts: list[str] | None) -> A
     app.include_router(tools)
     app.add_api_route("/version", forward, methods=["GET"])
     app.add_api_route("/health", lambda: Response(status_code=200), methods=["GET"])
+
+    async def metrics() -> Any:
+        return await gather_metrics(engine)
+
+    app.add_api_route("/metrics", metrics, methods=["GET"])
     return app
+
+
+async def gather_metrics(engine: Any) -> Any:
+    """Every live replica's engine metrics, each sample labelled ``replica`` (the id
+    ``x-specdec-replica`` names), one ``# HELP``/``# TYPE`` per family, as the
+    ``--data-parallel-size`` front serves them; plus ``specdec:replica_up`` per answering replica.
+    A replica that does not answer within the timeout is left out of this scrape."""
+    from fastapi.responses import Response
+
+    from specdec.entrypoints.replicas.front import merge_metrics
+    from specdec.metrics import CONTENT_TYPE
+
+    try:
+        got = await engine.broadcast("metrics").results_async(
+            timeout_s=METRICS_TIMEOUT_S + 1.0, return_exceptions=True
+        )
+    except Exception as e:  # noqa: BLE001 - no replica (a Ray error) or the whole scrape timed out
+        logger.warning("metrics: no replica answered (%s)", type(e).__name__)
+        got = []
+    texts = {g["replica"]: g["text"] for g in got if isinstance(g, dict) and g.get("text")}
+    name = "specdec:replica_up"
+    up = [
+        f"# HELP {name} 1 for each replica whose metrics this scrape holds",
+        f"# TYPE {name} gauge",
+    ]
+    up += [f'{name}{{replica="{r}"}} 1' for r in sorted(texts)]
+    return Response(merge_metrics(texts) + "\n".join(up) + "\n", media_type=CONTENT_TYPE)
 
 
 MAX_BODY = 4 * 1024 * 1024
