@@ -167,3 +167,26 @@ def test_ttft_for_a_ray_autoscaling_policy():
 def test_merge_metrics_takes_ray_replica_ids():
     merged = merge_metrics({"abc12": "# TYPE a:g gauge\na:g 1\n", "def34": "a:g 2\n"})
     assert 'a:g{replica="abc12"} 1' in merged and 'a:g{replica="def34"} 2' in merged
+
+
+def test_ray_engine_resources_per_replica():
+    """A tensor-parallel Ray replica: one CPU bundle per rank, packed on one host."""
+    import argparse
+
+    from specdec.entrypoints.openai.api_server import make_arg_parser
+    from specdec.entrypoints.replicas.ray_app import engine_resources
+
+    parser = argparse.ArgumentParser()
+    make_arg_parser(parser)
+
+    def parse(*flags: str) -> dict:
+        return engine_resources(parser.parse_args(["--model", "m", "--ray", *flags]))
+
+    assert parse("--num-replicas", "2") == {"ray_actor_options": {"num_cpus": 1}, "num_replicas": 2}
+    got = parse("--num-replicas", "2", "-tp", "2", "--threads", "3")
+    assert got["placement_group_bundles"] == [{"CPU": 3}, {"CPU": 3}]
+    assert got["placement_group_strategy"] == "STRICT_PACK"
+    assert got["ray_actor_options"] == {"num_cpus": 3} and got["num_replicas"] == 2
+    got = parse("--min-replicas", "1", "--max-replicas", "3", "--threads", "2")
+    assert got["autoscaling_config"]["max_replicas"] == 3 and "num_replicas" not in got
+    assert got["ray_actor_options"] == {"num_cpus": 2}

@@ -294,25 +294,14 @@ async def _relay(gen: Any) -> Any:
         gen.cancel()
 
 
-def build_ray_app(args: argparse.Namespace, argv: list[str], api_key: str | None,
-                  allowed_hosts: list[str] | None) -> Any:  # fmt: skip
-    """The Ray Serve application: the engine deployment (resources, router, autoscaling) bound
-    under the ingress."""
-    from ray import serve
-    from ray.serve.config import RequestRouterConfig
-
+def engine_resources(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine deployment's resources and scale: ``num_cpus`` = threads x TP size, or, when
+    the replica is tensor-parallel, one ``{"CPU": threads}`` bundle per rank, STRICT_PACK (the
+    ranks share memory on one host); ``num_replicas`` or Ray Serve's autoscaling config."""
     threads = args.threads or 1
     tp = getattr(args, "tensor_parallel_size", 1) or 1
-    options: dict[str, Any] = {
-        "name": ENGINE_NAME,
-        "ray_actor_options": {"num_cpus": threads * tp},
-        "request_router_config": RequestRouterConfig(
-            request_router_class="specdec.entrypoints.replicas.ray_router.SpecdecRequestRouter"
-        ),
-        "health_check_period_s": 2.0,
-        "graceful_shutdown_timeout_s": args.shutdown_timeout + 5.0,
-    }
-    if tp > 1:  # NOTE: one bundle per rank, on one host (the ranks share memory)
+    options: dict[str, Any] = {"ray_actor_options": {"num_cpus": threads * tp}}
+    if tp > 1:  # NOTE: the replica actor takes the first bundle; rank 0 runs in it
         options["ray_actor_options"] = {"num_cpus": threads}
         options["placement_group_bundles"] = [{"CPU": threads}] * tp
         options["placement_group_strategy"] = "STRICT_PACK"
@@ -325,6 +314,26 @@ def build_ray_app(args: argparse.Namespace, argv: list[str], api_key: str | None
         }
     else:
         options["num_replicas"] = args.num_replicas
+    return options
+
+
+def build_ray_app(args: argparse.Namespace, argv: list[str], api_key: str | None,
+                  allowed_hosts: list[str] | None) -> Any:  # fmt: skip
+    """The Ray Serve application: the engine deployment (resources, router, autoscaling) bound
+    under the ingress."""
+    from ray import serve
+    from ray.serve.config import RequestRouterConfig
+
+    threads = args.threads or 1
+    options = {
+        "name": ENGINE_NAME,
+        "request_router_config": RequestRouterConfig(
+            request_router_class="specdec.entrypoints.replicas.ray_router.SpecdecRequestRouter"
+        ),
+        "health_check_period_s": 2.0,
+        "graceful_shutdown_timeout_s": args.shutdown_timeout + 5.0,
+        **engine_resources(args),
+    }
     engine = serve.deployment(SpecdecEngine, **options).bind(replica_argv(argv), threads)
 
     def builder() -> Any:
