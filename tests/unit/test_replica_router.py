@@ -190,3 +190,34 @@ def test_ray_engine_resources_per_replica():
     got = parse("--min-replicas", "1", "--max-replicas", "3", "--threads", "2")
     assert got["autoscaling_config"]["max_replicas"] == 3 and "num_replicas" not in got
     assert got["ray_actor_options"] == {"num_cpus": 2}
+    policy = "my_policies:ttft"
+    got = parse("--max-replicas", "2", "--autoscaling-policy", policy)
+    assert got["autoscaling_config"]["policy"] == {"policy_function": policy}
+
+
+@pytest.mark.parametrize(
+    ("flags", "field"),
+    [
+        (["--num-replicas", "2"], "--num-replicas needs --ray"),
+        (["--ray", "--num-replicas", "0"], "--num-replicas"),
+        (["--ray", "--min-replicas", "3", "--max-replicas", "2"], "--max-replicas"),
+        (["--ray", "--target-ongoing-requests", "0"], "--target-ongoing-requests"),
+        (["--ray", "--autoscaling-policy", "m:f"], "--autoscaling-policy"),
+        (
+            ["--ray", "--max-replicas", "2", "--autoscaling-policy", "nocolon"],
+            "--autoscaling-policy",
+        ),
+    ],
+)
+def test_bad_ray_flags_are_one_line_errors(flags, field):
+    import argparse
+
+    from specdec.entrypoints.openai.api_server import make_arg_parser
+    from specdec.entrypoints.replicas.ray_app import check_ray_args
+
+    parser = argparse.ArgumentParser()
+    make_arg_parser(parser)
+    with pytest.raises(ConfigError, match=field) as e:
+        check_ray_args(parser.parse_args(["--model", "m", *flags]))
+    assert "\n" not in str(e.value)
+    check_ray_args(parser.parse_args(["--model", "m", "--ray", "--max-replicas", "2", "--autoscaling-policy", "m:f"]))  # fmt: skip

@@ -294,6 +294,32 @@ async def _relay(gen: Any) -> Any:
         gen.cancel()
 
 
+def check_ray_args(args: argparse.Namespace) -> None:
+    """The Ray flags, checked before anything starts: a bad one is a one-line ``ConfigError``
+    naming it."""
+    from specdec.config import ConfigError
+
+    scaled = args.min_replicas is not None or args.max_replicas is not None
+    if not args.ray:
+        given = [f for f, v in (("--num-replicas", args.num_replicas != 1), ("--min-replicas", args.min_replicas is not None), ("--max-replicas", args.max_replicas is not None), ("--autoscaling-policy", args.autoscaling_policy is not None), ("--ray-address", args.ray_address is not None)) if v]  # fmt: skip
+        if given:
+            raise ConfigError(f"{given[0]} needs --ray")
+        return
+    low = args.min_replicas if args.min_replicas is not None else 1
+    if args.num_replicas < 1:
+        raise ConfigError(f"--num-replicas must be >= 1, got {args.num_replicas}")
+    if low < 0:
+        raise ConfigError(f"--min-replicas must be >= 0, got {low}")
+    if args.max_replicas is not None and args.max_replicas < max(low, 1):
+        raise ConfigError(f"--max-replicas must be >= max(1, --min-replicas), got {args.max_replicas}")  # fmt: skip
+    if not args.target_ongoing_requests > 0:
+        raise ConfigError(f"--target-ongoing-requests must be > 0, got {args.target_ongoing_requests}")  # fmt: skip
+    if args.autoscaling_policy is not None and (not scaled or ":" not in args.autoscaling_policy):
+        raise ConfigError(
+            "--autoscaling-policy takes MODULE:FUNCTION, with --min-replicas or --max-replicas"
+        )
+
+
 def engine_resources(args: argparse.Namespace) -> dict[str, Any]:
     """The engine deployment's resources and scale: ``num_cpus`` = threads x TP size, or, when
     the replica is tensor-parallel, one ``{"CPU": threads}`` bundle per rank, STRICT_PACK (the
@@ -312,6 +338,8 @@ def engine_resources(args: argparse.Namespace) -> dict[str, Any]:
             "max_replicas": args.max_replicas if args.max_replicas is not None else max(low, 1),
             "target_ongoing_requests": args.target_ongoing_requests,
         }
+        if args.autoscaling_policy:  # NOTE: Ray imports it in its controller
+            options["autoscaling_config"]["policy"] = {"policy_function": args.autoscaling_policy}
     else:
         options["num_replicas"] = args.num_replicas
     return options

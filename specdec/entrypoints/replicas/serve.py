@@ -50,8 +50,10 @@ def serve_replicas(
 def cmd_serve_any(args: argparse.Namespace) -> int:
     """``specdec serve``: one engine, ``--data-parallel-size N`` replicas, or ``--ray``."""
     from specdec.entrypoints.openai.api_server import api_key_from, check_serve_args, cmd_serve
+    from specdec.entrypoints.replicas.ray_app import check_ray_args
     from specdec.entrypoints.utils import LOG_FORMAT
 
+    check_ray_args(args)
     if not args.ray and args.data_parallel_size == 1:
         return cmd_serve(args)
     _, _, allowed_hosts = check_serve_args(args)
