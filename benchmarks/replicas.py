@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -157,7 +158,13 @@ def _conversation_turn(url: str, model: str, session: str, history: list, max_to
     data = resp.json()
     history.append({"role": "assistant", "content": data["choices"][0]["message"]["content"]})
     spec = data.get("spec_decode") or {}
+    cached = (data["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
     with lock:
+        homes = stats["homes"].setdefault(session, [])
+        homes.append(resp.headers.get("x-specdec-replica"))
+        stats["moves"] += len(homes) > 1 and homes[-1] != homes[-2]
+        stats["cached"] += cached
+        stats["prompt"] += data["usage"]["prompt_tokens"]
         stats["tokens"] += data["usage"]["completion_tokens"]
         stats["drafts"] += spec.get("num_drafts", 0)
         stats["accepted"] += spec.get("num_accepted_tokens", 0)
@@ -173,12 +180,17 @@ def agent(args: argparse.Namespace) -> None:
     rows = []
     for policy in ("affinity", "round_robin"):
         srv = Server(args.model, common + ["--replica-routing", policy])
-        stats, lock = {"tokens": 0, "drafts": 0, "accepted": 0, "failed": 0}, threading.Lock()
+        stats: dict = {"tokens": 0, "drafts": 0, "accepted": 0, "failed": 0, "moves": 0,
+                       "cached": 0, "prompt": 0, "homes": {}}  # fmt: skip
+        lock = threading.Lock()
         histories = [[{"role": "user", "content": p}] for p in seeds]
         start = time.monotonic()
         try:
             for turn in range(args.turns):
-                threads = [threading.Thread(target=_conversation_turn, args=(srv.url, args.model, f"conv-{i}", h, args.max_tokens, stats, lock)) for i, h in enumerate(histories)]  # fmt: skip
+                # NOTE: a new arrival order each turn (the same for both policies): in a fixed
+                # order an even count of conversations would make round robin sticky by accident
+                order = random.Random(turn).sample(range(len(histories)), len(histories))
+                threads = [threading.Thread(target=_conversation_turn, args=(srv.url, args.model, f"conv-{i}", histories[i], args.max_tokens, stats, lock)) for i in order]  # fmt: skip
                 for t in threads:
                     t.start()
                 for t in threads:
@@ -190,7 +202,9 @@ def agent(args: argparse.Namespace) -> None:
         wall = time.monotonic() - start
         mal = 1 + stats["accepted"] / stats["drafts"] if stats["drafts"] else 1.0
         rows.append({"routing": policy, "mean_acceptance_length": round(mal, 3),
-                     "output_tok_s": round(stats["tokens"] / wall, 2), "failed": stats["failed"], "wall_s": round(wall, 1)})  # fmt: skip
+                     "output_tok_s": round(stats["tokens"] / wall, 2), "replica_moves": stats["moves"],
+                     "prefix_cache_hit": round(stats["cached"] / max(stats["prompt"], 1), 3),
+                     "failed": stats["failed"], "wall_s": round(wall, 1)})  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)
     print(_table(rows))
 
