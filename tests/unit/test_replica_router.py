@@ -149,19 +149,24 @@ def test_ttft_for_a_ray_autoscaling_policy():
     assert ray_app.histogram_totals(text(2.5, 4), "time_to_first_token_seconds") == (3.5, 5)
     assert ray_app.histogram_totals(text(2.5, 4, "specdec:"), "time_to_first_token_seconds") == (3.5, 5)  # fmt: skip
     assert ray_app.histogram_totals("", "time_to_first_token_seconds") == (0.0, 0.0)
-    assert ray_app.mean_since((1.0, 2), (4.0, 5)) == 1.0
-    assert ray_app.mean_since((4.0, 5), (4.0, 5)) == 0.0  # no request in the window
-    assert ray_app.mean_since((4.0, 5), (0.6, 2)) == 0.3  # the engine restarted
+    mean = ray_app.TrailingMean(window_s=30.0)
+    assert mean.observe(0.0, (0.0, 0)) == 0.0  # no request yet
+    assert mean.observe(10.0, (3.0, 2)) == 1.5
+    assert mean.observe(35.0, (4.0, 4)) == 1.0  # (5, 35]: back to the newest reading before 5
+    assert mean.observe(41.0, (4.0, 4)) == 0.5  # (11, 41]: 2 requests since the reading at 10
+    assert mean.observe(70.0, (4.0, 4)) == 0.0  # idle for a whole window
+    assert mean.observe(71.0, (0.6, 2)) == 0.3  # a reset counter (a restarted engine)
 
     engine = object.__new__(ray_app.SpecdecEngine)  # the replica's stats method, no Ray
-    engine._ttft_last, readings = (0.0, 0.0), iter([text(0.0, 0), text(1.0, 2), text(1.0, 2)])
+    engine._ttft = ray_app.TrailingMean(window_s=1e9)
+    readings = iter([text(0.0, 0), text(1.0, 2), text(1.0, 2)])
 
     async def metrics() -> dict:
         return {"replica": "r", "text": next(readings)}
 
     engine.metrics = metrics
     got = [asyncio.run(engine.record_autoscaling_stats()) for _ in range(3)]
-    assert [g[ray_app.TTFT_METRIC] for g in got] == [1.0, 0.5, 0.0]
+    assert [g[ray_app.TTFT_METRIC] for g in got] == [1.0, 2 / 3, 2 / 3]
 
 
 def test_merge_metrics_takes_ray_replica_ids():

@@ -29,6 +29,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 from specdec.entrypoints.replicas.pool import _child_setup, replica_argv
@@ -40,6 +42,7 @@ ENGINE_NAME = "SpecdecEngine"
 STARTUP_TIMEOUT_S = 600.0
 METRICS_TIMEOUT_S = 3.0
 TTFT_METRIC = "ttft_mean_s"  # NOTE: the name a custom autoscaling policy reads
+TTFT_WINDOW_S = 30.0  # as Ray Serve's default look_back_period_s
 
 
 class SpecdecEngine:
@@ -50,7 +53,7 @@ class SpecdecEngine:
         from ray import serve
 
         self.name = serve.get_replica_context().replica_id.unique_id
-        self._ttft_last = (0.0, 0.0)  # the TTFT histogram's (sum, count) at the last stats call
+        self._ttft = TrailingMean(TTFT_WINDOW_S)
         self.workdir = tempfile.mkdtemp(prefix="specdec-ray-")
         os.chmod(self.workdir, 0o700)
         sock = os.path.join(self.workdir, "engine.sock")
@@ -105,11 +108,10 @@ class SpecdecEngine:
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Ray Serve's custom autoscaling metrics (a policy reads
         ``ctx.aggregated_metrics[TTFT_METRIC][replica_id]``): this engine's mean TTFT over the
-        requests that got their first token since the last call (0 when none did)."""
+        requests that got their first token in the last ``TTFT_WINDOW_S`` (0 when none did)."""
         text = (await self.metrics())["text"]
         total = histogram_totals(text, "time_to_first_token_seconds")
-        last, self._ttft_last = self._ttft_last, total
-        return {TTFT_METRIC: mean_since(last, total)}
+        return {TTFT_METRIC: self._ttft.observe(time.monotonic(), total)}
 
     def check_health(self) -> None:
         """Ray Serve's health probe: a replica whose engine died is replaced."""
@@ -143,13 +145,28 @@ def histogram_totals(text: str, family: str) -> tuple[float, float]:
     return 0.0, 0.0
 
 
-def mean_since(last: tuple[float, float], now: tuple[float, float]) -> float:
-    """The mean of a histogram's observations between two ``(sum, count)`` readings (0 when
-    none; a reset counter, as after an engine restart, starts the window over)."""
-    if now[1] < last[1]:
-        last = (0.0, 0.0)
-    n = now[1] - last[1]
-    return (now[0] - last[0]) / n if n > 0 else 0.0
+@dataclass
+class TrailingMean:
+    """The mean of a histogram's observations over the last ``window_s``, from cumulative
+    ``(sum, count)`` readings. NOTE: a trailing window, not "since the last reading": Ray Serve
+    averages the reports over its look-back period, and readings of 0 between requests would
+    dilute a per-interval mean below any TTFT target."""
+
+    window_s: float
+    readings: deque[tuple[float, float, float]] = field(default_factory=deque)  # (t, sum, count)
+
+    def observe(self, now: float, total: tuple[float, float]) -> float:
+        if self.readings and total[1] < self.readings[-1][2]:
+            self.readings.clear()  # a reset counter: the window starts over
+        self.readings.append((now, *total))
+        while len(self.readings) > 1 and self.readings[1][0] <= now - self.window_s:
+            self.readings.popleft()  # NOTE: the newest reading at or before the window's start stays
+        # NOTE: no reading as old as the window (just started): since the engine started
+        start, first_sum, first_count = self.readings[0]
+        if start > now - self.window_s:
+            first_sum, first_count = 0.0, 0.0
+        n = total[1] - first_count
+        return (total[0] - first_sum) / n if n > 0 else 0.0
 
 
 def build_ingress_app(api_key: str | None, allowed_hosts: list[str] | None) -> Any:
