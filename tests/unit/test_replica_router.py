@@ -226,3 +226,27 @@ def test_bad_ray_flags_are_one_line_errors(flags, field):
         check_ray_args(parser.parse_args(["--model", "m", *flags]))
     assert "\n" not in str(e.value)
     check_ray_args(parser.parse_args(["--model", "m", "--ray", "--max-replicas", "2", "--autoscaling-policy", "m:f"]))  # fmt: skip
+
+
+def test_replicas_refuse_a_per_rank_binding_and_dp_with_ray(monkeypatch):
+    import argparse
+
+    from specdec.entrypoints.openai.api_server import make_arg_parser
+    from specdec.entrypoints.replicas.serve import check_replica_binding
+
+    parser = argparse.ArgumentParser()
+    make_arg_parser(parser)
+
+    def check(*flags: str) -> None:
+        check_replica_binding(parser.parse_args(["--model", "m", *flags]))
+
+    monkeypatch.delenv("SPECDEC_CPU_OMP_THREADS_BIND", raising=False)
+    check("-dp", "2", "-tp", "2")
+    check("-tp", "2", "--cpu-binding", "0|1")  # one engine: its ranks' binding
+    with pytest.raises(ConfigError, match="--cpu-binding"):
+        check("-dp", "2", "-tp", "2", "--cpu-binding", "0|1")
+    with pytest.raises(ConfigError, match="--num-replicas"):
+        check("-dp", "2", "--ray")
+    monkeypatch.setenv("SPECDEC_CPU_OMP_THREADS_BIND", "0|1")
+    with pytest.raises(ConfigError, match="SPECDEC_CPU_OMP_THREADS_BIND"):
+        check("-dp", "2", "-tp", "2")
