@@ -248,5 +248,6 @@ def test_replicas_refuse_a_per_rank_binding_and_dp_with_ray(monkeypatch):
     with pytest.raises(ConfigError, match="--num-replicas"):
         check("-dp", "2", "--ray")
     monkeypatch.setenv("SPECDEC_CPU_OMP_THREADS_BIND", "0|1")
+    check("-dp", "2")  # NOTE: one rank per replica: the variable is not read
     with pytest.raises(ConfigError, match="SPECDEC_CPU_OMP_THREADS_BIND"):
         check("-dp", "2", "-tp", "2")

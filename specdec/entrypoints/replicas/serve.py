@@ -59,7 +59,8 @@ def check_replica_binding(args: argparse.Namespace) -> None:
         return
     if args.ray:
         raise ConfigError("--data-parallel-size with --ray: use --num-replicas")
-    if getattr(args, "cpu_binding", None) or os.environ.get(BIND_ENV):
+    tp = getattr(args, "tensor_parallel_size", 1) or 1
+    if getattr(args, "cpu_binding", None) or (tp > 1 and os.environ.get(BIND_ENV)):
         raise ConfigError(
             f"--cpu-binding (or {BIND_ENV}) with --data-parallel-size: each replica's ranks "
             "split its own cores; choose the replicas' cores with --replica-cpu-binding"
