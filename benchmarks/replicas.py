@@ -8,7 +8,12 @@
     python benchmarks/replicas.py startup --model smollm2-135m
 
 Each run starts its servers (``specdec serve`` subprocesses), bounded in time and stopped by
-PID, and prints one JSON line per configuration. Needs a quiet machine for figures worth keeping.
+PID, prints one JSON line per configuration, then a Markdown table. Needs a quiet machine for
+figures worth keeping. A smoke run (about a minute each, mostly server start-up):
+
+    python benchmarks/replicas.py throughput --clients 4 --requests 4 --max-tokens 8 --max-model-len 512
+    python benchmarks/replicas.py agent --conversations 2 --turns 2 --max-tokens 8 --max-model-len 512
+    python benchmarks/replicas.py startup --max-model-len 512
 """
 
 from __future__ import annotations
