@@ -251,3 +251,13 @@ def test_replicas_refuse_a_per_rank_binding_and_dp_with_ray(monkeypatch):
     check("-dp", "2")  # NOTE: one rank per replica: the variable is not read
     with pytest.raises(ConfigError, match="SPECDEC_CPU_OMP_THREADS_BIND"):
         check("-dp", "2", "-tp", "2")
+
+
+def test_tensor_parallel_ray_replicas_take_distinct_cores():
+    from specdec.entrypoints.replicas.ray_app import replica_cores
+
+    usable = list(range(16))
+    assert replica_cores(usable, 0, 4) == [0, 1, 2, 3]
+    assert replica_cores(usable, 1, 4) == [4, 5, 6, 7]
+    assert replica_cores(usable, 5, 4) == [4, 5, 6, 7]  # more replicas than groups: they share
+    assert replica_cores([0, 1], 1, 4) == [0, 1]  # a replica wider than the host: all of it

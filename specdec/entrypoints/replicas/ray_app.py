@@ -48,11 +48,12 @@ TTFT_WINDOW_S = 30.0  # as Ray Serve's default look_back_period_s
 class SpecdecEngine:
     """One Ray Serve replica: a ``specdec serve`` engine process and a relay to it."""
 
-    def __init__(self, argv: list[str], threads: int) -> None:
+    def __init__(self, argv: list[str], threads: int, tp: int = 1) -> None:
         import httpx
         from ray import serve
 
-        self.name = serve.get_replica_context().replica_id.unique_id
+        context = serve.get_replica_context()
+        self.name = context.replica_id.unique_id
         self._ttft = TrailingMean(TTFT_WINDOW_S)
         self.workdir = tempfile.mkdtemp(prefix="specdec-ray-")
         os.chmod(self.workdir, 0o700)
@@ -60,6 +61,9 @@ class SpecdecEngine:
         cmd = [sys.executable, "-m", "specdec.entrypoints.cli", "serve", *argv,
                "--uds", sock, "--threads", str(threads)]  # fmt: skip
         cores = sorted(os.sched_getaffinity(0))
+        if tp > 1:  # NOTE: its ranks pin themselves: to this replica's share of the host
+            local_rank = getattr(getattr(context, "rank", None), "local_rank", 0) or 0
+            cores = replica_cores(cores, local_rank, threads * tp)
         env = {k: v for k, v in os.environ.items() if k != "SPECDEC_API_KEY"}
         self.proc = subprocess.Popen(
             cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
@@ -127,6 +131,16 @@ class SpecdecEngine:
             except subprocess.TimeoutExpired:
                 proc.kill()
         shutil.rmtree(getattr(self, "workdir", ""), ignore_errors=True)
+
+
+def replica_cores(usable: list[int], local_rank: int, per_replica: int) -> list[int]:
+    """A tensor-parallel replica's cores on its host: the ``local_rank``-th group of
+    ``per_replica`` (round robin when the host has fewer groups; all when one group is more)."""
+    groups = len(usable) // per_replica
+    if groups < 1:
+        return usable
+    g = local_rank % groups
+    return usable[g * per_replica : (g + 1) * per_replica]
 
 
 def histogram_totals(text: str, family: str) -> tuple[float, float]:
@@ -379,7 +393,8 @@ def build_ray_app(args: argparse.Namespace, argv: list[str], api_key: str | None
         "graceful_shutdown_timeout_s": args.shutdown_timeout + 5.0,
         **engine_resources(args),
     }
-    engine = serve.deployment(SpecdecEngine, **options).bind(replica_argv(argv), threads)
+    tp = getattr(args, "tensor_parallel_size", 1) or 1
+    engine = serve.deployment(SpecdecEngine, **options).bind(replica_argv(argv), threads, tp)
 
     def builder() -> Any:
         return build_ingress_app(api_key, allowed_hosts)
