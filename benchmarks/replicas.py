@@ -8,7 +8,12 @@
     python benchmarks/replicas.py startup --model smollm2-135m
 
 Each run starts its servers (``specdec serve`` subprocesses), bounded in time and stopped by
-PID, and prints one JSON line per configuration. Needs a quiet machine for figures worth keeping.
+PID, prints one JSON line per configuration, then a Markdown table. Needs a quiet machine for
+figures worth keeping. A smoke run (about a minute each, mostly server start-up):
+
+    python benchmarks/replicas.py throughput --clients 4 --requests 4 --max-tokens 8 --max-model-len 512
+    python benchmarks/replicas.py agent --conversations 2 --turns 2 --max-tokens 8 --max-model-len 512
+    python benchmarks/replicas.py startup --max-model-len 512
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -83,6 +89,9 @@ def _stream_one(url: str, model: str, prompt: str, max_tokens: int, out: list) -
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
     start, ttft, tokens = time.monotonic(), None, 0
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as resp:
+        if resp.status_code != 200:
+            out.append((None, 0))  # NOTE: a failed request: counted, kept out of the TTFTs
+            return
         for line in resp.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -95,7 +104,7 @@ def _stream_one(url: str, model: str, prompt: str, max_tokens: int, out: list) -
                 ttft = time.monotonic() - start
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
-    out.append((ttft or 0.0, tokens))
+    out.append((ttft if ttft is not None else 0.0, tokens))
 
 
 def _load(url: str, model: str, prompts: list[str], clients: int, max_tokens: int) -> dict:
@@ -117,10 +126,10 @@ def _load(url: str, model: str, prompts: list[str], clients: int, max_tokens: in
     for t in threads:
         t.join()
     wall = time.monotonic() - start
-    ttfts = sorted(r[0] for r in results)
+    ttfts = sorted(r[0] for r in results if r[0] is not None) or [float("nan")]
     pick = lambda q: ttfts[min(len(ttfts) - 1, int(q * len(ttfts)))]  # noqa: E731
     return {
-        "requests": len(results), "output_tok_s": round(sum(r[1] for r in results) / wall, 2),
+        "requests": len(results), "failed": sum(r[0] is None for r in results), "output_tok_s": round(sum(r[1] for r in results) / wall, 2),
         "ttft_p50_s": round(pick(0.5), 3), "ttft_p99_s": round(pick(0.99), 3), "wall_s": round(wall, 1),
     }  # fmt: skip
 
@@ -128,6 +137,7 @@ def _load(url: str, model: str, prompts: list[str], clients: int, max_tokens: in
 def throughput(args: argparse.Namespace) -> None:
     prompts = _prompts(args.requests)
     common = ["--max-model-len", str(args.max_model_len)]
+    rows = []
     for name, flags in (
         ("2 replicas x 1 thread", ["--data-parallel-size", "2", "--threads", "1"]),
         ("1 replica x 2 threads", ["--threads", "2"]),
@@ -137,16 +147,29 @@ def throughput(args: argparse.Namespace) -> None:
             row = _load(srv.url, args.model, prompts, args.clients, args.max_tokens)
         finally:
             srv.stop()
-        print(json.dumps({"config": name, **row}), flush=True)
+        rows.append({"config": name, "clients": args.clients, **row})
+        print(json.dumps(rows[-1]), flush=True)
+    print(_table(rows))
 
 
 def _conversation_turn(url: str, model: str, session: str, history: list, max_tokens: int, stats: dict, lock: threading.Lock) -> None:  # fmt: skip
     body = {"model": model, "messages": history, "max_tokens": max_tokens, "temperature": 0}
     resp = httpx.post(f"{url}/v1/chat/completions", json=body, headers={"x-session-id": session}, timeout=600)  # fmt: skip
+    if resp.status_code != 200:
+        with lock:
+            stats["failed"] += 1
+        history.append({"role": "assistant", "content": ""})
+        return
     data = resp.json()
     history.append({"role": "assistant", "content": data["choices"][0]["message"]["content"]})
     spec = data.get("spec_decode") or {}
+    cached = (data["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
     with lock:
+        homes = stats["homes"].setdefault(session, [])
+        homes.append(resp.headers.get("x-specdec-replica"))
+        stats["moves"] += len(homes) > 1 and homes[-1] != homes[-2]
+        stats["cached"] += cached
+        stats["prompt"] += data["usage"]["prompt_tokens"]
         stats["tokens"] += data["usage"]["completion_tokens"]
         stats["drafts"] += spec.get("num_drafts", 0)
         stats["accepted"] += spec.get("num_accepted_tokens", 0)
@@ -159,14 +182,20 @@ def agent(args: argparse.Namespace) -> None:
                  "Say it once more, word for word.", "Again, please, the same way."]  # fmt: skip
     common = ["--max-model-len", str(args.max_model_len), "--speculative-config", SUFFIX,
               "--data-parallel-size", "2", "--threads", "1"]  # fmt: skip
+    rows = []
     for policy in ("affinity", "round_robin"):
         srv = Server(args.model, common + ["--replica-routing", policy])
-        stats, lock = {"tokens": 0, "drafts": 0, "accepted": 0}, threading.Lock()
+        stats: dict = {"tokens": 0, "drafts": 0, "accepted": 0, "failed": 0, "moves": 0,
+                       "cached": 0, "prompt": 0, "homes": {}}  # fmt: skip
+        lock = threading.Lock()
         histories = [[{"role": "user", "content": p}] for p in seeds]
         start = time.monotonic()
         try:
             for turn in range(args.turns):
-                threads = [threading.Thread(target=_conversation_turn, args=(srv.url, args.model, f"conv-{i}", h, args.max_tokens, stats, lock)) for i, h in enumerate(histories)]  # fmt: skip
+                # NOTE: a new arrival order each turn (the same for both policies): in a fixed
+                # order an even count of conversations would make round robin sticky by accident
+                order = random.Random(turn).sample(range(len(histories)), len(histories))
+                threads = [threading.Thread(target=_conversation_turn, args=(srv.url, args.model, f"conv-{i}", histories[i], args.max_tokens, stats, lock)) for i in order]  # fmt: skip
                 for t in threads:
                     t.start()
                 for t in threads:
@@ -177,14 +206,28 @@ def agent(args: argparse.Namespace) -> None:
             srv.stop()
         wall = time.monotonic() - start
         mal = 1 + stats["accepted"] / stats["drafts"] if stats["drafts"] else 1.0
-        print(json.dumps({"routing": policy, "mean_acceptance_length": round(mal, 3),
-                          "output_tok_s": round(stats["tokens"] / wall, 2), "wall_s": round(wall, 1)}), flush=True)  # fmt: skip
+        rows.append({"routing": policy, "mean_acceptance_length": round(mal, 3),
+                     "output_tok_s": round(stats["tokens"] / wall, 2), "replica_moves": stats["moves"],
+                     "prefix_cache_hit": round(stats["cached"] / max(stats["prompt"], 1), 3),
+                     "failed": stats["failed"], "wall_s": round(wall, 1)})  # fmt: skip
+        print(json.dumps(rows[-1]), flush=True)
+    print(_table(rows))
 
 
 def startup(args: argparse.Namespace) -> None:
     srv = Server(args.model, ["--ray", "--num-replicas", "2", "--max-model-len", str(args.max_model_len)], timeout=600)  # fmt: skip
     srv.stop()
-    print(json.dumps({"config": "ray, 2 replicas", "command_to_first_answer_s": round(srv.ready_s, 1)}))  # fmt: skip
+    row = {"config": "ray, 2 replicas", "command_to_first_answer_s": round(srv.ready_s, 1)}
+    print(json.dumps(row), flush=True)
+    print(_table([row]))
+
+
+def _table(rows: list[dict]) -> str:
+    """The rows as a Markdown table (the columns of the first row)."""
+    cols = list(rows[0])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
 
 
 def main() -> None:

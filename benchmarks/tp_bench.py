@@ -134,13 +134,14 @@ def agree(args: argparse.Namespace) -> None:
     texts, logits = {}, {}
     for tp in (1, 2):
         llm = LLM(args.model, max_model_len=512, tensor_parallel_size=tp,
-                  activation_dtype=args.activation_dtype)  # fmt: skip
+                  activation_dtype=args.activation_dtype, quantization=args.quantization)  # fmt: skip
         texts[tp] = [o.outputs[0].text for o in llm.generate(prompts, sp, use_tqdm=False)]
         logits[tp] = _first_logits(llm, prompts)
         llm.engine.shutdown()
     same = sum(a == b for a, b in zip(texts[1], texts[2]))
     diff = max((a - b).abs().max().item() for a, b in zip(logits[1], logits[2]))
-    print(f"{args.model} ({args.activation_dtype} activations): TP 2 greedy text equals TP 1 on "
+    print(f"{args.model} ({args.quantization} weights, {args.activation_dtype} activations): "
+          f"TP 2 greedy text equals TP 1 on "
           f"{same}/{len(prompts)} prompts x {args.tokens} tokens; next-token logits after each "
           f"prompt differ by at most {diff:.2e}")  # fmt: skip
 
@@ -164,6 +165,7 @@ def main() -> None:
     g.add_argument("--prompts", type=int, default=30)
     g.add_argument("--tokens", type=int, default=128)
     g.add_argument("--activation-dtype", default="auto")
+    g.add_argument("--quantization", default="auto", help="auto: the file's; fp32: dequantized")
     args = ap.parse_args()
     {"allreduce": allreduce, "decode": decode, "agree": agree}[args.cmd](args)
 

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from specdec.config import SpeculativeConfig
@@ -26,6 +27,7 @@ from specdec.engine.scheduler import (
 )
 from specdec.kv_cache.pool import KVCache
 from specdec.model.llama import LlamaModel
+from specdec.model.moe import ExpertSpread, expert_mask, latest_routes, moe_blocks
 from specdec.sample.rejection_sampler import VerifyResult
 from specdec.spec_decode import DraftInput, DraftRequest, Proposer, make_proposer
 from specdec.spec_decode.base import accepted_prefix
@@ -83,9 +85,15 @@ class Speculator:
         self.stats = SpecDecodeStats()
         self.controller: SpecController | None = None
         self._measured_cost = None
+        # Mixture of experts: each step's router choices, to price drafts by the experts they
+        # would touch (CostModel.experts_ms)
+        self._moe = moe_blocks(target)
+        self.spread: ExpertSpread | None = None
         if spec.adaptive:
             self._measured_cost = self._measure_cost(target, kv, max_batched_tokens)
             self._new_controller()
+            if self._moe:
+                self.spread = ExpertSpread(target.cfg.num_experts, self._moe[0].top_k)
         self._shadow: dict[str, _Shadow] = {}
         self._hidden: dict[str, _Hidden] = {}
         # requests whose drafter raised: plain decoding for them from then on (exact)
@@ -144,6 +152,8 @@ class Speculator:
         self._hidden.pop(req.req_id, None)
         if self.controller is not None:
             self.controller.remove_request(req.req_id)
+        if self.spread is not None:
+            self.spread.remove(req.req_id)
         if req.req_id in self._drafter_off:
             self._drafter_off.discard(req.req_id)  # the drafter forgot it when switched off
             return
@@ -179,6 +189,10 @@ class Speculator:
         self.proposer.reset_cache()
         if self.controller is not None:
             self._new_controller()
+        if self.spread is not None:
+            self.spread = ExpertSpread(
+                self.spread.num_experts, self.spread.top_k, requests=self.spread.requests
+            )
 
     def _new_controller(self) -> None:
         """A controller starting from the start-up cost curve; the proposer prices with its cost."""
@@ -241,7 +255,32 @@ class Speculator:
             )
             num_drafts = sum(s.num_drafts for s in sched.scheduled)
             num_tokens = sum(len(r.token_ids) for r in results if isinstance(r, VerifyResult))
-            self.controller.observe_step(len(sched.scheduled), num_drafts, num_tokens, decode_only)
+            distinct = None
+            if self.spread is not None and self.enabled:
+                distinct = self._observe_experts(sched, results)
+            self.controller.observe_step(
+                len(sched.scheduled), num_drafts, num_tokens, decode_only, distinct
+            )
+
+    def _observe_experts(self, sched: SchedulerOutput, results: list[StepResult]) -> float | None:
+        """Mixture of experts: each request's rows of this step teach its expert spread; returns
+        the distinct experts per MoE layer the step's rows touched."""
+        routes = latest_routes(self._moe)  # [T, L, k]
+        for block in self._moe:
+            block.last_ids = None  # NOTE: read once: a step without a forward finds none
+        sizes = [len(s.token_ids) for s in sched.scheduled]
+        if routes is None or routes.shape[0] != sum(sizes):
+            return None  # NOTE: a failed batch ran its requests one by one
+        step, start = None, 0
+        for s, r, n in zip(sched.scheduled, results, sizes):
+            rows, start = routes[start : start + n], start + n
+            if r is None or isinstance(r, VerifyResult):
+                num_valid = n + (r.num_accepted - s.num_drafts if r is not None else 0)
+                touched = self.spread.observe(s.req_id, rows, num_valid, n == 1 + s.num_drafts)
+            else:  # failed
+                touched = expert_mask(rows, self.spread.num_experts)
+            step = touched if step is None else step | touched
+        return np.count_nonzero(step) / step.shape[0] if step is not None else None
 
     def _keep_hidden(self, req_id: str, start: int, rows: torch.Tensor) -> None:
         pending = self._hidden.get(req_id)
@@ -304,6 +343,9 @@ class Speculator:
                 [r.num_tokens for r in reqs],
                 all_or_nothing=free,
                 confident=self.proposer.confident_drafts,
+                spreads=None
+                if self.spread is None
+                else [self.spread.predict(r.req_id, lim + 1) for r, lim in zip(reqs, limits)],
             )
             caps = [cap if cap >= n_mins[r.req_id] else 0 for r, cap in zip(reqs, caps)]
             for r, cap in zip(reqs, caps):

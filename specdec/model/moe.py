@@ -11,9 +11,11 @@ mixture of experts therefore stays exact.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -72,6 +74,7 @@ class MoeBlock:
     shared: Expert | None = None  # Qwen2-MoE
     shared_gate: Linear | None = None  # [1, H]
     grouped: bool = True
+    last_ids: torch.Tensor | None = None  # [T, k] the experts of the latest call's rows
 
     def linears(self) -> list[Linear]:
         out = [lin for e in self.experts for lin in (e.gate_up, e.down)] + [self.router]
@@ -90,6 +93,7 @@ class MoeBlock:
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
         weights, ids = self.route(h)
+        self.last_ids = ids
         # NOTE: one row (decode) has nothing to group: its experts one by one, same bits
         grouped = self.grouped and h.shape[0] > 1
         per_rank = self._grouped(h, ids) if grouped else self._one_by_one(h, ids)
@@ -145,3 +149,166 @@ def load_moe(
         block.shared = expert("shared_expert")
         block.shared_gate = linear(["shared_expert_gate"])
     return block
+
+
+# ---- speculation priced by the experts a step touches --------------------------------------------
+SPREAD_WINDOW = 16  # a request's latest accepted rows, over which its expert spread is measured
+SPREAD_ALPHA = 0.3  # weight of the newest measurement, per request
+SPREAD_PRIOR_ALPHA = 0.05  # weight of a request's measurement in what new requests start from
+
+
+def moe_blocks(model) -> list[MoeBlock]:
+    """The model's mixture-of-experts blocks, in layer order (none for a dense model)."""
+    layers = getattr(model, "layers", [])
+    return [lw.moe for lw in layers if getattr(lw, "moe", None) is not None]
+
+
+def latest_routes(blocks: list[MoeBlock]) -> np.ndarray | None:  # -> [T, L, k]
+    """The experts each row of the blocks' latest call chose, per MoE layer.
+
+    NOTE: numpy from here on: a step's bookkeeping is a few dozen ops on arrays of a few
+    thousand entries, where torch's per-op overhead (~10 us) would dominate."""
+    ids = [b.last_ids for b in blocks]
+    if not ids or any(i is None for i in ids) or len({i.shape[0] for i in ids}) != 1:
+        return None
+    return np.stack([i.cpu().numpy() for i in ids], axis=1)
+
+
+def expert_mask(routes: np.ndarray, num_experts: int) -> np.ndarray:
+    """[T, L, k] expert ids -> [L, E] bool: the experts any of the rows touched, per layer."""
+    mask = np.zeros((routes.shape[1], num_experts), dtype=bool)
+    mask[np.arange(routes.shape[1])[None, :, None], routes] = True
+    return mask
+
+
+def distinct_experts(routes: np.ndarray, num_experts: int) -> float:
+    """Mean over the MoE layers of the distinct experts the rows of ``routes`` touched."""
+    return float(expert_mask(routes, num_experts).sum(axis=1).mean())
+
+
+@dataclass
+class _Routes:
+    # per (MoE layer, expert): how many of the request's latest accepted rows came since it was
+    # last chosen (SPREAD_WINDOW: not within the window); the last n rows touched ages < n
+    ages: np.ndarray  # [L, E]
+    spread: np.ndarray  # [n - 1]: distinct experts per layer of n consecutive rows (learnt)
+    num_rows: int = 0  # accepted rows so far, up to SPREAD_WINDOW
+    last_set: np.ndarray | None = None  # [L, E] the previous step's accepted rows' experts
+
+    def measured(self) -> np.ndarray:  # [num_rows]
+        """Distinct experts per layer of the last 1, 2, ... num_rows accepted rows."""
+        counts = np.bincount(self.ages.ravel(), minlength=SPREAD_WINDOW + 1)
+        return counts[: self.num_rows].cumsum() / self.ages.shape[0]
+
+
+@dataclass
+class ExpertSpread:
+    """How many distinct experts per MoE layer a verify step of n rows of a request touches,
+    predicted from the router choices of the request's accepted rows (its latest
+    ``SPREAD_WINDOW``: the spread of its last n consecutive tokens, smoothed over steps).
+
+    Also measures how well the previous step's accepted rows predict the next step's experts:
+    ``hit_fraction`` (of the experts a decode step touched, the share the previous step's
+    accepted rows had touched) and ``count_error`` (the predicted count's mean relative error).
+    """
+
+    num_experts: int
+    top_k: int
+    prior: np.ndarray | None = None  # [SPREAD_WINDOW] what a new request starts from
+    requests: dict[str, _Routes] = field(default_factory=dict)
+    num_hit: int = 0
+    num_touched: int = 0
+    abs_error: float = 0.0
+    num_predicted: float = 0.0
+
+    def __post_init__(self) -> None:
+        # NOTE: before any measurement, independent uniform routing: the widest spread
+        if self.prior is None:
+            n = np.arange(1, SPREAD_WINDOW + 1)
+            self.prior = self.num_experts * (1.0 - (1.0 - self.top_k / self.num_experts) ** n)
+
+    def predict(self, req_id: str, max_rows: int) -> list[float]:
+        """Distinct experts per layer for 1 .. max_rows rows (extrapolated beyond the window)."""
+        state = self.requests.get(req_id)
+        spread = state.spread if state is not None else self.prior
+        out = spread[:max_rows].tolist()
+        step = float(spread[-1] - spread[-2])  # NOTE: the window's last growth per row, onwards
+        while len(out) < max_rows:
+            out.append(out[-1] + step)
+        return [min(float(self.num_experts), d) for d in out]
+
+    def observe(
+        self, req_id: str, routes: np.ndarray, num_valid: int, decode: bool
+    ) -> np.ndarray:  # -> [L, E]
+        """A step ran the request's rows ``routes`` [n, L, k]; the first ``num_valid`` stay.
+        Returns the experts the rows touched."""
+        touched = expert_mask(routes, self.num_experts)
+        state = self.requests.get(req_id)
+        if decode and state is not None:
+            self._score(state, touched, len(routes))
+        if state is None:
+            ages = np.full((routes.shape[1], self.num_experts), SPREAD_WINDOW, dtype=np.int64)
+            state = self.requests[req_id] = _Routes(ages, self.prior.copy())
+        kept = routes[:num_valid][-SPREAD_WINDOW:]
+        m = len(kept)
+        state.ages += m
+        np.minimum(state.ages, SPREAD_WINDOW, out=state.ages)
+        layers = np.arange(routes.shape[1])[:, None]
+        for i in range(m):  # oldest first: a newer row's age overwrites
+            state.ages[layers, kept[i]] = m - 1 - i
+        state.last_set = state.ages < m if m else None
+        state.num_rows = min(SPREAD_WINDOW, state.num_rows + m)
+        measured, n = state.measured(), state.num_rows
+        state.spread[:n] += SPREAD_ALPHA * (measured - state.spread[:n])
+        self.prior[:n] += SPREAD_PRIOR_ALPHA * (measured - self.prior[:n])
+        return touched
+
+    def _score(self, state: _Routes, touched: np.ndarray, n: int) -> None:
+        if state.last_set is not None:
+            self.num_hit += int(np.count_nonzero(touched & state.last_set))
+            self.num_touched += int(np.count_nonzero(touched))
+        spread = state.spread
+        predicted = spread[min(n, len(spread)) - 1]
+        predicted = min(
+            self.num_experts, predicted + (spread[-1] - spread[-2]) * max(0, n - len(spread))
+        )
+        self.abs_error += abs(predicted - np.count_nonzero(touched) / touched.shape[0])
+        self.num_predicted += predicted
+
+    def remove(self, req_id: str) -> None:
+        self.requests.pop(req_id, None)
+
+    @property
+    def hit_fraction(self) -> float:
+        return self.num_hit / max(1, self.num_touched)
+
+    @property
+    def count_error(self) -> float:
+        return self.abs_error / max(1e-9, self.num_predicted)
+
+
+def measure_expert_cost(
+    blocks: list[MoeBlock], num_rows: int, hidden_size: int, dtype: torch.dtype, repeats: int = 3
+) -> float:
+    """Milliseconds one more distinct expert per MoE layer adds to a step (all layers together):
+    the blocks' grouped experts timed over ``num_rows`` rows routed to top_k experts (all rows
+    alike) and to as many as they can reach, interleaved, the fastest of the repeats."""
+    if not blocks:
+        return 0.0
+    e, k = len(blocks[0].experts), blocks[0].top_k
+    narrow = torch.arange(k).repeat(num_rows, 1)  # [n, k]
+    wide = (torch.arange(num_rows)[:, None] * k + torch.arange(k)[None, :]) % e  # [n, k]
+    d_narrow, d_wide = k, min(e, num_rows * k)
+    if d_wide <= d_narrow:
+        return 0.0
+    gen = torch.Generator().manual_seed(0)
+    h = torch.randn(num_rows, hidden_size, generator=gen).to(dtype)
+    fastest = {d_narrow: float("inf"), d_wide: float("inf")}
+    with torch.inference_mode():
+        for _ in range(repeats):
+            for d, ids in ((d_narrow, narrow), (d_wide, wide)):
+                start = time.perf_counter()
+                for b in blocks:
+                    b._grouped(h, ids)
+                fastest[d] = min(fastest[d], 1000.0 * (time.perf_counter() - start))
+    return max(0.0, fastest[d_wide] - fastest[d_narrow]) / (d_wide - d_narrow)

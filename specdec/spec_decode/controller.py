@@ -13,6 +13,11 @@ Each request's rows are priced at its own context: the start-up measurement also
 several rows after 1,024 cached tokens, and what a token of context adds to a request's first row
 and to each further row scales its rows (a verify row at 2,000 tokens cost 2.3x one at 200 on an
 AVX2 machine); the guard compares cycles net of the context cost a plain step would have.
+On a mixture of experts a step's cost also grows with the distinct experts its rows touch: the
+start-up measurement times the grouped experts over rows routed alike and routed apart
+(``CostModel.expert_ms``), the speculator predicts each request's spread from the routers of its
+accepted rows (``moe.ExpertSpread``), and each candidate k is priced by the experts its rows
+would touch; there, confident drafters get the priced k, not their cap.
 
 Accounting. Time is measured per cycle, from one draft call (or the decision not to draft) to the
 next: the drafting, then the step that verifies those drafts, with scheduling, sampling, commit
@@ -100,6 +105,11 @@ class CostModel:
     context_base: int = 0
     ctx_ms_first: float = 0.0
     ctx_ms_row: float = 0.0
+    # Mixture of experts: what one more distinct expert per MoE layer costs a step (all layers
+    # together), beyond the curve, whose rows touched curve_experts per layer (0: a dense model)
+    expert_ms: float = 0.0
+    curve_experts: float = 0.0
+    num_experts: int = 0
     _extra_keys: list[int] = field(default_factory=list, repr=False)  # sorted draft_step_extra_ms
 
     def verify(self, n: int) -> float:
@@ -136,6 +146,16 @@ class CostModel:
             return 0.0
         return excess * (self.ctx_ms_first + self.ctx_ms_row * (rows - 1))
 
+    def experts_ms(self, distinct: float) -> float:
+        """What a step whose rows touch ``distinct`` experts per MoE layer costs beyond the curve."""
+        if not self.expert_ms:
+            return 0.0
+        return self.expert_ms * (min(distinct, self.num_experts) - self.curve_experts)
+
+    @property
+    def prices_experts(self) -> bool:
+        return self.expert_ms > 0.0
+
     def draft_step_extra(self, n: int) -> float:
         """The learnt extra at n, else at the nearest n learnt below (above), else 0."""
         known = self.draft_step_extra_ms
@@ -153,39 +173,61 @@ def choose_num_drafts(
     cost: CostModel,
     switch_on_ms: list[float] | None = None,
     contexts: list[int] | None = None,
+    spreads: list[list[float]] | None = None,
 ) -> list[int]:
     """Draft lengths maximising expected tokens per millisecond for a batch.
 
     switch_on_ms: per request, what drafting at all costs it this step (a catch-up, spread out).
     contexts: per request, its cached tokens (prompt + output): each row verified at a long
     context costs its attention over it (``CostModel.context_ms``).
+    spreads: per request, the distinct experts per MoE layer its 1, 2, ... cap + 1 rows are
+    predicted to touch (``moe.ExpertSpread``), priced by ``CostModel.experts_ms``; a batch's
+    are summed (an upper bound: requests share experts too).
     One request: exhaustive over 0..cap. Several: greedy, one draft at a time to whichever request
     gains most, while the batch's throughput still improves.
     """
     switch_on_ms = switch_on_ms or [0.0] * len(rates)
     contexts = contexts or [0] * len(rates)
+    if spreads is not None:
+        caps = [min(cap, len(sp) - 1) for cap, sp in zip(caps, spreads)]
+    else:
+        spreads = [[cost.curve_experts] * (cap + 1) for cap in caps]
     if len(rates) == 1:  # exhaustive, the expected tokens summed as k grows (O(cap))
-        rate, switch, ctx = rates[0], switch_on_ms[0], contexts[0]
-        best_k, best = 0, 1.0 / (cost.step_ms(1, 0) + cost.context_ms(ctx, 1))
+        rate, switch, ctx, spread = rates[0], switch_on_ms[0], contexts[0], spreads[0]
+        best_k = 0
+        best = 1.0 / (cost.step_ms(1, 0) + cost.context_ms(ctx, 1) + cost.experts_ms(spread[0]))
         tokens = survive = 1.0
         for k in range(1, min(caps[0], len(rate)) + 1):
             survive *= rate[k - 1]
             tokens += survive
-            value = tokens / (cost.step_ms(1 + k, k) + switch + cost.context_ms(ctx, 1 + k))
+            ms = cost.step_ms(1 + k, k) + switch + cost.context_ms(ctx, 1 + k)
+            value = tokens / (ms + cost.experts_ms(spread[k]))
             if value > best:  # ties: the smaller k
                 best_k, best = k, value
         return [best_k]
+    return _choose_batch(rates, caps, cost, switch_on_ms, contexts, spreads)
+
+
+def _choose_batch(
+    rates: list[list[float]],
+    caps: list[int],
+    cost: CostModel,
+    switch_on_ms: list[float],
+    contexts: list[int],
+    spreads: list[list[float]],
+) -> list[int]:
     # NOTE: one more draft changes only the batch's total drafts, one request's expected tokens
-    # (by the chance its new last draft survives), its context cost by one row and, for its first
-    # draft, the switch-on cost, so each round of the greedy costs O(requests), not
-    # O(requests x k).
+    # (by the chance its new last draft survives), its context cost by one row, its experts and,
+    # for its first draft, the switch-on cost, so each round of the greedy costs O(requests),
+    # not O(requests x k).
     ks = [0] * len(rates)
     survive = [1.0] * len(rates)  # chance that request i's drafts so far all survive
     tokens = float(len(rates))
     row_ms = [cost.context_ms(c, 2) - cost.context_ms(c, 1) for c in contexts]  # one more row
     extra_ms = sum(cost.context_ms(c, 1) for c in contexts)  # switch-ons and context, so far
+    experts = sum(sp[0] for sp in spreads)  # distinct experts per layer, summed over requests
     total = 0
-    best = tokens / (cost.step_ms(len(rates), 0) + extra_ms)
+    best = tokens / (cost.step_ms(len(rates), 0) + extra_ms + cost.experts_ms(experts))
     while True:
         ms = cost.step_ms(len(rates) + total + 1, total + 1) + extra_ms
         value, pick = -1.0, -1
@@ -193,7 +235,8 @@ def choose_num_drafts(
             if ks[i] < cap:
                 gain = survive[i] * rates[i][ks[i]]
                 more = row_ms[i] + (0.0 if ks[i] else switch_on_ms[i])
-                trial = (tokens + gain) / (ms + more)
+                spread = experts + spreads[i][ks[i] + 1] - spreads[i][ks[i]]
+                trial = (tokens + gain) / (ms + more + cost.experts_ms(spread))
                 if trial >= value:  # ties go to the later request
                     value, pick = trial, i
         if pick < 0 or value <= best:
@@ -202,6 +245,7 @@ def choose_num_drafts(
         survive[pick] *= rates[pick][ks[pick]]
         tokens += survive[pick]
         extra_ms += row_ms[pick] + (0.0 if ks[pick] else switch_on_ms[pick])
+        experts += spreads[pick][ks[pick] + 1] - spreads[pick][ks[pick]]
         ks[pick] += 1
         total += 1
 
@@ -262,6 +306,7 @@ class _Cycle:
     num_tokens: int = -1  # generated in the step; -1 until it ran
     valid: bool = True  # the step decoded exactly this cycle's requests, no prefill
     context_ms: float = 0.0  # what the requests' contexts add to the curve (CostModel.context_ms)
+    experts_ms: float = 0.0  # what the experts the step touched add (CostModel.experts_ms)
     plain_context_ms: float = 0.0  # what they would add without drafts
 
 
@@ -298,6 +343,7 @@ class SpecController:
         num_tokens: list[int] | None = None,
         all_or_nothing: bool = False,
         confident: bool = False,
+        spreads: list[list[float]] | None = None,
     ) -> list[int]:
         """Draft lengths for the running requests; num_tokens: each one's prompt + output.
 
@@ -308,9 +354,13 @@ class SpecController:
         confidence does) it gets its cap whenever the guard allows: the request's running rates
         are not asked. In a batch every verified row costs about as much as another request's
         token, so drafts are still given one at a time where they gain most.
+        spreads (mixture of experts, ``choose_num_drafts``): where the cost model prices
+        experts, every draft row costs the experts it is predicted to touch, so extra cap is not
+        free: the k chosen is the cap, for confident drafters too.
         """
         states = [self._state(r) for r in req_ids]
         self._could_pay = {}
+        priced = spreads is not None and self.cost.prices_experts
         for s, n in zip(states, num_tokens or [0] * len(states)):
             s.num_tokens = n
         if self.guard_off > 0:
@@ -318,16 +368,16 @@ class SpecController:
             ks = [0] * len(states)
             for s in states:
                 s.probing = False
-        elif all_or_nothing and confident and len(states) == 1:
+        elif all_or_nothing and confident and len(states) == 1 and not priced:
             ks = list(caps)
         else:
             switch_on = [self._catch_up_ms(s) / CATCH_UP_HORIZON for s in states]
             ks = choose_num_drafts(
                 [_extrapolated(s) for s in states], caps, self.cost, switch_on,
-                [s.num_tokens for s in states],
+                [s.num_tokens for s in states], spreads if priced else None,
             )  # fmt: skip
             if all_or_nothing and len(states) == 1:
-                ks = [cap if k > 0 else 0 for k, cap in zip(ks, caps)]
+                ks = [cap if k > 0 and not priced else k for k, cap in zip(ks, caps)]
             else:
                 ks = [self._explore(s, k, cap, len(states)) for s, k, cap in zip(states, ks, caps)]
         for s, k in zip(states, ks):
@@ -432,12 +482,20 @@ class SpecController:
             cost.catch_up_ms_per_token += w * (per_token - cost.catch_up_ms_per_token)
 
     def observe_step(
-        self, num_reqs: int, num_drafts: int, num_tokens: int, decode_only: bool
+        self,
+        num_reqs: int,
+        num_drafts: int,
+        num_tokens: int,
+        decode_only: bool,
+        distinct_experts: float | None = None,
     ) -> None:
-        """An engine step verified `num_drafts` drafts of `num_reqs` requests into `num_tokens`."""
+        """An engine step verified `num_drafts` drafts of `num_reqs` requests into `num_tokens`;
+        on a mixture of experts its rows touched `distinct_experts` per MoE layer."""
         cycle = self._cycle
         if cycle is None:
             return
+        if distinct_experts is not None:
+            cycle.experts_ms = self.cost.experts_ms(distinct_experts)
         if not decode_only or num_reqs != cycle.num_reqs or cycle.num_tokens >= 0:
             cycle.valid = False
         cycle.num_drafts, cycle.num_tokens = num_drafts, num_tokens
@@ -446,7 +504,7 @@ class SpecController:
         self.measured_ms += ms
         cost = self.cost
         n = cycle.num_reqs + cycle.num_drafts
-        extra = ms - cycle.draft_ms - cost.verify(n) - cycle.context_ms
+        extra = ms - cycle.draft_ms - cost.verify(n) - cycle.context_ms - cycle.experts_ms
         if cycle.num_drafts:
             old = cost.draft_step_extra(n)
             w = self._weight(f"draft_step{n}")
@@ -531,10 +589,27 @@ def measure_verify_cost(
             c0 + (c1 - c0) * (n - n0) / (n1 - n0) for n in range(max(n0 + 1, max_n + 1), n1 + 1)
         ]
     cost = CostModel(curve, context_base=context)
+    _measure_expert_cost(model, cost, max_n)
     rows = min(max_n, 9)
     if long_context > context and long_context + rows <= kv.max_len:
         _measure_context_cost(model, kv, slot, cost, rows, long_context)
     return cost
+
+
+def _measure_expert_cost(model, cost: CostModel, max_n: int) -> None:
+    """Mixture of experts: the experts the curve's rows touched (read from the routers of its
+    last forward), and what one more distinct expert per layer costs a step."""
+    from specdec.model.moe import distinct_experts, latest_routes, measure_expert_cost, moe_blocks
+
+    blocks = moe_blocks(model)
+    routes = latest_routes(blocks)
+    if routes is None:
+        return
+    cost.num_experts = model.cfg.num_experts
+    cost.curve_experts = distinct_experts(routes, cost.num_experts)
+    # NOTE: all-zero tokens route every row alike: the curve is the narrowest step of each n
+    rows = min(max(max_n, 2), 16)
+    cost.expert_ms = measure_expert_cost(blocks, rows, model.cfg.hidden_size, model.dtype)
 
 
 def _measure_context_cost(model, kv, slot: int, cost: CostModel, n: int, long: int) -> None:

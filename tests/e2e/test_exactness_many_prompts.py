@@ -13,7 +13,7 @@ from tests.conftest import SHARED_DATA, shared_prompts
 
 pytestmark = pytest.mark.slow
 
-MAX_PROMPT_TOKENS = 160  # prompts are cut to keep prefill (the bulk of the cost) small
+MAX_PROMPT_TOKENS = 64  # prompts are cut to keep prefill (the bulk of the cost) small
 MAX_TOKENS = 16
 
 

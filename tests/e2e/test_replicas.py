@@ -217,3 +217,53 @@ def test_sigterm_leaves_no_process(front):
     while any(psutil.pid_exists(p) for p in children) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in children if psutil.pid_exists(p)]
+
+
+def _tp2_reference(prompts: list[str]) -> list[str]:
+    """Greedy texts of one tensor-parallel (2 ranks) engine, the replicas' configuration.
+    NOTE: not the TP 1 server: with int8 activations TP 2's partial sums may flip a near-tie."""
+    from specdec import LLM, SamplingParams
+
+    llm = LLM(MODEL, max_model_len=512, tensor_parallel_size=2)
+    try:
+        outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)
+        return [o.outputs[0].text for o in outs]
+    finally:
+        llm.engine.shutdown()
+
+
+def test_data_parallel_with_tensor_parallel():
+    """``-dp 2 -tp 2``: each replica runs 2 ranks (4 on this machine's 2 cores: slow, correct);
+    greedy output equals one TP 2 engine's and SIGTERM leaves no replica or TP worker behind."""
+    want = _tp2_reference(PROMPTS[:2])
+    port = _free_port()
+    cmd = [sys.executable, "-m", "specdec.entrypoints.cli", "serve", MODEL, "-dp", "2", "-tp", "2",
+           "--port", str(port), "--max-model-len", "512", "--shutdown-timeout", "2",
+           "--uvicorn-log-level", "warning"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+    url, tree = f"http://127.0.0.1:{port}", []
+    try:
+        _wait_health(url, proc, 180)
+        served = set()
+        for i, prompt in enumerate(PROMPTS[:2]):
+            session = next(s for s in map(str, range(99)) if rendezvous(s, [0, 1]) == i)
+            got = httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 16, "temperature": 0}, headers={"x-session-id": session}, timeout=120)  # fmt: skip
+            assert got.json()["choices"][0]["text"] == want[i]
+            served.add(got.headers["x-specdec-replica"])
+        assert served == {"0", "1"}  # both tensor-parallel replicas answered
+        replicas = psutil.Process(proc.pid).children()
+        assert len(replicas) == 2 and all(r.children() for r in replicas)  # each has its TP worker
+        tree = _tree(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        deadline = time.monotonic() + 15
+        while any(psutil.pid_exists(p) for p in tree) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in tree if psutil.pid_exists(p)]
+    finally:
+        for pid in set(tree) | {proc.pid}:  # NOTE: only what this test started, by PID
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait(10)

@@ -9,11 +9,13 @@ SIGTERM leaves no Ray or engine process.
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -108,6 +110,27 @@ def test_prefix_and_session_affinity(ray_app):
     for session in ("alice", "bob"):
         served = {_complete(url, f"turn {t}", session).headers["x-specdec-replica"] for t in range(3)}  # fmt: skip
         assert len(served) == 1
+
+
+def test_ingress_metrics_merge_every_replica(ray_app):
+    """GET /metrics on the ingress: each replica's engine series with its replica label (the
+    id x-specdec-replica names), one TYPE per family, the dashboard's series for both."""
+    _, url, _ = ray_app
+    homes = {_complete(url, "hi", f"m{i}", max_tokens=2).headers["x-specdec-replica"] for i in range(16)}  # fmt: skip
+    assert len(homes) == 2
+    resp = httpx.get(f"{url}/metrics", timeout=30)
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain")
+    text = resp.text
+    assert text.count("# TYPE vllm:time_to_first_token_seconds histogram") == 1
+    dashboard = json.loads((Path(__file__).parents[2] / "docs/grafana/specdec_dashboard.json").read_text())  # fmt: skip
+    names = {n for p in dashboard["panels"] for t in p["targets"] for n in re.findall(r"(vllm:[a-z0-9_]+)", t["expr"])}  # fmt: skip
+    names -= {n for n in names if n.startswith("vllm:spec_decode")}  # NOTE: speculation is off
+    for replica in homes:
+        for name in names:
+            assert re.search(rf'^{name}{{replica="{replica}"', text, re.M), (name, replica)
+        assert f'specdec:replica_up{{replica="{replica}"}} 1' in text
+    samples = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert samples and all('replica="' in line for line in samples)
 
 
 def _stream(url: str, prompt: str, out: list, session: str) -> None:

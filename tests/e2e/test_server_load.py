@@ -26,7 +26,7 @@ from specdec.entrypoints.openai.api_server import BackgroundServer, build_app
 from tests.e2e.test_server_safety import _BOMBS, _HOSTILE
 
 NUM_CLIENTS = 16
-DURATION_S = float(os.environ.get("SPECDEC_LOAD_SECONDS", "60"))
+DURATION_S = float(os.environ.get("SPECDEC_LOAD_SECONDS", "30"))
 MAX_REQUESTS_PER_CLIENT = 5000
 ABORT_PROB = 0.25
 PROMPTS = [

@@ -217,16 +217,31 @@ def test_uneven_head_splits_keep_gqa_groups_whole_or_copy_them() -> None:
     from specdec.model.arch import ArchConfig
 
     smol = ArchConfig("llama", 100, 576, 1536, 2, 9, 3, 64, 1e-5, 1e4, 2048)
-    # 9 query heads over 3 KV heads (groups of 3): TP 2 splits 4 / 5, each partial group's
-    # query heads get their own copy of its KV head
+    # 9 query heads over 3 KV heads (groups of 3): TP 2 splits whole groups 1 / 2; at TP 4
+    # (fewer KV heads than ranks) each partial group's query heads get their own KV copy
     two = [plan_shard(smol, r, 2) for r in range(2)]
-    assert [(p.q_lo, p.q_hi) for p in two] == [(0, 4), (4, 9)]
-    assert [p.kv_heads for p in two] == [(0, 0, 0, 1), (1, 1, 2, 2, 2)]
+    assert [(p.q_lo, p.q_hi) for p in two] == [(0, 3), (3, 9)]
+    assert [p.kv_heads for p in two] == [(0,), (1, 2)]
     assert [plan_shard(smol, r, 3).kv_heads for r in range(3)] == [(0,), (1,), (2,)]
     four = [plan_shard(smol, r, 4) for r in range(4)]
     assert [(p.q_lo, p.q_hi) for p in four] == [(0, 2), (2, 4), (4, 6), (6, 9)]
     assert [p.kv_heads for p in four] == [(0,), (0, 1), (1,), (2,)]
     assert sum(p.f_hi - p.f_lo for p in four) == 1536 and all(p.f_lo % 32 == 0 for p in four)
+
+
+def test_tp4_with_fewer_kv_heads_than_ranks_copies_partial_groups_and_stays_close(tmp_path) -> None:
+    """6 query heads over 3 KV heads at TP 4: a rank whose query heads span two groups keeps a
+    KV copy per query head; logits stay within 1e-3 of TP 1 and greedy text equal."""
+    from tests.conftest import make_tiny_model
+
+    folder = make_tiny_model(tmp_path / "gqa", "llama", 11, 2, hidden_size=96,
+                             num_attention_heads=6, num_key_value_heads=3)  # fmt: skip
+    one, four = _llm(str(folder), 1), _llm(str(folder), 4)
+    assert plan_shard(one.engine.model.cfg, 1, 4).kv_heads == (0, 1)  # q heads 1, 2
+    ids = [5, 17, 33, 2, 9, 100, 7, 64]
+    assert (_logits(one, ids) - _logits(four, ids)).abs().max().item() < 1e-3
+    assert _tokens(one, PROMPTS[:2], GREEDY) == _tokens(four, PROMPTS[:2], GREEDY)
+    four.engine.shutdown()
 
 
 def test_a_worker_killed_mid_generation_fails_the_step_without_hang_or_orphan(tiny_llama) -> None:

@@ -12,6 +12,7 @@ from specdec.spec_decode.base import DraftInput, DraftOutput, Proposer
 from specdec.spec_decode.controller import (
     EXPLORE_BUDGET,
     GUARD_FIRST_BACKOFF,
+    GUARD_MARGIN,
     CostModel,
     SpecController,
     choose_num_drafts,
@@ -243,11 +244,25 @@ class _Run:
         return self.ms / self.tokens
 
 
-def _drive(ctl, clock, steps, draft_ms, step_ms, accept, ids=("r",), prompt_len=100) -> _Run:
+def _drive(
+    ctl,
+    clock,
+    steps,
+    draft_ms,
+    step_ms,
+    accept,
+    ids=("r",),
+    prompt_len=100,
+    spread=None,
+    shadow=False,
+) -> _Run:
     """Step the controller as LLMEngine does: end_cycle, choose, draft, observe_drafts, verify.
 
     draft_ms(ks, behind) -> ms of the draft call (behind[i]: tokens request i produced since it
-    last drafted); step_ms(ks) -> ms of the step verifying ks; accept(k) -> accepted drafts.
+    last drafted); step_ms(ks) -> ms of the step verifying ks; accept(k) -> accepted drafts;
+    spread(n) (mixture of experts): distinct experts per layer of n rows of one request, what
+    the speculator predicts and what the step touches; shadow: a request without drafts is
+    scored on the drafts it would have had (the engine does this for self-sizing drafters).
     """
     run, ids = _Run(), list(ids)
     num_tokens = [prompt_len] * len(ids)
@@ -257,7 +272,11 @@ def _drive(ctl, clock, steps, draft_ms, step_ms, accept, ids=("r",), prompt_len=
         ctl.end_cycle()  # the guard judges here, when a cycle ends
         run.guard_trips += ctl.guard_off > guard_off
         start = clock()
-        ks = ctl.choose(ids, [4] * len(ids), num_tokens)
+        if spread is None:
+            ks = ctl.choose(ids, [4] * len(ids), num_tokens)
+        else:
+            spreads = [[spread(n) for n in range(1, 6)] for _ in ids]
+            ks = ctl.choose(ids, [4] * len(ids), num_tokens, spreads=spreads)
         behind = [n - seen for n, seen in zip(num_tokens, num_seen)]
         clock.advance(draft_ms(ks, behind) if any(ks) else 0.0)
         ctl.observe_drafts(ids, ks)
@@ -268,9 +287,12 @@ def _drive(ctl, clock, steps, draft_ms, step_ms, accept, ids=("r",), prompt_len=
             if k:
                 ctl.observe(req_id, k, accepted)
                 num_seen[i] = num_tokens[i]
+            elif shadow:
+                ctl.observe(req_id, 4, accept(4))
             num_tokens[i] += 1 + accepted
             new_tokens += 1 + accepted
-        ctl.observe_step(len(ids), sum(ks), new_tokens, True)
+        distinct = None if spread is None else sum(spread(1 + k) for k in ks)
+        ctl.observe_step(len(ids), sum(ks), new_tokens, True, distinct)
         run.ms += 1000.0 * (clock() - start)
         run.tokens += new_tokens
         run.steps += 1
@@ -403,8 +425,8 @@ def test_self_sizing_drafters_get_all_or_nothing() -> None:
 def _confident(ctl: SpecController) -> SpecController:
     """The controller choosing as the engine has it choose for suffix decoding."""
     choose = ctl.choose
-    ctl.choose = lambda ids, caps, n=None, all_or_nothing=False: choose(
-        ids, caps, n, all_or_nothing=True, confident=True
+    ctl.choose = lambda ids, caps, n=None, all_or_nothing=False, spreads=None: choose(
+        ids, caps, n, all_or_nothing=True, confident=True, spreads=spreads
     )
     return ctl
 
@@ -593,3 +615,107 @@ def test_a_long_request_after_short_ones_is_priced_at_its_context() -> None:
     assert long_.ms_per_token <= 26.0 * (1 + 2 * EXPLORE_BUDGET)
     assert unpriced_long.drafting_steps > long_.drafting_steps
     assert unpriced_long.ms_per_token > long_.ms_per_token
+
+
+# ---- mixture of experts: drafts priced by the experts they would touch ------------------------------
+def _uniform_spread(n: int) -> float:
+    """Distinct experts per layer of n rows routed independently, 8 of 128 each (Qwen3-30B-A3B)."""
+    return 128 * (1 - (1 - 8 / 128) ** n)
+
+
+def _moe_cost(expert_ms: float) -> CostModel:
+    """The start-up curve (rows all routed alike: 8 experts per layer) and the expert price."""
+    cost = CostModel([10.0 + 0.3 * n for n in range(5)], expert_ms=expert_ms)
+    cost.curve_experts, cost.num_experts = 8.0, 128
+    return cost
+
+
+def _moe_world(expert_ms: float, survive: float = 0.6):
+    """Verifying k drafts: 0.3 ms a row, expert_ms per distinct expert beyond the narrowest
+    step; each draft survives with probability ``survive`` (seeded)."""
+    rng = random.Random(0)
+
+    def accept(k: int) -> int:
+        return next((i for i in range(k) if rng.random() >= survive), k)
+
+    return {
+        "draft_ms": lambda ks, behind: 0.1 * sum(ks),
+        "step_ms": lambda ks: (
+            10.0 + sum(0.3 * k + expert_ms * (_uniform_spread(1 + k) - 8) for k in ks)
+        ),
+        "accept": accept,
+    }
+
+
+def test_drafts_are_priced_by_the_experts_they_would_touch() -> None:
+    spread = [_uniform_spread(n) for n in range(1, 6)]  # 8, 15.5, 22.5, 29.1, 35.3
+    rates = [[0.6] * 4]
+    # a = 0.6, 0.5 ms per expert: k=4 costs 12 + 13.6 ms for 2.3 tokens; k=1, 10.8 ms for 1.6
+    assert choose_num_drafts(rates, [4], _moe_cost(0.5), spreads=[spread]) == [1]
+    assert choose_num_drafts(rates, [4], _moe_cost(1.0), spreads=[spread]) == [0]
+    assert choose_num_drafts(rates, [4], _moe_cost(0.0), spreads=[spread]) == [4]  # dense
+    # rows that keep to the same experts cost what the curve says
+    narrow = [8.0] * 5
+    assert choose_num_drafts(rates, [4], _moe_cost(1.0), spreads=[narrow]) == [4]
+    # in a batch the drafts go to the request whose rows share their experts
+    ks = choose_num_drafts(rates * 2, [4, 4], _moe_cost(1.0), spreads=[spread, narrow])
+    assert ks[0] == 0 and ks[1] > 0
+
+
+def test_expert_spread_shrinks_k_for_a_confident_drafter() -> None:
+    # A confident drafter (suffix decoding) alone gets its cap, 4; on this mixture of experts a
+    # step verifying 4 drafts costs 11.6 + 13.6 ms for 2.3 tokens (10.8 ms each) against a plain
+    # 10 ms. Priced by experts the controller keeps to about 1 draft (14.1 ms for 1.6 tokens,
+    # 8.8 ms each); unpriced, it drafts its cap until the guard finds that slower than plain.
+    def run(priced: bool) -> tuple[_Run, float]:
+        clock = _Clock()
+        ctl = _confident(SpecController(4, _moe_cost(0.5 if priced else 0.0), clock=clock))
+        run = _drive(ctl, clock, 600, **_moe_world(0.5), spread=_uniform_spread, shadow=True)
+        return run, ctl.cost.expert_ms
+
+    (priced, _), (unpriced, _) = run(True), run(False)
+    assert priced.drafting_steps > 0.5 * priced.steps
+    assert priced.ms_per_token < 0.95 * 10.0
+    assert priced.ms_per_token < 0.93 * unpriced.ms_per_token
+    # at the prior rates (0.6 a draft) one draft is the optimum
+    ctl = _confident(SpecController(4, _moe_cost(0.5)))
+    assert ctl.choose(["r"], [4], [100], spreads=[[_uniform_spread(n) for n in range(1, 6)]]) == [1]
+    assert ctl.choose(["r"], [4], [100]) == [4]  # no spreads: the cap
+
+
+def test_expert_spread_never_slower_than_plain() -> None:
+    # 1 ms per expert: even one draft loses (17.8 ms for 1.6 tokens against 10 for 1). Priced
+    # by experts, only a lucky run of the (noisy) rates has it draft; unpriced, it drafts its
+    # cap and the guard has to find out, over and over.
+    def run(priced: bool) -> _Run:
+        clock = _Clock()
+        ctl = _confident(SpecController(4, _moe_cost(1.0 if priced else 0.0), clock=clock))
+        return _drive(ctl, clock, 600, **_moe_world(1.0), spread=_uniform_spread, shadow=True)
+
+    priced, unpriced = run(True), run(False)
+    print(priced, unpriced)
+    assert priced.drafting_steps < 0.2 * priced.steps
+    assert priced.ms_per_token < 10.0 * (1 + GUARD_MARGIN)
+    assert unpriced.ms_per_token > priced.ms_per_token + 0.3
+
+
+def test_dense_decisions_are_unchanged_by_spreads() -> None:
+    # A dense model's cost prices no experts: whatever spreads say, the same choices as without.
+    rng = random.Random(3)
+    for _ in range(200):
+        num = rng.randint(1, 4)
+        rates = [[rng.random() for _ in range(6)] for _ in range(num)]
+        caps = [rng.randint(0, 6) for _ in range(num)]
+        spreads = [[8.0 + 7 * n * rng.random() for n in range(cap + 1)] for cap in caps]
+        cost = CostModel([10.0 + rng.random() * n for n in range(12)])
+        contexts = [rng.randint(0, 3000) for _ in range(num)]
+        assert choose_num_drafts(rates, caps, cost, None, contexts, spreads) == choose_num_drafts(
+            rates, caps, cost, None, contexts
+        )
+    # the controller too, confident drafters included, over whole simulated runs
+    runs = []
+    for spread in (None, _uniform_spread):
+        clock = _Clock()
+        ctl = _confident(SpecController(4, CostModel([10.0 + n for n in range(5)]), clock=clock))
+        runs.append(_drive(ctl, clock, 300, **_moe_world(0.5), spread=spread))
+    assert runs[0] == runs[1]

@@ -132,3 +132,132 @@ def test_split_cores():
         split_cores(2, "0", "--replica-cpu-binding")
     with pytest.raises(ConfigError, match="cannot use"):
         split_cores(1, "100000")
+
+
+def test_ttft_for_a_ray_autoscaling_policy():
+    """The engine's TTFT histogram read back from /metrics text, and the mean over a window."""
+    import asyncio
+
+    from specdec.entrypoints.replicas import ray_app
+
+    def text(total: float, count: int, prefix: str = "vllm:") -> str:
+        name = f"{prefix}time_to_first_token_seconds"
+        return (f"# TYPE {name} histogram\n{name}_bucket{{le=\"+Inf\",model_name=\"m\"}} {count}\n"
+                f"{name}_sum{{model_name=\"m\"}} {total}\n{name}_count{{model_name=\"m\"}} {count}\n"
+                f"{name}_sum{{model_name=\"n\"}} 1.0\n{name}_count{{model_name=\"n\"}} 1\n")  # fmt: skip
+
+    assert ray_app.histogram_totals(text(2.5, 4), "time_to_first_token_seconds") == (3.5, 5)
+    assert ray_app.histogram_totals(text(2.5, 4, "specdec:"), "time_to_first_token_seconds") == (3.5, 5)  # fmt: skip
+    assert ray_app.histogram_totals("", "time_to_first_token_seconds") == (0.0, 0.0)
+    mean = ray_app.TrailingMean(window_s=30.0)
+    assert mean.observe(0.0, (0.0, 0)) == 0.0  # no request yet
+    assert mean.observe(10.0, (3.0, 2)) == 1.5
+    assert mean.observe(35.0, (4.0, 4)) == 1.0  # (5, 35]: back to the newest reading before 5
+    assert mean.observe(41.0, (4.0, 4)) == 0.5  # (11, 41]: 2 requests since the reading at 10
+    assert mean.observe(70.0, (4.0, 4)) == 0.0  # idle for a whole window
+    assert mean.observe(71.0, (0.6, 2)) == 0.3  # a reset counter (a restarted engine)
+
+    engine = object.__new__(ray_app.SpecdecEngine)  # the replica's stats method, no Ray
+    engine._ttft = ray_app.TrailingMean(window_s=1e9)
+    readings = iter([text(0.0, 0), text(1.0, 2), text(1.0, 2)])
+
+    async def metrics() -> dict:
+        return {"replica": "r", "text": next(readings)}
+
+    engine.metrics = metrics
+    got = [asyncio.run(engine.record_autoscaling_stats()) for _ in range(3)]
+    assert [g[ray_app.TTFT_METRIC] for g in got] == [1.0, 2 / 3, 2 / 3]
+
+
+def test_merge_metrics_takes_ray_replica_ids():
+    merged = merge_metrics({"abc12": "# TYPE a:g gauge\na:g 1\n", "def34": "a:g 2\n"})
+    assert 'a:g{replica="abc12"} 1' in merged and 'a:g{replica="def34"} 2' in merged
+
+
+def test_ray_engine_resources_per_replica():
+    """A tensor-parallel Ray replica: one CPU bundle per rank, packed on one host."""
+    import argparse
+
+    from specdec.entrypoints.openai.api_server import make_arg_parser
+    from specdec.entrypoints.replicas.ray_app import engine_resources
+
+    parser = argparse.ArgumentParser()
+    make_arg_parser(parser)
+
+    def parse(*flags: str) -> dict:
+        return engine_resources(parser.parse_args(["--model", "m", "--ray", *flags]))
+
+    assert parse("--num-replicas", "2") == {"ray_actor_options": {"num_cpus": 1}, "num_replicas": 2}
+    got = parse("--num-replicas", "2", "-tp", "2", "--threads", "3")
+    assert got["placement_group_bundles"] == [{"CPU": 3}, {"CPU": 3}]
+    assert got["placement_group_strategy"] == "STRICT_PACK"
+    assert got["ray_actor_options"] == {"num_cpus": 3} and got["num_replicas"] == 2
+    got = parse("--min-replicas", "1", "--max-replicas", "3", "--threads", "2")
+    assert got["autoscaling_config"]["max_replicas"] == 3 and "num_replicas" not in got
+    assert got["ray_actor_options"] == {"num_cpus": 2}
+    policy = "my_policies:ttft"
+    got = parse("--max-replicas", "2", "--autoscaling-policy", policy)
+    assert got["autoscaling_config"]["policy"] == {"policy_function": policy}
+
+
+@pytest.mark.parametrize(
+    ("flags", "field"),
+    [
+        (["--num-replicas", "2"], "--num-replicas needs --ray"),
+        (["--ray", "--num-replicas", "0"], "--num-replicas"),
+        (["--ray", "--min-replicas", "3", "--max-replicas", "2"], "--max-replicas"),
+        (["--ray", "--target-ongoing-requests", "0"], "--target-ongoing-requests"),
+        (["--ray", "--autoscaling-policy", "m:f"], "--autoscaling-policy"),
+        (
+            ["--ray", "--max-replicas", "2", "--autoscaling-policy", "nocolon"],
+            "--autoscaling-policy",
+        ),
+    ],
+)
+def test_bad_ray_flags_are_one_line_errors(flags, field):
+    import argparse
+
+    from specdec.entrypoints.openai.api_server import make_arg_parser
+    from specdec.entrypoints.replicas.ray_app import check_ray_args
+
+    parser = argparse.ArgumentParser()
+    make_arg_parser(parser)
+    with pytest.raises(ConfigError, match=field) as e:
+        check_ray_args(parser.parse_args(["--model", "m", *flags]))
+    assert "\n" not in str(e.value)
+    check_ray_args(parser.parse_args(["--model", "m", "--ray", "--max-replicas", "2", "--autoscaling-policy", "m:f"]))  # fmt: skip
+
+
+def test_replicas_refuse_a_per_rank_binding_and_dp_with_ray(monkeypatch):
+    import argparse
+
+    from specdec.entrypoints.openai.api_server import make_arg_parser
+    from specdec.entrypoints.replicas.serve import check_replica_binding
+
+    parser = argparse.ArgumentParser()
+    make_arg_parser(parser)
+
+    def check(*flags: str) -> None:
+        check_replica_binding(parser.parse_args(["--model", "m", *flags]))
+
+    monkeypatch.delenv("SPECDEC_CPU_OMP_THREADS_BIND", raising=False)
+    check("-dp", "2", "-tp", "2")
+    check("-tp", "2", "--cpu-binding", "0|1")  # one engine: its ranks' binding
+    with pytest.raises(ConfigError, match="--cpu-binding"):
+        check("-dp", "2", "-tp", "2", "--cpu-binding", "0|1")
+    with pytest.raises(ConfigError, match="--num-replicas"):
+        check("-dp", "2", "--ray")
+    monkeypatch.setenv("SPECDEC_CPU_OMP_THREADS_BIND", "0|1")
+    check("-dp", "2")  # NOTE: one rank per replica: the variable is not read
+    with pytest.raises(ConfigError, match="SPECDEC_CPU_OMP_THREADS_BIND"):
+        check("-dp", "2", "-tp", "2")
+
+
+def test_tensor_parallel_ray_replicas_take_distinct_cores():
+    from specdec.entrypoints.replicas.ray_app import replica_cores
+
+    usable = list(range(16))
+    assert replica_cores(usable, 0, 4) == [0, 1, 2, 3]
+    assert replica_cores(usable, 1, 4) == [4, 5, 6, 7]
+    assert replica_cores(usable, 5, 4) == [4, 5, 6, 7]  # more replicas than groups: they share
+    assert replica_cores([0, 1], 1, 4) == [0, 1]  # a replica wider than the host: all of it

@@ -646,6 +646,7 @@ def make_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     ray.add_argument("--min-replicas", type=int, default=None, help="autoscale from this many replicas")  # fmt: skip
     ray.add_argument("--max-replicas", type=int, default=None, help="autoscale up to this many replicas")  # fmt: skip
     ray.add_argument("--target-ongoing-requests", type=float, default=2.0, help="autoscaling target: ongoing requests per replica (default 2)")  # fmt: skip
+    ray.add_argument("--autoscaling-policy", default=None, metavar="MODULE:FUNCTION", help="a custom Ray Serve autoscaling policy (import path); it may read each replica's mean TTFT as ctx.aggregated_metrics['ttft_mean_s']")  # fmt: skip
     p.add_argument("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug", "trace"])  # fmt: skip
     return p
 

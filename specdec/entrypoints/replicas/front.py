@@ -355,7 +355,7 @@ def _describe(r: Replica) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def merge_metrics(texts: dict[int, str]) -> str:
+def merge_metrics(texts: dict[int, str] | dict[str, str]) -> str:
     """Prometheus texts from several replicas as one, each sample labelled ``replica``."""
     families: dict[str, list[str]] = {}
     samples: dict[str, list[str]] = {}
@@ -379,7 +379,7 @@ def merge_metrics(texts: dict[int, str]) -> str:
     return "\n".join(out) + "\n" if out else ""
 
 
-def _label(sample: str, index: int) -> str:
+def _label(sample: str, index: int | str) -> str:
     """``name{a="b"} 1`` -> ``name{replica="I",a="b"} 1``."""
     brace, space = sample.find("{"), sample.find(" ")
     if brace != -1 and (space == -1 or brace < space):

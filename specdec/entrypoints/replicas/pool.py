@@ -36,7 +36,7 @@ FRONT_FLAGS: dict[str, int] = {
     "--ssl-cert-reqs": 1, "--ssl-ciphers": 1, "--middleware": 1, "--api-key": -1,
     "--allowed-hosts": -1, "--allowed-origins": -1, "--replica-cpu-binding": 1, "--ray": 0,
     "--ray-address": 1, "--num-replicas": 1, "--min-replicas": 1, "--max-replicas": 1,
-    "--target-ongoing-requests": 1, "--replica-routing": 1,
+    "--target-ongoing-requests": 1, "--replica-routing": 1, "--autoscaling-policy": 1,
 }  # fmt: skip
 
 

@@ -29,6 +29,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 from specdec.entrypoints.replicas.pool import _child_setup, replica_argv
@@ -38,22 +40,30 @@ logger = logging.getLogger("specdec.entrypoints.replicas")
 APP_NAME = "specdec"
 ENGINE_NAME = "SpecdecEngine"
 STARTUP_TIMEOUT_S = 600.0
+METRICS_TIMEOUT_S = 3.0
+TTFT_METRIC = "ttft_mean_s"  # NOTE: the name a custom autoscaling policy reads
+TTFT_WINDOW_S = 30.0  # as Ray Serve's default look_back_period_s
 
 
 class SpecdecEngine:
     """One Ray Serve replica: a ``specdec serve`` engine process and a relay to it."""
 
-    def __init__(self, argv: list[str], threads: int) -> None:
+    def __init__(self, argv: list[str], threads: int, tp: int = 1) -> None:
         import httpx
         from ray import serve
 
-        self.name = serve.get_replica_context().replica_id.unique_id
+        context = serve.get_replica_context()
+        self.name = context.replica_id.unique_id
+        self._ttft = TrailingMean(TTFT_WINDOW_S)
         self.workdir = tempfile.mkdtemp(prefix="specdec-ray-")
         os.chmod(self.workdir, 0o700)
         sock = os.path.join(self.workdir, "engine.sock")
         cmd = [sys.executable, "-m", "specdec.entrypoints.cli", "serve", *argv,
                "--uds", sock, "--threads", str(threads)]  # fmt: skip
         cores = sorted(os.sched_getaffinity(0))
+        if tp > 1:  # NOTE: its ranks pin themselves: to this replica's share of the host
+            local_rank = getattr(getattr(context, "rank", None), "local_rank", 0) or 0
+            cores = replica_cores(cores, local_rank, threads * tp)
         env = {k: v for k, v in os.environ.items() if k != "SPECDEC_API_KEY"}
         self.proc = subprocess.Popen(
             cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
@@ -94,8 +104,18 @@ class SpecdecEngine:
         keep = {k: v for k, v in resp.headers.items() if k in ("content-type", "retry-after")}
         return {"status": resp.status_code, "headers": keep, "body": resp.content}
 
-    async def metrics(self) -> str:
-        return (await self.client.get("/metrics", timeout=5.0)).text
+    async def metrics(self) -> dict:
+        """This engine's Prometheus text and the replica it comes from (for the ingress merge)."""
+        resp = await self.client.get("/metrics", timeout=METRICS_TIMEOUT_S)
+        return {"replica": self.name, "text": resp.text if resp.status_code == 200 else ""}
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """Ray Serve's custom autoscaling metrics (a policy reads
+        ``ctx.aggregated_metrics[TTFT_METRIC][replica_id]``): this engine's mean TTFT over the
+        requests that got their first token in the last ``TTFT_WINDOW_S`` (0 when none did)."""
+        text = (await self.metrics())["text"]
+        total = histogram_totals(text, "time_to_first_token_seconds")
+        return {TTFT_METRIC: self._ttft.observe(time.monotonic(), total)}
 
     def check_health(self) -> None:
         """Ray Serve's health probe: a replica whose engine died is replaced."""
@@ -111,6 +131,56 @@ class SpecdecEngine:
             except subprocess.TimeoutExpired:
                 proc.kill()
         shutil.rmtree(getattr(self, "workdir", ""), ignore_errors=True)
+
+
+def replica_cores(usable: list[int], local_rank: int, per_replica: int) -> list[int]:
+    """A tensor-parallel replica's cores on its host: the ``local_rank``-th group of
+    ``per_replica`` (round robin when the host has fewer groups; all when one group is more)."""
+    groups = len(usable) // per_replica
+    if groups < 1:
+        return usable
+    g = local_rank % groups
+    return usable[g * per_replica : (g + 1) * per_replica]
+
+
+def histogram_totals(text: str, family: str) -> tuple[float, float]:
+    """``(sum, count)`` of a histogram in Prometheus text, summed over its label sets, under
+    whichever prefix the engine exports (``vllm:`` first, then ``specdec:``)."""
+    import re
+
+    for prefix in ("vllm:", "specdec:"):
+        name = re.escape(f"{prefix}{family}")
+        got = {
+            part: [float(v) for v in re.findall(rf"^{name}_{part}(?:{{[^}}]*}})? (\S+)$", text, re.M)]
+            for part in ("sum", "count")
+        }  # fmt: skip
+        if got["count"]:
+            return sum(got["sum"]), sum(got["count"])
+    return 0.0, 0.0
+
+
+@dataclass
+class TrailingMean:
+    """The mean of a histogram's observations over the last ``window_s``, from cumulative
+    ``(sum, count)`` readings. NOTE: a trailing window, not "since the last reading": Ray Serve
+    averages the reports over its look-back period, and readings of 0 between requests would
+    dilute a per-interval mean below any TTFT target."""
+
+    window_s: float
+    readings: deque[tuple[float, float, float]] = field(default_factory=deque)  # (t, sum, count)
+
+    def observe(self, now: float, total: tuple[float, float]) -> float:
+        if self.readings and total[1] < self.readings[-1][2]:
+            self.readings.clear()  # a reset counter: the window starts over
+        self.readings.append((now, *total))
+        while len(self.readings) > 1 and self.readings[1][0] <= now - self.window_s:
+            self.readings.popleft()  # NOTE: the newest reading at or before the window's start stays
+        # NOTE: no reading as old as the window (just started): since the engine started
+        start, first_sum, first_count = self.readings[0]
+        if start > now - self.window_s:
+            first_sum, first_count = 0.0, 0.0
+        n = total[1] - first_count
+        return (total[0] - first_sum) / n if n > 0 else 0.0
 
 
 def build_ingress_app(api_key: str | None, allowed_hosts: list[str] | None) -> Any:
@@ -158,7 +228,39 @@ def build_ingress_app(api_key: str | None, allowed_hosts: list[str] | None) -> A
     app.include_router(tools)
     app.add_api_route("/version", forward, methods=["GET"])
     app.add_api_route("/health", lambda: Response(status_code=200), methods=["GET"])
+
+    async def metrics() -> Any:
+        return await gather_metrics(engine)
+
+    app.add_api_route("/metrics", metrics, methods=["GET"])
     return app
+
+
+async def gather_metrics(engine: Any) -> Any:
+    """Every live replica's engine metrics, each sample labelled ``replica`` (the id
+    ``x-specdec-replica`` names), one ``# HELP``/``# TYPE`` per family, as the
+    ``--data-parallel-size`` front serves them; plus ``specdec:replica_up`` per answering replica.
+    A replica that does not answer within the timeout is left out of this scrape."""
+    from fastapi.responses import Response
+
+    from specdec.entrypoints.replicas.front import merge_metrics
+    from specdec.metrics import CONTENT_TYPE
+
+    try:
+        got = await engine.broadcast("metrics").results_async(
+            timeout_s=METRICS_TIMEOUT_S + 1.0, return_exceptions=True
+        )
+    except Exception as e:  # noqa: BLE001 - no replica (a Ray error) or the whole scrape timed out
+        logger.warning("metrics: no replica answered (%s)", type(e).__name__)
+        got = []
+    texts = {g["replica"]: g["text"] for g in got if isinstance(g, dict) and g.get("text")}
+    name = "specdec:replica_up"
+    up = [
+        f"# HELP {name} 1 for each replica whose metrics this scrape holds",
+        f"# TYPE {name} gauge",
+    ]
+    up += [f'{name}{{replica="{r}"}} 1' for r in sorted(texts)]
+    return Response(merge_metrics(texts) + "\n".join(up) + "\n", media_type=CONTENT_TYPE)
 
 
 MAX_BODY = 4 * 1024 * 1024
@@ -223,25 +325,40 @@ async def _relay(gen: Any) -> Any:
         gen.cancel()
 
 
-def build_ray_app(args: argparse.Namespace, argv: list[str], api_key: str | None,
-                  allowed_hosts: list[str] | None) -> Any:  # fmt: skip
-    """The Ray Serve application: the engine deployment (resources, router, autoscaling) bound
-    under the ingress."""
-    from ray import serve
-    from ray.serve.config import RequestRouterConfig
+def check_ray_args(args: argparse.Namespace) -> None:
+    """The Ray flags, checked before anything starts: a bad one is a one-line ``ConfigError``
+    naming it."""
+    from specdec.config import ConfigError
 
+    scaled = args.min_replicas is not None or args.max_replicas is not None
+    if not args.ray:
+        given = [f for f, v in (("--num-replicas", args.num_replicas != 1), ("--min-replicas", args.min_replicas is not None), ("--max-replicas", args.max_replicas is not None), ("--autoscaling-policy", args.autoscaling_policy is not None), ("--ray-address", args.ray_address is not None)) if v]  # fmt: skip
+        if given:
+            raise ConfigError(f"{given[0]} needs --ray")
+        return
+    low = args.min_replicas if args.min_replicas is not None else 1
+    if args.num_replicas < 1:
+        raise ConfigError(f"--num-replicas must be >= 1, got {args.num_replicas}")
+    if low < 0:
+        raise ConfigError(f"--min-replicas must be >= 0, got {low}")
+    if args.max_replicas is not None and args.max_replicas < max(low, 1):
+        raise ConfigError(f"--max-replicas must be >= max(1, --min-replicas), got {args.max_replicas}")  # fmt: skip
+    if not args.target_ongoing_requests > 0:
+        raise ConfigError(f"--target-ongoing-requests must be > 0, got {args.target_ongoing_requests}")  # fmt: skip
+    if args.autoscaling_policy is not None and (not scaled or ":" not in args.autoscaling_policy):
+        raise ConfigError(
+            "--autoscaling-policy takes MODULE:FUNCTION, with --min-replicas or --max-replicas"
+        )
+
+
+def engine_resources(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine deployment's resources and scale: ``num_cpus`` = threads x TP size, or, when
+    the replica is tensor-parallel, one ``{"CPU": threads}`` bundle per rank, STRICT_PACK (the
+    ranks share memory on one host); ``num_replicas`` or Ray Serve's autoscaling config."""
     threads = args.threads or 1
     tp = getattr(args, "tensor_parallel_size", 1) or 1
-    options: dict[str, Any] = {
-        "name": ENGINE_NAME,
-        "ray_actor_options": {"num_cpus": threads * tp},
-        "request_router_config": RequestRouterConfig(
-            request_router_class="specdec.entrypoints.replicas.ray_router.SpecdecRequestRouter"
-        ),
-        "health_check_period_s": 2.0,
-        "graceful_shutdown_timeout_s": args.shutdown_timeout + 5.0,
-    }
-    if tp > 1:  # NOTE: one bundle per rank, on one host (the ranks share memory)
+    options: dict[str, Any] = {"ray_actor_options": {"num_cpus": threads * tp}}
+    if tp > 1:  # NOTE: the replica actor takes the first bundle; rank 0 runs in it
         options["ray_actor_options"] = {"num_cpus": threads}
         options["placement_group_bundles"] = [{"CPU": threads}] * tp
         options["placement_group_strategy"] = "STRICT_PACK"
@@ -252,9 +369,32 @@ def build_ray_app(args: argparse.Namespace, argv: list[str], api_key: str | None
             "max_replicas": args.max_replicas if args.max_replicas is not None else max(low, 1),
             "target_ongoing_requests": args.target_ongoing_requests,
         }
+        if args.autoscaling_policy:  # NOTE: Ray imports it in its controller
+            options["autoscaling_config"]["policy"] = {"policy_function": args.autoscaling_policy}
     else:
         options["num_replicas"] = args.num_replicas
-    engine = serve.deployment(SpecdecEngine, **options).bind(replica_argv(argv), threads)
+    return options
+
+
+def build_ray_app(args: argparse.Namespace, argv: list[str], api_key: str | None,
+                  allowed_hosts: list[str] | None) -> Any:  # fmt: skip
+    """The Ray Serve application: the engine deployment (resources, router, autoscaling) bound
+    under the ingress."""
+    from ray import serve
+    from ray.serve.config import RequestRouterConfig
+
+    threads = args.threads or 1
+    options = {
+        "name": ENGINE_NAME,
+        "request_router_config": RequestRouterConfig(
+            request_router_class="specdec.entrypoints.replicas.ray_router.SpecdecRequestRouter"
+        ),
+        "health_check_period_s": 2.0,
+        "graceful_shutdown_timeout_s": args.shutdown_timeout + 5.0,
+        **engine_resources(args),
+    }
+    tp = getattr(args, "tensor_parallel_size", 1) or 1
+    engine = serve.deployment(SpecdecEngine, **options).bind(replica_argv(argv), threads, tp)
 
     def builder() -> Any:
         return build_ingress_app(api_key, allowed_hosts)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 from specdec.entrypoints.replicas.cores import split_cores
 from specdec.entrypoints.replicas.pool import ReplicaPool, replica_argv
@@ -47,11 +48,33 @@ def serve_replicas(
     return 0 if server.started else 1
 
 
+def check_replica_binding(args: argparse.Namespace) -> None:
+    """Replicas and ranks: each replica's ranks split that replica's own cores, so a per-rank
+    binding (``--cpu-binding``, or its environment variable), which every replica would take
+    whole, is refused with ``--data-parallel-size``; so is ``-dp`` with ``--ray``."""
+    from specdec.config import ConfigError
+    from specdec.worker.binding import BIND_ENV
+
+    if args.data_parallel_size == 1:
+        return
+    if args.ray:
+        raise ConfigError("--data-parallel-size with --ray: use --num-replicas")
+    tp = getattr(args, "tensor_parallel_size", 1) or 1
+    if getattr(args, "cpu_binding", None) or (tp > 1 and os.environ.get(BIND_ENV)):
+        raise ConfigError(
+            f"--cpu-binding (or {BIND_ENV}) with --data-parallel-size: each replica's ranks "
+            "split its own cores; choose the replicas' cores with --replica-cpu-binding"
+        )
+
+
 def cmd_serve_any(args: argparse.Namespace) -> int:
     """``specdec serve``: one engine, ``--data-parallel-size N`` replicas, or ``--ray``."""
     from specdec.entrypoints.openai.api_server import api_key_from, check_serve_args, cmd_serve
+    from specdec.entrypoints.replicas.ray_app import check_ray_args
     from specdec.entrypoints.utils import LOG_FORMAT
 
+    check_ray_args(args)
+    check_replica_binding(args)
     if not args.ray and args.data_parallel_size == 1:
         return cmd_serve(args)
     _, _, allowed_hosts = check_serve_args(args)
