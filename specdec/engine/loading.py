@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from specdec.config import ConfigError, EngineConfig, SpeculativeConfig
-from specdec.kernels import get_ops, int8_activations_fast, native_isa
+from specdec.kernels import get_ops, int8_activations_fast, kquant_int8_fast, native_isa
 from specdec.model.llama import LlamaModel
 from specdec.model.loader import load_checkpoint
 from specdec.model.registry import resolve_model_path
@@ -91,6 +91,9 @@ def load_model(
         settings = {
             "quantization": quantization, "activation_dtype": activation_dtype,
             "dtype": str(dtype), "isa": native_isa(), "int8_fast": int8_activations_fast(),
+            # NOTE: whether K-quants stay native (AVX2 kernels too, now): older
+            # files of K-quants converted to Q8_0 are not reused
+            "kquant_int8": kquant_int8_fast(),
         }  # fmt: skip
         if tp is not None:  # NOTE: one cache file per rank's shard
             settings["tensor_parallel"] = f"{tp.rank}/{tp.size}"
