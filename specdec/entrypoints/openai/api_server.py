@@ -63,6 +63,28 @@ class _ServerState:
 # ---- the app ---------------------------------------------------------------------------------
 
 
+def api_key_dependency(api_key: str | None) -> Callable[..., Any]:
+    """The routers' dependency that checks ``Authorization: Bearer <api_key>`` (constant-time;
+    a 401 in OpenAI's shape); nothing is checked when ``api_key`` is None."""
+    from fastapi import Request
+
+    from specdec.entrypoints.openai.protocol import RequestError
+
+    async def check_api_key(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            raise RequestError(
+                "invalid or missing API key (send 'Authorization: Bearer <key>')",
+                status=401,
+                code="invalid_api_key",
+                type="authentication_error",
+            )
+
+    return check_api_key
+
+
 def build_app(
     llm: Any,
     served_model_names: list[str],
@@ -155,17 +177,7 @@ def build_app(
     app.state.server_state = state
     app.state.drain = drain
 
-    async def check_api_key(request: Request) -> None:
-        if api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-            raise RequestError(
-                "invalid or missing API key (send 'Authorization: Bearer <key>')",
-                status=401,
-                code="invalid_api_key",
-                type="authentication_error",
-            )
+    check_api_key = api_key_dependency(api_key)
 
     async def request_error(request: Request, exc: RequestError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)

@@ -27,6 +27,7 @@ from specdec.entrypoints.openai.api_server import (
     _ServerState,
     _wait_until,
     _with_cancellation,
+    api_key_dependency,
 )
 from specdec.entrypoints.replicas.pool import Replica, ReplicaPool
 from specdec.entrypoints.replicas.router import Router, routing_text
@@ -219,24 +220,12 @@ def build_front_app(
 def install_checks(app: Any, state: _ServerState, api_key: str | None) -> Any:
     """The single server's checks on a front app (``_Guard``, OpenAI-style errors, 503s with
     Retry-After); returns the API key dependency for its routers."""
-    import hmac
-
     from fastapi import Request
     from fastapi.responses import JSONResponse
 
     from specdec.entrypoints.openai.protocol import RequestError
 
-    async def check_api_key(request: Request) -> None:
-        if api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-            raise RequestError(
-                "invalid or missing API key (send 'Authorization: Bearer <key>')",
-                status=401,
-                code="invalid_api_key",
-                type="authentication_error",
-            )
+    check_api_key = api_key_dependency(api_key)
 
     async def request_error(request: Request, exc: RequestError) -> JSONResponse:
         headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.status == 503 else None
