@@ -4,7 +4,7 @@
 Project metadata lives in pyproject.toml; this file only adds the C++ extensions:
 
 * ``specdec/kernels/csrc/ops.cpp`` (torch binding), ``layer.cpp`` (a whole decoder layer in one
-  call), ``head.cpp`` (EAGLE-3's draft head), ``kernels_portable.cpp`` and ``kquants.cpp``
+  call), ``moe.cpp`` (its mixture-of-experts feed-forward), ``head.cpp`` (EAGLE-3's draft head), ``kernels_portable.cpp`` and ``kquants.cpp``
   (K-quant tiles) are compiled with the flags torch's ``BuildExtension`` uses (no ISA flags), so
   the module imports on any x86-64 CPU;
 * ``kernels_avx2.cpp``, ``kernels_avx2_a8.cpp`` (8-bit activations on AVX2) and
@@ -143,6 +143,7 @@ def _native_build():
             for f in (
                 "ops.cpp",
                 "layer.cpp",
+                "moe.cpp",
                 "allreduce.cpp",
                 "head.cpp",
                 "kernels_portable.cpp",
@@ -160,6 +161,8 @@ def _native_build():
             "half.h",
             "head_chunks.h",
             "kernels.h",
+            "linear_spec.h",
+            "moe.h",
             "ops.h",
             "parallel.h",
             "simd512.h",

@@ -108,6 +108,7 @@ def run_forward_cost(opts: ForwardCostOptions) -> dict[str, Any]:
     for lw in model.layers:
         if lw.moe is not None:
             lw.moe.grouped = opts.moe_grouped
+    model._fused = None  # NOTE: native layers take the flag when they are built
     rows = measure_forward_cost(
         model, opts.context, list(opts.ns), opts.repeats, opts.warmup, opts.seed
     )

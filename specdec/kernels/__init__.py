@@ -801,15 +801,18 @@ class NativeOps(KernelOps):
         """
 
         def lin(prefix: str, linear: Any) -> dict[str, Any]:
-            data, code, parts = _kernel_weight(linear.weight)
+            if linear is None:  # a mixture-of-experts layer's dense feed-forward: none
+                data, code, parts, bias = torch.empty(0, dtype=torch.uint8), 0, [], None
+            else:
+                (data, code, parts), bias = _kernel_weight(linear.weight), linear.bias
             return {
                 f"{prefix}_w": data,
                 f"{prefix}_qt": code,
-                f"{prefix}_bias": linear.bias,
+                f"{prefix}_bias": bias,
                 f"{prefix}_parts": parts,
             }
 
-        return self._C.DecoderLayer(
+        layer = self._C.DecoderLayer(
             num_heads=cfg.num_heads,
             num_kv_heads=cfg.num_kv_heads,
             head_dim=cfg.head_dim,
@@ -830,6 +833,30 @@ class NativeOps(KernelOps):
             **lin("o", lw.o_proj),
             **lin("gate_up", lw.gate_up),
             **lin("down", lw.down),
+        )
+        if lw.moe is not None:
+            layer.set_moe(self.moe_ffn(lw.moe))
+        return layer
+
+    def linear_spec(self, linear: Any) -> Any:
+        """``linear`` as the native layers take it (``_C.LinearSpec``)."""
+        data, code, parts = _kernel_weight(linear.weight)
+        return self._C.LinearSpec(data, code, linear.weight.in_features, linear.bias, parts)
+
+    def moe_ffn(self, moe: Any) -> Any:
+        """A ``MoeBlock`` (model/moe.py) as one native call (``_C.MoeFfn``): the same bits."""
+        spec = self.linear_spec
+        shared = moe.shared is not None and moe.shared_gate is not None
+        return self._C.MoeFfn(
+            router=spec(moe.router),
+            gate_up=[spec(e.gate_up) for e in moe.experts],
+            down=[spec(e.down) for e in moe.experts],
+            top_k=moe.top_k,
+            norm_topk_prob=moe.norm_topk_prob,
+            shared_gate_up=spec(moe.shared.gate_up) if shared else None,
+            shared_down=spec(moe.shared.down) if shared else None,
+            shared_gate=spec(moe.shared_gate) if shared else None,
+            grouped=moe.grouped,
         )
 
     def forward_layers(

@@ -128,12 +128,11 @@ class LlamaModel:
         # The whole layer stack as one native call (kernels/csrc/layer.cpp: forward_layers) when
         # the native kernels run; the Python _layer below is the same computation, op by op
         # (CUDA, torch kernels, tests).
-        # NOTE: mixture-of-experts layers run the Python layer (moe.py), not the fused one;
-        # tensor-parallel ranks run the fused stack when their all-reduce is the native one
+        # NOTE: tensor-parallel ranks run the fused stack when their all-reduce is the native
+        # one; mixture-of-experts layers run theirs natively too (kernels/csrc/moe.cpp)
         self.use_fused_layers = ops.supports_fused_layers and (
             dtype == torch.float32
             and device.type == "cpu"
-            and not self.cfg.num_experts
             and (tp is None or tp.native_reducer is not None)
         )
         self._fused: list | None = None
@@ -321,6 +320,9 @@ class LlamaModel:
                 self.tp.native_reducer if self.tp is not None else None,
             )
             taken.update(zip(want, got))
+            for lw, fused in zip(layers, self._fused_layers()):
+                if lw.moe is not None:  # the experts its rows chose (speculation's pricing)
+                    lw.moe.last_ids = fused.moe_last_ids()
         else:
             for i, layer in enumerate(layers):
                 if i in capture:

@@ -93,7 +93,18 @@ def test_batched_sequences_equal_single(tiny_gemma) -> None:
     assert torch.equal(both[25:], _full(model, b))
 
 
-@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_gemma", "tiny_qwen2", "tiny_qwen3"])
+@pytest.mark.parametrize(
+    "fixture",
+    [
+        "tiny_llama",
+        "tiny_gemma",
+        "tiny_qwen2",
+        "tiny_qwen3",
+        "tiny_qwen3_moe",  # mixture of experts (kernels/csrc/moe.cpp)
+        "tiny_mixtral",
+        "tiny_qwen2_moe",  # with a shared expert
+    ],
+)
 @pytest.mark.parametrize(
     "quantization,activations,kv_dtype",
     [
@@ -110,7 +121,8 @@ def test_fused_native_layers_equal_python_layers(
 ) -> None:
     # One native call per layer (kernels/csrc/layer.cpp) must compute exactly what the op-by-op
     # Python layer computes: same logits and same KV cache, bit for bit, over a prefill longer
-    # than Gemma's tiny sliding window and a step that batches two sequences.
+    # than Gemma's tiny sliding window, a step that batches two sequences and a one-row step
+    # (a mixture of experts groups the rows of a step by expert, and runs one row's one by one).
     folder = request.getfixturevalue(fixture)
     model = LlamaModel(
         load_checkpoint(folder), get_ops("native"), torch.device("cpu"), torch.float32,
@@ -131,13 +143,19 @@ def test_fused_native_layers_equal_python_layers(
         h1 = model.forward(prompt, torch.arange(40), SeqBatch([2], [0], [40]), kv)
         pos = torch.tensor([40, 41, 0, 1, 2])
         h2 = model.forward(step_ids, pos, SeqBatch([2, 0], [40, 0], [2, 3]), kv)
-        logits = torch.cat([model.compute_logits(h1), model.compute_logits(h2)])
+        routes = [lw.moe.last_ids for lw in model.layers if lw.moe is not None]
+        h3 = model.forward(step_ids[:1], pos[2:3] + 3, SeqBatch([0], [3], [1]), kv)
+        logits = torch.cat([model.compute_logits(h) for h in (h1, h2, h3)])
         keys = standard_keys(kv.k, kv.max_len, kv.key_block)  # [L, S, Hkv, max_len, D]
         results.append((logits, keys[:, [0, 2], :, :42].clone(), kv.v[:, [0, 2], :, :42].clone()))
-    (la, ka, va), (lb, kb, vb) = results
+        results[-1] += (routes,)
+    (la, ka, va, ra), (lb, kb, vb, rb) = results
     assert torch.equal(la, lb)
-    assert torch.equal(ka[:, 0, :, :3], kb[:, 0, :, :3]) and torch.equal(ka[:, 1], kb[:, 1])
-    assert torch.equal(va[:, 0, :, :3], vb[:, 0, :, :3]) and torch.equal(va[:, 1], vb[:, 1])
+    assert len(ra) == len(rb) and all(torch.equal(a, b) for a, b in zip(ra, rb))
+    if "moe" in fixture or "mixtral" in fixture:
+        assert ra and all(r.shape[0] == 5 for r in ra)  # the 5-row step's experts, per layer
+    assert torch.equal(ka[:, 0, :, :4], kb[:, 0, :, :4]) and torch.equal(ka[:, 1], kb[:, 1])
+    assert torch.equal(va[:, 0, :, :4], vb[:, 0, :, :4]) and torch.equal(va[:, 1], vb[:, 1])
 
 
 def test_fused_layer_rejects_inconsistent_batches(tiny_llama) -> None:

@@ -10,37 +10,19 @@
 #include <torch/extension.h>
 
 #include <cstring>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "allreduce.h"
+#include "linear_spec.h"
+#include "moe.h"
 #include "ops.h"
 
 namespace specdec {
 namespace {
-
-struct LinearSpec {
-    torch::Tensor w;  // f32 [N, K], uint8 [N, row_bytes], or K-quant / bf16x2 tiles (uint8, flat)
-    int64_t qtype;
-    int64_t K;
-    c10::optional<torch::Tensor> bias;
-    std::vector<int64_t> parts;  // K-quants, bf16x2 tiles: [format, rows, ...] (kernels.h); else empty
-    int64_t N;
-
-    LinearSpec(torch::Tensor w_, int64_t qtype_, int64_t K_, c10::optional<torch::Tensor> bias_,
-               std::vector<int64_t> parts_)
-        : w(std::move(w_)), qtype(qtype_), K(K_), bias(std::move(bias_)), parts(std::move(parts_)), N(0) {
-        if (parts.empty()) {
-            N = w.size(0);
-        } else {
-            for (size_t i = 1; i < parts.size(); i += 2) N += parts[i];
-        }
-    }
-
-    torch::Tensor operator()(const torch::Tensor& x) const { return linear(x, w, qtype, N, K, bias, parts); }
-};
 
 // A float stored into a cache element: as is, or rounded to the nearest half (ties to even, as
 // torch's .to(torch.float16)).
@@ -196,6 +178,7 @@ class DecoderLayer {
 
         // ---- MLP block
         h = rms_norm(x, post_attn_norm_, eps_);
+        if (moe_) return x + moe_->forward(h);  // a mixture-of-experts layer (moe.cpp)
         torch::Tensor gu = gate_up_(h);
         torch::Tensor gate = gu.narrow(1, 0, I_), up = gu.narrow(1, I_, I_);
         torch::Tensor act = gelu_ ? at::gelu(gate, "tanh") : at::silu(gate);
@@ -203,6 +186,15 @@ class DecoderLayer {
         if (reducer != nullptr) mlp = reducer->reduce(mlp);
         if (post_ffw_norm_.has_value()) mlp = rms_norm(mlp, *post_ffw_norm_, eps_);
         return x + mlp;
+    }
+
+    // Makes this a mixture-of-experts layer: its feed-forward is moe's (gate_up / down unused).
+    void set_moe(std::shared_ptr<MoeFfn> moe) { moe_ = std::move(moe); }
+
+    // The experts [T, top_k] the rows of the latest forward chose; None for a dense layer.
+    c10::optional<torch::Tensor> moe_last_ids() const {
+        if (!moe_ || !moe_->last_ids().defined()) return c10::nullopt;
+        return moe_->last_ids();
     }
 
    private:
@@ -214,6 +206,7 @@ class DecoderLayer {
     torch::Tensor input_norm_, post_attn_norm_;
     LinearSpec qkv_, o_, gate_up_, down_;
     c10::optional<torch::Tensor> q_norm_, k_norm_, post_attn_out_norm_, post_ffw_norm_;
+    std::shared_ptr<MoeFfn> moe_;
 };
 
 // Layers 0..n-1 in order, exactly as n calls of DecoderLayer::forward run them (the same ops on
@@ -275,6 +268,8 @@ void bind_decoder_layer(py::module_& m) {
              py::arg("qkv_parts") = std::vector<int64_t>{}, py::arg("o_parts") = std::vector<int64_t>{},
              py::arg("gate_up_parts") = std::vector<int64_t>{},
              py::arg("down_parts") = std::vector<int64_t>{})
+        .def("set_moe", &DecoderLayer::set_moe, py::arg("moe"))
+        .def("moe_last_ids", &DecoderLayer::moe_last_ids)
         .def("forward", &DecoderLayer::forward, py::arg("x"), py::arg("cos"), py::arg("sin"),
              py::arg("k_cache"), py::arg("v_cache"), py::arg("slots"), py::arg("starts"),
              py::arg("counts"), py::arg("reducer") = static_cast<ShmReducer*>(nullptr),

@@ -1122,6 +1122,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("has_avx2_build", &has_avx2_build);
     m.def("has_avx512_build", &has_avx512_build);
     bind_allreduce(m);  // NOTE: before the layer, whose bindings name ShmReducer
+    bind_moe(m);
     bind_decoder_layer(m);
     bind_eagle3_head(m);
     m.attr("QT_F32") = static_cast<int>(QT_F32);

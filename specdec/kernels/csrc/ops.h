@@ -31,6 +31,9 @@ torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tens
                              const std::vector<int64_t>& counts, double scale, int64_t sliding_window,
                              double softcap);
 
+// Registers the LinearSpec and MoeFfn classes (moe.cpp).
+void bind_moe(py::module_& m);
+
 // Registers the DecoderLayer class (layer.cpp).
 void bind_decoder_layer(py::module_& m);
 
