@@ -8,7 +8,8 @@
 // activation and sums, op for op as moe.py calls them, so the two agree bit for bit
 // (tests/e2e/test_moe.py).  A row's result never depends on the other rows: the linears are
 // row-invariant, SiLU runs on row blocks under ATen's serial grain (moe.py: _silu_mul), and a row's
-// expert outputs are summed in the order of its top-k ranks.
+// expert outputs are summed in the order of its top-k ranks.  A decode or verify step runs its
+// experts side by side, each on one thread (parallel_tasks), and sums their outputs in place.
 #include "moe.h"
 
 #include <algorithm>
@@ -20,6 +21,10 @@ namespace {
 // NOTE: torch runs an elementwise op serially below 32,768 elements (moe.py: _SERIAL_ELEMENTS).
 constexpr int64_t kSerialElements = 32768;
 constexpr int64_t kLanes = 64;  // moe.py: _LANES
+// NOTE: steps of up to this many rows (decode, verification) run their experts side by side, one
+// expert's kernels on one thread (parallel_tasks): a one-row step's 2 x top-k small linears cost
+// a pool wake-up each otherwise.  Larger steps (prefill) run each expert on every thread.
+constexpr int64_t kSideBySideRows = 16;
 
 // silu(gate) * up on row blocks whose bits never depend on the row count (moe.py: _silu_mul).
 torch::Tensor silu_mul(const torch::Tensor& gate, const torch::Tensor& up) {
@@ -77,55 +82,84 @@ torch::Tensor MoeFfn::expert(const LinearSpec& gate_up, const LinearSpec& down, 
     return down(silu_mul(gu.narrow(1, 0, inter), gu.narrow(1, inter, inter)));
 }
 
-torch::Tensor MoeFfn::forward(const torch::Tensor& h) {
-    TORCH_CHECK(h.dim() == 2 && h.size(1) == router_.K && h.scalar_type() == torch::kFloat32,
+torch::Tensor MoeFfn::forward(const torch::Tensor& h_in) {
+    TORCH_CHECK(h_in.dim() == 2 && h_in.size(1) == router_.K && h_in.scalar_type() == torch::kFloat32,
                 "MoeFfn: h must be float32 [T, ", router_.K, "]");
+    const torch::Tensor h = h_in.contiguous();
+    const int64_t T = h.size(0), H = h.size(1), k = top_k_;
     torch::Tensor probs = at::softmax(router_(h), -1);  // [T, E]
-    auto [weights, ids] = at::topk(probs, top_k_, -1);
+    auto [weights, ids] = at::topk(probs, k, -1);
     if (norm_) weights = weights / weights.sum({-1}, true);
-    last_ids_ = ids;
+    weights = weights.contiguous();
+    last_ids_ = ids.contiguous();
+    std::vector<torch::Tensor> outs;  // the experts' outputs, kept alive for src
+    std::vector<const float*> src(static_cast<size_t>(T * k));  // row t's rank-r output: src[t k + r]
     // NOTE: one row (decode) has nothing to group: its experts one by one, same bits
-    torch::Tensor per_rank = grouped && h.size(0) > 1 ? run_grouped(h, ids) : run_one_by_one(h, ids);
-    torch::Tensor out = per_rank.select(1, 0) * weights.narrow(1, 0, 1);
-    for (int64_t r = 1; r < top_k_; ++r)  // NOTE: a fixed order: the row's top-k rank
-        out = out + per_rank.select(1, r) * weights.narrow(1, r, 1);
+    if (grouped && T > 1)
+        run_grouped(h, last_ids_, outs, src);
+    else
+        run_one_by_one(h, last_ids_, outs, src);
+    // out = p_0 w_0, then out = out + p_r w_r for r = 1.. (moe.py's order: the row's top-k rank).
+    // NOTE: each product and sum rounded on its own (-ffp-contract=off), as ATen's mul and add.
+    torch::Tensor out = at::empty({T, H}, h.options());
+    const float* wp = weights.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    for (int64_t t = 0; t < T; ++t) {
+        float* o = op + t * H;
+        const float* p0 = src[t * k];
+        const float w0 = wp[t * k];
+        for (int64_t j = 0; j < H; ++j) o[j] = p0[j] * w0;
+        for (int64_t r = 1; r < k; ++r) {
+            const float* p = src[t * k + r];
+            const float w = wp[t * k + r];
+            for (int64_t j = 0; j < H; ++j) o[j] = o[j] + p[j] * w;
+        }
+    }
     if (shared_gate_up_.has_value())
         out = out + sigmoid_rows((*shared_gate_)(h)) * expert(*shared_gate_up_, *shared_down_, h);
     return out;
 }
 
-torch::Tensor MoeFfn::run_grouped(const torch::Tensor& h, const torch::Tensor& ids) const {
-    const int64_t T = h.size(0), H = h.size(1);
-    torch::Tensor per_rank = at::empty({T * top_k_, H}, h.options());
+void MoeFfn::run_grouped(const torch::Tensor& h, const torch::Tensor& ids, std::vector<torch::Tensor>& outs,
+                         std::vector<const float*>& src) const {
+    const int64_t H = h.size(1);
     torch::Tensor flat = ids.flatten();
-    torch::Tensor order = at::argsort(flat, /*stable=*/true, /*dim=*/0, /*descending=*/false);
+    torch::Tensor order = at::argsort(flat, /*stable=*/true, /*dim=*/0, /*descending=*/false).contiguous();
     auto uc = at::unique_consecutive(flat.index_select(0, order), /*return_inverse=*/false,
                                      /*return_counts=*/true);
     torch::Tensor chosen = std::get<0>(uc).contiguous(), counts = std::get<2>(uc).contiguous();
+    const int64_t n = chosen.numel();
     const int64_t* cp = chosen.data_ptr<int64_t>();
     const int64_t* np = counts.data_ptr<int64_t>();
-    int64_t start = 0;
-    for (int64_t i = 0; i < chosen.numel(); ++i) {  // each chosen expert once
-        torch::Tensor slots = order.narrow(0, start, np[i]);
-        torch::Tensor rows = h.index_select(0, at::div(slots, top_k_, "floor"));
-        per_rank.index_copy_(0, slots, expert(gate_up_[cp[i]], down_[cp[i]], rows));
-        start += np[i];
+    const int64_t* slot = order.data_ptr<int64_t>();  // (row, rank) slots row * k + rank, by expert
+    std::vector<int64_t> first(static_cast<size_t>(n + 1), 0);
+    for (int64_t i = 0; i < n; ++i) first[i + 1] = first[i] + np[i];
+    outs.assign(static_cast<size_t>(n), torch::Tensor());
+    auto one = [&](int64_t i) {  // each chosen expert once, over all the rows routed to it
+        torch::Tensor rows = h.index_select(0, at::div(order.narrow(0, first[i], np[i]), top_k_, "floor"));
+        outs[i] = expert(gate_up_[cp[i]], down_[cp[i]], rows);
+    };
+    if (h.size(0) <= kSideBySideRows)
+        parallel_tasks(n, one);
+    else
+        for (int64_t i = 0; i < n; ++i) one(i);
+    for (int64_t i = 0; i < n; ++i) {
+        const float* y = outs[i].data_ptr<float>();
+        for (int64_t j = 0; j < np[i]; ++j) src[slot[first[i] + j]] = y + j * H;
     }
-    return per_rank.view({T, top_k_, H});
 }
 
-torch::Tensor MoeFfn::run_one_by_one(const torch::Tensor& h, const torch::Tensor& ids) const {
-    const int64_t T = h.size(0);
-    torch::Tensor per_rank = at::empty({T, top_k_, h.size(1)}, h.options());
-    torch::Tensor chosen = ids.contiguous();
-    const int64_t* ip = chosen.data_ptr<int64_t>();
-    for (int64_t row = 0; row < T; ++row) {
-        for (int64_t r = 0; r < top_k_; ++r) {
-            const int64_t e = ip[row * top_k_ + r];
-            per_rank[row][r].copy_(expert(gate_up_[e], down_[e], h.narrow(0, row, 1))[0]);
-        }
-    }
-    return per_rank;
+void MoeFfn::run_one_by_one(const torch::Tensor& h, const torch::Tensor& ids, std::vector<torch::Tensor>& outs,
+                            std::vector<const float*>& src) const {
+    const int64_t n = ids.numel(), k = top_k_;
+    const int64_t* ip = ids.data_ptr<int64_t>();
+    outs.assign(static_cast<size_t>(n), torch::Tensor());
+    auto one = [&](int64_t i) { outs[i] = expert(gate_up_[ip[i]], down_[ip[i]], h.narrow(0, i / k, 1)); };
+    if (h.size(0) <= kSideBySideRows)
+        parallel_tasks(n, one);
+    else
+        for (int64_t i = 0; i < n; ++i) one(i);
+    for (int64_t i = 0; i < n; ++i) src[i] = outs[i].data_ptr<float>();
 }
 
 void bind_moe(py::module_& m) {

@@ -29,8 +29,11 @@ class MoeFfn {
 
    private:
     torch::Tensor expert(const LinearSpec& gate_up, const LinearSpec& down, const torch::Tensor& x) const;
-    torch::Tensor run_grouped(const torch::Tensor& h, const torch::Tensor& ids) const;
-    torch::Tensor run_one_by_one(const torch::Tensor& h, const torch::Tensor& ids) const;
+    // Fill outs with expert outputs and src[row * top_k + rank] with that row's rank-th one.
+    void run_grouped(const torch::Tensor& h, const torch::Tensor& ids, std::vector<torch::Tensor>& outs,
+                     std::vector<const float*>& src) const;
+    void run_one_by_one(const torch::Tensor& h, const torch::Tensor& ids, std::vector<torch::Tensor>& outs,
+                        std::vector<const float*>& src) const;
 
     LinearSpec router_;
     std::vector<LinearSpec> gate_up_, down_;

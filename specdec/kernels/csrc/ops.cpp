@@ -16,6 +16,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <exception>
+#include <mutex>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -762,6 +764,23 @@ torch::Tensor unpack_a8(torch::Tensor a8, int64_t qtype, int64_t N, int64_t K, c
         }
     });
     return out;
+}
+
+void parallel_tasks(int64_t n, const std::function<void(int64_t)>& fn) {
+    std::exception_ptr failed;
+    std::mutex mu;
+    parallel_range(n, 1, [&](int64_t a, int64_t b) {
+        WorkerPool::InlineScope scope;
+        for (int64_t i = a; i < b; ++i) {
+            try {
+                fn(i);
+            } catch (...) {
+                std::lock_guard<std::mutex> lk(mu);
+                if (!failed) failed = std::current_exception();
+            }
+        }
+    });
+    if (failed) std::rethrow_exception(failed);
 }
 
 torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K,

@@ -3,6 +3,7 @@
 
 #include <torch/extension.h>
 
+#include <functional>
 #include <vector>
 
 #include "kernels.h"
@@ -14,6 +15,12 @@ namespace specdec {
 // kA8QtypeBase + QT_KQUANT for 8-bit activations; parts = [format, rows, ...], kernels.h).
 torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K,
                      c10::optional<torch::Tensor> bias, const std::vector<int64_t>& parts = {});
+
+// fn(i) for i in [0, n) spread over the kernels' threads, each call on one thread with the kernels
+// it calls run inline there (a kernel's result never depends on its thread count).  For many
+// small independent kernel calls (a step's experts): one wake-up of the pool instead of one per
+// call.  The first exception a call throws is rethrown here once all calls have ended.
+void parallel_tasks(int64_t n, const std::function<void(int64_t)>& fn);
 
 // RMS norm over the last dimension.
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);

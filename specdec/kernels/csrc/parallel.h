@@ -95,6 +95,19 @@ class WorkerPool {
 
     static bool in_worker() { return in_worker_flag(); }
 
+    // While alive, kernels called on this thread run inline, as they do on a worker: for a task
+    // that runs whole kernel calls (parallel_tasks, ops.cpp), on the caller's thread too.
+    class InlineScope {
+      public:
+        InlineScope() : was_(in_worker_flag()) { in_worker_flag() = true; }
+        ~InlineScope() { in_worker_flag() = was_; }
+        InlineScope(const InlineScope&) = delete;
+        InlineScope& operator=(const InlineScope&) = delete;
+
+      private:
+        bool was_;
+    };
+
     // How long an idle worker polls for the next call before sleeping (SPECDEC_POOL_SPIN_US).
     static int64_t spin_us() {
         static const int64_t us = [] {
