@@ -39,7 +39,9 @@ def measure_forward_cost(
 ) -> list[dict]:
     """Median ms of ``forward`` + ``compute_logits`` over N rows, per N (N = 1 always measured).
 
-    Every repeat writes the same KV positions after the cached context, so the context stays fixed.
+    Every repeat writes the same KV positions after the cached context, so the context stays fixed,
+    with fresh random tokens: a mixture of experts routes them to other experts each time, as a
+    real decode does (repeating one input would find its experts' weights still in the cache).
     """
     from specdec.model.llama import SeqBatch
 
@@ -55,12 +57,15 @@ def measure_forward_cost(
     with torch.inference_mode():
         prompt = torch.randint(0, vocab, (context,), generator=gen)
         model.forward(prompt, torch.arange(context), SeqBatch([0], [0], [context]), kv)
-        inputs = {n: torch.randint(0, vocab, (n,), generator=gen) for n in ns}
+        runs = warmup + repeats
+        inputs = {n: torch.randint(0, vocab, (runs, n), generator=gen) for n in ns}
+        used = dict.fromkeys(ns, 0)
 
         def step(n: int) -> float:
+            ids, used[n] = inputs[n][used[n]], used[n] + 1
             start = time.perf_counter()
             pos = torch.arange(context, context + n)
-            hidden = model.forward(inputs[n], pos, SeqBatch([0], [context], [n]), kv)
+            hidden = model.forward(ids, pos, SeqBatch([0], [context], [n]), kv)
             logits = model.compute_logits(hidden)  # [n, vocab]
             float(logits[-1, 0])  # NOTE: the work is done before the clock stops
             return time.perf_counter() - start
