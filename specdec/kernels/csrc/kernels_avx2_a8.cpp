@@ -152,7 +152,7 @@ void group_rows(const int8_t* xq, const float* dx, const int32_t* sx, const floa
 #pragma GCC unroll 1
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* tile = wg + b * TB;
-        prefetch_tile<TB>(tile);
+        if (m == 0) prefetch_tile<TB>(tile);  // NOTE: later passes find the tile cached
         const int8_t* xb[R];
         for (int r = 0; r < R; ++r) xb[r] = xq + (m + r) * K + b * 32;
         __m256i s_lo[R], s_hi[R];

@@ -143,7 +143,7 @@ void kq4_group(const Rows& a, int64_t m, const uint8_t* wg, const float* bias, f
 #pragma GCC unroll 1
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* t = wg + b * TB;
-        prefetch_tile<TB>(t);
+        if (m == 0) prefetch_tile<TB>(t);  // NOTE: later passes find the tile cached
         __m256i sc[2][2];  // [half][sub-blocks 0-3, 4-7]: row lanes, one byte per sub-block
         for (int h = 0; h < 2; ++h) {
             const __m256i v0 = load32(t + 64 + 32 * h), v2 = load32(t + 192 + 32 * h);
@@ -237,7 +237,7 @@ void kq6_group(const Rows& a, int64_t m, const uint8_t* wg, const float* bias, f
 #pragma GCC unroll 1
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* t = wg + b * TB;
-        prefetch_tile<TB>(t);
+        if (m == 0) prefetch_tile<TB>(t);  // NOTE: later passes find the tile cached
         __m256i S[R][2], C[R][2];
         for (int r = 0; r < R; ++r) S[r][0] = S[r][1] = C[r][0] = C[r][1] = _mm256_setzero_si256();
 #pragma GCC unroll 1
