@@ -111,13 +111,15 @@ inline void dot_q4(const uint8_t* quants, const int8_t* const* xb, __m256i* lo, 
 }
 
 // Q8_0: 8 groups of 4 inputs; 32 bytes = 8 rows x 4 codes.  Widened to int16 (once for the R
-// activation rows), vpmaddwd gives per row two pair sums; vphaddd adds them (lanes come out as rows
-// 0 1 4 5 2 3 6 7, put back at the end).
+// activation rows), vpmaddwd gives per row two pair sums, summed over the 8 groups for rows 0-3 and
+// 4-7 apart; one vphaddd per block then adds each row's pairs (lanes come out as rows 0 1 4 5 2 3
+// 6 7, put back at the end).  NOTE: integer sums are exact, so adding the pairs once per block
+// instead of once per group changes no bit and saves ~20% of the uops at 4 activation rows.
 template <int R>
 inline void dot_q8(const uint8_t* quants, const int8_t* const* xb, __m256i* lo, __m256i* hi) {
     for (int half = 0; half < 2; ++half) {
-        __m256i acc[R];
-        for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
+        __m256i a03[R], a47[R];
+        for (int r = 0; r < R; ++r) a03[r] = a47[r] = _mm256_setzero_si256();
         for (int t = 0; t < 8; ++t) {
             const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + t * 64 + 32 * half));
             const __m256i w03 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(w));
@@ -126,12 +128,13 @@ inline void dot_q8(const uint8_t* quants, const int8_t* const* xb, __m256i* lo, 
                 int32_t x4;
                 memcpy(&x4, xb[r] + 4 * t, 4);
                 const __m256i xw = _mm256_cvtepi8_epi16(_mm_set1_epi32(x4));
-                acc[r] = _mm256_add_epi32(
-                    acc[r], _mm256_hadd_epi32(_mm256_madd_epi16(w03, xw), _mm256_madd_epi16(w47, xw)));
+                a03[r] = _mm256_add_epi32(a03[r], _mm256_madd_epi16(w03, xw));
+                a47[r] = _mm256_add_epi32(a47[r], _mm256_madd_epi16(w47, xw));
             }
         }
         const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
-        for (int r = 0; r < R; ++r) (half ? hi : lo)[r] = _mm256_permutevar8x32_epi32(acc[r], order);
+        for (int r = 0; r < R; ++r)
+            (half ? hi : lo)[r] = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(a03[r], a47[r]), order);
     }
 }
 
