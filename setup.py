@@ -165,6 +165,7 @@ def _native_build():
             "moe.h",
             "ops.h",
             "parallel.h",
+            "prefetch.h",
             "simd512.h",
         )
     ] + [os.path.join(CSRC, unit[1]) for unit in ISA_UNITS]

@@ -320,9 +320,10 @@ class LlamaModel:
                 self.tp.native_reducer if self.tp is not None else None,
             )
             taken.update(zip(want, got))
-            for lw, fused in zip(layers, self._fused_layers()):
-                if lw.moe is not None:  # the experts its rows chose (speculation's pricing)
-                    lw.moe.last_ids = fused.moe_last_ids()
+            if self.cfg.num_experts:  # the experts each MoE layer's rows chose (drafts' pricing)
+                for lw, fused in zip(layers, self._fused_layers()):
+                    if lw.moe is not None:
+                        lw.moe.last_ids = fused.moe_last_ids()
         else:
             for i, layer in enumerate(layers):
                 if i in capture:

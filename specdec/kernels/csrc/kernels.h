@@ -182,6 +182,17 @@ void kq_decode_rows(int fmt, const uint8_t* tiles, int64_t K, int64_t r0, int64_
 // per 16 (bs16, which Q6_K's offset multiplies) and per 32, split as 128 * hi + lo with lo in
 // [0, 128) (bsm: per block 8 lo then 8 hi, int8 operands for the vpdpbusd that Q4_K / Q5_K's
 // minimums multiply).
+// One block's 16 sums per 16 codes (s16) -> its 16 bsm bytes: the sums per 32 as 128 * hi + lo,
+// 8 lo (in [0, 128)) then 8 hi.
+inline void kq_split_pair_sums(const int16_t* s16, int8_t* bsm) {
+    for (int k = 0; k < 8; ++k) {
+        const int32_t s32 = s16[2 * k] + s16[2 * k + 1];  // in [-4096, 4064]
+        const int32_t hi = s32 >= 0 ? s32 / 128 : -((-s32 + 127) / 128);  // floor
+        bsm[k] = static_cast<int8_t>(s32 - 128 * hi);
+        bsm[8 + k] = static_cast<int8_t>(hi);
+    }
+}
+
 struct KqTable {
     // Rows [m0, m1) of x [M, K] (K % 256 == 0): xq int8 [M, K], dk [M, K / 256],
     // bs16 [M, K / 16], bsm [M, K / 16].

@@ -17,6 +17,7 @@
 #include "head_chunks.h"
 #include "half.h"
 #include "kernels.h"
+#include "prefetch.h"
 
 namespace specdec {
 namespace {
@@ -35,18 +36,13 @@ inline __m256i lane_mask(int64_t r) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kMaskTable + 8 - r));
 }
 
-// Software prefetch distance along the weight stream.  Tiles touch only 1-8 weight rows at a
-// time, too few concurrent misses for the hardware prefetchers to reach full bandwidth.  Quantized
-// tiles prefetch 8 KiB ahead of each block; f32 tiles prefetch the same position of the next tile
-// (NR rows further), at least 8 KiB ahead -- a fixed 8 KiB fell inside the current tile for wide
-// rows and lost 20-30% at M = 1 (measured on the development machine).
-constexpr int64_t kPrefetchBytes = 8192;
-
+// Prefetch distance (prefetch.h): quantized tiles prefetch kPrefetchBytes ahead of each block; f32
+// tiles prefetch the same position of the next tile (NR rows further), at least 8 KiB ahead -- a
+// fixed 8 KiB fell inside the current tile for wide rows and lost 20-30% at M = 1 (measured on the
+// development machine).
 inline int64_t f32_prefetch_distance(int64_t tile_bytes) {
     return tile_bytes > kPrefetchBytes ? tile_bytes : kPrefetchBytes;
 }
-
-inline void prefetch(const void* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
 
 inline float load_f16(const uint8_t* p) {
     uint16_t h;

@@ -17,20 +17,10 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "prefetch.h"
 
 namespace specdec {
 namespace {
-
-// Software prefetch 8 KiB ahead along the weight stream (as kernels_avx2.cpp's quantized tiles):
-// a tile group touches 16 weight rows at a time, too few concurrent misses for the hardware
-// prefetchers to reach full bandwidth at one activation row (decode).
-constexpr int64_t kPrefetchBytes = 8192;
-
-template <int64_t TB>
-inline void prefetch_tile(const uint8_t* tile) {
-    for (int64_t o = 0; o < TB; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(tile + kPrefetchBytes + o), _MM_HINT_T0);
-}
 
 
 inline __m256i bcast4(const int8_t* p) {

@@ -17,20 +17,10 @@
 #include <type_traits>
 
 #include "kernels.h"
+#include "prefetch.h"
 
 namespace specdec {
 namespace {
-
-// Software prefetch 8 KiB ahead along the weight stream (as kernels_avx2.cpp's quantized tiles):
-// a tile group touches 16 weight rows at a time, too few concurrent misses for the hardware
-// prefetchers to reach full bandwidth at one activation row (decode).
-constexpr int64_t kPrefetchBytes = 8192;
-
-template <int64_t TB>
-inline void prefetch_tile(const uint8_t* tile) {
-    for (int64_t o = 0; o < TB; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(tile + kPrefetchBytes + o), _MM_HINT_T0);
-}
 
 
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
@@ -84,12 +74,7 @@ void quantize_rows(const float* x, int64_t K, int8_t* xq, float* dk, int16_t* bs
                 s16[2 * v] = static_cast<int16_t>(hsum_epi32(_mm256_add_epi32(w, w2)));
                 s16[2 * v + 1] = static_cast<int16_t>(hsum_epi32(_mm256_add_epi32(w3, w4)));
             }
-            for (int k = 0; k < 8; ++k) {
-                const int32_t s32 = s16[2 * k] + s16[2 * k + 1];  // in [-4096, 4064]
-                const int32_t hi = s32 >= 0 ? s32 / 128 : -((-s32 + 127) / 128);  // floor
-                bsm[m * (K / 16) + b * 16 + k] = static_cast<int8_t>(s32 - 128 * hi);
-                bsm[m * (K / 16) + b * 16 + 8 + k] = static_cast<int8_t>(hi);
-            }
+            kq_split_pair_sums(s16, bsm + m * (K / 16) + b * 16);
             dk[m * nb + b] = d;
         }
     }
@@ -131,6 +116,19 @@ struct Rows {
 };
 
 // Q4_K / Q5_K: one 16-row tile group (wg, nb tiles) against activation rows [m, m + R).
+// A tile group's 16 outputs for activation rows [m, m + R): acc[r][h] holds rows 8 h .. 8 h + 7,
+// + bias when given.
+template <int R>
+inline void store_rows(const __m256 (&acc)[R][2], int64_t m, const float* bias, float* y, int64_t ldy) {
+    for (int r = 0; r < R; ++r) {
+        for (int h = 0; h < 2; ++h) {
+            __m256 v = acc[r][h];
+            if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + 8 * h));
+            _mm256_storeu_ps(y + (m + r) * ldy + 8 * h, v);
+        }
+    }
+}
+
 template <int FMT, int R>
 void kq4_group(const Rows& a, int64_t m, const uint8_t* wg, const float* bias, float* y, int64_t ldy) {
     constexpr int64_t TB = kq_tile_bytes(FMT);
@@ -208,13 +206,7 @@ void kq4_group(const Rows& a, int64_t m, const uint8_t* wg, const float* bias, f
             }
         }
     }
-    for (int r = 0; r < R; ++r) {
-        for (int h = 0; h < 2; ++h) {
-            __m256 v = acc[r][h];
-            if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + 8 * h));
-            _mm256_storeu_ps(y + (m + r) * ldy + 8 * h, v);
-        }
-    }
+    store_rows<R>(acc, m, bias, y, ldy);
 }
 
 // Bits 2p, 2p + 1 of every byte of h moved to bits 4-5 (other bits: garbage, masked after).
@@ -290,13 +282,7 @@ void kq6_group(const Rows& a, int64_t m, const uint8_t* wg, const float* bias, f
             }
         }
     }
-    for (int r = 0; r < R; ++r) {
-        for (int h = 0; h < 2; ++h) {
-            __m256 v = acc[r][h];
-            if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + 8 * h));
-            _mm256_storeu_ps(y + (m + r) * ldy + 8 * h, v);
-        }
-    }
+    store_rows<R>(acc, m, bias, y, ldy);
 }
 
 template <int FMT, int R>

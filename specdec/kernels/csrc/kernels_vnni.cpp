@@ -546,12 +546,7 @@ void kq_quantize_rows(const float* x, int64_t K, int8_t* xq, float* dk, int16_t*
                 _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16 * v), q8);
                 s16[v] = static_cast<int16_t>(_mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(q8)));
             }
-            for (int k = 0; k < 8; ++k) {
-                const int32_t s32 = s16[2 * k] + s16[2 * k + 1];  // in [-4096, 4064]
-                const int32_t hi = s32 >= 0 ? s32 / 128 : -((-s32 + 127) / 128);  // floor
-                bsm[m * (K / 16) + b * 16 + k] = static_cast<int8_t>(s32 - 128 * hi);
-                bsm[m * (K / 16) + b * 16 + 8 + k] = static_cast<int8_t>(hi);
-            }
+            kq_split_pair_sums(s16, bsm + m * (K / 16) + b * 16);
             dk[m * nb + b] = d;
         }
     }

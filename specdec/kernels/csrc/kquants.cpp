@@ -233,13 +233,7 @@ void a8_quantize_rows(const float* x, int64_t K, int8_t* xq, float* dk, int16_t*
                 }
                 bs16[m * (K / 16) + b * 16 + v] = static_cast<int16_t>(s);
             }
-            for (int k = 0; k < 8; ++k) {
-                const int16_t* p = bs16 + m * (K / 16) + b * 16 + 2 * k;
-                const int32_t s32 = p[0] + p[1];  // in [-4096, 4064]
-                const int32_t hi = s32 >= 0 ? s32 / 128 : -((-s32 + 127) / 128);  // floor
-                bsm[m * (K / 16) + b * 16 + k] = static_cast<int8_t>(s32 - 128 * hi);
-                bsm[m * (K / 16) + b * 16 + 8 + k] = static_cast<int8_t>(hi);
-            }
+            kq_split_pair_sums(bs16 + m * (K / 16) + b * 16, bsm + m * (K / 16) + b * 16);
             dk[m * nb + b] = d;
         }
     }

@@ -1,0 +1,24 @@
+// Software prefetch along a weight stream, for the AVX2 kernel units (kernels_avx2*.cpp).
+//
+// Tiles touch only 1-16 weight rows at a time, too few concurrent misses for the hardware
+// prefetchers to reach full bandwidth at one activation row (decode): quantized tiles prefetch
+// 8 KiB ahead (the 8-bit activation Q8_0 output layer of a 152k vocabulary at one row: 20.5 ->
+// 13.7 ms, BENCHMARKS.md session 18).
+#pragma once
+
+#include <immintrin.h>
+#include <stdint.h>
+
+namespace specdec {
+
+constexpr int64_t kPrefetchBytes = 8192;
+
+inline void prefetch(const void* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
+
+// Every cache line of the TB-byte tile kPrefetchBytes ahead of tile.
+template <int64_t TB>
+inline void prefetch_tile(const uint8_t* tile) {
+    for (int64_t o = 0; o < TB; o += 64) prefetch(tile + kPrefetchBytes + o);
+}
+
+}  // namespace specdec
