@@ -91,6 +91,10 @@ class Speculator:
         self.spread: ExpertSpread | None = None
         if spec.adaptive:
             self._measured_cost = self._measure_cost(target, kv, max_batched_tokens)
+            drafter = self.proposer.measure_cost()
+            if drafter is not None:
+                cost = self._measured_cost
+                cost.draft_ms_per_token, cost.catch_up_ms_per_token = drafter
             self._new_controller()
             if self._moe:
                 self.spread = ExpertSpread(target.cfg.num_experts, self._moe[0].top_k)

@@ -112,3 +112,9 @@ class Proposer(ABC):
 
     def reset_cache(self) -> None:  # noqa: B027 (optional hook)
         """Forget what finished requests taught the drafter (running requests keep their state)."""
+
+    def measure_cost(self) -> tuple[float, float] | None:
+        """Timed once at start-up, before any request: (milliseconds to draft one token for one
+        request, milliseconds per token a request's first draft call catches up on). None: the
+        controller learns both from use (drafters that cost next to nothing)."""
+        return None

@@ -199,6 +199,22 @@ def test_perfect_drafter_grows_to_the_bound(tiny_llama) -> None:
     assert st.mean_chosen_k > 4.0
 
 
+def test_a_model_drafter_is_timed_before_its_first_draft(tiny_llama) -> None:
+    # The target drafting for itself costs a target step per draft: measured at start-up, the
+    # controller never drafts with it from the first step on. (Priced at nothing until timed,
+    # the default layer_skip drafted at the start of every engine: 0.92x plain, session 18.)
+    cfg = {"method": "draft_model", "model": str(tiny_llama), "num_speculative_tokens": 5}
+    llm = LLM(str(tiny_llama), max_model_len=256, speculative_config=cfg)
+    ctl = llm.engine.speculator.controller
+    cost = ctl.cost
+    assert cost.draft_ms_per_token > 0.5 * cost.verify_ms[0]
+    assert cost.catch_up_ms_per_token > 0.0
+    assert ctl.choose(["fresh"], [5], [16]) == [0]
+    # A drafter that costs next to nothing is learnt from use, as before.
+    ngram = LLM(str(tiny_llama), max_model_len=256, speculative_config={"method": "ngram"})
+    assert ngram.engine.speculator.controller.cost.draft_ms_per_token == 0.0
+
+
 def test_adaptive_false_keeps_fixed_k(tiny_llama) -> None:
     cfg = {
         "method": "draft_model",
