@@ -139,7 +139,19 @@ class WeightCache:
         # NOTE: copy-on-write: the kernels only read, and a stray write can never reach the file
         self._mapped = np.memmap(self.path, mode="c")
         self._index = header["tensors"]
-        _populate(self._mapped)
+        _populate(self._mapped, self._lazy_ranges())
+
+    def _lazy_ranges(self) -> list[tuple[int, int]]:
+        """Byte ranges of the file not mapped up front: an untied embedding (an ``lm_head`` of its
+        own) is read a few rows per step, so only the rows of tokens seen become resident.
+
+        NOTE: mapping it whole put a Qwen3-30B-A3B-shaped Q4_K_M file's 0.16 GiB embedding in the
+        RSS after load (1.14x the 8-layer file; the goal is 1.1x), as llama.cpp's mmap does not.
+        """
+        e = self._index.get("embed_tokens")
+        if e is None or "lm_head" not in self._index:
+            return []
+        return [(e["offset"], e["offset"] + e["nbytes"])]
 
     def get(self, name: str) -> PackedWeight | None:
         """The cached weight ``name`` (views of the mapped file), or None."""
@@ -254,8 +266,15 @@ def _data_start(header_len: int) -> int:
     return -(-(16 + header_len) // _ALIGN) * _ALIGN
 
 
-def _populate(a: np.memmap) -> None:
-    """Map every page of the cache file in one call (MADV_POPULATE_READ)."""
+def _populate(a: np.memmap, skip: list[tuple[int, int]] = ()) -> None:
+    """Map every page of the cache file but the ``skip`` byte ranges, one call per stretch
+    (MADV_POPULATE_READ)."""
     from specdec.model.loader import _MADV_POPULATE_READ, advise_pages
 
-    advise_pages(a, _MADV_POPULATE_READ)
+    start = 0
+    for lo, hi in sorted(skip):
+        if lo > start:
+            advise_pages(a[start:lo], _MADV_POPULATE_READ)
+        start = max(start, hi)
+    if start < a.shape[0]:
+        advise_pages(a[start:], _MADV_POPULATE_READ)

@@ -153,3 +153,41 @@ def test_hf_folder_is_cached(tiny_llama, cache_dir):
     llm, model = _load(tiny_llama, quantization="q8_0")
     assert model._cache.hits == len(model.linears()) + (0 if model.cfg.tie_word_embeddings else 1)
     assert _tokens(llm) == want
+
+
+def test_an_untied_embedding_is_left_unmapped_until_read(tmp_path, cache_dir, mk, monkeypatch):
+    # The cache file is mapped up front, all but an untied embedding: a step reads a few of its
+    # rows, so only the rows of tokens seen need be resident (a Qwen3-30B-A3B-shaped Q4_K_M
+    # file's embedding is 0.16 GiB). A tied embedding is the output layer: mapped with the rest.
+    import dataclasses
+
+    from specdec.model import loader
+
+    shape = dataclasses.replace(mk.SHAPES["tiny"], tie_embeddings=False)
+    path = mk.write_gguf(tmp_path / "untied.gguf", shape, "Q4_0", seed=5)
+    first_llm, _ = _load(path)
+    want = _tokens(first_llm)
+    mapped: list[tuple[int, int]] = []
+    real = loader.advise_pages
+
+    def record(a, advice):
+        if advice == loader._MADV_POPULATE_READ:
+            mapped.append((a.ctypes.data, a.ctypes.data + a.nbytes))
+        real(a, advice)
+
+    monkeypatch.setattr(loader, "advise_pages", record)
+    second_llm, second = _load(path)
+    assert second._cache.hits > 0 and mapped
+
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+
+    def storage(w) -> torch.Tensor:
+        return w.a8 if w.a8 is not None else w.data
+
+    emb = span(storage(second._embed))
+    assert not any(lo < emb[1] and emb[0] < hi for lo, hi in mapped)
+    for lin in second.linears():  # every weight a step reads whole was mapped
+        lo, hi = span(storage(lin.weight))
+        assert any(a <= lo and hi <= b for a, b in mapped), lin.weight.qtype
+    assert _tokens(second_llm) == want
