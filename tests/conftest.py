@@ -229,3 +229,28 @@ def mk():
     sys.modules[spec.name] = module  # NOTE: dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def shared_gguf_readers():
+    """transformers' GGUF loaders share one parsed ``gguf.GGUFReader`` per file for the session.
+
+    NOTE: parsing Gemma 3's 262k-token vocabulary field by field took ~25 s a reader, and
+    transformers builds one for the config, one for the weights and one for the tokenizer
+    (the suite's slowest set-ups). The reader is read-only; keyed by path, size and mtime.
+    """
+    import gguf
+
+    real = gguf.GGUFReader
+    readers: dict[tuple, object] = {}
+
+    def cached(path, mode="r"):
+        st = os.stat(path)
+        key = (os.path.realpath(path), mode, st.st_size, st.st_mtime_ns)
+        if key not in readers:
+            readers[key] = real(path, mode)
+        return readers[key]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gguf, "GGUFReader", cached)
+        yield readers

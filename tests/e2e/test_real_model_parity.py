@@ -26,7 +26,7 @@ PROMPTS = {
 
 
 @pytest.fixture(scope="module", params=["smollm2-135m", "gemma3-270m"])
-def pair(request):
+def pair(request, shared_gguf_readers):
     import transformers
 
     name = request.param

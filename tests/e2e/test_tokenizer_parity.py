@@ -65,12 +65,12 @@ def load_pair(model: str) -> Pair:
 
 
 @pytest.fixture(scope="module")
-def smollm() -> Pair:
+def smollm(shared_gguf_readers) -> Pair:
     return load_pair("smollm2-135m")
 
 
 @pytest.fixture(scope="module")
-def gemma() -> Pair:
+def gemma(shared_gguf_readers) -> Pair:
     return load_pair("gemma3-270m")
 
 
