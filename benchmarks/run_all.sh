@@ -17,8 +17,10 @@ NS=1,2,4,8,16
 METHODS="plain ngram:k=5 ngram:k=8 ngram:k=8,adaptive=false suffix suffix:k=32,adaptive=false suffix:k=8 layer_skip:k=2 layer_skip:k=3,layers=4 draft_model:model=smollm2-135m,k=4"
 VARIANTS="plain suffix_gated suffix suffix_fixed hybrid_gated hybrid"
 PROBE_PER=5
+BATCHES="6 16"
+ROUNDS=5
 if [ "${TINY:-0}" = 1 ]; then
-  PER=1 TOKENS=16 REPEATS=2 NS=1,2 PROBE_PER=1
+  PER=1 TOKENS=16 REPEATS=2 NS=1,2 PROBE_PER=1 BATCHES=2 ROUNDS=1
   METHODS="plain ngram:k=5 suffix"
   VARIANTS="plain suffix"
 fi
@@ -36,6 +38,11 @@ $S bench latency --model smollm2-135m --dataset "$OUT/data/repeated.jsonl" --max
 # [D] suffix and hybrid over all four sets
 $PY benchmarks/hybrid_probe.py --per-category $PROBE_PER --max-tokens $TOKENS --variants $VARIANTS \
   | tee "$OUT/hybrid_probe.txt"
+# offline batches of 6 and 16 prompts: every drafter against plain, alternated round by round
+$PY benchmarks/offline_batch.py --dataset "$OUT/data/mixed.jsonl" --batch $BATCHES --max-tokens $TOKENS \
+  --rounds $ROUNDS \
+  --configs eagle3 ngram suffix layer_skip hybrid draft_model:model=smollm2-135m \
+  | tee "$OUT/offline_batch.txt"
 if [ "${ANCHORS:-0}" = 1 ]; then
   # [A] anchors, each in its own process; [B] plain against transformers on code edits
   $S bench latency --model smollm2-135m --dataset "$OUT/data/mixed.jsonl" --max-tokens $TOKENS \
