@@ -13,6 +13,7 @@ from specdec.spec_decode.controller import (
     EXPLORE_BUDGET,
     GUARD_FIRST_BACKOFF,
     GUARD_MARGIN,
+    MAX_BACKOFF,
     CostModel,
     SpecController,
     choose_num_drafts,
@@ -422,6 +423,19 @@ def test_probes_keep_to_the_budget() -> None:
     assert ctl.explore_ms <= EXPLORE_BUDGET * ctl.measured_ms
     assert run.ms_per_token < 10.0 * (1 + 2 * EXPLORE_BUDGET)
     assert run.guard_trips == 0
+
+
+def test_no_probes_where_even_perfect_drafts_would_barely_pay() -> None:
+    # A model drafter costing 9 ms a draft against a 10 ms step: one draft, always accepted,
+    # gives 2 tokens in 10.3 + 9 ms, 3.6% better than plain: never probed (it was: noisy
+    # timings then switched such a drafter on). At 7 ms a draft the best case gains 15%: probed.
+    clock = _Clock()
+    for draft_ms, probed in ((9.0, False), (7.0, True)):
+        cost = CostModel([10.0, 10.3], draft_ms_per_token=draft_ms)
+        ctl = SpecController(1, cost, prior=[0.0], clock=clock)
+        ctl.measured_ms = 1e6  # the budget is not what decides here
+        ks = [ctl.choose(["r"], [1], [16])[0] for _ in range(2 * MAX_BACKOFF)]
+        assert (sum(ks) > 0) == probed, draft_ms
 
 
 def test_self_sizing_drafters_get_all_or_nothing() -> None:
