@@ -59,7 +59,9 @@ Until there are GUARD_MIN_SAMPLES plain cycles, the start-up measurement of a pl
 from __future__ import annotations
 
 import bisect
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -80,6 +82,7 @@ GUARD_MIN_SAMPLES = 16  # cycles of each kind before the guard judges
 GUARD_ALPHA = 0.05  # weight of the newest cycle (a plain mean over the first 20)
 GUARD_MARGIN = 0.03  # drafting must be this much slower per token to be switched off
 GUARD_FIRST_BACKOFF, GUARD_MAX_BACKOFF = 16, 256
+OVERHEAD_WINDOW = 32  # plain cycles whose median is the per-step overhead
 
 
 def expected_tokens(rates: list[float], k: int) -> float:
@@ -328,6 +331,7 @@ class SpecController:
     _cycle: _Cycle | None = None
     _mark: float = 0.0  # where the current draft call started
     _num_samples: dict[str, int] = field(default_factory=dict)  # per learnt cost
+    _overhead_obs: deque = field(default_factory=lambda: deque(maxlen=OVERHEAD_WINDOW))
     # this step's answers of _may_probe's "could drafting pay", by (batch size, cap)
     _could_pay: dict[tuple[int, int], bool] = field(default_factory=dict)
 
@@ -520,7 +524,12 @@ class SpecController:
             w = self._weight(f"draft_step{n}")
             cost.draft_step_extra_ms[n] = old + w * (extra - cost.overhead_ms - old)
         else:
-            cost.overhead_ms += self._weight("step") * (extra - cost.overhead_ms)
+            # NOTE: a median, not a moving mean: one stalled step (a page fault, the collector, a
+            # neighbour on the VM) of 30 ms put 8-12 ms of "overhead" into every step's price for
+            # a while, which made extra tokens per step look precious, and the default
+            # layer_skip (which never pays here) drafted and lost ~50% on such prompts.
+            self._overhead_obs.append(extra)
+            cost.overhead_ms = statistics.median(self._overhead_obs)
         # NOTE: the guard compares cycles at the context cost of a plain step: a conversation's
         # plain and drafted cycles come at different lengths, and each grows with its length.
         ms -= cycle.plain_context_ms

@@ -317,6 +317,26 @@ def _drive(
     return run
 
 
+def test_a_stalled_step_does_not_make_a_costly_drafter_draft() -> None:
+    # A drafter costing 9 ms a draft against 10 ms steps (1 ms of it beyond the 9 ms forward):
+    # with the prior's 0.6 acceptance, one draft gives 1.6 tokens in 9.3 + 1 + 9 ms, a loss (and
+    # even perfect drafts would gain under 10%: no probes). A 40 ms stall every 20 steps must not
+    # price the next steps as if 30 ms of every step were overhead that drafts amortise (a
+    # moving mean did, and such a drafter drafted).
+    clock = _Clock()
+    ctl = SpecController(4, CostModel([9.0, 9.3, 9.6, 9.9, 10.2], draft_ms_per_token=9.0),
+                         clock=clock)  # fmt: skip
+    stalls = iter(range(10**6))
+
+    def step_ms(ks):
+        stall = next(stalls) % 20 == 19
+        return (40.0 if stall else 10.0) + 0.3 * sum(ks)
+
+    run = _drive(ctl, clock, 200, lambda ks, behind: 9.0 * sum(ks), step_ms, lambda k: 0)
+    assert run.drafting_steps == 0
+    assert ctl.cost.overhead_ms == pytest.approx(1.0, abs=0.1)
+
+
 def test_guard_switches_off_drafting_that_is_slower_per_token() -> None:
     # The model believes drafts pay; really only the first survives, and drafting it takes 10 ms
     # and verifying 12: 22 ms for 2 tokens (11 ms per token) against 10 ms per plain token.
