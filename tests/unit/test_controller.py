@@ -458,6 +458,17 @@ def test_no_probes_where_even_perfect_drafts_would_barely_pay() -> None:
         assert (sum(ks) > 0) == probed, draft_ms
 
 
+def test_a_drafter_that_could_barely_pay_even_when_perfect_never_drafts() -> None:
+    # The target drafting for itself: 9.5 ms a draft against a 10 ms step, every draft accepted.
+    # Three drafts give 4 tokens in 10.9 + 28.5 ms against 10 ms a token: 1.5% better on paper,
+    # less than the cost model's errors (it ran at 0.86x plain on held-out chat). Alone, it never
+    # drafts; a drafter whose perfect drafts would gain 10% or more is left to the rates.
+    for draft_ms, drafts in ((9.5, False), (6.0, True)):
+        cost = CostModel([10.0, 10.3, 10.6, 10.9], draft_ms_per_token=draft_ms)
+        ctl = SpecController(3, cost, prior=[1.0, 1.0, 1.0])
+        assert (ctl.choose(["r"], [3], [16]) != [0]) == drafts, draft_ms
+
+
 def test_self_sizing_drafters_get_all_or_nothing() -> None:
     # Drafters that size their own drafts (ngram, suffix) get the whole cap whenever drafting
     # pays at all: extra cap costs nothing unless the drafter is confident enough to use it.
