@@ -58,10 +58,14 @@ class _Hidden:
 
     start: int
     rows: list[torch.Tensor] = field(default_factory=list)  # each [n, D]
+    end: int = -1  # start + the rows' count, kept as rows come (summed, it was O(rows) a step)
 
-    @property
-    def end(self) -> int:
-        return self.start + sum(r.shape[0] for r in self.rows)
+    def __post_init__(self) -> None:
+        self.end = self.start + sum(r.shape[0] for r in self.rows)
+
+    def append(self, rows: torch.Tensor) -> None:
+        self.rows.append(rows)
+        self.end += rows.shape[0]
 
 
 class Speculator:
@@ -291,7 +295,7 @@ class Speculator:
         if pending is None or pending.end != start:
             # NOTE: a gap (nothing computed for a prefix-cache hit) or a rewind starts afresh.
             pending = self._hidden[req_id] = _Hidden(start)
-        pending.rows.append(rows)
+        pending.append(rows)
 
     def _score_shadow(self, req: Request) -> None:
         """Score unverified drafts against the tokens generated since they were proposed: once
