@@ -425,7 +425,7 @@ class SpecController:
         NOTE: also asked of a request running alone before it drafts at all: a drafter that
         costs nearly a target step per draft (the target as its own draft, layer_skip on 28 of
         30 layers) can gain a few percent at best, less than the cost model's errors; with
-        acceptance learnt near 1 the target drafting for itself drafted 40-60 times a prompt and
+        acceptance learnt near 1 the target drafting for itself drafted 30-60 times a prompt and
         ran at 0.86x plain on held-out chat (session 19).
         """
         key = (num_reqs, cap)  # the same for every request of a batch: computed once a step
