@@ -43,6 +43,8 @@ def step_ms(model: str, n: int, context: int, repeats: int) -> tuple[float, floa
 
     llm = LLM(model, max_model_len=context + n + 64)
     m = llm.engine.model
+    if m.cfg.num_experts:
+        raise SystemExit("--model: a dense model (a mixture of experts reads only some experts)")
     kv = llm.engine.kv
     slot = kv.allocate()
     cost = measure_verify_cost(m, kv, slot, n, context=context, repeats=repeats)

@@ -115,7 +115,6 @@ struct Rows {
     int64_t K;
 };
 
-// Q4_K / Q5_K: one 16-row tile group (wg, nb tiles) against activation rows [m, m + R).
 // A tile group's 16 outputs for activation rows [m, m + R): acc[r][h] holds rows 8 h .. 8 h + 7,
 // + bias when given.
 template <int R>
@@ -129,6 +128,7 @@ inline void store_rows(const __m256 (&acc)[R][2], int64_t m, const float* bias, 
     }
 }
 
+// Q4_K / Q5_K: one 16-row tile group (wg, nb tiles) against activation rows [m, m + R).
 template <int FMT, int R>
 void kq4_group(const Rows& a, int64_t m, const uint8_t* wg, const float* bias, float* y, int64_t ldy) {
     constexpr int64_t TB = kq_tile_bytes(FMT);
