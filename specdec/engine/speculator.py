@@ -349,7 +349,7 @@ class Speculator:
                 [r.req_id for r in reqs],
                 limits,
                 [r.num_tokens for r in reqs],
-                all_or_nothing=free,
+                free=free,
                 confident=self.proposer.confident_drafts,
                 spreads=None
                 if self.spread is None

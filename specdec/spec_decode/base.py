@@ -77,10 +77,10 @@ class Proposer(ABC):
     # The target states this drafter reads (see LlamaModel.forward_capture): HIDDEN_FINAL for
     # the final normed state, i for the residual stream entering layer i. Empty: none.
     hidden_layers: tuple[int, ...] = ()
-    # Proposing costs next to nothing and the drafter sizes its own drafts (prompt lookup, suffix
-    # trees). The controller then only decides whether to draft (all of the cap or nothing), and
-    # while it says no, the engine still asks for drafts and scores them against the tokens that
-    # arrive ("shadow" drafts), so the decision stays informed at no verification cost.
+    # Proposing costs next to nothing (prompt lookup, suffix trees). While the controller gives a
+    # request no drafts, the engine still asks for them and scores them against the tokens that
+    # arrive ("shadow" drafts), so its rates stay current at no verification cost, and a request
+    # running alone is not probed.
     free_drafts: bool = False
     # Drafts end where the drafter's own confidence does (suffix decoding: its match length and
     # probability floor), so their quality varies draft by draft and a request's running rates

@@ -35,18 +35,19 @@ cost of probes beyond plain decoding, plus this probe's predicted cost (catch-up
 within EXPLORE_BUDGET of all measured time. NOTE: waiting longer does not make a model drafter's
 probe cheaper (it has more to catch up on), so without the budget probes cost it 10-15%.
 
-Drafters that size their own drafts (Proposer.free_drafts: n-gram, suffix) cost next to nothing
-to ask, and stop where their match or confidence ends. For a request running alone the decision
-is all or nothing (the whole cap whenever some k pays, else 0), without probes; and whenever one of
-their requests gets no drafts, the engine still asks for them and scores them against the tokens
-that arrive, so the rates stay current. Drafters whose drafts end where their own confidence does
+Drafters that cost next to nothing to ask (Proposer.free_drafts: n-gram, suffix) are not probed
+for a request running alone: whenever one of their requests gets no drafts, the engine still asks
+for them and scores them against the tokens that arrive, so the rates stay current. Their k is
+priced like any drafter's. NOTE: until session 20 a lone request got the whole cap whenever some
+k paid ("all or nothing", on the view that such drafters stop where their match ends); prompt
+lookup does not (it returns the k tokens after its match), and on an AVX2 machine, where each
+verified row costs ~0.2 of a one-row step, n-gram then verified ~5 drafts for ~0.7 accepted and
+ran at 0.95x plain on held-out chat; priced, 1.14x (and 1.32x -> 1.41x on code edits), in one
+interleaved run. Drafters whose drafts end where their own confidence does
 (Proposer.confident_drafts: suffix decoding, hybrid) are not gated by the rates at all for a
 request alone, only by the guard: a suffix draft from a 12-token match survives ~0.97 a token and
 one from a 1-token match ~0.25, so one request's running rates mostly reflect which kind came
 last. Gating on them turned suffix decoding off for ~30% of its steps and cost it ~1.6% (session 13).
-Measured on SmolLM2 (12 prompts over the four categories, interleaved in one process): suffix k=8 went from 1.32x to 1.54x
-(fixed k: 1.54x), n-gram k=5 from 1.36x to 1.40x; per-position optimisation had drafting off for
-whole categories (mt_bench, gsm8k) where a fixed k gained 1.3-1.6x.
 
 Guard. Whatever the model says, the realised milliseconds per generated token of the whole batch
 are tracked per batch size, for cycles that drafted by choice and for cycles that drafted nothing
@@ -348,19 +349,19 @@ class SpecController:
         req_ids: list[str],
         caps: list[int],
         num_tokens: list[int] | None = None,
-        all_or_nothing: bool = False,
+        free: bool = False,
         confident: bool = False,
         spreads: list[list[float]] | None = None,
     ) -> list[int]:
         """Draft lengths for the running requests; num_tokens: each one's prompt + output.
 
-        all_or_nothing (drafters that size their own drafts, Proposer.free_drafts): a request
-        running alone gets its whole cap whenever some k > 0 pays, else 0, with no probes (the
-        engine scores drafts it does not verify, so the rates stay current while drafting is
-        off). With confident (Proposer.confident_drafts: the drafts end where the drafter's own
-        confidence does) it gets its cap whenever the guard allows: the request's running rates
-        are not asked. In a batch every verified row costs about as much as another request's
-        token, so drafts are still given one at a time where they gain most.
+        free (drafters that cost next to nothing to ask, Proposer.free_drafts): a request
+        running alone is not probed (the engine scores drafts it does not verify, so the rates
+        stay current while drafting is off). With confident (Proposer.confident_drafts: the
+        drafts end where the drafter's own confidence does) it gets its cap whenever the guard
+        allows: the request's running rates are not asked. In a batch every verified row costs
+        about as much as another request's token, so drafts are still given one at a time where
+        they gain most.
         spreads (mixture of experts, ``choose_num_drafts``): where the cost model prices
         experts, every draft row costs the experts it is predicted to touch, so extra cap is not
         free: the k chosen is the cap, for confident drafters too.
@@ -375,7 +376,7 @@ class SpecController:
             ks = [0] * len(states)
             for s in states:
                 s.probing = False
-        elif all_or_nothing and confident and len(states) == 1 and not priced:
+        elif free and confident and len(states) == 1 and not priced:
             ks = list(caps)
         else:
             switch_on = [self._catch_up_ms(s) / CATCH_UP_HORIZON for s in states]
@@ -385,9 +386,7 @@ class SpecController:
             )  # fmt: skip
             if len(states) == 1 and ks[0] > 0 and not self._best_case_pays(1, caps[0]):
                 ks = [0]  # NOTE: before _explore, which then counts this step as one off
-            if all_or_nothing and len(states) == 1:
-                ks = [cap if k > 0 and not priced else k for k, cap in zip(ks, caps)]
-            else:
+            if not (free and len(states) == 1):
                 ks = [self._explore(s, k, cap, len(states)) for s, k, cap in zip(states, ks, caps)]
         for s, k in zip(states, ks):
             s.predicted = expected_tokens(s.rates, k) - 1.0
