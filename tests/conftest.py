@@ -208,6 +208,30 @@ def shared_prompts(n_per_file: int) -> list[dict]:
     return rows
 
 
+BENCH_GREEDY_TOKENS = 40
+BENCH_GREEDY_ENGINE = {"max_model_len": 1024, "max_num_seqs": 8, "max_num_batched_tokens": 1024}
+
+
+def bench_chats() -> list[list[dict]]:
+    """Each prompt of the bench fixture as a one-turn chat."""
+    return [[{"role": "user", "content": p["turns"][0]}] for p in bench_prompts()]
+
+
+@pytest.fixture(scope="session")
+def smollm2_bench_greedy() -> list[list[int]]:
+    """Plain SmolLM2-135M's greedy token ids for bench_chats(), BENCH_GREEDY_TOKENS each, with
+    BENCH_GREEDY_ENGINE (once a session: the real-model drafter tests all compare against it).
+
+    NOTE: greedy decoding is deterministic and the kernels are batch-invariant, so the first n
+    tokens of these are plain's n-token output (an EOS before n ends both alike).
+    """
+    from specdec import LLM, SamplingParams
+
+    sp = SamplingParams(temperature=0.0, max_tokens=BENCH_GREEDY_TOKENS)
+    llm = LLM("smollm2-135m", **BENCH_GREEDY_ENGINE)
+    return [list(o.outputs[0].token_ids) for o in llm.chat(bench_chats(), sp)]
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _threads() -> None:
     torch.set_num_threads(int(os.environ.get("SPECDEC_TEST_THREADS", "2")))

@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from specdec import LLM, SamplingParams
-from tests.conftest import bench_prompts, make_tiny_model
+from tests.conftest import (
+    BENCH_GREEDY_ENGINE,
+    BENCH_GREEDY_TOKENS,
+    bench_chats,
+    bench_prompts,
+    make_tiny_model,
+)
 
 PROMPTS = [
     "the cat sat on the mat and the cat sat on the",
@@ -134,13 +140,12 @@ def test_drafts_clipped_at_max_model_len(tiny_llama) -> None:
 
 
 @pytest.mark.slow
-def test_real_model_greedy_identical_over_bench_prompts() -> None:
+def test_real_model_greedy_identical_over_bench_prompts(smollm2_bench_greedy) -> None:
     """SmolLM2-135M, 20+ prompts of ../shared/bench/data, every drafter vs plain."""
-    prompts = [[{"role": "user", "content": p["turns"][0]}] for p in bench_prompts()]
+    prompts = bench_chats()
     assert len(prompts) >= 20
-    sp = SamplingParams(temperature=0.0, max_tokens=40)
-    llm = LLM("smollm2-135m", max_model_len=1024, max_num_seqs=8, max_num_batched_tokens=1024)
-    plain = [o.outputs[0].token_ids for o in llm.chat(prompts, sp)]
+    sp = SamplingParams(temperature=0.0, max_tokens=BENCH_GREEDY_TOKENS)
+    plain = smollm2_bench_greedy
     configs = [
         {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4},
         {"method": "layer_skip", "num_speculative_tokens": 3},
@@ -150,13 +155,7 @@ def test_real_model_greedy_identical_over_bench_prompts() -> None:
         # NOTE: fixed k: the controller rightly switches model drafters off on this CPU, which
         # would leave nothing to compare.
         cfg = {**cfg, "adaptive": False}
-        spec = LLM(
-            "smollm2-135m",
-            speculative_config=cfg,
-            max_model_len=1024,
-            max_num_seqs=8,
-            max_num_batched_tokens=1024,
-        )
+        spec = LLM("smollm2-135m", speculative_config=cfg, **BENCH_GREEDY_ENGINE)
         got = [o.outputs[0].token_ids for o in spec.chat(prompts, sp)]
         mismatched = [i for i, (a, b) in enumerate(zip(got, plain)) if a != b]
         assert not mismatched, f"{cfg['method']}: outputs differ from plain on prompts {mismatched}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from specdec import LLM, SamplingParams
-from tests.conftest import bench_prompts
+from tests.conftest import BENCH_GREEDY_ENGINE, bench_chats, bench_prompts
 
 PROMPTS = [
     "the cat sat on the mat and the cat sat on the",
@@ -147,13 +147,14 @@ def test_seeded_sampling_repeats(tiny_llama) -> None:
 
 
 @pytest.mark.slow
-def test_real_model_greedy_identical_over_bench_prompts() -> None:
+def test_real_model_greedy_identical_over_bench_prompts(smollm2_bench_greedy) -> None:
     """SmolLM2-135M, the bench prompts with the chat template, 32 tokens: suffix vs plain."""
-    prompts = [[{"role": "user", "content": p["turns"][0]}] for p in bench_prompts()]
+    prompts = bench_chats()
     assert len(prompts) >= 20
     sp = SamplingParams(temperature=0.0, max_tokens=32)
-    kw = {"max_model_len": 1024, "max_num_seqs": 8, "max_num_batched_tokens": 1024}
-    plain = [o.outputs[0].token_ids for o in LLM("smollm2-135m", **kw).chat(prompts, sp)]
+    kw = BENCH_GREEDY_ENGINE
+    # plain's 32-token greedy outputs: the first 32 of the session's 40 (conftest)
+    plain = [ids[:32] for ids in smollm2_bench_greedy]
     # NOTE: a fixed k, as in the other drafter tests: whether the controller drafts at all depends
     # on this machine's timing, and this test checks the drafter and exactness.
     spec = LLM("smollm2-135m", speculative_config={"method": "suffix", "adaptive": False}, **kw)
