@@ -17,9 +17,15 @@ PROMPTS = [
 ]
 
 
+PARAMS = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+MESSAGES = [[{"role": "user", "content": p}] for p in PROMPTS]
+
+
 @pytest.fixture(scope="module")
-def plain():
-    return LLM("smollm2-135m", max_model_len=1024)
+def plain() -> list[list[int]]:
+    """Plain's greedy outputs, once for both methods (each prompt alone, as the drafter runs)."""
+    llm = LLM("smollm2-135m", max_model_len=1024)
+    return [llm.chat(m, PARAMS)[0].outputs[0].token_ids for m in MESSAGES]
 
 
 def test_the_head_ships_with_the_package() -> None:
@@ -39,11 +45,8 @@ def test_no_model_uses_the_shipped_head_exactly(method: str, plain) -> None:
         max_model_len=1024,
         speculative_config={"method": method, "num_speculative_tokens": 3, "adaptive": False},
     )
-    params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
-    msgs = [[{"role": "user", "content": p}] for p in PROMPTS]
-    want = [plain.chat(m, params)[0].outputs[0].token_ids for m in msgs]
-    got = [spec.chat(m, params)[0].outputs[0].token_ids for m in msgs]
-    assert got == want
+    got = [spec.chat(m, PARAMS)[0].outputs[0].token_ids for m in MESSAGES]
+    assert got == plain
     stats = spec.spec_decode_stats
     # a trained head: its first drafts are accepted far more often than chance (a random head's
     # almost never are)
