@@ -16,6 +16,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <vector>
+
 #include "kernels.h"
 #include "prefetch.h"
 
@@ -128,6 +130,33 @@ inline void dot_q8(const uint8_t* quants, const int8_t* const* xb, __m256i* lo, 
     }
 }
 
+// dot_q8 with the activations already widened to int16 (prepare_a8): a group of 4 inputs is one
+// 8-byte broadcast per row instead of a move, a broadcast and a widening per row and half.
+// NOTE: SmolLM2's Q8_0 output layer (49,152 x 576), alone, 2-core AVX2 EPYC, quiet, 3 alternated
+// runs: 8 / 16 rows 3.65-3.81 / 7.42-7.76 ms against 4.04-4.22 / 8.43-8.83 before.
+template <int R>
+inline void dot_q8w(const uint8_t* quants, const int16_t* const* xw, __m256i* lo, __m256i* hi) {
+    for (int half = 0; half < 2; ++half) {
+        __m256i a03[R], a47[R];
+        for (int r = 0; r < R; ++r) a03[r] = a47[r] = _mm256_setzero_si256();
+        for (int t = 0; t < 8; ++t) {
+            const uint8_t* q = quants + t * 64 + 32 * half;
+            const __m256i w03 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+            const __m256i w47 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)));
+            for (int r = 0; r < R; ++r) {
+                int64_t x4;
+                memcpy(&x4, xw[r] + 4 * t, 8);
+                const __m256i x = _mm256_set1_epi64x(x4);
+                a03[r] = _mm256_add_epi32(a03[r], _mm256_madd_epi16(w03, x));
+                a47[r] = _mm256_add_epi32(a47[r], _mm256_madd_epi16(w47, x));
+            }
+        }
+        const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+        for (int r = 0; r < R; ++r)
+            (half ? hi : lo)[r] = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(a03[r], a47[r]), order);
+    }
+}
+
 inline __m256 f16x8(const uint8_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
@@ -135,7 +164,7 @@ inline __m256 f16x8(const uint8_t* p) {
 // Outputs of tile group g for activation rows [m, m + R): each row's float steps in the twins'
 // order, in the lanes of its two accumulators.
 template <int R, int kind>
-void group_rows(const int8_t* xq, const float* dx, const int32_t* sx, const float* dxs,
+void group_rows(const int8_t* xq, const int16_t* xw16, const float* dx, const int32_t* sx, const float* dxs,
                 int64_t m, int64_t K, const uint8_t* wg, const float* bias, float* y, int64_t N, int64_t g) {
     constexpr int64_t TB = a8_tile_bytes(kind);
     constexpr int32_t offset = kind == A8_Q8 ? 128 : kind == A8_Q4_0 ? 8 : 0;
@@ -150,7 +179,13 @@ void group_rows(const int8_t* xq, const float* dx, const int32_t* sx, const floa
         for (int r = 0; r < R; ++r) xb[r] = xq + (m + r) * K + b * 32;
         __m256i s_lo[R], s_hi[R];
         if constexpr (kind == A8_Q8) {
-            dot_q8<R>(tile + 64, xb, s_lo, s_hi);
+            if (xw16) {
+                const int16_t* xw[R];
+                for (int r = 0; r < R; ++r) xw[r] = xw16 + (m + r) * K + b * 32;
+                dot_q8w<R>(tile + 64, xw, s_lo, s_hi);
+            } else {
+                dot_q8<R>(tile + 64, xb, s_lo, s_hi);
+            }
         } else {
             dot_q4<R>(tile + 64, xb, s_lo, s_hi);
         }
@@ -188,36 +223,54 @@ void group_rows(const int8_t* xq, const float* dx, const int32_t* sx, const floa
 constexpr int64_t kRowsPerPass = 4;
 
 template <int kind>
-void groups_of(const int8_t* xq, const float* dx, const int32_t* sx, const float* dxs, int64_t M,
-               int64_t K, const uint8_t* w, const float* bias, float* y, int64_t N, int64_t g0, int64_t g1) {
+void groups_of(const int8_t* xq, const int16_t* xw16, const float* dx, const int32_t* sx, const float* dxs,
+               int64_t M, int64_t K, const uint8_t* w, const float* bias, float* y, int64_t N, int64_t g0,
+               int64_t g1) {
     const int64_t group_bytes = K / 32 * a8_tile_bytes(kind);
     for (int64_t g = g0; g < g1; ++g) {
         const uint8_t* wg = w + g * group_bytes;
         int64_t m = 0;
         for (; m + kRowsPerPass <= M; m += kRowsPerPass)
-            group_rows<kRowsPerPass, kind>(xq, dx, sx, dxs, m, K, wg, bias, y, N, g);
+            group_rows<kRowsPerPass, kind>(xq, xw16, dx, sx, dxs, m, K, wg, bias, y, N, g);
         switch (M - m) {
-            case 3: group_rows<3, kind>(xq, dx, sx, dxs, m, K, wg, bias, y, N, g); break;
-            case 2: group_rows<2, kind>(xq, dx, sx, dxs, m, K, wg, bias, y, N, g); break;
-            case 1: group_rows<1, kind>(xq, dx, sx, dxs, m, K, wg, bias, y, N, g); break;
+            case 3: group_rows<3, kind>(xq, xw16, dx, sx, dxs, m, K, wg, bias, y, N, g); break;
+            case 2: group_rows<2, kind>(xq, xw16, dx, sx, dxs, m, K, wg, bias, y, N, g); break;
+            case 1: group_rows<1, kind>(xq, xw16, dx, sx, dxs, m, K, wg, bias, y, N, g); break;
             default: break;
         }
     }
 }
 
+// prep: for Q8_0, the activation codes widened to int16 [M, K] (prepare_a8), or null.
 void linear_groups(int kind, const int8_t* xq, const float* dx, const int32_t* sx, const float* dxs,
                    int64_t M, int64_t K, const uint8_t* w, const float* bias, float* y, int64_t N,
-                   int64_t g0, int64_t g1, const void* /*prep*/) {
+                   int64_t g0, int64_t g1, const void* prep) {
     if (kind == A8_Q8) {
-        groups_of<A8_Q8>(xq, dx, sx, dxs, M, K, w, bias, y, N, g0, g1);
+        groups_of<A8_Q8>(xq, static_cast<const int16_t*>(prep), dx, sx, dxs, M, K, w, bias, y, N, g0, g1);
     } else if (kind == A8_Q4_0) {
-        groups_of<A8_Q4_0>(xq, dx, sx, dxs, M, K, w, bias, y, N, g0, g1);
+        groups_of<A8_Q4_0>(xq, nullptr, dx, sx, dxs, M, K, w, bias, y, N, g0, g1);
     } else {
-        groups_of<A8_Q4_1>(xq, dx, sx, dxs, M, K, w, bias, y, N, g0, g1);
+        groups_of<A8_Q4_1>(xq, nullptr, dx, sx, dxs, M, K, w, bias, y, N, g0, g1);
     }
 }
 
-const A8Table kTable = {"avx2", quantize_rows, linear_groups, nullptr};
+// A8Table::prepare: Q8_0's activation codes widened to int16 once per product (the 4-bit kinds
+// need none); the calling thread's buffer, until its next prepare.
+const void* prepare_a8(int kind, const int8_t* xq, const float* /*dx*/, const int32_t* /*sx*/,
+                       const float* /*dxs*/, int64_t M, int64_t K) {
+    if (kind != A8_Q8) return nullptr;
+    thread_local std::vector<int16_t> buf;
+    const int64_t n = M * K;
+    if (static_cast<int64_t>(buf.size()) < n) buf.resize(static_cast<size_t>(n));
+    int16_t* out = buf.data();
+    for (int64_t i = 0; i < n; i += 16) {  // K % 32 == 0
+        const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(xq + i));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_cvtepi8_epi16(c));
+    }
+    return out;
+}
+
+const A8Table kTable = {"avx2", quantize_rows, linear_groups, prepare_a8};
 
 }  // namespace
 
