@@ -396,10 +396,8 @@ class SpecController:
     ) -> list[int]:
         """Confident drafters: how many of each request's drafts (``lengths``, already made) to
         verify, priced as ``choose_num_drafts`` prices rates, with the drafter's own estimates
-        (``DraftOutput.confidence``: the chance each draft survives with all before it). Drafts
-        given without estimates are verified whole (the running rates predict a confident
-        drafter's drafts poorly); in a batch they are priced as sure to survive, so the others'
-        rows go where they gain most beside them.
+        (``DraftOutput.confidence``: the chance each draft survives with all before it) where
+        given, else the request's running rates.
 
         NOTE: given their whole cap, suffix drafts were verified as long as the trees' running
         probability stayed >= 0.1 (vLLM's min_token_prob); on an AVX2 machine, where a verified
@@ -407,9 +405,9 @@ class SpecController:
         """
         states = [self._state(r) for r in req_ids]
         rates = []
-        for conf, n in zip(confidence, lengths):
+        for s, conf, n in zip(states, confidence, lengths):
             if conf is None:
-                rates.append([1.0] * n)
+                rates.append(_extrapolated(s)[:n])
                 continue
             rate, before = [], 1.0
             for p in conf[:n]:
@@ -419,7 +417,6 @@ class SpecController:
         ks = choose_num_drafts(
             rates, lengths, self.cost, [0.0] * len(states), [s.num_tokens for s in states]
         )
-        ks = [n if conf is None else k for k, n, conf in zip(ks, lengths, confidence)]
         for s, rate, k in zip(states, rates, ks):
             s.predicted = expected_tokens(rate, k) - 1.0
         return ks

@@ -529,12 +529,10 @@ def test_confident_drafts_are_cut_where_their_own_estimates_price_best() -> None
     assert dear.price_drafts(["r"], [conf], [4]) == [2]
     cheap = SpecController(4, CostModel([10.0, 10.1, 10.2, 10.3, 10.4]))
     assert cheap.price_drafts(["r"], [conf], [4]) == [4]
-    # drafts given without estimates are verified whole, whatever the running rates say
+    # without estimates, the request's running rates price them
     for _ in range(6):
         dear.observe("s", 4, 0)
-    assert dear.price_drafts(["s"], [None], [4]) == [4]
-    # beside them in a batch, the other request's unlikely tail is still cut
-    assert dear.price_drafts(["s", "r"], [None, conf], [4, 4]) == [4, 2]
+    assert dear.price_drafts(["s"], [None], [4]) == [0]
 
 
 def test_confident_drafts_guard_still_trips_when_drafting_loses() -> None:
