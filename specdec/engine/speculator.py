@@ -356,6 +356,10 @@ class Speculator:
                 else [self.spread.predict(r.req_id, lim + 1) for r, lim in zip(reqs, limits)],
             )
             caps = [cap if cap >= n_mins[r.req_id] else 0 for r, cap in zip(reqs, caps)]
+            for r, cap in zip(reqs, caps):
+                predicted = ctl.predicted(r.req_id)
+                r.spec_stats.observe_choice(cap, predicted)
+                self.stats.observe_choice(cap, predicted)
         todo = [(r, cap) for r, cap in zip(reqs, caps) if cap > 0]
         shadow: list[tuple[Request, int]] = []
         if ctl is not None and free:
@@ -364,15 +368,8 @@ class Speculator:
                     self._shadow.pop(r.req_id, None)  # verified drafts tell the controller the same
                 elif lim > 0 and r.req_id not in self._shadow:
                     shadow.append((r, lim))
-        confidence = self._draft(todo, shadow) if todo or shadow else []
-        if ctl is not None and self.proposer.confident_drafts and todo:
-            todo = self._price_drafts(todo, confidence)
-            caps = [len(r.draft_token_ids) if cap > 0 else 0 for r, cap in zip(reqs, caps)]
-        if ctl is not None:
-            for r, cap in zip(reqs, caps):
-                predicted = ctl.predicted(r.req_id)
-                r.spec_stats.observe_choice(cap, predicted)
-                self.stats.observe_choice(cap, predicted)
+        if todo or shadow:
+            self._draft(todo, shadow)
         for r, _ in todo:
             # llama.cpp's p_min: drafting stops where the draft distribution's top probability
             # falls below it (a rule on the prefix, so Leviathan/Chen acceptance stays exact);
@@ -402,30 +399,6 @@ class Speculator:
         for r in reqs:
             if r.grammar is not None and not r.is_finished:
                 self._constrain(r)
-
-    def _price_drafts(
-        self, todo: list[tuple[Request, int]], confidence: list[list[float] | None]
-    ) -> list[tuple[Request, int]]:
-        """Confident drafters: cut each request's drafts where the controller prices them best
-        by the drafter's own estimates (``SpecController.price_drafts``); drafts cut to none are
-        scored as shadow drafts instead, as if the controller had said no."""
-        live = [(r, c) for (r, _), c in zip(todo, confidence) if not r.is_finished]
-        ks = self.controller.price_drafts(
-            [r.req_id for r, _ in live],
-            [c for _, c in live],
-            [len(r.draft_token_ids) for r, _ in live],
-        )
-        kept = []
-        for (r, _), k in zip(live, ks):
-            drafts = r.draft_token_ids
-            if k == 0 and drafts and self.proposer.free_drafts:
-                self._shadow[r.req_id] = _Shadow(drafts, r.num_tokens)
-            if k < len(drafts):
-                r.draft_token_ids = drafts[:k]
-                r.draft_probs = r.draft_probs[:k] if r.draft_probs is not None and k else None
-            if k:
-                kept.append((r, k))
-        return kept
 
     def _constrain(self, r: Request) -> None:
         """Structured output: cut the drafts where the grammar rejects one (never verified),
@@ -475,9 +448,8 @@ class Speculator:
 
     def _draft(
         self, todo: list[tuple[Request, int]], shadow: list[tuple[Request, int]] = ()
-    ) -> list[list[float] | None]:
-        """Drafts for ``todo`` (to verify) and ``shadow`` (to score only), in one call; the
-        drafter's confidence in each (``DraftOutput.confidence``), None where it gave none."""
+    ) -> None:
+        """Drafts for ``todo`` (to verify) and ``shadow`` (to score only), in one call."""
         inp = DraftInput(
             [self._draft_request(r, cap) for r, cap in todo]
             + [self._draft_request(r, cap, shadow=True) for r, cap in shadow]
@@ -487,11 +459,10 @@ class Speculator:
             out = self.proposer.propose(inp)
         except Exception:  # noqa: BLE001 - find whose drafting fails, switch off only those
             self._draft_one_by_one(inp, todo)
-            return [None] * len(todo)
+            return
         for i, (r, _) in enumerate(todo):
             r.draft_token_ids = list(out.draft_token_ids[i])
             r.draft_probs = out.draft_probs[i] if out.draft_probs else None
-        return list(out.confidence) if out.confidence else [None] * len(todo)
 
     def _draft_one_by_one(self, inp: DraftInput, todo: list[tuple[Request, int]]) -> None:
         """The batch's call raised: each request alone, and those whose drafting still raises

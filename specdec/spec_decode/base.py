@@ -61,10 +61,6 @@ class DraftOutput:
     draft_probs: list[torch.Tensor | None] = field(
         default_factory=list
     )  # per request [k, V] or None
-    # Proposer.confident_drafts: per request, the drafter's own estimate of the chance that each
-    # draft survives together with all before it (suffix decoding's running probability), or
-    # None; empty: none given. The engine verifies the prefix these estimates price best.
-    confidence: list[list[float] | None] = field(default_factory=list)
 
 
 class Proposer(ABC):
@@ -88,10 +84,9 @@ class Proposer(ABC):
     free_drafts: bool = False
     # Drafts end where the drafter's own confidence does (suffix decoding: its match length and
     # probability floor), so their quality varies draft by draft and a request's running rates
-    # predict them poorly. The controller then lets every request draft whenever its guard
-    # allows, instead of gating on those rates (which, measured, turned off ~30% of suffix
-    # decoding's steps and cost it ~1.6%, session 13), and the drafts are cut where their own
-    # estimates (DraftOutput.confidence) price best. Only with free_drafts.
+    # predict them poorly. For a request running alone the controller then drafts whenever its
+    # guard allows, instead of gating on those rates (which, measured, turned off ~30% of suffix
+    # decoding's steps and cost it ~1.6%, session 13). Only with free_drafts.
     confident_drafts: bool = False
     # A cap of the drafter's own above num_speculative_tokens (hybrid: suffix decoding's, while
     # num_speculative_tokens bounds the head). None: num_speculative_tokens.

@@ -358,9 +358,10 @@ class SpecController:
         free (drafters that cost next to nothing to ask, Proposer.free_drafts): a request
         running alone is not probed (the engine scores drafts it does not verify, so the rates
         stay current while drafting is off). With confident (Proposer.confident_drafts: the
-        drafts end where the drafter's own confidence does) every request gets its cap whenever
-        the guard allows: the running rates are not asked, and the drafts, once made, are cut
-        where their own estimates price best (``price_drafts``).
+        drafts end where the drafter's own confidence does) it gets its cap whenever the guard
+        allows: the request's running rates are not asked. In a batch every verified row costs
+        about as much as another request's token, so drafts are still given one at a time where
+        they gain most.
         spreads (mixture of experts, ``choose_num_drafts``): where the cost model prices
         experts, every draft row costs the experts it is predicted to touch, so extra cap is not
         free: the k chosen is the cap, for confident drafters too.
@@ -375,8 +376,8 @@ class SpecController:
             ks = [0] * len(states)
             for s in states:
                 s.probing = False
-        elif free and confident and not priced:
-            ks = list(caps)  # NOTE: their drafts are priced once made (price_drafts)
+        elif free and confident and len(states) == 1 and not priced:
+            ks = list(caps)
         else:
             switch_on = [self._catch_up_ms(s) / CATCH_UP_HORIZON for s in states]
             ks = choose_num_drafts(
@@ -389,36 +390,6 @@ class SpecController:
                 ks = [self._explore(s, k, cap, len(states)) for s, k, cap in zip(states, ks, caps)]
         for s, k in zip(states, ks):
             s.predicted = expected_tokens(s.rates, k) - 1.0
-        return ks
-
-    def price_drafts(
-        self, req_ids: list[str], confidence: list[list[float] | None], lengths: list[int]
-    ) -> list[int]:
-        """Confident drafters: how many of each request's drafts (``lengths``, already made) to
-        verify, priced as ``choose_num_drafts`` prices rates, with the drafter's own estimates
-        (``DraftOutput.confidence``: the chance each draft survives with all before it) where
-        given, else the request's running rates.
-
-        NOTE: given their whole cap, suffix drafts were verified as long as the trees' running
-        probability stayed >= 0.1 (vLLM's min_token_prob); on an AVX2 machine, where a verified
-        row costs ~0.2 of a one-row step, rows that unlikely lose more than they gain.
-        """
-        states = [self._state(r) for r in req_ids]
-        rates = []
-        for s, conf, n in zip(states, confidence, lengths):
-            if conf is None:
-                rates.append(_extrapolated(s)[:n])
-                continue
-            rate, before = [], 1.0
-            for p in conf[:n]:
-                rate.append(min(1.0, p / before) if before > 0.0 else 0.0)
-                before = p
-            rates.append(rate)
-        ks = choose_num_drafts(
-            rates, lengths, self.cost, [0.0] * len(states), [s.num_tokens for s in states]
-        )
-        for s, rate, k in zip(states, rates, ks):
-            s.predicted = expected_tokens(rate, k) - 1.0
         return ks
 
     def _explore(self, s: _RequestState, k: int, cap: int, num_reqs: int) -> int:

@@ -198,26 +198,19 @@ class HybridProposer(Proposer):
             elif rows:
                 self.stash[r.req_id] = (start, rows, num_rows)
         head_drafts = self._run_head(head_reqs)
-        ids, probs, confidence = [], [], []
+        ids, probs = [], []
         for i, (r, (source, _)) in enumerate(zip(inp.requests, choices)):
             d, q = s_out.draft_token_ids[i], None
-            conf = s_out.confidence[i] if s_out.confidence else None
             if source == "head":
                 d, q = head_drafts[r.req_id]
-                # the head's drafts as hybrid prices them: its running rates for this request
-                conf, survive = [], 1.0
-                for a in self.rates.get(r.req_id, self.prior)[: len(d)]:
-                    survive *= a
-                    conf.append(survive)
             elif source == "none":
-                d, conf = [], None
+                d = []
             self.last[r.req_id] = _Pick(source, list(d), len(r.token_ids))
             if source != "none":
                 self.num_drafted[source] += len(d)
             ids.append(list(d))
             probs.append(q)
-            confidence.append(conf if conf is not None and len(conf) == len(d) else None)
-        return DraftOutput(ids, probs, confidence)
+        return DraftOutput(ids, probs)
 
     def _run_head(self, reqs: list[DraftRequest]) -> dict[str, tuple[list[int], object]]:
         """Run the head over these requests, timing it: one catch-up step each plus their drafts."""

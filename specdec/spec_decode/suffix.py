@@ -710,7 +710,6 @@ class SuffixProposer(Proposer):
     # ---- drafting -------------------------------------------------------------------------------
     def propose(self, inp: DraftInput) -> DraftOutput:
         drafts: list[list[int]] = []
-        confidence: list[list[float] | None] = []
         for r in inp.requests:
             state = self._sync(r.req_id, r.token_ids, r.num_prompt_tokens, r.cache_salt)
             cap = min(r.max_num_drafts, self.num_speculative_tokens)
@@ -718,8 +717,7 @@ class SuffixProposer(Proposer):
             self.last_drafts[r.req_id] = draft
             self.last_scores[r.req_id] = draft.score
             drafts.append(draft.token_ids)
-            confidence.append(list(draft.probs))
-        return DraftOutput(drafts, [None] * len(drafts), confidence)
+        return DraftOutput(drafts, [None] * len(drafts))
 
     def _best_draft(self, state: _RequestState, cap: int) -> SuffixDraft:
         g = self._global_for(state)
