@@ -134,10 +134,11 @@ def test_half_precision_runs_on_the_torch_kernels(tiny_llama, dtype: str) -> Non
 
 
 def test_disable_by_batch_size_pauses_speculation_under_load(tiny_llama) -> None:
+    # NOTE: a fixed k: the target drafting for itself pays only where its measured costs say so
+    # (the adaptive controller's call, timing-dependent), and this is about the batch-size rule
     cfg = {"method": "draft_model", "model": str(tiny_llama), "num_speculative_tokens": 3}
-    llm = LLM(
-        str(tiny_llama), max_model_len=128, speculative_config=cfg | {"disable_by_batch_size": 1}
-    )
+    cfg |= {"disable_by_batch_size": 1, "adaptive": False}
+    llm = LLM(str(tiny_llama), max_model_len=128, speculative_config=cfg)
     sp = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     llm.generate(["a", "b", "c"], sp)  # three at once: more than 1 running, so no drafts
     assert llm.spec_decode_stats.num_drafts == 0
