@@ -41,9 +41,9 @@ for them and scores them against the tokens that arrive, so the rates stay curre
 priced like any drafter's. NOTE: until session 20 a lone request got the whole cap whenever some
 k paid ("all or nothing", on the view that such drafters stop where their match ends); prompt
 lookup does not (it returns the k tokens after its match), and on an AVX2 machine, where each
-verified row costs ~0.2 of a one-row step, n-gram then verified ~5 drafts for ~0.7 accepted and
-ran at 0.95x plain on held-out chat; priced, 1.14x (and 1.32x -> 1.41x on code edits), in one
-interleaved run. Drafters whose drafts end where their own confidence does
+verified row costs ~0.2 of a one-row step, n-gram then verified ~5 drafts for ~0.7 accepted: on
+held-out chat 1.00x plain against 1.13x priced, on code edits 1.26x against 1.31x (paired, quiet,
+one process). Drafters whose drafts end where their own confidence does
 (Proposer.confident_drafts: suffix decoding, hybrid) are not gated by the rates at all for a
 request alone, only by the guard: a suffix draft from a 12-token match survives ~0.97 a token and
 one from a 1-token match ~0.25, so one request's running rates mostly reflect which kind came
