@@ -43,9 +43,9 @@ k paid ("all or nothing", on the view that such drafters stop where their match 
 lookup does not (it returns the k tokens after its match), and on an AVX2 machine, where each
 verified row costs ~0.2 of a one-row step, n-gram then verified ~5 drafts for ~0.7 accepted: on
 held-out chat 1.00x plain against 1.13x priced, on code edits 1.26x against 1.31x (paired, quiet,
-one process). (All or nothing came in with the shadow drafts, session 6: pricing had then turned
-n-gram off for whole categories, mt_bench and gsm8k, where a fixed k gained 1.3-1.6x; the shadow
-drafts keep the rates current now. Those categories were not measured again.) Drafters whose
+one process). (All or nothing came in with the shadow drafts, e085483: per-position pricing had
+then had drafting off for whole categories, mt_bench and gsm8k, where a fixed k gained 1.3-1.6x;
+the shadow drafts keep the rates current now. Those categories were not measured again.) Drafters whose
 drafts end where their own confidence does
 (Proposer.confident_drafts: suffix decoding, hybrid) are not gated by the rates at all for a
 request alone, only by the guard: a suffix draft from a 12-token match survives ~0.97 a token and

@@ -102,40 +102,17 @@ inline void dot_q4(const uint8_t* quants, const int8_t* const* xb, __m256i* lo, 
     }
 }
 
-// Q8_0: 8 groups of 4 inputs; 32 bytes = 8 rows x 4 codes.  Widened to int16 (once for the R
-// activation rows), vpmaddwd gives per row two pair sums, summed over the 8 groups for rows 0-3 and
-// 4-7 apart; one vphaddd per block then adds each row's pairs (lanes come out as rows 0 1 4 5 2 3
-// 6 7, put back at the end).  NOTE: integer sums are exact, so adding the pairs once per block
-// instead of once per group changes no bit and saves ~20% of the uops at 4 activation rows.
+// Q8_0: 8 groups of 4 inputs; 32 bytes = 8 rows x 4 codes.  The activations come widened to
+// int16 (prepare_a8, once per product), a group of 4 one 8-byte broadcast per row; the codes are
+// widened once for the R activation rows, and vpmaddwd gives per row two pair sums, summed over
+// the 8 groups for rows 0-3 and 4-7 apart; one vphaddd per block then adds each row's pairs (lanes
+// come out as rows 0 1 4 5 2 3 6 7, put back at the end).  NOTE: integer sums are exact, so adding
+// the pairs once per block instead of once per group changes no bit.  Widening the activations per
+// row and group instead (three shuffles a row) made SmolLM2's Q8_0 output layer (49,152 x 576)
+// 8 / 16 rows 4.04-4.22 / 8.43-8.83 ms against 3.65-3.81 / 7.42-7.76 (alone, 2-core AVX2 EPYC,
+// quiet, 3 alternated runs).
 template <int R>
-inline void dot_q8(const uint8_t* quants, const int8_t* const* xb, __m256i* lo, __m256i* hi) {
-    for (int half = 0; half < 2; ++half) {
-        __m256i a03[R], a47[R];
-        for (int r = 0; r < R; ++r) a03[r] = a47[r] = _mm256_setzero_si256();
-        for (int t = 0; t < 8; ++t) {
-            const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + t * 64 + 32 * half));
-            const __m256i w03 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(w));
-            const __m256i w47 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(w, 1));
-            for (int r = 0; r < R; ++r) {
-                int32_t x4;
-                memcpy(&x4, xb[r] + 4 * t, 4);
-                const __m256i xw = _mm256_cvtepi8_epi16(_mm_set1_epi32(x4));
-                a03[r] = _mm256_add_epi32(a03[r], _mm256_madd_epi16(w03, xw));
-                a47[r] = _mm256_add_epi32(a47[r], _mm256_madd_epi16(w47, xw));
-            }
-        }
-        const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
-        for (int r = 0; r < R; ++r)
-            (half ? hi : lo)[r] = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(a03[r], a47[r]), order);
-    }
-}
-
-// dot_q8 with the activations already widened to int16 (prepare_a8): a group of 4 inputs is one
-// 8-byte broadcast per row instead of a move, a broadcast and a widening per row and half.
-// NOTE: SmolLM2's Q8_0 output layer (49,152 x 576), alone, 2-core AVX2 EPYC, quiet, 3 alternated
-// runs: 8 / 16 rows 3.65-3.81 / 7.42-7.76 ms against 4.04-4.22 / 8.43-8.83 before.
-template <int R>
-inline void dot_q8w(const uint8_t* quants, const int16_t* const* xw, __m256i* lo, __m256i* hi) {
+inline void dot_q8(const uint8_t* quants, const int16_t* const* xw, __m256i* lo, __m256i* hi) {
     for (int half = 0; half < 2; ++half) {
         __m256i a03[R], a47[R];
         for (int r = 0; r < R; ++r) a03[r] = a47[r] = _mm256_setzero_si256();
@@ -179,13 +156,9 @@ void group_rows(const int8_t* xq, const int16_t* xw16, const float* dx, const in
         for (int r = 0; r < R; ++r) xb[r] = xq + (m + r) * K + b * 32;
         __m256i s_lo[R], s_hi[R];
         if constexpr (kind == A8_Q8) {
-            if (xw16) {
-                const int16_t* xw[R];
-                for (int r = 0; r < R; ++r) xw[r] = xw16 + (m + r) * K + b * 32;
-                dot_q8w<R>(tile + 64, xw, s_lo, s_hi);
-            } else {
-                dot_q8<R>(tile + 64, xb, s_lo, s_hi);
-            }
+            const int16_t* xw[R];
+            for (int r = 0; r < R; ++r) xw[r] = xw16 + (m + r) * K + b * 32;
+            dot_q8<R>(tile + 64, xw, s_lo, s_hi);
         } else {
             dot_q4<R>(tile + 64, xb, s_lo, s_hi);
         }
@@ -241,19 +214,6 @@ void groups_of(const int8_t* xq, const int16_t* xw16, const float* dx, const int
     }
 }
 
-// prep: for Q8_0, the activation codes widened to int16 [M, K] (prepare_a8), or null.
-void linear_groups(int kind, const int8_t* xq, const float* dx, const int32_t* sx, const float* dxs,
-                   int64_t M, int64_t K, const uint8_t* w, const float* bias, float* y, int64_t N,
-                   int64_t g0, int64_t g1, const void* prep) {
-    if (kind == A8_Q8) {
-        groups_of<A8_Q8>(xq, static_cast<const int16_t*>(prep), dx, sx, dxs, M, K, w, bias, y, N, g0, g1);
-    } else if (kind == A8_Q4_0) {
-        groups_of<A8_Q4_0>(xq, nullptr, dx, sx, dxs, M, K, w, bias, y, N, g0, g1);
-    } else {
-        groups_of<A8_Q4_1>(xq, nullptr, dx, sx, dxs, M, K, w, bias, y, N, g0, g1);
-    }
-}
-
 // A8Table::prepare: Q8_0's activation codes widened to int16 once per product (the 4-bit kinds
 // need none); the calling thread's buffer, until its next prepare.
 const void* prepare_a8(int kind, const int8_t* xq, const float* /*dx*/, const int32_t* /*sx*/,
@@ -268,6 +228,21 @@ const void* prepare_a8(int kind, const int8_t* xq, const float* /*dx*/, const in
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_cvtepi8_epi16(c));
     }
     return out;
+}
+
+// prep: for Q8_0, the activation codes widened to int16 [M, K] (prepare_a8), or null (laid out
+// here then).
+void linear_groups(int kind, const int8_t* xq, const float* dx, const int32_t* sx, const float* dxs,
+                   int64_t M, int64_t K, const uint8_t* w, const float* bias, float* y, int64_t N,
+                   int64_t g0, int64_t g1, const void* prep) {
+    if (kind == A8_Q8) {
+        if (!prep) prep = prepare_a8(kind, xq, dx, sx, dxs, M, K);
+        groups_of<A8_Q8>(xq, static_cast<const int16_t*>(prep), dx, sx, dxs, M, K, w, bias, y, N, g0, g1);
+    } else if (kind == A8_Q4_0) {
+        groups_of<A8_Q4_0>(xq, nullptr, dx, sx, dxs, M, K, w, bias, y, N, g0, g1);
+    } else {
+        groups_of<A8_Q4_1>(xq, nullptr, dx, sx, dxs, M, K, w, bias, y, N, g0, g1);
+    }
 }
 
 const A8Table kTable = {"avx2", quantize_rows, linear_groups, prepare_a8};
