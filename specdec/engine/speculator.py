@@ -86,6 +86,9 @@ class Speculator:
         # The per-request cap: num_speculative_tokens, or the drafter's own when larger (hybrid)
         self.max_k = max(spec.num_speculative_tokens, self.proposer.max_drafts or 0)
         self.enabled = True  # False: propose nothing (plain decoding with the same engine)
+        # True: the start-up measurement says drafting cannot pay here (``_cannot_pay``); the
+        # engine then decodes as plain, without the drafter or any per-step bookkeeping
+        self.dormant = False
         self.stats = SpecDecodeStats()
         self.controller: SpecController | None = None
         self._measured_cost = None
@@ -102,6 +105,7 @@ class Speculator:
             self._new_controller()
             if self._moe:
                 self.spread = ExpertSpread(target.cfg.num_experts, self._moe[0].top_k)
+            self.dormant = self._cannot_pay()
         self._shadow: dict[str, _Shadow] = {}
         self._hidden: dict[str, _Hidden] = {}
         # requests whose drafter raised: plain decoding for them from then on (exact)
@@ -112,7 +116,32 @@ class Speculator:
     @property
     def hidden_layers(self) -> tuple[int, ...]:
         """The target states the runner returns for the drafter (see LlamaModel.forward_capture)."""
-        return tuple(self.proposer.hidden_layers) if self.proposer.wants_hidden else ()
+        if self.dormant or not self.proposer.wants_hidden:
+            return ()
+        return tuple(self.proposer.hidden_layers)
+
+    def _cannot_pay(self) -> bool:
+        """Whether a drafter that costs time to ask cannot beat plain decoding by the controller's
+        margin for a request alone even were every draft accepted, at the start-up prices.
+
+        NOTE: the default layer_skip (28 of SmolLM2-135M's 30 layers) and the target as its own
+        draft cost about a target step per draft. The controller kept them off, but its
+        per-step bookkeeping (~0.15 ms of a ~7.6 ms step) and its probes (each a catch-up over
+        the whole request) held them at 0.95-0.98x plain on held-out chat (sessions 18-20).
+        Dormant, the engine runs plain; ``"adaptive": false`` drafts anyway.
+        """
+        if self.proposer.free_drafts or self.max_k < 1:
+            return False
+        if self.controller.could_pay(1, self.max_k):
+            return False
+        logger.warning(
+            "speculative decoding: %s cannot beat plain decoding here (a draft costs %.2f ms, "
+            'a target step %.2f ms): decoding plain; "adaptive": false drafts anyway',
+            self.spec.method,
+            self.controller.cost.draft_ms_per_token,
+            self.controller.cost.verify(1),
+        )
+        return True
 
     def _measure_cost(self, target: LlamaModel, kv: KVCache, max_batched_tokens: int):
         """The verification cost curve, measured once on a free slot before any request."""
@@ -144,6 +173,8 @@ class Speculator:
     def add_request(self, req: Request) -> None:
         """The drafter sets the request up; if it raises, whatever it kept is dropped and
         ``DrafterError`` says so (the request must not be queued)."""
+        if self.dormant:
+            return
         try:
             self.proposer.add_request(req.req_id)
         except Exception as e:  # noqa: BLE001 - the drafter's fault, reported as the engine's
@@ -156,6 +187,8 @@ class Speculator:
     def remove_request(self, req: Request, keep: bool) -> None:
         """``keep=False``: nothing of the request is learnt (a failed request). Never raises: a
         drafter that fails here is logged and counted, and the request is forgotten anyway."""
+        if self.dormant:
+            return
         self._shadow.pop(req.req_id, None)
         self._hidden.pop(req.req_id, None)
         if self.controller is not None:
@@ -217,6 +250,8 @@ class Speculator:
         requests: dict[str, Request],
     ) -> None:
         """Learn from this step's verification, then propose the next drafts."""
+        if self.dormant:
+            return
         self._observe(sched, results, hidden, requests)
         for req, keep in update.finished:
             self.remove_request(req, keep)

@@ -421,6 +421,12 @@ class SpecController:
             return False  # NOTE: checked first: in a large batch the budget is usually spent
         return self._best_case_pays(num_reqs, cap)
 
+    def could_pay(self, num_reqs: int, cap: int) -> bool:
+        """Whether drafting could beat plain decoding by PROBE_MIN_GAIN for a batch of
+        ``num_reqs`` were every draft accepted (at the prices learnt so far)."""
+        self._could_pay = {}
+        return self._best_case_pays(num_reqs, cap)
+
     def _best_case_pays(self, num_reqs: int, cap: int) -> bool:
         """Whether some k <= cap, every draft accepted, beats plain by PROBE_MIN_GAIN.
 

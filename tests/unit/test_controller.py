@@ -189,6 +189,7 @@ def test_perfect_drafter_grows_to_the_bound(tiny_llama) -> None:
     llm = LLM(str(tiny_llama), max_model_len=256, speculative_config=cfg)
     # drafting with the target itself costs as much as verifying; pretend it is free to test the
     # rule: a clock that never moves, and no cycle teaches the cost model anything
+    llm.engine.speculator.dormant = False  # the start-up prices said it cannot pay
     ctl = llm.engine.speculator.controller
     ctl.clock = lambda: 0.0
     ctl._record = lambda *_: None
@@ -214,6 +215,31 @@ def test_a_model_drafter_is_timed_before_its_first_draft(tiny_llama) -> None:
     # A drafter that costs next to nothing is learnt from use, as before.
     ngram = LLM(str(tiny_llama), max_model_len=256, speculative_config={"method": "ngram"})
     assert ngram.engine.speculator.controller.cost.draft_ms_per_token == 0.0
+    assert not ngram.engine.speculator.dormant
+
+
+def test_a_drafter_that_cannot_pay_leaves_plain_decoding_alone(tiny_llama) -> None:
+    # Even were every draft accepted, the target drafting for itself cannot beat plain by the
+    # controller's margin: the engine decodes plain, without the speculator's per-step work
+    # or probes (those held such drafters at 0.95-0.98x plain).
+    cfg = {"method": "draft_model", "model": str(tiny_llama), "num_speculative_tokens": 5}
+    llm = LLM(str(tiny_llama), max_model_len=256, speculative_config=cfg)
+    spec = llm.engine.speculator
+    assert not spec.controller.could_pay(1, 5)
+    assert spec.dormant
+    calls = []
+    spec.controller.choose = lambda *a, **k: calls.append(a) or [0]
+    out = _run(llm, "hello there", 80)
+    assert calls == [] and out.spec_decode_stats.num_draft_tokens == 0
+    plain = _run(LLM(str(tiny_llama), max_model_len=256), "hello there", 80)
+    assert out.outputs[0].token_ids == plain.outputs[0].token_ids
+    assert not spec.proposer.states  # the drafter never took the request
+    # A drafter it can pay for is not dormant; a fixed k drafts whatever it costs.
+    cheap = LLM(str(tiny_llama), max_model_len=256, speculative_config=cfg).engine.speculator
+    cheap.controller.cost.draft_ms_per_token = 0.01 * cheap.controller.cost.verify_ms[0]
+    assert cheap.controller.could_pay(1, 5) and not cheap._cannot_pay()
+    fixed = LLM(str(tiny_llama), max_model_len=256, speculative_config={**cfg, "adaptive": False})
+    assert not fixed.engine.speculator.dormant
 
 
 def test_adaptive_false_keeps_fixed_k(tiny_llama) -> None:
