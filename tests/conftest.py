@@ -295,3 +295,68 @@ def shared_gguf_readers():
         mp.setattr(gguf, "GGUFReader", cached)
         mp.setattr(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map))
         yield readers
+
+
+# --- Two workers (pytest-xdist) ---------------------------------------------------------------
+# scripts/test.sh runs the suite in two steps: `-n 2 --dist loadgroup -m "not alone"`, then
+# `-m alone` in one process. Each test file runs whole on one worker (its module fixtures, servers
+# mostly, are built once); files sharing an expensive session fixture run on the same worker (built
+# once). `alone` tests time themselves against limits (a loaded machine fails them), or start
+# processes that want every core (tensor parallel, replicas, Ray, the shared-memory all-reduce,
+# the browser). Should they run under xdist all the same (`pytest -n 2` by hand), a lock across
+# the workers still runs each alone, the other worker waiting between its tests (idle: slower).
+# Without xdist (plain `pytest`) none of this changes anything.
+_SAME_WORKER = {
+    "tests/e2e/test_suffix_greedy.py": "tests/e2e/test_spec_greedy.py",  # smollm2_bench_greedy
+    "tests/e2e/test_tokenizer_parity.py": "tests/e2e/test_real_model_parity.py",  # Gemma's readers
+}
+_ALONE = (
+    "tests/e2e/test_chat_page_browser.py",
+    "tests/e2e/test_grammar_isolation_server.py",  # the 5 s compile limit (hit under 2x load)
+    "tests/e2e/test_hostile_corpus.py",  # "never stalls"
+    "tests/e2e/test_replicas.py",
+    "tests/e2e/test_replicas_ray.py",
+    "tests/e2e/test_server.py::test_client_disconnect_mid_stream_frees_kv",  # 0.5 s, 3 s waits
+    "tests/e2e/test_server_load.py",
+    "tests/e2e/test_server_safety.py",  # sub-second limits
+    "tests/e2e/test_tensor_parallel.py",
+    "tests/unit/test_protocol_safety.py::test_guards_refuse_blowups_at_once",  # < 0.5 s
+    "tests/unit/test_shm_reducer.py",
+    "tests/unit/test_suffix.py::test_per_step_cost_on_a_long_sequence",
+)
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "alone: under xdist, no other test runs meanwhile")
+
+
+@pytest.hookimpl(tryfirst=True)  # NOTE: before -m deselects
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(_SAME_WORKER.get(path, path)))
+        if any(item.nodeid == a or item.nodeid.startswith(a + "::") or path == a for a in _ALONE):
+            item.add_marker(pytest.mark.alone)
+
+
+@pytest.fixture(autouse=True)
+def _alone_under_xdist(request, tmp_path_factory):
+    """A readers-writer lock across workers: every test holds it shared, an `alone` test
+    exclusively. The turnstile keeps a waiting `alone` test from being starved by the others."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    import fcntl
+
+    root = tmp_path_factory.getbasetemp().parent  # NOTE: shared by the workers of one run
+    alone = request.node.get_closest_marker("alone") is not None
+    with open(root / "alone.turnstile", "a") as gate, open(root / "alone.lock", "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
