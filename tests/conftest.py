@@ -326,6 +326,16 @@ _ALONE = (
 )
 
 
+def pytest_addoption(parser) -> None:
+    parser.addoption(
+        "--phase",
+        choices=("shared", "alone"),
+        default=None,
+        help="scripts/test.sh's steps: only the tests that may share the machine, or only the "
+        "`alone` ones (composes with -m, which a marker expression of its own would replace)",
+    )
+
+
 def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "alone: under xdist, no other test runs meanwhile")
 
@@ -337,6 +347,14 @@ def pytest_collection_modifyitems(config, items) -> None:
         item.add_marker(pytest.mark.xdist_group(_SAME_WORKER.get(path, path)))
         if any(item.nodeid == a or item.nodeid.startswith(a + "::") or path == a for a in _ALONE):
             item.add_marker(pytest.mark.alone)
+    phase = config.getoption("--phase")
+    if phase is not None:
+        want_alone = phase == "alone"
+        keep = [i for i in items if (i.get_closest_marker("alone") is not None) == want_alone]
+        dropped = [i for i in items if (i.get_closest_marker("alone") is not None) != want_alone]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = keep
 
 
 @pytest.fixture(autouse=True)
