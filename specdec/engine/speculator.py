@@ -126,9 +126,9 @@ class Speculator:
 
         NOTE: the default layer_skip (28 of SmolLM2-135M's 30 layers) and the target as its own
         draft cost about a target step per draft. The controller kept them off, but its
-        per-step bookkeeping (~0.15 ms of a ~7.6 ms step) and its probes (each a catch-up over
-        the whole request) held them at 0.95-0.98x plain on held-out chat (sessions 18-20).
-        Dormant, the engine runs plain; ``"adaptive": false`` drafts anyway.
+        per-step bookkeeping and its probes (each a catch-up over the whole request) held
+        layer_skip at 0.91-0.95x plain on held-out chat; dormant, 0.99-1.01x (paired, quiet,
+        BENCHMARKS.md session 21). ``"adaptive": false`` drafts anyway.
         """
         if self.proposer.free_drafts or self.max_k < 1:
             return False
