@@ -349,9 +349,10 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(pytest.mark.alone)
     phase = config.getoption("--phase")
     if phase is not None:
-        want_alone = phase == "alone"
-        keep = [i for i in items if (i.get_closest_marker("alone") is not None) == want_alone]
-        dropped = [i for i in items if (i.get_closest_marker("alone") is not None) != want_alone]
+        keep, dropped = [], []
+        for item in items:
+            alone = item.get_closest_marker("alone") is not None
+            (keep if alone == (phase == "alone") else dropped).append(item)
         if dropped:
             config.hook.pytest_deselected(items=dropped)
             items[:] = keep

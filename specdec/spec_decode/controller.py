@@ -45,8 +45,8 @@ verified row costs ~0.2 of a one-row step, n-gram then verified ~5 drafts for ~0
 held-out chat 1.00x plain against 1.13x priced, on code edits 1.26x against 1.31x (paired, quiet,
 one process). (All or nothing came in with the shadow drafts, e085483: per-position pricing had
 then had drafting off for whole categories, mt_bench and gsm8k, where a fixed k gained 1.3-1.6x;
-the shadow drafts keep the rates current now. Those categories were not measured again.) Drafters whose
-drafts end where their own confidence does
+the shadow drafts keep the rates current now. Those categories were not measured again.)
+Drafters whose drafts end where their own confidence does
 (Proposer.confident_drafts: suffix decoding, hybrid) are not gated by the rates at all for a
 request alone, only by the guard: a suffix draft from a 12-token match survives ~0.97 a token and
 one from a 1-token match ~0.25, so one request's running rates mostly reflect which kind came
