@@ -187,6 +187,26 @@ def tiny_qwen2_moe(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny_qwen2_moe"), "qwen2_moe", 8, num_layers=2)
 
 
+def price_drafting_to_pay(llm) -> None:
+    """Wake a model drafter and give its controller fixed prices at which drafting pays.
+
+    NOTE: on tiny models a model drafter's start-up timings sit near the break-even (a draft 0.24
+    ms against a 0.20 ms target step on one CI machine): the speculator may stay dormant, and
+    awake, the controller may never choose a draft. Fixed prices (a clock that never moves, so no
+    step teaches the cost model anything) keep the controller's varying k and its probes under
+    test wherever the suite runs."""
+    from specdec.spec_decode.controller import CostModel
+
+    spec = llm.engine.speculator
+    spec.dormant = False
+    ctl = spec.controller
+    if ctl is None:
+        return
+    ctl.clock = lambda: 0.0
+    ctl._record = lambda *_: None
+    ctl.cost = CostModel([10.0 + 2.0 * n for n in range(16)])
+
+
 def bench_prompts(n: int | None = None) -> list[dict]:
     """The prompt fixture copied from ../shared/bench/data (works without shared/)."""
     rows = [

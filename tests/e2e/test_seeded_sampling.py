@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from specdec import LLM, SamplingParams
-from tests.conftest import bench_prompts
+from tests.conftest import bench_prompts, price_drafting_to_pay
 from tests.e2e.test_spec_greedy import PROMPTS
 
 SAMPLINGS = {
@@ -77,7 +77,7 @@ def test_tiny_seeded_sampling_identical_to_plain(
     method: str, tiny_llama, tiny_draft, plain_tiny
 ) -> None:
     spec = _llm(tiny_llama, _tiny_methods(tiny_llama, tiny_draft)[method])
-    spec.engine.speculator.dormant = False  # as in test_spec_greedy's tiny test
+    price_drafting_to_pay(spec)  # as in test_spec_greedy's tiny test
     for name in SAMPLINGS:
         got = _ids(spec.generate(PROMPTS, _params(name, 20)))
         assert got == plain_tiny[name], f"{method} / {name}"

@@ -12,6 +12,7 @@ from tests.conftest import (
     bench_chats,
     bench_prompts,
     make_tiny_model,
+    price_drafting_to_pay,
 )
 
 PROMPTS = [
@@ -67,10 +68,7 @@ def test_tiny_greedy_identical(method: str, tiny_llama, tiny_draft, plain_llm) -
         max_num_seqs=4,
         max_num_batched_tokens=32,
     )
-    # NOTE: on tiny models a model drafter sits where its start-up prices may say it cannot pay
-    # (the speculator then stays dormant: plain decoding); awake, the controller's varying k
-    # and its probes stay under test
-    spec.engine.speculator.dormant = False
+    price_drafting_to_pay(spec)  # whatever this machine's clock says of tiny drafters
     params = [
         SamplingParams(temperature=0.0, max_tokens=17 + 9 * i, ignore_eos=True)
         for i in range(len(PROMPTS))
