@@ -193,8 +193,9 @@ def price_drafting_to_pay(llm) -> None:
     NOTE: on tiny models a model drafter's start-up timings sit near the break-even (a draft 0.24
     ms against a 0.20 ms target step on one CI machine): the speculator may stay dormant, and
     awake, the controller may never choose a draft. Fixed prices (a clock that never moves, so no
-    step teaches the cost model anything) keep the controller's varying k and its probes under
-    test wherever the suite runs."""
+    step teaches the cost model anything) keep the controller's choice of k, varying with each
+    request's rates, under test wherever the suite runs. (No time is ever measured, so the probe
+    budget stays empty: probes are tested in test_controller.)"""
     from specdec.spec_decode.controller import CostModel
 
     spec = llm.engine.speculator
