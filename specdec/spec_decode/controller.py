@@ -338,6 +338,9 @@ class SpecController:
     _overhead_obs: deque = field(default_factory=lambda: deque(maxlen=OVERHEAD_WINDOW))
     # this step's answers of _may_probe's "could drafting pay", by (batch size, cap)
     _could_pay: dict[tuple[int, int], bool] = field(default_factory=dict)
+    # per batch size, this choice's (plain step, what one probe draft adds to it): the same for
+    # every request of a batch, so computed once a step (_may_probe)
+    _probe_prices: dict[int, tuple[float, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.prior = self.prior or [PRIOR] * self.max_k
@@ -370,7 +373,7 @@ class SpecController:
         free: the k chosen is the cap, for confident drafters too.
         """
         states = [self._state(r) for r in req_ids]
-        self._could_pay = {}
+        self._could_pay, self._probe_prices = {}, {}
         priced = spreads is not None and self.cost.prices_experts
         for s, n in zip(states, num_tokens or [0] * len(states)):
             s.num_tokens = n
@@ -414,9 +417,11 @@ class SpecController:
         step: one draft, always accepted, would gain ~1%. Probing it let noisy timings and a good
         run of acceptance switch drafting on, and one held-out chat prompt ran 1.5x slower.
         """
-        cost = self.cost
-        plain = cost.step_ms(num_reqs, 0)
-        probe_ms = self._catch_up_ms(s) + cost.step_ms(num_reqs + 1, 1) - plain
+        prices = self._probe_prices.get(num_reqs)
+        if prices is None:
+            plain = self.cost.step_ms(num_reqs, 0)
+            prices = self._probe_prices[num_reqs] = (plain, self.cost.step_ms(num_reqs + 1, 1))
+        probe_ms = self._catch_up_ms(s) + prices[1] - prices[0]
         if self.explore_ms + probe_ms > EXPLORE_BUDGET * self.measured_ms:
             return False  # NOTE: checked first: in a large batch the budget is usually spent
         return self._best_case_pays(num_reqs, cap)
