@@ -21,6 +21,7 @@ from specdec.kernels import (
     amx16_available,
     int8_activations_fast,
     int8_activations_pay,
+    kquant_float_fast,
 )
 from specdec.kv_cache.pool import KVCache
 from specdec.model.arch import ArchConfig
@@ -102,19 +103,10 @@ class LlamaModel:
             )
         )
         self._cache = weight_cache
-        self.layers = [self._load_layer(t, i, quantization) for i in range(self.cfg.num_layers)]
+        self._cache_reads = True  # False: pack from the file (and cache that), whatever is cached
+        self._load_linears(t, quantization, tp)
         self.norm = self._vec(t["norm"])
-        # NOTE: under tensor parallelism the output layer is this rank's vocabulary rows
-        # (worker/shard.py), never the (whole) embedding
-        tied = self.cfg.tie_word_embeddings and tp is None
-        embed = self._linear("embed_tokens", [t["embed_tokens"]], [None], quantization, tied)
-        # NOTE: tied models read their embeddings from the output layer's (quantized) rows.
-        self._embed: PackedWeight = embed.weight
         self.vocab_range: tuple[int, int] | None = None  # tensor parallel: this rank's rows
-        if tied:
-            self.lm_head = embed
-        else:
-            self.lm_head = self._linear("lm_head", [t["lm_head"]], [None], quantization)
         if tp is not None:
             from specdec.worker.shard import vocab_range
 
@@ -139,8 +131,35 @@ class LlamaModel:
         self._rope_index: list[int] | None = None  # per layer: which rotary table it uses
         self.activation_dtype = "float32"
         self.set_activation_dtype(activation_dtype)
+        if self._a8_on_load and self.activation_dtype == "float32" and self._slow_kquants():
+            # NOTE: "auto" kept the K-quant weights for 8-bit activations, then the other
+            # weights' formats chose float32 (on AVX2: a Q8_0-heavy file, gemma3-270m), and a
+            # K-quant tile with float activations runs the scalar twins there: 109 ms a token
+            # against 23 ms with them as Q8_0, as --activation-dtype float32 loads them
+            self._a8_on_load, self._cache_reads = False, False
+            self._load_linears(t, quantization, tp)
+            self._cache_reads = True
+            self.set_activation_dtype(activation_dtype)
         if weight_cache is not None:
             weight_cache.save()  # NOTE: after the activation choice, which may repack weights
+
+    def _load_linears(self, t: dict[str, RawTensor], quantization: str, tp: TPGroup | None) -> None:
+        """The layers, the output layer and the embedding rows, from ``t`` (or the cache)."""
+        self.layers = [self._load_layer(t, i, quantization) for i in range(self.cfg.num_layers)]
+        # NOTE: under tensor parallelism the output layer is this rank's vocabulary rows
+        # (worker/shard.py), never the (whole) embedding
+        tied = self.cfg.tie_word_embeddings and tp is None
+        embed = self._linear("embed_tokens", [t["embed_tokens"]], [None], quantization, tied)
+        # NOTE: tied models read their embeddings from the output layer's (quantized) rows.
+        self._embed: PackedWeight = embed.weight
+        if tied:
+            self.lm_head = embed
+        else:
+            self.lm_head = self._linear("lm_head", [t["lm_head"]], [None], quantization)
+
+    def _slow_kquants(self) -> bool:
+        """Whether some weight is a K-quant tile that float activations run on the scalar twins."""
+        return not kquant_float_fast() and any(lin.weight.is_kquant for lin in self.linears())
 
     def _linear(
         self,
@@ -151,7 +170,7 @@ class LlamaModel:
         a8: bool = True,
     ) -> Linear:
         """A linear layer, its weight from the weight cache when it holds it."""
-        packed = self._cache.get(name) if self._cache is not None else None
+        packed = self._cache.get(name) if self._cache is not None and self._cache_reads else None
         lin = make_linear(
             raws, biases, quantization, self.ops, self.dtype, self.device,
             a8 and self._a8_on_load, packed,

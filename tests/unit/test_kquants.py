@@ -596,3 +596,42 @@ def test_kquant_gguf_on_avx2_stays_native_and_equals_scalar_twin(mk, tmp_path):
         assert torch.equal(logits[isa, True], logits[isa, False]), isa
     a, b = logits["avx2", False], logits["portable", False]
     assert (a - b).abs().max().item() < 1e-4 * b.abs().max().item()
+
+
+def test_auto_that_settles_on_float32_loads_k_quants_as_float32_would(mk, tmp_path, monkeypatch):
+    # gemma3-270m's Q4_K_M file is mostly Q8_0 (q|k|v, gate|up, the 262k-row output layer) with
+    # K-quant o and down. On AVX2 the 8-bit kernels do not pay on Q8_0, so "auto" settles on
+    # float32 after loading the K-quants for 8-bit activations; float activations then ran them
+    # on the scalar twins: 109 ms a token against 23 ms with --activation-dtype float32.
+    from specdec import LLM, SamplingParams
+    from specdec.model import llama
+
+    def types(name: str) -> GT:
+        if ".attn_output." in name:
+            return GGML["q4_k"]
+        if ".ffn_down." in name:
+            return GGML["q6_k"]
+        return GT.Q8_0
+
+    path = mk.write_gguf(
+        tmp_path / "tiny-mostly-q8.gguf", mk.SHAPES["tiny"], "F32", 0, types=types,
+        quantize=lambda rows, t: gguf.quants.quantize(rows, t) if t == GT.Q8_0 else quantize(rows, t.name.lower()),
+    )  # fmt: skip
+    # NOTE: the AVX2 answers wherever the suite runs (with AVX-512 VNNI Q8_0 pays and K-quants
+    # have vector float kernels, so "auto" would never get here)
+    monkeypatch.setattr(K, "kquant_float_fast", lambda: False)
+    monkeypatch.setattr(llama, "kquant_float_fast", lambda: False)
+    monkeypatch.setattr(llama, "int8_activations_pay", lambda q: q in ("q4_0", "q4_1") or "_k" in q)
+    auto = LLM(str(path), max_model_len=128)
+    fp32 = LLM(str(path), max_model_len=128, activation_dtype="float32")
+    model = auto.engine.model
+    assert model.activation_dtype == "float32"
+    kinds = {lin.weight.qtype for lin in model.linears()}
+    assert kinds == {lin.weight.qtype for lin in fp32.engine.model.linears()}
+    if K.kquant_int8_fast():  # where 8-bit activations would have kept them native
+        assert not any(lin.weight.is_kquant for lin in model.linears()), kinds
+    prompts = ["a b c a b c a b", "Once upon a time"]
+    sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1)
+    got, want = auto.generate(prompts, sp), fp32.generate(prompts, sp)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    assert [o.outputs[0].logprobs for o in got] == [o.outputs[0].logprobs for o in want]
