@@ -172,7 +172,14 @@ def load_draft(
     except ConfigError as e:
         # NOTE: the message must say it is the draft (a shorter context, above all)
         raise ConfigError(f"speculative_config.model (the draft model): {e}") from None
-    if config.activation_dtype not in ("auto", draft.activation_dtype):
+    if config.activation_dtype == "float32" and draft.slow_float_kquants():
+        # NOTE: its K-quant weights would run on the scalar twins (~50x slower here), and a
+        # drafter that slow never pays: the controller would keep the engine plain
+        logger.info(
+            "draft model keeps activations %s (float ones run its K-quant weights slowly here)",
+            draft.activation_dtype,
+        )
+    elif config.activation_dtype not in ("auto", draft.activation_dtype):
         try:
             draft.set_activation_dtype(config.activation_dtype)
         except ConfigError as e:

@@ -131,7 +131,7 @@ class LlamaModel:
         self._rope_index: list[int] | None = None  # per layer: which rotary table it uses
         self.activation_dtype = "float32"
         self.set_activation_dtype(activation_dtype)
-        if self._a8_on_load and self.activation_dtype == "float32" and self._slow_kquants():
+        if self._a8_on_load and self.activation_dtype == "float32" and self.slow_float_kquants():
             # NOTE: "auto" kept the K-quant weights for 8-bit activations, then the other
             # weights' formats chose float32 (on AVX2: a Q8_0-heavy file, gemma3-270m), and a
             # K-quant tile with float activations runs the scalar twins there: 109 ms a token
@@ -157,8 +157,9 @@ class LlamaModel:
         else:
             self.lm_head = self._linear("lm_head", [t["lm_head"]], [None], quantization)
 
-    def _slow_kquants(self) -> bool:
-        """Whether some weight is a K-quant tile that float activations run on the scalar twins."""
+    def slow_float_kquants(self) -> bool:
+        """Whether some weight is a K-quant tile that float activations would run on the scalar
+        twins (no vector kernels for them here: AVX2)."""
         return not kquant_float_fast() and any(lin.weight.is_kquant for lin in self.linears())
 
     def _linear(

@@ -635,3 +635,28 @@ def test_auto_that_settles_on_float32_loads_k_quants_as_float32_would(mk, tmp_pa
     got, want = auto.generate(prompts, sp), fp32.generate(prompts, sp)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
     assert [o.outputs[0].logprobs for o in got] == [o.outputs[0].logprobs for o in want]
+
+
+def test_a_k_quant_draft_keeps_8_bit_activations_under_a_float32_target(mk, tmp_path, monkeypatch):
+    # Without vector kernels for K-quants with float activations (AVX2), switching a K-quant
+    # draft to the target's float32 ran it on the scalar twins: a draft that slow never pays.
+    from specdec import LLM, SamplingParams
+    from specdec.model import llama
+
+    monkeypatch.setattr(K, "kquant_float_fast", lambda: False)  # AVX2's answer, wherever
+    monkeypatch.setattr(llama, "kquant_float_fast", lambda: False)
+    path = write_kquant_gguf(mk, tmp_path / "tiny-Q4_K_M.gguf", "Q4_K_M")
+    spec = {"method": "draft_model", "model": str(path), "num_speculative_tokens": 3}
+    llm = LLM(str(path), max_model_len=128, activation_dtype="float32", speculative_config=spec)
+    target, draft = llm.engine.model, llm.engine.speculator.proposer.model
+    assert target.activation_dtype == "float32" and not target.slow_float_kquants()
+    if K.kquant_int8_fast():  # the draft's own choice: K-quants native, 8-bit activations
+        assert draft.activation_dtype == "int8" and any(
+            lin.weight.is_kquant for lin in draft.linears()
+        )
+    assert not (draft.activation_dtype == "float32" and draft.slow_float_kquants())
+    plain = LLM(str(path), max_model_len=128, activation_dtype="float32")
+    sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    prompts = ["a b c a b c a b", "Once upon a time"]
+    want = [o.outputs[0].token_ids for o in plain.generate(prompts, sp)]
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, sp)] == want
