@@ -103,7 +103,6 @@ class LlamaModel:
             )
         )
         self._cache = weight_cache
-        self._cache_reads = True  # False: pack from the file (and cache that), whatever is cached
         self._load_linears(t, quantization, tp)
         self.norm = self._vec(t["norm"])
         self.vocab_range: tuple[int, int] | None = None  # tensor parallel: this rank's rows
@@ -131,15 +130,6 @@ class LlamaModel:
         self._rope_index: list[int] | None = None  # per layer: which rotary table it uses
         self.activation_dtype = "float32"
         self.set_activation_dtype(activation_dtype)
-        if self._a8_on_load and self.activation_dtype == "float32" and self.slow_float_kquants():
-            # NOTE: "auto" kept the K-quant weights for 8-bit activations, then the other
-            # weights' formats chose float32 (on AVX2: a Q8_0-heavy file, gemma3-270m), and a
-            # K-quant tile with float activations runs the scalar twins there: 109 ms a token
-            # against 23 ms with them as Q8_0, as --activation-dtype float32 loads them
-            self._a8_on_load, self._cache_reads = False, False
-            self._load_linears(t, quantization, tp)
-            self._cache_reads = True
-            self.set_activation_dtype(activation_dtype)
         if weight_cache is not None:
             weight_cache.save()  # NOTE: after the activation choice, which may repack weights
 
@@ -171,7 +161,7 @@ class LlamaModel:
         a8: bool = True,
     ) -> Linear:
         """A linear layer, its weight from the weight cache when it holds it."""
-        packed = self._cache.get(name) if self._cache is not None and self._cache_reads else None
+        packed = self._cache.get(name) if self._cache is not None else None
         lin = make_linear(
             raws, biases, quantization, self.ops, self.dtype, self.device,
             a8 and self._a8_on_load, packed,
@@ -211,7 +201,12 @@ class LlamaModel:
             # speed and prefills it ~3x faster, but float16 weights decode at ~0.6x (their split
             # into two bfloat16s costs more than the memory stream); BENCHMARKS.md.
             bf16 = [lin for lin in half if lin.weight.qtype == "bf16"]
-            if eligible and _int8_pays(eligible):
+            # NOTE: K-quant tiles kept for 8-bit activations have no vector float kernels on
+            # AVX2: float32 would run them on the scalar twins. gemma3-270m's Q4_K_M file is
+            # mostly Q8_0 (which 8-bit activations do not speed up there): 109 ms a token that
+            # way, 23 ms with its K-quants loaded as Q8_0 for float32, and int8 decoded 1.24x
+            # faster than that (65.4 against 52.7 tok/s on held-out chat; BENCHMARKS.md)
+            if eligible and (_int8_pays(eligible) or self.slow_float_kquants()):
                 activation_dtype = "int8"
             elif bf16 and native_cpu and amx16_available():
                 activation_dtype, half = "bf16x2", bf16

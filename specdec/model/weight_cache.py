@@ -44,7 +44,7 @@ logger = logging.getLogger("specdec.model")
 MAGIC = b"SPDCWTS1"
 # Cache files kept per model file name (the newest; a new file removes the oldest beyond this).
 KEEP_PER_MODEL = 3
-FORMAT_VERSION = 2  # 2: "auto" no longer caches K-quant tiles that float activations run
+FORMAT_VERSION = 3  # 3: files of 2 (one day) held Q8_0 for K-quants "auto" now runs as int8
 _ALIGN = 4096
 # torch dtype name -> (numpy dtype of the stored bytes, torch dtype to view them as)
 _DTYPES: dict[str, tuple[Any, torch.dtype]] = {

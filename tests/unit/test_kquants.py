@@ -598,11 +598,11 @@ def test_kquant_gguf_on_avx2_stays_native_and_equals_scalar_twin(mk, tmp_path):
     assert (a - b).abs().max().item() < 1e-4 * b.abs().max().item()
 
 
-def test_auto_that_settles_on_float32_loads_k_quants_as_float32_would(mk, tmp_path, monkeypatch):
+def test_auto_takes_int8_for_k_quants_that_float_activations_run_slowly(mk, tmp_path, monkeypatch):
     # gemma3-270m's Q4_K_M file is mostly Q8_0 (q|k|v, gate|up, the 262k-row output layer) with
-    # K-quant o and down. On AVX2 the 8-bit kernels do not pay on Q8_0, so "auto" settles on
-    # float32 after loading the K-quants for 8-bit activations; float activations then ran them
-    # on the scalar twins: 109 ms a token against 23 ms with --activation-dtype float32.
+    # K-quant o and down. On AVX2 the 8-bit kernels do not speed Q8_0 up, so "auto" weighed the
+    # bytes and took float32, after loading the K-quants for 8-bit activations; float activations
+    # then ran them on the scalar twins: 109 ms a token (int8: 15-20 ms).
     from specdec import LLM, SamplingParams
     from specdec.model import llama
 
@@ -618,21 +618,22 @@ def test_auto_that_settles_on_float32_loads_k_quants_as_float32_would(mk, tmp_pa
         quantize=lambda rows, t: gguf.quants.quantize(rows, t) if t == GT.Q8_0 else quantize(rows, t.name.lower()),
     )  # fmt: skip
     # NOTE: the AVX2 answers wherever the suite runs (with AVX-512 VNNI Q8_0 pays and K-quants
-    # have vector float kernels, so "auto" would never get here)
+    # have vector float kernels)
     monkeypatch.setattr(K, "kquant_float_fast", lambda: False)
     monkeypatch.setattr(llama, "kquant_float_fast", lambda: False)
     monkeypatch.setattr(llama, "int8_activations_pay", lambda q: q in ("q4_0", "q4_1") or "_k" in q)
     auto = LLM(str(path), max_model_len=128)
-    fp32 = LLM(str(path), max_model_len=128, activation_dtype="float32")
     model = auto.engine.model
-    assert model.activation_dtype == "float32"
-    kinds = {lin.weight.qtype for lin in model.linears()}
-    assert kinds == {lin.weight.qtype for lin in fp32.engine.model.linears()}
-    if K.kquant_int8_fast():  # where 8-bit activations would have kept them native
-        assert not any(lin.weight.is_kquant for lin in model.linears()), kinds
+    assert not (model.activation_dtype == "float32" and model.slow_float_kquants())
+    if not K.kquant_int8_fast():  # no 8-bit K-quant kernels: loaded as Q8_0, float32 as before
+        assert model.activation_dtype == "float32"
+        return
+    assert model.activation_dtype == "int8"
+    assert any(lin.weight.is_kquant for lin in model.linears())
+    fixed = LLM(str(path), max_model_len=128, activation_dtype="int8")
     prompts = ["a b c a b c a b", "Once upon a time"]
     sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1)
-    got, want = auto.generate(prompts, sp), fp32.generate(prompts, sp)
+    got, want = auto.generate(prompts, sp), fixed.generate(prompts, sp)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
     assert [o.outputs[0].logprobs for o in got] == [o.outputs[0].logprobs for o in want]
 
