@@ -205,7 +205,7 @@ def price_drafting_to_pay(llm) -> None:
         return
     ctl.clock = lambda: 0.0
     ctl._record = lambda *_: None
-    ctl.cost = CostModel([10.0 + 2.0 * n for n in range(16)])
+    ctl.cost = spec.proposer.cost_model = CostModel([10.0 + 2.0 * n for n in range(16)])
 
 
 def bench_prompts(n: int | None = None) -> list[dict]:
