@@ -1,8 +1,9 @@
 """The AVX2 compute roofs against a verification step (issue 37's N=8 / N=1 goals; not a test).
 
 Builds ``benchmarks/avx2_roof.cpp`` with g++ and runs it pinned to each core in turn: the int8
-roof (``vpmaddubsw`` + ``vpmaddwd`` + ``vpaddd``: how the AVX2 8-bit activation kernels
-multiply-add 32 values) and the fp32 FMA roof, per core, best of many register-only bursts.
+roof (``vpmaddubsw`` + ``vpaddw``: the inner step of the AVX2 8-bit activation kernels), the
+int16 roof (``vpmaddwd`` + ``vpaddd``) and the fp32 FMA roof, per core, best of many bursts whose
+chains each multiply their own operand loaded from memory.
 Then, with ``--model``, times one forward over 1 and N rows (``specdec bench forward-cost``'s
 measurement, in this process) and prints what the rows beyond the first would cost at the int8
 roof of all cores: lower bounds on N / 1 for a step whose weights are read once (the further
@@ -65,6 +66,7 @@ def main() -> None:
     result = {
         "cores": len(per_core),
         "int8_gmacs_per_core": [round(r["int8_macs_per_s"] / 1e9, 1) for r in per_core],
+        "int16_gmacs_per_core": [round(r["int16_macs_per_s"] / 1e9, 1) for r in per_core],
         "fp32_gmacs_per_core": [round(r["fp32_macs_per_s"] / 1e9, 1) for r in per_core],
     }
     if args.model:

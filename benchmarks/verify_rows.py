@@ -7,12 +7,17 @@ Three measurements on the loaded model, each in this process:
 - ``linear``: the 8-bit-activation linear kernels of every layer (qkv, o, gate/up, down) over M
   rows: microseconds a call (min over 30 passes through all layers) and multiply-adds per second,
   to set beside ``benchmarks/avx2_roof.py``'s int8 roof;
+- ``attention``: the native attention kernel alone at the model's shape (its heads, kv heads and
+  head size, float16 cache): N rows after ``--context`` cached positions, microseconds per layer
+  (min over ``--repeats``) and the multiply-adds per second of its scores and values, to set
+  beside ``benchmarks/avx2_roof.py``'s fp32 roof;
 - ``waste``: greedy speculative decoding of a chat-prompt set one prompt at a time: draft rows
   verified, accepted, and the rows past each verification's first rejected draft (their logits
   are computed and never read).
 
     .venv/bin/python benchmarks/verify_rows.py split --context 200 2000 --ns 1 8 16
     .venv/bin/python benchmarks/verify_rows.py linear --threads 1 2
+    .venv/bin/python benchmarks/verify_rows.py attention --context 2000 --ns 1 8 16 --threads 1 2
     .venv/bin/python benchmarks/verify_rows.py waste --dataset chat.jsonl --method suffix
 """
 
@@ -88,6 +93,41 @@ def linear(model_name: str, threads: list[int], ms: list[int]) -> None:
                 }))  # fmt: skip
 
 
+def attention(
+    model_name: str, contexts: list[int], ns: list[int], threads: list[int], repeats: int
+) -> None:
+    import torch
+
+    from specdec.kernels import _C
+    from specdec.kv_cache.pool import blocked_keys
+
+    llm = LLM(model_name, max_model_len=64, max_num_seqs=1)
+    cfg = llm.engine.model.cfg
+    h, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    gen = torch.Generator().manual_seed(0)
+    for ctx in contexts:
+        length = ctx + max(ns)
+        k = blocked_keys(torch.randn(hkv, length, d, generator=gen).half(), 16)
+        v = torch.randn(hkv, length, d, generator=gen).half()
+        for t in threads:
+            torch.set_num_threads(t)
+            for n in ns:
+                q = torch.randn(n, h, d, generator=gen)
+                _C.attention(q, k, v, ctx, d**-0.5, 0, 0.0)
+                best = float("inf")
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    _C.attention(q, k, v, ctx, d**-0.5, 0, 0.0)
+                    best = min(best, time.perf_counter() - t0)
+                macs = 2 * h * d * sum(ctx + i + 1 for i in range(n))  # scores and values
+                print(json.dumps({
+                    "context": ctx, "n": n, "threads": t, "heads": [h, hkv, d],
+                    "us_per_layer": round(1e6 * best, 1),
+                    "ms_all_layers": round(1e3 * best * cfg.num_layers, 2),
+                    "gmac_s": round(macs / best / 1e9, 1),
+                }))  # fmt: skip
+
+
 def waste(model_name: str, dataset: Path, method: str, limit: int, max_tokens: int) -> None:
     rows = [json.loads(line) for line in dataset.read_text().splitlines() if line.strip()]
     chats = [[{"role": "user", "content": r["turns"][0]}] for r in rows][:limit]
@@ -108,7 +148,7 @@ def waste(model_name: str, dataset: Path, method: str, limit: int, max_tokens: i
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["split", "linear", "waste"])
+    ap.add_argument("what", choices=["split", "linear", "attention", "waste"])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--context", type=int, nargs="+", default=[200, 2000])
     ap.add_argument("--ns", type=int, nargs="+", default=[1, 8, 16])
@@ -124,6 +164,8 @@ def main() -> None:
         split(args.model, args.context, args.ns, args.repeats)
     elif args.what == "linear":
         linear(args.model, args.threads, args.ms)
+    elif args.what == "attention":
+        attention(args.model, args.context, args.ns, args.threads, args.repeats)
     else:
         if args.dataset is None:
             ap.error("waste needs --dataset (jsonl with turns[0] per line)")
