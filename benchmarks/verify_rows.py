@@ -1,6 +1,6 @@
 """Where the rows of a verification step go, and how many are thrown away (not a test).
 
-Three measurements on the loaded model, each in this process:
+Four measurements on the loaded model, each in this process:
 
 - ``split``: one forward over N new tokens after ``--context`` cached ones, the decoder layers and
   the output layer (logits) timed apart, min and median of ``--repeats``;
