@@ -1,98 +1,81 @@
 // The AVX2 compute roofs of one core (benchmarks/avx2_roof.py builds and runs this; not a test):
-// independent chains, each multiplying its own operand loaded from memory (as a kernel streams
-// its weights), best of many short bursts.
+// 12 independent chains, each multiplying its own operand loaded from memory (as a kernel streams
+// its weights) by a shared one that changes every iteration, best of many short bursts.
 //   int8: vpmaddubsw (32 u8 x s8 products, pairs summed to int16) + vpaddw into an int16
 //         accumulator: the inner step of the AVX2 8-bit activation kernels (kernels_avx2_a8.cpp,
 //         which widen to int32 with vpmaddwd once per block);
 //   int16: vpmaddwd (16 s16 x s16 products, pairs summed to int32) + vpaddd;
 //   fp32: vfmadd231ps, 8 multiply-adds.
-// NOTE: every chain's product differs and the shared operand changes each iteration: with one
-// product shared by all chains the compiler computes it once per iteration, and the loop then
-// times vpaddd alone (this file did so until session 23, reporting ~94 "int8" GMAC/s a core).
+// NOTE: the loops are assembly, each chain's accumulator in a register of its own.  Written in
+// C++, the compiler computed a product shared by all chains once per iteration (this file
+// reported ~94 "int8" GMAC/s a core that way until session 23: it timed vpaddd alone), and, given
+// one operand per chain, kept the 12 operands in registers and spilled accumulators to the stack
+// (77-82 "int8" GMAC/s; this assembly: 140-150 on the same core).
 // Prints one JSON line: multiply-adds per second of each, per core.
-#include <immintrin.h>
-
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 
 namespace {
 
-constexpr int kChains = 12;
+constexpr long kChains = 12;
 constexpr long kIters = 1 << 16;
 
-alignas(64) __m256i g_w8[kChains];
-alignas(64) __m256 g_wf[kChains];
+alignas(64) char g_w[kChains * 32];  // one 32-byte operand per chain
 
 double now() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
         .count();
 }
 
-__attribute__((noinline)) int int8_burst(__m256i x, __m256i step) {
-    __m256i acc[kChains];
-    for (int c = 0; c < kChains; ++c) acc[c] = _mm256_setzero_si256();
-    for (long i = 0; i < kIters; ++i) {
-#pragma GCC unroll 12  // the accumulators in registers
-        for (int c = 0; c < kChains; ++c)
-            acc[c] = _mm256_add_epi16(acc[c], _mm256_maddubs_epi16(_mm256_load_si256(g_w8 + c), x));
-        x = _mm256_xor_si256(x, step);
-    }
-    __m256i s = acc[0];
-    for (int c = 1; c < kChains; ++c) s = _mm256_add_epi16(s, acc[c]);
-    return _mm256_extract_epi32(s, 0);
+// Chain c: load its operand, multiply it by ymm0 (OP), add the product into its accumulator (ADD).
+#define ROOF_STEP(OP, ADD, c, acc) \
+    "vmovdqa " #c "*32(%1), %%ymm1\n\t" OP " %%ymm0, %%ymm1, %%ymm1\n\t" ADD " %%ymm1, %%" acc ", %%" acc "\n\t"
+// fp32: the FMA reads its chain's operand from memory.
+#define ROOF_FMA(OP, ADD, c, acc) "vfmadd231ps " #c "*32(%1), %%ymm0, %%" acc "\n\t"
+#define ROOF_CHAINS(S, OP, ADD)                                                                           \
+    S(OP, ADD, 0, "ymm4") S(OP, ADD, 1, "ymm5") S(OP, ADD, 2, "ymm6") S(OP, ADD, 3, "ymm7")                \
+    S(OP, ADD, 4, "ymm8") S(OP, ADD, 5, "ymm9") S(OP, ADD, 6, "ymm10") S(OP, ADD, 7, "ymm11")              \
+    S(OP, ADD, 8, "ymm12") S(OP, ADD, 9, "ymm13") S(OP, ADD, 10, "ymm14") S(OP, ADD, 11, "ymm15")
+// A burst of kIters iterations; ymm0 changes every iteration (xor with ymm2, or + ymm2 for floats).
+#define ROOF_BURST(S, OP, ADD, CHANGE)                                                                     \
+    do {                                                                                                \
+        long n = kIters;                                                                                \
+        __asm__ volatile("vpxor %%ymm0, %%ymm0, %%ymm0\n\tvpcmpeqd %%ymm2, %%ymm2, %%ymm2\n\t"          \
+                         "1:\n\t" ROOF_CHAINS(S, OP, ADD) CHANGE " %%ymm2, %%ymm0, %%ymm0\n\t"          \
+                         "dec %0\n\tjnz 1b"                                                             \
+                         : "+r"(n)                                                                      \
+                         : "r"(g_w)                                                                     \
+                         : "ymm0", "ymm1", "ymm2", "ymm4", "ymm5", "ymm6", "ymm7", "ymm8", "ymm9",     \
+                           "ymm10", "ymm11", "ymm12", "ymm13", "ymm14", "ymm15", "memory", "cc");       \
+    } while (0)
+
+double int8_burst() {
+    const double t0 = now();
+    ROOF_BURST(ROOF_STEP, "vpmaddubsw", "vpaddw", "vpxor");
+    return now() - t0;
 }
 
-__attribute__((noinline)) int int16_burst(__m256i x, __m256i step) {
-    __m256i acc[kChains];
-    for (int c = 0; c < kChains; ++c) acc[c] = _mm256_setzero_si256();
-    for (long i = 0; i < kIters; ++i) {
-#pragma GCC unroll 12  // the accumulators in registers
-        for (int c = 0; c < kChains; ++c)
-            acc[c] = _mm256_add_epi32(acc[c], _mm256_madd_epi16(_mm256_load_si256(g_w8 + c), x));
-        x = _mm256_xor_si256(x, step);
-    }
-    __m256i s = acc[0];
-    for (int c = 1; c < kChains; ++c) s = _mm256_add_epi32(s, acc[c]);
-    return _mm256_extract_epi32(s, 0);
+double int16_burst() {
+    const double t0 = now();
+    ROOF_BURST(ROOF_STEP, "vpmaddwd", "vpaddd", "vpxor");
+    return now() - t0;
 }
 
-__attribute__((noinline)) float fp32_burst(__m256 x, __m256 step) {
-    __m256 acc[kChains];
-    for (int c = 0; c < kChains; ++c) acc[c] = _mm256_setzero_ps();
-    for (long i = 0; i < kIters; ++i) {
-#pragma GCC unroll 12  // the accumulators in registers
-        for (int c = 0; c < kChains; ++c)
-            acc[c] = _mm256_fmadd_ps(x, _mm256_load_ps(reinterpret_cast<const float*>(g_wf + c)), acc[c]);
-        x = _mm256_add_ps(x, step);
-    }
-    __m256 s = acc[0];
-    for (int c = 1; c < kChains; ++c) s = _mm256_add_ps(s, acc[c]);
-    return _mm256_cvtss_f32(s);
+double fp32_burst() {
+    const double t0 = now();
+    ROOF_BURST(ROOF_FMA, "", "", "vaddps");
+    return now() - t0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-    int bursts = argc > 1 ? std::atoi(argv[1]) : 200;
-    for (int c = 0; c < kChains; ++c) {
-        g_w8[c] = _mm256_set1_epi8(static_cast<char>(c + 1));
-        g_wf[c] = _mm256_set1_ps(0.5f + static_cast<float>(c));
-    }
-    volatile int sink_i = 0;
-    volatile float sink_f = 0.0f;
+    const int bursts = argc > 1 ? std::atoi(argv[1]) : 200;
+    for (long i = 0; i < kChains * 32; ++i) g_w[i] = static_cast<char>(i % 7 + 1);
     double best[3] = {1e30, 1e30, 1e30};
-    const __m256i x8 = _mm256_set1_epi8(3), step8 = _mm256_set1_epi8(5);
-    const __m256 xf = _mm256_set1_ps(1.0001f), stepf = _mm256_set1_ps(1e-7f);
     for (int r = 0; r < bursts; ++r) {
-        const double t0 = now();
-        sink_i = sink_i + int8_burst(x8, step8);
-        const double t1 = now();
-        sink_i = sink_i + int16_burst(x8, step8);
-        const double t2 = now();
-        sink_f = sink_f + fp32_burst(xf, stepf);
-        const double t3 = now();
-        const double d[3] = {t1 - t0, t2 - t1, t3 - t2};
+        const double d[3] = {int8_burst(), int16_burst(), fp32_burst()};
         for (int k = 0; k < 3; ++k)
             if (d[k] < best[k]) best[k] = d[k];
     }
