@@ -263,6 +263,9 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     distributed_executor_backend: str | None = None
     cpu_binding: str | None = None
+    # fixed-shape forwards (worker/static_runner.py); None: on for device cuda
+    static_shapes: bool | None = None
+    enforce_eager: bool = False  # no CUDA graphs
     speculative: SpeculativeConfig | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -681,7 +684,16 @@ class EngineArgs:
     trust_remote_code: bool = _ignored(
         False, "no remote code runs: architectures are built in", type=bool
     )
-    enforce_eager: bool = _ignored(False, "no graphs on CPU", type=bool)
+    enforce_eager: bool = _arg(
+        False, "CUDA: run every step eagerly (no CUDA graphs; fixed shapes stay)", type=bool
+    )
+    static_shapes: bool | None = _arg(
+        None,
+        "fixed-shape forwards: every step at [slots x 8 rows], prompts in 128-row pieces, so a "
+        "row's result never depends on its batch (speculation exact on GPUs) and a step is one "
+        "CUDA graph; default: on for device cuda",
+        type=bool,
+    )
     async_scheduling: bool = _ignored(False, "one engine thread", type=bool)
     use_v2_block_manager: bool = _ignored(False, "slot-based KV pool", type=bool)
     enable_chunked_prefill: bool | None = _ignored(

@@ -72,8 +72,24 @@ class Executor:
 class UniExecutor(Executor):
     """Everything in the engine process: today's ``ModelRunner`` behind the seam."""
 
-    def __init__(self, model: LlamaModel, kv: KVCache, hidden_layers: tuple[int, ...]) -> None:
-        self._runner = ModelRunner(model, kv, hidden_layers)
+    def __init__(
+        self,
+        model: LlamaModel,
+        kv: KVCache,
+        hidden_layers: tuple[int, ...],
+        step_rows: int | None = None,
+        use_graphs: bool = True,
+    ) -> None:
+        """``step_rows``: fixed-shape forwards with steps of that many rows a request
+        (worker/static_runner.py; CUDA graphs unless ``use_graphs`` is false)."""
+        if step_rows is None:
+            self._runner = ModelRunner(model, kv, hidden_layers)
+        else:
+            from specdec.worker.static_runner import StaticModelRunner
+
+            self._runner = StaticModelRunner(
+                model, kv, hidden_layers, step_rows, use_graphs=use_graphs
+            )
 
     @property
     def runner(self) -> ModelRunner:
@@ -92,11 +108,16 @@ EXECUTORS: dict[str, str] = {
 
 
 def make_executor(
-    config: EngineConfig, model: LlamaModel, kv: KVCache, hidden_layers: tuple[int, ...]
+    config: EngineConfig,
+    model: LlamaModel,
+    kv: KVCache,
+    hidden_layers: tuple[int, ...],
+    step_rows: int | None = None,
 ) -> Executor:
-    """The executor ``config`` names (``distributed_executor_backend``; ``uni`` at TP 1)."""
+    """The executor ``config`` names (``distributed_executor_backend``; ``uni`` at TP 1).
+    ``step_rows``: fixed-shape forwards (one process only)."""
     backend = getattr(config, "distributed_executor_backend", None) or "uni"
     if backend == "uni":
-        return UniExecutor(model, kv, hidden_layers)
+        return UniExecutor(model, kv, hidden_layers, step_rows, not config.enforce_eager)
     module, _, cls = EXECUTORS[backend].partition(":")
     return getattr(importlib.import_module(module), cls)(config, model, kv, hidden_layers)

@@ -29,6 +29,7 @@ from specdec.sampling_params import SamplingParams
 from specdec.spec_decode.metrics import SpecDecodeStats
 from specdec.structured.grammar import GrammarCompiler
 from specdec.worker.model_runner import ModelRunner
+from specdec.worker.static_runner import scratch_positions, static_step_rows
 
 logger = logging.getLogger("specdec.engine")
 
@@ -43,7 +44,15 @@ class LLMEngine:
         self.model, self.tokenizer = load_target(config, self.device, dtype, self._kernels)
         self.max_model_len = self.model.max_len
         num_running_slots, num_cache_slots = self._num_kv_slots(config)
-        self.kv = self.model.make_kv_cache(num_running_slots + num_cache_slots, self.max_model_len)
+        self.step_rows = static_step_rows(config, self.model)  # None: no fixed shapes
+        scratch = 0
+        if self.step_rows is not None:
+            # NOTE: a fixed-shape step runs every slot (idle ones as padding): no slots beyond
+            # the running ones (freed slots still keep their prefixes for the prefix cache)
+            scratch, num_cache_slots = scratch_positions(self.step_rows), 0
+        self.kv = self.model.make_kv_cache(
+            num_running_slots + num_cache_slots, self.max_model_len + scratch
+        )
         self.kv.enable_prefix_caching = config.enable_prefix_caching
         self.scheduler = Scheduler(
             self.kv, num_running_slots, config.max_num_batched_tokens, self.max_model_len,
@@ -55,9 +64,12 @@ class LLMEngine:
             self.speculator = Speculator(
                 self.spec, self.model, self.kv, self.scheduler, self._load_draft,
                 config.max_num_batched_tokens,
+                None if self.step_rows is None else self.step_rows - 1,
             )  # fmt: skip
         hidden_layers = self.speculator.hidden_layers if self.speculator else ()
-        self.executor: Executor = make_executor(config, self.model, self.kv, hidden_layers)
+        self.executor: Executor = make_executor(
+            config, self.model, self.kv, hidden_layers, self.step_rows
+        )
         self.processor = Processor(
             self.tokenizer, self.model.cfg.vocab_size, self.max_model_len, self.device, config.seed
         )

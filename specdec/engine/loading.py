@@ -113,7 +113,9 @@ def resolve_dtype(config: EngineConfig) -> tuple[torch.dtype, str]:
     weights; ~10x faster decoding), and say so: a pasted ``--dtype bfloat16`` never makes
     decoding silently slower. With ``kernels="torch"`` they run as asked, with a warning."""
     dtype = _DTYPES[config.dtype]
-    if dtype == torch.float32 or config.device != "cpu":
+    if config.device != "cpu":  # NOTE: GPUs compute in bfloat16 unless told otherwise
+        return (torch.bfloat16 if config.dtype == "auto" else dtype), config.kernels
+    if dtype == torch.float32:
         return dtype, config.kernels
     if config.kernels == "auto" and get_ops("auto", config.device).name == "native":
         logger.warning(

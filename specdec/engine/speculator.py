@@ -77,7 +77,10 @@ class Speculator:
         scheduler: Scheduler,
         load_draft: Callable[[SpeculativeConfig], LlamaModel],
         max_batched_tokens: int,
+        max_drafts_per_step: int | None = None,
     ) -> None:
+        """``max_drafts_per_step``: the runner's own cap on a request's drafts (fixed-shape
+        steps hold 1 + that many tokens a request)."""
         self.spec = spec
         self.scheduler = scheduler
         self.proposer: Proposer = make_proposer(
@@ -85,6 +88,8 @@ class Speculator:
         )
         # The per-request cap: num_speculative_tokens, or the drafter's own when larger (hybrid)
         self.max_k = max(spec.num_speculative_tokens, self.proposer.max_drafts or 0)
+        if max_drafts_per_step is not None:
+            self.max_k = min(self.max_k, max_drafts_per_step)
         self.enabled = True  # False: propose nothing (plain decoding with the same engine)
         # True: the start-up measurement says drafting cannot pay here (``_cannot_pay``); the
         # engine then decodes as plain, without the drafter or any per-step bookkeeping

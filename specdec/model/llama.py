@@ -6,6 +6,7 @@ linear layers; attention runs per sequence against that sequence's KV slot.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
 
 ACTIVATION_DTYPES = ("auto", "float32", "int8", "bf16x2")
 HIDDEN_FINAL = -1  # in a capture list: the final normed hidden state (what the LM head reads)
+# a layer's attention: (layer index, weights, h [T, H], positions [T], batch, kv) -> [T, Hq * D]
+Attend = Callable[..., torch.Tensor]
 
 
 @dataclass
@@ -393,11 +396,14 @@ class LlamaModel:
         positions: torch.Tensor,  # [T]
         batch: SeqBatch,
         kv: KVCache,
+        attend: Attend | None = None,
     ) -> torch.Tensor:  # [T, H]
+        """One decoder layer; ``attend`` replaces its attention (q/k/v from :meth:`qkv` to the
+        heads' outputs; worker/static_runner.py's fixed-shape attention)."""
         cfg = self.shard_cfg
         eps = cfg.rms_norm_eps
         h = self.ops.rms_norm(x, layer.input_norm, eps)
-        attn = self._attention(i, layer, h, positions, batch, kv)
+        attn = (attend or self._attention)(i, layer, h, positions, batch, kv)
         attn = layer.o_proj(attn)
         if self.tp is not None:
             attn = self.tp.all_reduce(attn)
@@ -427,17 +433,7 @@ class LlamaModel:
     ) -> torch.Tensor:  # [T, num_heads * D] (this rank's heads)
         cfg = self.shard_cfg
         T, D = h.shape[0], cfg.head_dim
-        nq, nkv = cfg.num_heads * D, cfg.num_kv_heads * D
-        qkv = layer.qkv(h)
-        q = qkv[:, :nq].reshape(T, cfg.num_heads, D)
-        k = qkv[:, nq : nq + nkv].reshape(T, cfg.num_kv_heads, D)
-        v = qkv[:, nq + nkv :].reshape(T, cfg.num_kv_heads, D)
-        if layer.q_norm is not None:
-            q = self.ops.rms_norm(q.reshape(-1, D), layer.q_norm, cfg.rms_norm_eps).view(T, -1, D)
-            k = self.ops.rms_norm(k.reshape(-1, D), layer.k_norm, cfg.rms_norm_eps).view(T, -1, D)
-        rotary = self._rotary[cfg.layer_rope_theta(i)]
-        q = rotary(q, positions)
-        k = rotary(k, positions)
+        q, k, v = self.qkv(i, layer, h, positions)
         out = torch.empty_like(q)
         offset = 0
         window = cfg.layer_window(i)
@@ -454,6 +450,28 @@ class LlamaModel:
             )
             offset += n
         return out.reshape(T, cfg.num_heads * D)
+
+    def qkv(
+        self,
+        i: int,
+        layer: LayerWeights,
+        h: torch.Tensor,  # [T, H]
+        positions: torch.Tensor,  # [T]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # [T, Hq, D], [T, Hkv, D] x 2
+        """Layer ``i``'s queries, keys and values of ``h``: normed per head where the model does,
+        keys and queries rotated to ``positions``."""
+        cfg = self.shard_cfg
+        T, D = h.shape[0], cfg.head_dim
+        nq, nkv = cfg.num_heads * D, cfg.num_kv_heads * D
+        qkv = layer.qkv(h)
+        q = qkv[:, :nq].reshape(T, cfg.num_heads, D)
+        k = qkv[:, nq : nq + nkv].reshape(T, cfg.num_kv_heads, D)
+        v = qkv[:, nq + nkv :].reshape(T, cfg.num_kv_heads, D)
+        if layer.q_norm is not None:
+            q = self.ops.rms_norm(q.reshape(-1, D), layer.q_norm, cfg.rms_norm_eps).view(T, -1, D)
+            k = self.ops.rms_norm(k.reshape(-1, D), layer.k_norm, cfg.rms_norm_eps).view(T, -1, D)
+        rotary = self._rotary[cfg.layer_rope_theta(i)]
+        return rotary(q, positions), rotary(k, positions), v
 
     def set_kv_dtype(self, kv_cache_dtype: str) -> None:
         """``"auto"``, ``"float32"``, ``"float16"`` or ``"bfloat16"``: the element type of the KV

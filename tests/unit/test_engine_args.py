@@ -143,9 +143,10 @@ def test_vllm_kwargs_run_and_unsupported_ones_fail_clearly(tiny_llama, caplog) -
     )  # fmt: skip
     ignored = [r.getMessage() for r in caplog.records if "ignored on CPU" in r.getMessage()]
     assert len(ignored) == 1
-    for name in ("enforce_eager", "async_scheduling", "trust_remote_code",
-                 "use_v2_block_manager", "n_gpu_layers"):  # fmt: skip
+    for name in ("async_scheduling", "trust_remote_code", "use_v2_block_manager", "n_gpu_layers"):
         assert name in ignored[0]
+    assert "enforce_eager" not in ignored[0]  # it turns CUDA graphs off (static_runner.py)
+    assert llm.engine.config.enforce_eager
     assert llm.engine.spec.method == "ngram" and llm.engine.spec.num_speculative_tokens == 3
     out = llm.generate("the the the", SamplingParams(temperature=0, max_tokens=8))[0]
     assert len(out.outputs[0].token_ids) > 0
