@@ -138,6 +138,8 @@ class StaticForward:
         kv.k.zero_()
         kv.v.zero_()
         self._embed = model._embed.float_weight(self.device).to(model.dtype)  # [V, H]
+        # the slot of each step row: row r belongs to slot r // rows  # [S * R]
+        self._step_slots = torch.arange(kv.num_slots).repeat_interleave(step_rows).to(self.device)
         self._steps: dict[int, _Step] = {}  # by span
         self._pool = None  # the graphs' shared memory pool
 
@@ -209,9 +211,8 @@ class StaticForward:
 
     def _step_forward(self, st: _Step, span: int) -> tuple[torch.Tensor, ...]:
         S, R = self.kv.num_slots, self.rows
-        slot = torch.arange(S, device=self.device).repeat_interleave(R)  # [S * R]
         masks = self._masks(st.pos.view(S, R), span)
-        final, captured = self._layers(st.ids, st.pos, slot, st.kv_pos, masks, S, span)
+        final, captured = self._layers(st.ids, st.pos, self._step_slots, st.kv_pos, masks, S, span)
         return final, self.model.compute_logits(final), captured
 
     # ---- prefill ---------------------------------------------------------------------------
