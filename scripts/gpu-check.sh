@@ -184,8 +184,14 @@ fi
 if has_stage tests; then
   note "tests: pytest -m cuda tests/unit"
   # shellcheck disable=SC2086
+  # NOTE: two test files need the native CPU extension at collection (by design: CI builds it
+  # and a missing one fails there); this script never builds it
+  native=$("$PY" -c "import specdec.kernels as K; print(int(K.native_available()))" 2>/dev/null)
+  ignores=""
+  [ "$native" = 1 ] || ignores="--ignore=tests/unit/test_kv_dtype.py --ignore=tests/unit/test_suffix_native.py"
+  # shellcheck disable=SC2086
   timeout "${TESTS_TIMEOUT:-240}" "$PY" -m pytest -q -m cuda tests/unit -p no:cacheprovider \
-    ${PYTEST_ARGS:-}
+    $ignores ${PYTEST_ARGS:-}
   rc=$?
   [ "$rc" -eq 5 ] && note "tests: no test is marked cuda yet (exit 5)"
   record tests "$rc" 5

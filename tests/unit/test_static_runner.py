@@ -55,6 +55,20 @@ def test_prefill_and_steps_compute_the_model(tiny_llama, device) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("arch", ["tiny_gemma", "tiny_qwen3", "tiny_qwen2"])
+def test_other_architectures_at_fixed_shapes(arch, device, request) -> None:
+    """Gemma 3 (sliding windows, scaled embeddings, q/k norms), Qwen3 (q/k norms) and Qwen2 (qkv
+    biases): prefill pieces and steps give the eager model's logits."""
+    static = _static(request.getfixturevalue(arch), device)
+    ids = IDS + IDS[:10]  # past Gemma's 16-token window
+    final, _ = static.prefill(0, 0, ids[:43])
+    got = [static.logits(final)]
+    _, logits, _ = static.step([(0, 43, ids[43:])])
+    got.append(logits[: len(ids) - 43].clone())
+    torch.testing.assert_close(torch.cat(got), _eager_logits(static, ids), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_a_rows_result_is_independent_of_the_step(tiny_llama, device) -> None:
     """The same request's rows, alone in a step and beside two others: bit-identical, and a
     prompt prefilled in one call or split anywhere: bit-identical. (Plain decoding and
