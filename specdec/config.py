@@ -214,7 +214,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"float": "float32", "fp32": "float32", "f32": "float32", "half": "float16",
                  "fp16": "float16", "f16": "float16", "bf16": "bfloat16"}  # fmt: skip
 DEVICES = ("cpu", "cuda")
-DEVICE_ALIASES = {"auto": "cpu"}
+DEVICE_ALIASES: dict[str, str] = {}  # "auto": EngineConfig picks cuda or cpu
 KERNELS = ("auto", "native", "torch")
 QUANTIZATIONS = ("auto", "fp32", "q8_0", "q4_0", "q4_1")
 QUANTIZATION_ALIASES = {"gguf": "auto", "none": "auto"}  # vLLM's name for a GGUF file's own
@@ -271,6 +271,10 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         self.dtype = _one_of("dtype", self.dtype, DTYPES, DTYPE_ALIASES)
+        if self.device == "auto":  # vLLM's: the GPU when there is one
+            import torch
+
+            self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = _one_of("device", self.device, DEVICES, DEVICE_ALIASES)
         self.kernels = _one_of("kernels", self.kernels, KERNELS, {})
         self.quantization = _one_of(
@@ -478,7 +482,10 @@ class EngineArgs:
         choices=DTYPES,
         aliases=DTYPE_ALIASES,
     )
-    device: str = _arg("cpu", "cpu or cuda (auto: cpu)", choices=DEVICES, aliases=DEVICE_ALIASES)
+    device: str = _arg(
+        "cpu", "cpu or cuda (auto: cuda where a GPU is, else cpu)", choices=("auto", *DEVICES),
+        aliases=DEVICE_ALIASES,
+    )  # fmt: skip
     kernels: str = _arg(
         "auto", "native (C++, batch-invariant) or torch; auto: native when built", choices=KERNELS
     )

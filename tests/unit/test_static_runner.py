@@ -180,3 +180,11 @@ def test_every_method_exact_at_fixed_shapes(method, device, cases) -> None:
         assert llm.engine.spec_stats.num_draft_tokens > 0
         assert llm.engine.speculator.max_k <= llm.engine.step_rows - 1
         assert ids == _generate(target, None, params, device)[0]
+
+
+def test_device_auto_is_the_gpu_where_there_is_one() -> None:
+    from specdec.config import EngineConfig
+
+    want = "cuda" if torch.cuda.is_available() else "cpu"
+    assert EngineConfig(model="m", device="auto").device == want
+    assert EngineConfig(model="m", device="cpu").device == "cpu"
