@@ -276,6 +276,14 @@ class EngineConfig:
 
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = _one_of("device", self.device, DEVICES, DEVICE_ALIASES)
+        if self.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ConfigError(
+                    "device cuda: torch sees no CUDA GPU here (torch "
+                    f"{torch.__version__}); use device cpu, or auto"
+                )
         self.kernels = _one_of("kernels", self.kernels, KERNELS, {})
         self.quantization = _one_of(
             "quantization", self.quantization, QUANTIZATIONS, QUANTIZATION_ALIASES

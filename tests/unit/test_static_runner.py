@@ -183,8 +183,13 @@ def test_every_method_exact_at_fixed_shapes(method, device, cases) -> None:
 
 
 def test_device_auto_is_the_gpu_where_there_is_one() -> None:
-    from specdec.config import EngineConfig
+    from specdec.config import ConfigError, EngineConfig
 
     want = "cuda" if torch.cuda.is_available() else "cpu"
     assert EngineConfig(model="m", device="auto").device == want
     assert EngineConfig(model="m", device="cpu").device == "cpu"
+    if torch.cuda.is_available():
+        assert EngineConfig(model="m", device="cuda").device == "cuda"
+    else:  # a clear one-line error, not torch's assertion deep inside the load
+        with pytest.raises(ConfigError, match="device cuda: torch sees no CUDA GPU"):
+            EngineConfig(model="m", device="cuda")
