@@ -14,11 +14,11 @@ from plain decoding. Here every forward has one of two shapes:
 Attention spans a slot's whole capacity with a mask, or on CUDA a power-of-two number of its
 positions (at least ``MIN_SPAN``): a masked key adds an exact zero, so the span changes no bit of
 a row's result as long as the kernel keeps its tiles (tests/unit/test_static_runner.py checks it
-on the GPU; torch's CPU attention does not keep them). A given
-position is always computed by the same shape: prompt positions by prefill pieces, generated
-positions by steps, whatever else runs beside them. That is the GPU's batch invariance, the
-property the native CPU kernels have by construction (DESIGN.md), bought with padding: on a GPU a
-step of 128 rows costs about what one row costs (the weights are read once either way).
+on the GPU; torch's CPU attention does not keep them). A given position is always computed by the
+same shape: prompt positions by prefill pieces, generated positions by steps, whatever else runs
+beside them. That is the GPU's batch invariance, the property the native CPU kernels have by
+construction (DESIGN.md), bought with padding: on a GPU the padded step costs what it costs
+(on an H200, 3.81 ms for SmolLM2-135M with 1 or 8 real rows; BENCHMARKS.md session 24).
 
 The cache layout is the torch path's ``[layers, slots, Hkv, positions, D]``; a slot's keys are one
 ``[Hkv, span, D]`` view, so attention needs no gather (gpt-fast's static KV cache, with vLLM's
