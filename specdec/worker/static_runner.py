@@ -187,9 +187,26 @@ class StaticForward:
     def _step_buffers(self, span: int) -> _Step:
         st = self._steps.get(span)
         if st is None:
-            n = self.kv.num_slots * self.rows
-            st = self._steps[span] = _Step(torch.zeros(3, n, dtype=torch.long, device=self.device))
+            S, R = self.kv.num_slots, self.rows
+            inputs = torch.zeros(3, S * R, dtype=torch.long)
+            inputs[2] = (self.max_pos + torch.arange(R)).repeat(S)  # all padding: scratch only
+            st = self._steps[span] = _Step(inputs.to(self.device))
         return st
+
+    def all_spans(self) -> list[int]:
+        """Every span a step can take (one graph each)."""
+        tops = [*range(0, self.max_pos, MIN_SPAN), self.max_pos - 1]
+        return sorted({self.span_for(p) for p in tops})
+
+    def capture_all(self) -> None:
+        """Capture every span's graph now (steps then never capture while serving, where other
+        threads may be using the device). Their padding inputs write scratch positions only."""
+        if not self.use_graphs:
+            return
+        for span in self.all_spans():
+            st = self._step_buffers(span)
+            if st.graph is None:
+                self._capture(st, span)
 
     def _capture(self, st: _Step, span: int) -> None:
         """Warm up on a side stream (lazy casts, kernel choices), then capture one step."""
@@ -345,6 +362,7 @@ class StaticModelRunner(ModelRunner):
     ) -> None:
         super().__init__(model, kv, hidden_layers)
         self.static = StaticForward(model, kv, hidden_layers, step_rows, prefill_rows, use_graphs)
+        self.static.capture_all()
 
     def in_step(self, s: ScheduledRequest) -> bool:
         rows = self.static.rows

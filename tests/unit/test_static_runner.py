@@ -118,6 +118,17 @@ def test_the_attention_span_changes_no_bit(tiny_llama, device) -> None:
     assert torch.equal(outs[0], outs[1])
 
 
+def test_every_span_is_known_before_serving(tiny_llama) -> None:
+    """Graphs are captured at start-up for every span a step can take (none while serving)."""
+    model, _ = load_model(str(tiny_llama), torch.device("cpu"), torch.float32, "torch", "auto", 512)
+    static = StaticForward(model, model.make_kv_cache(2, 512 + 128), (), use_graphs=False)
+    assert static.all_spans() == [640]  # spans off (the CPU): the whole slot
+    static.spans = True  # as on CUDA
+    spans = static.all_spans()
+    assert spans == [256, 512]
+    assert all(static.span_for(p) in spans for p in range(static.max_pos))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_padding_rows_leave_other_slots_alone(tiny_llama, device) -> None:
     static = _static(tiny_llama, device)
