@@ -17,6 +17,7 @@
 # Always first: the wheels of .whl/ into /tmp/site (packages the image lacks), the versions, and
 # the default model assembled from its parts when they are all there.
 #
+# `bash scripts/gpu-kit.sh` makes .whl/ and .dev/ here (both ignored by git).
 # The default model (98 MB) does not fit one transfer (64 MiB with the tree), so each call carries
 # one part (.dev/smollm2.partN, plus .dev/smollm2.sha256); parts are also kept in
 # /tmp/specdec-kit/parts, so three calls on one warm machine assemble it.
