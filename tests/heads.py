@@ -163,3 +163,25 @@ def write_mtp_target(folder: Path, target: Path, layout: str = "deepseek", seed:
     save_file({k: v.contiguous() for k, v in w.items()}, folder / "mtp.safetensors")
     (folder / "config.json").write_text(json.dumps(c | {"num_nextn_predict_layers": 1}))
     return folder
+
+
+def method_cases(target: Path, draft: Path, tmp: Path, suffix_k: int | None = 8) -> dict:
+    """One case per method of the table on ``target``: (target folder, speculative_config), with
+    every head written for it under ``tmp`` and ``draft`` as the draft model (same tokenizer).
+    ``suffix_k`` None leaves suffix decoding's own default (32)."""
+    t = str(target)
+    eagle3 = str(write_eagle3(tmp / "eagle3", target, "speculators"))
+    suffix = {"method": "suffix"} | (
+        {} if suffix_k is None else {"num_speculative_tokens": suffix_k}
+    )
+    return {
+        "ngram": (t, {"method": "ngram", "num_speculative_tokens": 3}),
+        "suffix": (t, suffix),
+        "draft_model": (t, {"method": "draft_model", "model": str(draft)}),
+        "layer_skip": (t, {"method": "layer_skip", "num_draft_layers": 1}),
+        "eagle": (t, {"method": "eagle", "model": str(write_eagle(tmp / "e", target))}),
+        "eagle3": (t, {"method": "eagle3", "model": eagle3}),
+        "medusa": (t, {"method": "medusa", "model": str(write_medusa(tmp / "m", target))}),
+        "mtp": (str(write_mtp_target(tmp / "mtp", target)), {"method": "mtp"}),
+        "hybrid": (t, {"method": "hybrid", "model": eagle3}),
+    }

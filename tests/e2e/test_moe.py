@@ -21,7 +21,7 @@ from specdec.spec_decode import METHODS
 from tests.conftest import make_tiny_model
 from tests.e2e.test_qwen3 import _LAYER_NAMES, _generate
 from tests.e2e.test_spec_greedy import PROMPTS
-from tests.heads import write_eagle, write_eagle3, write_medusa, write_mtp_target
+from tests.heads import method_cases
 
 QT = gguf.GGMLQuantizationType
 _MOE_NAMES = {
@@ -164,22 +164,8 @@ def test_moe_rows_are_batch_invariant(fixture, qtype, activations, tmp_path, req
 @pytest.fixture(scope="module")
 def moe_cases(tiny_qwen3_moe, tmp_path_factory) -> dict[str, tuple[str, dict]]:
     tmp = tmp_path_factory.mktemp("moe_heads")
-    target = str(tiny_qwen3_moe)
     draft = make_tiny_model(tmp / "draft", "qwen3", seed=5, num_layers=1)
-    eagle3 = str(write_eagle3(tmp / "eagle3", tiny_qwen3_moe, "speculators"))
-    return {
-        "ngram": (target, {"method": "ngram", "num_speculative_tokens": 3}),
-        "suffix": (target, {"method": "suffix", "num_speculative_tokens": 8}),
-        "draft_model": (target, {"method": "draft_model", "model": str(draft)}),
-        "layer_skip": (target, {"method": "layer_skip", "num_draft_layers": 1}),
-        "eagle": (target, {"method": "eagle", "model": str(write_eagle(tmp / "e", tiny_qwen3_moe))}),
-        "eagle3": (target, {"method": "eagle3", "model": eagle3}),
-        "medusa": (
-            target, {"method": "medusa", "model": str(write_medusa(tmp / "m", tiny_qwen3_moe))}
-        ),
-        "mtp": (str(write_mtp_target(tmp / "mtp", tiny_qwen3_moe)), {"method": "mtp"}),
-        "hybrid": (target, {"method": "hybrid", "model": eagle3}),
-    }  # fmt: skip
+    return method_cases(tiny_qwen3_moe, draft, tmp)
 
 
 @pytest.mark.parametrize("method", list(METHODS))

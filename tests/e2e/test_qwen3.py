@@ -19,7 +19,7 @@ from specdec.model.loader import load_checkpoint
 from specdec.spec_decode import METHODS
 from tests.conftest import make_tiny_model
 from tests.e2e.test_spec_greedy import PROMPTS
-from tests.heads import write_eagle, write_eagle3, write_medusa, write_mtp_target
+from tests.heads import method_cases, write_mtp_target
 
 # Hugging Face name (after "model.layers.{i}.") -> GGUF name (after "blk.{i}.")
 _LAYER_NAMES = {
@@ -96,20 +96,8 @@ def test_gguf_and_hugging_face_paths_agree(tiny_qwen3, tmp_path) -> None:
 @pytest.fixture(scope="module")
 def qwen3_cases(tiny_qwen3, tmp_path_factory) -> dict[str, tuple[str, dict]]:
     tmp = tmp_path_factory.mktemp("qwen3_heads")
-    target = str(tiny_qwen3)
     draft = make_tiny_model(tmp / "draft", "qwen3", seed=5, num_layers=1)
-    eagle3 = str(write_eagle3(tmp / "eagle3", tiny_qwen3, "speculators"))
-    return {
-        "ngram": (target, {"method": "ngram", "num_speculative_tokens": 3}),
-        "suffix": (target, {"method": "suffix", "num_speculative_tokens": 8}),
-        "draft_model": (target, {"method": "draft_model", "model": str(draft)}),
-        "layer_skip": (target, {"method": "layer_skip", "num_draft_layers": 1}),
-        "eagle": (target, {"method": "eagle", "model": str(write_eagle(tmp / "e", tiny_qwen3))}),
-        "eagle3": (target, {"method": "eagle3", "model": eagle3}),
-        "medusa": (target, {"method": "medusa", "model": str(write_medusa(tmp / "m", tiny_qwen3))}),
-        "mtp": (str(write_mtp_target(tmp / "mtp", tiny_qwen3)), {"method": "mtp"}),
-        "hybrid": (target, {"method": "hybrid", "model": eagle3}),
-    }
+    return method_cases(tiny_qwen3, draft, tmp)
 
 
 def _generate(target: str, spec: dict | None, params: list[SamplingParams]) -> tuple[list, int]:

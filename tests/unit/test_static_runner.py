@@ -13,7 +13,7 @@ from specdec.spec_decode import METHODS
 from specdec.worker.static_runner import MIN_SPAN, StaticForward, StaticModelRunner
 from tests.conftest import make_tiny_model
 from tests.e2e.test_spec_greedy import PROMPTS
-from tests.heads import write_eagle, write_eagle3, write_medusa, write_mtp_target
+from tests.heads import method_cases
 
 DEVICES = ["cpu"] + (
     [pytest.param("cuda", marks=pytest.mark.cuda)] if torch.cuda.is_available() else []
@@ -146,20 +146,8 @@ def test_padding_rows_leave_other_slots_alone(tiny_llama, device) -> None:
 @pytest.fixture(scope="module")
 def cases(tiny_llama, tmp_path_factory) -> dict[str, tuple[str, dict]]:
     tmp = tmp_path_factory.mktemp("static_heads")
-    target = str(tiny_llama)
     draft = make_tiny_model(tmp / "draft", "llama", seed=5, num_layers=1)
-    eagle3 = str(write_eagle3(tmp / "eagle3", tiny_llama, "speculators"))
-    return {
-        "ngram": (target, {"method": "ngram", "num_speculative_tokens": 3}),
-        "suffix": (target, {"method": "suffix"}),  # 32 drafts asked: 7 a step here
-        "draft_model": (target, {"method": "draft_model", "model": str(draft)}),
-        "layer_skip": (target, {"method": "layer_skip", "num_draft_layers": 1}),
-        "eagle": (target, {"method": "eagle", "model": str(write_eagle(tmp / "e", tiny_llama))}),
-        "eagle3": (target, {"method": "eagle3", "model": eagle3}),
-        "medusa": (target, {"method": "medusa", "model": str(write_medusa(tmp / "m", tiny_llama))}),
-        "mtp": (str(write_mtp_target(tmp / "mtp", tiny_llama)), {"method": "mtp"}),
-        "hybrid": (target, {"method": "hybrid", "model": eagle3}),
-    }
+    return method_cases(tiny_llama, draft, tmp, suffix_k=None)  # suffix asks 32: 7 a step here
 
 
 def _generate(target: str, spec: dict | None, params: list, device: str) -> tuple[list, LLM]:
