@@ -221,10 +221,9 @@ class StaticForward:
             self._pool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(st.graph, pool=self._pool):
             st.out = self._step_forward(st, span)
-        logger.info("captured a CUDA graph: %d slots x %d rows, span %d", *self._shape(span))
-
-    def _shape(self, span: int) -> tuple[int, int, int]:
-        return self.kv.num_slots, self.rows, span
+        logger.info(
+            "captured a CUDA graph: %d slots x %d rows, span %d", self.kv.num_slots, self.rows, span
+        )
 
     def _step_forward(self, st: _Step, span: int) -> tuple[torch.Tensor, ...]:
         S, R = self.kv.num_slots, self.rows
@@ -268,8 +267,10 @@ class StaticForward:
 
     # ---- the layers at a fixed shape -------------------------------------------------------
     def _masks(self, pos: torch.Tensor, span: int) -> dict[int, torch.Tensor]:
-        """Per sliding window (0: none), ``[B, 1, group * rows, span]`` bool: row r of batch b
-        sees key j iff j <= pos[b, r] (and within the window); grouped query heads share it."""
+        """Per sliding window (0: none), ``[B, 1, group * rows, span]`` additive masks in the
+        activations' dtype (0, or -inf where hidden): row r of batch b sees key j iff
+        j <= pos[b, r] (and within the window); grouped query heads share it. NOTE: built once a
+        step; a bool mask is converted so by attention in every layer."""
         B, rows = pos.shape
         j = torch.arange(span, device=self.device)
         out = {}
@@ -277,7 +278,9 @@ class StaticForward:
             allowed = j <= pos.unsqueeze(-1)  # [B, rows, span]
             if window > 0:
                 allowed = allowed & (pos.unsqueeze(-1) - j < window)
-            grouped = allowed.unsqueeze(1).expand(B, self.group, rows, span)
+            hidden = torch.zeros(allowed.shape, dtype=self.model.dtype, device=self.device)
+            hidden.masked_fill_(~allowed, float("-inf"))
+            grouped = hidden.unsqueeze(1).expand(B, self.group, rows, span)
             out[window] = grouped.reshape(B, 1, self.group * rows, span)
         return out
 
@@ -324,7 +327,7 @@ class StaticForward:
         q: torch.Tensor,  # [B * rows, Hq, D]
         keys: torch.Tensor,  # [B, Hkv, span, D]
         values: torch.Tensor,
-        mask: torch.Tensor,  # [B, 1, group * rows, span]
+        mask: torch.Tensor,  # [B, 1, group * rows, span] additive
         batch: int,
     ) -> torch.Tensor:  # [B * rows, Hq * D]
         cfg = self.model.shard_cfg
@@ -336,7 +339,7 @@ class StaticForward:
         if cfg.attn_logit_softcapping:
             scores = torch.matmul(q4, keys.transpose(-1, -2)) * cfg.attn_scale
             cap = cfg.attn_logit_softcapping
-            scores = (cap * torch.tanh(scores / cap)).masked_fill(~mask, float("-inf"))
+            scores = cap * torch.tanh(scores / cap) + mask
             out = torch.matmul(torch.softmax(scores.float(), dim=-1).to(q.dtype), values)
         else:
             out = F.scaled_dot_product_attention(
@@ -371,16 +374,18 @@ class StaticModelRunner(ModelRunner):
     def _forward(
         self, scheduled: list[ScheduledRequest]
     ) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
-        stepped = [s for s in scheduled if self.in_step(s)]
+        stepped = [self.in_step(s) for s in scheduled]
         step_out = None
-        if stepped:
-            step_out = self.static.step([(s.slot, s.start_pos, s.token_ids) for s in stepped])
+        if any(stepped):
+            step_out = self.static.step(
+                [(s.slot, s.start_pos, s.token_ids) for s, on in zip(scheduled, stepped) if on]
+            )
         R = self.static.rows
         logits: list[torch.Tensor] = []
         hidden: list[torch.Tensor | None] = []
-        for s in scheduled:
+        for s, on in zip(scheduled, stepped):
             n = len(s.token_ids)
-            if step_out is not None and self.in_step(s):
+            if on:
                 _, step_logits, step_captured = step_out
                 first = s.slot * R
                 if s.needs_logits:
