@@ -25,6 +25,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 from specdec.worker.model_runner import ModelRunner, ModelRunnerOutput
+from specdec.worker.static_runner import StaticModelRunner
 
 if TYPE_CHECKING:
     from specdec.config import EngineConfig
@@ -85,8 +86,6 @@ class UniExecutor(Executor):
         if step_rows is None:
             self._runner = ModelRunner(model, kv, hidden_layers)
         else:
-            from specdec.worker.static_runner import StaticModelRunner
-
             self._runner = StaticModelRunner(
                 model, kv, hidden_layers, step_rows, use_graphs=use_graphs
             )
