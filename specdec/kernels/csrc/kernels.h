@@ -130,7 +130,11 @@ enum A8Kind : int { A8_Q8 = 1, A8_Q4_0 = 2, A8_Q4_1 = 3 };
 constexpr int64_t kA8TileRows = 16;
 // linear()'s qtype for a repacked weight: kA8QtypeBase + its A8Kind.
 constexpr int64_t kA8QtypeBase = 16;
-constexpr int64_t a8_tile_bytes(int kind) { return kind == A8_Q8 ? 64 + 512 : 64 + 256; }
+// A tile's header: the 16 rows' f16 scales d (32 bytes), then Q4_1's f16 minimums m (32 more);
+// the codes follow it.  NOTE: Q4_0 and Q8_0 tiles carried Q4_1's 64-byte header until session 25
+// (32 bytes of padding a tile: 0.625 bytes a Q4_0 weight instead of the file's 0.5625).
+constexpr int64_t a8_head_bytes(int kind) { return kind == A8_Q4_1 ? 64 : 32; }
+constexpr int64_t a8_tile_bytes(int kind) { return a8_head_bytes(kind) + (kind == A8_Q8 ? 512 : 256); }
 
 struct A8Table {
     const char* name;

@@ -78,10 +78,12 @@ void configure(int R, int kind) {
 }
 
 // A 4-bit tile's quants (4 x 64 bytes of nibble pairs) as the 8 x 64 bytes of a weight tile.
+template <int KIND>
 inline void unpack4(const uint8_t* t, uint8_t* bs) {
+    constexpr int64_t H = a8_head_bytes(KIND);
     const __m512i lo4 = _mm512_set1_epi8(0x0F);
     for (int p = 0; p < 4; ++p) {
-        const __m512i packed = _mm512_loadu_si512(t + 64 + 64 * p);
+        const __m512i packed = _mm512_loadu_si512(t + H + 64 * p);
         __m512i lo = _mm512_and_si512(packed, lo4), hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), lo4);
         _mm512_store_si512(bs + 64 * p, lo);
         _mm512_store_si512(bs + 256 + 64 * p, hi);
@@ -140,7 +142,7 @@ void amx_pass(const int8_t* xq, const float* dx, const float* dxs, int64_t K, co
         for (int r = 0; r < R; ++r) acc[g][r] = _mm512_setzero_ps();
     if (kQ4)
         for (int64_t b = 0; b < std::min(nb, kUnpackAhead); ++b)
-            for (int g = 0; g < NG; ++g) unpack4(tiles + g * gstride + b * TB, bs[b % kUnpackSlots][g]);
+            for (int g = 0; g < NG; ++g) unpack4<KIND>(tiles + g * gstride + b * TB, bs[b % kUnpackSlots][g]);
     for (int64_t b = 0; b < nb; ++b) {
         for (int g = 0; g < NG; ++g) {
             const char* pf = reinterpret_cast<const char*>(tiles + g * gstride + (b + 4) * TB);
@@ -148,9 +150,9 @@ void amx_pass(const int8_t* xq, const float* dx, const float* dxs, int64_t K, co
         }
         if (kQ4 && b + kUnpackAhead < nb)
             for (int g = 0; g < NG; ++g)
-                unpack4(tiles + g * gstride + (b + kUnpackAhead) * TB, bs[(b + kUnpackAhead) % kUnpackSlots][g]);
+                unpack4<KIND>(tiles + g * gstride + (b + kUnpackAhead) * TB, bs[(b + kUnpackAhead) % kUnpackSlots][g]);
         const uint8_t* wq[NG];
-        for (int g = 0; g < NG; ++g) wq[g] = kQ4 ? bs[b % kUnpackSlots][g] : tiles + g * gstride + b * TB + 64;
+        for (int g = 0; g < NG; ++g) wq[g] = kQ4 ? bs[b % kUnpackSlots][g] : tiles + g * gstride + b * TB + a8_head_bytes(KIND);
         block_sums<KIND, NG>(xq + b * 32, K, wq, cb);
         // group_tile's rescale, block by block in order.
         __m512 d[NG], mv[NG];

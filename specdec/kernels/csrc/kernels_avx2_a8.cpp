@@ -143,7 +143,7 @@ inline __m256 f16x8(const uint8_t* p) {
 template <int R, int kind>
 void group_rows(const int8_t* xq, const int16_t* xw16, const float* dx, const int32_t* sx, const float* dxs,
                 int64_t m, int64_t K, const uint8_t* wg, const float* bias, float* y, int64_t N, int64_t g) {
-    constexpr int64_t TB = a8_tile_bytes(kind);
+    constexpr int64_t TB = a8_tile_bytes(kind), H = a8_head_bytes(kind);
     constexpr int32_t offset = kind == A8_Q8 ? 128 : kind == A8_Q4_0 ? 8 : 0;
     const int64_t nb = K / 32;
     __m256 acc_lo[R], acc_hi[R];
@@ -158,9 +158,9 @@ void group_rows(const int8_t* xq, const int16_t* xw16, const float* dx, const in
         if constexpr (kind == A8_Q8) {
             const int16_t* xw[R];
             for (int r = 0; r < R; ++r) xw[r] = xw16 + (m + r) * K + b * 32;
-            dot_q8<R>(tile + 64, xw, s_lo, s_hi);
+            dot_q8<R>(tile + H, xw, s_lo, s_hi);
         } else {
-            dot_q4<R>(tile + 64, xb, s_lo, s_hi);
+            dot_q4<R>(tile + H, xb, s_lo, s_hi);
         }
         const __m256 d_lo = f16x8(tile), d_hi = f16x8(tile + 16);
         for (int r = 0; r < R; ++r) {

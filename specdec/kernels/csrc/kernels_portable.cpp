@@ -235,8 +235,9 @@ void a8_quantize_rows(const float* x, int64_t K, int8_t* xq, float* dx, int32_t*
 // Code u of input i (0..31) of row j (0..15) in a repacked tile (layout in kernels_vnni.cpp).
 inline int32_t a8_code(int kind, const uint8_t* tile, int64_t j, int i) {
     const int t = i / 4, r = i % 4;
-    if (kind == A8_Q8) return tile[64 + t * 64 + j * 4 + r];
-    const uint8_t byte = tile[64 + (t % 4) * 64 + j * 4 + r];
+    const int64_t h = a8_head_bytes(kind);
+    if (kind == A8_Q8) return tile[h + t * 64 + j * 4 + r];
+    const uint8_t byte = tile[h + (t % 4) * 64 + j * 4 + r];
     return t < 4 ? (byte & 0x0F) : (byte >> 4);
 }
 

@@ -6,7 +6,7 @@
 // Weights are repacked once at load time (repack_a8 in ops.cpp) into tiles of 16 output rows x 32
 // inputs, lane j of every vector holding output row j, so a tile's 16 results accumulate in one
 // float vector with no horizontal sums:
-//   [16 x f16 d][16 x f16 m][quants]
+//   [16 x f16 d][16 x f16 m, Q4_1 only][quants]  (a8_head_bytes: 32 or 64 bytes before the quants)
 //   quants, 4-bit formats: 4 x 64 bytes; byte (p, j, i) holds input 4p+i of row j in its low
 //     nibble and input 4(p+4)+i in its high nibble.
 //   quants, 8-bit formats: 8 x 64 bytes; byte (t, j, i) holds input 4t+i of row j.
@@ -85,7 +85,7 @@ template <int KIND, int NG, int MR>
 inline void group_tile(const int8_t* xq, const float* dx, const int32_t* sx, const float* dxs,
                        int64_t K, const uint8_t* tiles, const float* bias, float* y, int64_t ldy) {
     const int64_t nb = K / 32;
-    constexpr int64_t TB = a8_tile_bytes(KIND);
+    constexpr int64_t TB = a8_tile_bytes(KIND), H = a8_head_bytes(KIND);
     constexpr int32_t kOffset = KIND == A8_Q8 ? 128 : KIND == A8_Q4_0 ? 8 : 0;
     constexpr bool kStart = KIND == A8_Q4_0;  // sx holds -o * sum(xq) instead of sum(xq)
     const int64_t gstride = nb * TB;
@@ -110,7 +110,7 @@ inline void group_tile(const int8_t* xq, const float* dx, const int32_t* sx, con
             for (int t = 0; t < 8; ++t) {
                 __m512i w[NG];
                 for (int g = 0; g < NG; ++g)
-                    w[g] = _mm512_loadu_si512(tiles + g * gstride + b * TB + 64 + 64 * t);
+                    w[g] = _mm512_loadu_si512(tiles + g * gstride + b * TB + H + 64 * t);
                 for (int m = 0; m < MR; ++m) {
                     const __m512i xv = bcast4(xq + m * K + b * 32 + 4 * t);
                     for (int g = 0; g < NG; ++g) s[g][m] = _mm512_dpbusd_epi32(s[g][m], w[g], xv);
@@ -120,7 +120,7 @@ inline void group_tile(const int8_t* xq, const float* dx, const int32_t* sx, con
             for (int p = 0; p < 4; ++p) {
                 __m512i wlo[NG], whi[NG];
                 for (int g = 0; g < NG; ++g) {
-                    const __m512i packed = _mm512_loadu_si512(tiles + g * gstride + b * TB + 64 + 64 * p);
+                    const __m512i packed = _mm512_loadu_si512(tiles + g * gstride + b * TB + H + 64 * p);
                     wlo[g] = _mm512_and_si512(packed, lo4);
                     whi[g] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), lo4);
                 }
@@ -213,7 +213,7 @@ inline __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t* p) {
 template <int KIND, int MR, int BB, int CH, bool kRegAcc>
 inline void ws_blocks(int64_t b, const int8_t* xt, const float* dxt, const int32_t* osxt,
                       const float* dxst, const uint8_t* tiles, __m512* racc, float* macc) {
-    constexpr int64_t TB = a8_tile_bytes(KIND);
+    constexpr int64_t TB = a8_tile_bytes(KIND), H = a8_head_bytes(KIND);
     const __m512i lo4 = _mm512_set1_epi8(0x0F);
     for (int k = 0; k < BB; ++k) {
         const char* pf = reinterpret_cast<const char*>(tiles + (b + k + 4) * TB);
@@ -237,10 +237,10 @@ inline void ws_blocks(int64_t b, const int8_t* xt, const float* dxt, const int32
             const uint8_t* t = tiles + (b + k) * TB;
             __m512i wl, wh;
             if (KIND == A8_Q8) {
-                wl = _mm512_loadu_si512(t + 64 + 64 * p);
-                wh = _mm512_loadu_si512(t + 64 + 64 * (p + 4));
+                wl = _mm512_loadu_si512(t + H + 64 * p);
+                wh = _mm512_loadu_si512(t + H + 64 * (p + 4));
             } else {
-                const __m512i packed = _mm512_loadu_si512(t + 64 + 64 * p);
+                const __m512i packed = _mm512_loadu_si512(t + H + 64 * p);
                 wl = _mm512_and_si512(packed, lo4);
                 wh = _mm512_and_si512(_mm512_srli_epi16(packed, 4), lo4);
             }
@@ -309,7 +309,7 @@ inline void ws_tile(const int8_t* xt, const float* dxt, const int32_t* osxt, con
 template <int KIND, int MR>
 inline void ws2_tile(const int8_t* xt, const float* dxt, const int32_t* osxt, const float* dxst, int64_t nb,
                      const uint8_t* tiles, int64_t gstride, const float* bias, float* y, int64_t ldy) {
-    constexpr int64_t TB = a8_tile_bytes(KIND);
+    constexpr int64_t TB = a8_tile_bytes(KIND), H = a8_head_bytes(KIND);
     constexpr int NG = 2;
     alignas(64) float macc[NG * MR * 16];
     for (int i = 0; i < NG * MR; ++i) _mm512_store_ps(macc + 16 * i, _mm512_setzero_ps());
@@ -331,10 +331,10 @@ inline void ws2_tile(const int8_t* xt, const float* dxt, const int32_t* osxt, co
             for (int g = 0; g < NG; ++g) {
                 const uint8_t* t = tiles + g * gstride + b * TB;
                 if (KIND == A8_Q8) {
-                    wl[g] = _mm512_loadu_si512(t + 64 + 64 * p);
-                    wh[g] = _mm512_loadu_si512(t + 64 + 64 * (p + 4));
+                    wl[g] = _mm512_loadu_si512(t + H + 64 * p);
+                    wh[g] = _mm512_loadu_si512(t + H + 64 * (p + 4));
                 } else {
-                    const __m512i packed = _mm512_loadu_si512(t + 64 + 64 * p);
+                    const __m512i packed = _mm512_loadu_si512(t + H + 64 * p);
                     wl[g] = _mm512_and_si512(packed, lo4);
                     wh[g] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), lo4);
                 }

@@ -615,7 +615,8 @@ torch::Tensor dequantize_kq(torch::Tensor w, const std::vector<int64_t>& part_li
 }
 
 // Tile layout (kernels_vnni.cpp): per 16 rows x 32 inputs, the rows' f16 scales d at 2 j, Q4_1's
-// f16 minimums m at 32 + 2 j, then the codes: quad t of row j at 64 + t * 64 + 4 j (Q8_0: q + 128);
+// f16 minimums m at 32 + 2 j, then the codes from h = a8_head_bytes (32; Q4_1: 64): quad t of row j
+// at h + t * 64 + 4 j (Q8_0: q + 128);
 // Q4: byte (c, j, i) = the GGUF byte qs[4 c + i] of row j (low nibble: element 4 c + i, high:
 // element 16 + 4 c + i).  A lossless rearrangement, so unpack_a8 gives back the GGUF blocks.
 
@@ -623,6 +624,7 @@ torch::Tensor dequantize_kq(torch::Tensor w, const std::vector<int64_t>& part_li
 template <typename RowFn>
 void repack_a8_group(int64_t qtype, int64_t nb, RowFn&& row, uint8_t* dst) {
     const int64_t bb = block_bytes(qtype), TB = a8_tile_bytes(static_cast<int>(qtype));
+    const int64_t h = a8_head_bytes(static_cast<int>(qtype));
     for (int64_t b = 0; b < nb; ++b) {
         uint8_t* tile = dst + b * TB;
         std::memset(tile, 0, static_cast<size_t>(TB));
@@ -632,11 +634,11 @@ void repack_a8_group(int64_t qtype, int64_t nb, RowFn&& row, uint8_t* dst) {
             if (qtype == QT_Q8_0) {
                 for (int t = 0; t < 8; ++t)
                     for (int i = 0; i < 4; ++i)
-                        tile[64 + t * 64 + j * 4 + i] = static_cast<uint8_t>(blk[2 + 4 * t + i] ^ 0x80);
+                        tile[h + t * 64 + j * 4 + i] = static_cast<uint8_t>(blk[2 + 4 * t + i] ^ 0x80);
             } else {
                 if (qtype == QT_Q4_1) std::memcpy(tile + 32 + 2 * j, blk + 2, 2);  // m (f16 bits)
                 const uint8_t* qs = blk + (qtype == QT_Q4_1 ? 4 : 2);
-                for (int c = 0; c < 4; ++c) std::memcpy(tile + 64 + c * 64 + j * 4, qs + 4 * c, 4);
+                for (int c = 0; c < 4; ++c) std::memcpy(tile + h + c * 64 + j * 4, qs + 4 * c, 4);
             }
         }
     }
@@ -736,7 +738,7 @@ torch::Tensor unpack_a8(torch::Tensor a8, int64_t qtype, int64_t N, int64_t K, c
                     a8.numel() == N * a8_row_bytes(qtype, K),
                 "specdec unpack_a8: tiles must be contiguous CPU uint8 with ", N * a8_row_bytes(qtype, K), " bytes");
     const int64_t bb = block_bytes(qtype), nb = K / 32, row_bytes = nb * bb;
-    const int64_t TB = a8_tile_bytes(static_cast<int>(qtype));
+    const int64_t TB = a8_tile_bytes(static_cast<int>(qtype)), h = a8_head_bytes(static_cast<int>(qtype));
     const bool all = !rows.has_value() || !rows->defined();
     const torch::Tensor idx = all ? torch::Tensor() : checked_rows(*rows, N, "unpack_a8");
     const int64_t R = all ? N : idx.numel();
@@ -754,11 +756,11 @@ torch::Tensor unpack_a8(torch::Tensor a8, int64_t qtype, int64_t N, int64_t K, c
                 if (qtype == QT_Q8_0) {
                     for (int t = 0; t < 8; ++t)
                         for (int i = 0; i < 4; ++i)
-                            blk[2 + 4 * t + i] = static_cast<uint8_t>(tile[64 + t * 64 + j * 4 + i] ^ 0x80);
+                            blk[2 + 4 * t + i] = static_cast<uint8_t>(tile[h + t * 64 + j * 4 + i] ^ 0x80);
                 } else {
                     if (qtype == QT_Q4_1) std::memcpy(blk + 2, tile + 32 + 2 * j, 2);
                     uint8_t* qs = blk + (qtype == QT_Q4_1 ? 4 : 2);
-                    for (int c = 0; c < 4; ++c) std::memcpy(qs + 4 * c, tile + 64 + c * 64 + j * 4, 4);
+                    for (int c = 0; c < 4; ++c) std::memcpy(qs + 4 * c, tile + h + c * 64 + j * 4, 4);
                 }
             }
         }
