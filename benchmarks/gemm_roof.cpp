@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
         for (int64_t t = 0; t < N / 16 * nb * copies; ++t) {  // scales: f16 in [2^-7, 2^-5), minimums either sign
             uint16_t h[32];
             for (int j = 0; j < 32; ++j) h[j] = 0x2000 + rng() % 0x0C00 + (j >= 16 && (rng() & 1) ? 0x8000 : 0);
-            memcpy(w.data() + t * TB, h, 64);
+            memcpy(w.data() + t * TB, h, a8_head_bytes(kind));
         }
         double r = roof(0.2);
         printf("%-6s %5ld  %8.2f", names[kind], (long)K, r / 1e9);
