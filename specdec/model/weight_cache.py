@@ -257,7 +257,7 @@ class WeightCache:
             logger.warning("weight cache %s not written (%s)", self.path, e)
             return
         logger.info(
-            "weight cache: wrote %s (%.2f GB); later loads map it (SPECDEC_WEIGHT_CACHE=off: "
+            "weight cache: wrote %s (%.2f GB); later loads read it (SPECDEC_WEIGHT_CACHE=off: "
             "never)", self.path, total / 1e9,
         )  # fmt: skip
         self._evict_older()

@@ -1,5 +1,6 @@
 """The weight cache (specdec/model/weight_cache.py): the first load writes the packed weights,
-later loads map them, and the model computes exactly what a load without the cache computes."""
+later loads read them (big weights) or map them, and the model computes exactly what a load
+without the cache computes."""
 
 from __future__ import annotations
 
