@@ -7,7 +7,7 @@ memory map of an already cached file never pays; llama.cpp maps its file and is 
 So the first load writes the packed weights to one file under the cache directory and every
 later load reads that file: the same bytes, so the outputs are identical. Weights of 2 MiB and
 more are read into huge-page memory (``_C.weight_from_file``): mapped in place, the file's 4 KiB
-pages made a 1.7B Q4_0 decode step 1.03-1.09x slower (TLB misses on every streamed page); the rest
+pages made a 1.7B Q4_0 decode step 1.03-1.09x slower (TLB misses, most likely); the rest
 are views of a copy-on-write map of the file.
 
 The file is named after the model and a key over everything the packing depends on: the
