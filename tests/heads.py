@@ -165,12 +165,17 @@ def write_mtp_target(folder: Path, target: Path, layout: str = "deepseek", seed:
     return folder
 
 
-def method_cases(target: Path, draft: Path, tmp: Path, suffix_k: int | None = 8) -> dict:
+def method_cases(
+    target: Path, draft: Path, tmp: Path, suffix_k: int | None = 8, skip_layers: int = 1,
+    eagle3_layout: str = "speculators", draft_vocab: int = 0,
+) -> dict:  # fmt: skip
     """One case per method of the table on ``target``: (target folder, speculative_config), with
     every head written for it under ``tmp`` and ``draft`` as the draft model (same tokenizer).
-    ``suffix_k`` None leaves suffix decoding's own default (32)."""
+    ``suffix_k`` None leaves suffix decoding's own default (32); ``skip_layers``: layer_skip's
+    draft layers; the EAGLE-3 head (also hybrid's) in ``eagle3_layout`` with ``draft_vocab``
+    (0: the target's vocabulary)."""
     t = str(target)
-    eagle3 = str(write_eagle3(tmp / "eagle3", target, "speculators"))
+    eagle3 = str(write_eagle3(tmp / "eagle3", target, eagle3_layout, draft_vocab=draft_vocab))
     suffix = {"method": "suffix"} | (
         {} if suffix_k is None else {"num_speculative_tokens": suffix_k}
     )
@@ -178,7 +183,7 @@ def method_cases(target: Path, draft: Path, tmp: Path, suffix_k: int | None = 8)
         "ngram": (t, {"method": "ngram", "num_speculative_tokens": 3}),
         "suffix": (t, suffix),
         "draft_model": (t, {"method": "draft_model", "model": str(draft)}),
-        "layer_skip": (t, {"method": "layer_skip", "num_draft_layers": 1}),
+        "layer_skip": (t, {"method": "layer_skip", "num_draft_layers": skip_layers}),
         "eagle": (t, {"method": "eagle", "model": str(write_eagle(tmp / "e", target))}),
         "eagle3": (t, {"method": "eagle3", "model": eagle3}),
         "medusa": (t, {"method": "medusa", "model": str(write_medusa(tmp / "m", target))}),

@@ -12,7 +12,7 @@ import torch
 from specdec import LLM, SamplingParams
 from specdec.outputs import Logprob
 from specdec.spec_decode import METHODS
-from tests.heads import write_eagle, write_eagle3, write_medusa, write_mtp_target
+from tests.heads import method_cases
 
 PROMPTS = ["the cat sat on the mat and the cat", "hello there my friend", "a b a b a b a b a"]
 
@@ -53,19 +53,11 @@ def _view(outs) -> list:
 
 @pytest.fixture(scope="module")
 def cases(tiny_llama, tiny_draft, tmp_path_factory) -> dict[str, tuple[str, dict]]:
-    tmp, tiny = tmp_path_factory.mktemp("heads"), str(tiny_llama)
-    eagle3 = str(write_eagle3(tmp / "eagle3", tiny_llama, "safeailab", draft_vocab=150))
-    return {
-        "ngram": (tiny, {"method": "ngram", "num_speculative_tokens": 3}),
-        "suffix": (tiny, {"method": "suffix", "num_speculative_tokens": 8}),
-        "draft_model": (tiny, {"method": "draft_model", "model": str(tiny_draft)}),
-        "layer_skip": (tiny, {"method": "layer_skip", "num_draft_layers": 2}),
-        "eagle": (tiny, {"method": "eagle", "model": str(write_eagle(tmp / "e", tiny_llama))}),
-        "eagle3": (tiny, {"method": "eagle3", "model": eagle3}),
-        "medusa": (tiny, {"method": "medusa", "model": str(write_medusa(tmp / "m", tiny_llama))}),
-        "mtp": (str(write_mtp_target(tmp / "mtp", tiny_llama)), {"method": "mtp"}),
-        "hybrid": (tiny, {"method": "hybrid", "model": eagle3}),
-    }
+    # the EAGLE-3 head with a reduced draft vocabulary: sampled drafts through its d2t map
+    return method_cases(
+        tiny_llama, tiny_draft, tmp_path_factory.mktemp("heads"), skip_layers=2,
+        eagle3_layout="safeailab", draft_vocab=150,
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
