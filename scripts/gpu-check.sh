@@ -5,6 +5,12 @@
 #   GPU_CHECK_STAGES="tests bench17" bash scripts/gpu-check.sh OUT_DIR
 #
 # Stages (GPU_CHECK_STAGES, in this order; default "tests bench17 benchsmol"):
+#   native     the host CPU: the native extension built there (setup.py build_ext --inplace),
+#              then the kernel tests on that CPU (these hosts may have the AVX-512 VNNI / AMX
+#              units that the development VM lacks), and benchmarks/gemm_roof.py where it has VNNI
+#   cpubench   specdec bench forward-cost on that CPU, 2 threads pinned to 2 cores, on random
+#              GGUFs of SmolLM2-135M's (Q4_1) and Qwen3-1.7B's (Q4_0) shapes made there from
+#              .dev/tokenizer.gguf (needs the native stage's build)
 #   smoke      specdec + transformers on a tiny random model on CUDA (~1 min with start-up)
 #   tests      pytest -m cuda tests/unit (exit 5, none selected, counts as passed)
 #   bench17    benchmarks/gpu_bench.py on a random SmolLM2-1.7B-shaped bfloat16 folder made in
@@ -22,7 +28,9 @@
 # one part (.dev/smollm2.partN, plus .dev/smollm2.sha256); parts are also kept in
 # /tmp/specdec-kit/parts, so three calls on one warm machine assemble it.
 #
-# Knobs (environment): GPU_CHECK_DEVICE (cuda; cpu for a dry run), GPU_CHECK_WHEELS (1; 0 skips
+# Knobs (environment): NATIVE_BUILD_TIMEOUT (420), NATIVE_TESTS_TIMEOUT (300), CPUBENCH_TIMEOUT
+# (240), CPUBENCH_SHAPES ("smollm2-135m:Q4_1 qwen3-1.7b:Q4_0"), CPUBENCH_CONTEXTS ("200 2000"),
+# GPU_CHECK_DEVICE (cuda; cpu for a dry run), GPU_CHECK_WHEELS (1; 0 skips
 # the wheels), PYTHON (python3), BENCH17_SHAPE (smollm2-1.7b), BENCH_TOKENS (128),
 # BENCH_PROMPTS (6), BENCH17_METHODS ("ngram suffix", also used by benchq3),
 # BENCHSMOL_METHODS ("ngram suffix eagle3 draft_model:fixed"), GPU_BENCH_ARGS (extra flags for
@@ -145,6 +153,64 @@ else
 fi
 
 # ---- stages ------------------------------------------------------------------------------------
+if has_stage native; then
+  note "native: this host's CPU"
+  grep -m1 "model name" /proc/cpuinfo || true
+  echo "cores: $(nproc); ISA flags: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' \
+    | grep -E '^(avx2|avx512f|avx512_vnni|avx512_bf16|amx_tile|amx_int8|amx_bf16)$' | tr '\n' ' ')"
+  note "native: setup.py build_ext --inplace (log: native-build.log)"
+  MAX_JOBS=${MAX_JOBS:-$(nproc)} timeout "${NATIVE_BUILD_TIMEOUT:-420}" "$PY" setup.py build_ext \
+    --inplace >"$OUT/native-build.log" 2>&1
+  rc=$?
+  grep -E "WARNING \(specdec\)" "$OUT/native-build.log" | head -20
+  native=$("$PY" -c "import specdec.kernels as K; print(int(K.native_available()))" 2>/dev/null)
+  if [ "$native" != 1 ] && [ "$rc" -eq 0 ]; then rc=1; fi  # built nothing importable
+  record native-build "$rc"
+  if [ "$native" = 1 ]; then
+    "$PY" - <<'EOF2'
+import specdec.kernels as K
+
+print("native isa", K.native_isa(), "| a8", K.a8_kernels(), "| amx", K.amx_available(),
+      "| amx16", K.amx16_available(), "| kquant int8", K.kquant_int8_fast())
+EOF2
+    note "native: kernel tests on this CPU"
+    # shellcheck disable=SC2086
+    OMP_NUM_THREADS=2 timeout "${NATIVE_TESTS_TIMEOUT:-300}" "$PY" -m pytest -q -p no:cacheprovider \
+      -n 8 tests/unit/test_kernels.py tests/unit/test_amx.py tests/unit/test_kquants.py \
+      tests/unit/test_moe.py tests/unit/test_bf16x2.py tests/unit/test_half_weights.py \
+      tests/unit/test_attention_blocks.py tests/unit/test_kv_dtype.py ${PYTEST_ARGS:-}
+    record native-tests $?
+    if grep -q avx512_vnni /proc/cpuinfo; then
+      tables="vnni"
+      grep -q amx_int8 /proc/cpuinfo && tables="vnni amx1"
+      note "native: gemm_roof ($tables)"
+      # shellcheck disable=SC2086
+      timeout 150 "$PY" benchmarks/gemm_roof.py --tables $tables
+      record native-gemm-roof $?
+    fi
+  fi
+fi
+
+if has_stage cpubench; then
+  if [ -f .dev/tokenizer.gguf ]; then
+    for spec in ${CPUBENCH_SHAPES:-smollm2-135m:Q4_1 qwen3-1.7b:Q4_0}; do
+      shape=${spec%%:*} qtype=${spec##*:}
+      file=$SYNTH/gguf/$shape-$qtype.gguf
+      [ -f "$file" ] || timeout 300 "$PY" benchmarks/make_synthetic_gguf.py --shape "$shape" \
+        --types "$qtype" --tokenizer-from .dev/tokenizer.gguf --out "$SYNTH/gguf" >/dev/null
+      for ctx in ${CPUBENCH_CONTEXTS:-200 2000}; do
+        note "cpubench: forward-cost $shape $qtype, context $ctx, 2 threads on cores 0-1"
+        OMP_NUM_THREADS=2 timeout "${CPUBENCH_TIMEOUT:-240}" taskset -c 0,1 "$PY" -m specdec.entrypoints.cli \
+          bench forward-cost -m "$file" --threads 2 --context "$ctx" --ns 1,8,16 \
+          --json "$OUT/cpubench-$shape-$qtype-$ctx.json"
+        record "cpubench-$shape-$ctx" $?
+      done
+    done
+  else
+    SUMMARY+=("cpubench: skipped (no .dev/tokenizer.gguf: bash scripts/gpu-kit.sh)")
+  fi
+fi
+
 synth() {  # synth SHAPE -> folder path on stdout (made once per machine)
   local shape=$1 dir="$SYNTH/$1"
   if [ ! -f "$dir/model.safetensors" ] || [ ! -f "$dir/.complete" ]; then
