@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 import sys
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -78,6 +79,19 @@ def _is_x86() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
 
 
+def _static_libstdcxx(linker: str) -> bool:
+    """True when ``linker`` (a g++ driver) has no shared libstdc++ to link: the extension would
+    then carry a private static copy whose locale is never set up, and the first error message a
+    kernel formats (any TORCH_CHECK) crashes the process (seen with a /opt/gcc toolchain)."""
+    try:
+        out = subprocess.run(
+            [linker, "-print-file-name=libstdc++.so"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return False  # not a g++ driver we can ask: nothing known
+    return os.sep not in out
+
+
 def _native_build():
     """Return (ext_modules, cmdclass) for the extension, or ([], {}) when it cannot be built."""
     if os.environ.get("SPECDEC_NO_EXTENSION", "") not in ("", "0"):
@@ -93,6 +107,14 @@ def _native_build():
         """BuildExtension that compiles the ISA units separately and never fails the install."""
 
         def build_extensions(self) -> None:
+            linker = (getattr(self.compiler, "linker_so", None) or ["c++"])[0]
+            if _static_libstdcxx(linker):
+                _warn(
+                    f"{linker} finds no shared libstdc++ (only a static one): the extension's "
+                    "error messages would crash the process; set CC, CXX and LDSHARED to a "
+                    "compiler with libstdc++.so (e.g. CXX=/usr/bin/g++ LDSHARED='/usr/bin/g++ "
+                    "-shared')"
+                )
             for ext in self.extensions:
                 if ext.name == KERNELS_EXT:
                     self._add_isa_objects(ext)

@@ -99,6 +99,10 @@ LLAMA_FTYPES = {
 
 
 def smollm2_gguf() -> Path:
+    """SmolLM2-135M's GGUF, whose tokenizer the files copy; ``SPECDEC_SYNTH_TOKENIZER`` names
+    another GGUF with those fields (``--tokenizer-only``'s file) where the model is not installed."""
+    if os.environ.get("SPECDEC_SYNTH_TOKENIZER"):
+        return Path(os.environ["SPECDEC_SYNTH_TOKENIZER"])
     from specdec.model.registry import resolve_model_path
 
     return Path(resolve_model_path("smollm2-135m"))
