@@ -116,6 +116,9 @@ inline void dot_q8(const uint8_t* quants, const int16_t* const* xw, __m256i* lo,
     for (int half = 0; half < 2; ++half) {
         __m256i a03[R], a47[R];
         for (int r = 0; r < R; ++r) a03[r] = a47[r] = _mm256_setzero_si256();
+        // NOTE: not unrolled: unrolled, GCC hoisted the 8 x R activation broadcasts (the same for
+        // both halves) out of the half loop and spilled them and the products to the stack
+#pragma GCC unroll 1
         for (int t = 0; t < 8; ++t) {
             const uint8_t* q = quants + t * 64 + 32 * half;
             const __m256i w03 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
@@ -154,7 +157,7 @@ void group_rows(const int8_t* xq, const int16_t* xw16, const float* dx, const in
         if (m == 0) prefetch_tile<TB>(tile);  // NOTE: later passes find the tile cached
         const int8_t* xb[R];
         for (int r = 0; r < R; ++r) xb[r] = xq + (m + r) * K + b * 32;
-        __m256i s_lo[R], s_hi[R];
+        __m256i s_lo[R] = {}, s_hi[R] = {};  // (set by the dot products; zeroed for GCC's warning)
         if constexpr (kind == A8_Q8) {
             const int16_t* xw[R];
             for (int r = 0; r < R; ++r) xw[r] = xw16 + (m + r) * K + b * 32;
