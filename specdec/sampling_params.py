@@ -156,7 +156,8 @@ class SamplingParams:
             if self.structured_outputs is not None:
                 raise ValueError("give structured_outputs or guided_decoding, not both")
             self.structured_outputs, self.guided_decoding = self.guided_decoding, None
-        if self.top_k == 0:
+        # NOTE: not False (== 0 in Python): validate() refuses a bool as top_k
+        if self.top_k == 0 and not isinstance(self.top_k, bool):
             self.top_k = -1
         self.validate()
 

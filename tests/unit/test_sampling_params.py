@@ -7,7 +7,7 @@ from dataclasses import fields
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from specdec.entrypoints.openai.protocol import ChatCompletionRequest, RequestError
@@ -96,6 +96,7 @@ def _check_message(message: str, name: str) -> None:
 
 @settings(max_examples=400, deadline=None)
 @given(name=st.sampled_from(FIELDS), value=_values)
+@example(name="top_k", value=False)  # found by hypothesis: False == 0 became top_k = -1 (off)
 def test_every_field_refuses_a_wrong_type_with_one_line_naming_it(name: str, value: Any) -> None:
     try:
         SamplingParams(**{name: value})
