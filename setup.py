@@ -141,7 +141,9 @@ def _native_build():
             # at once (one thread each: the compiler runs as its own process), assuming every one
             # succeeds; a unit that fails is dropped with every unit after it, as a sequential
             # build would, since those were compiled with its define.
-            jobs = max(1, min(len(ISA_UNITS), int(os.environ.get("MAX_JOBS", os.cpu_count() or 1))))
+            env_jobs = os.environ.get("MAX_JOBS", "")  # as torch reads it: digits, else ignored
+            jobs = int(env_jobs) if env_jobs.isdigit() else (os.cpu_count() or 1)
+            jobs = max(1, min(len(ISA_UNITS), jobs))
 
             def compile_unit(index: int) -> list[str]:
                 _, source, flags, _ = ISA_UNITS[index]
