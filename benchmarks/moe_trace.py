@@ -219,11 +219,14 @@ def _run_set(
     speculator = llm.engine.speculator
     ms = {"plain": 0.0, "spec": 0.0}
     num_tokens, counts = 0, dict.fromkeys(_COUNTS, 0)
+    # per prompt and round: tokens, plain ms, speculative ms (which prompt a set's ratio owes to)
+    per_prompt: list[dict] = []
     for _ in range(rounds):
         for i, trace in enumerate(traces):
             speculator.enabled = False
             plain, _ = _timed(llm, trace.prompt_token_ids, sampling)
             drafter.plan(trace.prompt_token_ids, plain, trace)
+            prompt_ms = {}
             for kind in ("plain", "spec") if i % 2 else ("spec", "plain"):
                 speculator.enabled = kind == "spec"
                 before = {c: getattr(speculator.stats, c) for c in _COUNTS}
@@ -231,9 +234,11 @@ def _run_set(
                 if out != plain:
                     raise SystemExit(f"{name} prompt {i}: speculative output differs")
                 ms[kind] += 1000.0 * sec
+                prompt_ms[kind] = round(1000.0 * sec, 1)
                 for c in _COUNTS:
                     counts[c] += getattr(speculator.stats, c) - before[c]
             num_tokens += len(plain)
+            per_prompt.append({"prompt": i, "tokens": len(plain), **prompt_ms})
     row = {
         "plain_tok_s": num_tokens / ms["plain"] * 1000.0,
         "spec_tok_s": num_tokens / ms["spec"] * 1000.0,
@@ -242,6 +247,7 @@ def _run_set(
         "num_tokens": num_tokens,
         "drafts_verified": counts["num_draft_tokens"],
         "drafts_accepted": counts["num_accepted_tokens"],
+        "per_prompt_ms": per_prompt,
     }
     row["speedup"] = row["spec_tok_s"] / row["plain_tok_s"]
     return row
