@@ -112,29 +112,34 @@ inline void dot_q4(const uint8_t* quants, const int8_t* const* xb, __m256i* lo, 
 // 8 / 16 rows 4.04-4.22 / 8.43-8.83 ms against 3.65-3.81 / 7.42-7.76 (alone, 2-core AVX2 EPYC,
 // quiet, 3 alternated runs).
 template <int R>
-inline void dot_q8(const uint8_t* quants, const int16_t* const* xw, __m256i* lo, __m256i* hi) {
-    for (int half = 0; half < 2; ++half) {
-        __m256i a03[R], a47[R];
-        for (int r = 0; r < R; ++r) a03[r] = a47[r] = _mm256_setzero_si256();
-        // NOTE: not unrolled: unrolled, GCC hoisted the 8 x R activation broadcasts (the same for
-        // both halves) out of the half loop and spilled them and the products to the stack
+inline void dot_q8_half(const uint8_t* quants, const int16_t* const* xw, int half, __m256i* out) {
+    __m256i a03[R], a47[R];
+    for (int r = 0; r < R; ++r) a03[r] = a47[r] = _mm256_setzero_si256();
+    // NOTE: not unrolled: unrolled, GCC hoisted the 8 x R activation broadcasts (the same for
+    // both halves) out of the half loop and spilled them and the products to the stack
 #pragma GCC unroll 1
-        for (int t = 0; t < 8; ++t) {
-            const uint8_t* q = quants + t * 64 + 32 * half;
-            const __m256i w03 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
-            const __m256i w47 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)));
-            for (int r = 0; r < R; ++r) {
-                int64_t x4;
-                memcpy(&x4, xw[r] + 4 * t, 8);
-                const __m256i x = _mm256_set1_epi64x(x4);
-                a03[r] = _mm256_add_epi32(a03[r], _mm256_madd_epi16(w03, x));
-                a47[r] = _mm256_add_epi32(a47[r], _mm256_madd_epi16(w47, x));
-            }
+    for (int t = 0; t < 8; ++t) {
+        const uint8_t* q = quants + t * 64 + 32 * half;
+        const __m256i w03 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+        const __m256i w47 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)));
+        for (int r = 0; r < R; ++r) {
+            int64_t x4;
+            memcpy(&x4, xw[r] + 4 * t, 8);
+            const __m256i x = _mm256_set1_epi64x(x4);
+            a03[r] = _mm256_add_epi32(a03[r], _mm256_madd_epi16(w03, x));
+            a47[r] = _mm256_add_epi32(a47[r], _mm256_madd_epi16(w47, x));
         }
-        const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
-        for (int r = 0; r < R; ++r)
-            (half ? hi : lo)[r] = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(a03[r], a47[r]), order);
     }
+    const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+    for (int r = 0; r < R; ++r) out[r] = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(a03[r], a47[r]), order);
+}
+
+// (two calls, not a loop over the halves: each output is then plainly written, for GCC's
+// uninitialized-value analysis)
+template <int R>
+inline void dot_q8(const uint8_t* quants, const int16_t* const* xw, __m256i* lo, __m256i* hi) {
+    dot_q8_half<R>(quants, xw, 0, lo);
+    dot_q8_half<R>(quants, xw, 1, hi);
 }
 
 inline __m256 f16x8(const uint8_t* p) {
@@ -157,7 +162,7 @@ void group_rows(const int8_t* xq, const int16_t* xw16, const float* dx, const in
         if (m == 0) prefetch_tile<TB>(tile);  // NOTE: later passes find the tile cached
         const int8_t* xb[R];
         for (int r = 0; r < R; ++r) xb[r] = xq + (m + r) * K + b * 32;
-        __m256i s_lo[R] = {}, s_hi[R] = {};  // (set by the dot products; zeroed for GCC's warning)
+        __m256i s_lo[R], s_hi[R];
         if constexpr (kind == A8_Q8) {
             const int16_t* xw[R];
             for (int r = 0; r < R; ++r) xw[r] = xw16 + (m + r) * K + b * 32;
