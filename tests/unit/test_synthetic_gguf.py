@@ -74,3 +74,21 @@ def test_block_weights_are_stored_once(type_name: str, tmp_path, mk) -> None:
         a8.set_activation_dtype("int8")
         assert not any(lin.weight.holds_blocks for lin in a8.linears())
         assert torch.equal(logits(a8), before)
+
+
+def test_a_carried_tokenizer_makes_the_same_file(tmp_path, mk, monkeypatch) -> None:
+    # Where the default model cannot be installed (the GPU machine), the files copy the tokenizer
+    # from a GGUF of its fields alone (--tokenizer-only, then SPECDEC_SYNTH_TOKENIZER or
+    # --tokenizer-from): the result must be the file made from the model itself, byte for byte.
+    want = mk.write_gguf(tmp_path / "from-model.gguf", mk.SHAPES["tiny"], "Q4_0", seed=3)
+    tok = mk.write_tokenizer_gguf(tmp_path / "tokenizer.gguf")
+    assert tok.stat().st_size < want.stat().st_size
+    monkeypatch.setenv("SPECDEC_SYNTH_TOKENIZER", str(tok))
+    from specdec.model import registry
+
+    def no_model(name: str) -> str:
+        raise AssertionError(f"the model {name} was read, not the carried tokenizer")
+
+    monkeypatch.setattr(registry, "resolve_model_path", no_model)
+    got = mk.write_gguf(tmp_path / "from-tokenizer.gguf", mk.SHAPES["tiny"], "Q4_0", seed=3)
+    assert got.read_bytes() == want.read_bytes()
