@@ -4,9 +4,9 @@ Four measurements on the loaded model, each in this process:
 
 - ``split``: one forward over N new tokens after ``--context`` cached ones, the decoder layers and
   the output layer (logits) timed apart, min and median of ``--repeats``;
-- ``linear``: the 8-bit-activation linear kernels of every layer (qkv, o, gate/up, down) over M
-  rows: microseconds a call (min over 30 passes through all layers) and multiply-adds per second,
-  to set beside ``benchmarks/avx2_roof.py``'s int8 roof;
+- ``linear``: the 8-bit-activation linear kernels of every layer (qkv, o, gate/up, down) and
+  of the output layer over M rows: microseconds a call (min over 30 passes through all layers)
+  and multiply-adds per second, to set beside ``benchmarks/avx2_roof.py``'s int8 roof;
 - ``attention``: the native attention kernel alone at the model's shape (its heads, kv heads and
   head size, float16 cache): N rows after ``--context`` cached positions, microseconds per layer
   (min over ``--repeats``) and the multiply-adds per second of its scores and values, to set
@@ -71,11 +71,14 @@ def linear(model_name: str, threads: list[int], ms: list[int]) -> None:
     import torch
 
     llm = LLM(model_name, max_model_len=64, max_num_seqs=1)
-    layers = llm.engine.model.layers
+    model = llm.engine.model
     for t in threads:
         torch.set_num_threads(t)
-        for name in ("qkv", "o_proj", "gate_up", "down"):
-            lins = [getattr(lw, name) for lw in layers]
+        for name in ("qkv", "o_proj", "gate_up", "down", "lm_head"):
+            # the output layer too: a Q8_0 one was half of a MoE file's 4-row step (session 26)
+            lins = (
+                [model.lm_head] if name == "lm_head" else [getattr(lw, name) for lw in model.layers]
+            )
             n, k = lins[0].weight.out_features, lins[0].weight.in_features
             for m in ms:
                 x = torch.randn(m, k)
