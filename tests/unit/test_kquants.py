@@ -326,10 +326,12 @@ def test_vnni_equals_scalar_twin(a8):
 @pytest.mark.parametrize("qtype", KQ)
 def test_avx2_equals_scalar_twin(qtype):
     # kernels_avx2_kq.cpp: the int8 path bit for bit the twins' (and so the VNNI kernels'), for
-    # each row-pass shape (M = 1, 3, 4, 5, 16: passes of 4 plus the rest) and several K.
+    # each row-pass shape (passes of 8 plus the rest; one and two rows take the kernels that do
+    # both halves of a tile at once, three and more those that do one half at a time) and
+    # several K.
     assert K._C.kq_kernels() in ("avx2", "avx512vnni")
-    results = _by_isa(True, (qtype,), (1, 3, 4, 5, 16), (256, 768, 2048), n=32)
-    assert len(results["avx2"]) == len(results["portable"]) == 15
+    results = _by_isa(True, (qtype,), (1, 2, 3, 4, 7, 8, 9, 19), (256, 768, 2048), n=32)
+    assert len(results["avx2"]) == len(results["portable"]) == 24
     for isa, ys in results.items():
         for i, (a, b) in enumerate(zip(ys, results["portable"])):
             assert torch.equal(a, b), (isa, i, (a - b).abs().max().item())
@@ -355,15 +357,15 @@ def test_avx2_extreme_sums_equal_scalar_twin(qtype):
     n, k = 32, 512
     w = K.pack_weight(qtype, extreme_blocks(qtype, n, k), n, k)
     w.enable_a8()
-    x = torch.ones(4, k)
-    x[1] = -1.0
-    x[2, ::2] = -1.0
-    x[3, 256:] = -1.0
+    x = torch.ones(8, k)
+    x[1::4] = -1.0
+    x[2::4, ::2] = -1.0
+    x[3::4, 256:] = -1.0
     ys = {}
     for isa in ("avx2", "portable"):
         K.set_native_isa(isa)
         try:
-            ys[isa] = [K.get_ops("native").linear(x[:m], w) for m in (1, 4)]
+            ys[isa] = [K.get_ops("native").linear(x[:m], w) for m in (1, 2, 4, 8)]
         finally:
             K.set_native_isa("auto")
     assert all(torch.equal(a, b) for a, b in zip(ys["avx2"], ys["portable"]))

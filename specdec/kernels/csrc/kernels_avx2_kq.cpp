@@ -128,9 +128,10 @@ inline void store_rows(const __m256 (&acc)[R][2], int64_t m, const float* bias, 
     }
 }
 
-// Q4_K / Q5_K: one 16-row tile group (wg, nb tiles) against activation rows [m, m + R).
+// Q4_K / Q5_K: one 16-row tile group (wg, nb tiles) against activation rows [m, m + R), both
+// halves of the tile at once (one and two rows: the fewest instructions, and nothing spills).
 template <int FMT, int R>
-void kq4_group(const Rows& a, int64_t m, const uint8_t* wg, const float* bias, float* y, int64_t ldy) {
+void kq4_group_both(const Rows& a, int64_t m, const uint8_t* wg, const float* bias, float* y, int64_t ldy) {
     constexpr int64_t TB = kq_tile_bytes(FMT);
     constexpr int kFlush = FMT == QT_Q5_K ? 2 : 4;  // p steps summed in int16
     const int64_t K = a.K, nb = K / kKqBlock;
@@ -209,6 +210,78 @@ void kq4_group(const Rows& a, int64_t m, const uint8_t* wg, const float* bias, f
     store_rows<R>(acc, m, bias, y, ldy);
 }
 
+// The same for three rows and more, one half of the tile (8 rows) at a time and two p steps at
+// a time, each row's products summed as soon as they are made: with both halves GCC kept every
+// row's products of all four steps live and spilled them (one thread, 8192 x 2048 Q4_K, M = 4-16:
+// ~58 -> ~64 GMAC/s); with one or two rows this order costs more than it saves.
+template <int FMT, int R>
+void kq4_group_halves(const Rows& a, int64_t m, const uint8_t* wg, const float* bias, float* y, int64_t ldy) {
+    constexpr int64_t TB = kq_tile_bytes(FMT);
+    const int64_t K = a.K, nb = K / kKqBlock;
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), m6 = _mm256_set1_epi8(0x3F), top = _mm256_set1_epi8(0x30);
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    __m256 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+#pragma GCC unroll 1
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* t = wg + b * TB;
+        if (m == 0) prefetch_tile<TB>(t);  // NOTE: later passes find the tile cached
+#pragma GCC unroll 1
+        for (int h = 0; h < 2; ++h) {  // rows 0-7, then 8-15
+            const __m256i v0 = load32(t + 64 + 32 * h), v1 = load32(t + 128 + 32 * h), v2 = load32(t + 192 + 32 * h);
+            // row lanes, one byte per sub-block: sub-blocks 0-3, then 4-7
+            const __m256i sc0 = _mm256_and_si256(v0, m6);
+            const __m256i sc1 = _mm256_or_si256(_mm256_and_si256(v2, lo4), _mm256_and_si256(_mm256_srli_epi32(v0, 2), top));
+            __m256i S[R];
+            for (int r = 0; r < R; ++r) S[r] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+            for (int s = 0; s < 8; ++s) {
+                const uint8_t* q = t + 256 + 256 * s + 32 * h;
+                const __m256i sw = _mm256_shuffle_epi8(s < 4 ? sc0 : sc1, byte_to_words(s % 4));
+                // at most 4 pair sums per int16 (<= 31,744 for Q5_K, 15,360 for Q4_K)
+                for (int p = 0; p < 4; p += 2) {
+                    const __m256i k0 = load32(q + 64 * p), k1 = load32(q + 64 * (p + 1));
+                    __m256i wl0 = _mm256_and_si256(k0, lo4), wh0 = _mm256_and_si256(_mm256_srli_epi16(k0, 4), lo4);
+                    __m256i wl1 = _mm256_and_si256(k1, lo4), wh1 = _mm256_and_si256(_mm256_srli_epi16(k1, 4), lo4);
+                    if constexpr (FMT == QT_Q5_K) {
+                        const uint8_t* hb = t + 2304 + 64 * s + 4 * h;
+                        wl0 = _mm256_or_si256(wl0, bits_to_0x10(hb + 8 * p));
+                        wl1 = _mm256_or_si256(wl1, bits_to_0x10(hb + 8 * (p + 1)));
+                        wh0 = _mm256_or_si256(wh0, bits_to_0x10(hb + 8 * (4 + p)));
+                        wh1 = _mm256_or_si256(wh1, bits_to_0x10(hb + 8 * (5 + p)));
+                    }
+                    for (int r = 0; r < R; ++r) {
+                        const int8_t* xs = a.xq + (m + r) * K + b * kKqBlock + 32 * s + 4 * p;
+                        const __m256i p16 = _mm256_add_epi16(
+                            _mm256_add_epi16(_mm256_maddubs_epi16(wl0, bcast4(xs)), _mm256_maddubs_epi16(wh0, bcast4(xs + 16))),
+                            _mm256_add_epi16(_mm256_maddubs_epi16(wl1, bcast4(xs + 4)),
+                                             _mm256_maddubs_epi16(wh1, bcast4(xs + 20))));
+                        S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(p16, sw));
+                    }
+                }
+            }
+            const __m256i mlo = _mm256_and_si256(v1, m6);
+            const __m256i mhi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(v2, 4), lo4),
+                                                _mm256_and_si256(_mm256_srli_epi32(v1, 2), top));
+            const __m256 d = f16x8(t + 16 * h), dmin = f16x8(t + 32 + 16 * h);
+            for (int r = 0; r < R; ++r) {
+                const int8_t* bs = a.bsm + (m + r) * (K / 16) + b * 16;  // 8 lo, then 8 hi
+                // pair sums <= 2 x 2 x 63 x 127: no saturation, no int16 overflow
+                const __m256i lo = _mm256_add_epi16(_mm256_maddubs_epi16(mlo, bcast4(bs)),
+                                                    _mm256_maddubs_epi16(mhi, bcast4(bs + 4)));
+                const __m256i hi = _mm256_add_epi16(_mm256_maddubs_epi16(mlo, bcast4(bs + 8)),
+                                                    _mm256_maddubs_epi16(mhi, bcast4(bs + 12)));
+                const __m256i mins = _mm256_add_epi32(_mm256_madd_epi16(lo, ones16),
+                                                      _mm256_slli_epi32(_mm256_madd_epi16(hi, ones16), 7));
+                const __m256 dx = _mm256_set1_ps(a.dk[(m + r) * nb + b]);
+                acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(S[r]), dx), d, acc[r][h]);
+                acc[r][h] = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(mins), dx), dmin, acc[r][h]);
+            }
+        }
+    }
+    store_rows<R>(acc, m, bias, y, ldy);
+}
+
 // Bits 2p, 2p + 1 of every byte of h moved to bits 4-5 (other bits: garbage, masked after).
 template <int P>
 inline __m256i q6_high(__m256i h) {
@@ -218,9 +291,10 @@ inline __m256i q6_high(__m256i h) {
     return _mm256_srli_epi16(h, 2);
 }
 
-// Q6_K: S = sum_s sc_s * (u_s . x_s) - 32 * sum_s sc_s * bs16_s (the twins' sum, regrouped).
+// Q6_K: S = sum_s sc_s * (u_s . x_s) - 32 * sum_s sc_s * bs16_s (the twins' sum, regrouped), both
+// halves of the tile at once (one row: the fewest instructions).
 template <int R>
-void kq6_group(const Rows& a, int64_t m, const uint8_t* wg, const float* bias, float* y, int64_t ldy) {
+void kq6_group_both(const Rows& a, int64_t m, const uint8_t* wg, const float* bias, float* y, int64_t ldy) {
     constexpr int64_t TB = kq_tile_bytes(QT_Q6_K);
     const int64_t K = a.K, nb = K / kKqBlock;
     const __m256i lo4 = _mm256_set1_epi8(0x0F), hi2 = _mm256_set1_epi8(0x30);
@@ -285,15 +359,88 @@ void kq6_group(const Rows& a, int64_t m, const uint8_t* wg, const float* bias, f
     store_rows<R>(acc, m, bias, y, ldy);
 }
 
+// The same for two rows and more: the second sum taken into S as it goes, two sub-blocks a
+// vpmaddwd (every integer sum is exact modulo 2^32, so the order is free), one half of the tile
+// (8 rows) at a time, two p steps at a time with each row's products summed at once. The version
+// above keeps 4R accumulators and all rows' products live and GCC spilled them (one thread,
+// 8192 x 2048 Q6_K, M = 4-16: ~27-32 -> ~32-38 GMAC/s).
+template <int R>
+void kq6_group_halves(const Rows& a, int64_t m, const uint8_t* wg, const float* bias, float* y, int64_t ldy) {
+    constexpr int64_t TB = kq_tile_bytes(QT_Q6_K);
+    const int64_t K = a.K, nb = K / kKqBlock;
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), hi2 = _mm256_set1_epi8(0x30);
+    __m256 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+#pragma GCC unroll 1
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* t = wg + b * TB;
+        if (m == 0) prefetch_tile<TB>(t);  // NOTE: later passes find the tile cached
+#pragma GCC unroll 1
+        for (int h = 0; h < 2; ++h) {  // rows 0-7, then 8-15
+            __m256i S[R];
+            for (int r = 0; r < R; ++r) S[r] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+            for (int u = 0; u < 8; ++u) {
+                const uint8_t* unit = t + 288 + 384 * u;
+                const __m256i h0 = load32(unit + 256 + 32 * h), h1 = load32(unit + 320 + 32 * h);
+                const uint8_t* sc = t + 32 + 16 * (2 * u) + 8 * h;
+                const __m256i sa = int8_to_words(sc);
+                const __m256i sb = int8_to_words(sc + 16);
+                // (sc_2u, sc_2u+1) x 32 in the int16 halves of each row's lane (|value| <= 4,096)
+                const __m256i sab32 = _mm256_slli_epi16(
+                    _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc)),
+                                                           _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 16)))),
+                    5);
+                // Two p steps at a time: their four weight vectors, then each row's whole sum
+                // (its products die at once: GCC kept every row's products of all four steps
+                // live and spilled them to the stack).
+                auto pair = [&](auto pc) {
+                    constexpr int p = decltype(pc)::value;
+                    const __m256i k0 = load32(unit + 64 * p + 32 * h), k1 = load32(unit + 64 * (p + 1) + 32 * h);
+                    const __m256i wl0 = _mm256_or_si256(_mm256_and_si256(k0, lo4), _mm256_and_si256(q6_high<p>(h0), hi2));
+                    const __m256i wh0 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(k0, 4), lo4),
+                                                        _mm256_and_si256(q6_high<p>(h1), hi2));
+                    const __m256i wl1 = _mm256_or_si256(_mm256_and_si256(k1, lo4), _mm256_and_si256(q6_high<p + 1>(h0), hi2));
+                    const __m256i wh1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(k1, 4), lo4),
+                                                        _mm256_and_si256(q6_high<p + 1>(h1), hi2));
+                    for (int r = 0; r < R; ++r) {
+                        const int8_t* xs = a.xq + (m + r) * K + b * kKqBlock + 32 * u + 4 * p;
+                        // two pair sums per int16 at most (<= 32,256)
+                        const __m256i pa = _mm256_add_epi16(_mm256_maddubs_epi16(wl0, bcast4(xs)),
+                                                            _mm256_maddubs_epi16(wl1, bcast4(xs + 4)));
+                        const __m256i pb = _mm256_add_epi16(_mm256_maddubs_epi16(wh0, bcast4(xs + 16)),
+                                                            _mm256_maddubs_epi16(wh1, bcast4(xs + 20)));
+                        S[r] = _mm256_add_epi32(S[r], _mm256_add_epi32(_mm256_madd_epi16(pa, sa), _mm256_madd_epi16(pb, sb)));
+                    }
+                };
+                pair(std::integral_constant<int, 0>());
+                pair(std::integral_constant<int, 2>());
+                for (int r = 0; r < R; ++r)  // bs16 of sub-blocks 2u, 2u + 1: adjacent int16s
+                    S[r] = _mm256_sub_epi32(S[r], _mm256_madd_epi16(sab32, bcast4(a.bs16 + (m + r) * (K / 16) + b * 16 + 2 * u)));
+            }
+            const __m256 d = f16x8(t + 16 * h);
+            for (int r = 0; r < R; ++r) {
+                const __m256 dx = _mm256_set1_ps(a.dk[(m + r) * nb + b]);
+                acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(S[r]), dx), d, acc[r][h]);
+            }
+        }
+    }
+    store_rows<R>(acc, m, bias, y, ldy);
+}
+
 template <int FMT, int R>
 inline void group_rows(const Rows& a, int64_t m, const uint8_t* wg, const float* bias, float* y, int64_t ldy) {
-    if constexpr (FMT == QT_Q6_K) kq6_group<R>(a, m, wg, bias, y, ldy);
-    else kq4_group<FMT, R>(a, m, wg, bias, y, ldy);
+    if constexpr (FMT == QT_Q6_K && R == 1) kq6_group_both<R>(a, m, wg, bias, y, ldy);
+    else if constexpr (FMT == QT_Q6_K) kq6_group_halves<R>(a, m, wg, bias, y, ldy);
+    else if constexpr (R <= 2) kq4_group_both<FMT, R>(a, m, wg, bias, y, ldy);
+    else kq4_group_halves<FMT, R>(a, m, wg, bias, y, ldy);
 }
 
 // Activation rows go through a tile group kRowsPerPass at a time, the rest in one pass (a row's
-// result never depends on which rows share its pass: every lane's arithmetic is its own).
-constexpr int64_t kRowsPerPass = 4;
+// result never depends on which rows share its pass: every lane's arithmetic is its own). Eight:
+// a verification step of 8 rows decodes each tile once (one thread, Q4_K, M = 8: ~65 -> ~75
+// GMAC/s against passes of 4 + 4).
+constexpr int64_t kRowsPerPass = 8;
 
 template <int FMT>
 void groups_of(const Rows& a, int64_t M, const uint8_t* w, const float* bias, float* y, int64_t ldy, int64_t g0,
@@ -306,6 +453,10 @@ void groups_of(const Rows& a, int64_t M, const uint8_t* w, const float* bias, fl
         int64_t m = 0;
         for (; m + kRowsPerPass <= M; m += kRowsPerPass) group_rows<FMT, kRowsPerPass>(a, m, wg, bg, yg, ldy);
         switch (M - m) {
+            case 7: group_rows<FMT, 7>(a, m, wg, bg, yg, ldy); break;
+            case 6: group_rows<FMT, 6>(a, m, wg, bg, yg, ldy); break;
+            case 5: group_rows<FMT, 5>(a, m, wg, bg, yg, ldy); break;
+            case 4: group_rows<FMT, 4>(a, m, wg, bg, yg, ldy); break;
             case 3: group_rows<FMT, 3>(a, m, wg, bg, yg, ldy); break;
             case 2: group_rows<FMT, 2>(a, m, wg, bg, yg, ldy); break;
             case 1: group_rows<FMT, 1>(a, m, wg, bg, yg, ldy); break;
