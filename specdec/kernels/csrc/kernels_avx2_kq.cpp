@@ -212,8 +212,9 @@ void kq4_group_both(const Rows& a, int64_t m, const uint8_t* wg, const float* bi
 
 // The same for three rows and more, one half of the tile (8 rows) at a time and two p steps at
 // a time, each row's products summed as soon as they are made: with both halves GCC kept every
-// row's products of all four steps live and spilled them (one thread, 8192 x 2048 Q4_K, M = 4-16:
-// ~58 -> ~64 GMAC/s); with one or two rows this order costs more than it saves.
+// row's products of all four steps live and spilled them (one thread, 8192 x 2048 Q4_K, M = 4-16,
+// medians of 6 alternated rounds: 40-43.5 -> 59.5-60.5 GMAC/s); with one row this order was
+// slower (45 -> 37 GMAC/s, the best rounds), with two no faster.
 template <int FMT, int R>
 void kq4_group_halves(const Rows& a, int64_t m, const uint8_t* wg, const float* bias, float* y, int64_t ldy) {
     constexpr int64_t TB = kq_tile_bytes(FMT);
@@ -363,7 +364,7 @@ void kq6_group_both(const Rows& a, int64_t m, const uint8_t* wg, const float* bi
 // vpmaddwd (every integer sum is exact modulo 2^32, so the order is free), one half of the tile
 // (8 rows) at a time, two p steps at a time with each row's products summed at once. The version
 // above keeps 4R accumulators and all rows' products live and GCC spilled them (one thread,
-// 8192 x 2048 Q6_K, M = 4-16: ~27-32 -> ~32-38 GMAC/s).
+// 8192 x 2048 Q6_K, M = 4-16, medians of 4 alternated rounds: 26-32 -> 32-38.5 GMAC/s).
 template <int R>
 void kq6_group_halves(const Rows& a, int64_t m, const uint8_t* wg, const float* bias, float* y, int64_t ldy) {
     constexpr int64_t TB = kq_tile_bytes(QT_Q6_K);
@@ -438,8 +439,8 @@ inline void group_rows(const Rows& a, int64_t m, const uint8_t* wg, const float*
 
 // Activation rows go through a tile group kRowsPerPass at a time, the rest in one pass (a row's
 // result never depends on which rows share its pass: every lane's arithmetic is its own). Eight:
-// a verification step of 8 rows decodes each tile once (one thread, Q4_K, M = 8: ~65 -> ~75
-// GMAC/s against passes of 4 + 4).
+// a verification step of 8 rows decodes each tile once (one thread, Q4_K, M = 8, the quiet
+// rounds: 71-77 GMAC/s against 44-70 with passes of 6 + 2; BENCHMARKS.md [K5]).
 constexpr int64_t kRowsPerPass = 8;
 
 template <int FMT>
