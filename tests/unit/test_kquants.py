@@ -326,9 +326,9 @@ def test_vnni_equals_scalar_twin(a8):
 @pytest.mark.parametrize("qtype", KQ)
 def test_avx2_equals_scalar_twin(qtype):
     # kernels_avx2_kq.cpp: the int8 path bit for bit the twins' (and so the VNNI kernels'), for
-    # each row-pass shape (passes of 8 plus the rest; one and two rows take the kernels that do
-    # both halves of a tile at once, three and more those that do one half at a time) and
-    # several K.
+    # each row-pass shape (passes of 8 plus the rest; one row, and two for Q4_K / Q5_K, take the
+    # kernels that do both halves of a tile at once, the others those that do one half at a
+    # time) and several K.
     assert K._C.kq_kernels() in ("avx2", "avx512vnni")
     results = _by_isa(True, (qtype,), (1, 2, 3, 4, 7, 8, 9, 19), (256, 768, 2048), n=32)
     assert len(results["avx2"]) == len(results["portable"]) == 24
