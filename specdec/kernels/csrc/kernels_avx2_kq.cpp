@@ -128,6 +128,43 @@ inline void store_rows(const __m256 (&acc)[R][2], int64_t m, const float* bias, 
     }
 }
 
+// Q4_K / Q5_K: the sub-block scales of one tile half h (rows 8h .. 8h + 7), row lanes, one byte
+// per sub-block: sc[0] sub-blocks 0-3, sc[1] 4-7.
+inline void kq4_scales(const uint8_t* t, int h, __m256i (&sc)[2]) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), m6 = _mm256_set1_epi8(0x3F), top = _mm256_set1_epi8(0x30);
+    const __m256i v0 = load32(t + 64 + 32 * h), v2 = load32(t + 192 + 32 * h);
+    sc[0] = _mm256_and_si256(v0, m6);
+    sc[1] = _mm256_or_si256(_mm256_and_si256(v2, lo4), _mm256_and_si256(_mm256_srli_epi32(v0, 2), top));
+}
+
+// Q4_K / Q5_K: tile half h's float steps for rows [m, m + R) of block b, in the twins' order:
+// acc[r][h] += S_r x dx x d, then -= mins_r x dx x dmin (S_r = S[r * stride]).
+template <int R>
+inline void kq4_half_out(const Rows& a, int64_t m, int64_t b, const uint8_t* t, int h, const __m256i* S,
+                         int stride, __m256 (&acc)[R][2]) {
+    const int64_t K = a.K, nb = K / kKqBlock;
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), m6 = _mm256_set1_epi8(0x3F), top = _mm256_set1_epi8(0x30);
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    const __m256i v1 = load32(t + 128 + 32 * h), v2 = load32(t + 192 + 32 * h);
+    const __m256i mlo = _mm256_and_si256(v1, m6);
+    const __m256i mhi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(v2, 4), lo4),
+                                        _mm256_and_si256(_mm256_srli_epi32(v1, 2), top));
+    const __m256 d = f16x8(t + 16 * h), dmin = f16x8(t + 32 + 16 * h);
+    for (int r = 0; r < R; ++r) {
+        const int8_t* bs = a.bsm + (m + r) * (K / 16) + b * 16;  // 8 lo, then 8 hi
+        // pair sums <= 2 x 2 x 63 x 127: no saturation, no int16 overflow
+        const __m256i lo = _mm256_add_epi16(_mm256_maddubs_epi16(mlo, bcast4(bs)),
+                                            _mm256_maddubs_epi16(mhi, bcast4(bs + 4)));
+        const __m256i hi = _mm256_add_epi16(_mm256_maddubs_epi16(mlo, bcast4(bs + 8)),
+                                            _mm256_maddubs_epi16(mhi, bcast4(bs + 12)));
+        const __m256i mins = _mm256_add_epi32(_mm256_madd_epi16(lo, ones16),
+                                              _mm256_slli_epi32(_mm256_madd_epi16(hi, ones16), 7));
+        const __m256 dx = _mm256_set1_ps(a.dk[(m + r) * nb + b]);
+        acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(S[r * stride]), dx), d, acc[r][h]);
+        acc[r][h] = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(mins), dx), dmin, acc[r][h]);
+    }
+}
+
 // Q4_K / Q5_K: one 16-row tile group (wg, nb tiles) against activation rows [m, m + R), both
 // halves of the tile at once (one and two rows: the fewest instructions, and nothing spills).
 template <int FMT, int R>
@@ -135,20 +172,16 @@ void kq4_group_both(const Rows& a, int64_t m, const uint8_t* wg, const float* bi
     constexpr int64_t TB = kq_tile_bytes(FMT);
     constexpr int kFlush = FMT == QT_Q5_K ? 2 : 4;  // p steps summed in int16
     const int64_t K = a.K, nb = K / kKqBlock;
-    const __m256i lo4 = _mm256_set1_epi8(0x0F), m6 = _mm256_set1_epi8(0x3F), top = _mm256_set1_epi8(0x30);
-    const __m256i ones16 = _mm256_set1_epi16(1);
+    const __m256i lo4 = _mm256_set1_epi8(0x0F);
     __m256 acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
 #pragma GCC unroll 1
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* t = wg + b * TB;
         if (m == 0) prefetch_tile<TB>(t);  // NOTE: later passes find the tile cached
-        __m256i sc[2][2];  // [half][sub-blocks 0-3, 4-7]: row lanes, one byte per sub-block
-        for (int h = 0; h < 2; ++h) {
-            const __m256i v0 = load32(t + 64 + 32 * h), v2 = load32(t + 192 + 32 * h);
-            sc[h][0] = _mm256_and_si256(v0, m6);
-            sc[h][1] = _mm256_or_si256(_mm256_and_si256(v2, lo4), _mm256_and_si256(_mm256_srli_epi32(v0, 2), top));
-        }
+        __m256i sc[2][2];  // [half][sub-blocks 0-3, 4-7]
+        kq4_scales(t, 0, sc[0]);
+        kq4_scales(t, 1, sc[1]);
         __m256i S[R][2];
         for (int r = 0; r < R; ++r) S[r][0] = S[r][1] = _mm256_setzero_si256();
 #pragma GCC unroll 1
@@ -186,26 +219,8 @@ void kq4_group_both(const Rows& a, int64_t m, const uint8_t* wg, const float* bi
                 }
             }
         }
-        for (int h = 0; h < 2; ++h) {
-            const __m256i v1 = load32(t + 128 + 32 * h), v2 = load32(t + 192 + 32 * h);
-            const __m256i mlo = _mm256_and_si256(v1, m6);
-            const __m256i mhi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(v2, 4), lo4),
-                                                _mm256_and_si256(_mm256_srli_epi32(v1, 2), top));
-            const __m256 d = f16x8(t + 16 * h), dmin = f16x8(t + 32 + 16 * h);
-            for (int r = 0; r < R; ++r) {
-                const int8_t* bs = a.bsm + (m + r) * (K / 16) + b * 16;  // 8 lo, then 8 hi
-                // pair sums <= 2 x 2 x 63 x 127: no saturation, no int16 overflow
-                const __m256i lo = _mm256_add_epi16(_mm256_maddubs_epi16(mlo, bcast4(bs)),
-                                                    _mm256_maddubs_epi16(mhi, bcast4(bs + 4)));
-                const __m256i hi = _mm256_add_epi16(_mm256_maddubs_epi16(mlo, bcast4(bs + 8)),
-                                                    _mm256_maddubs_epi16(mhi, bcast4(bs + 12)));
-                const __m256i mins = _mm256_add_epi32(_mm256_madd_epi16(lo, ones16),
-                                                      _mm256_slli_epi32(_mm256_madd_epi16(hi, ones16), 7));
-                const __m256 dx = _mm256_set1_ps(a.dk[(m + r) * nb + b]);
-                acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(S[r][h]), dx), d, acc[r][h]);
-                acc[r][h] = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(mins), dx), dmin, acc[r][h]);
-            }
-        }
+        kq4_half_out<R>(a, m, b, t, 0, &S[0][0], 2, acc);
+        kq4_half_out<R>(a, m, b, t, 1, &S[0][1], 2, acc);
     }
     store_rows<R>(acc, m, bias, y, ldy);
 }
@@ -219,8 +234,7 @@ template <int FMT, int R>
 void kq4_group_halves(const Rows& a, int64_t m, const uint8_t* wg, const float* bias, float* y, int64_t ldy) {
     constexpr int64_t TB = kq_tile_bytes(FMT);
     const int64_t K = a.K, nb = K / kKqBlock;
-    const __m256i lo4 = _mm256_set1_epi8(0x0F), m6 = _mm256_set1_epi8(0x3F), top = _mm256_set1_epi8(0x30);
-    const __m256i ones16 = _mm256_set1_epi16(1);
+    const __m256i lo4 = _mm256_set1_epi8(0x0F);
     __m256 acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
 #pragma GCC unroll 1
@@ -229,16 +243,14 @@ void kq4_group_halves(const Rows& a, int64_t m, const uint8_t* wg, const float* 
         if (m == 0) prefetch_tile<TB>(t);  // NOTE: later passes find the tile cached
 #pragma GCC unroll 1
         for (int h = 0; h < 2; ++h) {  // rows 0-7, then 8-15
-            const __m256i v0 = load32(t + 64 + 32 * h), v1 = load32(t + 128 + 32 * h), v2 = load32(t + 192 + 32 * h);
-            // row lanes, one byte per sub-block: sub-blocks 0-3, then 4-7
-            const __m256i sc0 = _mm256_and_si256(v0, m6);
-            const __m256i sc1 = _mm256_or_si256(_mm256_and_si256(v2, lo4), _mm256_and_si256(_mm256_srli_epi32(v0, 2), top));
+            __m256i sc[2];
+            kq4_scales(t, h, sc);
             __m256i S[R];
             for (int r = 0; r < R; ++r) S[r] = _mm256_setzero_si256();
 #pragma GCC unroll 1
             for (int s = 0; s < 8; ++s) {
                 const uint8_t* q = t + 256 + 256 * s + 32 * h;
-                const __m256i sw = _mm256_shuffle_epi8(s < 4 ? sc0 : sc1, byte_to_words(s % 4));
+                const __m256i sw = _mm256_shuffle_epi8(s < 4 ? sc[0] : sc[1], byte_to_words(s % 4));
                 // at most 4 pair sums per int16 (<= 31,744 for Q5_K, 15,360 for Q4_K)
                 for (int p = 0; p < 4; p += 2) {
                     const __m256i k0 = load32(q + 64 * p), k1 = load32(q + 64 * (p + 1));
@@ -261,23 +273,7 @@ void kq4_group_halves(const Rows& a, int64_t m, const uint8_t* wg, const float* 
                     }
                 }
             }
-            const __m256i mlo = _mm256_and_si256(v1, m6);
-            const __m256i mhi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(v2, 4), lo4),
-                                                _mm256_and_si256(_mm256_srli_epi32(v1, 2), top));
-            const __m256 d = f16x8(t + 16 * h), dmin = f16x8(t + 32 + 16 * h);
-            for (int r = 0; r < R; ++r) {
-                const int8_t* bs = a.bsm + (m + r) * (K / 16) + b * 16;  // 8 lo, then 8 hi
-                // pair sums <= 2 x 2 x 63 x 127: no saturation, no int16 overflow
-                const __m256i lo = _mm256_add_epi16(_mm256_maddubs_epi16(mlo, bcast4(bs)),
-                                                    _mm256_maddubs_epi16(mhi, bcast4(bs + 4)));
-                const __m256i hi = _mm256_add_epi16(_mm256_maddubs_epi16(mlo, bcast4(bs + 8)),
-                                                    _mm256_maddubs_epi16(mhi, bcast4(bs + 12)));
-                const __m256i mins = _mm256_add_epi32(_mm256_madd_epi16(lo, ones16),
-                                                      _mm256_slli_epi32(_mm256_madd_epi16(hi, ones16), 7));
-                const __m256 dx = _mm256_set1_ps(a.dk[(m + r) * nb + b]);
-                acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(S[r]), dx), d, acc[r][h]);
-                acc[r][h] = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(mins), dx), dmin, acc[r][h]);
-            }
+            kq4_half_out<R>(a, m, b, t, h, S, 1, acc);
         }
     }
     store_rows<R>(acc, m, bias, y, ldy);
@@ -292,13 +288,21 @@ inline __m256i q6_high(__m256i h) {
     return _mm256_srli_epi16(h, 2);
 }
 
+// Q6_K: step p's codes for one tile half: packed (4 low bits, two codes a byte) and the high bit
+// pairs of h0 / h1 -> wl (inputs 0-15 of the unit's step) and wh (16-31), 6-bit unsigned.
+template <int P>
+inline void q6_codes(__m256i packed, __m256i h0, __m256i h1, __m256i& wl, __m256i& wh) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), hi2 = _mm256_set1_epi8(0x30);
+    wl = _mm256_or_si256(_mm256_and_si256(packed, lo4), _mm256_and_si256(q6_high<P>(h0), hi2));
+    wh = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(packed, 4), lo4), _mm256_and_si256(q6_high<P>(h1), hi2));
+}
+
 // Q6_K: S = sum_s sc_s * (u_s . x_s) - 32 * sum_s sc_s * bs16_s (the twins' sum, regrouped), both
 // halves of the tile at once (one row: the fewest instructions).
 template <int R>
 void kq6_group_both(const Rows& a, int64_t m, const uint8_t* wg, const float* bias, float* y, int64_t ldy) {
     constexpr int64_t TB = kq_tile_bytes(QT_Q6_K);
     const int64_t K = a.K, nb = K / kKqBlock;
-    const __m256i lo4 = _mm256_set1_epi8(0x0F), hi2 = _mm256_set1_epi8(0x30);
     __m256 acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
 #pragma GCC unroll 1
@@ -318,10 +322,8 @@ void kq6_group_both(const Rows& a, int64_t m, const uint8_t* wg, const float* bi
                 for (int r = 0; r < R; ++r) pa[r] = pb[r] = _mm256_setzero_si256();
                 auto step = [&](auto pc) {
                     constexpr int p = decltype(pc)::value;
-                    const __m256i packed = load32(unit + 64 * p + 32 * h);
-                    const __m256i wl = _mm256_or_si256(_mm256_and_si256(packed, lo4), _mm256_and_si256(q6_high<p>(h0), hi2));
-                    const __m256i wh = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(packed, 4), lo4),
-                                                       _mm256_and_si256(q6_high<p>(h1), hi2));
+                    __m256i wl, wh;
+                    q6_codes<p>(load32(unit + 64 * p + 32 * h), h0, h1, wl, wh);
                     for (int r = 0; r < R; ++r) {
                         const int8_t* xs = a.xq + (m + r) * K + b * kKqBlock + 32 * u;
                         pa[r] = _mm256_add_epi16(pa[r], _mm256_maddubs_epi16(wl, bcast4(xs + 4 * p)));
@@ -369,7 +371,6 @@ template <int R>
 void kq6_group_halves(const Rows& a, int64_t m, const uint8_t* wg, const float* bias, float* y, int64_t ldy) {
     constexpr int64_t TB = kq_tile_bytes(QT_Q6_K);
     const int64_t K = a.K, nb = K / kKqBlock;
-    const __m256i lo4 = _mm256_set1_epi8(0x0F), hi2 = _mm256_set1_epi8(0x30);
     __m256 acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
 #pragma GCC unroll 1
@@ -397,13 +398,9 @@ void kq6_group_halves(const Rows& a, int64_t m, const uint8_t* wg, const float* 
                 // live and spilled them to the stack).
                 auto pair = [&](auto pc) {
                     constexpr int p = decltype(pc)::value;
-                    const __m256i k0 = load32(unit + 64 * p + 32 * h), k1 = load32(unit + 64 * (p + 1) + 32 * h);
-                    const __m256i wl0 = _mm256_or_si256(_mm256_and_si256(k0, lo4), _mm256_and_si256(q6_high<p>(h0), hi2));
-                    const __m256i wh0 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(k0, 4), lo4),
-                                                        _mm256_and_si256(q6_high<p>(h1), hi2));
-                    const __m256i wl1 = _mm256_or_si256(_mm256_and_si256(k1, lo4), _mm256_and_si256(q6_high<p + 1>(h0), hi2));
-                    const __m256i wh1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(k1, 4), lo4),
-                                                        _mm256_and_si256(q6_high<p + 1>(h1), hi2));
+                    __m256i wl0, wh0, wl1, wh1;
+                    q6_codes<p>(load32(unit + 64 * p + 32 * h), h0, h1, wl0, wh0);
+                    q6_codes<p + 1>(load32(unit + 64 * (p + 1) + 32 * h), h0, h1, wl1, wh1);
                     for (int r = 0; r < R; ++r) {
                         const int8_t* xs = a.xq + (m + r) * K + b * kKqBlock + 32 * u + 4 * p;
                         // two pair sums per int16 at most (<= 32,256)
