@@ -195,6 +195,10 @@ def replay(moe: str, traces: dict[str, list[Trace]], k: int, max_tokens: int, ro
             spread.num_hit = spread.num_touched = 0
             spread.abs_error = spread.num_predicted = 0.0
         row = _run_set(llm, drafter, name, set_traces, sampling, rounds)
+        row["bounds"] = {
+            routing: bounds(set_traces, curve, k, max_tokens)
+            for routing, curve in _curves(speculator).items()
+        }
         if spread is not None:
             row["expert_hit_fraction"] = spread.hit_fraction
             row["expert_count_error"] = spread.count_error
@@ -301,6 +305,47 @@ def _mean_accepted(traces: list[Trace]) -> float:
     return sum(a for _, _, a in steps) / max(1, len(steps))
 
 
+def _curves(speculator) -> dict[str, list[float]]:
+    """A forward's cost by rows (index n - 1), as the start-up measurement has it ("alike": rows
+    that touch one row's experts) and with each row's experts drawn apart at random (``top_k``
+    of ``num_experts``, each distinct one at ``expert_ms``): real rows lie between."""
+    cost, spread = speculator.controller.cost, speculator.spread
+    curves = {"alike": list(cost.verify_ms)}
+    if spread is not None and cost.expert_ms:
+        e, k = cost.num_experts, spread.top_k
+        curves["apart"] = [
+            ms + cost.expert_ms * (e * (1 - (1 - k / e) ** (n + 1)) - cost.curve_experts)
+            for n, ms in enumerate(cost.verify_ms)
+        ]
+    return curves
+
+
+def bounds(traces: list[Trace], verify_ms: list[float], k: int, max_tokens: int) -> dict:
+    """What a cost curve (``verify_ms[n - 1]``: a forward over n rows) allows on these traces,
+    against plain's max_tokens one-row steps: ``hindsight``, each step's k chosen
+    knowing how many drafts will survive (k = the correct drafts left, or any smaller k where
+    that costs less: a shortest path over output positions); ``whole``, every proposal verified
+    whole (suffix decoding's own drafts, capped at k). Neither counts the time between forwards
+    (sampling, scheduling), which a step with drafts saves too."""
+    k = min(k, len(verify_ms) - 1)
+    plain = hindsight = whole = 0.0
+    for trace in traces:
+        windows, n = trace.windows(), max_tokens
+        best = [0.0] * (n + k + 2)  # best[p]: least cost from output position p to the end
+        for p in range(n - 1, -1, -1):
+            correct = min(windows.get(p, (0, 0))[0], k)
+            best[p] = min(verify_ms[j] + best[min(n, p + j + 1)] for j in range(correct + 1))
+        p = 0
+        while p < n:
+            correct, total = windows.get(p, (0, 0))
+            total = min(total, k)
+            whole += verify_ms[total]
+            p += min(correct, total) + 1
+        plain += n * verify_ms[0]
+        hindsight += best[0]
+    return {"hindsight": plain / hindsight, "whole": plain / whole}
+
+
 def _cost_summary(cost) -> dict:
     return {
         "verify_ms": [round(x, 3) for x in cost.verify_ms[:9]],
@@ -369,6 +414,12 @@ def main() -> None:
             f"{r.get('expert_hit_fraction', float('nan')):.3f} | "
             f"{r.get('expert_count_error', float('nan')):.3f} |"
         )
+    for name in SETS:
+        for routing, b in result[name]["bounds"].items():
+            print(
+                f"{name}, forwards priced with rows routed {routing}: k chosen with hindsight "
+                f"{b['hindsight']:.3f}x plain, every proposal verified whole {b['whole']:.3f}x"
+            )
     for name in SETS:
         if "route_locality" in result[name]:
             loc = result[name]["route_locality"]
