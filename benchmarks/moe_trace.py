@@ -335,7 +335,7 @@ def bounds(traces: list[Trace], verify_ms: list[float], k: int, max_tokens: int)
     plain = hindsight = whole = 0.0
     for trace in traces:
         windows, n = trace.windows(), max_tokens
-        best = [0.0] * (n + k + 2)  # best[p]: least cost from output position p to the end
+        best = [0.0] * (n + 1)  # best[p]: least cost from output position p to the end
         for p in range(n - 1, -1, -1):
             correct = min(windows.get(p, (0, 0))[0], k)
             best[p] = min(verify_ms[j] + best[min(n, p + j + 1)] for j in range(correct + 1))
