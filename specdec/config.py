@@ -219,11 +219,12 @@ KERNELS = ("auto", "native", "torch")
 QUANTIZATIONS = ("auto", "fp32", "q8_0", "q4_0", "q4_1")
 QUANTIZATION_ALIASES = {"gguf": "auto", "none": "auto"}  # vLLM's name for a GGUF file's own
 ACTIVATION_DTYPES = ("auto", "float32", "int8", "bf16x2")
-KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
 EXECUTOR_BACKENDS = ("uni", "mp", "ray")
 # llama.cpp's (-ctk / -ctv) and vLLM's short spellings
 KV_CACHE_DTYPE_ALIASES = {"f32": "float32", "fp32": "float32", "f16": "float16",
-                          "fp16": "float16", "half": "float16", "bf16": "bfloat16"}  # fmt: skip
+                          "fp16": "float16", "half": "float16", "bf16": "bfloat16",
+                          "q8_0": "int8", "i8": "int8"}  # fmt: skip
 
 
 def _one_of(key: str, value: Any, allowed: tuple[str, ...], aliases: dict[str, str]) -> str:
@@ -516,8 +517,9 @@ class EngineArgs:
     kv_cache_dtype: str = _arg(
         "auto",
         "KV cache element type: float16 (half the memory; llama.cpp's default f16), float32 "
-        "(transformers' arithmetic), bfloat16 (torch kernels only); auto: float16 on the native "
-        "CPU kernels, else the model's dtype",
+        "(transformers' arithmetic), bfloat16 (torch kernels only), int8 (native kernels: 8-bit "
+        "entries with a scale per position and head, ~half float16's bytes; llama.cpp's q8_0); "
+        "auto: float16 on the native CPU kernels, else the model's dtype",
         choices=KV_CACHE_DTYPES,
         aliases=KV_CACHE_DTYPE_ALIASES,
     )

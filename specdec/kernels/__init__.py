@@ -892,7 +892,7 @@ class NativeOps(KernelOps):
         sliding_window: int = 0,
         softcap: float = 0.0,
     ) -> torch.Tensor:
-        if k_cache.dim() == 3:  # [Hkv, L, D]: the kernels read keys blocked (a copy)
+        if k_cache.dim() == 3 and k_cache.dtype != torch.int8:  # [Hkv, L, D]: blocked (a copy)
             k_cache = blocked_keys(k_cache, self.key_block)
         return self._C.attention(
             q, k_cache, v_cache, int(start_pos), float(scale), int(sliding_window), float(softcap)

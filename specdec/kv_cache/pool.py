@@ -24,6 +24,14 @@ prefixes, whatever the pool's size.
 
 Element type: ``kv_cache_dtype`` (float16 by default on the native kernels: it halves the memory
 and what attention reads; entries are rounded once, when written), else the model's dtype.
+
+``int8`` (native kernels; llama.cpp's ``-ctk q8_0 -ctv q8_0``): 8-bit entries with one float32
+scale per position and head (its largest magnitude / 127, entries rounded half to even), about
+half a float16 cache's bytes. Keys and values alike are stored in blocks of ``key_block``
+positions, each ``[key_block]`` float32 scales then the int8 entries (keys transposed as above,
+values row-major): ``k`` and ``v`` are ``int8 [layers, slots, Hkv, ceil(max_len / key_block),
+4 * key_block + key_block * D]`` (kernels.h ``kQ8Header``). Attention reads an entry as
+``float(int8) * scale``: what a float cache holding those products would give, bit for bit.
 """
 
 from __future__ import annotations
@@ -52,14 +60,21 @@ class KVCache:
     ) -> None:
         shape = (num_layers, num_slots, num_kv_heads, max_len, head_dim)
         self.key_block = key_block
-        k_shape = shape
+        self.head_dim = head_dim
+        # int8: both caches in blocks of key_block positions (see the module docstring)
+        self.quantized = dtype == torch.int8
+        if self.quantized and not key_block:
+            raise ValueError("an int8 KV cache needs the native kernels' blocked layout")
+        k_shape = v_shape = shape
         if key_block:
             num_blocks = -(-max_len // key_block)
             k_shape = (num_layers, num_slots, num_kv_heads, num_blocks, head_dim, key_block)
+            if self.quantized:
+                k_shape = v_shape = (*shape[:3], num_blocks, key_block * (4 + head_dim))
         self._k_buf = _paged(k_shape, dtype, device)
-        self._v_buf = _paged(shape, dtype, device)
+        self._v_buf = _paged(v_shape, dtype, device)
         self.k = self._k_buf.tensor.view(dtype).view(k_shape)  # see the module docstring
-        self.v = self._v_buf.tensor.view(dtype).view(shape)  # [L, S, Hkv, max_len, D]
+        self.v = self._v_buf.tensor.view(dtype).view(v_shape)  # [L, S, Hkv, max_len, D]
         self.num_slots = num_slots
         self.max_len = max_len
         self._free = list(range(num_slots - 1, -1, -1))
@@ -81,6 +96,9 @@ class KVCache:
         """Write ``k`` / ``v`` ``[n, Hkv, D]`` at positions ``start .. start + n - 1`` (converted to
         the cache's dtype, rounding to nearest even as the native kernels do)."""
         n = k.shape[0]
+        if self.quantized:
+            self._store_q8(layer, slot, start, k, v)
+            return
         k, v = k.to(self.k.dtype), v.to(self.v.dtype)
         self.v[layer, slot, :, start : start + n] = v.transpose(0, 1)
         if not self.key_block:
@@ -90,14 +108,65 @@ class KVCache:
         # advanced indices on dims 1 and 3 of [Hkv, blocks, D, block] put n first: [n, Hkv, D]
         self.k[layer, slot][:, pos // self.key_block, :, pos % self.key_block] = k
 
+    def _q8_parts(self, t: torch.Tensor, keys: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """An int8 cache's ``[Hkv, blocks, bytes]`` as views: the scales ``[Hkv, blocks,
+        key_block]`` float32 and the entries, ``[Hkv, blocks, D, key_block]`` for keys,
+        ``[Hkv, blocks, key_block, D]`` for values."""
+        hkv, blocks, _ = t.shape
+        b, d = self.key_block, self.head_dim
+        scales = t[..., : 4 * b].view(torch.float32)
+        entries = t[..., 4 * b :].view(hkv, blocks, *((d, b) if keys else (b, d)))
+        return scales, entries
+
+    def _store_q8(
+        self, layer: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
+        pos = torch.arange(start, start + k.shape[0], device=k.device)
+        blk, lane = pos // self.key_block, pos % self.key_block
+        k_scale, k_q = quantize_q8(k)  # [n, Hkv], [n, Hkv, D]
+        v_scale, v_q = quantize_q8(v)
+        scales, entries = self._q8_parts(self.k[layer, slot], keys=True)
+        scales[:, blk, lane] = k_scale.transpose(0, 1)
+        entries[:, blk, :, lane] = k_q  # dims 1 and 3 indexed: n first, [n, Hkv, D]
+        scales, entries = self._q8_parts(self.v[layer, slot], keys=False)
+        scales[:, blk, lane] = v_scale.transpose(0, 1)
+        entries[:, blk, lane] = v_q.transpose(0, 1)
+
+    def _q8_values(self, t: torch.Tensor, keys: bool) -> torch.Tensor:
+        scales, entries = self._q8_parts(t, keys)
+        if keys:
+            x = entries.float() * scales.unsqueeze(2)  # [Hkv, blocks, D, b]
+            x = x.transpose(-1, -2)
+        else:
+            x = entries.float() * scales.unsqueeze(3)  # [Hkv, blocks, b, D]
+        return x.reshape(x.shape[0], -1, self.head_dim)[:, : self.max_len]
+
     def keys(self, layer: int, slot: int) -> torch.Tensor:
-        """One slot's keys in the usual layout, ``[Hkv, max_len, D]`` (a copy when blocked)."""
+        """One slot's keys in the usual layout, ``[Hkv, max_len, D]`` (a copy when blocked; an
+        int8 cache's as the floats attention reads)."""
+        if self.quantized:
+            return self._q8_values(self.k[layer, slot], keys=True)
         return standard_keys(self.k[layer, slot], self.max_len, self.key_block)
+
+    def values(self, layer: int, slot: int) -> torch.Tensor:
+        """One slot's values, ``[Hkv, max_len, D]`` (an int8 cache's as the floats attention
+        reads)."""
+        if self.quantized:
+            return self._q8_values(self.v[layer, slot], keys=False)
+        return self.v[layer, slot]
+
+    def clear(self, slot: int, num_tokens: int) -> None:
+        """Zero the first ``num_tokens`` positions of ``slot`` (every layer and head)."""
+        nk = -(-num_tokens // self.key_block) if self.key_block else num_tokens
+        self.k[:, slot, :, :nk].zero_()
+        self.v[:, slot, :, : nk if self.quantized else num_tokens].zero_()
 
     @staticmethod
     def bytes_per_token(
         num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
     ) -> int:
+        if dtype == torch.int8:  # an int8 entry each and a float32 scale per position and head
+            return 2 * num_layers * num_kv_heads * (head_dim + 4)
         return (
             2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
         )
@@ -163,8 +232,9 @@ class KVCache:
     def copy_prefix(self, src: int, dst: int, num_tokens: int) -> None:
         """Copy the KV of positions 0..num_tokens-1 from slot ``src`` to slot ``dst``."""
         nk = -(-num_tokens // self.key_block) if self.key_block else num_tokens
+        nv = nk if self.quantized else num_tokens
         self.k[:, dst, :, :nk] = self.k[:, src, :, :nk]  # a partial last block: stale tail
-        self.v[:, dst, :, :num_tokens] = self.v[:, src, :, :num_tokens]
+        self.v[:, dst, :, :nv] = self.v[:, src, :, :nv]
         if self.mirror is not None:
             self.mirror("copy_prefix", (src, dst, num_tokens))
 
@@ -229,7 +299,7 @@ class KVCache:
         """Give back the pages of ``slot`` past its first ``num_kept`` positions."""
         kept_blocks = -(-num_kept // self.key_block) if self.key_block else num_kept
         self._k_buf.release(_slot_ranges(self.k, slot, kept_blocks))
-        self._v_buf.release(_slot_ranges(self.v, slot, num_kept))
+        self._v_buf.release(_slot_ranges(self.v, slot, kept_blocks if self.quantized else num_kept))
         if self.mirror is not None:
             self.mirror("_release", (slot, num_kept))
 
@@ -246,6 +316,17 @@ def _slot_ranges(t: torch.Tensor, slot: int, num_kept: int) -> list[tuple[int, i
     heads = np.arange(num_layers)[:, None] * num_slots * num_heads + slot * num_heads
     starts = (heads + np.arange(num_heads)).ravel() * (n * row)  # [L * Hkv] head starts
     return [(int(s) + num_kept * row, int(s) + n * row) for s in starts]
+
+
+def quantize_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [..., D]`` -> (scales ``[...]`` float32, entries ``[..., D]`` int8): scale = max |x| /
+    127 per row, entry = x / scale rounded half to even (0 for an all-zero row). The native
+    layers write the same bytes (kernels/csrc/layer.cpp ``put_q8``)."""
+    x = x.to(torch.float32)
+    scale = x.abs().amax(-1) / 127.0
+    div = torch.where(scale > 0, scale, torch.ones_like(scale)).unsqueeze(-1)
+    q = torch.where(scale.unsqueeze(-1) > 0, torch.round(x / div), torch.zeros_like(x))
+    return scale, q.clamp(-127, 127).to(torch.int8)
 
 
 def blocked_keys(k: torch.Tensor, key_block: int) -> torch.Tensor:

@@ -474,19 +474,25 @@ class LlamaModel:
         return rotary(q, positions), rotary(k, positions), v
 
     def set_kv_dtype(self, kv_cache_dtype: str) -> None:
-        """``"auto"``, ``"float32"``, ``"float16"`` or ``"bfloat16"``: the element type of the KV
-        caches ``make_kv_cache`` makes. ``"auto"``: float16 on the native kernels (llama.cpp's
-        default f16 cache: half the memory, and attention reads half the bytes), else the model's
-        dtype. Attention converts entries back to the activations' dtype on load; the native
-        kernels take float32 and float16."""
+        """``"auto"``, ``"float32"``, ``"float16"``, ``"bfloat16"`` or ``"int8"``: the element
+        type of the KV caches ``make_kv_cache`` makes. ``"auto"``: float16 on the native kernels
+        (llama.cpp's default f16 cache: half the memory, and attention reads half the bytes), else
+        the model's dtype. Attention converts entries back to the activations' dtype on load; the
+        native kernels take float32, float16 and int8 (8-bit entries with a scale per position
+        and head: see specdec.kv_cache.pool)."""
         if kv_cache_dtype == "auto":
             dtype = torch.float16 if self.ops.name == "native" else self.dtype
         else:
             dtype = getattr(torch, kv_cache_dtype)
-        if self.ops.name == "native" and dtype not in (torch.float32, torch.float16):
+        if self.ops.name == "native" and dtype == torch.bfloat16:
             raise ConfigError(
                 f"kv_cache_dtype {kv_cache_dtype}: the native kernels keep the KV cache in "
-                "float32 or float16; use --kernels torch for bfloat16"
+                "float32, float16 or int8; use --kernels torch for bfloat16"
+            )
+        if self.ops.name != "native" and dtype == torch.int8:
+            raise ConfigError(
+                "kv_cache_dtype int8: only the native CPU kernels read an 8-bit KV cache; "
+                "use --kernels native, or float16"
             )
         self.kv_dtype = dtype
 

@@ -665,11 +665,7 @@ def _measure_context_cost(model, kv, slot: int, cost: CostModel, n: int, long: i
     from specdec.model.llama import SeqBatch
 
     with torch.no_grad():
-        kv.v[:, slot, :, : long + n].zero_()
-        if kv.key_block:
-            kv.k[:, slot, :, : -(-(long + n) // kv.key_block)].zero_()
-        else:
-            kv.k[:, slot, :, : long + n].zero_()
+        kv.clear(slot, long + n)
     device = model.device
     ids = torch.zeros(n, dtype=torch.long, device=device)
     fastest: dict[tuple[int, int], float] = {}

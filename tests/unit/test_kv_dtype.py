@@ -51,7 +51,7 @@ def test_native_attention_over_halves_equals_float_attention_over_the_rounded_va
 def test_native_attention_rejects_mixed_cache_dtypes() -> None:
     q = torch.randn(1, 2, 64)
     k = blocked_keys(torch.randn(1, 16, 64).half(), 16)
-    with pytest.raises(RuntimeError, match="must both be float32 or both float16"):
+    with pytest.raises(RuntimeError, match="must both be float32, both float16 or both int8"):
         _C.attention(q, k, torch.randn(1, 16, 64), 0, 0.125, 0, 0.0)
 
 
@@ -127,7 +127,9 @@ def test_auto_is_half_on_the_native_kernels_else_the_model_dtype(tiny_llama) -> 
 def test_kv_cache_dtype_errors_are_clear(tiny_llama) -> None:
     with pytest.raises(ConfigError, match="kv_cache_dtype must be one of auto, float32, float16"):
         LLM(str(tiny_llama), kv_cache_dtype="int4")
-    with pytest.raises(ConfigError, match="native kernels keep the KV cache in float32 or float16"):
+    with pytest.raises(
+        ConfigError, match="native kernels keep the KV cache in float32, float16 or int8"
+    ):
         LLM(str(tiny_llama), kernels="native", kv_cache_dtype="bf16")
     llm = LLM(str(tiny_llama), kernels="torch", kv_cache_dtype="bfloat16")
     assert llm.engine.kv.k.dtype == torch.bfloat16

@@ -71,12 +71,23 @@ struct AttnRows {
     // kt[(j / kKeyBlock) * D * kKeyBlock + d * kKeyBlock + j % kKeyBlock]; value j at v + j * v_stride.
     // float32, or IEEE half when `half` (converted exactly on load: the same results as a float
     // cache holding the rounded values).
+    // An 8-bit cache (`q8`, kv_cache_dtype int8): kt and v point at the head's first q8 block
+    // (below), v_stride unused.
     const void* kt;
     const void* v;
     int64_t v_stride;
     bool half;
     float scale, softcap;
+    bool q8 = false;
 };
+
+// The 8-bit KV cache (kv_cache_dtype int8): positions in blocks of kKeyBlock, each block
+// kQ8Header bytes of kKeyBlock float32 scales (one a position) and then the int8 entries, keys
+// transposed ([D, kKeyBlock], as the float layout) and values row-major ([kKeyBlock, D]).  Entry
+// = float(int8) * its position's scale (one rounding), so attention over such a cache computes
+// what it computes over a float cache holding those products, bit for bit, in every ISA.
+constexpr int64_t kQ8Header = kKeyBlock * 4;
+inline int64_t q8_block_bytes(int64_t D) { return kQ8Header + kKeyBlock * D; }
 
 // A partial's record: m, l, six unused floats, then o[D] (32-byte aligned when the record is),
 // padded to a multiple of 8 floats.

@@ -14,6 +14,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "head_chunks.h"
 #include "half.h"
 #include "kernels.h"
@@ -350,8 +352,12 @@ inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const uint16_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
+inline __m256 load8(const int8_t* p) {  // the 8-bit cache's entries, exactly
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
 inline float load1(const float* p) { return *p; }
 inline float load1(const uint16_t* p) { return half_to_float(*p); }
+inline float load1(const int8_t* p) { return static_cast<float>(*p); }
 
 // ---------------------------------------------------------------------------------------------
 // Flash-decoding attention (kernels.h, AttnRows): scores of every (row, head) query against one
@@ -396,6 +402,26 @@ inline const float* widen_rows(const KV* v, int64_t v_stride, int64_t n, int64_t
     return dst;
 }
 
+// The 8-bit cache (kernels.h kQ8Header): a tag for attention_block_kv.  Its entries are read as
+// exact floats; a key's scale joins the attention scale (one product) that multiplies its score,
+// a value's scale the softmax weight (one product) that multiplies its row.
+struct Q8 {};
+
+// Value rows [k0, k1) (v: the head's first block) into exact floats, dst_stride apart.
+inline const float* widen_q8_rows(const uint8_t* v, int64_t k0, int64_t k1, int64_t D, float* dst,
+                                  int64_t dst_stride) {
+    const int64_t bb = q8_block_bytes(D);
+    for (int64_t j = k0; j < k1; ++j) {
+        const int8_t* src =
+            reinterpret_cast<const int8_t*>(v + (j / kKeyBlock) * bb + kQ8Header + (j % kKeyBlock) * D);
+        float* out = dst + (j - k0) * dst_stride;
+        int64_t c = 0;
+        for (; c + 8 <= D; c += 8) _mm256_storeu_ps(out + c, load8(src + c));
+        for (; c < D; ++c) out[c] = load1(src + c);
+    }
+    return dst;
+}
+
 // Most queries per score tile: 2 * 6 accumulators, two key vectors and a broadcast.
 constexpr int kScoreTile = 6;
 
@@ -404,7 +430,8 @@ constexpr int kScoreTile = 6;
 // chains run at a time, the queries side by side (2 * QT * CH accumulators: 8 to 12, enough
 // independent FMAs to hide their latency, one stream of key loads).
 template <int QT, int CH, typename KV>
-inline void score_tile(const float* const* qp, const KV* kb, int64_t D, __m256 vscale, float* s, int64_t ss) {
+inline void score_tile(const float* const* qp, const KV* kb, int64_t D, __m256 vs0, __m256 vs1, float* s,
+                       int64_t ss) {
     static_assert(kKeyBlock == 16, "two 8-lane vectors per key block");
     alignas(32) float ch[4][QT][16];
     for (int c0 = 0; c0 < 4; c0 += CH) {
@@ -443,25 +470,25 @@ inline void score_tile(const float* const* qp, const KV* kb, int64_t D, __m256 v
         for (int h = 0; h < 2; ++h) {
             const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_load_ps(ch[0][t] + 8 * h), _mm256_load_ps(ch[1][t] + 8 * h)),
                                              _mm256_add_ps(_mm256_load_ps(ch[2][t] + 8 * h), _mm256_load_ps(ch[3][t] + 8 * h)));
-            _mm256_storeu_ps(s + t * ss + 8 * h, _mm256_mul_ps(sum, vscale));
+            _mm256_storeu_ps(s + t * ss + 8 * h, _mm256_mul_ps(sum, h ? vs1 : vs0));
         }
 }
 
 // score_tile over Q queries in tiles of at most kScoreTile, as even as possible (a tile of 2 next
 // to one of 6 would leave the FMA units waiting); small tiles run several chains at once.
 template <typename KV>
-inline void score_queries(const float* const* qp, int64_t Q, const KV* kb, int64_t D, __m256 vscale, float* s,
-                          int64_t ss) {
+inline void score_queries(const float* const* qp, int64_t Q, const KV* kb, int64_t D, __m256 vs0, __m256 vs1,
+                          float* s, int64_t ss) {
     const int64_t ntiles = (Q + kScoreTile - 1) / kScoreTile;
     for (int64_t i = 0, t = 0; i < ntiles; ++i) {
         const int64_t qt = Q / ntiles + (i < Q % ntiles ? 1 : 0);
         switch (qt) {
-            case 1: score_tile<1, 4, KV>(qp + t, kb, D, vscale, s + t * ss, ss); break;
-            case 2: score_tile<2, 2, KV>(qp + t, kb, D, vscale, s + t * ss, ss); break;
-            case 3: score_tile<3, 2, KV>(qp + t, kb, D, vscale, s + t * ss, ss); break;
-            case 4: score_tile<4, 1, KV>(qp + t, kb, D, vscale, s + t * ss, ss); break;
-            case 5: score_tile<5, 1, KV>(qp + t, kb, D, vscale, s + t * ss, ss); break;
-            default: score_tile<6, 1, KV>(qp + t, kb, D, vscale, s + t * ss, ss); break;
+            case 1: score_tile<1, 4, KV>(qp + t, kb, D, vs0, vs1, s + t * ss, ss); break;
+            case 2: score_tile<2, 2, KV>(qp + t, kb, D, vs0, vs1, s + t * ss, ss); break;
+            case 3: score_tile<3, 2, KV>(qp + t, kb, D, vs0, vs1, s + t * ss, ss); break;
+            case 4: score_tile<4, 1, KV>(qp + t, kb, D, vs0, vs1, s + t * ss, ss); break;
+            case 5: score_tile<5, 1, KV>(qp + t, kb, D, vs0, vs1, s + t * ss, ss); break;
+            default: score_tile<6, 1, KV>(qp + t, kb, D, vs0, vs1, s + t * ss, ss); break;
         }
         t += qt;
     }
@@ -477,8 +504,26 @@ inline void score_keys(const float* const* qp, int64_t Q, const KV* kt, int64_t 
         if ((sb + 1) * kKeyBlock + kAttnPrefetchKeys <= kend)
             prefetch_span(kb + kAttnPrefetchKeys * D, kKeyBlock * D * int64_t(sizeof(KV)));
         float* sd = s + (sb * kKeyBlock - j0);
-        if (sizeof(KV) == 2 && Q > kScoreTile) score_queries<float>(qp, Q, widen(kb, D * kKeyBlock, kf), D, vscale, sd, ss);
-        else score_queries<KV>(qp, Q, kb, D, vscale, sd, ss);
+        if (sizeof(KV) == 2 && Q > kScoreTile)
+            score_queries<float>(qp, Q, widen(kb, D * kKeyBlock, kf), D, vscale, vscale, sd, ss);
+        else
+            score_queries<KV>(qp, Q, kb, D, vscale, vscale, sd, ss);
+    }
+}
+
+// score_keys over an 8-bit cache: each key block widened once.
+inline void score_keys_q8(const float* const* qp, int64_t Q, const uint8_t* kt, int64_t sb0, int64_t sb1, int64_t j0,
+                          int64_t kend, int64_t D, __m256 vscale, float* s, int64_t ss, float* kf) {
+    const int64_t bb = q8_block_bytes(D);
+    for (int64_t sb = sb0; sb < sb1; ++sb) {
+        const uint8_t* kb = kt + sb * bb;
+        if ((sb + 1) * kKeyBlock + kAttnPrefetchKeys <= kend) prefetch_span(kb + kAttnPrefetchKeys / kKeyBlock * bb, bb);
+        const float* ks = reinterpret_cast<const float*>(kb);
+        const __m256 vs0 = _mm256_mul_ps(_mm256_loadu_ps(ks), vscale), vs1 = _mm256_mul_ps(_mm256_loadu_ps(ks + 8), vscale);
+        const int8_t* entries = reinterpret_cast<const int8_t*>(kb + kQ8Header);
+        float* sd = s + (sb * kKeyBlock - j0);
+        if (Q > kScoreTile) score_queries<float>(qp, Q, widen(entries, D * kKeyBlock, kf), D, vs0, vs1, sd, ss);
+        else score_queries<int8_t>(qp, Q, entries, D, vs0, vs1, sd, ss);
     }
 }
 
@@ -517,14 +562,17 @@ inline float block_softmax(float* s, int64_t n, float softcap, float* m_out) {
 
 // acc_g[c, c + 8 NV) += sum_j p_g[j] v_j[c, c + 8 NV) for j in [0, n), GB heads sharing each value
 // load (p_g = p + g * p_stride, acc_g = acc + g * acc_stride).  Per element one FMA chain in key order.
-template <int GB, int NV, typename KV>
+// Q8: v holds row jq of an 8-bit cache's head (kernels.h kQ8Header), rows of a block back to back
+// and kQ8Header bytes between blocks.
+template <int GB, int NV, typename KV, bool Q8 = false>
 inline void value_tile(const float* p, int64_t p_stride, const KV* v, int64_t v_stride, int64_t n, float* acc,
-                       int64_t acc_stride) {
+                       int64_t acc_stride, int64_t jq = 0) {
     __m256 a[GB][NV];
     for (int g = 0; g < GB; ++g)
         for (int i = 0; i < NV; ++i) a[g][i] = _mm256_loadu_ps(acc + g * acc_stride + 8 * i);
     for (int64_t j = 0; j < n; ++j) {
         const KV* vj = v + j * v_stride;
+        if constexpr (Q8) vj += ((jq + j) / kKeyBlock - jq / kKeyBlock) * kQ8Header;
         __m256 pj[GB];
         for (int g = 0; g < GB; ++g) pj[g] = _mm256_broadcast_ss(p + g * p_stride + j);
         for (int i = 0; i < NV; ++i) {
@@ -536,17 +584,21 @@ inline void value_tile(const float* p, int64_t p_stride, const KV* v, int64_t v_
         for (int i = 0; i < NV; ++i) _mm256_storeu_ps(acc + g * acc_stride + 8 * i, a[g][i]);
 }
 
-template <int GB, typename KV>
+template <int GB, typename KV, bool Q8 = false>
 inline void value_heads(const float* p, int64_t p_stride, const KV* v, int64_t v_stride, int64_t n, int64_t D,
-                        float* acc, int64_t acc_stride) {
+                        float* acc, int64_t acc_stride, int64_t jq = 0) {
     constexpr int NV = GB == 1 ? 8 : GB == 4 ? 2 : 4;  // <= 12 accumulators
     int64_t c = 0;
-    for (; c + 8 * NV <= D; c += 8 * NV) value_tile<GB, NV, KV>(p, p_stride, v + c, v_stride, n, acc + c, acc_stride);
-    for (; c + 8 <= D; c += 8) value_tile<GB, 1, KV>(p, p_stride, v + c, v_stride, n, acc + c, acc_stride);
+    for (; c + 8 * NV <= D; c += 8 * NV)
+        value_tile<GB, NV, KV, Q8>(p, p_stride, v + c, v_stride, n, acc + c, acc_stride, jq);
+    for (; c + 8 <= D; c += 8) value_tile<GB, 1, KV, Q8>(p, p_stride, v + c, v_stride, n, acc + c, acc_stride, jq);
     for (; c < D; ++c)  // D % 8 columns: scalar, the same chain
         for (int g = 0; g < GB; ++g) {
             float x = acc[g * acc_stride + c];
-            for (int64_t j = 0; j < n; ++j) x = fmaf(p[g * p_stride + j], load1(v + j * v_stride + c), x);
+            for (int64_t j = 0; j < n; ++j) {
+                const int64_t gap = Q8 ? ((jq + j) / kKeyBlock - jq / kKeyBlock) * kQ8Header : 0;
+                x = fmaf(p[g * p_stride + j], load1(v + j * v_stride + gap + c), x);
+            }
             acc[g * acc_stride + c] = x;
         }
 }
@@ -563,6 +615,23 @@ inline void block_values(const AttnRows& a, const int64_t* beg, const int64_t* e
             const int64_t qi = r * G + g0;
             value_heads<decltype(gb)::value, KV>(s + qi * kAttnBlock + (a0 - j0), kAttnBlock, vb + (a0 - k0) * vs, vs,
                                                  a1 - a0, a.D, part + qi * P + kAttnOut, P);
+        });
+    }
+}
+
+// block_values over an 8-bit cache read in place (vq: the head's first block).
+inline void block_values_q8(const AttnRows& a, const int64_t* beg, const int64_t* end, int64_t j0, int64_t k0,
+                            int64_t k1, const uint8_t* vq, const float* s, float* part) {
+    const int64_t G = a.G, D = a.D, P = attn_part_floats(D);
+    for (int64_t r = 0; r < a.R; ++r) {
+        const int64_t a0 = beg[r] > k0 ? beg[r] : k0, a1 = end[r] < k1 ? end[r] : k1;
+        if (a0 >= a1) continue;
+        const int8_t* v0 = reinterpret_cast<const int8_t*>(vq + (a0 / kKeyBlock) * q8_block_bytes(D) + kQ8Header +
+                                                           (a0 % kKeyBlock) * D);
+        for_head_chunks(G, [&](auto gb, int64_t g0) {
+            const int64_t qi = r * G + g0;
+            value_heads<decltype(gb)::value, int8_t, true>(s + qi * kAttnBlock + (a0 - j0), kAttnBlock, v0, D, a1 - a0,
+                                                           D, part + qi * P + kAttnOut, P, a0);
         });
     }
 }
@@ -604,33 +673,64 @@ void attention_block_kv(const AttnRows& a, int64_t j0, float* part, float* scrat
     // NOTE: prefetches stop at the rows' last key (none past a unit's end)
     int64_t kend = 0;
     for (int64_t r = 0; r < R; ++r) kend = a.hi[r] + 1 > kend ? a.hi[r] + 1 : kend;
-    score_keys<KV>(qp, Q, kt, sb0, sb1, j0, kend, D, _mm256_set1_ps(a.scale), s, kAttnBlock, kf);
+    if constexpr (std::is_same_v<KV, Q8>)
+        score_keys_q8(qp, Q, static_cast<const uint8_t*>(a.kt), sb0, sb1, j0, kend, D, _mm256_set1_ps(a.scale), s,
+                      kAttnBlock, kf);
+    else
+        score_keys<KV>(qp, Q, kt, sb0, sb1, j0, kend, D, _mm256_set1_ps(a.scale), s, kAttnBlock, kf);
     for (int64_t r = 0; r < R; ++r) {
         if (beg[r] >= end[r]) continue;
         for (int64_t g = 0; g < G; ++g) {
             float* rec = part + (r * G + g) * P;
             rec[1] = block_softmax(s + (r * G + g) * kAttnBlock + (beg[r] - j0), end[r] - beg[r], a.softcap, rec);
             for (int64_t c = 0; c < D; ++c) rec[kAttnOut + c] = 0.0f;
+            if constexpr (std::is_same_v<KV, Q8>) {  // each weight times its value row's scale
+                const uint8_t* vq = static_cast<const uint8_t*>(a.v);
+                float* p = s + (r * G + g) * kAttnBlock - j0;
+                const uint64_t bb = static_cast<uint64_t>(q8_block_bytes(D));
+                for (uint64_t j = static_cast<uint64_t>(beg[r]), e = static_cast<uint64_t>(end[r]); j < e;) {
+                    const float* vs = reinterpret_cast<const float*>(vq + (j / kKeyBlock) * bb);
+                    if (j % kKeyBlock == 0 && j + kKeyBlock <= e) {  // a whole block: its 16 scales
+                        _mm256_storeu_ps(p + j, _mm256_mul_ps(_mm256_loadu_ps(p + j), _mm256_loadu_ps(vs)));
+                        _mm256_storeu_ps(p + j + 8, _mm256_mul_ps(_mm256_loadu_ps(p + j + 8), _mm256_loadu_ps(vs + 8)));
+                        j += kKeyBlock;
+                    } else {
+                        p[j] *= vs[j % kKeyBlock];
+                        ++j;
+                    }
+                }
+            }
         }
     }
     for (int64_t k0 = jmin, k1; k0 < jmax; k0 = k1) {
         k1 = (k0 / kValueKeys + 1) * kValueKeys < jmax ? (k0 / kValueKeys + 1) * kValueKeys : jmax;
         const int64_t p1 = k1 + kAttnPrefetchKeys < kend ? k1 + kAttnPrefetchKeys : kend;
         const int64_t p0 = k0 + kAttnPrefetchKeys;
-        if (p0 < p1 && a.v_stride == D)  // rows back to back: one span
-            prefetch_span(v + p0 * D, (p1 - p0) * D * int64_t(sizeof(KV)));
-        else
-            for (int64_t j = p0; j < p1; ++j) prefetch_span(v + j * a.v_stride, D * int64_t(sizeof(KV)));
-        if (widen_v)
-            block_values<float>(a, beg, end, j0, k0, k1, widen_rows(v + k0 * a.v_stride, a.v_stride, k1 - k0, D, vf, Dp),
-                                Dp, s, part);
-        else
-            block_values<KV>(a, beg, end, j0, k0, k1, v + k0 * a.v_stride, a.v_stride, s, part);
+        if constexpr (std::is_same_v<KV, Q8>) {
+            const uint8_t* vq = static_cast<const uint8_t*>(a.v);
+            const int64_t bb = q8_block_bytes(D);
+            if (p0 < p1) prefetch_span(vq + p0 / kKeyBlock * bb, ((p1 - 1) / kKeyBlock - p0 / kKeyBlock + 1) * bb);
+            if (active > 1)
+                block_values<float>(a, beg, end, j0, k0, k1, widen_q8_rows(vq, k0, k1, D, vf, Dp), Dp, s, part);
+            else
+                block_values_q8(a, beg, end, j0, k0, k1, vq, s, part);
+        } else {
+            if (p0 < p1 && a.v_stride == D)  // rows back to back: one span
+                prefetch_span(v + p0 * D, (p1 - p0) * D * int64_t(sizeof(KV)));
+            else
+                for (int64_t j = p0; j < p1; ++j) prefetch_span(v + j * a.v_stride, D * int64_t(sizeof(KV)));
+            if (widen_v)
+                block_values<float>(a, beg, end, j0, k0, k1,
+                                    widen_rows(v + k0 * a.v_stride, a.v_stride, k1 - k0, D, vf, Dp), Dp, s, part);
+            else
+                block_values<KV>(a, beg, end, j0, k0, k1, v + k0 * a.v_stride, a.v_stride, s, part);
+        }
     }
 }
 
 void attention_block(const AttnRows& a, int64_t j0, float* part, float* scratch) {
-    if (a.half) attention_block_kv<uint16_t>(a, j0, part, scratch);
+    if (a.q8) attention_block_kv<Q8>(a, j0, part, scratch);
+    else if (a.half) attention_block_kv<uint16_t>(a, j0, part, scratch);
     else attention_block_kv<float>(a, j0, part, scratch);
 }
 

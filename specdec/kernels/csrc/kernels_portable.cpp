@@ -173,8 +173,63 @@ void attention_block_kv(const AttnRows& a, int64_t j0, float* part, float* scrat
     }
 }
 
+// The 8-bit cache (kernels.h kQ8Header): position j's scale and its entry d as an exact float;
+// `key` selects the keys' transposed layout.
+inline float q8_scale(const uint8_t* head, int64_t j, int64_t D) {
+    float sc;
+    std::memcpy(&sc, head + (j / kKeyBlock) * q8_block_bytes(D) + (j % kKeyBlock) * 4, sizeof sc);
+    return sc;
+}
+inline float q8_entry(const uint8_t* head, int64_t j, int64_t d, int64_t D, bool key) {
+    const uint8_t* blk = head + (j / kKeyBlock) * q8_block_bytes(D) + kQ8Header;
+    const int64_t at = key ? d * kKeyBlock + j % kKeyBlock : (j % kKeyBlock) * D + d;
+    return static_cast<float>(reinterpret_cast<const int8_t*>(blk)[at]);
+}
+
+// block_query over an 8-bit cache: a score's sum times (its key's scale * scale), a weight times
+// its value row's scale (kernels_avx2.cpp, the same operations).
+void block_query_q8(const float* q, const uint8_t* kt, const uint8_t* v, int64_t b, int64_t e, int64_t D,
+                    float scale, float softcap, float* rec, float* s) {
+    float m = -INFINITY;
+    for (int64_t j = b; j < e; ++j) {
+        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int64_t d = 0; d < 4 && d < D; ++d) c[d] = q[d] * q8_entry(kt, j, d, D, true);
+        for (int64_t d = 4; d < D; ++d) c[d % 4] = std::fma(q[d], q8_entry(kt, j, d, D, true), c[d % 4]);
+        float sj = ((c[0] + c[1]) + (c[2] + c[3])) * (q8_scale(kt, j, D) * scale);
+        if (softcap > 0.0f) sj = softcap * std::tanh(sj / softcap);
+        s[j - b] = sj;
+        m = sj > m ? sj : m;
+    }
+    float l = 0.0f;
+    for (int64_t j = b; j < e; ++j) {
+        s[j - b] = std::exp(s[j - b] - m);
+        l += s[j - b];
+    }
+    rec[0] = m;
+    rec[1] = l;
+    float* o = rec + kAttnOut;
+    for (int64_t d = 0; d < D; ++d) o[d] = 0.0f;
+    for (int64_t j = b; j < e; ++j) {
+        const float p = s[j - b] * q8_scale(v, j, D);
+        for (int64_t d = 0; d < D; ++d) o[d] = std::fma(p, q8_entry(v, j, d, D, false), o[d]);
+    }
+}
+
+void attention_block_q8(const AttnRows& a, int64_t j0, float* part, float* scratch) {
+    const int64_t P = attn_part_floats(a.D);
+    for (int64_t r = 0; r < a.R; ++r) {
+        const int64_t b = std::max(a.lo[r], j0), e = std::min(a.hi[r] + 1, j0 + kAttnBlock);
+        if (b >= e) continue;
+        for (int64_t g = 0; g < a.G; ++g)
+            block_query_q8(a.q + r * a.q_row_stride + g * a.q_head_stride, static_cast<const uint8_t*>(a.kt),
+                           static_cast<const uint8_t*>(a.v), b, e, a.D, a.scale, a.softcap, part + (r * a.G + g) * P,
+                           scratch);
+    }
+}
+
 void attention_block(const AttnRows& a, int64_t j0, float* part, float* scratch) {
-    if (a.half) attention_block_kv<uint16_t>(a, j0, part, scratch);
+    if (a.q8) attention_block_q8(a, j0, part, scratch);
+    else if (a.half) attention_block_kv<uint16_t>(a, j0, part, scratch);
     else attention_block_kv<float>(a, j0, part, scratch);
 }
 

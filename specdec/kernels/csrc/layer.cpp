@@ -9,6 +9,7 @@
 // which tests/unit/test_tiny_model.py checks.
 #include <torch/extension.h>
 
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -46,6 +47,21 @@ inline void rotate_head(const float* src, const float* cos, const float* sin, in
         const float b = src[j - h] * sin[j];
         put(dst + j * dst_stride, a + b);
     }
+}
+
+// One head's D floats into an 8-bit cache block (kernels.h kQ8Header): scale = max |x| / 127,
+// entry d = round-half-even(x[d] / scale) (0 for an all-zero head) at q[d * q_stride]; the scale
+// at *scale.  The same operations as KVCache.store's (specdec/kv_cache/pool.py).
+inline void put_q8(const float* x, int64_t D, int8_t* q, int64_t q_stride, float* scale) {
+    float amax = 0.0f;
+    for (int64_t d = 0; d < D; ++d) amax = std::fabs(x[d]) > amax ? std::fabs(x[d]) : amax;
+    const float sc = amax / 127.0f;
+    for (int64_t d = 0; d < D; ++d) {
+        float r = sc > 0.0f ? std::nearbyint(x[d] / sc) : 0.0f;
+        r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
+        q[d * q_stride] = static_cast<int8_t>(r);
+    }
+    std::memcpy(scale, &sc, sizeof sc);
 }
 
 class DecoderLayer {
@@ -101,17 +117,26 @@ class DecoderLayer {
                         sin.sizes() == cos.sizes() && cos.scalar_type() == torch::kFloat32 &&
                         sin.scalar_type() == torch::kFloat32,
                     "DecoderLayer: cos / sin must be contiguous float32 [T, head_dim]");
-        const bool half = v_cache.scalar_type() == torch::kHalf;
-        TORCH_CHECK(v_cache.dim() == 4 && v_cache.is_contiguous() && v_cache.size(1) == Hkv_ &&
-                        v_cache.size(3) == D && (half || v_cache.scalar_type() == torch::kFloat32),
-                    "DecoderLayer: v_cache must be contiguous float32 or float16 [slots, Hkv, max_len, D]");
-        TORCH_CHECK(k_cache.dim() == 5 && k_cache.is_contiguous() && k_cache.size(0) == v_cache.size(0) &&
-                        k_cache.size(1) == Hkv_ && k_cache.size(2) * kKeyBlock >= v_cache.size(2) &&
-                        k_cache.size(3) == D && k_cache.size(4) == kKeyBlock &&
-                        k_cache.scalar_type() == v_cache.scalar_type(),
-                    "DecoderLayer: k_cache must be contiguous [slots, Hkv, max_len / ", kKeyBlock,
-                    ", D, ", kKeyBlock, "] (blocked), of v_cache's dtype");
-        const int64_t max_len = v_cache.size(2);
+        const bool half = v_cache.scalar_type() == torch::kHalf, q8 = v_cache.scalar_type() == torch::kInt8;
+        if (q8) {
+            TORCH_CHECK(v_cache.dim() == 4 && v_cache.is_contiguous() && v_cache.size(1) == Hkv_ &&
+                            v_cache.size(3) == q8_block_bytes(D) && k_cache.sizes() == v_cache.sizes() &&
+                            k_cache.is_contiguous() && k_cache.scalar_type() == torch::kInt8,
+                        "DecoderLayer: an int8 cache's k_cache and v_cache must be contiguous [slots, Hkv, "
+                        "max_len / ",
+                        kKeyBlock, ", ", q8_block_bytes(D), "]");
+        } else {
+            TORCH_CHECK(v_cache.dim() == 4 && v_cache.is_contiguous() && v_cache.size(1) == Hkv_ &&
+                            v_cache.size(3) == D && (half || v_cache.scalar_type() == torch::kFloat32),
+                        "DecoderLayer: v_cache must be contiguous float32 or float16 [slots, Hkv, max_len, D]");
+            TORCH_CHECK(k_cache.dim() == 5 && k_cache.is_contiguous() && k_cache.size(0) == v_cache.size(0) &&
+                            k_cache.size(1) == Hkv_ && k_cache.size(2) * kKeyBlock >= v_cache.size(2) &&
+                            k_cache.size(3) == D && k_cache.size(4) == kKeyBlock &&
+                            k_cache.scalar_type() == v_cache.scalar_type(),
+                        "DecoderLayer: k_cache must be contiguous [slots, Hkv, max_len / ", kKeyBlock, ", D, ",
+                        kKeyBlock, "] (blocked), of v_cache's dtype");
+        }
+        const int64_t max_len = q8 ? v_cache.size(2) * kKeyBlock : v_cache.size(2);
         int64_t total = 0;
         for (size_t s = 0; s < slots.size(); ++s) {
             TORCH_CHECK(slots[s] >= 0 && slots[s] < k_cache.size(0), "DecoderLayer: slot out of range");
@@ -165,7 +190,35 @@ class DecoderLayer {
                 }
             }
         };
-        if (half)
+        // The 8-bit cache: each key rotated into a float row first, then quantized into its block.
+        auto write_q8 = [&](uint8_t* kc, uint8_t* vc) {
+            const int64_t bb = q8_block_bytes(D), blocks = max_len / kKeyBlock;
+            std::vector<float> key(static_cast<size_t>(D));
+            int64_t t = 0;
+            for (size_t s = 0; s < slots.size(); ++s) {
+                for (int64_t i = 0; i < counts[s]; ++i, ++t) {
+                    const float* c = cp + t * D;
+                    const float* sn = sp + t * D;
+                    for (int64_t hd = 0; hd < H_; ++hd)
+                        rotate_head(qp + t * q_stride + hd * D, c, sn, D, qrp + (t * H_ + hd) * D);
+                    const int64_t pos = starts[s] + i, lane = pos % kKeyBlock;
+                    for (int64_t hd = 0; hd < Hkv_; ++hd) {
+                        const int64_t blk = ((slots[s] * Hkv_ + hd) * blocks + pos / kKeyBlock) * bb;
+                        float* scales_k = reinterpret_cast<float*>(kc + blk);
+                        float* scales_v = reinterpret_cast<float*>(vc + blk);
+                        rotate_head(kp + t * k_stride + hd * D, c, sn, D, key.data());
+                        put_q8(key.data(), D, reinterpret_cast<int8_t*>(kc + blk + kQ8Header) + lane, kKeyBlock,
+                               scales_k + lane);
+                        put_q8(vp + t * v_stride + hd * D, D,
+                               reinterpret_cast<int8_t*>(vc + blk + kQ8Header) + lane * D, 1, scales_v + lane);
+                    }
+                }
+            }
+        };
+        if (q8)
+            write_q8(reinterpret_cast<uint8_t*>(k_cache.data_ptr<int8_t>()),
+                     reinterpret_cast<uint8_t*>(v_cache.data_ptr<int8_t>()));
+        else if (half)
             write(reinterpret_cast<uint16_t*>(k_cache.data_ptr<at::Half>()),
                   reinterpret_cast<uint16_t*>(v_cache.data_ptr<at::Half>()));
         else

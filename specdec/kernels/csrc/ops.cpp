@@ -967,20 +967,31 @@ torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tens
     check_float_cpu(q, "attention q");
     TORCH_CHECK(k_cache.device().is_cpu() && v_cache.device().is_cpu(),
                 "specdec native attention: the KV cache must be on the CPU");
-    const bool half = k_cache.scalar_type() == torch::kHalf;
-    TORCH_CHECK((half || k_cache.scalar_type() == torch::kFloat32) &&
+    const bool half = k_cache.scalar_type() == torch::kHalf, q8 = k_cache.scalar_type() == torch::kInt8;
+    TORCH_CHECK((half || q8 || k_cache.scalar_type() == torch::kFloat32) &&
                     v_cache.scalar_type() == k_cache.scalar_type(),
-                "specdec native attention: k_cache and v_cache must both be float32 or both float16, got ",
+                "specdec native attention: k_cache and v_cache must both be float32, both float16 or both int8, "
+                "got ",
                 k_cache.scalar_type(), " and ", v_cache.scalar_type());
-    TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 5 && v_cache.dim() == 4,
-                "specdec native attention: q [T, H, D], k_cache [S, Hkv, L / ", kKeyBlock, ", D, ",
-                kKeyBlock, "] (blocked), v_cache [S, Hkv, L, D]");
-    const int64_t T = q.size(0), H = q.size(1), D = q.size(2);
-    const int64_t S = v_cache.size(0), Hkv = v_cache.size(1), L = v_cache.size(2);
-    TORCH_CHECK(v_cache.size(3) == D && k_cache.size(0) == S && k_cache.size(1) == Hkv &&
-                    k_cache.size(2) * kKeyBlock >= L && k_cache.size(3) == D && k_cache.size(4) == kKeyBlock,
-                "specdec native attention: shape mismatch q ", q.sizes(), " k ", k_cache.sizes(), " v ",
-                v_cache.sizes());
+    const int64_t T = q.dim() == 3 ? q.size(0) : 0, H = q.dim() == 3 ? q.size(1) : 0, D = q.dim() == 3 ? q.size(2) : 0;
+    if (q8) {
+        // kernels.h kQ8Header: [S, Hkv, L / kKeyBlock, q8_block_bytes(D)] bytes, keys and values alike
+        TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes() &&
+                        k_cache.size(3) == q8_block_bytes(D),
+                    "specdec native attention: q [T, H, D], an int8 cache's k_cache and v_cache [S, Hkv, L / ",
+                    kKeyBlock, ", ", kQ8Header, " + ", kKeyBlock, " D], got q ", q.sizes(), " k ", k_cache.sizes(),
+                    " v ", v_cache.sizes());
+    } else {
+        TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 5 && v_cache.dim() == 4,
+                    "specdec native attention: q [T, H, D], k_cache [S, Hkv, L / ", kKeyBlock, ", D, ", kKeyBlock,
+                    "] (blocked), v_cache [S, Hkv, L, D]");
+        TORCH_CHECK(v_cache.size(3) == D && k_cache.size(0) == v_cache.size(0) && k_cache.size(1) == v_cache.size(1) &&
+                        k_cache.size(2) * kKeyBlock >= v_cache.size(2) && k_cache.size(3) == D &&
+                        k_cache.size(4) == kKeyBlock,
+                    "specdec native attention: shape mismatch q ", q.sizes(), " k ", k_cache.sizes(), " v ",
+                    v_cache.sizes());
+    }
+    const int64_t S = v_cache.size(0), Hkv = v_cache.size(1), L = q8 ? v_cache.size(2) * kKeyBlock : v_cache.size(2);
     TORCH_CHECK(Hkv > 0 && H % Hkv == 0, "specdec native attention: H (", H, ") not a multiple of Hkv (", Hkv, ")");
     TORCH_CHECK(slots.size() == starts.size() && slots.size() == counts.size(),
                 "specdec native attention: slots, starts and counts differ in length");
@@ -1003,7 +1014,7 @@ torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tens
                 row_hi.size(), " but q has ", T, " rows");
     if (q.stride(2) != 1) q = q.contiguous();
     if (!k_cache.is_contiguous()) k_cache = k_cache.contiguous();
-    if (v_cache.stride(3) != 1) v_cache = v_cache.contiguous();
+    if (v_cache.stride(3) != 1 || (q8 && !v_cache.is_contiguous())) v_cache = v_cache.contiguous();
     auto out = torch::empty({T, H, D}, q.options().memory_format(at::MemoryFormat::Contiguous));
     if (T == 0 || H == 0) return out;
     const int64_t G = H / Hkv, P = attn_part_floats(D);
@@ -1013,7 +1024,7 @@ torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tens
     const float* qp = q.data_ptr<float>();
     const char* kp = static_cast<const char*>(k_cache.data_ptr());
     const char* vp = static_cast<const char*>(v_cache.data_ptr());
-    const int64_t elt = half ? 2 : 4;
+    const int64_t elt = q8 ? 1 : half ? 2 : 4;
     float* op = out.data_ptr<float>();
     const int64_t qs0 = q.stride(0), qs1 = q.stride(1);
     const int64_t ks0 = k_cache.stride(0), ks1 = k_cache.stride(1);
@@ -1024,7 +1035,7 @@ torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tens
         return AttnRows{qp + u.row0 * qs0 + u.hk * G * qs1, qs0, qs1, u.rows, G, D,
                         row_lo.data() + u.row0, row_hi.data() + u.row0,
                         kp + (u.slot * ks0 + u.hk * ks1) * elt, vp + (u.slot * vs0 + u.hk * vs1) * elt,
-                        vs2, half, fscale, fcap};
+                        vs2, half, fscale, fcap, q8};
     };
     // NOTE: per item, its K and V bytes at ~8 GB/s a thread plus its products at ~32 flops/ns
     const double rows_avg = static_cast<double>(T * Hkv) / static_cast<double>(units.size());
@@ -1078,9 +1089,11 @@ torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tens
 
 torch::Tensor attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                         int64_t start_pos, double scale, int64_t sliding_window, double softcap) {
-    TORCH_CHECK(k_cache.dim() == 4 && v_cache.dim() == 3,
+    TORCH_CHECK((k_cache.dim() == 4 && v_cache.dim() == 3) ||
+                    (k_cache.scalar_type() == torch::kInt8 && k_cache.dim() == 3 && v_cache.dim() == 3),
                 "specdec native attention: q [T, H, D], k_cache [Hkv, L / ", kKeyBlock, ", D, ", kKeyBlock,
-                "] (blocked), v_cache [Hkv, L, D]");
+                "] (blocked), v_cache [Hkv, L, D]; an int8 cache's both [Hkv, L / ", kKeyBlock, ", ", kQ8Header,
+                " + ", kKeyBlock, " D]");
     return attention_seqs(q, k_cache.unsqueeze(0), v_cache.unsqueeze(0), {0}, {start_pos}, {q.size(0)},
                           scale, sliding_window, softcap);
 }
