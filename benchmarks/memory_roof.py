@@ -70,17 +70,24 @@ def _tensors(obj, seen: set[int], out: dict[int, int], depth: int = 0) -> None:
         _tensors(item, seen, out, depth + 1)
 
 
-def model_bytes(model_name: str, quantization: str, max_len: int) -> tuple[float, float]:
+def model_bytes(
+    model_name: str, quantization: str, max_len: int, kv_cache_dtype: str = "auto"
+) -> tuple[float, float]:
     """(weight MB, KV MB per token) of the model as the engine loads it."""
+    from specdec.kv_cache.pool import KVCache
     from specdec.llm import LLM
 
-    llm = LLM(model_name, quantization=quantization, max_model_len=max_len, max_num_seqs=1)
+    llm = LLM(
+        model_name, quantization=quantization, max_model_len=max_len, max_num_seqs=1,
+        kv_cache_dtype=kv_cache_dtype,
+    )  # fmt: skip
     model = llm.engine.model
     storages: dict[int, int] = {}
     _tensors(model, set(), storages)
     cfg = model.cfg
-    elt = torch.tensor([], dtype=model.kv_dtype).element_size()
-    kv_token = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * elt
+    kv_token = KVCache.bytes_per_token(
+        cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, model.kv_dtype
+    )  # an int8 cache's scales included
     return sum(storages.values()) / 1e6, kv_token / 1e6
 
 
@@ -99,16 +106,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--quantization", "-q", default="auto", help="as forward-cost's --quantization")
+    ap.add_argument("--kv-cache-dtype", default="auto", help="as forward-cost's --kv-cache-dtype")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--contexts", default="200,2000,3800")
     ap.add_argument("--bandwidth-gib", type=float, default=2.0, help="size of the sum's tensor")
     ap.add_argument("--forward-cost", nargs="*", default=[], help="forward-cost --json files")
     args = ap.parse_args()
     contexts = [int(c) for c in args.contexts.split(",")]
-    weight_mb, kv_token_mb = model_bytes(args.model, args.quantization, max(contexts) + 32)
+    weight_mb, kv_token_mb = model_bytes(
+        args.model, args.quantization, max(contexts) + 32, args.kv_cache_dtype
+    )
     bw = read_bandwidth(args.threads, args.bandwidth_gib)
     measured = _measured_n1(args.forward_cost)
-    print(f"model {args.model}: weights {weight_mb:.1f} MB, KV {kv_token_mb * 1e3:.1f} KB a token")
+    print(
+        f"model {args.model}: weights {weight_mb:.1f} MB, KV ({args.kv_cache_dtype}) "
+        f"{kv_token_mb * 1e3:.1f} KB a token"
+    )
     print(f"read bandwidth ({args.threads} threads, torch.sum): {bw:.1f} GB/s\n")
     print("| context | weights MB | KV MB | roof ms | N=1 ms | N=1 / roof |")
     print("|---|---|---|---|---|---|")
