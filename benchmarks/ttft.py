@@ -26,13 +26,15 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=3000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--activation-dtype", default="auto")
+    ap.add_argument("--kv-cache-dtype", default="auto")
     ap.add_argument("--max-num-batched-tokens", type=int, default=None)
     args = ap.parse_args()
     extra = {}
     if args.max_num_batched_tokens:
         extra["max_num_batched_tokens"] = args.max_num_batched_tokens
     llm = LLM(args.model, max_model_len=args.tokens + 64, enable_prefix_caching=False,
-              activation_dtype=args.activation_dtype, **extra)  # fmt: skip
+              activation_dtype=args.activation_dtype, kv_cache_dtype=args.kv_cache_dtype,
+              **extra)  # fmt: skip
     tok = llm.get_tokenizer()
     ids = tok.encode((ROOT / "README.md").read_text())
     while len(ids) < args.tokens:
@@ -45,7 +47,7 @@ def main() -> None:
         llm.generate([prompt], sp, use_tqdm=False)
         times.append(time.perf_counter() - start)
     ttft = statistics.median(times[1:])
-    print(f"{args.model} ({args.activation_dtype}): TTFT for {args.tokens} prompt tokens: "
+    print(f"{args.model} ({args.activation_dtype}, KV {args.kv_cache_dtype}): TTFT for {args.tokens} prompt tokens: "
           f"median {ttft:.2f} s ({args.tokens / ttft:.0f} tok/s) over {args.repeats} runs "
           f"{[round(t, 2) for t in times[1:]]}")  # fmt: skip
 
