@@ -30,8 +30,9 @@ scale per position and head (its largest magnitude / 127, entries rounded half t
 half a float16 cache's bytes. Keys and values alike are stored in blocks of ``key_block``
 positions, each ``[key_block]`` float32 scales then the int8 entries (keys transposed as above,
 values row-major): ``k`` and ``v`` are ``int8 [layers, slots, Hkv, ceil(max_len / key_block),
-4 * key_block + key_block * D]`` (kernels.h ``kQ8Header``). Attention reads an entry as
-``float(int8) * scale``: what a float cache holding those products would give, bit for bit.
+4 * key_block + key_block * D]`` (kernels.h ``kQ8Header``). Attention reads the int8 entries
+as they are and applies the scales once: to each score (the key's) and to each softmax weight
+(the value's). ``keys`` / ``values`` give the products, float(int8) * scale.
 """
 
 from __future__ import annotations

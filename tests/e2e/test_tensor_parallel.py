@@ -92,6 +92,20 @@ def test_every_drafter_at_tp2_equals_tp2_plain_on_the_tiny_model(tiny_llama, tin
         llm.engine.shutdown()
 
 
+def test_tp2_with_an_int8_cache_speculates_exactly_and_mirrors_prefixes(tiny_llama) -> None:
+    """Each rank keeps its heads' 8-bit KV; drafts and prefix-cache copies stay exact."""
+    plain = _llm(str(tiny_llama), 2, kv_cache_dtype="int8")
+    assert plain.engine.kv.k.dtype == torch.int8
+    want = _runs(plain)
+    plain.engine.shutdown()
+    spec = {"method": "suffix", "num_speculative_tokens": 4, "adaptive": False}
+    llm = _llm(str(tiny_llama), 2, spec, kv_cache_dtype="int8", enable_prefix_caching=True)
+    assert _runs(llm) == want
+    assert _runs(llm) == want  # the second pass reuses prefixes: copies mirrored to the worker
+    assert llm.engine.kv.num_prefix_cache_hits > 0
+    llm.engine.shutdown()
+
+
 def _logits(llm: LLM, ids: list[int]) -> torch.Tensor:  # [T, V]
     m = llm.engine.model
     kv = m.make_kv_cache(1, 64)

@@ -83,9 +83,11 @@ struct AttnRows {
 
 // The 8-bit KV cache (kv_cache_dtype int8): positions in blocks of kKeyBlock, each block
 // kQ8Header bytes of kKeyBlock float32 scales (one a position) and then the int8 entries, keys
-// transposed ([D, kKeyBlock], as the float layout) and values row-major ([kKeyBlock, D]).  Entry
-// = float(int8) * its position's scale (one rounding), so attention over such a cache computes
-// what it computes over a float cache holding those products, bit for bit, in every ISA.
+// transposed ([D, kKeyBlock], as the float layout) and values row-major ([kKeyBlock, D]).  The
+// entries are read as exact floats, and the scales enter once: a score is q . k_int8 (the float
+// chains above) times (its key's scale * scale), and each softmax weight is multiplied by its
+// value row's scale before the value products (l sums the weights before that).  The same
+// operations in every ISA and every split, so rows stay batch-invariant.
 constexpr int64_t kQ8Header = kKeyBlock * 4;
 inline int64_t q8_block_bytes(int64_t D) { return kQ8Header + kKeyBlock * D; }
 

@@ -511,7 +511,8 @@ inline void score_keys(const float* const* qp, int64_t Q, const KV* kt, int64_t 
     }
 }
 
-// score_keys over an 8-bit cache: each key block widened once.
+// score_keys over an 8-bit cache: a block's entries read in place by one query tile, widened
+// (exactly) once for several; each key's score times (its scale * the attention scale).
 inline void score_keys_q8(const float* const* qp, int64_t Q, const uint8_t* kt, int64_t sb0, int64_t sb1, int64_t j0,
                           int64_t kend, int64_t D, __m256 vscale, float* s, int64_t ss, float* kf) {
     const int64_t bb = q8_block_bytes(D);
