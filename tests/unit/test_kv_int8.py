@@ -12,31 +12,11 @@ from specdec.config import ConfigError
 from specdec.kernels import _C
 from specdec.kv_cache.pool import KVCache, quantize_q8
 from specdec.model.loader import load_checkpoint
-from tests.conftest import bench_prompts
+from tests.unit.test_attention_blocks import BLOCK, _isas, isa  # noqa: F401  (isa: the ISA fixture)
 
 pytestmark = pytest.mark.skipif(_C is None, reason="native kernels not built")
 
-BLOCK = 256  # kernels.h kAttnBlock
 CPU = torch.device("cpu")
-
-
-def _isas() -> list[str]:
-    if _C is None:
-        return []
-    isas = ["portable"]
-    if _C.has_avx2_build() and _C.cpu_features()["avx2"]:
-        isas.append("avx2")
-    if _C.has_avx512_build() and _C.cpu_features()["avx512f"]:
-        isas.append("avx512")
-    return isas
-
-
-@pytest.fixture(params=_isas())
-def isa(request):
-    before = _C.isa()
-    _C.set_isa(request.param)
-    yield request.param
-    _C.set_isa(before)
 
 
 def _filled(hkv: int, length: int, d: int, seed: int, slots: int = 1) -> KVCache:
@@ -111,11 +91,12 @@ def test_an_int8_cache_takes_about_half_a_half_caches_bytes() -> None:
     assert kv.reserved_bytes == 64 * q8
 
 
+@pytest.mark.usefixtures("isa")
 @pytest.mark.parametrize(
     "h,hkv,d,window,softcap",
     [(9, 3, 64, 0, 0.0), (4, 4, 72, 0, 0.0), (6, 2, 64, 200, 0.0), (4, 1, 20, 0, 30.0)],
 )
-def test_accuracy_across_blocks(isa, h, hkv, d, window, softcap) -> None:
+def test_accuracy_across_blocks(h, hkv, d, window, softcap) -> None:
     length, start, rows = 700, 650, 12  # three blocks of 256 keys, the last partly filled
     kv = _filled(hkv, length, d, seed=1)
     q = torch.randn(rows, h, d, generator=torch.Generator().manual_seed(2))
@@ -144,7 +125,8 @@ def test_close_to_attention_over_the_float_values() -> None:
     assert (got - want).norm() < 0.02 * want.norm()
 
 
-def test_row_alone_equals_row_among_n(isa) -> None:
+@pytest.mark.usefixtures("isa")
+def test_row_alone_equals_row_among_n() -> None:
     h, hkv, d, length = 9, 3, 64, 2 * BLOCK + 80
     kv = _filled(hkv, length, d, seed=3)
     kt, vt = kv.k[0, 0], kv.v[0, 0]
@@ -184,7 +166,8 @@ def test_isas_agree_and_threads_change_nothing() -> None:
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_batch_mixes(isa) -> None:
+@pytest.mark.usefixtures("isa")
+def test_batch_mixes() -> None:
     """Sequences of other lengths and row counts in the same call change no row."""
     kv = _filled(2, 600, 64, seed=8, slots=3)
     kt, vt = kv.k[0], kv.v[0]
@@ -284,35 +267,3 @@ def test_int8_needs_the_native_kernels(tiny_llama) -> None:
         LLM(str(tiny_llama), kernels="torch", kv_cache_dtype="int8")
     with pytest.raises(ConfigError, match="kv_cache_dtype must be one of .*int8"):
         LLM(str(tiny_llama), kv_cache_dtype="int4")
-
-
-@pytest.mark.slow
-def test_real_model_with_an_int8_cache() -> None:
-    """SmolLM2-135M: next-token choices over a prefill agree with the float32 cache's almost
-    everywhere, and speculation stays exact over the int8 cache."""
-    from specdec.engine.loading import load_model
-    from specdec.model.llama import SeqBatch
-
-    logits = {}
-    for kv_dtype in ("float32", "int8"):
-        model, tok = load_model(
-            "smollm2-135m", CPU, torch.float32, "auto", "auto", 512, "auto", kv_dtype
-        )
-        ids = tok.encode("The quick brown fox jumps over the lazy dog. " * 20)
-        kv = model.make_kv_cache(1, 512)
-        h = model.forward(
-            torch.tensor(ids), torch.arange(len(ids)), SeqBatch([0], [0], [len(ids)]), kv
-        )
-        logits[kv_dtype] = model.compute_logits(h)
-    same = logits["int8"].argmax(-1) == logits["float32"].argmax(-1)
-    assert same.float().mean() >= 0.97
-    prompts = [p["turns"][0] for p in bench_prompts(6)]
-    sp = SamplingParams(temperature=0.0, max_tokens=32)
-    plain = LLM("smollm2-135m", kv_cache_dtype="int8", max_model_len=1024)
-    want = [o.outputs[0].token_ids for o in plain.generate(prompts, sp)]
-    for method in ("ngram", "suffix"):
-        spec = {"method": method, "num_speculative_tokens": 5, "adaptive": False}
-        llm = LLM(
-            "smollm2-135m", kv_cache_dtype="int8", max_model_len=1024, speculative_config=spec
-        )
-        assert [o.outputs[0].token_ids for o in llm.generate(prompts, sp)] == want, method

@@ -124,23 +124,55 @@ void rms_norm_rows(const float* x, const float* w, float* y, int64_t K, float ep
 inline float load1(const float* p) { return *p; }
 inline float load1(const uint16_t* p) { return half_to_float(*p); }
 
-// scale * q . k_j for a blocked key cache as kernels.h defines it (std::fma: one rounding, as vfmadd).
+// One kv head's cache as block_query reads it: entry d of key or value j as an exact float, the
+// factor that multiplies key j's score sum, and value j's softmax weight.  A float or half cache
+// (kernels.h AttnRows; the factor is the attention scale, the weight as it is) ...
 template <typename KV>
-inline float blocked_score(const float* q, const KV* kt, int64_t j, int64_t D, float scale) {
-    const KV* kb = kt + (j / kKeyBlock) * D * kKeyBlock + j % kKeyBlock;
-    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int64_t d = 0; d < 4 && d < D; ++d) c[d] = q[d] * load1(kb + d * kKeyBlock);
-    for (int64_t d = 4; d < D; ++d) c[d % 4] = std::fma(q[d], load1(kb + d * kKeyBlock), c[d % 4]);
-    return ((c[0] + c[1]) + (c[2] + c[3])) * scale;
-}
+struct FloatHead {
+    const KV* kt;
+    const KV* v;
+    int64_t v_stride, D;
+    float key(int64_t j, int64_t d) const {
+        return load1(kt + (j / kKeyBlock) * D * kKeyBlock + d * kKeyBlock + j % kKeyBlock);
+    }
+    float value(int64_t j, int64_t d) const { return load1(v + j * v_stride + d); }
+    float score_factor(int64_t, float scale) const { return scale; }
+    float weight(int64_t, float p) const { return p; }
+};
 
-// The partial softmax of one (row, head) over keys [b, e): rec = (m, l, o[D]).
-template <typename KV>
-void block_query(const float* q, const KV* kt, const KV* v, int64_t v_stride, int64_t b, int64_t e, int64_t D,
-                 float scale, float softcap, float* rec, float* s) {
+// ... and an 8-bit one (kernels.h kQ8Header): the key's scale joins the attention scale, the value
+// row's scale multiplies the weight (kernels_avx2.cpp, the same operations).
+struct Q8Head {
+    const uint8_t* kt;
+    const uint8_t* v;
+    int64_t D;
+    static float scale_of(const uint8_t* head, int64_t j, int64_t D) {
+        float sc;
+        std::memcpy(&sc, head + (j / kKeyBlock) * q8_block_bytes(D) + (j % kKeyBlock) * 4, sizeof sc);
+        return sc;
+    }
+    static const int8_t* entries(const uint8_t* head, int64_t j, int64_t D) {
+        return reinterpret_cast<const int8_t*>(head + (j / kKeyBlock) * q8_block_bytes(D) + kQ8Header);
+    }
+    float key(int64_t j, int64_t d) const {
+        return static_cast<float>(entries(kt, j, D)[d * kKeyBlock + j % kKeyBlock]);
+    }
+    float value(int64_t j, int64_t d) const { return static_cast<float>(entries(v, j, D)[(j % kKeyBlock) * D + d]); }
+    float score_factor(int64_t j, float scale) const { return scale_of(kt, j, D) * scale; }
+    float weight(int64_t j, float p) const { return p * scale_of(v, j, D); }
+};
+
+// The partial softmax of one (row, head) over keys [b, e): rec = (m, l, o[D]).  q . k_j in four
+// chains as kernels.h defines it (std::fma: one rounding, as vfmadd).
+template <typename Head>
+void block_query(const float* q, const Head& kv, int64_t b, int64_t e, int64_t D, float scale, float softcap,
+                 float* rec, float* s) {
     float m = -INFINITY;
     for (int64_t j = b; j < e; ++j) {
-        float sj = blocked_score(q, kt, j, D, scale);
+        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int64_t d = 0; d < 4 && d < D; ++d) c[d] = q[d] * kv.key(j, d);
+        for (int64_t d = 4; d < D; ++d) c[d % 4] = std::fma(q[d], kv.key(j, d), c[d % 4]);
+        float sj = ((c[0] + c[1]) + (c[2] + c[3])) * kv.score_factor(j, scale);
         if (softcap > 0.0f) sj = softcap * std::tanh(sj / softcap);
         s[j - b] = sj;
         m = sj > m ? sj : m;
@@ -155,82 +187,36 @@ void block_query(const float* q, const KV* kt, const KV* v, int64_t v_stride, in
     float* o = rec + kAttnOut;
     for (int64_t d = 0; d < D; ++d) o[d] = 0.0f;
     for (int64_t j = b; j < e; ++j) {
-        const KV* vj = v + j * v_stride;
-        for (int64_t d = 0; d < D; ++d) o[d] = std::fma(s[j - b], load1(vj + d), o[d]);
+        const float p = kv.weight(j, s[j - b]);
+        for (int64_t d = 0; d < D; ++d) o[d] = std::fma(p, kv.value(j, d), o[d]);
     }
 }
 
-template <typename KV>
-void attention_block_kv(const AttnRows& a, int64_t j0, float* part, float* scratch) {
+template <typename Head>
+void attention_block_head(const AttnRows& a, const Head& kv, int64_t j0, float* part, float* scratch) {
     const int64_t P = attn_part_floats(a.D);
     for (int64_t r = 0; r < a.R; ++r) {
         const int64_t b = std::max(a.lo[r], j0), e = std::min(a.hi[r] + 1, j0 + kAttnBlock);
         if (b >= e) continue;
         for (int64_t g = 0; g < a.G; ++g)
-            block_query(a.q + r * a.q_row_stride + g * a.q_head_stride, static_cast<const KV*>(a.kt),
-                        static_cast<const KV*>(a.v), a.v_stride, b, e, a.D, a.scale, a.softcap,
+            block_query(a.q + r * a.q_row_stride + g * a.q_head_stride, kv, b, e, a.D, a.scale, a.softcap,
                         part + (r * a.G + g) * P, scratch);
     }
 }
 
-// The 8-bit cache (kernels.h kQ8Header): position j's scale and its entry d as an exact float;
-// `key` selects the keys' transposed layout.
-inline float q8_scale(const uint8_t* head, int64_t j, int64_t D) {
-    float sc;
-    std::memcpy(&sc, head + (j / kKeyBlock) * q8_block_bytes(D) + (j % kKeyBlock) * 4, sizeof sc);
-    return sc;
-}
-inline float q8_entry(const uint8_t* head, int64_t j, int64_t d, int64_t D, bool key) {
-    const uint8_t* blk = head + (j / kKeyBlock) * q8_block_bytes(D) + kQ8Header;
-    const int64_t at = key ? d * kKeyBlock + j % kKeyBlock : (j % kKeyBlock) * D + d;
-    return static_cast<float>(reinterpret_cast<const int8_t*>(blk)[at]);
-}
-
-// block_query over an 8-bit cache: a score's sum times (its key's scale * scale), a weight times
-// its value row's scale (kernels_avx2.cpp, the same operations).
-void block_query_q8(const float* q, const uint8_t* kt, const uint8_t* v, int64_t b, int64_t e, int64_t D,
-                    float scale, float softcap, float* rec, float* s) {
-    float m = -INFINITY;
-    for (int64_t j = b; j < e; ++j) {
-        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int64_t d = 0; d < 4 && d < D; ++d) c[d] = q[d] * q8_entry(kt, j, d, D, true);
-        for (int64_t d = 4; d < D; ++d) c[d % 4] = std::fma(q[d], q8_entry(kt, j, d, D, true), c[d % 4]);
-        float sj = ((c[0] + c[1]) + (c[2] + c[3])) * (q8_scale(kt, j, D) * scale);
-        if (softcap > 0.0f) sj = softcap * std::tanh(sj / softcap);
-        s[j - b] = sj;
-        m = sj > m ? sj : m;
-    }
-    float l = 0.0f;
-    for (int64_t j = b; j < e; ++j) {
-        s[j - b] = std::exp(s[j - b] - m);
-        l += s[j - b];
-    }
-    rec[0] = m;
-    rec[1] = l;
-    float* o = rec + kAttnOut;
-    for (int64_t d = 0; d < D; ++d) o[d] = 0.0f;
-    for (int64_t j = b; j < e; ++j) {
-        const float p = s[j - b] * q8_scale(v, j, D);
-        for (int64_t d = 0; d < D; ++d) o[d] = std::fma(p, q8_entry(v, j, d, D, false), o[d]);
-    }
-}
-
-void attention_block_q8(const AttnRows& a, int64_t j0, float* part, float* scratch) {
-    const int64_t P = attn_part_floats(a.D);
-    for (int64_t r = 0; r < a.R; ++r) {
-        const int64_t b = std::max(a.lo[r], j0), e = std::min(a.hi[r] + 1, j0 + kAttnBlock);
-        if (b >= e) continue;
-        for (int64_t g = 0; g < a.G; ++g)
-            block_query_q8(a.q + r * a.q_row_stride + g * a.q_head_stride, static_cast<const uint8_t*>(a.kt),
-                           static_cast<const uint8_t*>(a.v), b, e, a.D, a.scale, a.softcap, part + (r * a.G + g) * P,
-                           scratch);
-    }
-}
-
 void attention_block(const AttnRows& a, int64_t j0, float* part, float* scratch) {
-    if (a.q8) attention_block_q8(a, j0, part, scratch);
-    else if (a.half) attention_block_kv<uint16_t>(a, j0, part, scratch);
-    else attention_block_kv<float>(a, j0, part, scratch);
+    if (a.q8) {
+        attention_block_head(a, Q8Head{static_cast<const uint8_t*>(a.kt), static_cast<const uint8_t*>(a.v), a.D}, j0,
+                             part, scratch);
+    } else if (a.half) {
+        attention_block_head(a, FloatHead<uint16_t>{static_cast<const uint16_t*>(a.kt),
+                                                    static_cast<const uint16_t*>(a.v), a.v_stride, a.D},
+                             j0, part, scratch);
+    } else {
+        attention_block_head(
+            a, FloatHead<float>{static_cast<const float*>(a.kt), static_cast<const float*>(a.v), a.v_stride, a.D}, j0,
+            part, scratch);
+    }
 }
 
 void attention_merge(const AttnRows& a, int64_t b0, int64_t b1, const float* part, float* out,

@@ -167,9 +167,9 @@ class DecoderLayer {
         float* qrp = qr.data_ptr<float>();
         const int64_t slot_stride = Hkv_ * max_len * D, head_stride = max_len * D;
         const int64_t k_slot_stride = k_cache.stride(0), k_head_stride = k_cache.stride(1);
-        // Rotate the queries; rotate the keys straight into the cache and copy the values there,
-        // in the cache's element type.
-        auto write = [&](auto* kc, auto* vc) {
+        // Rotate the queries; rotate each key into the cache and put its value there, through
+        // store(slot, kv head, position, key row, cos, sin, value row) in the cache's format.
+        auto write = [&](auto store) {
             int64_t t = 0;
             for (size_t s = 0; s < slots.size(); ++s) {
                 for (int64_t i = 0; i < counts[s]; ++i, ++t) {
@@ -177,52 +177,44 @@ class DecoderLayer {
                     const float* sn = sp + t * D;
                     for (int64_t hd = 0; hd < H_; ++hd)
                         rotate_head(qp + t * q_stride + hd * D, c, sn, D, qrp + (t * H_ + hd) * D);
-                    const int64_t pos = starts[s] + i;
-                    for (int64_t hd = 0; hd < Hkv_; ++hd) {
-                        // key pos: element d at block pos / kKeyBlock, row d, lane pos % kKeyBlock
-                        auto* kdst = kc + slots[s] * k_slot_stride + hd * k_head_stride +
-                                     (pos / kKeyBlock) * D * kKeyBlock + pos % kKeyBlock;
-                        auto* vdst = vc + slots[s] * slot_stride + hd * head_stride + pos * D;
-                        rotate_head(kp + t * k_stride + hd * D, c, sn, D, kdst, kKeyBlock);
-                        const float* vsrc = vp + t * v_stride + hd * D;
-                        for (int64_t d = 0; d < D; ++d) put(vdst + d, vsrc[d]);
-                    }
+                    for (int64_t hd = 0; hd < Hkv_; ++hd)
+                        store(slots[s], hd, starts[s] + i, kp + t * k_stride + hd * D, c, sn, vp + t * v_stride + hd * D);
                 }
             }
         };
-        // The 8-bit cache: each key rotated into a float row first, then quantized into its block.
-        auto write_q8 = [&](uint8_t* kc, uint8_t* vc) {
+        // A float or half cache: keys rotated straight into it, in its element type.
+        auto write_float = [&](auto* kc, auto* vc) {
+            write([&](int64_t slot, int64_t hd, int64_t pos, const float* ks, const float* c, const float* sn,
+                      const float* vs) {
+                // key pos: element d at block pos / kKeyBlock, row d, lane pos % kKeyBlock
+                auto* kdst = kc + slot * k_slot_stride + hd * k_head_stride + (pos / kKeyBlock) * D * kKeyBlock +
+                             pos % kKeyBlock;
+                auto* vdst = vc + slot * slot_stride + hd * head_stride + pos * D;
+                rotate_head(ks, c, sn, D, kdst, kKeyBlock);
+                for (int64_t d = 0; d < D; ++d) put(vdst + d, vs[d]);
+            });
+        };
+        if (q8) {
+            // The 8-bit cache: each key rotated into a float row first, then quantized into its block.
+            uint8_t* kc = reinterpret_cast<uint8_t*>(k_cache.data_ptr<int8_t>());
+            uint8_t* vc = reinterpret_cast<uint8_t*>(v_cache.data_ptr<int8_t>());
             const int64_t bb = q8_block_bytes(D), blocks = max_len / kKeyBlock;
             std::vector<float> key(static_cast<size_t>(D));
-            int64_t t = 0;
-            for (size_t s = 0; s < slots.size(); ++s) {
-                for (int64_t i = 0; i < counts[s]; ++i, ++t) {
-                    const float* c = cp + t * D;
-                    const float* sn = sp + t * D;
-                    for (int64_t hd = 0; hd < H_; ++hd)
-                        rotate_head(qp + t * q_stride + hd * D, c, sn, D, qrp + (t * H_ + hd) * D);
-                    const int64_t pos = starts[s] + i, lane = pos % kKeyBlock;
-                    for (int64_t hd = 0; hd < Hkv_; ++hd) {
-                        const int64_t blk = ((slots[s] * Hkv_ + hd) * blocks + pos / kKeyBlock) * bb;
-                        float* scales_k = reinterpret_cast<float*>(kc + blk);
-                        float* scales_v = reinterpret_cast<float*>(vc + blk);
-                        rotate_head(kp + t * k_stride + hd * D, c, sn, D, key.data());
-                        put_q8(key.data(), D, reinterpret_cast<int8_t*>(kc + blk + kQ8Header) + lane, kKeyBlock,
-                               scales_k + lane);
-                        put_q8(vp + t * v_stride + hd * D, D,
-                               reinterpret_cast<int8_t*>(vc + blk + kQ8Header) + lane * D, 1, scales_v + lane);
-                    }
-                }
-            }
-        };
-        if (q8)
-            write_q8(reinterpret_cast<uint8_t*>(k_cache.data_ptr<int8_t>()),
-                     reinterpret_cast<uint8_t*>(v_cache.data_ptr<int8_t>()));
-        else if (half)
-            write(reinterpret_cast<uint16_t*>(k_cache.data_ptr<at::Half>()),
-                  reinterpret_cast<uint16_t*>(v_cache.data_ptr<at::Half>()));
-        else
-            write(k_cache.data_ptr<float>(), v_cache.data_ptr<float>());
+            write([&](int64_t slot, int64_t hd, int64_t pos, const float* ks, const float* c, const float* sn,
+                      const float* vs) {
+                const int64_t blk = ((slot * Hkv_ + hd) * blocks + pos / kKeyBlock) * bb, lane = pos % kKeyBlock;
+                rotate_head(ks, c, sn, D, key.data());
+                put_q8(key.data(), D, reinterpret_cast<int8_t*>(kc + blk + kQ8Header) + lane, kKeyBlock,
+                       reinterpret_cast<float*>(kc + blk) + lane);
+                put_q8(vs, D, reinterpret_cast<int8_t*>(vc + blk + kQ8Header) + lane * D, 1,
+                       reinterpret_cast<float*>(vc + blk) + lane);
+            });
+        } else if (half) {
+            write_float(reinterpret_cast<uint16_t*>(k_cache.data_ptr<at::Half>()),
+                        reinterpret_cast<uint16_t*>(v_cache.data_ptr<at::Half>()));
+        } else {
+            write_float(k_cache.data_ptr<float>(), v_cache.data_ptr<float>());
+        }
         torch::Tensor attn = attention_seqs(qr, k_cache, v_cache, slots, starts, counts, scale_, window_, softcap_);
         torch::Tensor o = o_(attn.view({T, nq}));
         if (reducer != nullptr) o = reducer->reduce(o);  // tensor parallel: the ranks' partial sums
