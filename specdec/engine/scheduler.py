@@ -52,6 +52,10 @@ class ScheduledRequest:
     prompt_next_token_ids: list[int] = field(default_factory=list)
     mask: TokenMask | None = None  # structured output: the tokens each verified row may take
     num_forced_drafts: int = 0  # the last drafts, forced by the grammar
+    # a shared prefix (kv_cache/pool.py): the slot holding this sequence's first prefix_len
+    # positions (-1, 0: none)
+    prefix_slot: int = -1
+    prefix_len: int = 0
 
     @property
     def draft_token_ids(self) -> list[int]:
@@ -162,6 +166,10 @@ class Scheduler:
             item = self._schedule_one(req, budget)
             out.append(item)
             budget -= len(item.token_ids)
+        # NOTE: after every admission: one may have given a running sequence its own copy of the
+        # prefix it read from the slot the admitted request took
+        for item in out:
+            item.prefix_slot, item.prefix_len = self.kv.prefix_of(item.slot)
         return SchedulerOutput(out)
 
     def _schedule_one(self, req: Request, budget: int) -> ScheduledRequest:
@@ -238,8 +246,10 @@ class Scheduler:
                 continue
             if result is None:
                 req.num_computed_tokens += len(s.token_ids)
+                self._publish(req, s)
                 continue
             req.num_computed_tokens += len(s.token_ids) - s.num_drafts + result.num_accepted
+            self._publish(req, s)
             try:
                 self._commit(req, result)
             except GrammarViolation as e:
@@ -332,6 +342,14 @@ class Scheduler:
         return False
 
     # ---- finish --------------------------------------------------------------------------
+    def _publish(self, req: Request, s: ScheduledRequest) -> None:
+        """After a step fed prompt tokens: the prompt's computed part, for later requests to
+        share (``KVCache.publish``)."""
+        prompt = req.prompt_token_ids
+        if s.start_pos < len(prompt):
+            n = min(req.num_computed_tokens, len(prompt))
+            self.kv.publish(req.slot, prompt[:n], req.cache_salt)
+
     def finish(self, req: Request, cache: bool = True) -> None:
         """Take the request out and free its KV slot; ``cache=False`` forgets the slot's KV
         (a failed request's KV may be garbage, so no later prompt reuses it)."""

@@ -708,6 +708,9 @@ class KernelOps:
     # Key cache layout these ops read: 0 = [Hkv, L, D]; B > 0 = blocked and transposed,
     # [Hkv, ceil(L / B), D, B] (see specdec.kv_cache.pool).  attention() takes either.
     key_block: int = 0
+    # Positions per attention block of the fused layers (kAttnBlock): shared prefixes come in
+    # whole blocks.  0: no fused layers.
+    attn_block: int = 0
 
     def linear(
         self, x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None = None
@@ -770,6 +773,7 @@ class NativeOps(KernelOps):
             )
         self._C = _C
         self.key_block = int(_C.KEY_BLOCK)  # kKeyBlock of kernels.h
+        self.attn_block = int(_C.ATTN_BLOCK)  # kAttnBlock
 
     @property
     def isa(self) -> str:
@@ -873,14 +877,18 @@ class NativeOps(KernelOps):
         counts: list[int],
         capture: list[int],
         reducer: Any = None,
+        prefix_slots: list[int] = (),
+        prefix_lens: list[int] = (),
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """``decoder_layer`` results run in order in one native call: the last one's output, and
         the input of each layer index in ``capture``. ``rope[i]`` picks layer i's (cos, sin).
         ``reducer`` (a ``_C.ShmReducer``, tensor parallelism) sums the ranks' o_proj and
-        down_proj outputs inside each layer."""
+        down_proj outputs inside each layer. ``prefix_slots`` / ``prefix_lens``: shared prefixes
+        (``SeqBatch``), read once for every sequence on the same one."""
         return self._C.forward_layers(
-            layers, x, cos, sin, rope, k_caches, v_caches, slots, starts, counts, capture, reducer
-        )
+            layers, x, cos, sin, rope, k_caches, v_caches, slots, starts, counts, capture, reducer,
+            list(prefix_slots), list(prefix_lens),
+        )  # fmt: skip
 
     def attention(
         self,

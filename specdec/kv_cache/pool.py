@@ -11,6 +11,15 @@ prompt and starts computing after that prefix. When that would overwrite more of
 tokens than evicting another free slot loses, the prefix is copied into that slot instead. Slots
 are evicted empty first, then least recently used.
 
+Shared prefixes (``share_block`` > 0: the native fused layers): a new request whose prompt
+begins with another slot's tokens (a free slot's cached prefix, or a running request's computed
+prompt) takes a slot of its own but reads the whole ``share_block``-position blocks of that
+prefix where they are (``prefix_of``), and only the rest is copied. Requests on one system prompt
+or one document then hold it once, and the native attention reads each of its blocks once a step
+for all of them (ops.cpp ``attention_seqs``). A slot others read is kept (evicted last); when it
+must go, or be overwritten below what they read, each reader first gets its own copy. The bytes
+read are the same either way, so sharing changes no output.
+
 Key layout: native CPU kernels read keys blocked and transposed (``key_block`` keys per block,
 ``k [layers, slots, Hkv, ceil(max_len / key_block), D, key_block]``: a vector load then holds one
 element of 16 consecutive keys, so a score needs no horizontal sum); the torch path keeps the
@@ -58,6 +67,7 @@ class KVCache:
         device: torch.device,
         enable_prefix_caching: bool = False,
         key_block: int = 0,
+        share_block: int = 0,
     ) -> None:
         shape = (num_layers, num_slots, num_kv_heads, max_len, head_dim)
         self.key_block = key_block
@@ -85,6 +95,11 @@ class KVCache:
         self._num_cached = np.zeros(num_slots, dtype=np.int64)  # [S]
         self._last_used = np.zeros(num_slots, dtype=np.int64)  # [S] LRU clock at the last free
         self._salt = np.zeros(num_slots, dtype=np.int64)  # [S] cache salt of the cached tokens
+        # Shared prefixes (module docstring): per slot, the slot holding its first _base_len
+        # positions (-1: none; never a slot with a base of its own). Positions per block: 0, off.
+        self.share_block = share_block
+        self._base = np.full(num_slots, -1, dtype=np.int64)  # [S]
+        self._base_len = np.zeros(num_slots, dtype=np.int64)  # [S]
         self._clock = 0
         # vLLM's prefix_cache_queries / prefix_cache_hits, in tokens.
         self.num_prefix_cache_queries = 0
@@ -213,9 +228,20 @@ class KVCache:
         if not self._free:
             raise RuntimeError("KV pool exhausted")
         prompt = np.asarray(prompt_token_ids, dtype=np.int64)  # [P]
-        best, lcp = self._longest_prefix(prompt, cache_salt)
+        best, lcp = self._longest_prefix(prompt, cache_salt, np.asarray(self._free))
         num_reused = max(0, min(lcp, len(prompt) - 1))
         self.num_prefix_cache_queries += len(prompt)
+        if self.share_block:  # a running request's computed prompt, shared whole blocks and all
+            running = np.flatnonzero(self._num_cached > 0)
+            running = running[~np.isin(running, self._free)]
+            if running.size:
+                src, rlcp = self._longest_prefix(prompt, cache_salt, running)
+                r_reused = min(rlcp, len(prompt) - 1)
+                if r_reused >= self.share_block and r_reused > num_reused:
+                    slot = self._take(self._lru(exclude=None), 0)
+                    self._share(src, slot, r_reused)
+                    self.num_prefix_cache_hits += r_reused
+                    return slot, r_reused
         self.num_prefix_cache_hits += num_reused
         if num_reused == 0:
             return self._take(self._lru(exclude=None), 0), 0
@@ -224,20 +250,54 @@ class KVCache:
         if victim is None or lost_in_place <= 0 or lost_in_place < self._num_cached[victim]:
             return self._take(best, num_reused), num_reused
         # NOTE: taking `best` would overwrite more cached tokens than evicting `victim` (a shared
-        # system prompt would otherwise make each new request evict the previous one). Copy the
-        # shared prefix into the victim instead: a memory copy is far cheaper than a forward.
+        # system prompt would otherwise make each new request evict the previous one). Share or
+        # copy the prefix into the victim instead: far cheaper than a forward.
         self._take(victim, 0)
-        self.copy_prefix(best, victim, num_reused)
+        self._share(best, victim, num_reused)
         return victim, num_reused
 
-    def copy_prefix(self, src: int, dst: int, num_tokens: int) -> None:
-        """Copy the KV of positions 0..num_tokens-1 from slot ``src`` to slot ``dst``."""
+    def copy_prefix(self, src: int, dst: int, num_tokens: int, start: int = 0) -> None:
+        """Copy the KV of positions start..num_tokens-1 from slot ``src`` to slot ``dst``
+        (``start`` a multiple of the key block)."""
+        if self.key_block and start % self.key_block:
+            raise ValueError(f"copy start {start} is not a multiple of {self.key_block}")
         nk = -(-num_tokens // self.key_block) if self.key_block else num_tokens
-        nv = nk if self.quantized else num_tokens
-        self.k[:, dst, :, :nk] = self.k[:, src, :, :nk]  # a partial last block: stale tail
-        self.v[:, dst, :, :nv] = self.v[:, src, :, :nv]
+        k0 = start // self.key_block if self.key_block else start
+        nv, v0 = (nk, k0) if self.quantized else (num_tokens, start)
+        self.k[:, dst, :, k0:nk] = self.k[:, src, :, k0:nk]  # a partial last block: stale tail
+        self.v[:, dst, :, v0:nv] = self.v[:, src, :, v0:nv]
         if self.mirror is not None:
-            self.mirror("copy_prefix", (src, dst, num_tokens))
+            self.mirror("copy_prefix", (src, dst, num_tokens, start))
+
+    def layer_slot(
+        self, layer: int, slot: int, prefix_slot: int = -1, prefix_len: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's keys and values of ``slot`` in the stored layout, with its first
+        ``prefix_len`` positions read from ``prefix_slot`` (a copy then; for the op-by-op path)."""
+        k, v = self.k[layer, slot], self.v[layer, slot]
+        if prefix_len <= 0:
+            return k, v
+        nk = prefix_len // self.key_block if self.key_block else prefix_len
+        nv = nk if self.quantized else prefix_len
+        k = torch.cat([self.k[layer, prefix_slot, :, :nk], k[:, nk:]], dim=1)
+        v = torch.cat([self.v[layer, prefix_slot, :, :nv], v[:, nv:]], dim=1)
+        return k, v
+
+    def prefix_of(self, slot: int) -> tuple[int, int]:
+        """The slot holding ``slot``'s shared prefix and its length ((-1, 0): none)."""
+        return int(self._base[slot]), int(self._base_len[slot])
+
+    def publish(self, slot: int, token_ids: Sequence[int], cache_salt: int = 0) -> None:
+        """A running sequence's computed tokens (its KV at positions 0..n-1, which it never
+        rewrites): later requests may share their whole blocks (``allocate_for_prompt``)."""
+        n = len(token_ids)
+        if not (self.share_block and self.enable_prefix_caching) or n < self.share_block:
+            return
+        if slot in self._free:
+            raise RuntimeError(f"KV slot {slot} is free: nothing runs there to publish")
+        self._cached_token_ids[slot, :n] = token_ids
+        self._num_cached[slot] = n
+        self._salt[slot] = cache_salt
 
     def free(self, slot: int, cached_token_ids: Sequence[int] = (), cache_salt: int = 0) -> None:
         """Return a slot; under prefix caching it remembers ``cached_token_ids`` (whose KV it
@@ -248,6 +308,8 @@ class KVCache:
         if self.enable_prefix_caching:
             n = len(cached_token_ids)
             self._cached_token_ids[slot, :n] = cached_token_ids
+        self._unpin(slot, n)  # (a failed request caches nothing: its readers take copies)
+        self._rebase(slot, n)
         self._num_cached[slot] = n
         self._salt[slot] = cache_salt
         self._clock += 1
@@ -257,16 +319,21 @@ class KVCache:
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix and give back its pages (running sequences keep their KV)."""
-        for slot in self._free:
-            if self._num_cached[slot]:
-                self._num_cached[slot] = 0
-                self._release(slot, 0)
+        cached = [slot for slot in self._free if self._num_cached[slot]]
+        for slot in cached:  # first what free slots read of others (nothing to copy)
+            self._rebase(slot, 0)
+        for slot in cached:
+            self._unpin(slot, 0)  # running sequences reading it get their own copies
+            self._num_cached[slot] = 0
+            self._release(slot, 0)
 
     # ---- prefix lookup ------------------------------------------------------------------------
-    def _longest_prefix(self, prompt: np.ndarray, cache_salt: int) -> tuple[int, int]:
-        """The free slot of the same salt sharing the longest prefix with ``prompt`` and that
-        length (vectorised: one comparison over [free slots, prompt length])."""
-        free = np.asarray(self._free)  # [F]
+    def _longest_prefix(
+        self, prompt: np.ndarray, cache_salt: int, free: np.ndarray
+    ) -> tuple[int, int]:
+        """The slot among ``free`` (free slots, or running ones' published tokens) of the same
+        salt sharing the longest prefix with ``prompt`` and that length (vectorised: one
+        comparison over [slots, prompt length])."""
         n = min(len(prompt), int(self._num_cached[free].max()))
         if n == 0:
             return int(free[-1]), 0
@@ -280,20 +347,62 @@ class KVCache:
         return int(free[i]), int(lcp[i])
 
     def _lru(self, exclude: int | None) -> int | None:
-        """The free slot to evict: empty slots first, then the least recently used."""
+        """The free slot to evict: empty slots first, then the least recently used, and slots
+        other sequences read a prefix of last."""
         free = np.asarray([s for s in self._free if s != exclude], dtype=np.int64)  # [F]
         if free.size == 0:
             return None
-        order = np.lexsort((free, self._last_used[free], self._num_cached[free] > 0))
+        read = np.isin(free, self._base)
+        order = np.lexsort((free, self._last_used[free], self._num_cached[free] > 0, read))
         return int(free[order[0]])
 
     def _take(self, slot: int, num_reused: int) -> int:
         """Take a free slot whose first ``num_reused`` positions a new sequence keeps."""
         self._free.remove(slot)
+        self._unpin(slot, num_reused)
+        self._rebase(slot, num_reused)
         if self._num_cached[slot] > num_reused:  # an evicted prefix, or a tail not reused
             self._release(slot, num_reused)
         self._num_cached[slot] = 0
         return slot
+
+    # ---- shared prefixes ----------------------------------------------------------------------
+    def _share(self, src: int, dst: int, n: int) -> None:
+        """Give ``dst`` (just taken, holding nothing) ``src``'s first ``n`` positions: the whole
+        blocks by reference to the slot holding them (with sharing on), the rest copied."""
+        base, base_len = int(self._base[src]), int(self._base_len[src])
+        root, root_len = (src, n) if base < 0 else (base, min(base_len, n))
+        shared = root_len // self.share_block * self.share_block if self.share_block else 0
+        if shared:
+            self._base[dst], self._base_len[dst] = root, shared
+        self._copy(src, dst, shared, n)
+
+    def _copy(self, src: int, dst: int, start: int, end: int) -> None:
+        """Copy positions [start, end) of ``src``'s sequence, from wherever they are held."""
+        base, base_len = int(self._base[src]), int(self._base_len[src])
+        if base >= 0 and start < base_len:
+            self.copy_prefix(base, dst, min(end, base_len), start)
+            start = min(end, base_len)
+        if start < end:
+            self.copy_prefix(src, dst, end, start)
+
+    def _unpin(self, slot: int, num_kept: int) -> None:
+        """Before ``slot`` keeps only its first ``num_kept`` positions: every sequence reading
+        more of it than that gets its own copy of what it reads."""
+        for reader in np.flatnonzero((self._base == slot) & (self._base_len > num_kept)):
+            self.copy_prefix(slot, int(reader), int(self._base_len[reader]))
+            self._base[reader], self._base_len[reader] = -1, 0
+
+    def _rebase(self, slot: int, num_kept: int) -> None:
+        """``slot`` keeps only its first ``num_kept`` positions: a shared prefix longer than that
+        shrinks to its whole blocks within them, and the rest of them is copied in."""
+        base, base_len = int(self._base[slot]), int(self._base_len[slot])
+        if base < 0 or base_len <= num_kept:
+            return
+        block = self.share_block
+        keep = num_kept // block * block if block else 0
+        self.copy_prefix(base, slot, num_kept, keep)
+        self._base[slot], self._base_len[slot] = (base, keep) if keep else (-1, 0)
 
     # ---- memory -------------------------------------------------------------------------------
     def _release(self, slot: int, num_kept: int) -> None:

@@ -7,7 +7,7 @@ linear layers; attention runs per sequence against that sequence's KV slot.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -47,6 +47,16 @@ class SeqBatch:
     slots: list[int]  # KV slot per sequence
     start_pos: list[int]  # position of each sequence's first new token (= its cached length)
     num_tokens: list[int]  # new tokens per sequence, contiguous in that order
+    # Shared prefixes (kv_cache/pool.py): sequence s reads its first prefix_lens[s] positions
+    # from slot prefix_slots[s] (both empty, or one per sequence; 0: none)
+    prefix_slots: list[int] = field(default_factory=list)
+    prefix_lens: list[int] = field(default_factory=list)
+
+    def prefix(self, s: int) -> tuple[int, int]:
+        """Sequence ``s``'s shared prefix: (slot, length), length 0 for none."""
+        if not self.prefix_lens:
+            return -1, 0
+        return self.prefix_slots[s], self.prefix_lens[s]
 
 
 @dataclass
@@ -336,6 +346,8 @@ class LlamaModel:
                 batch.num_tokens,
                 want,
                 self.tp.native_reducer if self.tp is not None else None,
+                batch.prefix_slots,
+                batch.prefix_lens,
             )
             taken.update(zip(want, got))
             if self.cfg.num_experts:  # the experts each MoE layer's rows chose (drafts' pricing)
@@ -437,12 +449,13 @@ class LlamaModel:
         out = torch.empty_like(q)
         offset = 0
         window = cfg.layer_window(i)
-        for slot, start, n in zip(batch.slots, batch.start_pos, batch.num_tokens):
+        for s, (slot, start, n) in enumerate(zip(batch.slots, batch.start_pos, batch.num_tokens)):
             kv.store(i, slot, start, k[offset : offset + n], v[offset : offset + n])
+            k_cache, v_cache = kv.layer_slot(i, slot, *batch.prefix(s))  # in the ops' layout
             out[offset : offset + n] = self.ops.attention(
                 q[offset : offset + n].contiguous(),
-                kv.k[i, slot],  # in the ops' layout (kv.key_block)
-                kv.v[i, slot],
+                k_cache,
+                v_cache,
                 start,
                 cfg.attn_scale,
                 window,
@@ -506,6 +519,7 @@ class LlamaModel:
             self.kv_dtype,
             self.device,
             key_block=self.ops.key_block,
+            share_block=self.ops.attn_block if self.use_fused_layers else 0,
         )
 
 

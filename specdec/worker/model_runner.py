@@ -104,6 +104,8 @@ class ModelRunner:
             batch.slots.append(s.slot)
             batch.start_pos.append(start)
             batch.num_tokens.append(n)
+            batch.prefix_slots.append(s.prefix_slot)
+            batch.prefix_lens.append(s.prefix_len)
         device = self.model.device
         final, captured = self.model.forward_capture(
             torch.tensor(ids, dtype=torch.long, device=device),

@@ -58,8 +58,11 @@ def held_bytes(kv: KVCache, n: int) -> int:
 
 
 def cached_bytes(kv: KVCache) -> int:
-    """What the cached prefixes of the free slots hold."""
-    return sum(held_bytes(kv, int(kv._num_cached[s])) for s in kv._free)
+    """What the cached prefixes of the free slots hold (a shared prefix where it is, once)."""
+    return sum(
+        held_bytes(kv, int(kv._num_cached[s])) - held_bytes(kv, kv.prefix_of(s)[1])
+        for s in kv._free
+    )
 
 
 @pytest.mark.parametrize("key_block", [0, 16])

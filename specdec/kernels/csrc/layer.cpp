@@ -105,11 +105,13 @@ class DecoderLayer {
     // x [T, hidden]; cos / sin [T, D] (each token's rotary row); this layer's v_cache
     // [slots, Hkv, max_len, D] and k_cache [slots, Hkv, max_len / kKeyBlock, D, kKeyBlock] (blocked,
     // kernels.h).  Sequence s owns tokens [sum(counts[:s]), +counts[s]) of x, at positions
-    // starts[s]... of KV slot slots[s].  Returns the layer's output [T, hidden].
+    // starts[s]... of KV slot slots[s]; prefix_slots / prefix_lens as attention_seqs takes them (a
+    // shared prefix each, or empty).  Returns the layer's output [T, hidden].
     torch::Tensor forward(torch::Tensor x, torch::Tensor cos, torch::Tensor sin,
                           torch::Tensor k_cache, torch::Tensor v_cache, const std::vector<int64_t>& slots,
                           const std::vector<int64_t>& starts, const std::vector<int64_t>& counts,
-                          ShmReducer* reducer = nullptr) {
+                          ShmReducer* reducer = nullptr, const std::vector<int64_t>& prefix_slots = {},
+                          const std::vector<int64_t>& prefix_lens = {}) {
         const int64_t T = x.size(0), D = D_;
         TORCH_CHECK(slots.size() == starts.size() && slots.size() == counts.size(),
                     "DecoderLayer: slots, starts and counts differ in length");
@@ -215,7 +217,8 @@ class DecoderLayer {
         } else {
             write_float(k_cache.data_ptr<float>(), v_cache.data_ptr<float>());
         }
-        torch::Tensor attn = attention_seqs(qr, k_cache, v_cache, slots, starts, counts, scale_, window_, softcap_);
+        torch::Tensor attn = attention_seqs(qr, k_cache, v_cache, slots, starts, counts, scale_, window_, softcap_,
+                                            prefix_slots, prefix_lens);
         torch::Tensor o = o_(attn.view({T, nq}));
         if (reducer != nullptr) o = reducer->reduce(o);  // tensor parallel: the ranks' partial sums
         if (post_attn_out_norm_.has_value()) o = rms_norm(o, *post_attn_out_norm_, eps_);
@@ -266,7 +269,8 @@ std::tuple<torch::Tensor, std::vector<torch::Tensor>> forward_layers(
     const std::vector<DecoderLayer*>& layers, torch::Tensor x, const std::vector<torch::Tensor>& cos,
     const std::vector<torch::Tensor>& sin, const std::vector<int64_t>& rope, const torch::Tensor& k_caches,
     const torch::Tensor& v_caches, const std::vector<int64_t>& slots, const std::vector<int64_t>& starts,
-    const std::vector<int64_t>& counts, const std::vector<int64_t>& capture, ShmReducer* reducer) {
+    const std::vector<int64_t>& counts, const std::vector<int64_t>& capture, ShmReducer* reducer,
+    const std::vector<int64_t>& prefix_slots, const std::vector<int64_t>& prefix_lens) {
     const int64_t n = static_cast<int64_t>(layers.size());
     TORCH_CHECK(static_cast<int64_t>(rope.size()) == n, "forward_layers: one rope index per layer");
     TORCH_CHECK(cos.size() == sin.size(), "forward_layers: as many cos as sin tables");
@@ -282,7 +286,7 @@ std::tuple<torch::Tensor, std::vector<torch::Tensor>> forward_layers(
         for (size_t c = 0; c < capture.size(); ++c)
             if (capture[c] == i) taken[c] = x;
         x = layers[i]->forward(x, cos[rope[i]], sin[rope[i]], k_caches[i], v_caches[i], slots, starts, counts,
-                               reducer);
+                               reducer, prefix_slots, prefix_lens);
     }
     return {x, taken};
 }
@@ -293,7 +297,8 @@ void bind_decoder_layer(py::module_& m) {
     m.def("forward_layers", &forward_layers, py::arg("layers"), py::arg("x"), py::arg("cos"),
           py::arg("sin"), py::arg("rope"), py::arg("k_caches"), py::arg("v_caches"), py::arg("slots"),
           py::arg("starts"), py::arg("counts"), py::arg("capture"),
-          py::arg("reducer") = static_cast<ShmReducer*>(nullptr), py::call_guard<py::gil_scoped_release>());
+          py::arg("reducer") = static_cast<ShmReducer*>(nullptr), py::arg("prefix_slots") = std::vector<int64_t>{},
+          py::arg("prefix_lens") = std::vector<int64_t>{}, py::call_guard<py::gil_scoped_release>());
     py::class_<DecoderLayer>(m, "DecoderLayer")
         .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, int64_t, double,
                       const std::string&, torch::Tensor, torch::Tensor, torch::Tensor, int64_t,
@@ -318,6 +323,7 @@ void bind_decoder_layer(py::module_& m) {
         .def("forward", &DecoderLayer::forward, py::arg("x"), py::arg("cos"), py::arg("sin"),
              py::arg("k_cache"), py::arg("v_cache"), py::arg("slots"), py::arg("starts"),
              py::arg("counts"), py::arg("reducer") = static_cast<ShmReducer*>(nullptr),
+             py::arg("prefix_slots") = std::vector<int64_t>{}, py::arg("prefix_lens") = std::vector<int64_t>{},
              py::call_guard<py::gil_scoped_release>());
 }
 

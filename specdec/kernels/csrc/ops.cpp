@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <cstring>
 #include <exception>
 #include <mutex>
 #include <cstdlib>
@@ -919,8 +920,12 @@ namespace {
 
 // Up to kAttnRows consecutive query rows of one sequence and one kv head, against key blocks
 // [b0, b1); its partials start at part (floats) in the call's buffer.
+// Blocks [0, nb) come from slot `base` instead: a prefix another sequence's slot holds (see
+// attention_seqs).
 struct AttnUnit {
     int64_t row0, rows, slot, hk, b0, b1, part;
+    int64_t base, nb;
+    int64_t slot_of(int64_t b) const { return b < nb ? base : slot; }
 };
 
 // One work item: a unit and one of its key blocks.
@@ -928,9 +933,17 @@ struct AttnItem {
     int64_t unit, block;
 };
 
+// One work item of a shared prefix: block `block` of slot `base` for the rows of units
+// members[first, first + count) (whole units, kAttnRows rows at most), one pass for all of them.
+struct AttnGroupItem {
+    int64_t base, block, first, count, rows;
+};
+
 // The units of a call: each sequence's rows in groups of kAttnRows, times the kv heads; their
 // items in unit order.  Returns the floats of partials they need (record_floats per row a block).
+// prefix_slots / prefix_lens: as attention_seqs takes them (empty: none).
 int64_t attention_units(const std::vector<int64_t>& slots, const std::vector<int64_t>& counts,
+                        const std::vector<int64_t>& prefix_slots, const std::vector<int64_t>& prefix_lens,
                         const std::vector<int64_t>& row_lo, const std::vector<int64_t>& row_hi, int64_t Hkv,
                         int64_t record_floats, std::vector<AttnUnit>* units, std::vector<AttnItem>* items) {
     int64_t part = 0, row = 0;
@@ -943,9 +956,11 @@ int64_t attention_units(const std::vector<int64_t>& slots, const std::vector<int
                 hi = std::max(hi, row_hi[r]);
             }
             const int64_t b0 = lo / kAttnBlock, b1 = hi / kAttnBlock + 1;
+            const int64_t nb = prefix_lens.empty() ? 0 : prefix_lens[s] / kAttnBlock;
+            const int64_t base = nb > 0 ? prefix_slots[s] : slots[s];
             for (int64_t hk = 0; hk < Hkv; ++hk) {
                 for (int64_t b = b0; b < b1; ++b) items->push_back({static_cast<int64_t>(units->size()), b});
-                units->push_back({row0, rows, slots[s], hk, b0, b1, part});
+                units->push_back({row0, rows, slots[s], hk, b0, b1, part, base, nb});
                 part += ((b1 - b0) * rows * record_floats + 15) / 16 * 16;  // own cache lines
             }
         }
@@ -954,16 +969,81 @@ int64_t attention_units(const std::vector<int64_t>& slots, const std::vector<int
     return part;
 }
 
+// Shared prefixes: where units of two or more sequences read the same prefix slot, each of its
+// blocks is one pass over the units' rows together (whole units, up to kAttnRows rows a pass),
+// and those units' own items keep only their blocks past the prefix.  Every row's records are
+// those it would get alone (a row's partial depends on its query, its range and the block only).
+void attention_groups(const std::vector<AttnUnit>& units, std::vector<AttnItem>* items,
+                      std::vector<int64_t>* members, std::vector<AttnGroupItem>* groups) {
+    std::vector<int64_t> shared;  // units whose prefix slot two or more sequences read
+    for (size_t u = 0; u < units.size(); ++u) {
+        if (units[u].nb == 0) continue;
+        for (size_t v = 0; v < units.size(); ++v) {
+            if (units[v].nb > 0 && units[v].base == units[u].base && units[v].hk == units[u].hk &&
+                units[v].slot != units[u].slot) {
+                shared.push_back(static_cast<int64_t>(u));
+                break;
+            }
+        }
+    }
+    if (shared.empty()) return;
+    std::vector<char> grouped(units.size(), 0);
+    for (int64_t u : shared) grouped[static_cast<size_t>(u)] = 1;
+    std::vector<char> done(units.size(), 0);
+    for (int64_t u : shared) {
+        if (done[static_cast<size_t>(u)]) continue;
+        std::vector<int64_t> same;  // units of this prefix slot and kv head, in unit order
+        int64_t nb = 0;
+        for (int64_t v : shared) {
+            const AttnUnit& a = units[static_cast<size_t>(v)];
+            if (a.base == units[static_cast<size_t>(u)].base && a.hk == units[static_cast<size_t>(u)].hk) {
+                same.push_back(v);
+                done[static_cast<size_t>(v)] = 1;
+                nb = std::max(nb, a.nb);
+            }
+        }
+        for (int64_t b = 0; b < nb; ++b) {
+            AttnGroupItem g{units[static_cast<size_t>(u)].base, b, static_cast<int64_t>(members->size()), 0, 0};
+            for (int64_t v : same) {
+                const AttnUnit& a = units[static_cast<size_t>(v)];
+                if (b >= a.nb || b < a.b0) continue;
+                if (g.rows + a.rows > kAttnRows) {
+                    groups->push_back(g);
+                    g = AttnGroupItem{g.base, b, static_cast<int64_t>(members->size()), 0, 0};
+                }
+                members->push_back(v);
+                g.count += 1;
+                g.rows += a.rows;
+            }
+            if (g.count > 0) groups->push_back(g);
+        }
+    }
+    // the grouped units' own items: their blocks past the prefix
+    std::vector<AttnItem> own;
+    own.reserve(items->size());
+    for (const AttnItem& it : *items) {
+        const AttnUnit& a = units[static_cast<size_t>(it.unit)];
+        if (!grouped[static_cast<size_t>(it.unit)] || it.block >= a.nb) own.push_back(it);
+    }
+    items->swap(own);
+}
+
 }  // namespace
 
 // Flash-decoding over every sequence at once (kernels.h, AttnRows): units of up to kAttnRows rows
 // of a sequence and one kv head, each against its key blocks of kAttnBlock positions, so the rows
 // of a verification step read each K / V block once.  Merges run in block order whoever computed
 // the blocks: the split (whole units or single blocks per task) changes no result.
+//
+// Shared prefixes (kv_cache/pool.py): sequence s reads its positions [0, prefix_lens[s]) (a
+// multiple of kAttnBlock, at most starts[s]) from slot prefix_slots[s], where another request's
+// KV holds them, and the rest from slots[s].  Sequences reading the same prefix slot read each of
+// its blocks once, together (attention_groups).  Empty vectors, or a length of 0: no prefix.
 torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                              const std::vector<int64_t>& slots, const std::vector<int64_t>& starts,
                              const std::vector<int64_t>& counts, double scale, int64_t sliding_window,
-                             double softcap) {
+                             double softcap, const std::vector<int64_t>& prefix_slots,
+                             const std::vector<int64_t>& prefix_lens) {
     check_float_cpu(q, "attention q");
     TORCH_CHECK(k_cache.device().is_cpu() && v_cache.device().is_cpu(),
                 "specdec native attention: the KV cache must be on the CPU");
@@ -995,6 +1075,15 @@ torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tens
     TORCH_CHECK(Hkv > 0 && H % Hkv == 0, "specdec native attention: H (", H, ") not a multiple of Hkv (", Hkv, ")");
     TORCH_CHECK(slots.size() == starts.size() && slots.size() == counts.size(),
                 "specdec native attention: slots, starts and counts differ in length");
+    TORCH_CHECK(prefix_slots.size() == prefix_lens.size() && (prefix_lens.empty() || prefix_lens.size() == slots.size()),
+                "specdec native attention: prefix_slots and prefix_lens must be empty or one per sequence");
+    for (size_t s = 0; s < prefix_lens.size(); ++s) {
+        TORCH_CHECK(prefix_lens[s] >= 0 && prefix_lens[s] % kAttnBlock == 0 && prefix_lens[s] <= starts[s],
+                    "specdec native attention: a prefix length must be a multiple of ", kAttnBlock,
+                    " no longer than the sequence's start, got ", prefix_lens[s]);
+        TORCH_CHECK(prefix_lens[s] == 0 || (prefix_slots[s] >= 0 && prefix_slots[s] < S),
+                    "specdec native attention: prefix slot out of range");
+    }
     // Per row: the first and last key it sees.
     std::vector<int64_t> row_lo, row_hi;
     row_lo.reserve(static_cast<size_t>(T));
@@ -1020,7 +1109,13 @@ torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tens
     const int64_t G = H / Hkv, P = attn_part_floats(D);
     std::vector<AttnUnit> units;
     std::vector<AttnItem> items;
-    const int64_t part_floats = attention_units(slots, counts, row_lo, row_hi, Hkv, G * P, &units, &items);
+    const int64_t part_floats =
+        attention_units(slots, counts, prefix_slots, prefix_lens, row_lo, row_hi, Hkv, G * P, &units, &items);
+    // NOTE: grouping keeps every unit's partials until its last block: only where they are few
+    // (decode and verification rows; a long prefill keeps to whole units below)
+    std::vector<int64_t> members;
+    std::vector<AttnGroupItem> groups;
+    if (!prefix_lens.empty() && part_floats <= (int64_t{1} << 22)) attention_groups(units, &items, &members, &groups);
     const float* qp = q.data_ptr<float>();
     const char* kp = static_cast<const char*>(k_cache.data_ptr());
     const char* vp = static_cast<const char*>(v_cache.data_ptr());
@@ -1031,17 +1126,19 @@ torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tens
     const int64_t vs0 = v_cache.stride(0), vs1 = v_cache.stride(1), vs2 = v_cache.stride(2);
     const KernelTable* tab = g_table;
     const float fscale = static_cast<float>(scale), fcap = static_cast<float>(softcap);
-    auto rows_of = [&](const AttnUnit& u) {
+    // unit u's rows against its block b (b's slot: the prefix's or the sequence's own)
+    auto rows_of = [&](const AttnUnit& u, int64_t b) {
+        const int64_t slot = u.slot_of(b);
         return AttnRows{qp + u.row0 * qs0 + u.hk * G * qs1, qs0, qs1, u.rows, G, D,
                         row_lo.data() + u.row0, row_hi.data() + u.row0,
-                        kp + (u.slot * ks0 + u.hk * ks1) * elt, vp + (u.slot * vs0 + u.hk * vs1) * elt,
+                        kp + (slot * ks0 + u.hk * ks1) * elt, vp + (slot * vs0 + u.hk * vs1) * elt,
                         vs2, half, fscale, fcap, q8};
     };
     // NOTE: per item, its K and V bytes at ~8 GB/s a thread plus its products at ~32 flops/ns
     const double rows_avg = static_cast<double>(T * Hkv) / static_cast<double>(units.size());
     const double item_ns = kAttnBlock * D * 2.0 * elt / 8.0 + rows_avg * G * kAttnBlock * D * 4.0 / 32.0;
     const int64_t nunits = static_cast<int64_t>(units.size()), nitems = static_cast<int64_t>(items.size());
-    if (nunits >= 4 * at::get_num_threads()) {
+    if (groups.empty() && nunits >= 4 * at::get_num_threads()) {
         // Units enough for the threads (MHA, batches, prefill): each unit whole in one task, its
         // partials in that task's buffer (a prefill's would not fit in one), merged at once.
         parallel_range(nunits, grain_for(item_ns * nitems / nunits), [&](int64_t u0, int64_t u1) {
@@ -1049,12 +1146,12 @@ torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tens
             thread_local std::vector<float> buf;
             for (int64_t i = u0; i < u1; ++i) {
                 const AttnUnit& u = units[static_cast<size_t>(i)];
-                const AttnRows a = rows_of(u);
                 const int64_t rec = u.rows * G * P, need = (u.b1 - u.b0) * rec + 16;
                 if (static_cast<int64_t>(buf.size()) < need) buf.resize(static_cast<size_t>(need));
                 float* up = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
-                for (int64_t b = u.b0; b < u.b1; ++b) tab->attention_block(a, b * kAttnBlock, up + (b - u.b0) * rec, s);
-                tab->attention_merge(a, u.b0, u.b1, up, op + (u.row0 * H + u.hk * G) * D, H * D);
+                for (int64_t b = u.b0; b < u.b1; ++b)
+                    tab->attention_block(rows_of(u, b), b * kAttnBlock, up + (b - u.b0) * rec, s);
+                tab->attention_merge(rows_of(u, u.b0), u.b0, u.b1, up, op + (u.row0 * H + u.hk * G) * D, H * D);
             }
         });
         return out;
@@ -1072,16 +1169,60 @@ torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tens
     std::unique_ptr<Pending[]> pending(new Pending[units.size()]);
     for (size_t u = 0; u < units.size(); ++u)
         pending[u].blocks.store(units[u].b1 - units[u].b0, std::memory_order_relaxed);
-    parallel_range(nitems, grain_for(item_ns), [&](int64_t i0, int64_t i1) {
+    auto finish_block = [&](int64_t unit) {  // the last of a unit's blocks merges it
+        if (pending[static_cast<size_t>(unit)].blocks.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+            const AttnUnit& u = units[static_cast<size_t>(unit)];
+            tab->attention_merge(rows_of(u, u.b0), u.b0, u.b1, part + u.part, op + (u.row0 * H + u.hk * G) * D,
+                                 H * D);
+        }
+    };
+    // Shared prefix blocks first (groups), then every unit's own blocks.
+    const int64_t ngroups = static_cast<int64_t>(groups.size());
+    parallel_range(ngroups + nitems, grain_for(item_ns), [&](int64_t i0, int64_t i1) {
         float* s = scratch(attn_scratch_floats(kAttnRows, G, D));
         for (int64_t i = i0; i < i1; ++i) {
-            const AttnItem& it = items[static_cast<size_t>(i)];
+            if (i < ngroups) {
+                const AttnGroupItem& g = groups[static_cast<size_t>(i)];
+                // the units' queries side by side ([rows, G, D]), their ranges, and the records
+                thread_local std::vector<float> gq, grec;
+                thread_local std::vector<int64_t> glo, ghi;
+                gq.resize(static_cast<size_t>(g.rows * G * D));
+                grec.resize(static_cast<size_t>(g.rows * G * P + 16));
+                glo.resize(static_cast<size_t>(g.rows));
+                ghi.resize(static_cast<size_t>(g.rows));
+                int64_t r = 0;
+                for (int64_t m = g.first; m < g.first + g.count; ++m) {
+                    const AttnUnit& u = units[static_cast<size_t>(members[static_cast<size_t>(m)])];
+                    for (int64_t j = 0; j < u.rows; ++j, ++r) {
+                        for (int64_t h = 0; h < G; ++h)
+                            std::memcpy(gq.data() + (r * G + h) * D, qp + (u.row0 + j) * qs0 + (u.hk * G + h) * qs1,
+                                        static_cast<size_t>(D) * sizeof(float));
+                        glo[static_cast<size_t>(r)] = row_lo[static_cast<size_t>(u.row0 + j)];
+                        ghi[static_cast<size_t>(r)] = row_hi[static_cast<size_t>(u.row0 + j)];
+                    }
+                }
+                const int64_t hk = units[static_cast<size_t>(members[static_cast<size_t>(g.first)])].hk;
+                const AttnRows a{gq.data(), G * D, D, g.rows, G, D, glo.data(), ghi.data(),
+                                 kp + (g.base * ks0 + hk * ks1) * elt, vp + (g.base * vs0 + hk * vs1) * elt,
+                                 vs2, half, fscale, fcap, q8};
+                float* rec = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(grec.data()) + 63) & ~uintptr_t(63));
+                tab->attention_block(a, g.block * kAttnBlock, rec, s);
+                r = 0;
+                for (int64_t m = g.first; m < g.first + g.count; ++m) {
+                    const int64_t unit = members[static_cast<size_t>(m)];
+                    const AttnUnit& u = units[static_cast<size_t>(unit)];
+                    std::memcpy(part + u.part + (g.block - u.b0) * u.rows * G * P, rec + r * G * P,
+                                static_cast<size_t>(u.rows * G * P) * sizeof(float));
+                    r += u.rows;
+                    finish_block(unit);
+                }
+                continue;
+            }
+            const AttnItem& it = items[static_cast<size_t>(i - ngroups)];
             const AttnUnit& u = units[static_cast<size_t>(it.unit)];
-            const AttnRows a = rows_of(u);
-            float* up = part + u.part;
-            tab->attention_block(a, it.block * kAttnBlock, up + (it.block - u.b0) * u.rows * G * P, s);
-            if (pending[static_cast<size_t>(it.unit)].blocks.fetch_sub(1, std::memory_order_acq_rel) == 1)
-                tab->attention_merge(a, u.b0, u.b1, up, op + (u.row0 * H + u.hk * G) * D, H * D);
+            tab->attention_block(rows_of(u, it.block), it.block * kAttnBlock,
+                                 part + u.part + (it.block - u.b0) * u.rows * G * P, s);
+            finish_block(it.unit);
         }
     });
     return out;
@@ -1095,7 +1236,7 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_
                 "] (blocked), v_cache [Hkv, L, D]; an int8 cache's both [Hkv, L / ", kKeyBlock, ", ", kQ8Header,
                 " + ", kKeyBlock, " D]");
     return attention_seqs(q, k_cache.unsqueeze(0), v_cache.unsqueeze(0), {0}, {start_pos}, {q.size(0)},
-                          scale, sliding_window, softcap);
+                          scale, sliding_window, softcap, {}, {});
 }
 
 namespace {
@@ -1154,7 +1295,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "Attention of several sequences' rows in one call: k_cache [S, Hkv, L / 16, D, 16] (blocked), "
           "v_cache [S, Hkv, L, D]; sequence i's counts[i] rows of q sit at positions starts[i]... of slot slots[i]",
           py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("slots"), py::arg("starts"),
-          py::arg("counts"), py::arg("scale"), py::arg("sliding_window") = 0, py::arg("softcap") = 0.0, nogil);
+          py::arg("counts"), py::arg("scale"), py::arg("sliding_window") = 0, py::arg("softcap") = 0.0,
+          py::arg("prefix_slots") = std::vector<int64_t>{}, py::arg("prefix_lens") = std::vector<int64_t>{}, nogil);
+    m.attr("ATTN_BLOCK") = kAttnBlock;
     m.def("repack_a8", &repack_a8, "Repack GGUF q8_0/q4_0/q4_1 rows for the 8-bit activation kernels",
           py::arg("w"), py::arg("qtype"), py::arg("n"), py::arg("k"), nogil);
     m.def("repack_a8_cat", &repack_a8_cat, "Several GGUF q8_0/q4_0/q4_1 weights of one K, repacked into one buffer",

@@ -33,10 +33,13 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_
 // The same over several sequences at once: sequence s owns rows [sum(counts[:s]), +counts[s]) of
 // q, at positions starts[s]... of slot slots[s] of k_cache [S, Hkv, L / kKeyBlock, D, kKeyBlock]
 // and v_cache [S, Hkv, L, D] (both float32 or both float16); one parallel loop over every row.
+// prefix_slots / prefix_lens (empty, or one per sequence): positions [0, prefix_lens[s]) come
+// from slot prefix_slots[s] (a shared prefix; a multiple of kAttnBlock, 0 for none).
 torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                              const std::vector<int64_t>& slots, const std::vector<int64_t>& starts,
                              const std::vector<int64_t>& counts, double scale, int64_t sliding_window,
-                             double softcap);
+                             double softcap, const std::vector<int64_t>& prefix_slots = {},
+                             const std::vector<int64_t>& prefix_lens = {});
 
 // Registers the LinearSpec and MoeFfn classes (moe.cpp).
 void bind_moe(py::module_& m);
