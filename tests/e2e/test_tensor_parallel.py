@@ -106,6 +106,25 @@ def test_tp2_with_an_int8_cache_speculates_exactly_and_mirrors_prefixes(tiny_lla
     llm.engine.shutdown()
 
 
+def test_tp2_shares_prefixes_exactly(tiny_llama) -> None:
+    """Four requests on one 300-token document: each rank reads the shared block of its heads
+    where the other slot holds it, and the copies of the rest reach the worker."""
+    doc = torch.randint(3, 250, (300,), generator=torch.Generator().manual_seed(3)).tolist()
+    prompts = [{"prompt_token_ids": doc + [5 + i, 9, 11 + i]} for i in range(4)]
+    sp = SamplingParams(temperature=0.8, seed=2, max_tokens=12, ignore_eos=True)
+    kw = {"max_model_len": 512, "max_num_batched_tokens": 64}
+    plain = LLM(str(tiny_llama), tensor_parallel_size=2, enable_prefix_caching=False, **kw)
+    want = [list(o.outputs[0].token_ids) for o in plain.generate(prompts, sp, use_tqdm=False)]
+    plain.engine.shutdown()
+    llm = LLM(str(tiny_llama), tensor_parallel_size=2, **kw)
+    assert llm.engine.kv.share_block == 256
+    for _ in range(2):  # cold (the first request's prompt shared), then cached
+        got = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, sp, use_tqdm=False)]
+        assert got == want
+    assert llm.engine.kv.num_prefix_cache_hits >= 7 * 256
+    llm.engine.shutdown()
+
+
 def _logits(llm: LLM, ids: list[int]) -> torch.Tensor:  # [T, V]
     m = llm.engine.model
     kv = m.make_kv_cache(1, 64)
