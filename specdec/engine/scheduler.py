@@ -17,6 +17,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 
 from specdec.engine.request import Request, RequestStatus
@@ -152,6 +153,8 @@ class Scheduler:
             and len(self.running) < self.max_num_seqs
             and self.kv.num_free_slots
         ):
+            if self._waits_for_prefix(self.waiting[0]):
+                break
             req = self.waiting.popleft()
             if req.sampling.prompt_logprobs is not None:
                 # NOTE: every prompt row needs its logits: nothing comes from the prefix cache
@@ -171,6 +174,30 @@ class Scheduler:
         for item in out:
             item.prefix_slot, item.prefix_len = self.kv.prefix_of(item.slot)
         return SchedulerOutput(out)
+
+    def _waits_for_prefix(self, req: Request) -> bool:
+        """Shared prefixes (kv_cache/pool.py): whether ``req``'s prompt starts with whole blocks
+        a running request is still prefilling. Admitted now, it would compute them a second
+        time; a step or two later it shares them. Only while that request prefills: it goes
+        on, so the wait is short."""
+        block = self.kv.share_block
+        if (
+            not block
+            or not self.kv.enable_prefix_caching
+            or req.sampling.prompt_logprobs is not None
+        ):
+            return False
+        prompt = req.prompt_token_ids
+        for r in self.running:
+            other = r.prompt_token_ids
+            n = min(len(prompt), len(other)) - 1  # the last prompt token is always computed
+            if r.num_computed_tokens >= n or n < block or r.cache_salt != req.cache_salt:
+                continue
+            same = np.asarray(prompt[:n]) == np.asarray(other[:n])
+            lcp = n if same.all() else int(same.argmin())
+            if lcp // block * block > r.num_computed_tokens:
+                return True
+        return False
 
     def _schedule_one(self, req: Request, budget: int) -> ScheduledRequest:
         if req.sampling.prompt_logprobs is not None and (len(self.running) > 1 or self.waiting):

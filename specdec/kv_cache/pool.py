@@ -90,7 +90,8 @@ class KVCache:
         self.max_len = max_len
         self._free = list(range(num_slots - 1, -1, -1))
         self.enable_prefix_caching = enable_prefix_caching
-        # Per slot, the token ids whose KV it holds; meaningful for free slots only.
+        # Per slot, the token ids whose KV it holds: a free slot's cached prefix, a running one's
+        # published prompt (``publish``; 0 until then).
         self._cached_token_ids = np.zeros((num_slots, max_len), dtype=np.int64)  # [S, max_len]
         self._num_cached = np.zeros(num_slots, dtype=np.int64)  # [S]
         self._last_used = np.zeros(num_slots, dtype=np.int64)  # [S] LRU clock at the last free

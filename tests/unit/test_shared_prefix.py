@@ -279,3 +279,20 @@ def test_fused_and_op_by_op_layers_read_a_shared_prefix_alike(tiny_llama, kv_dty
     kv.clear(1, 512), kv.clear(2, 512), kv.clear(3, 512)
     assert torch.equal(run(True, True), want)
     assert torch.equal(run(False, True), run(False, False))
+
+
+@pytest.mark.skipif(_C is None, reason="native kernels not built")
+def test_a_request_waits_for_the_blocks_a_running_one_is_prefilling(tiny_llama) -> None:
+    """The second request could join while the first is halfway through the shared document
+    (200 of its 300 tokens computed, no whole block beyond them): it waits a step and shares the
+    whole document instead of computing its second half again. Outputs are unchanged."""
+    kw = {"max_model_len": 512, "max_num_seqs": 4, "max_num_batched_tokens": 200}
+    doc = _prompt(300, 50)
+    prompts = [{"prompt_token_ids": doc + [10 + i] + _prompt(4, 51 + i)} for i in range(3)]
+    sp = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    plain = LLM(str(tiny_llama), enable_prefix_caching=False, **kw)
+    llm = LLM(str(tiny_llama), **kw)
+    outs = llm.generate(prompts, sp, use_tqdm=False)
+    assert [o.num_cached_tokens for o in outs] == [0, 300, 300]
+    want = plain.generate(prompts, sp, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in want]
