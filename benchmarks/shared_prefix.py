@@ -14,6 +14,12 @@ Two cases per round:
 
 Prints one JSON line per (case, sharing): wall seconds of the batch's ``generate`` per round and
 decode tokens/s, then the median ratio of the rounds (shared against copied).
+
+--step times one decode step instead (the model's forward and logits, no engine): B sequences
+of one row each after ``--doc-tokens`` cached positions, reading the whole blocks of the
+document from one slot (shared) or each from its own copy; and, for scale, one sequence of one
+row and one of B rows (a verification step) at the same depth. The four are alternated, best of
+the repeats' medians.
 """
 
 from __future__ import annotations
@@ -54,7 +60,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--kv-cache-dtype", default="auto")
     ap.add_argument("--cases", nargs="+", default=["cached", "cold"], choices=["cached", "cold"])
+    ap.add_argument("--step", action="store_true", help="time one decode step (see above)")
+    ap.add_argument("--repeats", type=int, default=12, help="--step: steps per round")
     args = ap.parse_args()
+    if args.step:
+        return step_cost(args)
 
     from specdec import LLM, SamplingParams
 
@@ -117,6 +127,58 @@ def main() -> None:
             "case": case, "wall_copied_over_shared": round(statistics.median(ratio), 3),
             "decode_shared_over_copied": round(statistics.median(speed), 3),
         }))  # fmt: skip
+
+
+def step_cost(args: argparse.Namespace) -> None:
+    import torch
+
+    from specdec.engine.loading import load_model
+    from specdec.model.llama import SeqBatch
+
+    c, b = args.doc_tokens, args.batch
+    model, _ = load_model(
+        args.model, torch.device("cpu"), torch.float32, "auto", "auto", c + b + 1,
+        "auto", args.kv_cache_dtype,
+    )  # fmt: skip
+    block = model.ops.attn_block
+    if not block or not model.use_fused_layers:
+        raise SystemExit("shared prefixes need the native fused layers")
+    kv = model.make_kv_cache(b, c + b + 1)
+    gen = torch.Generator().manual_seed(0)
+    vocab = model.cfg.vocab_size
+    with torch.inference_mode():
+        doc = torch.randint(0, vocab, (c,), generator=gen)
+        model.forward(doc, torch.arange(c), SeqBatch([0], [0], [c]), kv)
+        for s in range(1, b):
+            kv.copy_prefix(0, s, c)
+    shared = c // block * block
+    cases = {
+        "one_row": SeqBatch([0], [c], [1]),
+        f"one_seq_{b}_rows": SeqBatch([0], [c], [b]),
+        f"{b}_seqs_copied": SeqBatch(list(range(b)), [c] * b, [1] * b),
+        f"{b}_seqs_shared": SeqBatch(list(range(b)), [c] * b, [1] * b, [0] * b, [0] + [shared] * (b - 1)),
+    }  # fmt: skip
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    with torch.inference_mode():
+        for _ in range(args.rounds * args.repeats):
+            for name, batch in cases.items():
+                n = sum(batch.num_tokens)
+                ids = torch.randint(0, vocab, (n,), generator=gen)
+                pos = torch.tensor(
+                    [p + i for p, m in zip(batch.start_pos, batch.num_tokens) for i in range(m)]
+                )
+                t0 = time.perf_counter()
+                model.compute_logits(model.forward(ids, pos, batch, kv))
+                times[name].append(1000 * (time.perf_counter() - t0))
+    per_round = {
+        k: [statistics.median(v[i * args.repeats : (i + 1) * args.repeats]) for i in range(args.rounds)]
+        for k, v in times.items()
+    }  # fmt: skip
+    print(json.dumps({
+        "model": args.model, "context": c, "batch": b, "kv_cache_dtype": args.kv_cache_dtype,
+        "shared_positions": shared, "ms_per_round": {k: [round(x, 2) for x in v] for k, v in per_round.items()},
+        "copied_over_shared": round(min(per_round[f"{b}_seqs_copied"]) / min(per_round[f"{b}_seqs_shared"]), 3),
+    }))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -373,7 +373,7 @@ class Scheduler:
         """After a step fed prompt tokens: the prompt's computed part, for later requests to
         share (``KVCache.publish``)."""
         prompt = req.prompt_token_ids
-        if s.start_pos < len(prompt):
+        if s.start_pos < len(prompt) and req.slot is not None:
             n = min(req.num_computed_tokens, len(prompt))
             self.kv.publish(req.slot, prompt[:n], req.cache_salt)
 
