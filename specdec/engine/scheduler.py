@@ -176,10 +176,10 @@ class Scheduler:
         return SchedulerOutput(out)
 
     def _waits_for_prefix(self, req: Request) -> bool:
-        """Shared prefixes (kv_cache/pool.py): whether ``req``'s prompt starts with whole blocks
-        a running request is still prefilling. Admitted now, it would compute them a second
-        time; a step or two later it shares them. Only while that request prefills: it goes
-        on, so the wait is short."""
+        """Shared prefixes (kv_cache/pool.py): whether ``req``'s prompt starts with a whole
+        block or more of what a running request is still prefilling. Admitted now, it would
+        compute that a second time; a step or two later it shares or copies it. Only while that
+        request prefills: it goes on, so the wait is short."""
         block = self.kv.share_block
         if (
             not block
@@ -195,7 +195,7 @@ class Scheduler:
                 continue
             same = np.asarray(prompt[:n]) == np.asarray(other[:n])
             lcp = n if same.all() else int(same.argmin())
-            if lcp // block * block > r.num_computed_tokens:
+            if lcp >= block and lcp > r.num_computed_tokens:
                 return True
         return False
 
