@@ -128,3 +128,27 @@ def test_bad_prefixes_are_refused() -> None:
             prefix_slots=[0, 0],
             prefix_lens=[BLOCK, 0],
         )
+
+
+def test_sliding_windows_read_only_their_blocks_of_the_prefix(isa) -> None:  # noqa: F811
+    """A window of 300 positions: rows past position 556 no longer see the prefix's first block
+    (the shared pass skips it for them), earlier rows do; each equals its own-copy result."""
+    length, shared = 4 * BLOCK, 2 * BLOCK
+    kv = _pool(torch.float16, 4, length)
+    _fill(kv, 0, 0, shared, seed=1)
+    seqs = [(1, shared + 10, 4), (2, shared + 200, 9), (3, shared + 40, 1)]
+    for slot, start, n in seqs:
+        _fill(kv, slot, shared, start - shared + n, seed=slot)
+    copied = _pool(torch.float16, 4, length)
+    copied.k.copy_(kv.k)
+    copied.v.copy_(kv.v)
+    for slot, _, _ in seqs:
+        copied.copy_prefix(0, slot, shared)
+    q = torch.randn(14, H, D, generator=torch.Generator().manual_seed(5))
+    slots, starts, counts = map(list, zip(*seqs))
+    want = _C.attention_seqs(q, copied.k[0], copied.v[0], slots, starts, counts, 0.125, 300)
+    got = _C.attention_seqs(
+        q, kv.k[0], kv.v[0], slots, starts, counts, 0.125, 300,
+        prefix_slots=[0] * 3, prefix_lens=[shared] * 3,
+    )  # fmt: skip
+    assert torch.equal(got, want)

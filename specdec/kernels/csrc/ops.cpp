@@ -16,7 +16,7 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
+#include <map>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -975,41 +975,29 @@ int64_t attention_units(const std::vector<int64_t>& slots, const std::vector<int
 // those it would get alone (a row's partial depends on its query, its range and the block only).
 void attention_groups(const std::vector<AttnUnit>& units, std::vector<AttnItem>* items,
                       std::vector<int64_t>* members, std::vector<AttnGroupItem>* groups) {
-    std::vector<int64_t> shared;  // units whose prefix slot two or more sequences read
-    for (size_t u = 0; u < units.size(); ++u) {
-        if (units[u].nb == 0) continue;
-        for (size_t v = 0; v < units.size(); ++v) {
-            if (units[v].nb > 0 && units[v].base == units[u].base && units[v].hk == units[u].hk &&
-                units[v].slot != units[u].slot) {
-                shared.push_back(static_cast<int64_t>(u));
-                break;
-            }
-        }
-    }
-    if (shared.empty()) return;
+    // (prefix slot, kv head) -> its units in unit order, and whether two sequences read it
+    std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> readers;
+    for (size_t u = 0; u < units.size(); ++u)
+        if (units[u].nb > 0) readers[{units[u].base, units[u].hk}].push_back(static_cast<int64_t>(u));
     std::vector<char> grouped(units.size(), 0);
-    for (int64_t u : shared) grouped[static_cast<size_t>(u)] = 1;
-    std::vector<char> done(units.size(), 0);
-    for (int64_t u : shared) {
-        if (done[static_cast<size_t>(u)]) continue;
-        std::vector<int64_t> same;  // units of this prefix slot and kv head, in unit order
+    for (const auto& [key, same] : readers) {
+        const int64_t slot0 = units[static_cast<size_t>(same[0])].slot;
+        bool two = false;
         int64_t nb = 0;
-        for (int64_t v : shared) {
-            const AttnUnit& a = units[static_cast<size_t>(v)];
-            if (a.base == units[static_cast<size_t>(u)].base && a.hk == units[static_cast<size_t>(u)].hk) {
-                same.push_back(v);
-                done[static_cast<size_t>(v)] = 1;
-                nb = std::max(nb, a.nb);
-            }
+        for (int64_t v : same) {
+            two = two || units[static_cast<size_t>(v)].slot != slot0;
+            nb = std::max(nb, units[static_cast<size_t>(v)].nb);
         }
+        if (!two) continue;
+        for (int64_t v : same) grouped[static_cast<size_t>(v)] = 1;
         for (int64_t b = 0; b < nb; ++b) {
-            AttnGroupItem g{units[static_cast<size_t>(u)].base, b, static_cast<int64_t>(members->size()), 0, 0};
+            AttnGroupItem g{key.first, b, static_cast<int64_t>(members->size()), 0, 0};
             for (int64_t v : same) {
                 const AttnUnit& a = units[static_cast<size_t>(v)];
-                if (b >= a.nb || b < a.b0) continue;
+                if (b >= a.nb || b < a.b0) continue;  // past its prefix, or before its window
                 if (g.rows + a.rows > kAttnRows) {
                     groups->push_back(g);
-                    g = AttnGroupItem{g.base, b, static_cast<int64_t>(members->size()), 0, 0};
+                    g = AttnGroupItem{key.first, b, static_cast<int64_t>(members->size()), 0, 0};
                 }
                 members->push_back(v);
                 g.count += 1;
