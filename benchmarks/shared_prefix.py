@@ -60,6 +60,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--kv-cache-dtype", default="auto")
     ap.add_argument("--cases", nargs="+", default=["cached", "cold"], choices=["cached", "cold"])
+    ap.add_argument("--speculative-config", type=json.loads, default=None, help="JSON, as vLLM's")
     ap.add_argument("--step", action="store_true", help="time one decode step (see above)")
     ap.add_argument("--repeats", type=int, default=12, help="--step: steps per round")
     args = ap.parse_args()
@@ -75,6 +76,7 @@ def main() -> None:
         max_num_seqs=args.batch,
         max_model_len=args.doc_tokens + 256,
         kv_cache_dtype=args.kv_cache_dtype,
+        speculative_config=args.speculative_config,
     )
     kv = llm.engine.kv
     share_block = kv.share_block
