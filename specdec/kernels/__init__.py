@@ -18,6 +18,7 @@ import math
 import os
 import types
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -877,8 +878,8 @@ class NativeOps(KernelOps):
         counts: list[int],
         capture: list[int],
         reducer: Any = None,
-        prefix_slots: list[int] = (),
-        prefix_lens: list[int] = (),
+        prefix_slots: Sequence[int] = (),
+        prefix_lens: Sequence[int] = (),
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """``decoder_layer`` results run in order in one native call: the last one's output, and
         the input of each layer index in ``capture``. ``rope[i]`` picks layer i's (cos, sin).
