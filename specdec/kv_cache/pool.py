@@ -172,11 +172,17 @@ class KVCache:
             return self._q8_values(self.v[layer, slot], keys=False)
         return self.v[layer, slot]
 
+    def _entries(self, num_tokens: int) -> tuple[int, int]:
+        """How many entries along ``k``'s and ``v``'s position dimension hold the first
+        ``num_tokens`` positions (key blocks where blocked; an int8 cache's values too)."""
+        nk = -(-num_tokens // self.key_block) if self.key_block else num_tokens
+        return nk, nk if self.quantized else num_tokens
+
     def clear(self, slot: int, num_tokens: int) -> None:
         """Zero the first ``num_tokens`` positions of ``slot`` (every layer and head)."""
-        nk = -(-num_tokens // self.key_block) if self.key_block else num_tokens
+        nk, nv = self._entries(num_tokens)
         self.k[:, slot, :, :nk].zero_()
-        self.v[:, slot, :, : nk if self.quantized else num_tokens].zero_()
+        self.v[:, slot, :, :nv].zero_()
 
     @staticmethod
     def bytes_per_token(
@@ -262,9 +268,8 @@ class KVCache:
         (``start`` a multiple of the key block)."""
         if self.key_block and start % self.key_block:
             raise ValueError(f"copy start {start} is not a multiple of {self.key_block}")
-        nk = -(-num_tokens // self.key_block) if self.key_block else num_tokens
-        k0 = start // self.key_block if self.key_block else start
-        nv, v0 = (nk, k0) if self.quantized else (num_tokens, start)
+        nk, nv = self._entries(num_tokens)
+        k0, v0 = self._entries(start)  # (exact: start is a whole number of key blocks)
         self.k[:, dst, :, k0:nk] = self.k[:, src, :, k0:nk]  # a partial last block: stale tail
         self.v[:, dst, :, v0:nv] = self.v[:, src, :, v0:nv]
         if self.mirror is not None:
@@ -278,8 +283,7 @@ class KVCache:
         k, v = self.k[layer, slot], self.v[layer, slot]
         if prefix_len <= 0:
             return k, v
-        nk = prefix_len // self.key_block if self.key_block else prefix_len
-        nv = nk if self.quantized else prefix_len
+        nk, nv = self._entries(prefix_len)  # (a whole number of key blocks)
         k = torch.cat([self.k[layer, prefix_slot, :, :nk], k[:, nk:]], dim=1)
         v = torch.cat([self.v[layer, prefix_slot, :, :nv], v[:, nv:]], dim=1)
         return k, v
@@ -408,9 +412,9 @@ class KVCache:
     # ---- memory -------------------------------------------------------------------------------
     def _release(self, slot: int, num_kept: int) -> None:
         """Give back the pages of ``slot`` past its first ``num_kept`` positions."""
-        kept_blocks = -(-num_kept // self.key_block) if self.key_block else num_kept
-        self._k_buf.release(_slot_ranges(self.k, slot, kept_blocks))
-        self._v_buf.release(_slot_ranges(self.v, slot, kept_blocks if self.quantized else num_kept))
+        nk, nv = self._entries(num_kept)
+        self._k_buf.release(_slot_ranges(self.k, slot, nk))
+        self._v_buf.release(_slot_ranges(self.v, slot, nv))
         if self.mirror is not None:
             self.mirror("_release", (slot, num_kept))
 

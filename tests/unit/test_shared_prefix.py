@@ -61,6 +61,17 @@ def _same(a: tuple, b: tuple, n: int) -> bool:
     return all(torch.equal(x[..., :n, :], y[..., :n, :]) for x, y in zip(a, b))
 
 
+def _reader(slots: int, doc_len: int, reused: int, seed: int):
+    """A pool of ``slots`` where slot ``a`` cached a ``doc_len``-token document (``held``: its
+    KV) and a running request in slot ``b`` reads its first ``reused`` tokens' whole blocks."""
+    kv = _pool(slots=slots)
+    doc = _prompt(doc_len, seed)
+    a, held = _cached(kv, doc, seed=seed + 1)
+    b, got = kv.allocate_for_prompt(doc[:reused] + [1])
+    assert got == reused and kv.prefix_of(b) == (a, reused // BLOCK * BLOCK)
+    return kv, doc, a, held, b
+
+
 def test_a_cached_prefix_is_read_where_it_is() -> None:
     kv = _pool()
     doc = _prompt(700, 0)
@@ -110,11 +121,7 @@ def test_tenants_never_share() -> None:
 
 
 def test_evicting_a_read_slot_gives_its_readers_copies() -> None:
-    kv = _pool(slots=2)
-    doc = _prompt(700, 6)
-    a, held = _cached(kv, doc, seed=7)
-    b, _ = kv.allocate_for_prompt(doc[:600] + [1])
-    assert kv.prefix_of(b) == (a, 2 * BLOCK)
+    kv, _, a, held, b = _reader(slots=2, doc_len=700, reused=600, seed=6)
     other, reused = kv.allocate_for_prompt(_prompt(50, 8))  # only a is free: evicted
     assert other == a and reused == 0
     assert kv.prefix_of(b) == (-1, 0)
@@ -124,10 +131,7 @@ def test_evicting_a_read_slot_gives_its_readers_copies() -> None:
 
 
 def test_read_slots_are_evicted_last() -> None:
-    kv = _pool(slots=4)
-    doc = _prompt(700, 10)
-    a, _ = _cached(kv, doc, seed=11)
-    b, _ = kv.allocate_for_prompt(doc[:600] + [1])
+    kv, _, a, _, b = _reader(slots=4, doc_len=700, reused=600, seed=10)
     e, _ = _cached(kv, _prompt(300, 12), seed=13)  # used after a: a is the least recent
     empty = ({0, 1, 2, 3} - {a, b, e}).pop()
     f, _ = kv.allocate_for_prompt(_prompt(40, 14))  # the empty slot first
@@ -137,11 +141,7 @@ def test_read_slots_are_evicted_last() -> None:
 
 
 def test_taking_a_read_slot_in_place_keeps_what_its_readers_read() -> None:
-    kv = _pool(slots=3)
-    doc = _prompt(800, 16)
-    a, held = _cached(kv, doc, seed=17)
-    b, _ = kv.allocate_for_prompt(doc[:600] + [1])
-    assert kv.prefix_of(b) == (a, 2 * BLOCK)
+    kv, doc, a, held, b = _reader(slots=3, doc_len=800, reused=600, seed=16)
     kv.allocate_for_prompt(_prompt(30, 18))  # the last empty slot: no victim left but a
     # A prompt reusing 700 of a's 800 in place keeps the 512 b reads.
     same, reused = kv.allocate_for_prompt(doc[:700] + [2])
@@ -152,23 +152,16 @@ def test_taking_a_read_slot_in_place_keeps_what_its_readers_read() -> None:
 
 
 def test_a_reader_keeping_less_than_its_prefix_is_rebased() -> None:
-    kv = _pool(slots=2)
-    doc = _prompt(900, 19)
-    a, held = _cached(kv, doc, seed=20)
-    b, _ = kv.allocate_for_prompt(doc[:800] + [1])
-    assert kv.prefix_of(b) == (a, 3 * BLOCK)
+    kv, doc, a, held, b = _reader(slots=2, doc_len=900, reused=800, seed=19)
     kv.free(b, doc[:300])  # cached shorter than its prefix (a stop inside the prompt's blocks)
     assert kv.prefix_of(b) == (a, BLOCK)
     assert _same(_seq(kv, b, 300), held, 300)
 
 
 def test_reset_prefix_cache_keeps_running_readers_whole() -> None:
-    kv = _pool(slots=3)
-    doc = _prompt(700, 21)
-    a, held = _cached(kv, doc, seed=22)
-    b, _ = kv.allocate_for_prompt(doc[:600] + [1])  # running
+    kv, doc, a, held, b = _reader(slots=3, doc_len=700, reused=600, seed=21)
     c, _ = _cached(kv, doc[:650] + [3], seed=23)  # a free reader
-    assert kv.prefix_of(b)[0] == a
+    assert kv.prefix_of(c)[0] == a
     kv.reset_prefix_cache()
     assert kv.prefix_of(b) == (-1, 0) and kv.prefix_of(c) == (-1, 0)
     assert _same(_seq(kv, b, 600), held, 600)
