@@ -446,6 +446,13 @@ class PackedWeight:
             )
         else:
             blocks = self._data[idx]
+        if (
+            _C is not None
+            and self.qtype in ("q8_0", "q4_0", "q4_1")
+            and blocks.device.type == "cpu"
+        ):
+            # the same bits as _dequantize, without its ~10 torch ops (~0.3 ms a decode step)
+            return _C.dequantize_blocks(blocks.contiguous(), _QT_CODE[self.qtype], self.in_features)
         return _dequantize(self.qtype, blocks, idx.numel(), self.in_features)
 
     def _dequantize_kq(self, rows: torch.Tensor | None) -> torch.Tensor:

@@ -96,6 +96,28 @@ def test_pack_gguf_bytes_dequantize_matches_gguf(qtype):
     assert torch.equal(K.pack_weight(qtype, raw, 20, 128).data, packed.data)
 
 
+@pytest.mark.parametrize("qtype", QUANT)
+def test_native_dequantize_blocks_equals_torch_reference(qtype):
+    # Random bytes: every scale a finite half (subnormals, negatives, both signs of zero) and
+    # every quant value; the native rows (embedding lookups) must equal the torch reference's bits.
+    _require_native()
+    n, k = 37, 96
+    bb = K.BLOCK_BYTES[qtype]
+    gen = torch.Generator().manual_seed(7)
+    blocks = torch.randint(0, 256, (n, k // 32, bb), generator=gen, dtype=torch.uint8)
+    halves = torch.randn(n, k // 32, 2, generator=gen).to(torch.float16)
+    halves[0, 0] = torch.tensor([6e-8, -0.0], dtype=torch.float16)  # subnormal, negative zero
+    scale_bytes = 4 if qtype == "q4_1" else 2
+    blocks[..., :scale_bytes] = halves.view(torch.uint8).reshape(n, k // 32, 4)[..., :scale_bytes]
+    blocks = blocks.reshape(n, -1).contiguous()
+    ref = K._dequantize(qtype, blocks, n, k)
+    got = K._C.dequantize_blocks(blocks, K._QT_CODE[qtype], k)
+    assert got.dtype == torch.float32 and got.shape == (n, k)
+    assert torch.equal(got.view(torch.int32), ref.view(torch.int32))
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        K._C.dequantize_blocks(blocks, K._QT_CODE[qtype], 40)
+
+
 def test_pack_f32_and_errors():
     w = _randn(6, 10)
     p = K.pack_weight("f32", w, 6, 10)

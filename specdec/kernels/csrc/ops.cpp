@@ -762,6 +762,48 @@ torch::Tensor unpack_x2(torch::Tensor tiles, int64_t qtype, int64_t N, int64_t K
     return out;
 }
 
+// GGUF block rows [R, K / 32 * block bytes] (q8_0, q4_0 or q4_1) -> float32 [R, K], with the float
+// operations of the Python reference (kernels/__init__.py _dequantize): q8_0 q * d, q4_0 d * (n - 8),
+// q4_1 d * n + m, each a single rounding (-ffp-contract=off), so the same bits.  One embedding row a
+// decode step through torch took ~10 small ops (~0.3 ms); this takes microseconds.
+torch::Tensor dequantize_blocks(torch::Tensor blocks, int64_t qtype, int64_t K) {
+    TORCH_CHECK(a8_kind_ok(qtype), "specdec dequantize_blocks: qtype must be q8_0, q4_0 or q4_1, got ", qtype);
+    TORCH_CHECK(K > 0 && K % 32 == 0, "specdec dequantize_blocks: K must be a positive multiple of 32");
+    const int64_t bb = block_bytes(qtype), nb = K / 32, row_bytes = nb * bb;
+    TORCH_CHECK(blocks.device().is_cpu() && blocks.scalar_type() == torch::kUInt8 && blocks.is_contiguous() &&
+                    blocks.numel() % row_bytes == 0,
+                "specdec dequantize_blocks: blocks must be contiguous CPU uint8 rows of ", row_bytes, " bytes");
+    const int64_t R = blocks.numel() / row_bytes;
+    auto out = torch::empty({R, K}, torch::dtype(torch::kFloat32));
+    const uint8_t* src = blocks.data_ptr<uint8_t>();
+    float* dst = out.data_ptr<float>();
+    auto half = [](const uint8_t* p) {
+        uint16_t bits;
+        std::memcpy(&bits, p, 2);
+        return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+    };
+    for (int64_t b = 0; b < R * nb; ++b) {
+        const uint8_t* blk = src + b * bb;
+        float* y = dst + b * 32;
+        const float d = half(blk);
+        if (qtype == QT_Q8_0) {
+            for (int i = 0; i < 32; ++i) y[i] = static_cast<float>(static_cast<int8_t>(blk[2 + i])) * d;
+        } else if (qtype == QT_Q4_0) {
+            for (int i = 0; i < 16; ++i) {
+                y[i] = d * static_cast<float>((blk[2 + i] & 0x0F) - 8);
+                y[i + 16] = d * static_cast<float>((blk[2 + i] >> 4) - 8);
+            }
+        } else {
+            const float m = half(blk + 2);
+            for (int i = 0; i < 16; ++i) {
+                y[i] = d * static_cast<float>(blk[4 + i] & 0x0F) + m;
+                y[i + 16] = d * static_cast<float>(blk[4 + i] >> 4) + m;
+            }
+        }
+    }
+    return out;
+}
+
 // The GGUF block rows (all, or the given ones) back from a8 tiles: repack_a8's exact inverse.
 torch::Tensor unpack_a8(torch::Tensor a8, int64_t qtype, int64_t N, int64_t K, c10::optional<torch::Tensor> rows) {
     TORCH_CHECK(a8_kind_ok(qtype), "specdec unpack_a8: qtype must be q8_0, q4_0 or q4_1, got ", qtype);
@@ -1290,6 +1332,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("w"), py::arg("qtype"), py::arg("n"), py::arg("k"), nogil);
     m.def("repack_a8_cat", &repack_a8_cat, "Several GGUF q8_0/q4_0/q4_1 weights of one K, repacked into one buffer",
           py::arg("ws"), py::arg("qtype"), py::arg("ns"), py::arg("k"), nogil);
+    m.def("dequantize_blocks", &dequantize_blocks, "GGUF q8_0 / q4_0 / q4_1 block rows -> float32 [R, K]",
+          py::arg("blocks"), py::arg("qtype"), py::arg("K"), py::call_guard<py::gil_scoped_release>());
     m.def("unpack_a8", &unpack_a8, "a8 tiles -> the GGUF block rows (all, or the given ones)", py::arg("a8"),
           py::arg("qtype"), py::arg("n"), py::arg("k"), py::arg("rows") = py::none(), nogil);
     m.def("repack_kq", &repack_kq, "GGUF Q4_K/Q5_K/Q6_K rows -> the K-quant tiles of kquants.cpp",
