@@ -3,10 +3,10 @@
 // The Python forward (specdec/model/llama.py, LlamaModel._layer) issues ~40 small torch ops per
 // layer; at one token per step that glue cost more than a third of the step.  This class runs the
 // same computation with the same arithmetic: the kernels of ops.cpp for linear / rms_norm /
-// attention, ATen for the activation and the residual adds (the ops Python calls), and plain loops
-// for the rotary embedding and the KV-cache writes that do exactly torch's elementwise float32
-// operations (compiled with -ffp-contract=off).  The two forwards therefore agree bit for bit,
-// which tests/unit/test_tiny_model.py checks.
+// attention, ATen for the activation (the op Python calls), and plain loops for the rotary
+// embedding, the KV-cache writes, the residual adds and the gate-times-up product that do exactly
+// torch's elementwise float32 operations (compiled with -ffp-contract=off).  The two forwards
+// therefore agree bit for bit, which tests/unit/test_tiny_model.py checks.
 #include <torch/extension.h>
 
 #include <cmath>

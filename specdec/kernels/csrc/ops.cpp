@@ -1333,7 +1333,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("repack_a8_cat", &repack_a8_cat, "Several GGUF q8_0/q4_0/q4_1 weights of one K, repacked into one buffer",
           py::arg("ws"), py::arg("qtype"), py::arg("ns"), py::arg("k"), nogil);
     m.def("dequantize_blocks", &dequantize_blocks, "GGUF q8_0 / q4_0 / q4_1 block rows -> float32 [R, K]",
-          py::arg("blocks"), py::arg("qtype"), py::arg("K"), py::call_guard<py::gil_scoped_release>());
+          py::arg("blocks"), py::arg("qtype"), py::arg("K"), nogil);
     m.def("unpack_a8", &unpack_a8, "a8 tiles -> the GGUF block rows (all, or the given ones)", py::arg("a8"),
           py::arg("qtype"), py::arg("n"), py::arg("k"), py::arg("rows") = py::none(), nogil);
     m.def("repack_kq", &repack_kq, "GGUF Q4_K/Q5_K/Q6_K rows -> the K-quant tiles of kquants.cpp",
