@@ -188,6 +188,10 @@ constexpr int64_t kq_gguf_block_bytes(int fmt) {
     return fmt == QT_Q4_K ? 144 : fmt == QT_Q5_K ? 176 : fmt == QT_Q6_K ? 210 : 0;
 }
 
+// kernels_portable.cpp: one GGUF q8_0 / q4_0 / q4_1 row of K elements to floats, the same float32
+// operations as gguf.quants and kernels/__init__.py _dequantize (bit-exact).
+void gguf_decode_row(int qtype, const uint8_t* row, int64_t K, float* out);
+
 // kquants.cpp (plain C++, no ISA flags).  repack: rows [0, N) of GGUF blocks (row_bytes = K / 256
 // * kq_gguf_block_bytes) -> N / 16 groups of tiles.  decode: rows [r0, r1) of the tiles to float
 // rows of K, the same float32 operations as gguf.quants.dequantize (bit-exact).

@@ -332,6 +332,7 @@ const A8Table kA8Table = {"portable", a8_quantize_rows, a8_linear_groups, nullpt
 }  // namespace
 
 const KernelTable* portable_table() { return &kTable; }
+void gguf_decode_row(int qtype, const uint8_t* row, int64_t K, float* out) { decode_row(qtype, row, K, out); }
 const A8Table* portable_a8_table() { return &kA8Table; }
 
 }  // namespace specdec

@@ -762,14 +762,13 @@ torch::Tensor unpack_x2(torch::Tensor tiles, int64_t qtype, int64_t N, int64_t K
     return out;
 }
 
-// GGUF block rows [R, K / 32 * block bytes] (q8_0, q4_0 or q4_1) -> float32 [R, K], with the float
-// operations of the Python reference (kernels/__init__.py _dequantize): q8_0 q * d, q4_0 d * (n - 8),
-// q4_1 d * n + m, each a single rounding (-ffp-contract=off), so the same bits.  One embedding row a
-// decode step through torch took ~10 small ops (~0.3 ms); this takes microseconds.
+// GGUF block rows [R, K / 32 * block bytes] (q8_0, q4_0 or q4_1) -> float32 [R, K], bit-exact with
+// the Python reference (kernels/__init__.py _dequantize).  One embedding row a decode step through
+// torch took ~10 small ops (~0.3 ms); this takes microseconds.
 torch::Tensor dequantize_blocks(torch::Tensor blocks, int64_t qtype, int64_t K) {
     TORCH_CHECK(a8_kind_ok(qtype), "specdec dequantize_blocks: qtype must be q8_0, q4_0 or q4_1, got ", qtype);
     TORCH_CHECK(K > 0 && K % 32 == 0, "specdec dequantize_blocks: K must be a positive multiple of 32");
-    const int64_t bb = block_bytes(qtype), nb = K / 32, row_bytes = nb * bb;
+    const int64_t row_bytes = K / 32 * block_bytes(qtype);
     TORCH_CHECK(blocks.device().is_cpu() && blocks.scalar_type() == torch::kUInt8 && blocks.is_contiguous() &&
                     blocks.numel() % row_bytes == 0,
                 "specdec dequantize_blocks: blocks must be contiguous CPU uint8 rows of ", row_bytes, " bytes");
@@ -777,30 +776,7 @@ torch::Tensor dequantize_blocks(torch::Tensor blocks, int64_t qtype, int64_t K) 
     auto out = torch::empty({R, K}, torch::dtype(torch::kFloat32));
     const uint8_t* src = blocks.data_ptr<uint8_t>();
     float* dst = out.data_ptr<float>();
-    auto half = [](const uint8_t* p) {
-        uint16_t bits;
-        std::memcpy(&bits, p, 2);
-        return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
-    };
-    for (int64_t b = 0; b < R * nb; ++b) {
-        const uint8_t* blk = src + b * bb;
-        float* y = dst + b * 32;
-        const float d = half(blk);
-        if (qtype == QT_Q8_0) {
-            for (int i = 0; i < 32; ++i) y[i] = static_cast<float>(static_cast<int8_t>(blk[2 + i])) * d;
-        } else if (qtype == QT_Q4_0) {
-            for (int i = 0; i < 16; ++i) {
-                y[i] = d * static_cast<float>((blk[2 + i] & 0x0F) - 8);
-                y[i + 16] = d * static_cast<float>((blk[2 + i] >> 4) - 8);
-            }
-        } else {
-            const float m = half(blk + 2);
-            for (int i = 0; i < 16; ++i) {
-                y[i] = d * static_cast<float>(blk[4 + i] & 0x0F) + m;
-                y[i + 16] = d * static_cast<float>(blk[4 + i] >> 4) + m;
-            }
-        }
-    }
+    for (int64_t r = 0; r < R; ++r) gguf_decode_row(static_cast<int>(qtype), src + r * row_bytes, K, dst + r * K);
     return out;
 }
 
