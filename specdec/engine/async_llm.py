@@ -48,6 +48,9 @@ class RequestFailed(EngineError):
 
 
 _ACCEPTED = object()  # queue marker: add_request succeeded
+_DELTA_FIELDS = tuple(
+    f.name for f in dataclasses.fields(RequestOutput) if f.name.startswith("delta_")
+)
 
 
 class RequestStream:
@@ -87,11 +90,9 @@ class RequestStream:
         out = self._check(await self._queue.get())
         while not out.finished and not self._queue.empty():
             nxt = self._check(self._queue.get_nowait())
-            out = dataclasses.replace(
-                nxt,
-                delta_text=out.delta_text + nxt.delta_text,
-                delta_token_ids=out.delta_token_ids + nxt.delta_token_ids,
-            )
+            # every delta_* field: a merged output must carry each step's delta (provenance too)
+            deltas = {f: getattr(out, f) + getattr(nxt, f) for f in _DELTA_FIELDS}
+            out = dataclasses.replace(nxt, **deltas)
         self.finished = out.finished
         return out
 
