@@ -10,7 +10,8 @@ Four measurements on the loaded model, each in this process:
 - ``attention``: the native attention kernel alone at the model's shape (its heads, kv heads and
   head size, float16 cache): N rows after ``--context`` cached positions, microseconds per layer
   (min over ``--repeats``) and the multiply-adds per second of its scores and values, to set
-  beside ``benchmarks/avx2_roof.py``'s fp32 roof;
+  beside ``benchmarks/avx2_roof.py``'s fp32 roof, and the rate it reads K and V at; with
+  ``--cold`` a cache per layer, called in turn, so that each call reads its cache from memory;
 - ``waste``: greedy speculative decoding of a chat-prompt set one prompt at a time: draft rows
   verified, accepted, and the rows past each verification's first rejected draft (their logits
   are computed and never read).
@@ -18,6 +19,7 @@ Four measurements on the loaded model, each in this process:
     .venv/bin/python benchmarks/verify_rows.py split --context 200 2000 --ns 1 8 16
     .venv/bin/python benchmarks/verify_rows.py linear --threads 1 2
     .venv/bin/python benchmarks/verify_rows.py attention --context 2000 --ns 1 8 16 --threads 1 2
+    .venv/bin/python benchmarks/verify_rows.py attention --cold --context 2000 --ns 1 --threads 2
     .venv/bin/python benchmarks/verify_rows.py waste --dataset chat.jsonl --method suffix
 """
 
@@ -97,7 +99,12 @@ def linear(model_name: str, threads: list[int], ms: list[int]) -> None:
 
 
 def attention(
-    model_name: str, contexts: list[int], ns: list[int], threads: list[int], repeats: int
+    model_name: str,
+    contexts: list[int],
+    ns: list[int],
+    threads: list[int],
+    repeats: int,
+    cold: bool = False,
 ) -> None:
     import torch
 
@@ -108,26 +115,37 @@ def attention(
     cfg = llm.engine.model.cfg
     h, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     gen = torch.Generator().manual_seed(0)
+    # --cold: a cache per layer, called in turn, so that (as in a forward) each call finds its
+    # keys and values in memory, not in the cache hierarchy the previous call left them in
+    num_caches = cfg.num_layers if cold else 1
     for ctx in contexts:
         length = ctx + max(ns)
-        k = blocked_keys(torch.randn(hkv, length, d, generator=gen).half(), 16)
-        v = torch.randn(hkv, length, d, generator=gen).half()
+        caches = [
+            (
+                blocked_keys(torch.randn(hkv, length, d, generator=gen).half(), 16),
+                torch.randn(hkv, length, d, generator=gen).half(),
+            )
+            for _ in range(num_caches)
+        ]
         for t in threads:
             torch.set_num_threads(t)
             for n in ns:
                 q = torch.randn(n, h, d, generator=gen)
-                _C.attention(q, k, v, ctx, d**-0.5, 0, 0.0)
+                for k, v in caches:
+                    _C.attention(q, k, v, ctx, d**-0.5, 0, 0.0)
                 best = float("inf")
                 for _ in range(repeats):
                     t0 = time.perf_counter()
-                    _C.attention(q, k, v, ctx, d**-0.5, 0, 0.0)
-                    best = min(best, time.perf_counter() - t0)
+                    for k, v in caches:
+                        _C.attention(q, k, v, ctx, d**-0.5, 0, 0.0)
+                    best = min(best, (time.perf_counter() - t0) / num_caches)
                 macs = 2 * h * d * sum(ctx + i + 1 for i in range(n))  # scores and values
                 print(json.dumps({
-                    "context": ctx, "n": n, "threads": t, "heads": [h, hkv, d],
+                    "context": ctx, "n": n, "threads": t, "heads": [h, hkv, d], "cold": cold,
                     "us_per_layer": round(1e6 * best, 1),
                     "ms_all_layers": round(1e3 * best * cfg.num_layers, 2),
                     "gmac_s": round(macs / best / 1e9, 1),
+                    "kv_gb_s": round(2 * hkv * ctx * d * 2 / best / 1e9, 1),
                 }))  # fmt: skip
 
 
@@ -158,6 +176,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=40)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--ms", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--cold", action="store_true", help="attention: a cache per layer, in turn")
     ap.add_argument("--dataset", type=Path)
     ap.add_argument("--method", default="suffix")
     ap.add_argument("--limit", type=int, default=16)
@@ -168,7 +187,7 @@ def main() -> None:
     elif args.what == "linear":
         linear(args.model, args.threads, args.ms)
     elif args.what == "attention":
-        attention(args.model, args.context, args.ns, args.threads, args.repeats)
+        attention(args.model, args.context, args.ns, args.threads, args.repeats, args.cold)
     else:
         if args.dataset is None:
             ap.error("waste needs --dataset (jsonl with turns[0] per line)")
