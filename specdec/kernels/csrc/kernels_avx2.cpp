@@ -382,6 +382,25 @@ inline void prefetch_span(const void* p, int64_t bytes) {
     for (; o < bytes; o += 64) prefetch(c + o);
 }
 
+// Every cache line of [p, p + bytes) into L2.
+inline void prefetch_span_l2(const void* p, int64_t bytes) {
+    const char* c = static_cast<const char*>(p);
+    for (int64_t o = 0; o < bytes; o += 64) prefetch_l2(c + o);
+}
+
+// The value rows of keys [j, e) (v_stride apart, D each) into L2, while their keys are scored.
+// NOTE: one row over a cache in memory read K and V at ~14 GB/s against `torch.sum`'s 31-33: the
+// values' stream started only after the keys' softmax. Fetched alongside the keys, a step at 2,000
+// cached ran ~1.1x faster (BENCHMARKS.md, session 32).
+template <typename KV>
+inline void prefetch_values_l2(const KV* v, int64_t v_stride, int64_t D, int64_t j, int64_t e) {
+    if (v_stride == D) {
+        prefetch_span_l2(v + j * D, (e - j) * D * int64_t(sizeof(KV)));
+    } else {
+        for (; j < e; ++j) prefetch_span_l2(v + j * v_stride, D * int64_t(sizeof(KV)));
+    }
+}
+
 // n elements (n % 8 == 0) of a cache into floats (exact for half).
 template <typename KV>
 inline const float* widen(const KV* src, int64_t n, float* dst) {
@@ -495,12 +514,16 @@ inline void score_queries(const float* const* qp, int64_t Q, const KV* kb, int64
 }
 
 // Scores of the Q queries against key blocks [sb0, sb1) into s (s[q * ss + j - j0] for key j).
-// A half cache is widened once per key block when several tiles read it.
+// A half cache is widened once per key block when several tiles read it. Each block's value rows
+// (v, v_stride apart) are fetched into L2 meanwhile.
 template <typename KV>
 inline void score_keys(const float* const* qp, int64_t Q, const KV* kt, int64_t sb0, int64_t sb1, int64_t j0,
-                       int64_t kend, int64_t D, __m256 vscale, float* s, int64_t ss, float* kf) {
+                       int64_t kend, int64_t D, __m256 vscale, float* s, int64_t ss, float* kf, const KV* v,
+                       int64_t v_stride) {
     for (int64_t sb = sb0; sb < sb1; ++sb) {
         const KV* kb = kt + sb * D * kKeyBlock;
+        const int64_t vend = (sb + 1) * kKeyBlock < kend ? (sb + 1) * kKeyBlock : kend;
+        if (sb * kKeyBlock < vend) prefetch_values_l2(v, v_stride, D, sb * kKeyBlock, vend);
         if ((sb + 1) * kKeyBlock + kAttnPrefetchKeys <= kend)
             prefetch_span(kb + kAttnPrefetchKeys * D, kKeyBlock * D * int64_t(sizeof(KV)));
         float* sd = s + (sb * kKeyBlock - j0);
@@ -512,12 +535,15 @@ inline void score_keys(const float* const* qp, int64_t Q, const KV* kt, int64_t 
 }
 
 // score_keys over an 8-bit cache: a block's entries read in place by one query tile, widened
-// (exactly) once for several; each key's score times (its scale * the attention scale).
+// (exactly) once for several; each key's score times (its scale * the attention scale). Each
+// block's values (vq's block of the same positions) are fetched into L2 meanwhile.
 inline void score_keys_q8(const float* const* qp, int64_t Q, const uint8_t* kt, int64_t sb0, int64_t sb1, int64_t j0,
-                          int64_t kend, int64_t D, __m256 vscale, float* s, int64_t ss, float* kf) {
+                          int64_t kend, int64_t D, __m256 vscale, float* s, int64_t ss, float* kf,
+                          const uint8_t* vq) {
     const int64_t bb = q8_block_bytes(D);
     for (int64_t sb = sb0; sb < sb1; ++sb) {
         const uint8_t* kb = kt + sb * bb;
+        if (sb * kKeyBlock < kend) prefetch_span_l2(vq + sb * bb, bb);
         if ((sb + 1) * kKeyBlock + kAttnPrefetchKeys <= kend) prefetch_span(kb + kAttnPrefetchKeys / kKeyBlock * bb, bb);
         const float* ks = reinterpret_cast<const float*>(kb);
         const __m256 vs0 = _mm256_mul_ps(_mm256_loadu_ps(ks), vscale), vs1 = _mm256_mul_ps(_mm256_loadu_ps(ks + 8), vscale);
@@ -676,9 +702,10 @@ void attention_block_kv(const AttnRows& a, int64_t j0, float* part, float* scrat
     for (int64_t r = 0; r < R; ++r) kend = a.hi[r] + 1 > kend ? a.hi[r] + 1 : kend;
     if constexpr (std::is_same_v<KV, Q8>)
         score_keys_q8(qp, Q, static_cast<const uint8_t*>(a.kt), sb0, sb1, j0, kend, D, _mm256_set1_ps(a.scale), s,
-                      kAttnBlock, kf);
+                      kAttnBlock, kf, static_cast<const uint8_t*>(a.v));
     else
-        score_keys<KV>(qp, Q, kt, sb0, sb1, j0, kend, D, _mm256_set1_ps(a.scale), s, kAttnBlock, kf);
+        score_keys<KV>(qp, Q, kt, sb0, sb1, j0, kend, D, _mm256_set1_ps(a.scale), s, kAttnBlock, kf, v,
+                       a.v_stride);
     for (int64_t r = 0; r < R; ++r) {
         if (beg[r] >= end[r]) continue;
         for (int64_t g = 0; g < G; ++g) {

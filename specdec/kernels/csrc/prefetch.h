@@ -15,6 +15,9 @@ constexpr int64_t kPrefetchBytes = 8192;
 
 inline void prefetch(const void* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
 
+// Into L2 only: for bytes needed later in the same call, which would crowd L1 now.
+inline void prefetch_l2(const void* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
+
 // Every cache line of the TB-byte tile kPrefetchBytes ahead of tile.
 template <int64_t TB>
 inline void prefetch_tile(const uint8_t* tile) {
