@@ -391,7 +391,7 @@ inline void prefetch_span_l2(const void* p, int64_t bytes) {
 // The value rows of keys [j, e) (v_stride apart, D each) into L2, while their keys are scored.
 // NOTE: one row over a cache in memory read K and V at ~14 GB/s against `torch.sum`'s 31-33: the
 // values' stream started only after the keys' softmax. Fetched alongside the keys, a step at 2,000
-// cached ran ~1.1x faster (BENCHMARKS.md, session 32).
+// cached ran 1.02-1.09x faster (BENCHMARKS.md, session 32, [Z8]).
 template <typename KV>
 inline void prefetch_values_l2(const KV* v, int64_t v_stride, int64_t D, int64_t j, int64_t e) {
     if (v_stride == D) {
