@@ -44,13 +44,15 @@ AVX512_FLAGS = AVX2_FLAGS + ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512v
 # GCC 12 warns about its own _mm512_setzero_ps (a false positive).
 AVX512_FLAGS += ["-Wno-uninitialized", "-Wno-maybe-uninitialized"]
 # ISA units compiled on their own, in order; each needs the ones before it (the AVX-512 table
-# reuses the AVX2 rms_norm and attention).
+# reuses the AVX2 rms_norm and attention merge).
 ISA_UNITS = [
     ("AVX2", "kernels_avx2.cpp", AVX2_FLAGS, "SPECDEC_HAVE_AVX2"),
     # 8-bit activation kernels on AVX2 (vpmaddubsw), bit-identical to the VNNI ones
     ("AVX2 8-bit activations", "kernels_avx2_a8.cpp", AVX2_FLAGS, "SPECDEC_HAVE_AVX2A8"),
     # K-quant 8-bit activation kernels on AVX2, bit-identical to the VNNI ones
     ("AVX2 K-quants", "kernels_avx2_kq.cpp", AVX2_FLAGS, "SPECDEC_HAVE_AVX2KQ"),
+    # The attention blocks on 16 lanes, bit-identical to the AVX2 ones (the AVX-512 table's).
+    ("AVX-512 attention", "attention_avx512.cpp", AVX512_FLAGS, "SPECDEC_HAVE_AVX512ATTN"),
     ("AVX-512", "kernels_avx512.cpp", AVX512_FLAGS, "SPECDEC_HAVE_AVX512"),
     ("AVX-512 VNNI", "kernels_vnni.cpp", AVX512_FLAGS + ["-mavx512vnni"], "SPECDEC_HAVE_VNNI"),
     ("AVX-512 16-bit weights", "kernels_bf16.cpp", AVX512_FLAGS, "SPECDEC_HAVE_HALF512"),

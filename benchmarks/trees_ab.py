@@ -5,6 +5,7 @@ after on the same machine in one run.
 
     git worktree add /tmp/base HEAD~1 && (cd /tmp/base && python setup.py build_ext --inplace)
     .venv/bin/python benchmarks/trees_ab.py --trees /tmp/base . --cases 200:1 2000:1 200:8
+    .venv/bin/python benchmarks/trees_ab.py --trees /tmp/base . --kv-cache-dtype int8 --cases 2000:8
 
 Prints each process's step-time quantiles (ms over ``--seconds`` of back-to-back steps), then per
 case the speed-up of the second tree over the first (first / second) per round, on the medians
@@ -21,7 +22,7 @@ import sys
 from pathlib import Path
 
 
-def _one(tree: str, model: str, context: int, n: int, seconds: float) -> dict:
+def _one(tree: str, model: str, context: int, n: int, seconds: float, kv_dtype: str) -> dict:
     """In the worker process: time steps of ``model`` with ``specdec`` imported from ``tree``."""
     sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
     sys.path.insert(0, tree)
@@ -36,7 +37,7 @@ def _one(tree: str, model: str, context: int, n: int, seconds: float) -> dict:
     from specdec import LLM
     from specdec.model.llama import SeqBatch
 
-    llm = LLM(model, max_model_len=context + n + 16, max_num_seqs=1)
+    llm = LLM(model, max_model_len=context + n + 16, max_num_seqs=1, kv_cache_dtype=kv_dtype)
     m = llm.engine.model
     kv = m.make_kv_cache(1, context + n + 8)
     gen = torch.Generator().manual_seed(0)
@@ -71,11 +72,16 @@ def main() -> None:
     ap.add_argument("--cases", nargs="+", default=["200:1", "2000:1", "200:8"], help="CONTEXT:N")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=6.0, help="of steps per process")
+    ap.add_argument("--kv-cache-dtype", default="auto", help="as the engine's option")
     ap.add_argument("--one", nargs=4, help=argparse.SUPPRESS)  # worker: TREE CONTEXT N SECONDS
     args = ap.parse_args()
     if args.one:
         tree, context, n, seconds = args.one
-        print(json.dumps(_one(tree, args.model, int(context), int(n), float(seconds))))
+        print(
+            json.dumps(
+                _one(tree, args.model, int(context), int(n), float(seconds), args.kv_cache_dtype)
+            )
+        )
         return
     if not args.trees:
         ap.error("--trees BEFORE AFTER is required")
@@ -86,7 +92,8 @@ def main() -> None:
         order = trees if rnd % 2 == 0 else trees[::-1]
         for tree in order:
             for context, n in cases:
-                cmd = [sys.executable, __file__, "--model", args.model, "--one", tree]
+                cmd = [sys.executable, __file__, "--model", args.model]
+                cmd += ["--kv-cache-dtype", args.kv_cache_dtype, "--one", tree]
                 cmd += [str(context), str(n), str(args.seconds)]
                 out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
                 res = json.loads(out.strip().splitlines()[-1])

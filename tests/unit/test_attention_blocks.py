@@ -145,3 +145,29 @@ def test_batch_mixes(isa) -> None:
         torch.cat([q[9:10], q[:9]]), kt, v, [2, 0], [130, 590], [1, 9], 0.125
     )
     assert torch.equal(swapped[1:], mixed[:9]) and torch.equal(swapped[:1], mixed[9:10])
+
+
+@pytest.mark.parametrize("half", [False, True])
+@pytest.mark.parametrize("h,hkv,d", [(9, 3, 64), (4, 4, 72), (4, 1, 20), (16, 2, 128)])
+def test_vector_isas_agree_bit_for_bit(half, h, hkv, d) -> None:
+    """The AVX-512 attention runs the AVX2 kernel's operations on 16 lanes: the same bits for any
+    row count, head size (a partial vector where d % 16 != 0), window and soft cap."""
+    vector = [isa for isa in _isas() if isa != "portable"]
+    length = 3 * BLOCK + 40
+    k, v = _cache(hkv, length, d, half, seed=9)
+    kt = blocked_keys(k, 16)
+    q = torch.randn(17, h, d, generator=torch.Generator().manual_seed(10))
+    before = _C.isa()
+    runs: dict[str, list[torch.Tensor]] = {}
+    try:
+        for isa in vector:
+            _C.set_isa(isa)
+            runs[isa] = [
+                _C.attention(q[:n], kt, v, length - n, 0.125, window, softcap)
+                for n in (1, 3, 8, 17)
+                for window, softcap in ((0, 0.0), (300, 0.0), (0, 30.0))
+            ]
+    finally:
+        _C.set_isa(before)
+    for isa in vector[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[isa], runs[vector[0]])), isa

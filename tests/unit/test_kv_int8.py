@@ -164,6 +164,9 @@ def test_isas_agree_and_threads_change_nothing() -> None:
         assert all(torch.equal(a, b) for a, b in zip(runs[isa, 1], runs[isa, 2])), isa
         for a, b in zip(runs[isa, 1], runs["portable", 1]):  # other exp code: close, not equal
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    vector = [isa for isa in _isas() if isa != "portable"]  # the same operations: equal
+    for isa in vector[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[isa, 1], runs[vector[0], 1])), isa
 
 
 @pytest.mark.usefixtures("isa")

@@ -251,8 +251,13 @@ const A8Table* avx2_a8_table();
 // ones and the scalar twins; their float-activation entry is the scalar twin's.
 const KqTable* avx2_kq_table();
 #endif
+#ifdef SPECDEC_HAVE_AVX512ATTN
+// KernelTable::attention_block on 16 lanes (attention_avx512.cpp): bit for bit the AVX2 table's.
+void avx512_attention_block(const AttnRows& a, int64_t j0, float* part, float* scratch);
+#endif
 #ifdef SPECDEC_HAVE_AVX512
-// 16-lane linear and attention kernels; rms_norm is the AVX2 one (needs SPECDEC_HAVE_AVX2).
+// 16-lane linear and attention kernels; rms_norm and the attention merge are the AVX2 ones (needs
+// SPECDEC_HAVE_AVX2).
 const KernelTable* avx512_table();
 #endif
 

@@ -1,7 +1,7 @@
 // AVX-512 linear kernels (16-lane FMA).  Compiled on its own with -mavx512f -mavx512dq
 // -mavx512bw -mavx512vl -mavx2 -mfma -mf16c -O3 -ffp-contract=off; only called after ops.cpp has
-// checked the CPU supports those instruction sets.  rms_norm and attention come from the AVX2
-// table.
+// checked the CPU supports those instruction sets.  rms_norm and the attention merge come from the
+// AVX2 table; the attention blocks from attention_avx512.cpp (the AVX2 table's arithmetic).
 //
 // Same linkage rule as kernels_avx2.cpp: everything has internal linkage except the accessor.
 //
@@ -321,10 +321,14 @@ int64_t argmax(const float* x, int64_t n) {
 }  // namespace
 
 const KernelTable* avx512_table() {
-    // NOTE: attention is the AVX2 one (flash-decoding blocks, kernels.h): bound by memory at one
-    // row, and one definition keeps every table's attention bit-identical to the AVX2 table's
+    // NOTE: the attention blocks compute what the AVX2 table's compute, bit for bit, on 16 lanes
+#ifdef SPECDEC_HAVE_AVX512ATTN
+    static const KernelTable table = {"avx512", linear_rows, avx2_table()->rms_norm_rows, argmax,
+                                      avx512_attention_block, avx2_table()->attention_merge};
+#else
     static const KernelTable table = {"avx512", linear_rows, avx2_table()->rms_norm_rows, argmax,
                                       avx2_table()->attention_block, avx2_table()->attention_merge};
+#endif
     return &table;
 }
 

@@ -1,0 +1,434 @@
+// AVX-512 flash-decoding attention (kernels.h, AttnRows): the AVX2 kernel's arithmetic, element for
+// element, on 16 lanes.  Compiled on its own with the AVX-512 F/DQ/BW/VL flags; only called after
+// ops.cpp has checked the CPU supports them.
+//
+// A key block (kKeyBlock = 16 keys, transposed) is one vector per element d, so a score tile's
+// chain for 16 keys is one FMA with the query element broadcast from memory: a quarter of the
+// AVX2 kernel's instructions per multiply-add for the scores and half for the values.  Every
+// score, softmax weight, sum and value product is computed with the same float32 operations in
+// the same order as kernels_avx2.cpp (four chains over d, (c0 + c1) + (c2 + c3), then the scale;
+// exps summed in 8-lane vectors in key order and hsum8; one FMA chain per output element in key
+// order), so the two tables' attention is bit-identical and a row's result is the same alone or
+// in any batch, on any thread split.
+//
+// Same linkage rule as the other ISA units: everything has internal linkage except the entry.
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <type_traits>
+
+#include "head_chunks.h"
+#include "kernels.h"
+#include "prefetch.h"
+
+namespace specdec {
+namespace {
+
+inline float hsum8(__m256 v) {  // kernels_avx2.cpp's, operation for operation
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+// exp(x) for x <= 0: kernels_avx2.cpp exp256's operations on 16 lanes (floor as roundscale).
+inline __m512 exp512(__m512 x) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    x = _mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f));
+    x = _mm512_max_ps(x, _mm512_set1_ps(-88.3762626647949f));
+    __m512 fx = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f));
+    fx = _mm512_roundscale_ps(fx, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
+    const __m512 z = _mm512_mul_ps(x, x);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, z, x);
+    y = _mm512_add_ps(y, one);
+    __m512i e = _mm512_add_epi32(_mm512_cvttps_epi32(fx), _mm512_set1_epi32(127));
+    e = _mm512_slli_epi32(e, 23);
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+}
+
+// Sixteen cache elements as floats (exact for half and the 8-bit cache's entries); masked: the
+// first lanes of m, zeros elsewhere.
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 load16(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load16(const uint16_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
+inline __m512 load16(const int8_t* p, __mmask16 m) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, p)));
+}
+
+inline __mmask16 first_lanes(int64_t r) { return static_cast<__mmask16>((1u << r) - 1u); }
+
+// NOTE: as kernels_avx2.cpp: keys and values are prefetched this many positions ahead, past the
+// block into the next, which the same task usually takes.
+constexpr int64_t kAttnPrefetchKeys = 64;
+
+inline void prefetch_span(const void* p, int64_t bytes) {
+    const char* c = static_cast<const char*>(p);
+    for (int64_t o = 0; o < bytes; o += 64) prefetch(c + o);
+}
+
+inline void prefetch_span_l2(const void* p, int64_t bytes) {
+    const char* c = static_cast<const char*>(p);
+    for (int64_t o = 0; o < bytes; o += 64) prefetch_l2(c + o);
+}
+
+// The value rows of keys [j, e) into L2 while their keys are scored (kernels_avx2.cpp).
+template <typename KV>
+inline void prefetch_values_l2(const KV* v, int64_t v_stride, int64_t D, int64_t j, int64_t e) {
+    if (v_stride == D) {
+        prefetch_span_l2(v + j * D, (e - j) * D * int64_t(sizeof(KV)));
+    } else {
+        for (; j < e; ++j) prefetch_span_l2(v + j * v_stride, D * int64_t(sizeof(KV)));
+    }
+}
+
+// n elements of a cache into floats (n % 16 == 0).
+template <typename KV>
+inline const float* widen(const KV* src, int64_t n, float* dst) {
+    for (int64_t i = 0; i < n; i += 16) _mm512_storeu_ps(dst + i, load16(src + i));
+    return dst;
+}
+
+// Value rows [0, n) (v_stride apart, D each) into floats, dst_stride apart.
+template <typename KV>
+inline const float* widen_rows(const KV* v, int64_t v_stride, int64_t n, int64_t D, float* dst, int64_t dst_stride) {
+    for (int64_t j = 0; j < n; ++j) {
+        const KV* src = v + j * v_stride;
+        float* out = dst + j * dst_stride;
+        int64_t c = 0;
+        for (; c + 16 <= D; c += 16) _mm512_storeu_ps(out + c, load16(src + c));
+        if (c < D) _mm512_mask_storeu_ps(out + c, first_lanes(D - c), load16(src + c, first_lanes(D - c)));
+    }
+    return dst;
+}
+
+struct Q8 {};  // the 8-bit cache (kernels.h kQ8Header), as in kernels_avx2.cpp
+
+inline const int8_t* q8_value_row(const uint8_t* v, int64_t j, int64_t D) {
+    return reinterpret_cast<const int8_t*>(v + (j / kKeyBlock) * q8_block_bytes(D) + kQ8Header + (j % kKeyBlock) * D);
+}
+
+// Value rows [k0, k1) of an 8-bit cache into exact floats, dst_stride apart.
+inline const float* widen_q8_rows(const uint8_t* v, int64_t k0, int64_t k1, int64_t D, float* dst,
+                                  int64_t dst_stride) {
+    for (int64_t j = k0; j < k1; ++j) widen_rows(q8_value_row(v, j, D), D, 1, D, dst + (j - k0) * dst_stride, 0);
+    return dst;
+}
+
+// Most queries per score tile: 4 chains x 6 queries = 24 accumulators and four key vectors.
+constexpr int kScoreTile = 6;
+
+// s[t * ss + i] = (q_t . key i) * vs[i] for QT queries and the 16 keys of one key block (kb: D x 16
+// elements, transposed): chain c over d = c, c + 4, ... (a multiply, then FMAs in order), then
+// (c0 + c1) + (c2 + c3), as kernels.h defines it.  All four chains run at once, the queries side
+// by side, the query element broadcast into the FMA.
+template <int QT, typename KV>
+inline void score_tile(const float* const* qp, const KV* kb, int64_t D, __m512 vs, float* s, int64_t ss) {
+    static_assert(kKeyBlock == 16, "one 16-lane vector per key block element");
+    __m512 acc[4][QT];
+    for (int c = 0; c < 4; ++c) {
+        if (c >= D) {
+            for (int t = 0; t < QT; ++t) acc[c][t] = _mm512_setzero_ps();
+            continue;
+        }
+        const __m512 k = load16(kb + c * kKeyBlock);
+        for (int t = 0; t < QT; ++t) acc[c][t] = _mm512_mul_ps(_mm512_set1_ps(qp[t][c]), k);
+    }
+    int64_t d = 4;
+    for (; d + 4 <= D; d += 4) {
+        __m512 k[4];
+        for (int c = 0; c < 4; ++c) k[c] = load16(kb + (d + c) * kKeyBlock);
+        for (int c = 0; c < 4; ++c)
+            for (int t = 0; t < QT; ++t) acc[c][t] = _mm512_fmadd_ps(_mm512_set1_ps(qp[t][d + c]), k[c], acc[c][t]);
+    }
+    for (int c = 0; d + c < D; ++c) {
+        const __m512 k = load16(kb + (d + c) * kKeyBlock);
+        for (int t = 0; t < QT; ++t) acc[c][t] = _mm512_fmadd_ps(_mm512_set1_ps(qp[t][d + c]), k, acc[c][t]);
+    }
+    for (int t = 0; t < QT; ++t) {
+        const __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[0][t], acc[1][t]), _mm512_add_ps(acc[2][t], acc[3][t]));
+        _mm512_storeu_ps(s + t * ss, _mm512_mul_ps(sum, vs));
+    }
+}
+
+// score_tile over Q queries in tiles of at most kScoreTile, as even as possible.
+template <typename KV>
+inline void score_queries(const float* const* qp, int64_t Q, const KV* kb, int64_t D, __m512 vs, float* s,
+                          int64_t ss) {
+    const int64_t ntiles = (Q + kScoreTile - 1) / kScoreTile;
+    for (int64_t i = 0, t = 0; i < ntiles; ++i) {
+        const int64_t qt = Q / ntiles + (i < Q % ntiles ? 1 : 0);
+        switch (qt) {
+            case 1: score_tile<1, KV>(qp + t, kb, D, vs, s + t * ss, ss); break;
+            case 2: score_tile<2, KV>(qp + t, kb, D, vs, s + t * ss, ss); break;
+            case 3: score_tile<3, KV>(qp + t, kb, D, vs, s + t * ss, ss); break;
+            case 4: score_tile<4, KV>(qp + t, kb, D, vs, s + t * ss, ss); break;
+            case 5: score_tile<5, KV>(qp + t, kb, D, vs, s + t * ss, ss); break;
+            default: score_tile<6, KV>(qp + t, kb, D, vs, s + t * ss, ss); break;
+        }
+        t += qt;
+    }
+}
+
+// Scores of the Q queries against key blocks [sb0, sb1) into s (s[q * ss + j - j0] for key j); a
+// half block widened once when several tiles read it; each block's value rows fetched into L2.
+template <typename KV>
+inline void score_keys(const float* const* qp, int64_t Q, const KV* kt, int64_t sb0, int64_t sb1, int64_t j0,
+                       int64_t kend, int64_t D, __m512 vscale, float* s, int64_t ss, float* kf, const KV* v,
+                       int64_t v_stride) {
+    for (int64_t sb = sb0; sb < sb1; ++sb) {
+        const KV* kb = kt + sb * D * kKeyBlock;
+        const int64_t vend = (sb + 1) * kKeyBlock < kend ? (sb + 1) * kKeyBlock : kend;
+        if (sb * kKeyBlock < vend) prefetch_values_l2(v, v_stride, D, sb * kKeyBlock, vend);
+        if ((sb + 1) * kKeyBlock + kAttnPrefetchKeys <= kend)
+            prefetch_span(kb + kAttnPrefetchKeys * D, kKeyBlock * D * int64_t(sizeof(KV)));
+        float* sd = s + (sb * kKeyBlock - j0);
+        if (sizeof(KV) == 2 && Q > kScoreTile)
+            score_queries<float>(qp, Q, widen(kb, D * kKeyBlock, kf), D, vscale, sd, ss);
+        else
+            score_queries<KV>(qp, Q, kb, D, vscale, sd, ss);
+    }
+}
+
+// score_keys over an 8-bit cache: each key's score times (its scale * the attention scale).
+inline void score_keys_q8(const float* const* qp, int64_t Q, const uint8_t* kt, int64_t sb0, int64_t sb1, int64_t j0,
+                          int64_t kend, int64_t D, __m512 vscale, float* s, int64_t ss, float* kf,
+                          const uint8_t* vq) {
+    const int64_t bb = q8_block_bytes(D);
+    for (int64_t sb = sb0; sb < sb1; ++sb) {
+        const uint8_t* kb = kt + sb * bb;
+        if (sb * kKeyBlock < kend) prefetch_span_l2(vq + sb * bb, bb);
+        if ((sb + 1) * kKeyBlock + kAttnPrefetchKeys <= kend) prefetch_span(kb + kAttnPrefetchKeys / kKeyBlock * bb, bb);
+        const __m512 vs = _mm512_mul_ps(_mm512_loadu_ps(reinterpret_cast<const float*>(kb)), vscale);
+        const int8_t* entries = reinterpret_cast<const int8_t*>(kb + kQ8Header);
+        float* sd = s + (sb * kKeyBlock - j0);
+        if (Q > kScoreTile) score_queries<float>(qp, Q, widen(entries, D * kKeyBlock, kf), D, vs, sd, ss);
+        else score_queries<int8_t>(qp, Q, entries, D, vs, sd, ss);
+    }
+}
+
+// Soft cap (in place) and the maximum m of s[0, n), then s <- exp(s - m); returns the sum: the
+// exps added in 8-lane vectors in key order (a 16-lane vector's low half, then its high half),
+// then hsum8, as kernels_avx2.cpp.
+inline float block_softmax(float* s, int64_t n, float softcap, float* m_out) {
+    if (softcap > 0.0f)
+        for (int64_t j = 0; j < n; ++j) s[j] = softcap * tanhf(s[j] / softcap);
+    // NOTE: _mm512_max_ps(x, m) keeps m where x is NaN: NaNs are never the maximum, in any order
+    __m512 vm = _mm512_set1_ps(-INFINITY);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) vm = _mm512_max_ps(_mm512_loadu_ps(s + i), vm);
+    if (i < n) vm = _mm512_max_ps(_mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), first_lanes(n - i), s + i), vm);
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, vm);
+    float m = -INFINITY;
+    for (float x : lanes) m = x > m ? x : m;
+    *m_out = m;
+    const __m512 vmx = _mm512_set1_ps(m);
+    __m256 sum = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j), vmx));
+        _mm512_storeu_ps(s + j, e);
+        sum = _mm256_add_ps(sum, _mm512_castps512_ps256(e));
+        sum = _mm256_add_ps(sum, _mm512_extractf32x8_ps(e, 1));
+    }
+    if (j < n) {
+        const __mmask16 mask = first_lanes(n - j);
+        const __m512 e = _mm512_maskz_mov_ps(mask, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, s + j), vmx)));
+        _mm512_mask_storeu_ps(s + j, mask, e);
+        sum = _mm256_add_ps(sum, _mm512_castps512_ps256(e));
+        if (n - j > 8) sum = _mm256_add_ps(sum, _mm512_extractf32x8_ps(e, 1));
+    }
+    return hsum8(sum);
+}
+
+// acc_g[c, c + 16 NV) += sum_j p_g[j] v_j[c, c + 16 NV) for j in [0, n), GB heads sharing each
+// value load; per element one FMA chain in key order.  `tail` > 0: one vector of its first lanes
+// (NV = 1).  Q8: v holds row jq of an 8-bit cache's head, kQ8Header bytes between blocks.
+template <int GB, int NV, typename KV, bool Q8 = false>
+inline void value_tile(const float* p, int64_t p_stride, const KV* v, int64_t v_stride, int64_t n, float* acc,
+                       int64_t acc_stride, int64_t jq, __mmask16 tail) {
+    __m512 a[GB][NV];
+    for (int g = 0; g < GB; ++g)
+        for (int i = 0; i < NV; ++i)
+            a[g][i] = tail ? _mm512_maskz_loadu_ps(tail, acc + g * acc_stride) : _mm512_loadu_ps(acc + g * acc_stride + 16 * i);
+    for (int64_t j = 0; j < n; ++j) {
+        const KV* vj = v + j * v_stride;
+        if constexpr (Q8) vj += ((jq + j) / kKeyBlock - jq / kKeyBlock) * kQ8Header;
+        for (int i = 0; i < NV; ++i) {
+            const __m512 vv = tail ? load16(vj, tail) : load16(vj + 16 * i);
+            for (int g = 0; g < GB; ++g) a[g][i] = _mm512_fmadd_ps(_mm512_set1_ps(p[g * p_stride + j]), vv, a[g][i]);
+        }
+    }
+    for (int g = 0; g < GB; ++g)
+        for (int i = 0; i < NV; ++i) {
+            if (tail) _mm512_mask_storeu_ps(acc + g * acc_stride, tail, a[g][i]);
+            else _mm512_storeu_ps(acc + g * acc_stride + 16 * i, a[g][i]);
+        }
+}
+
+template <int GB, typename KV, bool Q8 = false>
+inline void value_heads(const float* p, int64_t p_stride, const KV* v, int64_t v_stride, int64_t n, int64_t D,
+                        float* acc, int64_t acc_stride, int64_t jq = 0) {
+    constexpr int NV = GB <= 2 ? 8 : 4;  // <= 16 accumulators
+    int64_t c = 0;
+    for (; c + 16 * NV <= D; c += 16 * NV)
+        value_tile<GB, NV, KV, Q8>(p, p_stride, v + c, v_stride, n, acc + c, acc_stride, jq, 0);
+    if (NV > 4 && c + 64 <= D) {
+        value_tile<GB, 4, KV, Q8>(p, p_stride, v + c, v_stride, n, acc + c, acc_stride, jq, 0);
+        c += 64;
+    }
+    if (c + 32 <= D) {
+        value_tile<GB, 2, KV, Q8>(p, p_stride, v + c, v_stride, n, acc + c, acc_stride, jq, 0);
+        c += 32;
+    }
+    if (c + 16 <= D) {
+        value_tile<GB, 1, KV, Q8>(p, p_stride, v + c, v_stride, n, acc + c, acc_stride, jq, 0);
+        c += 16;
+    }
+    if (c < D) value_tile<GB, 1, KV, Q8>(p, p_stride, v + c, v_stride, n, acc + c, acc_stride, jq, first_lanes(D - c));
+}
+
+// The rows' values against value rows [k0, k1) (vb: row k0, vs apart) into their partials.
+template <typename KV>
+inline void block_values(const AttnRows& a, const int64_t* beg, const int64_t* end, int64_t j0, int64_t k0,
+                         int64_t k1, const KV* vb, int64_t vs, const float* s, float* part) {
+    const int64_t G = a.G, P = attn_part_floats(a.D);
+    for (int64_t r = 0; r < a.R; ++r) {
+        const int64_t a0 = beg[r] > k0 ? beg[r] : k0, a1 = end[r] < k1 ? end[r] : k1;
+        if (a0 >= a1) continue;
+        for_head_chunks(G, [&](auto gb, int64_t g0) {
+            const int64_t qi = r * G + g0;
+            value_heads<decltype(gb)::value, KV>(s + qi * kAttnBlock + (a0 - j0), kAttnBlock, vb + (a0 - k0) * vs, vs,
+                                                 a1 - a0, a.D, part + qi * P + kAttnOut, P);
+        });
+    }
+}
+
+// block_values over an 8-bit cache read in place (vq: the head's first block).
+inline void block_values_q8(const AttnRows& a, const int64_t* beg, const int64_t* end, int64_t j0, int64_t k0,
+                            int64_t k1, const uint8_t* vq, const float* s, float* part) {
+    const int64_t G = a.G, D = a.D, P = attn_part_floats(D);
+    for (int64_t r = 0; r < a.R; ++r) {
+        const int64_t a0 = beg[r] > k0 ? beg[r] : k0, a1 = end[r] < k1 ? end[r] : k1;
+        if (a0 >= a1) continue;
+        const int8_t* v0 = q8_value_row(vq, a0, D);
+        for_head_chunks(G, [&](auto gb, int64_t g0) {
+            const int64_t qi = r * G + g0;
+            value_heads<decltype(gb)::value, int8_t, true>(s + qi * kAttnBlock + (a0 - j0), kAttnBlock, v0, D, a1 - a0,
+                                                           D, part + qi * P + kAttnOut, P, a0);
+        });
+    }
+}
+
+// Each softmax weight of keys [b, e) times its value row's scale (the 8-bit cache).
+inline void scale_by_value_scales(float* p, const uint8_t* vq, int64_t D, uint64_t j, uint64_t e) {
+    const uint64_t bb = static_cast<uint64_t>(q8_block_bytes(D));
+    while (j < e) {
+        const float* vs = reinterpret_cast<const float*>(vq + (j / kKeyBlock) * bb);
+        const uint64_t o = j % kKeyBlock, n = e - j < kKeyBlock - o ? e - j : kKeyBlock - o;
+        const __mmask16 m = first_lanes(static_cast<int64_t>(n));
+        _mm512_mask_storeu_ps(p + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, p + j), _mm512_maskz_loadu_ps(m, vs + o)));
+        j += n;
+    }
+}
+
+// Value rows taken at a time (the same positions as kernels_avx2.cpp, so the same partial sums).
+constexpr int64_t kValueKeys = kAttnValueKeys;
+
+template <typename KV>
+void attention_block_kv(const AttnRows& a, int64_t j0, float* part, float* scratch) {
+    const int64_t D = a.D, G = a.G, R = a.R, Q = R * G, P = attn_part_floats(D);
+    int64_t beg[kAttnRows], end[kAttnRows], jmin = j0 + kAttnBlock, jmax = j0, active = 0;
+    for (int64_t r = 0; r < R; ++r) {
+        beg[r] = a.lo[r] > j0 ? a.lo[r] : j0;
+        end[r] = a.hi[r] + 1 < j0 + kAttnBlock ? a.hi[r] + 1 : j0 + kAttnBlock;
+        if (beg[r] < end[r]) {
+            jmin = beg[r] < jmin ? beg[r] : jmin;
+            jmax = end[r] > jmax ? end[r] : jmax;
+            ++active;
+        }
+    }
+    if (active == 0) return;
+    const int64_t Dp = (D + 7) / 8 * 8;
+    float* kf = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t(63));
+    float* vf = kf + kKeyBlock * Dp;
+    float* s = vf + kValueKeys * Dp;  // s[(r * G + g) * kAttnBlock + j - j0]
+    const float** qp = reinterpret_cast<const float**>(s + Q * kAttnBlock);
+    for (int64_t r = 0; r < R; ++r)
+        for (int64_t g = 0; g < G; ++g) qp[r * G + g] = a.q + r * a.q_row_stride + g * a.q_head_stride;
+    const KV* kt = static_cast<const KV*>(a.kt);
+    const KV* v = static_cast<const KV*>(a.v);
+    const bool widen_v = sizeof(KV) == 2 && active > 1;
+    const int64_t sb0 = jmin / kKeyBlock, sb1 = (jmax - 1) / kKeyBlock + 1;
+    int64_t kend = 0;  // prefetches stop at the rows' last key
+    for (int64_t r = 0; r < R; ++r) kend = a.hi[r] + 1 > kend ? a.hi[r] + 1 : kend;
+    if constexpr (std::is_same_v<KV, Q8>)
+        score_keys_q8(qp, Q, static_cast<const uint8_t*>(a.kt), sb0, sb1, j0, kend, D, _mm512_set1_ps(a.scale), s,
+                      kAttnBlock, kf, static_cast<const uint8_t*>(a.v));
+    else
+        score_keys<KV>(qp, Q, kt, sb0, sb1, j0, kend, D, _mm512_set1_ps(a.scale), s, kAttnBlock, kf, v, a.v_stride);
+    for (int64_t r = 0; r < R; ++r) {
+        if (beg[r] >= end[r]) continue;
+        for (int64_t g = 0; g < G; ++g) {
+            float* rec = part + (r * G + g) * P;
+            rec[1] = block_softmax(s + (r * G + g) * kAttnBlock + (beg[r] - j0), end[r] - beg[r], a.softcap, rec);
+            for (int64_t c = 0; c < D; ++c) rec[kAttnOut + c] = 0.0f;
+            if constexpr (std::is_same_v<KV, Q8>)
+                scale_by_value_scales(s + (r * G + g) * kAttnBlock - j0, static_cast<const uint8_t*>(a.v), D,
+                                      static_cast<uint64_t>(beg[r]), static_cast<uint64_t>(end[r]));
+        }
+    }
+    for (int64_t k0 = jmin, k1; k0 < jmax; k0 = k1) {
+        k1 = (k0 / kValueKeys + 1) * kValueKeys < jmax ? (k0 / kValueKeys + 1) * kValueKeys : jmax;
+        const int64_t p1 = k1 + kAttnPrefetchKeys < kend ? k1 + kAttnPrefetchKeys : kend;
+        const int64_t p0 = k0 + kAttnPrefetchKeys;
+        if constexpr (std::is_same_v<KV, Q8>) {
+            const uint8_t* vq = static_cast<const uint8_t*>(a.v);
+            const int64_t bb = q8_block_bytes(D);
+            if (p0 < p1) prefetch_span(vq + p0 / kKeyBlock * bb, ((p1 - 1) / kKeyBlock - p0 / kKeyBlock + 1) * bb);
+            if (active > 1)
+                block_values<float>(a, beg, end, j0, k0, k1, widen_q8_rows(vq, k0, k1, D, vf, Dp), Dp, s, part);
+            else
+                block_values_q8(a, beg, end, j0, k0, k1, vq, s, part);
+        } else {
+            if (p0 < p1 && a.v_stride == D)
+                prefetch_span(v + p0 * D, (p1 - p0) * D * int64_t(sizeof(KV)));
+            else
+                for (int64_t j = p0; j < p1; ++j) prefetch_span(v + j * a.v_stride, D * int64_t(sizeof(KV)));
+            if (widen_v)
+                block_values<float>(a, beg, end, j0, k0, k1,
+                                    widen_rows(v + k0 * a.v_stride, a.v_stride, k1 - k0, D, vf, Dp), Dp, s, part);
+            else
+                block_values<KV>(a, beg, end, j0, k0, k1, v + k0 * a.v_stride, a.v_stride, s, part);
+        }
+    }
+}
+
+}  // namespace
+
+// NOTE: a float32 cache stays on the AVX2 kernel (the same results): on 16 lanes it ran 0.75x at
+// one row and 0.9x at eight (2,000 cached, one kv head, 2-core Xeon with AMX), where the half and
+// 8-bit caches ran 1.3x and 1.15x.
+void avx512_attention_block(const AttnRows& a, int64_t j0, float* part, float* scratch) {
+    if (a.q8) attention_block_kv<Q8>(a, j0, part, scratch);
+    else if (a.half) attention_block_kv<uint16_t>(a, j0, part, scratch);
+    else avx2_table()->attention_block(a, j0, part, scratch);
+}
+
+}  // namespace specdec
