@@ -13,7 +13,7 @@ import torch
 from specdec.config import ConfigError, EngineConfig, SpeculativeConfig
 from specdec.kernels import get_ops, int8_activations_fast, kquant_int8_fast, native_isa
 from specdec.model.llama import LlamaModel
-from specdec.model.loader import load_checkpoint
+from specdec.model.loader import load_checkpoint, release_freed_heap
 from specdec.model.registry import resolve_model_path
 from specdec.model.tokenizer import Tokenizer
 from specdec.model.weight_cache import WeightCache
@@ -102,6 +102,8 @@ def load_model(
     if cache is not None and cache.hits:
         logger.info("weights mapped from the weight cache %s", cache.path)
     model.set_kv_dtype(kv_cache_dtype)
+    del ckpt  # NOTE: its metadata (a vocabulary's strings) before the heap is trimmed
+    release_freed_heap()
     return model, tokenizer
 
 

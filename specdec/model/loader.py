@@ -167,6 +167,18 @@ _MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", 4)
 _MADV_POPULATE_READ = 22  # Linux 5.14+
 
 
+def release_freed_heap() -> None:
+    """Give the heap memory that loading freed back to the system (glibc's ``malloc_trim``; a
+    no-op elsewhere).
+
+    NOTE: a load's temporaries (dequantized rows, repacking buffers) are freed inside the heap,
+    which glibc keeps: Gemma 3 270M Q4_K_M held ~230 MB more than its weights after loading
+    (RSS 860 -> 631 MB with the trim, weight cache off, 2-core Xeon with AMX)."""
+    trim = getattr(_LIBC, "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
 @dataclass
 class LoadedCheckpoint:
     arch: ArchConfig
