@@ -2,12 +2,13 @@
 
 Starts `specdec serve MODEL` (a subprocess, suffix speculation unless --spec none), then for each
 case: a victim stream (greedy, ignore_eos, N tokens) runs alone, then again while the case's
-requests run beside it. Prints, per case, the victim's median and p90 time between streamed
+requests run beside it (with ``--loop``: each sent again, under a fresh ``cache_salt`` so that
+nothing comes from the prefix cache, until the victim's stream ends). Prints, per case, the victim's median and p90 time between streamed
 tokens alone and loaded, their ratio, the case's HTTP statuses, its wall time, and the longest
 /health gap seen while it ran. Alternates alone / loaded runs ``--rounds`` times.
 
     .venv/bin/python benchmarks/hostile_victim.py [--model smollm2-135m] [--cases a,b] [--rounds 2]
-        [--server-path ../older-checkout]
+        [--server-path ../older-checkout] [--loop] [--extra-args "--prefill-time-share 0"]
 
 Run on a quiet machine (nothing else on the cores).
 """
@@ -41,12 +42,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(model: str, spec: str, server_path: Path) -> tuple[subprocess.Popen, str]:
+def _start(
+    model: str, spec: str, server_path: Path, extra: list[str]
+) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     cmd = [sys.executable, "-m", "specdec.entrypoints.cli", "serve", model, "--port", str(port),
            "--max-model-len", "4096", "--uvicorn-log-level", "warning"]  # fmt: skip
     if spec != "none":
         cmd += ["--speculative-config", json.dumps({"method": spec})]
+    cmd += extra
     env = {**os.environ, "SPECDEC_API_KEY": "", "PYTHONPATH": str(server_path)}
     proc = subprocess.Popen(cmd, cwd=server_path, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -87,19 +91,38 @@ def _health_gap(url: str, stop: threading.Event, out: list[float]) -> None:
     out.append(worst)
 
 
-def _run_case(url: str, model: str, name: str, n: int) -> dict:
-    stop, gap = threading.Event(), []
+def _send_until(url: str, path: str, body: dict, done: threading.Event) -> list[int]:
+    """The request, then again under fresh cache salts while ``done`` is unset."""
+    statuses = []
+    for k in range(1_000_000):
+        salted = {**body, "cache_salt": f"loop-{os.getpid()}-{threading.get_ident()}-{k}"}
+        statuses.append(httpx.post(f"{url}/v1/{path}", json=salted, timeout=300).status_code)
+        if done.is_set():
+            return statuses
+    return statuses
+
+
+def _run_case(url: str, model: str, name: str, n: int, loop: bool = False) -> dict:
+    stop, gap, done = threading.Event(), [], threading.Event()
     watcher = threading.Thread(target=_health_gap, args=(url, stop, gap))
     watcher.start()
     t0 = time.perf_counter()
     with ThreadPoolExecutor(len(CASES[name]) + 1) as pool:
         victim = pool.submit(_victim, url, model, n)
+        victim.add_done_callback(lambda _: done.set())
         time.sleep(0.05)
-        costly = [
-            pool.submit(httpx.post, f"{url}/v1/{p}", json={"model": model, **b}, timeout=300)
-            for p, b in CASES[name]
-        ]
-        statuses = [f.result().status_code for f in costly]
+        if loop:
+            costly = [
+                pool.submit(_send_until, url, p, {"model": model, **b}, done)
+                for p, b in CASES[name]
+            ]
+            statuses = sorted({s for f in costly for s in f.result()})
+        else:
+            costly = [
+                pool.submit(httpx.post, f"{url}/v1/{p}", json={"model": model, **b}, timeout=300)
+                for p, b in CASES[name]
+            ]
+            statuses = [f.result().status_code for f in costly]
         wall = time.perf_counter() - t0
         gaps = victim.result()
     stop.set()
@@ -114,6 +137,8 @@ def main() -> None:
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--tokens", type=int, default=150, help="victim stream length")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--loop", action="store_true", help="resend each case's requests (new salts)")
+    ap.add_argument("--extra-args", default="", help="more `specdec serve` arguments")
     ap.add_argument(
         "--server-path",
         type=Path,
@@ -121,23 +146,24 @@ def main() -> None:
         help="the checkout whose specdec serves (an older one, for a before/after)",
     )
     args = ap.parse_args()
-    proc, url = _start(args.model, args.spec, args.server_path.resolve())
+    proc, url = _start(args.model, args.spec, args.server_path.resolve(), args.extra_args.split())
     try:
         _victim(url, args.model, 16)  # warm up
         print("| case | statuses | case wall s | victim ms/token alone (median, p90) | loaded "
-              "| loaded / alone (median) | /health max gap ms |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|")
+              "| loaded / alone (median) | longest gap / alone median | /health max gap ms |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|")
         for name in args.cases.split(","):
             alone, loaded, res = [], [], None
             for _ in range(args.rounds):
                 alone += _victim(url, args.model, args.tokens)
-                res = _run_case(url, args.model, name, args.tokens)
+                res = _run_case(url, args.model, name, args.tokens, args.loop)
                 loaded += res["gaps"]
             a50, a90 = statistics.median(alone), statistics.quantiles(alone, n=10)[-1]
+            worst = max(loaded) / a50
             l50, l90 = statistics.median(loaded), statistics.quantiles(loaded, n=10)[-1]
             print(f"| {name} | {res['statuses']} | {res['wall']:.1f} | {a50 * 1e3:.1f}, "
                   f"{a90 * 1e3:.1f} | {l50 * 1e3:.1f}, {l90 * 1e3:.1f} | {l50 / a50:.2f} | "
-                  f"{res['health_gap'] * 1e3:.0f} |", flush=True)  # fmt: skip
+                  f"{worst:.1f} | {res['health_gap'] * 1e3:.0f} |", flush=True)  # fmt: skip
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

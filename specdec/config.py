@@ -6,6 +6,7 @@ import argparse
 import difflib
 import json
 import logging
+import math
 import re
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields, replace
@@ -252,6 +253,8 @@ class EngineConfig:
     max_model_len: int | None = None
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 512
+    # while requests decode, prompt reading may add at most this times their step time (<= 0: off)
+    prefill_time_share: float = 1.0
     seed: int = 0
     kv_cache_memory: float | None = None  # bytes (> 1) or a fraction of available RAM (<= 1)
     enable_prefix_caching: bool = True  # reuse the KV of earlier requests' shared prefixes
@@ -297,6 +300,14 @@ class EngineConfig:
         )
         _check_engine_int("max_num_seqs", self.max_num_seqs, 1)
         _check_engine_int("max_num_batched_tokens", self.max_num_batched_tokens, 16)
+        share = self.prefill_time_share
+        if (
+            isinstance(share, bool)
+            or not isinstance(share, (int, float))
+            or not math.isfinite(share)
+            or share < 0
+        ):
+            raise ConfigError(f"prefill_time_share must be a number >= 0, got {share!r}")
         if self.max_model_len is not None:
             _check_engine_int("max_model_len", self.max_model_len, 16)
         if self.threads is not None:
@@ -537,6 +548,13 @@ class EngineArgs:
         512,
         "tokens per step; longer prompts are prefilled in chunks of this size",
         type=human_int,
+    )
+    prefill_time_share: float = _arg(
+        1.0,
+        "while requests decode, the prompts read beside them may add at most this times their "
+        "step time (1: their tokens come at most ~2x slower; higher favours throughput and "
+        "time to first token; 0: no limit, prompts take the whole token budget)",
+        type=float,
     )
     seed: int = _arg(
         0,

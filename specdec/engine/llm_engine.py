@@ -56,7 +56,7 @@ class LLMEngine:
         self.kv.enable_prefix_caching = config.enable_prefix_caching
         self.scheduler = Scheduler(
             self.kv, num_running_slots, config.max_num_batched_tokens, self.max_model_len,
-            self.tokenizer.eog_token_ids,
+            self.tokenizer.eog_token_ids, config.prefill_time_share,
         )  # fmt: skip
         self.spec: SpeculativeConfig | None = config.speculative
         self.speculator: Speculator | None = None

@@ -1,9 +1,12 @@
 """Decides, each step, which requests run and which tokens each feeds; commits what comes back.
 
-Running requests go first, each with its last token plus its pending drafts (clipped by the
-token budget, max_tokens and max_model_len); waiting requests are admitted while KV slots and
-``max_num_seqs`` allow, their prompts prefilled in chunks of the remaining budget, starting after
-whatever prefix their KV slot already holds (prefix caching).
+Decoding requests go first, each with its last token plus its pending drafts (clipped by the
+token budget, max_tokens and max_model_len); then prompts are read: running requests' unread
+prompt tokens, and waiting requests admitted while KV slots and ``max_num_seqs`` allow, in chunks
+of the remaining budget, starting after whatever prefix their KV slot already holds (prefix
+caching). While some request decodes, the prompt tokens a step reads are bounded by time
+(engine/fair_share.py): a long prompt slows the others' streams by a set share, never by its
+whole prefill.
 
 ``update_from_output`` takes the runner's results: it appends accepted tokens one by one with
 the stop checks, moves each request's KV length back past rejected drafts (rollback is only that
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
+from specdec.engine.fair_share import PrefillShare
 from specdec.engine.request import Request, RequestStatus
 from specdec.kv_cache.pool import KVCache
 from specdec.sample.logprobs import LogitsAdjust, TokenLogprobs
@@ -115,8 +119,13 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         eog_token_ids: frozenset[int] | set[int] = frozenset(),
+        prefill_time_share: float = 1.0,
     ) -> None:
         self.kv = kv
+        self.prefill_share = PrefillShare(prefill_time_share)
+        # the step being run: when it was scheduled, its prompt tokens, whether it decoded (timed
+        # to its update: the forward and verification, what its prompt tokens add to)
+        self._step: tuple[float, int, bool] | None = None
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         # NOTE: a prompt_logprobs row costs an LM-head row and a log-softmax over the vocabulary
@@ -141,15 +150,28 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         budget = self.max_num_batched_tokens
         out: list[ScheduledRequest] = []
-        for req in self.running:
+        decoding = [r for r in self.running if not self._reads_prompt(r)]
+        for req in decoding:
             if budget <= 0:
                 break
             item = self._schedule_one(req, budget)
             out.append(item)
             budget -= len(item.token_ids)
+        num_decoding = len(out)
+        # prompt tokens: at most the time share's while others decode (fair_share.py)
+        prompt_budget = self.prefill_share.budget(budget, num_decoding > 0)
+        for req in self.running:
+            if prompt_budget <= 0:
+                break
+            if not self._reads_prompt(req):
+                continue
+            item = self._schedule_one(req, prompt_budget)
+            out.append(item)
+            budget -= len(item.token_ids)
+            prompt_budget -= len(item.token_ids)
         while (
             self.waiting
-            and budget > 0
+            and prompt_budget > 0
             and len(self.running) < self.max_num_seqs
             and self.kv.num_free_slots
         ):
@@ -166,14 +188,22 @@ class Scheduler:
             req.num_computed_tokens = req.num_cached_tokens  # prefill starts after the prefix
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            item = self._schedule_one(req, budget)
+            item = self._schedule_one(req, prompt_budget)
             out.append(item)
             budget -= len(item.token_ids)
+            prompt_budget -= len(item.token_ids)
         # NOTE: after every admission: one may have given a running sequence its own copy of the
         # prefix it read from the slot the admitted request took
         for item in out:
             item.prefix_slot, item.prefix_len = self.kv.prefix_of(item.slot)
+        num_prompt = sum(len(item.token_ids) for item in out[num_decoding:])
+        self._step = (time.perf_counter(), num_prompt, num_decoding > 0) if out else None
         return SchedulerOutput(out)
+
+    @staticmethod
+    def _reads_prompt(req: Request) -> bool:
+        """Whether ``req`` still has prompt tokens to read (beyond its last sampled token)."""
+        return req.num_tokens - req.num_computed_tokens > 1
 
     def _waits_for_prefix(self, req: Request) -> bool:
         """Shared prefixes (kv_cache/pool.py): whether ``req``'s prompt starts with a whole
@@ -263,6 +293,11 @@ class Scheduler:
         """Commit each request's accepted tokens (stop checks one by one), roll its KV length
         back past rejected drafts, finish the requests that stopped or failed. ``prompt_logprobs``
         (per scheduled request): what its fed prompt rows report (prompt_logprobs)."""
+        if self._step is not None:
+            started, num_prompt, decoded = self._step
+            ms = 1000.0 * (time.perf_counter() - started)
+            self.prefill_share.observe(num_prompt, decoded, ms)
+            self._step = None
         update = SchedulerUpdate()
         for i, (s, result) in enumerate(zip(sched.scheduled, results)):
             req = requests[s.req_id]

@@ -25,7 +25,14 @@ import pytest
 from tests.e2e.test_server import REPO
 from tests.e2e.test_server_safety import _free_port, _wait_healthy
 from tests.e2e.test_structured_output import INSTRUCTOR_RETRY
-from tests.hostile import gbnf_chain, lark_chain, nested_schema, ref_chain, schema_format
+from tests.hostile import (
+    gbnf_chain,
+    lark_chain,
+    nested_schema,
+    ref_chain,
+    schema_format,
+    unique_text,
+)
 
 MAX_HEALTH_GAP_S = 0.2
 CASE_TIMEOUT_S = 30.0
@@ -63,6 +70,8 @@ CASES: dict[str, list[tuple[str, dict]]] = {
         _completion({"guided_grammar": "start: " + " | ".join(f'"w{i}"' for i in range(5000))})
     ],
     "prompt_logprobs": [_completion({"prompt_logprobs": 20, "max_tokens": 1}, LONG_PROMPT)],
+    # two clients with long prompts nothing cached shares: prefill beside the others' decoding
+    "two_long_prompts": [_completion({"max_tokens": 8}, unique_text(k, 250)) for k in range(2)],
     "bad_words_256": [
         _completion({"bad_words": [f"forbidden phrase number {i} " * 8 for i in range(256)]})
     ],

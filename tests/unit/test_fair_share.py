@@ -1,0 +1,115 @@
+"""Prompt reading beside decoding (engine/fair_share.py): the chunk the time share allows, learnt
+from step times; the scheduler feeding decoding rows first and at most that chunk of prompt
+tokens; and outputs identical whatever the chunks."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec import LLM, SamplingParams
+from specdec.config import ConfigError
+from specdec.engine.fair_share import FIRST_CHUNK, MIN_CHUNK, REFRESH_STEPS, PrefillShare
+
+
+def test_off_or_alone_a_step_takes_the_whole_budget() -> None:
+    assert PrefillShare(0.0).budget(512, decoding=True) == 512
+    assert PrefillShare(1.0).budget(512, decoding=False) == 512
+
+
+def test_a_step_decodes_alone_first_then_reads_a_chunk() -> None:
+    share = PrefillShare(1.0)
+    assert share.budget(512, decoding=True) == 0  # nothing measured yet: decode alone
+    share.observe(0, True, 5.0)
+    assert share.decode_ms == 5.0
+    assert share.budget(512, decoding=True) == FIRST_CHUNK
+    assert share.budget(8, decoding=True) == 8  # never past the token budget
+
+
+def test_the_chunk_moves_toward_the_share_of_the_decode_time() -> None:
+    share = PrefillShare(1.0)
+    share.observe(0, True, 5.0)
+    # 16 prompt tokens added 20 ms to a 5 ms step: 4 tokens meet the 5 ms share
+    for _ in range(12):
+        share.observe(share.chunk, True, 5.0 + 1.25 * share.chunk)
+    assert abs(share.chunk - 4) <= 1 and share.chunk >= MIN_CHUNK
+    # cheap prompt tokens: the chunk grows, at most doubling a step
+    before = share.chunk
+    share.observe(before, True, 5.0 + 0.01 * before)
+    assert share.chunk == 2 * before
+    # a share of 3: three times the decode time
+    share3 = PrefillShare(3.0)
+    share3.observe(0, True, 6.0)
+    for _ in range(20):
+        share3.observe(share3.chunk, True, 6.0 + 0.5 * share3.chunk)
+    assert abs(share3.chunk - 36) <= 3  # 0.5 ms a token, 18 ms allowed
+
+
+def test_a_decode_only_step_comes_back_to_refresh_the_average() -> None:
+    share = PrefillShare(1.0)
+    share.observe(0, True, 5.0)
+    for _ in range(REFRESH_STEPS):
+        assert share.budget(512, decoding=True) > 0
+        share.observe(share.chunk, True, 10.0)
+    assert share.budget(512, decoding=True) == 0
+    share.observe(0, True, 7.0)
+    assert share.decode_ms == pytest.approx(0.7 * 5.0 + 0.3 * 7.0)
+    assert share.budget(512, decoding=True) > 0
+
+
+def test_steps_without_decoding_or_with_bad_times_teach_nothing() -> None:
+    share = PrefillShare(1.0)
+    share.observe(512, False, 400.0)
+    share.observe(0, True, float("nan"))
+    share.observe(0, True, -1.0)
+    assert share.decode_ms is None and share.chunk == FIRST_CHUNK
+
+
+def _long_prompt() -> str:
+    return " ".join(f"word{i % 89} thing{i % 13}" for i in range(30))
+
+
+def _prompt_steps(tiny_llama, share: float) -> list[int]:
+    """Prompt tokens each step reads of a long prompt arriving beside a decoding request (steps
+    run as LLMEngine.step runs them, untimed: the chunk stays the first one)."""
+    llm = LLM(str(tiny_llama), max_model_len=512, max_num_seqs=4, max_num_batched_tokens=256,
+              prefill_time_share=share)  # fmt: skip
+    engine, sched = llm.engine, llm.engine.scheduler
+    engine.add_request("the cat sat", SamplingParams(max_tokens=200, ignore_eos=True), "dec")
+    for _ in range(4):
+        engine.step()  # a prefill, then decode-only steps: the decode time is known
+    engine.add_request(_long_prompt(), SamplingParams(max_tokens=4, ignore_eos=True), "long")
+    prompt_len = len(engine.requests["long"].prompt_token_ids)
+    assert prompt_len > 256
+    seen = []
+    while engine.requests["long"].num_computed_tokens < prompt_len:
+        out = sched.schedule()
+        sched._step = None  # untimed
+        assert out.scheduled[0].req_id == "dec" and len(out.scheduled[0].token_ids) == 1
+        seen.append(sum(len(s.token_ids) for s in out.scheduled if s.req_id == "long"))
+        sched.update_from_output(out, engine.executor.execute_model(out).results, engine.requests)
+    assert sum(seen) == prompt_len
+    return seen
+
+
+def test_scheduler_feeds_decoding_rows_first_and_a_bounded_prompt_chunk(tiny_llama) -> None:
+    bounded = _prompt_steps(tiny_llama, 1.0)
+    assert all(n == FIRST_CHUNK for n in bounded[:-1]) and 0 < bounded[-1] <= FIRST_CHUNK
+    # no time limit: the prompt takes the rest of the token budget
+    assert _prompt_steps(tiny_llama, 0.0)[0] == 255
+
+
+def test_outputs_are_the_same_whatever_the_share(tiny_llama) -> None:
+    prompts = ["the cat sat on the mat", _long_prompt(), "Once upon a time"]
+    sp = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    got = {}
+    for share in (0.0, 1.0, 0.25):
+        llm = LLM(str(tiny_llama), max_model_len=512, max_num_batched_tokens=64,
+                  prefill_time_share=share)  # fmt: skip
+        got[share] = [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
+    assert got[1.0] == got[0.0] and got[0.25] == got[0.0]
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), True, "1"])
+def test_a_bad_share_is_refused(tiny_llama, bad) -> None:
+    with pytest.raises(ConfigError, match="prefill_time_share"):
+        LLM(str(tiny_llama), prefill_time_share=bad)
