@@ -8,10 +8,12 @@ from specdec.entrypoints.replicas.front import merge_metrics
 from specdec.entrypoints.replicas.pool import replica_argv
 from specdec.entrypoints.replicas.router import (
     CHUNK_CHARS,
+    Choice,
     PrefixTree,
     Router,
     RouterConfig,
     rendezvous,
+    routing_salt,
     routing_text,
 )
 
@@ -86,6 +88,33 @@ def test_reset_forgets_a_replica():
     warm = router.choose(LONG, None, {0: 0, 1: 0}).replica
     router.reset(warm)
     assert router.tree(warm).match(LONG) == 0
+
+
+def test_a_salt_keys_affinity_and_hides_other_tenants_prefixes():
+    """The side channel: a tenant guessing another's text under its own salt is routed as for
+    random text (never "prefix"); the same salt keeps its affinity; unsalted text stays apart."""
+    router = Router()
+    secret = LONG + "codename BLUEBIRD, launch at dawn"
+    warm = router.choose(secret, None, {0: 0, 1: 0, 2: 0}, salt="tenant-a").replica
+    for guess_salt in ("tenant-b", None):
+        loads = {r: 0 for r in range(3)}
+        choice = router.choose(secret, None, loads, salt=guess_salt)
+        assert choice.reason == "least_loaded", guess_salt
+    loads = {r: int(r == warm) for r in range(3)}
+    assert router.choose(LONG + "next", None, loads, salt="tenant-a") == Choice(warm, "prefix")
+
+
+def test_short_texts_share_no_prefix_through_the_salt_chunk():
+    router = Router()
+    router.choose("hi", None, {0: 0, 1: 0})
+    reasons = {router.choose(f"q{i}", None, {0: 0, 1: 0}).reason for i in range(6)}
+    assert reasons == {"least_loaded"}
+
+
+def test_routing_salt():
+    assert routing_salt({"cache_salt": "abc"}) == "abc"
+    assert routing_salt({"cache_salt": ""}) is None and routing_salt({"cache_salt": 5}) is None
+    assert routing_salt({}) is None
 
 
 def test_no_replica_is_an_error():

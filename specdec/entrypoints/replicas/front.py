@@ -30,7 +30,7 @@ from specdec.entrypoints.openai.api_server import (
     api_key_dependency,
 )
 from specdec.entrypoints.replicas.pool import Replica, ReplicaPool
-from specdec.entrypoints.replicas.router import Router, routing_text
+from specdec.entrypoints.replicas.router import Router, routing_salt, routing_text
 
 logger = logging.getLogger("specdec.entrypoints.replicas")
 
@@ -116,22 +116,23 @@ def build_front_app(
 
     check_api_key = install_checks(app, state, api_key)
 
-    def pick(text: str, session: str | None) -> Replica:
+    def pick(text: str, session: str | None, salt: str | None) -> Replica:
         loads = {r.index: r.ongoing for r in pool.replicas if r.up}
         if not loads or state.draining:
             raise no_replica_error()
-        choice = router.choose(text, session, loads)
+        choice = router.choose(text, session, loads, salt)
         decisions[(choice.replica, choice.reason)] += 1
         return pool.replicas[choice.replica]
 
     async def generate(request: Request, model: Any) -> Any:
         body = await _read_body(request, max_body_bytes, RequestError)
         req = await asyncio.to_thread(_parse_request, body, model)  # 400 before routing
-        text = routing_text(json.loads(body))
+        parsed = json.loads(body)
+        text, salt = routing_text(parsed), routing_salt(parsed)
         session = request.headers.get(SESSION_HEADER)
         path = request.url.path
         for _ in range(len(pool.replicas)):
-            replica = pick(text, session)
+            replica = pick(text, session, salt)
             try:
                 if req.stream:
                     return await _relay_stream(replica, path, body, request.headers)

@@ -288,10 +288,12 @@ async def _generate(engine: Any, request: Any, body: bytes, model: Any) -> Any:
 
     from specdec.entrypoints.openai.api_server import _parse_request
     from specdec.entrypoints.replicas.front import REPLICA_HEADER, SESSION_HEADER, _headers
-    from specdec.entrypoints.replicas.router import routing_text
+    from specdec.entrypoints.replicas.router import routing_salt, routing_text
 
     req = await asyncio.to_thread(_parse_request, body, model)
-    route = {"text": routing_text(json.loads(body)), "session": request.headers.get(SESSION_HEADER)}
+    parsed = json.loads(body)
+    route = {"text": routing_text(parsed), "salt": routing_salt(parsed),
+             "session": request.headers.get(SESSION_HEADER)}  # fmt: skip
     gen = engine.options(stream=True).generate.remote(
         route, request.url.path, body, _headers(request.headers)
     )

@@ -44,7 +44,9 @@ class SpecdecRequestRouter(RequestRouter):
         }
         if not loads:
             return [candidate_replicas]
-        choice = self._router.choose(route.get("text", ""), route.get("session"), loads)
+        choice = self._router.choose(
+            route.get("text", ""), route.get("session"), loads, route.get("salt")
+        )
         return [[r for r in candidate_replicas if r.replica_id.unique_id == choice.replica]]
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:

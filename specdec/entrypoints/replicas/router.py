@@ -9,6 +9,10 @@ A request with an ``x-session-id`` goes to the session's replica by rendezvous h
 (consistent: a replica joining or leaving moves only the sessions it gains or loses).
 Affinity keeps a replica's prefix cache and its suffix-decoding tree warm for the
 conversations it has seen: no engine shares drafter state across replicas.
+
+Tenants stay apart here as in each engine's caches: a request's ``cache_salt`` keys its place in
+the trees (text under one salt never matches text under another, nor unsalted text), so where a
+request is routed says nothing of what other tenants sent.
 """
 
 from __future__ import annotations
@@ -124,30 +128,39 @@ class Router:
         """A restarted (or removed) replica has an empty prefix cache and drafter: forget it."""
         self.trees.pop(replica, None)
 
-    def choose(self, text: str, session_id: str | None, loads: dict[Hashable, int]) -> Choice:
-        """``loads``: ongoing requests of each replica that can take one (at least one)."""
+    def choose(
+        self,
+        text: str,
+        session_id: str | None,
+        loads: dict[Hashable, int],
+        salt: str | None = None,
+    ) -> Choice:
+        """``loads``: ongoing requests of each replica that can take one (at least one);
+        ``salt``: the request's cache_salt (None: unsalted)."""
+        keyed = salt_chunk(salt) + text[:MAX_TEXT_CHARS]
         if not loads:
             raise ValueError("no replica is available")
         candidates = sorted(loads)
         if len(candidates) == 1:
-            return self._commit(Choice(candidates[0], "only"), text)
+            return self._commit(Choice(candidates[0], "only"), keyed)
         if self.config.policy == "round_robin":
             self._turn += 1
             return Choice(candidates[self._turn % len(candidates)], "round_robin")
         least = self._least_loaded(loads)
         if max(loads.values()) - loads[least] > self.config.imbalanced_threshold:
-            return self._commit(Choice(least, "least_loaded"), text)
+            return self._commit(Choice(least, "least_loaded"), keyed)
         if session_id:
-            return self._commit(Choice(rendezvous(session_id, candidates), "session"), text)
+            return self._commit(Choice(rendezvous(session_id, candidates), "session"), keyed)
         best, best_len = least, 0
         for r in candidates:
-            n = self.tree(r).match(text)
+            # NOTE: the salt's chunk is no match of the text
+            n = max(0, self.tree(r).match(keyed) - CHUNK_CHARS)
             if n > best_len or (n == best_len and n > 0 and loads[r] < loads[best]):
                 best, best_len = r, n
         limited = min(len(text), MAX_TEXT_CHARS)
         if best_len > 0 and best_len >= self.config.match_rate_threshold * limited:
-            return self._commit(Choice(best, "prefix"), text)
-        return self._commit(Choice(least, "least_loaded"), text)
+            return self._commit(Choice(best, "prefix"), keyed)
+        return self._commit(Choice(least, "least_loaded"), keyed)
 
     def _least_loaded(self, loads: dict[Hashable, int]) -> Hashable:
         """The replica with the fewest ongoing requests; ties take turns (an idle pool spreads
@@ -157,9 +170,22 @@ class Router:
         self._turn += 1
         return ties[self._turn % len(ties)]
 
-    def _commit(self, choice: Choice, text: str) -> Choice:
-        self.tree(choice.replica).insert(text)
+    def _commit(self, choice: Choice, keyed: str) -> Choice:
+        self.tree(choice.replica).insert(keyed)
         return choice
+
+
+_UNSALTED = "\0" * CHUNK_CHARS
+
+
+def salt_chunk(salt: str | None) -> str:
+    """The first chunk of a request's place in the trees: its salt's hash (one chunk of hex
+    digits), or a chunk no hash gives for unsalted requests."""
+    if not salt:
+        return _UNSALTED
+    return hashlib.blake2b(
+        salt.encode("utf-8", "surrogatepass"), digest_size=CHUNK_CHARS // 2
+    ).hexdigest()
 
 
 def rendezvous(key: str, replicas: list[Hashable]) -> Hashable:
@@ -169,6 +195,12 @@ def rendezvous(key: str, replicas: list[Hashable]) -> Hashable:
         return hashlib.blake2b(f"{r}\0{key}".encode(), digest_size=8).digest()
 
     return max(replicas, key=weight)
+
+
+def routing_salt(body: dict) -> str | None:
+    """The request's ``cache_salt`` (None when absent or not a string: the replica refuses it)."""
+    salt = body.get("cache_salt")
+    return salt if isinstance(salt, str) and salt else None
 
 
 def routing_text(body: dict) -> str:
