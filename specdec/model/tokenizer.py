@@ -644,7 +644,10 @@ class Tokenizer:
     def encode_batch(
         self, texts: Sequence[str], add_special_tokens: bool = True
     ) -> list[list[int]]:
-        """`encode` for several texts at once (parallel in Rust)."""
+        """`encode` for several texts at once (parallel in Rust). A text that is not valid
+        Unicode (a lone surrogate) is a ValueError naming the character's position."""
+        for text in texts:
+            _check_unicode(text)
         encs = self._hf.encode_batch(list(texts), add_special_tokens=add_special_tokens)
         return [e.ids for e in encs]
 
@@ -763,3 +766,17 @@ def _hf_chat_template(folder: Path, config: dict[str, Any]) -> str | None:
         named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
         value = named.get("default")
     return value if isinstance(value, str) else None
+
+
+def _check_unicode(text: str) -> None:
+    """ValueError where ``text`` holds a lone surrogate (no UTF-8 for it: the tokenizer's own
+    error is a TypeError that names nothing)."""
+    if not isinstance(text, str):
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"the text holds a lone surrogate (U+{ord(text[e.start]):04X}) at character "
+            f"{e.start}: not valid Unicode"
+        ) from None

@@ -188,3 +188,13 @@ def test_hostile_case_never_5xx_never_stalls(live, name: str) -> None:
     assert watch.max_gap < MAX_HEALTH_GAP_S, (name, watch.max_gap)
     ok = _send(live.url, *_completion({"max_tokens": 4}))
     assert ok.status_code == 200
+
+
+def test_model_cards_show_no_local_path(live) -> None:
+    """The model as the operator named it (vLLM's root), never where its file lies."""
+    for path in ("/v1/models", "/v1/models/smollm2-135m"):
+        r = httpx.get(f"{live.url}{path}", timeout=10)
+        assert r.status_code == 200 and ".gguf" not in r.text and "site-packages" not in r.text
+    assert httpx.get(f"{live.url}/v1/models/smollm2-135m", timeout=10).json()["root"] == (
+        "smollm2-135m"
+    )

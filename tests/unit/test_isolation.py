@@ -125,6 +125,10 @@ def test_generate_checks_every_request_before_queuing_any(tiny_llama) -> None:
         llm.generate(["ok", "fine", "x" * 500, "also fine"], sp)
     with pytest.raises(ValueError, match=r"prompts\[1\]: prompt is empty"):
         llm.generate(["ok", []], sp)
+    with pytest.raises(
+        ValueError, match=r"prompts\[2\]: .*lone surrogate \(U\+D800\) at character 1"
+    ):
+        llm.generate(["ok", "fine", "a\ud800b"], sp)
     bad = SP(temperature=0.5)
     bad.temperature = float("nan")
     with pytest.raises(ValueError, match=r"sampling_params\[1\]: temperature must be a finite"):

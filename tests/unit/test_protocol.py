@@ -75,6 +75,15 @@ def _error(model, body: dict) -> RequestError:
         ({"messages": CHAT, "cache_salt": ""}, "cache_salt", "invalid_value"),
         ({"messages": CHAT, "cache_salt": "s" * 1000}, "cache_salt", "invalid_value"),
         ({"messages": CHAT, "cache_salt": 5}, "cache_salt", "invalid_type"),
+        # strict integers and booleans: refused, not coerced
+        ({"messages": CHAT, "n": True}, "n", "invalid_type"),
+        ({"messages": CHAT, "n": "2"}, "n", "invalid_type"),
+        ({"messages": CHAT, "stream": "yes"}, "stream", "invalid_type"),
+        ({"messages": CHAT, "stream": 1}, "stream", "invalid_type"),
+        ({"messages": CHAT, "max_tokens": "16"}, "max_tokens", "invalid_type"),
+        ({"messages": CHAT, "max_tokens": 16.0}, "max_tokens", "invalid_type"),
+        ({"messages": CHAT, "logprobs": "true"}, "logprobs", "invalid_type"),
+        ({"messages": CHAT, "seed": False}, "seed", "invalid_type"),
     ],
 )
 def test_validation_error_names_the_field(body: dict, param: str, code: str) -> None:

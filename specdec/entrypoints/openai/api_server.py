@@ -759,7 +759,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         llm,
         names,
         api_key=api_key,
-        model_root=root,
+        model_root=args.model,  # NOTE: as given (vLLM's root), never the resolved local path
         trust_request_chat_template=args.trust_request_chat_template,
         allowed_hosts=allowed_hosts,
         allowed_origins=_flatten(args.allowed_origins),

@@ -13,7 +13,16 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StrictBool,
+    StrictInt,
+    ValidationError,
+)
 
 from specdec.sampling_params import (
     INT_MAX,
@@ -44,7 +53,9 @@ _UNSUPPORTED: dict[str, str] = {
     "continue_final_message": "continue_final_message is not supported",
 }
 
-# NOTE: the numbers come from SamplingParams, which checks them again; floats are finite here
+# NOTE: integers and booleans are strict (``n: true``, ``stream: "yes"``, ``max_tokens: "16"``
+# are refused, naming the field, not coerced); the numbers come from SamplingParams, which
+# checks them again; floats are finite here
 # (allow_inf_nan=False below, and the body parser refuses NaN, Infinity and 1e999 before this).
 Temperature = Annotated[float, Field(ge=0.0, le=TEMPERATURE_MAX)]
 Penalty = Annotated[float, Field(ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])]
@@ -53,11 +64,11 @@ RepetitionPenalty = Annotated[
 ]
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 TopP = Annotated[float, Field(gt=0.0, le=1.0)]
-PositiveInt = Annotated[int, Field(ge=1, le=INT_MAX)]
-NonNegInt = Annotated[int, Field(ge=0, le=INT_MAX)]
-TokenId = Annotated[int, Field(ge=0, le=INT_MAX)]
-Seed = Annotated[int, Field(ge=SEED_RANGE[0], lt=SEED_RANGE[1])]
-Logprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
+PositiveInt = Annotated[StrictInt, Field(ge=1, le=INT_MAX)]
+NonNegInt = Annotated[StrictInt, Field(ge=0, le=INT_MAX)]
+TokenId = Annotated[StrictInt, Field(ge=0, le=INT_MAX)]
+Seed = Annotated[StrictInt, Field(ge=SEED_RANGE[0], lt=SEED_RANGE[1])]
+Logprobs = Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)]
 StopString = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
 MAX_CACHE_SALT_CHARS = 256
 MAX_PROMPTS = 128  # a batched completion request
@@ -174,36 +185,36 @@ class OpenAIBaseModel(BaseModel):
 
 
 class StreamOptions(OpenAIBaseModel):
-    include_usage: bool = False
-    continuous_usage_stats: bool = False
+    include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False
 
 
 class _SamplingRequest(OpenAIBaseModel):
     """The sampling fields both endpoints share."""
 
     model: Annotated[str, Field(max_length=MAX_MODEL_NAME_CHARS)] | None = None
-    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
+    n: Annotated[StrictInt, Field(ge=1, le=MAX_N)] = 1
     temperature: Temperature | None = None
     top_p: TopP | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     seed: Seed | None = None
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     # NOTE: keys and values are checked by SamplingParams, with messages that name logit_bias
     # and never its keys (pydantic's would put the key in the error's location)
     logit_bias: Annotated[dict[str, Any], Field(max_length=MAX_LOGIT_BIAS)] | None = None
     user: Annotated[str, Field(max_length=MAX_NAME_CHARS)] | None = None
     # vLLM's extras
-    top_k: Annotated[int, Field(ge=-1, le=INT_MAX)] | None = None
+    top_k: Annotated[StrictInt, Field(ge=-1, le=INT_MAX)] | None = None
     min_p: Probability | None = None
     repetition_penalty: RepetitionPenalty | None = None
-    ignore_eos: bool = False
+    ignore_eos: StrictBool = False
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     min_tokens: NonNegInt = 0
-    include_stop_str_in_output: bool = False
-    skip_special_tokens: bool = True
+    include_stop_str_in_output: StrictBool = False
+    skip_special_tokens: StrictBool = True
     prompt_logprobs: Logprobs | None = None
     bad_words: (
         Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]],
@@ -225,7 +236,7 @@ class _SamplingRequest(OpenAIBaseModel):
     )
     # streaming only: each chunk's choice says, per token, how many characters of its text the
     # token wrote and whether it was an accepted draft (``token_provenance``); off by default
-    return_token_provenance: bool = False
+    return_token_provenance: StrictBool = False
     # structured output: OpenAI's response_format, vLLM's structured_outputs and guided_* fields
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
@@ -401,8 +412,8 @@ class CompletionRequest(_SamplingRequest):
     prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
     max_tokens: PositiveInt | None = 16
     logprobs: Logprobs | None = None
-    best_of: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
-    echo: bool = False
+    best_of: Annotated[StrictInt, Field(ge=1, le=MAX_N)] | None = None
+    echo: StrictBool = False
     suffix: str | None = None
 
     def check_supported(self) -> None:
@@ -474,12 +485,12 @@ class ChatCompletionRequest(_SamplingRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: PositiveInt | None = None
     max_completion_tokens: PositiveInt | None = None
-    logprobs: bool = False
+    logprobs: StrictBool = False
     top_logprobs: Logprobs | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     # vLLM's chat extras
-    add_generation_prompt: bool = True
+    add_generation_prompt: StrictBool = True
     chat_template: Annotated[str, Field(max_length=MAX_CHAT_TEMPLATE_CHARS)] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
