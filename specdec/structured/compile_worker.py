@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
 import select
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -336,30 +336,72 @@ def start_thread(target: Any, name: str, stack_bytes: int = PARENT_STACK_BYTES) 
 class StackPool:
     """A few threads with large stacks (``PARENT_STACK_BYTES``) and their own queue: the engine's
     process builds matchers there, and requests waiting for a grammar worker wait here, never on
-    a pool that other requests need."""
+    a pool that other requests need.
+
+    Jobs wait in lanes (one a client: ``submit``'s ``lane``), taken in turn, and a lane runs at
+    most ``num_threads - 1`` jobs at once: however many slow grammars one client sends, a thread
+    is left for the others' (jobs without a lane, offline ones, may take every thread)."""
 
     def __init__(self, num_threads: int, name: str) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Future, Callable[[], Any]] | None] = queue.SimpleQueue()
+        self._cond = threading.Condition()
+        self._lanes: dict[Hashable, deque[tuple[Future, Callable[[], Any]]]] = {}
+        self._turns: deque[Hashable] = deque()  # lanes with jobs waiting, in turn order
+        self._running: dict[Hashable, int] = {}
+        self._lane_cap = max(1, num_threads - 1)
+        self._closing = False
         self._threads = [start_thread(self._run, f"{name}-{i}") for i in range(num_threads)]
 
-    def submit(self, fn: Callable[[], _T]) -> Future[_T]:
+    def submit(self, fn: Callable[[], _T], lane: Hashable = None) -> Future[_T]:
         future: Future[_T] = Future()
-        self._jobs.put((future, fn))
+        with self._cond:
+            if lane not in self._lanes:
+                self._lanes[lane] = deque()
+                self._turns.append(lane)
+            self._lanes[lane].append((future, fn))
+            self._cond.notify()
         return future
 
+    def _next(self) -> tuple[Hashable, tuple[Future, Callable[[], Any]]] | None:
+        """The first lane in turn below its cap: its oldest job (the lane goes to the back)."""
+        for lane in self._turns:
+            cap = len(self._threads) if lane is None else self._lane_cap
+            if self._running.get(lane, 0) < cap:
+                jobs = self._lanes[lane]
+                job = jobs.popleft()
+                self._turns.remove(lane)
+                if jobs:
+                    self._turns.append(lane)
+                else:
+                    del self._lanes[lane]
+                self._running[lane] = self._running.get(lane, 0) + 1
+                return lane, job
+        return None
+
     def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            future, fn = job
-            if not future.set_running_or_notify_cancel():
-                continue
+        while True:
+            with self._cond:
+                while (picked := self._next()) is None:
+                    if self._closing:
+                        return
+                    self._cond.wait()
+            lane, (future, fn) = picked
             try:
-                future.set_result(fn())
-            except BaseException as e:  # noqa: BLE001 - handed to whoever waits for it
-                future.set_exception(e)
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(fn())
+                    except BaseException as e:  # noqa: BLE001 - handed to whoever waits for it
+                        future.set_exception(e)
+            finally:
+                with self._cond:
+                    self._running[lane] -= 1
+                    if not self._running[lane]:
+                        del self._running[lane]
+                    self._cond.notify_all()
 
     def close(self) -> None:
-        for _ in self._threads:
-            self._jobs.put(None)
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
 
 
 def _write(message: dict[str, Any]) -> None:

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import json
 import threading
 import time
+from collections.abc import Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -111,6 +113,23 @@ def constraint_spec(params: StructuredOutputsParams) -> dict[str, Any]:
     }
 
 
+# NOTE: the slow constraints seen (80 KB GBNF chains: ~1-5 s) are large; a JSON schema a client
+# writes by hand compiles in milliseconds
+SMALL_CONSTRAINT_CHARS = 8192
+
+
+def constraint_chars(params: StructuredOutputsParams | dict[str, Any]) -> int:
+    """The constraint's size in characters (its JSON text for a schema)."""
+    params = StructuredOutputsParams.from_any(params)
+    value = getattr(params, params.kind)
+    if isinstance(value, str):
+        return len(value)
+    try:
+        return len(json.dumps(value))
+    except (TypeError, ValueError):
+        return SMALL_CONSTRAINT_CHARS + 1  # NOTE: not plain JSON: the worker refuses it anyway
+
+
 def grammar_text(params: StructuredOutputsParams) -> str:
     """The constraint as llguidance's grammar, in this process (raises GrammarError naming the
     field). NOTE: unchecked constraints may crash the process; ``GrammarCompiler`` checks them
@@ -153,10 +172,17 @@ class GrammarCompiler:
         self.checker.start()
         _compile_pool()
 
-    def submit(self, params: StructuredOutputsParams | dict[str, Any]) -> Future[Grammar]:
+    def submit(
+        self, params: StructuredOutputsParams | dict[str, Any], lane: Hashable = None
+    ) -> Future[Grammar]:
         """``compile`` on the compiler's own threads: stacks 4x the worker's check thread's,
-        and a queue of its own (a request waiting for a grammar worker holds no other pool)."""
-        return _compile_pool().submit(lambda: self._compile(params))
+        and a queue of its own (a request waiting for a grammar worker holds no other pool).
+        ``lane``: the client's (compile_worker.StackPool: one client's slow grammars never hold
+        every thread); its large constraints queue apart from its small ones, so a small one
+        never waits behind a large one's compile."""
+        if lane is not None:
+            lane = (lane, "large" if constraint_chars(params) > SMALL_CONSTRAINT_CHARS else "small")
+        return _compile_pool().submit(lambda: self._compile(params), lane)
 
     def compile(self, params: StructuredOutputsParams | dict[str, Any]) -> Grammar:
         """A fresh grammar state for one request (a copy of ``params.compiled`` when set). The

@@ -153,3 +153,25 @@ def test_the_budget_charges_cpu_time_not_waiting(llm) -> None:
     g._m = Sleepy(g._m)
     g.masks([])
     assert 0 < g.spent_s < 0.1
+
+
+def test_one_clients_slow_jobs_leave_a_thread_for_the_others() -> None:
+    """StackPool's lanes: four blocked jobs of one client hold one of two threads; another
+    client's job runs at once, and the blocked client's next job waits its turn."""
+    import threading
+
+    pool = compile_worker.StackPool(2, "lanes-test")
+    release = threading.Event()
+    try:
+        slow = [pool.submit(lambda: release.wait(10), lane="a") for _ in range(4)]
+        quick = pool.submit(lambda: "b done", lane="b")
+        assert quick.result(timeout=5) == "b done"
+        assert sum(f.running() for f in slow) == 1 and not any(f.done() for f in slow)
+        release.set()
+        assert all(f.result(timeout=10) for f in slow)
+        # jobs without a lane (offline) take every thread
+        both = threading.Barrier(2, timeout=5)
+        assert [f.result(timeout=10) for f in [pool.submit(both.wait) for _ in range(2)]]
+    finally:
+        release.set()
+        pool.close()

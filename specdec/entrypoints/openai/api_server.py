@@ -21,6 +21,7 @@ requests finish for ``--shutdown-timeout`` seconds, then ends the rest with an e
 import argparse
 import asyncio
 import gc
+import hashlib
 import hmac
 import json
 import logging
@@ -199,7 +200,9 @@ def build_app(
     async def read_body(request: Request, model: Any, prefix: str) -> Any:
         request.state.request_id = rid = random_id(prefix)
         body = await _read_body(request, max_body_bytes, RequestError)
-        return rid, await serving.run_blocking(_parse_request, body, model)
+        req = await serving.run_blocking(_parse_request, body, model)
+        req._client = client_lane(request)
+        return rid, req
 
     def respond(result: Any) -> Any:
         if result is _DISCONNECTED:
@@ -270,6 +273,16 @@ def build_app(
 
     add_chat_page(app)
     return app
+
+
+def client_lane(request: Any) -> str:
+    """Who sent ``request``, for per-client lanes in shared queues: a hash of its API key, else
+    its host (NOTE: not the connection: a client opens as many of those as it likes)."""
+    key = request.headers.get("authorization") or request.headers.get("x-api-key")
+    if key:
+        return "key:" + hashlib.blake2b(key.encode("utf-8", "replace"), digest_size=8).hexdigest()
+    peer = request.client
+    return f"host:{peer.host}" if peer else "host:?"
 
 
 async def _read_body(request: Any, limit: int, error: type) -> bytes:

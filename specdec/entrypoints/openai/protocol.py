@@ -250,6 +250,8 @@ class _SamplingRequest(OpenAIBaseModel):
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
     _structured_field: str | None = PrivateAttr(None)  # the field the constraint came from
+    # who sent it (a hash of the API key, else the host): its lane in shared queues
+    _client: str | None = PrivateAttr(None)
     _tool_plan: Any = PrivateAttr(None)  # chat with tools: a tools.ToolPlan
 
     def check_supported(self) -> None:

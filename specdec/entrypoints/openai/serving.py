@@ -379,7 +379,7 @@ class OpenAIServing:
         params = sampling.structured_outputs
         assert params is not None
         try:
-            future = self.llm.engine.grammar_compiler.submit(params)
+            future = self.llm.engine.grammar_compiler.submit(params, req._client)
             params.compiled = await asyncio.wrap_future(future)
         except ValueError as e:
             raise req.error_for(str(e)) from e
