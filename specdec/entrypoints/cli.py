@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from specdec.bench.cli import add_bench_parser
-from specdec.config import EngineArgs
+from specdec.config import ConfigError, EngineArgs
 from specdec.entrypoints.openai.api_server import add_serve_parser
 from specdec.entrypoints.utils import (
     add_sampling_args,
@@ -29,8 +29,14 @@ DEFAULT_PROMPT = "Here is a Python function `hsv_to_rgb` from the Python standar
 def _generate_parser(sub) -> None:
     p = sub.add_parser("generate", help="generate text for one prompt, streaming to stdout")
     p.add_argument("model_tag", nargs="?", default=None, help="the model (same as --model)")
+    p.add_argument("prompt_text", nargs="?", default=None, help="the prompt (same as --prompt)")
     EngineArgs.add_cli_args(p)
-    p.add_argument("--prompt", "-p", default=DEFAULT_PROMPT)
+    p.add_argument(
+        "--prompt",
+        "-p",
+        default=None,
+        help="the prompt (default: a code-edit request, where speculation shows well)",
+    )
     chat = p.add_mutually_exclusive_group()
     chat.add_argument(
         "--chat",
@@ -134,6 +140,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from specdec.spec_decode.metrics import SpecDecodeStats
 
     args.model = args.model_tag or args.model
+    if args.prompt_text is not None and args.prompt is not None:
+        raise ConfigError("the prompt is given twice (as an argument and as --prompt): give one")
+    args.prompt = next(p for p in (args.prompt_text, args.prompt, DEFAULT_PROMPT) if p is not None)
     engine_args = EngineArgs.from_cli_args(args)
     spec = engine_args.speculative()  # a bad config fails before the model loads
     sp = SamplingParams(

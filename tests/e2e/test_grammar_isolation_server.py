@@ -143,9 +143,10 @@ def test_a_worker_killed_mid_job_is_replaced(live) -> None:
 
 
 def test_requests_waiting_for_a_grammar_worker_hold_no_one_else(live, monkeypatch) -> None:
-    """While every grammar worker is busy (here: held until released), a plain request and a
+    """While a client's grammar compiles are held (here: until released), a plain request and a
     chat are answered: waiting constraints sit in the compiler's own queue, not in the
-    preparation pool (two slow GBNF grammars once held both its threads for 22 s)."""
+    preparation pool (two slow GBNF grammars once held both its threads for 22 s), and the
+    client's lane holds one of the compiler's two threads, never both."""
     release, entered = threading.Event(), threading.Semaphore(0)
     check = live.compiler.checker.check
 
@@ -159,8 +160,8 @@ def test_requests_waiting_for_a_grammar_worker_hold_no_one_else(live, monkeypatc
         waiting = [
             pool.submit(live.post, "completions", {"guided_regex": f"x{i}"}) for i in range(3)
         ]
-        for _ in range(2):
-            assert entered.acquire(timeout=TIMEOUT_S)
+        assert entered.acquire(timeout=TIMEOUT_S)
+        assert not entered.acquire(timeout=1.0)  # its other two wait in its lane
         try:
             assert live.post("completions", {"max_tokens": 2}).status_code == 200
             assert live.post("chat/completions", {"max_tokens": 2}).status_code == 200

@@ -305,3 +305,17 @@ def test_a_method_free_speculative_config_refines_md() -> None:
         ).speculative()
     with pytest.raises(ConfigError, match="give one of"):
         EngineArgs(model_draft="d.gguf", speculative_config={"method": "ngram"}).speculative()
+
+
+def test_generate_takes_the_prompt_as_an_argument(tiny_llama, capsys) -> None:
+    """``specdec generate MODEL "PROMPT"`` as llama.cpp and vLLM users type it; twice is an error."""
+    from specdec.entrypoints import cli
+
+    argv = ["generate", str(tiny_llama), "the cat sat", "--max-tokens", "3", "--no-chat"]
+    import re
+
+    assert cli.main(argv) == 0
+    used = re.search(r"prompt (\d+) tokens", capsys.readouterr().out)
+    assert used and int(used.group(1)) < 20  # "the cat sat", not the default code-edit prompt
+    assert cli.main([*argv, "-p", "other"]) == 2
+    assert "the prompt is given twice" in capsys.readouterr().err

@@ -74,7 +74,8 @@ def test_a_row_does_not_depend_on_the_rows_beside_it(threads) -> None:
 
 
 def test_prompt_logprobs_per_capped_chunk_equal_the_reference(tiny_llama) -> None:
-    llm = LLM(str(tiny_llama), max_model_len=256, max_num_batched_tokens=128)
+    # NOTE: no time share (engine/fair_share.py): the chunks are the row cap's alone
+    llm = LLM(str(tiny_llama), max_model_len=256, max_num_batched_tokens=128, prefill_time_share=0)
     engine = llm.engine
     assert engine.scheduler.max_prompt_logprob_rows == 16
     ids = [(7 * i + 3) % 200 + 5 for i in range(150)]

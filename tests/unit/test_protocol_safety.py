@@ -191,3 +191,34 @@ def test_dropped_bytes_are_the_byte_tokens_missing_without_an_unknown_token() ->
 def test_unrepresentable_finds_the_first_character_with_a_dropped_byte(text, char) -> None:
     assert unrepresentable(text, b"\x14\xf1") == char
     assert unrepresentable(text, b"") is None
+
+
+def test_one_clients_slow_templates_leave_a_worker_for_the_others() -> None:
+    """TemplateSandbox's lanes: three renders of one client that run to the time limit hold
+    one of two workers; another client's template renders at once beside them."""
+    import asyncio
+    import time
+
+    from specdec.entrypoints.openai.chat_sandbox import TemplateRenderError, TemplateSandbox
+
+    slow = "{% for a in range(10000) %}{% for b in range(10000) %}{% for c in range(10000) %}"
+    slow += "{% endfor %}{% endfor %}{% endfor %}"  # 10**12 steps: far past the limit
+
+    async def run() -> tuple[float, list]:
+        sandbox = TemplateSandbox(timeout_s=3.0)
+        await sandbox.start()
+        try:
+            hostile = [asyncio.ensure_future(sandbox.render(slow, {}, lane="a")) for _ in range(3)]
+            await asyncio.sleep(0.2)
+            t0 = time.perf_counter()
+            text = await sandbox.render("{{ 1 + 1 }}", {}, lane="b")
+            took = time.perf_counter() - t0
+            assert text == "2"
+            done = await asyncio.gather(*hostile, return_exceptions=True)
+            return took, done
+        finally:
+            await sandbox.close()
+
+    took, done = asyncio.run(run())
+    assert took < 1.5, took  # a worker was free: no wait behind the 3 s renders
+    assert all(isinstance(e, TemplateRenderError) for e in done), done  # each ran to the limit

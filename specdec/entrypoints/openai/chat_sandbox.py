@@ -141,7 +141,7 @@ def _worker_main(memory_bytes: int) -> None:
 # ---- the server side ---------------------------------------------------------------------------
 
 
-class TemplateSandbox:
+class TemplateWorker:
     """Renders request templates in one worker process, one at a time, each within ``timeout_s``."""
 
     def __init__(
@@ -226,6 +226,81 @@ class TemplateSandbox:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
+
+
+class TemplateSandbox:
+    """Renders request templates on ``num_workers`` worker processes (TemplateWorker), each
+    render within ``timeout_s``. Renders wait in order, but a client (``render``'s ``lane``)
+    holds at most all workers but one: another client's template never waits behind its slow
+    ones (renders without a lane may take every worker)."""
+
+    def __init__(
+        self,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        memory_bytes: int = DEFAULT_MEMORY_BYTES,
+        num_workers: int = 2,
+    ) -> None:
+        self.timeout_s = timeout_s
+        self._workers = [TemplateWorker(timeout_s, memory_bytes) for _ in range(num_workers)]
+        self._free = list(self._workers)
+        self._waiting: list[tuple[Any, asyncio.Future[TemplateWorker]]] = []
+        self._running: dict[Any, int] = {}
+
+    @property
+    def num_killed(self) -> int:
+        """Workers killed for overrunning (for tests and logs)."""
+        return sum(w.num_killed for w in self._workers)
+
+    async def start(self) -> None:
+        """Start the workers now rather than at the first renders."""
+        for w in self._workers:
+            await w.start()
+
+    async def render(self, source: str, variables: dict[str, Any], lane: Any = None) -> str:
+        """As TemplateWorker.render, on the first free worker ``lane`` may take."""
+        fut: asyncio.Future[TemplateWorker] = asyncio.get_running_loop().create_future()
+        self._waiting.append((lane, fut))
+        self._dispatch()
+        try:
+            worker = await fut
+        except asyncio.CancelledError:
+            if fut in [f for _, f in self._waiting]:
+                self._waiting = [(ln, f) for ln, f in self._waiting if f is not fut]
+            elif fut.done() and not fut.cancelled():
+                self._release(fut.result(), lane)
+            raise
+        try:
+            return await worker.render(source, variables)
+        finally:
+            self._release(worker, lane)
+
+    def _dispatch(self) -> None:
+        """Hand free workers to the oldest waiting renders whose lane is below its cap."""
+        cap_lane = max(1, len(self._workers) - 1)
+        i = 0
+        while self._free and i < len(self._waiting):
+            lane, fut = self._waiting[i]
+            cap = len(self._workers) if lane is None else cap_lane
+            if fut.done():  # cancelled while waiting
+                del self._waiting[i]
+            elif self._running.get(lane, 0) < cap:
+                del self._waiting[i]
+                self._running[lane] = self._running.get(lane, 0) + 1
+                fut.set_result(self._free.pop())
+            else:
+                i += 1
+
+    def _release(self, worker: TemplateWorker, lane: Any) -> None:
+        self._running[lane] -= 1
+        if not self._running[lane]:
+            del self._running[lane]
+        self._free.append(worker)
+        self._dispatch()
+
+    async def close(self) -> None:
+        """Stop the workers (the next renders start new ones)."""
+        for w in self._workers:
+            await w.close()
 
 
 if __name__ == "__main__":

@@ -655,7 +655,7 @@ class OpenAIServing:
             "add_generation_prompt": req.add_generation_prompt,
         }  # NOTE: the variables Tokenizer.apply_chat_template gives the model's template
         try:
-            render = self.template_sandbox.render(req.chat_template, variables)
+            render = self.template_sandbox.render(req.chat_template, variables, req._client)
             text = await self._unless_shutting_down(render)
         except TemplateRenderError as e:
             raise RequestError(str(e), param="chat_template") from e
