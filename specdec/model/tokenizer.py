@@ -780,3 +780,10 @@ def _check_unicode(text: str) -> None:
             f"the text holds a lone surrogate (U+{ord(text[e.start]):04X}) at character "
             f"{e.start}: not valid Unicode"
         ) from None
+
+
+def max_token_chars(hf: Any) -> int:
+    """The most characters one token of ``hf`` (a ``tokenizers.Tokenizer``) can spell: its
+    longest vocabulary string (a byte-level or SentencePiece string is at least as long as the
+    text it decodes to)."""
+    return max((len(s) for s in hf.get_vocab(with_added_tokens=True)), default=1) or 1

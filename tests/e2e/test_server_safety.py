@@ -213,6 +213,31 @@ def test_long_prompt_is_refused_without_stalling_health(server) -> None:
     assert max(probe.latencies) < 0.5, probe.latencies
 
 
+def test_a_prompt_the_context_cannot_hold_is_refused_untokenized(server, monkeypatch) -> None:
+    """More characters than max_model_len tokens can spell (each at most its vocabulary string's
+    length): 400 for length before the tokenizer runs (a 3.9 MB body once held it seconds)."""
+    from specdec.model.tokenizer import Tokenizer
+
+    calls = []
+    real = Tokenizer.encode_batch
+    monkeypatch.setattr(
+        Tokenizer, "encode_batch", lambda self, *a, **k: calls.append(1) or real(self, *a, **k)
+    )
+    text = "word " * 200_000
+    bodies = {
+        "completions": ({"prompt": text}, "prompt"),
+        "chat/completions": ({"messages": [{"role": "user", "content": text}]}, "messages"),
+    }
+    for path, (body, param) in bodies.items():
+        r = httpx.post(f"{server.url}/v1/{path}", json={**body, "max_tokens": 2}, timeout=60)
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["code"] == "context_length_exceeded", r.text[:300]
+        assert err["param"] == param and "characters" in err["message"]
+    assert not calls
+    ok = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+    assert ok.status_code == 200 and calls
+
+
 # ---- browser safety ----------------------------------------------------------------------------
 
 

@@ -59,7 +59,7 @@ from specdec.entrypoints.openai.safety import (
 from specdec.entrypoints.openai.stats import ProvenanceAligner, timings, vllm_spec_metrics
 from specdec.entrypoints.openai.tools import ToolPlan, plan_tools
 from specdec.entrypoints.openai.tools import template_messages as tool_template_messages
-from specdec.model.tokenizer import prepare_messages
+from specdec.model.tokenizer import max_token_chars, prepare_messages
 from specdec.outputs import CompletionOutput, PositionLogprobs, RequestOutput, merge_samples
 from specdec.sampling_params import SamplingParams
 
@@ -232,6 +232,9 @@ class OpenAIServing:
         # vLLM's --per-request-spec-decode-metrics: "summary" adds metrics.speculative_decoding
         self.per_request_spec_decode_metrics = per_request_spec_decode_metrics
         self._dropped_bytes = dropped_bytes(self.tokenizer.hf)
+        # NOTE: no token spells more characters than its vocabulary string has: a longer text
+        # cannot fit the context, and is refused before the tokenizer spends seconds on it
+        self._max_prompt_chars = self.max_model_len * max_token_chars(self.tokenizer.hf)
         # the server's defaults for sampling fields a request leaves out (llama.cpp's --temp ...)
         self.sampling_defaults = dict(sampling_defaults or {})
         self._pool = ThreadPoolExecutor(num_prepare_threads, thread_name_prefix="specdec-prepare")
@@ -287,6 +290,13 @@ class OpenAIServing:
 
     def _encode(self, text: str, add_special_tokens: bool, param: str = "prompt") -> list[int]:
         """``text``'s token ids; a 400 on ``param`` for text the tokenizer would drop."""
+        if len(text) > self._max_prompt_chars:
+            raise RequestError(
+                f"this model's maximum context length is {self.max_model_len} tokens, but the "
+                f"prompt has {len(text)} characters, more than that many tokens can hold",
+                param=param,
+                code="context_length_exceeded",
+            )
         char = unrepresentable(text, self._dropped_bytes)
         if char is not None:
             raise unrepresentable_error(param, char)
@@ -672,7 +682,7 @@ class OpenAIServing:
                 "messages",
             )  # fmt: skip
             raise unrepresentable_error(param, char)
-        return self._encode(text, False)
+        return self._encode(text, False, "messages")
 
     def _render_model_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool, extra: dict[str, Any]
