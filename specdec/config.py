@@ -327,6 +327,22 @@ class EngineConfig:
                 f"enable_prefix_caching must be true or false, got {self.enable_prefix_caching!r}"
             )
 
+    def _warn_oversubscribed(self) -> None:
+        """More ranks than usable cores: they share cores and run slower than one rank."""
+        import os
+
+        size = self.tensor_parallel_size
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cores = os.cpu_count() or 1
+        if size > 1 and self.cpu_binding is None and size > cores:
+            logger.warning(
+                "tensor_parallel_size %d is more ranks than this machine's %d usable cores: they "
+                "share cores and decode slower than one rank; use at most %d",
+                size, cores, cores,
+            )  # fmt: skip
+
     def _check_parallel(self) -> None:
         """The executor backend and the CPU binding (the heads are checked at load)."""
         backend = self.distributed_executor_backend
@@ -349,6 +365,7 @@ class EngineConfig:
                 "distributed_executor_backend uni runs one rank; use mp for "
                 f"tensor_parallel_size {self.tensor_parallel_size}"
             )
+        self._warn_oversubscribed()
         # NOTE: one rank runs in-process whatever the backend (vLLM's guides pass "mp" at TP 1)
         self.distributed_executor_backend = backend if self.tensor_parallel_size > 1 else "uni"
         if self.device != "cpu" and self.tensor_parallel_size > 1:
@@ -383,6 +400,18 @@ _GROUP_TITLES = {
     IGNORED: "accepted for vLLM / llama.cpp commands, no effect on CPU (logged once)",
     REFUSED: "vLLM options specdec cannot honour: accepted at their defaults only",
     SERVER: "server",
+}
+
+
+# why each SINGLE option must be 1 where it is refused
+_SINGLE_WHY = {
+    "pipeline_parallel_size": "there is no pipeline parallelism (tensor parallelism is "
+    "--tensor-parallel-size)",
+    "data_parallel_size": "replicas run behind `specdec serve --data-parallel-size N`; one "
+    "process (generate, LLM, bench) holds one engine",
+    "nnodes": "one engine runs on one machine (replicas across machines: --ray)",
+    "decode_context_parallel_size": "there is no context parallelism",
+    "prefill_context_parallel_size": "there is no context parallelism",
 }
 
 
@@ -989,8 +1018,7 @@ class EngineArgs:
             value, meta = getattr(self, f.name), f.metadata
             if meta["kind"] == SINGLE and value != 1:
                 raise ConfigError(
-                    f"{f.name} ({_flag(f.name)}) must be 1, got {value!r}: "
-                    "specdec runs on one device (no tensor, pipeline or data parallelism)"
+                    f"{f.name} ({_flag(f.name)}) must be 1 here, got {value!r}: {_SINGLE_WHY.get(f.name, 'not supported')}"
                 )
             reason = meta["check"](value) if meta["check"] else None
             if reason:

@@ -155,7 +155,7 @@ def test_vllm_kwargs_run_and_unsupported_ones_fail_clearly(tiny_llama, caplog) -
     assert not [r for r in caplog.records if "ignored on CPU" in r.getMessage()]
     assert llm.engine.config.distributed_executor_backend == "uni"  # "mp" at TP 1: in-process
     for key in ("pipeline_parallel_size", "data_parallel_size"):
-        with pytest.raises(ConfigError, match=f"{key} .--[a-z-]+. must be 1, got 2: specdec runs"):
+        with pytest.raises(ConfigError, match=f"{key} .--[a-z-]+. must be 1 here, got 2: "):
             LLM(str(tiny_llama), **{key: 2})
     with pytest.raises(TypeError, match="unexpected keyword argument 'max_num_seq'; did you mean"):
         LLM(str(tiny_llama), max_num_seq=4)
@@ -319,3 +319,27 @@ def test_generate_takes_the_prompt_as_an_argument(tiny_llama, capsys) -> None:
     assert used and int(used.group(1)) < 20  # "the cat sat", not the default code-edit prompt
     assert cli.main([*argv, "-p", "other"]) == 2
     assert "the prompt is given twice" in capsys.readouterr().err
+
+
+def test_more_ranks_than_cores_is_a_warning(monkeypatch, caplog) -> None:
+    import logging
+    import os
+
+    from specdec.config import EngineConfig
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    with caplog.at_level(logging.WARNING, logger="specdec.config"):
+        EngineConfig(model="smollm2-135m", tensor_parallel_size=4)
+    assert "tensor_parallel_size 4 is more ranks than this machine's 2 usable cores" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="specdec.config"):
+        EngineConfig(model="smollm2-135m", tensor_parallel_size=2)
+    assert "usable cores" not in caplog.text
+
+
+def test_single_options_say_what_to_use_instead(capsys) -> None:
+    from specdec.entrypoints import cli
+
+    assert cli.main(["generate", "-dp", "2", "-p", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert "specdec serve --data-parallel-size" in err and "no tensor" not in err
