@@ -58,6 +58,11 @@ class LLM:
         return self.engine.tokenizer
 
     @property
+    def llm_engine(self) -> LLMEngine:
+        """The engine (vLLM's name for it)."""
+        return self.engine
+
+    @property
     def spec_decode_stats(self) -> SpecDecodeStats:
         """Acceptance statistics over everything this LLM generated."""
         return self.engine.spec_stats
@@ -66,7 +71,7 @@ class LLM:
         self,
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-        use_tqdm: bool = False,
+        use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Generate for one prompt or a batch: strings, token id lists, or vLLM's dicts
         ``{"prompt": ...}`` / ``{"prompt_token_ids": ...}`` with an optional ``"cache_salt"``.
@@ -139,7 +144,7 @@ class LLM:
         self,
         messages: list[Message] | list[list[Message]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-        use_tqdm: bool = False,
+        use_tqdm: bool = True,
         *,
         chat_template: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
@@ -169,15 +174,19 @@ class LLM:
         if chat_template is not None:
             extra["chat_template"] = chat_template
         prompts: list[Prompt] = []
+        texts: list[str] = []
         for i, conv in enumerate(conversations):
             try:
-                prompts.append(
-                    self._render_chat(conv, add_generation_prompt, continue_final_message, extra)
-                )
+                text = self._render_chat(conv, add_generation_prompt, continue_final_message, extra)
+                prompts.append(self.engine.tokenizer.encode(text, add_special_tokens=False))
             except (ValueError, TypeError) as e:
                 where = "messages" if single else f"messages[{i}]"
                 raise ValueError(f"{where}: {e}") from e
-        return self.generate(prompts, sampling_params, use_tqdm)
+            texts.append(text)
+        outs = self.generate(prompts, sampling_params, use_tqdm)
+        for out, text in zip(outs, texts):
+            out.prompt = text  # NOTE: the rendered conversation, as vLLM's LLM.chat reports it
+        return outs
 
     def _render_chat(
         self,
@@ -185,7 +194,8 @@ class LLM:
         add_generation_prompt: bool,
         continue_final_message: bool,
         extra: dict[str, Any],
-    ) -> list[int]:
+    ) -> str:
+        """The conversation rendered with the chat template (the text, not yet tokenized)."""
         if not isinstance(conv, (list, tuple)) or not conv:
             raise ValueError("a conversation must be a non-empty list of message dicts")
         msgs = [_text_message(m, j) for j, m in enumerate(conv)]
@@ -200,7 +210,7 @@ class LLM:
                     "continue_final_message: the final message's text is not in the render"
                 )
             text = text[: text.rindex(final) + len(final)]
-        return tok.encode(text, add_special_tokens=False)
+        return text
 
     def _enqueue_all(self, reqs: list[Request]) -> list[str]:
         """Queue every request, or none: if one cannot be queued (the drafter refused it), those

@@ -89,6 +89,8 @@ def test_chat_takes_vllms_keyword_arguments(llm) -> None:
         add_generation_prompt=False,
     )[0]  # fmt: skip
     assert out.prompt_token_ids == tok.encode("[user|Name a colour.|x]", add_special_tokens=False)
+    assert out.prompt == "[user|Name a colour.|x]"  # the rendered conversation, as vLLM's
+    assert llm.llm_engine is llm.engine
     cont = [*joined, {"role": "assistant", "content": "Blue is"}]
     ids = llm.chat(cont, SP, continue_final_message=True, add_generation_prompt=False)[0]
     rendered = tok.decode(ids.prompt_token_ids, skip_special_tokens=False)
