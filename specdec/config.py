@@ -392,6 +392,9 @@ IGNORED = "ignored"  # a vLLM / llama.cpp option with no effect here: accepted, 
 REFUSED = "refused"  # a vLLM option specdec cannot honour: its defaults only, else an error
 SERVER = "server"  # read by `specdec serve` only
 
+# --help-all: list the flags accepted without effect too (set before the parsers are built)
+SHOW_ALL_FLAGS = [False]
+
 _GROUP_TITLES = {
     ENGINE: "engine",
     SPECULATIVE: "speculative decoding (vLLM's older flags, llama.cpp's)",
@@ -1154,6 +1157,7 @@ class EngineArgs:
         overrides some defaults (a benchmark's batch size, say)."""
         groups: dict[str, Any] = {}
         defaults = defaults or {}
+        hidden = 0
         for f in fields(cls):
             if names is not None and f.name not in names:
                 continue
@@ -1164,6 +1168,11 @@ class EngineArgs:
             flags = [f"--{f.name.replace('_', '-')}", *meta["flags"]]
             default = defaults.get(f.name, f.default if f.default is not MISSING else None)
             kw: dict[str, Any] = {"dest": f.name, "default": default, "help": meta["help"]}
+            if kind in (IGNORED, REFUSED) and not SHOW_ALL_FLAGS[0]:
+                kw["help"] = (
+                    argparse.SUPPRESS
+                )  # NOTE: accepted all the same (--help-all lists them)
+                hidden += 1
             if meta["type"] is bool:
                 kw["action"] = argparse.BooleanOptionalAction
             elif meta["nargs"] == "?":  # vLLM's --hf-token [TOKEN]
@@ -1176,6 +1185,11 @@ class EngineArgs:
             else:
                 kw["type"] = meta["type"]
             groups[kind].add_argument(*flags, **kw)
+        if hidden:
+            parser.epilog = (
+                "More vLLM and llama.cpp flags are accepted without effect here, or at their "
+                "defaults only: --help-all lists them."
+            )
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:

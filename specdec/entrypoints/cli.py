@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from specdec.bench.cli import add_bench_parser
-from specdec.config import ConfigError, EngineArgs
+from specdec.config import SHOW_ALL_FLAGS, ConfigError, EngineArgs
 from specdec.entrypoints.openai.api_server import add_serve_parser
 from specdec.entrypoints.utils import (
     add_sampling_args,
@@ -27,7 +27,11 @@ DEFAULT_PROMPT = "Here is a Python function `hsv_to_rgb` from the Python standar
 
 
 def _generate_parser(sub) -> None:
-    p = sub.add_parser("generate", help="generate text for one prompt, streaming to stdout")
+    p = sub.add_parser(
+        "generate",
+        help="generate text for one prompt, streaming to stdout",
+        usage="%(prog)s [MODEL] [PROMPT] [options]",
+    )
     p.add_argument("model_tag", nargs="?", default=None, help="the model (same as --model)")
     p.add_argument("prompt_text", nargs="?", default=None, help="the prompt (same as --prompt)")
     EngineArgs.add_cli_args(p)
@@ -239,6 +243,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--help-all" in argv:  # NOTE: --help, with the flags that change nothing here listed too
+        SHOW_ALL_FLAGS[0] = True
+        argv = ["--help" if a == "--help-all" else a for a in argv]
     parser = _Parser(prog="specdec", description="speculative decoding inference engine")
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
@@ -252,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         _chosen(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command == "serve":
         args.func = _serve  # NOTE: one engine, replicas or Ray Serve (replicas/serve.py)
-    raw = list(sys.argv[1:] if argv is None else argv)
+    raw = argv
     args.raw_argv = raw[raw.index(args.command) + 1 :] if args.command in raw else raw
     return run_command(args.func, args)
 

@@ -343,3 +343,28 @@ def test_single_options_say_what_to_use_instead(capsys) -> None:
     assert cli.main(["generate", "-dp", "2", "-p", "hi"]) == 2
     err = capsys.readouterr().err
     assert "specdec serve --data-parallel-size" in err and "no tensor" not in err
+
+
+def test_help_lists_what_acts_and_help_all_the_rest(capsys) -> None:
+    """--help: the flags that change something; the ~200 accepted for vLLM / llama.cpp commands
+    without effect only under --help-all (and still accepted either way)."""
+    from specdec.config import SHOW_ALL_FLAGS
+    from specdec.entrypoints import cli
+
+    lines = {}
+    for cmd in ("generate", "serve"):
+        for flag in ("--help", "--help-all"):
+            with pytest.raises(SystemExit):
+                cli.main([cmd, flag])
+            lines[cmd, flag] = capsys.readouterr().out
+            SHOW_ALL_FLAGS[0] = False
+    for cmd in ("generate", "serve"):
+        short, full = lines[cmd, "--help"], lines[cmd, "--help-all"]
+        assert len(short.splitlines()) < 300 < len(full.splitlines()), cmd
+        assert "--help-all lists them" in short and "--enable-lora" not in short
+        assert "--enable-lora" in full and "--prefill-time-share" in short
+    with pytest.raises(SystemExit):
+        cli.main(["train", "eagle3", "--help"])
+    train = capsys.readouterr().out.split("options:", 1)[1]
+    for flag in ("--epochs", "--lr", "--draft-vocab", "--time-limit"):
+        assert "(default:" in train.split(flag, 1)[1].split("\n  --", 1)[0], flag

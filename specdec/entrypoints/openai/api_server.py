@@ -35,7 +35,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from specdec.config import ConfigError, EngineArgs, json_value, log_ignored
+from specdec.config import SHOW_ALL_FLAGS, ConfigError, EngineArgs, json_value, log_ignored
 from specdec.entrypoints.utils import (
     LOG_FORMAT,
     add_sampling_args,
@@ -563,20 +563,21 @@ _ON_BY_DEFAULT = ("enable_log_deltas", "cohere_is_reasoning_model", "enable_flas
 _SHORT_FLAGS = {"api_server_count": ("-asc",)}
 
 
-def _add_vllm_flag(group: Any, name: str, parse: Any) -> None:
-    """One of vLLM's server flags, parsed as vLLM parses it."""
+def _add_vllm_flag(group: Any, name: str, parse: Any, hide: bool = False) -> None:
+    """One of vLLM's server flags, parsed as vLLM parses it (``hide``: out of --help)."""
     flags = (f"--{name.replace('_', '-')}", *_SHORT_FLAGS.get(name, ()))
+    shown = {"help": argparse.SUPPRESS} if hide else {}
     if parse is bool:
         default = True if name in _ON_BY_DEFAULT else None
         group.add_argument(
-            *flags, dest=name, action=argparse.BooleanOptionalAction, default=default
+            *flags, dest=name, action=argparse.BooleanOptionalAction, default=default, **shown
         )
     elif parse in ("+", "append"):
         nargs = "+" if parse == "+" else None
         action = "append" if parse == "append" else None
-        group.add_argument(*flags, dest=name, nargs=nargs, action=action, default=None)
+        group.add_argument(*flags, dest=name, nargs=nargs, action=action, default=None, **shown)
     else:
-        group.add_argument(*flags, dest=name, type=parse, default=None)
+        group.add_argument(*flags, dest=name, type=parse, default=None, **shown)
 
 
 def make_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -636,14 +637,15 @@ def make_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="on SIGTERM, seconds running requests may take to finish before they are ended "
         f"with an error (default {DEFAULT_SHUTDOWN_TIMEOUT_S:g})",
     )
-    for title, table in (
-        ("vLLM server flags honoured here", HONOURED_SERVER_FLAGS),
-        ("vLLM server flags without effect here (logged once)", IGNORED_SERVER_FLAGS),
-        ("vLLM server flags accepted at their defaults only", REFUSED_SERVER_FLAGS),
+    for title, table, hide in (
+        ("vLLM server flags honoured here", HONOURED_SERVER_FLAGS, False),
+        ("vLLM server flags without effect here (logged once)", IGNORED_SERVER_FLAGS, True),
+        ("vLLM server flags accepted at their defaults only", REFUSED_SERVER_FLAGS, True),
     ):
-        group = p.add_argument_group(title)
+        hide = hide and not SHOW_ALL_FLAGS[0]  # NOTE: accepted all the same
+        group = p.add_argument_group(title if not hide else None)
         for name, parse, *_ in table:
-            _add_vllm_flag(group, name, parse)
+            _add_vllm_flag(group, name, parse, hide)
     p.add_argument(
         "--metrics-prefix",
         choices=["both", "specdec", "vllm"],
@@ -691,7 +693,11 @@ def _flatten(groups: list[list[str]] | None) -> list[str] | None:
 
 
 def add_serve_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (vLLM-style)")
+    p = subparsers.add_parser(
+        "serve",
+        help="OpenAI-compatible HTTP server (vLLM-style)",
+        usage="%(prog)s [MODEL] [options]",
+    )
     p.add_argument("model_tag", nargs="?", default=None, help="the model (same as --model)")
     make_arg_parser(p)
     p.set_defaults(func=cmd_serve)
