@@ -577,10 +577,11 @@ def test_sigterm_under_load_ends_streams_properly(tiny_llama) -> None:
 
 
 def test_sigterm_while_requests_are_prepared_answers_503s_and_exits_at_once(tiny_llama) -> None:
-    """Requests still being prepared (16 prompts of ~1 MB: seconds of tokenizing on two threads)
-    when SIGTERM comes get a JSON 503 at once, and the process exits without waiting for them;
-    the log has no traceback. Before: plain-text 500s from uvicorn, a 60-line traceback each,
-    and the exit after --shutdown-timeout + 6 s."""
+    """Requests still being prepared (16 of 128 prompts of ~6.6k characters, each just within
+    what 512 tokens can spell: seconds of tokenizing on two threads) when SIGTERM comes get a
+    JSON 503 at once, and the process exits without waiting for them; the log has no traceback.
+    Before: plain-text 500s from uvicorn, a 60-line traceback each, and the exit after
+    --shutdown-timeout + 6 s."""
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "specdec.entrypoints.cli", "serve", str(tiny_llama),
@@ -590,7 +591,8 @@ def test_sigterm_while_requests_are_prepared_answers_503s_and_exits_at_once(tiny
         env={**os.environ, "SPECDEC_API_KEY": ""},
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    prompt = "hello world, this is a long prompt. " * 29_000
+    # NOTE: a longer prompt is refused for length before tokenizing (max_token_chars)
+    prompt = ["hello world, this is a long prompt. " * 180] * 128
     answers: list[httpx.Response | Exception] = []
 
     def post() -> None:

@@ -320,6 +320,48 @@ def test_a_tp2_server_answers_then_503_after_a_worker_dies(tiny_llama) -> None:
         srv.stop()
 
 
+def _serve_tp2(tiny_llama) -> tuple[subprocess.Popen, int]:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specdec", "serve", str(tiny_llama), "-tp", "2", "--port",
+         str(port), "--max-model-len", "128", "--uvicorn-log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=REPO,
+        env={**os.environ, "SPECDEC_API_KEY": ""},
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc, port
+        except httpx.TransportError:
+            time.sleep(0.3)
+        assert proc.poll() is None
+    proc.kill()
+    raise AssertionError("the server did not start")
+
+
+def test_serve_exits_1_for_a_restart_when_a_worker_dies(tiny_llama) -> None:
+    """A dead tensor-parallel worker cannot come back in-process: /health says why (503) for a
+    moment, then `specdec serve` exits with status 1 (a supervisor restarts it), no orphan."""
+    proc, port = _serve_tp2(tiny_llama)
+    try:
+        pids = _worker_pids(proc.pid)
+        os.kill(pids[0], signal.SIGKILL)
+        body = {"model": str(tiny_llama), "prompt": "hi", "max_tokens": 4}
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=60)
+        assert r.status_code >= 500 and "Traceback" not in r.text
+        health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+        assert health.status_code == 503 and "not running" in health.text
+        assert proc.wait(timeout=30) == 1
+        err = proc.stderr.read().decode(errors="replace")
+        assert "exits with status 1 for a restart" in err and "Traceback" not in err
+        assert _gone(pids)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
 def test_serve_tp2_subprocess_sigterm_leaves_no_worker(tiny_llama) -> None:
     port = _free_port()
     proc = subprocess.Popen(

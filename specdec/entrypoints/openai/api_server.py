@@ -162,9 +162,11 @@ def build_app(
         # reply (3,000 tokens of top-20 logprobs: 60k objects) sets one off
         gc.collect()
         gc.freeze()
+        watchdog = asyncio.create_task(_watch_engine(app, llm, state))
         try:
             yield
         finally:
+            watchdog.cancel()
             await serving.close()
             llm.shutdown()
 
@@ -453,6 +455,28 @@ async def _wait_disconnect(request: Any) -> None:
 
 
 # ---- running it --------------------------------------------------------------------------------
+
+ENGINE_DEATH_GRACE_S = 1.0  # /health says why for this long before the process exits
+
+
+async def _watch_engine(app: Any, llm: Any, state: Any) -> None:
+    """A dead engine (a tensor-parallel worker gone, the loop crashed) cannot come back in this
+    process: after ``ENGINE_DEATH_GRACE_S`` (/health answers 503 with the reason), the server
+    stops and ``specdec serve`` exits with status 1, so that a supervisor (systemd, Kubernetes,
+    the replica pool) starts it again. Without a hook (a server in tests), it keeps answering 503."""
+    while llm.dead_error is None or state.draining:
+        await asyncio.sleep(0.2)
+    await asyncio.sleep(ENGINE_DEATH_GRACE_S)
+    from specdec.entrypoints.openai.protocol import one_line
+
+    exit_hook = getattr(app.state, "on_engine_death", None)
+    if exit_hook is not None and not state.draining:
+        logger.error(
+            "the engine is not running (%s): the server exits with status 1 for a restart",
+            one_line(str(llm.dead_error), 200),
+        )
+        app.state.engine_died = True
+        exit_hook()
 
 
 def make_server(config: Any) -> Any:
@@ -811,8 +835,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         **_uvicorn_options(args),
     )
     server = make_server(config)
+    app.state.on_engine_death = lambda: setattr(server, "should_exit", True)
     server.run()
-    return 0 if server.started else 1
+    return 0 if server.started and not getattr(app.state, "engine_died", False) else 1
 
 
 def _spec_metrics_level(value: str | None) -> str | None:
