@@ -229,6 +229,29 @@ def build_app(
         rid, req = await read_body(request, CompletionRequest, "cmpl")
         return respond(await _with_cancellation(serving.create_completion(req, rid), request))
 
+    @v1.post("/responses")
+    async def responses(request: Request) -> Any:
+        """OpenAI's Responses API on the chat path (entrypoints/openai/responses.py)."""
+        from specdec.entrypoints.openai import responses as api
+
+        rid, req = await read_body(request, api.ResponsesRequest, "resp")
+        try:
+            chat = await serving.run_blocking(
+                _parse_request, json.dumps(req.chat_body()).encode(), ChatCompletionRequest
+            )
+            chat._client = req._client
+            result = await _with_cancellation(serving.create_chat_completion(chat, rid), request)
+        except RequestError as e:
+            raise api.renamed(e) from None
+        if isinstance(result, EventStream):
+            model = req.model or serving.served_model_names[0]
+            events = api.stream_events(rid, req, model, result.events)
+            return SSEResponse(EventStream(events, result.stream))
+        if result is _DISCONNECTED:
+            return respond(result)
+        body = api.from_chat(rid, req, json.loads(result))
+        return Response(json.dumps(body), media_type="application/json")
+
     @v1.get("/models/{model_id:path}")
     async def retrieve_model(model_id: str) -> Any:
         return JSONResponse(utility.model_card(serving, model_id))
