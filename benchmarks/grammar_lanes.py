@@ -13,8 +13,6 @@ Run on a quiet machine.
 from __future__ import annotations
 
 import argparse
-import signal
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from hostile_victim import _start  # noqa: E402
+from hostile_victim import _start, _stop  # noqa: E402
 
 SMALL = {
     "messages": [{"role": "user", "content": "Give me a JSON object with a number a."}],
@@ -82,11 +80,7 @@ def main() -> None:
                 print(f"| {k} | {alone:.2f} | {beside:.2f} ({status}) | {statuses} | "
                       f"{max(t for t, _ in done):.1f} |", flush=True)  # fmt: skip
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        _stop(proc)
 
 
 if __name__ == "__main__":

@@ -165,11 +165,16 @@ def main() -> None:
                   f"{a90 * 1e3:.1f} | {l50 * 1e3:.1f}, {l90 * 1e3:.1f} | {l50 / a50:.2f} | "
                   f"{worst:.1f} | {res['health_gap'] * 1e3:.0f} |", flush=True)  # fmt: skip
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        _stop(proc)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the server (it drains), then kill it if it has not exited in 20 s."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 if __name__ == "__main__":

@@ -320,12 +320,13 @@ def test_a_tp2_server_answers_then_503_after_a_worker_dies(tiny_llama) -> None:
         srv.stop()
 
 
-def _serve_tp2(tiny_llama) -> tuple[subprocess.Popen, int]:
+def _serve_tp2(tiny_llama, stderr: int = subprocess.DEVNULL) -> tuple[subprocess.Popen, int]:
+    """`specdec serve -tp 2` in a subprocess, healthy; its port."""
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "specdec", "serve", str(tiny_llama), "-tp", "2", "--port",
          str(port), "--max-model-len", "128", "--uvicorn-log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=REPO,
+        stdout=subprocess.DEVNULL, stderr=stderr, cwd=REPO,
         env={**os.environ, "SPECDEC_API_KEY": ""},
     )  # fmt: skip
     deadline = time.monotonic() + 120
@@ -343,7 +344,7 @@ def _serve_tp2(tiny_llama) -> tuple[subprocess.Popen, int]:
 def test_serve_exits_1_for_a_restart_when_a_worker_dies(tiny_llama) -> None:
     """A dead tensor-parallel worker cannot come back in-process: /health says why (503) for a
     moment, then `specdec serve` exits with status 1 (a supervisor restarts it), no orphan."""
-    proc, port = _serve_tp2(tiny_llama)
+    proc, port = _serve_tp2(tiny_llama, subprocess.PIPE)  # NOTE: a few lines of log
     try:
         pids = _worker_pids(proc.pid)
         os.kill(pids[0], signal.SIGKILL)
@@ -363,22 +364,8 @@ def test_serve_exits_1_for_a_restart_when_a_worker_dies(tiny_llama) -> None:
 
 
 def test_serve_tp2_subprocess_sigterm_leaves_no_worker(tiny_llama) -> None:
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "specdec", "serve", str(tiny_llama), "-tp", "2", "--port",
-         str(port), "--max-model-len", "128", "--uvicorn-log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO,
-        env={**os.environ, "SPECDEC_API_KEY": ""},
-    )  # fmt: skip
+    proc, port = _serve_tp2(tiny_llama)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.3)
-            assert proc.poll() is None
         body = {"model": str(tiny_llama), "messages": [{"role": "user", "content": "hi"}],
                 "max_tokens": 4}  # fmt: skip
         r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60)
