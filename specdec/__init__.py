@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from specdec.config import EngineConfig, SpeculativeConfig
+    from specdec.inputs import TextPrompt, TokensPrompt
     from specdec.llm import LLM
     from specdec.outputs import CompletionOutput, RequestOutput
     from specdec.sampling_params import SamplingParams
@@ -24,6 +25,8 @@ __all__ = [
     "SpeculativeConfig",
     "StructuredOutputsParams",
     "GuidedDecodingParams",
+    "TextPrompt",
+    "TokensPrompt",
 ]
 __version__ = "0.1.0"
 
@@ -51,6 +54,8 @@ _WHERE = {
     "CompletionOutput": "specdec.outputs",
     "StructuredOutputsParams": "specdec.structured.params",
     "GuidedDecodingParams": "specdec.structured.params",
+    "TextPrompt": "specdec.inputs",
+    "TokensPrompt": "specdec.inputs",
 }
 
 

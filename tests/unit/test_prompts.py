@@ -97,3 +97,15 @@ def test_chat_takes_vllms_keyword_arguments(llm) -> None:
     assert rendered.endswith("<|im_start|>assistant\nBlue is")
     with pytest.raises(ValueError, match="exclude each other"):
         llm.chat(cont, SP, continue_final_message=True)
+
+
+def test_vllms_prompt_types(llm) -> None:
+    """``from specdec import TokensPrompt, TextPrompt`` as ``from vllm.inputs import ...``."""
+    from specdec import TextPrompt, TokensPrompt
+
+    ids = llm.get_tokenizer().encode("the cat sat")
+    want = [o.outputs[0].token_ids for o in llm.generate(["the cat sat"], SP, use_tqdm=False)]
+    got = llm.generate(
+        [TextPrompt(prompt="the cat sat"), TokensPrompt(prompt_token_ids=ids)], SP, use_tqdm=False
+    )
+    assert [o.outputs[0].token_ids for o in got] == want * 2
