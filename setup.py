@@ -198,6 +198,7 @@ def _native_build():
         for f in (
             "allreduce.h",
             "amx_tiles.h",
+            "attn_common.h",
             "half.h",
             "head_chunks.h",
             "kernels.h",

@@ -19,9 +19,9 @@
 
 #include <type_traits>
 
+#include "attn_common.h"
 #include "head_chunks.h"
 #include "kernels.h"
-#include "prefetch.h"
 
 namespace specdec {
 namespace {
@@ -72,30 +72,6 @@ inline __m512 load16(const int8_t* p, __mmask16 m) {
 }
 
 inline __mmask16 first_lanes(int64_t r) { return static_cast<__mmask16>((1u << r) - 1u); }
-
-// NOTE: as kernels_avx2.cpp: keys and values are prefetched this many positions ahead, past the
-// block into the next, which the same task usually takes.
-constexpr int64_t kAttnPrefetchKeys = 64;
-
-inline void prefetch_span(const void* p, int64_t bytes) {
-    const char* c = static_cast<const char*>(p);
-    for (int64_t o = 0; o < bytes; o += 64) prefetch(c + o);
-}
-
-inline void prefetch_span_l2(const void* p, int64_t bytes) {
-    const char* c = static_cast<const char*>(p);
-    for (int64_t o = 0; o < bytes; o += 64) prefetch_l2(c + o);
-}
-
-// The value rows of keys [j, e) into L2 while their keys are scored (kernels_avx2.cpp).
-template <typename KV>
-inline void prefetch_values_l2(const KV* v, int64_t v_stride, int64_t D, int64_t j, int64_t e) {
-    if (v_stride == D) {
-        prefetch_span_l2(v + j * D, (e - j) * D * int64_t(sizeof(KV)));
-    } else {
-        for (; j < e; ++j) prefetch_span_l2(v + j * v_stride, D * int64_t(sizeof(KV)));
-    }
-}
 
 // n elements of a cache into floats (n % 16 == 0).
 template <typename KV>
@@ -354,16 +330,9 @@ constexpr int64_t kValueKeys = kAttnValueKeys;
 template <typename KV>
 void attention_block_kv(const AttnRows& a, int64_t j0, float* part, float* scratch) {
     const int64_t D = a.D, G = a.G, R = a.R, Q = R * G, P = attn_part_floats(D);
-    int64_t beg[kAttnRows], end[kAttnRows], jmin = j0 + kAttnBlock, jmax = j0, active = 0;
-    for (int64_t r = 0; r < R; ++r) {
-        beg[r] = a.lo[r] > j0 ? a.lo[r] : j0;
-        end[r] = a.hi[r] + 1 < j0 + kAttnBlock ? a.hi[r] + 1 : j0 + kAttnBlock;
-        if (beg[r] < end[r]) {
-            jmin = beg[r] < jmin ? beg[r] : jmin;
-            jmax = end[r] > jmax ? end[r] : jmax;
-            ++active;
-        }
-    }
+    const BlockRows rows(a, j0);
+    const int64_t *beg = rows.beg, *end = rows.end, jmin = rows.jmin, jmax = rows.jmax;
+    const int64_t active = rows.active, kend = rows.kend;
     if (active == 0) return;
     const int64_t Dp = (D + 7) / 8 * 8;
     float* kf = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t(63));
@@ -376,8 +345,6 @@ void attention_block_kv(const AttnRows& a, int64_t j0, float* part, float* scrat
     const KV* v = static_cast<const KV*>(a.v);
     const bool widen_v = sizeof(KV) == 2 && active > 1;
     const int64_t sb0 = jmin / kKeyBlock, sb1 = (jmax - 1) / kKeyBlock + 1;
-    int64_t kend = 0;  // prefetches stop at the rows' last key
-    for (int64_t r = 0; r < R; ++r) kend = a.hi[r] + 1 > kend ? a.hi[r] + 1 : kend;
     if constexpr (std::is_same_v<KV, Q8>)
         score_keys_q8(qp, Q, static_cast<const uint8_t*>(a.kt), sb0, sb1, j0, kend, D, _mm512_set1_ps(a.scale), s,
                       kAttnBlock, kf, static_cast<const uint8_t*>(a.v));

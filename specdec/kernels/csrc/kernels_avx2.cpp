@@ -16,6 +16,7 @@
 
 #include <type_traits>
 
+#include "attn_common.h"
 #include "head_chunks.h"
 #include "half.h"
 #include "kernels.h"
@@ -363,44 +364,6 @@ inline float load1(const int8_t* p) { return static_cast<float>(*p); }
 // Flash-decoding attention (kernels.h, AttnRows): scores of every (row, head) query against one
 // key block at a time, the softmax of each row over its own keys, then the values.
 
-// NOTE: the hardware prefetchers left a third of the time on K and V loads at one row (the
-// development machine): keys and values are prefetched this many positions ahead (8 KiB of a
-// half cache at D = 64), past the block into the next, which the same task usually takes.
-constexpr int64_t kAttnPrefetchKeys = 64;
-
-// Every cache line of [p, p + bytes), four a loop step (the loop's own instructions cost a tenth
-// of a row's time at one MHA row otherwise).
-inline void prefetch_span(const void* p, int64_t bytes) {
-    const char* c = static_cast<const char*>(p);
-    int64_t o = 0;
-    for (; o + 256 <= bytes; o += 256) {
-        prefetch(c + o);
-        prefetch(c + o + 64);
-        prefetch(c + o + 128);
-        prefetch(c + o + 192);
-    }
-    for (; o < bytes; o += 64) prefetch(c + o);
-}
-
-// Every cache line of [p, p + bytes) into L2.
-inline void prefetch_span_l2(const void* p, int64_t bytes) {
-    const char* c = static_cast<const char*>(p);
-    for (int64_t o = 0; o < bytes; o += 64) prefetch_l2(c + o);
-}
-
-// The value rows of keys [j, e) (v_stride apart, D each) into L2, while their keys are scored.
-// NOTE: one row over a cache in memory read K and V at ~14 GB/s against `torch.sum`'s 31-33: the
-// values' stream started only after the keys' softmax. Fetched alongside the keys, a step at 2,000
-// cached ran 1.02-1.09x faster (BENCHMARKS.md, session 32, [Z8]).
-template <typename KV>
-inline void prefetch_values_l2(const KV* v, int64_t v_stride, int64_t D, int64_t j, int64_t e) {
-    if (v_stride == D) {
-        prefetch_span_l2(v + j * D, (e - j) * D * int64_t(sizeof(KV)));
-    } else {
-        for (; j < e; ++j) prefetch_span_l2(v + j * v_stride, D * int64_t(sizeof(KV)));
-    }
-}
-
 // n elements (n % 8 == 0) of a cache into floats (exact for half).
 template <typename KV>
 inline const float* widen(const KV* src, int64_t n, float* dst) {
@@ -674,16 +637,9 @@ constexpr int64_t kValueKeys = kAttnValueKeys;
 template <typename KV>
 void attention_block_kv(const AttnRows& a, int64_t j0, float* part, float* scratch) {
     const int64_t D = a.D, G = a.G, R = a.R, Q = R * G, P = attn_part_floats(D);
-    int64_t beg[kAttnRows], end[kAttnRows], jmin = j0 + kAttnBlock, jmax = j0, active = 0;
-    for (int64_t r = 0; r < R; ++r) {
-        beg[r] = a.lo[r] > j0 ? a.lo[r] : j0;
-        end[r] = a.hi[r] + 1 < j0 + kAttnBlock ? a.hi[r] + 1 : j0 + kAttnBlock;
-        if (beg[r] < end[r]) {
-            jmin = beg[r] < jmin ? beg[r] : jmin;
-            jmax = end[r] > jmax ? end[r] : jmax;
-            ++active;
-        }
-    }
+    const BlockRows rows(a, j0);
+    const int64_t *beg = rows.beg, *end = rows.end, jmin = rows.jmin, jmax = rows.jmax;
+    const int64_t active = rows.active, kend = rows.kend;
     if (active == 0) return;
     // NOTE: 64-byte aligned (a 32-byte load across two cache lines costs two)
     const int64_t Dp = (D + 7) / 8 * 8;
@@ -697,9 +653,6 @@ void attention_block_kv(const AttnRows& a, int64_t j0, float* part, float* scrat
     const KV* v = static_cast<const KV*>(a.v);
     const bool widen_v = sizeof(KV) == 2 && active > 1;
     const int64_t sb0 = jmin / kKeyBlock, sb1 = (jmax - 1) / kKeyBlock + 1;
-    // NOTE: prefetches stop at the rows' last key (none past a unit's end)
-    int64_t kend = 0;
-    for (int64_t r = 0; r < R; ++r) kend = a.hi[r] + 1 > kend ? a.hi[r] + 1 : kend;
     if constexpr (std::is_same_v<KV, Q8>)
         score_keys_q8(qp, Q, static_cast<const uint8_t*>(a.kt), sb0, sb1, j0, kend, D, _mm256_set1_ps(a.scale), s,
                       kAttnBlock, kf, static_cast<const uint8_t*>(a.v));
