@@ -138,11 +138,22 @@ def _use_chat(flag: bool | None, has_template: bool) -> bool:
     return has_template if flag is None else flag
 
 
+_MODEL_FLAGS = ("-m", "--model", "-hf", "--hf-repo")
+
+
+def _model_flag_given(args: argparse.Namespace) -> bool:
+    """Whether the command line named the model by a flag (then a lone argument is the prompt)."""
+    raw = getattr(args, "raw_argv", None) or []
+    return any(a in _MODEL_FLAGS or a.split("=", 1)[0] in _MODEL_FLAGS for a in raw)
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from specdec.llm import LLM
     from specdec.sampling_params import SamplingParams
     from specdec.spec_decode.metrics import SpecDecodeStats
 
+    if args.model_tag is not None and args.prompt_text is None and _model_flag_given(args):
+        args.model_tag, args.prompt_text = None, args.model_tag  # `-m MODEL "PROMPT"`
     args.model = args.model_tag or args.model
     if args.prompt_text is not None and args.prompt is not None:
         raise ConfigError("the prompt is given twice (as an argument and as --prompt): give one")

@@ -119,6 +119,22 @@ def test_greedy_equals_single_server(front, single):
     assert a.choices[0].message.content == b.choices[0].message.content
 
 
+def test_the_chat_page_is_served_at_the_front(front):
+    """The page (no key needed) and what it calls: a streamed chat with token provenance."""
+    _, url, _ = front
+    page = httpx.get(f"{url}/", timeout=10)
+    assert page.status_code == 200 and "<html" in page.text.lower()
+    assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+    assert httpx.get(f"{url}/static/app.js", timeout=10).status_code == 200
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
+            "stream": True, "return_token_provenance": True}  # fmt: skip
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=_auth(),
+                      timeout=120) as r:  # fmt: skip
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert r.status_code == 200 and lines[-1] == "data: [DONE]"
+    assert any("token_provenance" in line for line in lines)
+
+
 def test_checks_run_at_the_front(front):
     _, url, _ = front
     body = {"model": MODEL, "prompt": "x", "max_tokens": -1}

@@ -319,6 +319,10 @@ def test_generate_takes_the_prompt_as_an_argument(tiny_llama, capsys) -> None:
     assert used and int(used.group(1)) < 20  # "the cat sat", not the default code-edit prompt
     assert cli.main([*argv, "-p", "other"]) == 2
     assert "the prompt is given twice" in capsys.readouterr().err
+    # the model by flag: a lone argument is the prompt
+    assert cli.main(["generate", "-m", str(tiny_llama), "the cat sat", "-n", "3", "--no-chat"]) == 0
+    used = re.search(r"prompt (\d+) tokens", capsys.readouterr().out)
+    assert used and int(used.group(1)) < 20
 
 
 def test_more_ranks_than_cores_is_a_warning(monkeypatch, caplog) -> None:

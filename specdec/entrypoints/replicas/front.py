@@ -215,6 +215,9 @@ def build_front_app(
         merged = merge_metrics({r.index: t for r, t in zip(pool.replicas, texts) if t})
         return Response(merged + front_metrics(pool, decisions), media_type=CONTENT_TYPE)
 
+    from specdec.entrypoints.openai.chat_page import add_chat_page
+
+    add_chat_page(app)  # NOTE: its /v1 calls go through this front like any client's
     return app
 
 

@@ -233,6 +233,9 @@ def build_ingress_app(api_key: str | None, allowed_hosts: list[str] | None) -> A
         return await gather_metrics(engine)
 
     app.add_api_route("/metrics", metrics, methods=["GET"])
+    from specdec.entrypoints.openai.chat_page import add_chat_page
+
+    add_chat_page(app)  # NOTE: its /v1 calls go through this ingress like any client's
     return app
 
 
