@@ -34,17 +34,25 @@ class LLM:
         self,
         model: str = DEFAULT_MODEL,
         speculative_config: SpeculativeConfig | dict[str, Any] | str | None = None,
+        served_model_name: str | list[str] | None = None,
         **kwargs: Any,
     ) -> None:
+        """``served_model_name``: the names a server would answer to (vLLM's argument; offline
+        it only names the model: ``served_model_names``, default the model as given)."""
+        names = [served_model_name] if isinstance(served_model_name, str) else served_model_name
+        if names is not None and (not names or not all(isinstance(n, str) and n for n in names)):
+            raise ValueError("served_model_name must be a non-empty name or list of names")
         args = EngineArgs.from_kwargs(
             "LLM()", model=model, speculative_config=speculative_config, **kwargs
         )
         self.engine = LLMEngine(args.create_engine_config())
         self._generation_defaults = args.generation_defaults()
+        self.served_model_names: list[str] = list(names) if names else [model]
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLM:
         llm = cls.__new__(cls)
+        llm.served_model_names = [args.model]
         llm.engine = LLMEngine(args.create_engine_config())
         llm._generation_defaults = args.generation_defaults()
         return llm

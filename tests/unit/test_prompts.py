@@ -109,3 +109,11 @@ def test_vllms_prompt_types(llm) -> None:
         [TextPrompt(prompt="the cat sat"), TokensPrompt(prompt_token_ids=ids)], SP, use_tqdm=False
     )
     assert [o.outputs[0].token_ids for o in got] == want * 2
+
+
+def test_served_model_name_is_taken_as_vllm_takes_it(tiny_llama) -> None:
+    llm = LLM(str(tiny_llama), max_model_len=64, served_model_name="tiny")
+    assert llm.served_model_names == ["tiny"]
+    assert LLM(str(tiny_llama), max_model_len=64).served_model_names == [str(tiny_llama)]
+    with pytest.raises(ValueError, match="served_model_name"):
+        LLM(str(tiny_llama), served_model_name=[])
