@@ -150,24 +150,22 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         budget = self.max_num_batched_tokens
         out: list[ScheduledRequest] = []
-        decoding = [r for r in self.running if not self._reads_prompt(r)]
-        for req in decoding:
-            if budget <= 0:
-                break
-            item = self._schedule_one(req, budget)
-            out.append(item)
-            budget -= len(item.token_ids)
+        reading: list[Request] = []  # running requests with prompt tokens left to read
+        for req in self.running:
+            if self._reads_prompt(req):
+                reading.append(req)
+            elif budget > 0:
+                item = self._schedule_one(req, budget)
+                out.append(item)
+                budget -= len(item.token_ids)
         num_decoding = len(out)
         # prompt tokens: at most the time share's while others decode (fair_share.py)
         prompt_budget = self.prefill_share.budget(budget, num_decoding > 0)
-        for req in self.running:
+        for req in reading:
             if prompt_budget <= 0:
                 break
-            if not self._reads_prompt(req):
-                continue
             item = self._schedule_one(req, prompt_budget)
             out.append(item)
-            budget -= len(item.token_ids)
             prompt_budget -= len(item.token_ids)
         while (
             self.waiting
@@ -190,7 +188,6 @@ class Scheduler:
             self.running.append(req)
             item = self._schedule_one(req, prompt_budget)
             out.append(item)
-            budget -= len(item.token_ids)
             prompt_budget -= len(item.token_ids)
         # NOTE: after every admission: one may have given a running sequence its own copy of the
         # prefix it read from the slot the admitted request took
