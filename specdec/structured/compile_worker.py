@@ -343,11 +343,14 @@ class StackPool:
     is left for the others' (jobs without a lane, offline ones, may take every thread)."""
 
     def __init__(self, num_threads: int, name: str) -> None:
+        # NOTE: imported here, not at the top: the worker script imports only the standard
+        # library and llguidance
+        from specdec.lanes import LaneCaps
+
         self._cond = threading.Condition()
         self._lanes: dict[Hashable, deque[tuple[Future, Callable[[], Any]]]] = {}
         self._turns: deque[Hashable] = deque()  # lanes with jobs waiting, in turn order
-        self._running: dict[Hashable, int] = {}
-        self._lane_cap = max(1, num_threads - 1)
+        self._caps = LaneCaps(num_threads)
         self._closing = False
         self._threads = [start_thread(self._run, f"{name}-{i}") for i in range(num_threads)]
 
@@ -364,8 +367,7 @@ class StackPool:
     def _next(self) -> tuple[Hashable, tuple[Future, Callable[[], Any]]] | None:
         """The first lane in turn below its cap: its oldest job (the lane goes to the back)."""
         for lane in self._turns:
-            cap = len(self._threads) if lane is None else self._lane_cap
-            if self._running.get(lane, 0) < cap:
+            if self._caps.may_start(lane):
                 jobs = self._lanes[lane]
                 job = jobs.popleft()
                 self._turns.remove(lane)
@@ -373,7 +375,7 @@ class StackPool:
                     self._turns.append(lane)
                 else:
                     del self._lanes[lane]
-                self._running[lane] = self._running.get(lane, 0) + 1
+                self._caps.started(lane)
                 return lane, job
         return None
 
@@ -393,9 +395,7 @@ class StackPool:
                         future.set_exception(e)
             finally:
                 with self._cond:
-                    self._running[lane] -= 1
-                    if not self._running[lane]:
-                        del self._running[lane]
+                    self._caps.finished(lane)
                     self._cond.notify_all()
 
     def close(self) -> None:

@@ -175,3 +175,20 @@ def test_one_clients_slow_jobs_leave_a_thread_for_the_others() -> None:
     finally:
         release.set()
         pool.close()
+
+
+def test_lane_caps() -> None:
+    from specdec.lanes import LaneCaps
+
+    caps = LaneCaps(3)
+    for _ in range(2):
+        assert caps.may_start("a")
+        caps.started("a")
+    assert not caps.may_start("a") and caps.may_start("b")  # a slot left for another client
+    for _ in range(3):
+        assert caps.may_start(None)
+        caps.started(None)
+    assert not caps.may_start(None)
+    caps.finished("a")
+    assert caps.may_start("a")
+    assert LaneCaps(1).may_start("a")  # one slot: a client may still use it

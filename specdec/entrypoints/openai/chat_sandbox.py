@@ -37,6 +37,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # NOTE: the model's template environment is built from these in specdec/model/tokenizer.py; the
 # worker builds the same one on the guarded class.
+from specdec.lanes import LaneCaps
 from specdec.model.tokenizer import chat_template_environment
 
 MAX_INT_BITS = 4096  # integers a template may compute
@@ -244,7 +245,7 @@ class TemplateSandbox:
         self._workers = [TemplateWorker(timeout_s, memory_bytes) for _ in range(num_workers)]
         self._free = list(self._workers)
         self._waiting: list[tuple[Any, asyncio.Future[TemplateWorker]]] = []
-        self._running: dict[Any, int] = {}
+        self._caps = LaneCaps(num_workers)
 
     @property
     def num_killed(self) -> int:
@@ -276,24 +277,20 @@ class TemplateSandbox:
 
     def _dispatch(self) -> None:
         """Hand free workers to the oldest waiting renders whose lane is below its cap."""
-        cap_lane = max(1, len(self._workers) - 1)
         i = 0
         while self._free and i < len(self._waiting):
             lane, fut = self._waiting[i]
-            cap = len(self._workers) if lane is None else cap_lane
             if fut.done():  # cancelled while waiting
                 del self._waiting[i]
-            elif self._running.get(lane, 0) < cap:
+            elif self._caps.may_start(lane):
                 del self._waiting[i]
-                self._running[lane] = self._running.get(lane, 0) + 1
+                self._caps.started(lane)
                 fut.set_result(self._free.pop())
             else:
                 i += 1
 
     def _release(self, worker: TemplateWorker, lane: Any) -> None:
-        self._running[lane] -= 1
-        if not self._running[lane]:
-            del self._running[lane]
+        self._caps.finished(lane)
         self._free.append(worker)
         self._dispatch()
 
