@@ -34,7 +34,7 @@ def hub_model_path(model: str) -> Path:
     repo, _, quant = model.partition(":")
     cached = _cached_snapshot(repo)
     if cached is not None:
-        found = _pick(cached, [p.name for p in cached.iterdir()], quant, model)
+        found = _pick(cached, quant, model)
         if found is not None:
             return found
     if _offline():
@@ -59,22 +59,25 @@ def _cached_snapshot(repo: str) -> Path | None:
         return None
 
 
-def _pick(folder: Path | None, names: list[str], quant: str, model: str) -> Path | None:
-    """The GGUF file (or the folder) ``names`` (a repository's files) give for ``quant``; None
-    when the files for it are not all there (``folder`` None: not downloaded yet)."""
+def _pick(folder: Path, quant: str, model: str) -> Path | None:
+    """The GGUF file (or the folder itself) a downloaded repository ``folder`` gives for
+    ``quant``; None when the files for it are not all there yet."""
+    names = [p.name for p in folder.iterdir()]
     ggufs = sorted(n for n in names if n.lower().endswith(".gguf"))
     if ggufs:
         name = _choose_gguf(ggufs, quant, model)
-        return None if folder is None or not (folder / name).is_file() else folder / name
+        return folder / name if (folder / name).is_file() else None
     if quant:
-        raise ModelNotFoundError(
-            f"model '{model}': the repository holds no GGUF files to pick {quant} from"
-        )
-    if folder is None or not (folder / "config.json").is_file():
-        return None
-    if not any(n.endswith(".safetensors") for n in names):
-        return None
-    return folder
+        raise _no_gguf(model, quant)
+    if (folder / "config.json").is_file() and any(n.endswith(".safetensors") for n in names):
+        return folder
+    return None
+
+
+def _no_gguf(model: str, quant: str) -> ModelNotFoundError:
+    return ModelNotFoundError(
+        f"model '{model}': the repository holds no GGUF files to pick {quant} from"
+    )
 
 
 def _choose_gguf(ggufs: list[str], quant: str, model: str) -> str:
@@ -103,7 +106,7 @@ def _download(repo: str, quant: str, model: str) -> Path:
         if ggufs:
             return Path(hf_hub_download(repo, _choose_gguf(sorted(ggufs), quant, model)))
         if quant:
-            _pick(None, names, quant, model)  # raises: no GGUF files
+            raise _no_gguf(model, quant)
         if "config.json" not in names:
             raise ModelNotFoundError(
                 f"model '{model}': the repository has no config.json or GGUF file"

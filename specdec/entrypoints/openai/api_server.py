@@ -236,9 +236,7 @@ def build_app(
 
         rid, req = await read_body(request, api.ResponsesRequest, "resp")
         try:
-            chat = await serving.run_blocking(
-                _parse_request, json.dumps(req.chat_body()).encode(), ChatCompletionRequest
-            )
+            chat = _validated(req.chat_body(), ChatCompletionRequest)
             chat._client = req._client
             result = await _with_cancellation(serving.create_chat_completion(chat, rid), request)
         except RequestError as e:
@@ -330,12 +328,17 @@ async def _read_body(request: Any, limit: int, error: type) -> bytes:
 
 def _parse_request(body: bytes, model: Any) -> Any:
     """The body as a request ``model`` (on the preparation pool: parsing holds the GIL)."""
+    from specdec.entrypoints.openai.safety import parse_json_body
+
+    return _validated(parse_json_body(body), model)
+
+
+def _validated(data: Any, model: Any) -> Any:
+    """``data`` (parsed JSON) as a request ``model``; a RequestError naming the field."""
     from pydantic import ValidationError
 
     from specdec.entrypoints.openai.protocol import validation_error
-    from specdec.entrypoints.openai.safety import parse_json_body
 
-    data = parse_json_body(body)
     try:
         return model.model_validate(data)
     except ValidationError as e:

@@ -31,7 +31,6 @@ from specdec.entrypoints.openai.protocol import (
 _PARAMS = {
     "max_tokens": "max_output_tokens",
     "messages": "input",
-    "max_completion_tokens": "max_output_tokens",
 }
 _REFUSED = {
     "previous_response_id": "stored responses are not kept: send the whole conversation as input",
