@@ -255,9 +255,9 @@ def _serve(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--help-all" in argv:  # NOTE: --help, with the flags that change nothing here listed too
-        SHOW_ALL_FLAGS[0] = True
-        argv = ["--help" if a == "--help-all" else a for a in argv]
+    # NOTE: --help-all is --help with the flags that change nothing here listed too
+    SHOW_ALL_FLAGS[0] = "--help-all" in argv
+    argv = ["--help" if a == "--help-all" else a for a in argv]
     parser = _Parser(prog="specdec", description="speculative decoding inference engine")
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)

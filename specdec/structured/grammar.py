@@ -113,8 +113,8 @@ def constraint_spec(params: StructuredOutputsParams) -> dict[str, Any]:
     }
 
 
-# NOTE: the slow constraints seen (80 KB GBNF chains: ~1-5 s) are large; a JSON schema a client
-# writes by hand compiles in milliseconds
+# NOTE: slow constraints are large (a 0.9 MB enum schema: 0.64 s to compile, an 800-property
+# schema 0.1 s; a one-property object schema under 5 ms; SmolLM2's tokenizer, 2-core Xeon)
 SMALL_CONSTRAINT_CHARS = 8192
 
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -19,8 +18,8 @@ def _cache_repo(cache: Path, repo: str, files: dict[str, Path]) -> Path:
     snap.mkdir(parents=True)
     (root / "refs").mkdir()
     (root / "refs" / "main").write_text(snap.name)
-    for name, src in files.items():
-        shutil.copy(src, snap / name)
+    for name, src in files.items():  # NOTE: links, as the cache's snapshots hold them
+        (snap / name).symlink_to(src)
     return snap
 
 
