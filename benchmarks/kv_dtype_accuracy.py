@@ -5,9 +5,11 @@ Reported per format and document: the mean negative log-likelihood of the docume
 tokens (its perplexity), the share of positions whose top choice equals the float32 cache's, and
 the mean KL divergence from the float32 cache's next-token distribution. Documents: files given
 with ``--files`` (default: this repository's README.md and engine/scheduler.py, prose and code),
-cut to ``--tokens`` tokens.
+cut to ``--tokens`` tokens. ``int8-float`` is the 8-bit cache read with float products on a CPU
+that would take integer ones (AVX-512 VNNI + VBMI), to set the two side by side.
 
     python benchmarks/kv_dtype_accuracy.py --model smollm2-135m --tokens 2000
+    python benchmarks/kv_dtype_accuracy.py --dtypes float32 float16 int8-float int8
 """
 
 from __future__ import annotations
@@ -28,6 +30,12 @@ DEFAULT_FILES = [ROOT / "README.md", ROOT / "specdec" / "engine" / "scheduler.py
 
 
 def log_probs(model_name: str, kv_dtype: str, docs: list[list[int]], max_len: int) -> list:
+    from specdec.kernels import _C
+
+    # "int8-float": the 8-bit cache with float products (where the CPU would take integer ones)
+    integer = _C.int8_attention()
+    _C.set_int8_attention(integer and kv_dtype != "int8-float")
+    kv_dtype = "int8" if kv_dtype == "int8-float" else kv_dtype
     model, _ = load_model(
         model_name, torch.device("cpu"), torch.float32, "auto", "auto", max_len, "auto", kv_dtype
     )
@@ -39,6 +47,7 @@ def log_probs(model_name: str, kv_dtype: str, docs: list[list[int]], max_len: in
                 torch.tensor(ids), torch.arange(len(ids)), SeqBatch([0], [0], [len(ids)]), kv
             )
             out.append(F.log_softmax(model.compute_logits(h).float(), dim=-1))  # [T, V]
+    _C.set_int8_attention(integer)
     return out
 
 

@@ -105,11 +105,12 @@ def attention(
     threads: list[int],
     repeats: int,
     cold: bool = False,
+    kv_cache_dtype: str = "float16",
 ) -> None:
     import torch
 
     from specdec.kernels import _C
-    from specdec.kv_cache.pool import blocked_keys
+    from specdec.kv_cache.pool import KVCache, blocked_keys
 
     llm = LLM(model_name, max_model_len=64, max_num_seqs=1)
     cfg = llm.engine.model.cfg
@@ -120,13 +121,22 @@ def attention(
     num_caches = cfg.num_layers if cold else 1
     for ctx in contexts:
         length = ctx + max(ns)
-        caches = [
-            (
-                blocked_keys(torch.randn(hkv, length, d, generator=gen).half(), 16),
-                torch.randn(hkv, length, d, generator=gen).half(),
+        if kv_cache_dtype == "int8":
+            kv = KVCache(
+                num_caches, 1, hkv, length, d, torch.int8, torch.device("cpu"), key_block=16
             )
-            for _ in range(num_caches)
-        ]
+            for layer in range(num_caches):
+                kv.store(layer, 0, 0, *torch.randn(2, length, hkv, d, generator=gen))
+            caches = [(kv.k[layer, 0], kv.v[layer, 0]) for layer in range(num_caches)]
+        else:
+            caches = [
+                (
+                    blocked_keys(torch.randn(hkv, length, d, generator=gen).half(), 16),
+                    torch.randn(hkv, length, d, generator=gen).half(),
+                )
+                for _ in range(num_caches)
+            ]
+        elt = 1 if kv_cache_dtype == "int8" else 2
         for t in threads:
             torch.set_num_threads(t)
             for n in ns:
@@ -145,7 +155,8 @@ def attention(
                     "us_per_layer": round(1e6 * best, 1),
                     "ms_all_layers": round(1e3 * best * cfg.num_layers, 2),
                     "gmac_s": round(macs / best / 1e9, 1),
-                    "kv_gb_s": round(2 * hkv * ctx * d * 2 / best / 1e9, 1),
+                    "kv_gb_s": round(2 * hkv * ctx * d * elt / best / 1e9, 1),
+                    "kv_cache_dtype": kv_cache_dtype,
                 }))  # fmt: skip
 
 
@@ -177,6 +188,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--ms", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--cold", action="store_true", help="attention: a cache per layer, in turn")
+    ap.add_argument("--kv-cache-dtype", choices=["float16", "int8"], default="float16")
     ap.add_argument("--dataset", type=Path)
     ap.add_argument("--method", default="suffix")
     ap.add_argument("--limit", type=int, default=16)
@@ -187,7 +199,15 @@ def main() -> None:
     elif args.what == "linear":
         linear(args.model, args.threads, args.ms)
     elif args.what == "attention":
-        attention(args.model, args.context, args.ns, args.threads, args.repeats, args.cold)
+        attention(
+            args.model,
+            args.context,
+            args.ns,
+            args.threads,
+            args.repeats,
+            args.cold,
+            args.kv_cache_dtype,
+        )
     else:
         if args.dataset is None:
             ap.error("waste needs --dataset (jsonl with turns[0] per line)")

@@ -61,6 +61,60 @@ def _reference(q, kv: KVCache, slot, start, scale, window=0, softcap=0.0) -> tor
     return out
 
 
+def _integer_reference(q, kv: KVCache, slot, start, scale, window=0, softcap=0.0) -> torch.Tensor:
+    """The integer attention's definition (kernels.h): each query as int8 (largest magnitude ->
+    127, half to even), exact integer scores times (key scale * scale * query scale); per block of
+    BLOCK keys a float softmax, each weight times its value scale as x = w * 255 / largest written
+    as two bytes (floor(x), round((x - floor(x)) * 255)), exact integer value sums of each, joined
+    and times largest / 255; the blocks merged as flash-decoding does."""
+    ks, ke = _parts(kv, slot, keys=True)
+    vs, ve = _parts(kv, slot, keys=False)
+    rows, h, _ = q.shape
+    g = h // ke.shape[0]
+    out = torch.zeros(rows, h, q.shape[2], dtype=torch.float64)
+    for t in range(rows):
+        pos = start + t
+        lo = max(0, pos - window + 1) if window > 0 else 0
+        for hh in range(h):
+            kh, x = hh // g, q[t, hh].float()
+            amax = x.abs().max()
+            q8 = torch.round(x * (127.0 / amax)).clamp(-127, 127).double()
+            ms, ls, os_ = [], [], []
+            for b0 in range(lo // BLOCK * BLOCK, pos + 1, BLOCK):
+                j0, j1 = max(lo, b0), min(pos + 1, b0 + BLOCK)
+                s = (ke[kh, j0:j1] @ q8) * (ks[kh, j0:j1].double() * scale * float(amax / 127.0))
+                if softcap > 0:
+                    s = softcap * torch.tanh(s / softcap)
+                m = s.max()
+                p = torch.exp(s - m)
+                pv = (p * vs[kh, j0:j1].double()).float()
+                x = pv * (255.0 / pv.max())
+                hi = torch.floor(x)
+                low = torch.round((x - hi) * 255.0)
+                ve_b = ve[kh, j0:j1]
+                ms.append(m)
+                ls.append(p.sum())
+                os_.append(
+                    (hi.double() @ ve_b + (low.double() @ ve_b) / 255) * float(pv.max() / 255)
+                )
+            top = max(ms)
+            w = [torch.exp(m - top) for m in ms]
+            out[t, hh] = sum(wi * o for wi, o in zip(w, os_)) / sum(
+                wi * li for wi, li in zip(w, ls)
+            )
+    return out
+
+
+def _integer(isa_name: str) -> bool:
+    """Whether the kernels of ``isa_name`` read an int8 cache with integer products."""
+    before = _C.isa()
+    try:
+        _C.set_isa(isa_name)
+        return _C.int8_attention()
+    finally:
+        _C.set_isa(before)
+
+
 def test_quantize_rounds_half_to_even_per_row() -> None:
     x = torch.tensor([[127.0, 0.5, 1.5, -2.5, -127.0], [0.0] * 5, [254.0, 1.0, 3.0, -1.0, 0.0]])
     scale, q = quantize_q8(x)
@@ -100,10 +154,44 @@ def test_accuracy_across_blocks(h, hkv, d, window, softcap) -> None:
     length, start, rows = 700, 650, 12  # three blocks of 256 keys, the last partly filled
     kv = _filled(hkv, length, d, seed=1)
     q = torch.randn(rows, h, d, generator=torch.Generator().manual_seed(2))
+    integer = _C.int8_attention()
     for n in (1, rows):  # values read in place (one row) and widened (several)
         got = _C.attention(q[:n], kv.k[0, 0], kv.v[0, 0], start, d**-0.5, window, softcap)
-        want = _reference(q[:n], kv, 0, start, d**-0.5, window, softcap)
-        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+        exact = _reference(q[:n], kv, 0, start, d**-0.5, window, softcap)
+        if integer:
+            # its own definition to rounding (a weight byte may round the other way where the
+            # float reference's exp differs in the last bit), and within 3% of the float products
+            want = _integer_reference(q[:n], kv, 0, start, d**-0.5, window, softcap)
+            torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-4)
+            assert (got.double() - exact).norm() < 0.03 * exact.norm()
+        else:
+            torch.testing.assert_close(got.double(), exact, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(_C is None or not _C.cpu_features().get("avx512vnni"), reason="no VNNI")
+def test_integer_products_where_the_cpu_has_them() -> None:
+    """On AVX-512 VNNI + VBMI the 8-bit cache is read with integer products; the switch works and
+    changes the result (they are not the float products); the AVX2 table keeps float ones."""
+    if not _C.has_avx512_build():
+        pytest.skip("built without AVX-512")
+    assert _integer("avx512") == _C.cpu_features().get("avx512vbmi", True)
+    assert not _integer("avx2") and not _integer("portable")
+    if not _integer("avx512"):
+        return
+    kv = _filled(3, 400, 64, seed=11)
+    q = torch.randn(3, 9, 64, generator=torch.Generator().manual_seed(12))
+    before = _C.isa()
+    try:
+        _C.set_isa("avx512")
+        on = _C.attention(q, kv.k[0, 0], kv.v[0, 0], 397, 0.125)
+        _C.set_int8_attention(False)
+        assert not _C.int8_attention()
+        off = _C.attention(q, kv.k[0, 0], kv.v[0, 0], 397, 0.125)
+    finally:
+        _C.set_int8_attention(True)
+        _C.set_isa(before)
+    assert not torch.equal(on, off)
+    torch.testing.assert_close(on, off, rtol=0, atol=0.05)
 
 
 def test_close_to_attention_over_the_float_values() -> None:
@@ -162,9 +250,15 @@ def test_isas_agree_and_threads_change_nothing() -> None:
         torch.set_num_threads(before_threads)
     for isa in _isas():
         assert all(torch.equal(a, b) for a, b in zip(runs[isa, 1], runs[isa, 2])), isa
-        for a, b in zip(runs[isa, 1], runs["portable", 1]):  # other exp code: close, not equal
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    vector = [isa for isa in _isas() if isa != "portable"]  # the same operations: equal
+        for n, a, b in zip((1, 8), runs[isa, 1], runs["portable", 1]):
+            if _integer(isa):  # integer products: their own definition, near the float ones
+                want = _integer_reference(q[:n], kv, 0, 2992, 0.125).float()
+                torch.testing.assert_close(a, want, rtol=0, atol=2e-4)
+                assert (a - b).norm() < 0.03 * b.norm()
+            else:  # other exp code: close, not equal
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    # the float products: the same operations, equal
+    vector = [isa for isa in _isas() if isa != "portable" and not _integer(isa)]
     for isa in vector[1:]:
         assert all(torch.equal(a, b) for a, b in zip(runs[isa, 1], runs[vector[0], 1])), isa
 

@@ -17,6 +17,9 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <atomic>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "attn_common.h"
@@ -387,15 +390,348 @@ void attention_block_kv(const AttnRows& a, int64_t j0, float* part, float* scrat
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Integer attention over the 8-bit cache (AVX-512 VNNI + VBMI; kernels.h "Integer attention").
+// Each query (row, head) is quantised to int8 with one scale (its largest magnitude / 127,
+// rounded to nearest even); a score is the exact int32 dot product of the query's and the key's
+// entries (vpdpbusd: the key bytes offset by 128 as the unsigned operand, the query's sum times
+// 128 taken off) times (the key's scale * (scale * the query's scale)).  The softmax stays in
+// float32 (block_softmax above).  Each weight times its value row's scale, x = w * 255 / (the
+// row's largest in the block), is written as two bytes, hi = floor(x) and lo = round((x - hi) *
+// 255), and the value product is (sum hi * v + (sum lo * v) / 255) * largest / 255 with exact
+// int32 sums: a 16-bit weight (one byte alone cost as much accuracy as the 8-bit query).  Integer sums are exact
+// and every quantisation reads only its own row's data, so a row's result is the same alone or
+// in any batch, on any thread split.
+#define SPECDEC_VNNI __attribute__((target("avx512vnni,avx512vbmi")))
+
+inline int32_t load_i32(const void* p) {
+    int32_t x;
+    memcpy(&x, p, sizeof x);
+    return x;
+}
+
+// Per query, its quantised state (q8_query_bytes apart): q8[nch * 64] (zero padded), the weights'
+// hi bytes of the block's 256 keys, their lo bytes, then {scale, 128 * sum of q8, weight scale}.
+inline int64_t q8_chunks(int64_t D) { return (D + 63) / 64; }
+inline int64_t q8_query_bytes(int64_t D) { return q8_chunks(D) * 64 + 2 * kAttnBlock + 64; }
+struct QState {
+    float qscale;
+    int32_t corr;
+    float pscale;
+};
+inline QState* qstate(uint8_t* q, int64_t D) { return reinterpret_cast<QState*>(q + q8_chunks(D) * 64 + 2 * kAttnBlock); }
+inline uint8_t* qprobs(uint8_t* q, int64_t D) { return q + q8_chunks(D) * 64; }
+
+SPECDEC_VNNI inline void quantize_query(const float* x, int64_t D, uint8_t* q) {
+    __m512 vmax = _mm512_setzero_ps();
+    const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    for (int64_t c = 0; c < D; c += 16) {
+        const __mmask16 m = D - c >= 16 ? __mmask16(0xffff) : first_lanes(D - c);
+        vmax = _mm512_max_ps(_mm512_and_ps(_mm512_maskz_loadu_ps(m, x + c), absmask), vmax);
+    }
+    const float amax = _mm512_reduce_max_ps(vmax);
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    __m512i sum = _mm512_setzero_si512();
+    memset(q, 0, q8_chunks(D) * 64);
+    for (int64_t c = 0; c < D; c += 16) {
+        const __mmask16 m = D - c >= 16 ? __mmask16(0xffff) : first_lanes(D - c);
+        const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + c), _mm512_set1_ps(inv)));
+        const __m512i clamped = _mm512_max_epi32(_mm512_min_epi32(v, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+        sum = _mm512_add_epi32(sum, clamped);
+        _mm_mask_storeu_epi8(q + c, m, _mm512_cvtepi32_epi8(clamped));
+    }
+    QState* st = qstate(q, D);
+    st->qscale = amax / 127.0f;
+    st->corr = 128 * _mm512_reduce_add_epi32(sum);
+}
+
+// The key block's entries ([D, 16] int8) as D / 4 vectors of 16 lanes, lane i the bytes of key i
+// at d .. d + 3, offset by 128 (unsigned).
+SPECDEC_VNNI inline void transpose_keys(const int8_t* kb, int64_t D, __m512i* kT) {
+    alignas(64) static const uint8_t idx[64] = {
+        0, 16, 32, 48, 1, 17, 33, 49, 2, 18, 34, 50, 3, 19, 35, 51, 4, 20, 36, 52, 5, 21, 37, 53,
+        6, 22, 38, 54, 7, 23, 39, 55, 8, 24, 40, 56, 9, 25, 41, 57, 10, 26, 42, 58, 11, 27, 43, 59,
+        12, 28, 44, 60, 13, 29, 45, 61, 14, 30, 46, 62, 15, 31, 47, 63};
+    const __m512i perm = _mm512_load_si512(idx);
+    const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+    for (int64_t g = 0; g < D / 4; ++g)
+        kT[g] = _mm512_xor_si512(_mm512_permutexvar_epi8(perm, _mm512_loadu_si512(kb + g * 64)), bias);
+}
+
+// transpose_keys' vector g, made where it is used (one score tile takes the block: no scratch).
+SPECDEC_VNNI inline __m512i key_vector(const int8_t* kb, int64_t g) {
+    const __m512i perm = _mm512_set_epi8(63, 47, 31, 15, 62, 46, 30, 14, 61, 45, 29, 13, 60, 44, 28, 12, 59, 43, 27,
+                                         11, 58, 42, 26, 10, 57, 41, 25, 9, 56, 40, 24, 8, 55, 39, 23, 7, 54, 38, 22,
+                                         6, 53, 37, 21, 5, 52, 36, 20, 4, 51, 35, 19, 3, 50, 34, 18, 2, 49, 33, 17, 1,
+                                         48, 32, 16, 0);
+    return _mm512_xor_si512(_mm512_permutexvar_epi8(perm, _mm512_loadu_si512(kb + g * 64)),
+                            _mm512_set1_epi8(static_cast<char>(0x80)));
+}
+
+// Scores of QT queries (q: their states, qb apart) against one key block (kT, or with Direct
+// the block's entries kb): s[t * ss + i].
+template <int QT, bool Direct = false>
+SPECDEC_VNNI inline void score_tile_i8(uint8_t* q, int64_t qb, const __m512i* kT, int64_t D, __m512 ks, float scale,
+                                       float* s, int64_t ss, const int8_t* kb = nullptr) {
+    __m512i acc[QT];
+    for (int t = 0; t < QT; ++t) acc[t] = _mm512_setzero_si512();
+    for (int64_t g = 0; g < D / 4; ++g) {
+        const __m512i k = Direct ? key_vector(kb, g) : _mm512_load_si512(kT + g);
+        for (int t = 0; t < QT; ++t)
+            acc[t] = _mm512_dpbusd_epi32(acc[t], k, _mm512_set1_epi32(load_i32(q + t * qb + 4 * g)));
+    }
+    for (int t = 0; t < QT; ++t) {
+        const QState* st = qstate(q + t * qb, D);
+        const __m512 dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[t], _mm512_set1_epi32(st->corr)));
+        _mm512_storeu_ps(s + t * ss, _mm512_mul_ps(dot, _mm512_mul_ps(ks, _mm512_set1_ps(scale * st->qscale))));
+    }
+}
+
+// Value rows of groups [g0, g1) (4 keys each) of an 8-bit cache head, transposed for vpdpbusd:
+// per group and 64-column chunk, four vectors; vector k's lane 4 a + e holds the bytes of columns
+// 16 a + 4 k + e of the group's four rows.
+SPECDEC_VNNI inline void value_vectors(const uint8_t* vq, int64_t g, int64_t ch, int64_t D, __m512i* o) {
+    const int8_t* row = q8_value_row(vq, 4 * g, D);
+    const int64_t c = ch * 64, n = D - c < 64 ? D - c : 64;
+    const __mmask64 m = n == 64 ? ~__mmask64(0) : (__mmask64(1) << n) - 1;
+    const __m512i r0 = _mm512_maskz_loadu_epi8(m, row + c), r1 = _mm512_maskz_loadu_epi8(m, row + D + c);
+    const __m512i r2 = _mm512_maskz_loadu_epi8(m, row + 2 * D + c), r3 = _mm512_maskz_loadu_epi8(m, row + 3 * D + c);
+    const __m512i t0 = _mm512_unpacklo_epi8(r0, r1), t1 = _mm512_unpackhi_epi8(r0, r1);
+    const __m512i t2 = _mm512_unpacklo_epi8(r2, r3), t3 = _mm512_unpackhi_epi8(r2, r3);
+    o[0] = _mm512_unpacklo_epi16(t0, t2);
+    o[1] = _mm512_unpackhi_epi16(t0, t2);
+    o[2] = _mm512_unpacklo_epi16(t1, t3);
+    o[3] = _mm512_unpackhi_epi16(t1, t3);
+}
+
+SPECDEC_VNNI inline void transpose_values(const uint8_t* vq, int64_t g0, int64_t g1, int64_t D, __m512i* vt) {
+    const int64_t nch = q8_chunks(D);
+    for (int64_t g = g0; g < g1; ++g)
+        for (int64_t ch = 0; ch < nch; ++ch) value_vectors(vq, g, ch, D, vt + ((g - g0) * nch + ch) * 4);
+}
+
+// out[t][chunk ch's columns] = pscale_t * sum over groups of weight bytes . value bytes, for QT
+// queries (q, qb apart; weight bytes of key j at qprobs + j - j0) and groups [g0, g1); the
+// groups transposed in vt, or with Direct read from the cache (vq) where they are used.
+template <int QT, bool Direct = false>
+SPECDEC_VNNI inline void value_tile_i8(uint8_t* q, int64_t qb, const __m512i* vt, int64_t g0, int64_t g1, int64_t ch,
+                                       int64_t D, int64_t j0, float* const* out, const uint8_t* vq = nullptr) {
+    const int64_t nch = q8_chunks(D);
+    __m512i acc[QT][4], lo[QT][4];
+    for (int t = 0; t < QT; ++t)
+        for (int k = 0; k < 4; ++k) acc[t][k] = lo[t][k] = _mm512_setzero_si512();
+    for (int64_t g = g0; g < g1; ++g) {
+        __m512i vv[4];
+        if constexpr (Direct) {
+            value_vectors(vq, g, ch, D, vv);
+        } else {
+            const __m512i* v = vt + ((g - g0) * nch + ch) * 4;
+            for (int k = 0; k < 4; ++k) vv[k] = _mm512_load_si512(v + k);
+        }
+        const __m512i v0 = vv[0], v1 = vv[1], v2 = vv[2], v3 = vv[3];
+        for (int t = 0; t < QT; ++t) {
+            const uint8_t* pb = qprobs(q + t * qb, D) + 4 * g - j0;
+            const __m512i p = _mm512_set1_epi32(load_i32(pb)), pl = _mm512_set1_epi32(load_i32(pb + kAttnBlock));
+            acc[t][0] = _mm512_dpbusd_epi32(acc[t][0], p, v0);
+            acc[t][1] = _mm512_dpbusd_epi32(acc[t][1], p, v1);
+            acc[t][2] = _mm512_dpbusd_epi32(acc[t][2], p, v2);
+            acc[t][3] = _mm512_dpbusd_epi32(acc[t][3], p, v3);
+            lo[t][0] = _mm512_dpbusd_epi32(lo[t][0], pl, v0);
+            lo[t][1] = _mm512_dpbusd_epi32(lo[t][1], pl, v1);
+            lo[t][2] = _mm512_dpbusd_epi32(lo[t][2], pl, v2);
+            lo[t][3] = _mm512_dpbusd_epi32(lo[t][3], pl, v3);
+        }
+    }
+    const int64_t c = ch * 64;
+    const __m512 inv255 = _mm512_set1_ps(1.0f / 255.0f);
+    for (int t = 0; t < QT; ++t) {
+        if (!out[t]) continue;
+        const __m512 ps = _mm512_set1_ps(qstate(q + t * qb, D)->pscale);
+        __m512 f[4];
+        for (int k = 0; k < 4; ++k)
+            f[k] = _mm512_mul_ps(
+                _mm512_add_ps(_mm512_cvtepi32_ps(acc[t][k]), _mm512_mul_ps(_mm512_cvtepi32_ps(lo[t][k]), inv255)), ps);
+        // 4 x 4 transpose of 128-bit lanes: column group a = lane a of f[0..3]
+        const __m512 a0 = _mm512_shuffle_f32x4(f[0], f[1], 0x44), a1 = _mm512_shuffle_f32x4(f[0], f[1], 0xEE);
+        const __m512 a2 = _mm512_shuffle_f32x4(f[2], f[3], 0x44), a3 = _mm512_shuffle_f32x4(f[2], f[3], 0xEE);
+        const __m512 o[4] = {_mm512_shuffle_f32x4(a0, a2, 0x88), _mm512_shuffle_f32x4(a0, a2, 0xDD),
+                             _mm512_shuffle_f32x4(a1, a3, 0x88), _mm512_shuffle_f32x4(a1, a3, 0xDD)};
+        for (int a = 0; a < 4 && c + 16 * a < D; ++a) {
+            const int64_t n = D - c - 16 * a;
+            if (n >= 16) _mm512_storeu_ps(out[t] + c + 16 * a, o[a]);
+            else _mm512_mask_storeu_ps(out[t] + c + 16 * a, first_lanes(n), o[a]);
+        }
+    }
+}
+
+// Each weight of keys [b, e) (p, already times its value row's scale) as two bytes, hi at
+// pb + j - j0 and lo kAttnBlock further (x = p * 255 / largest: floor(x), round((x - hi) * 255));
+// returns the scale (largest / 255).
+SPECDEC_VNNI inline float quantize_probs(const float* p, int64_t j0, int64_t b, int64_t e, uint8_t* pb) {
+    __m512 vmax = _mm512_setzero_ps();
+    for (int64_t j = b; j < e; j += 16) {
+        const __mmask16 m = e - j >= 16 ? __mmask16(0xffff) : first_lanes(e - j);
+        vmax = _mm512_max_ps(_mm512_maskz_loadu_ps(m, p + j - j0), vmax);
+    }
+    const float pmax = _mm512_reduce_max_ps(vmax);
+    const float inv = pmax > 0.0f ? 255.0f / pmax : 0.0f;
+    for (int64_t j = b; j < e; j += 16) {
+        const __mmask16 m = e - j >= 16 ? __mmask16(0xffff) : first_lanes(e - j);
+        const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, p + j - j0), _mm512_set1_ps(inv));
+        const __m512 hi = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+        const __m512i lo = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(x, hi), _mm512_set1_ps(255.0f)));
+        const __m512i zero = _mm512_setzero_si512();
+        _mm_mask_storeu_epi8(pb + j - j0, m, _mm512_cvtusepi32_epi8(_mm512_max_epi32(_mm512_cvtps_epi32(hi), zero)));
+        _mm_mask_storeu_epi8(pb + kAttnBlock + j - j0, m, _mm512_cvtusepi32_epi8(_mm512_max_epi32(lo, zero)));
+    }
+    return pmax / 255.0f;
+}
+
+constexpr int kScoreTileI8 = 12;
+constexpr int kValueTileI8 = 3;
+
+SPECDEC_VNNI void attention_block_q8_int(const AttnRows& a, int64_t j0, float* part, float* scratch) {
+    const int64_t D = a.D, G = a.G, R = a.R, Q = R * G, P = attn_part_floats(D);
+    const BlockRows rows(a, j0);
+    const int64_t *beg = rows.beg, *end = rows.end, jmin = rows.jmin, jmax = rows.jmax, kend = rows.kend;
+    if (rows.active == 0) return;
+    const int64_t nch = q8_chunks(D), qb = q8_query_bytes(D), bb = q8_block_bytes(D);
+    uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t(63));
+    __m512i* kT = reinterpret_cast<__m512i*>(base);                         // D / 4 vectors
+    __m512i* vt = kT + (D + 63) / 64 * 16;                                   // 64 groups x nch x 4
+    float* s = reinterpret_cast<float*>(vt + (kAttnBlock / 4) * nch * 4);   // Q x kAttnBlock
+    uint8_t* qs = reinterpret_cast<uint8_t*>(s + Q * kAttnBlock);           // Q x qb
+    const uint8_t* kq = static_cast<const uint8_t*>(a.kt);
+    const uint8_t* vq = static_cast<const uint8_t*>(a.v);
+    for (int64_t r = 0; r < R; ++r)
+        for (int64_t g = 0; g < G; ++g) {
+            uint8_t* q = qs + (r * G + g) * qb;
+            quantize_query(a.q + r * a.q_row_stride + g * a.q_head_stride, D, q);
+            memset(qprobs(q, D), 0, 2 * kAttnBlock);
+        }
+    // scores, block by block
+    const int64_t sb0 = jmin / kKeyBlock, sb1 = (jmax - 1) / kKeyBlock + 1;
+    for (int64_t sb = sb0; sb < sb1; ++sb) {
+        const uint8_t* kb = kq + sb * bb;
+        if (sb * kKeyBlock < kend) prefetch_span_l2(vq + sb * bb, bb);
+        if ((sb + 1) * kKeyBlock + kAttnPrefetchKeys <= kend) prefetch_span(kb + kAttnPrefetchKeys / kKeyBlock * bb, bb);
+        const int8_t* ke = reinterpret_cast<const int8_t*>(kb + kQ8Header);
+        const __m512 ks = _mm512_loadu_ps(reinterpret_cast<const float*>(kb));
+        float* sd = s + (sb * kKeyBlock - j0);
+        const int64_t ntiles = (Q + kScoreTileI8 - 1) / kScoreTileI8;
+        if (ntiles == 1) {  // one tile: the keys transposed in registers
+            switch (Q) {
+                case 1: score_tile_i8<1, true>(qs, qb, kT, D, ks, a.scale, sd, kAttnBlock, ke); break;
+                case 2: score_tile_i8<2, true>(qs, qb, kT, D, ks, a.scale, sd, kAttnBlock, ke); break;
+                case 3: score_tile_i8<3, true>(qs, qb, kT, D, ks, a.scale, sd, kAttnBlock, ke); break;
+                case 4: score_tile_i8<4, true>(qs, qb, kT, D, ks, a.scale, sd, kAttnBlock, ke); break;
+                case 5: score_tile_i8<5, true>(qs, qb, kT, D, ks, a.scale, sd, kAttnBlock, ke); break;
+                case 6: score_tile_i8<6, true>(qs, qb, kT, D, ks, a.scale, sd, kAttnBlock, ke); break;
+                case 7: score_tile_i8<7, true>(qs, qb, kT, D, ks, a.scale, sd, kAttnBlock, ke); break;
+                case 8: score_tile_i8<8, true>(qs, qb, kT, D, ks, a.scale, sd, kAttnBlock, ke); break;
+                case 9: score_tile_i8<9, true>(qs, qb, kT, D, ks, a.scale, sd, kAttnBlock, ke); break;
+                case 10: score_tile_i8<10, true>(qs, qb, kT, D, ks, a.scale, sd, kAttnBlock, ke); break;
+                case 11: score_tile_i8<11, true>(qs, qb, kT, D, ks, a.scale, sd, kAttnBlock, ke); break;
+                default: score_tile_i8<12, true>(qs, qb, kT, D, ks, a.scale, sd, kAttnBlock, ke); break;
+            }
+            continue;
+        }
+        transpose_keys(ke, D, kT);
+        for (int64_t i = 0, t = 0; i < ntiles; ++i) {
+            const int64_t qt = Q / ntiles + (i < Q % ntiles ? 1 : 0);
+            uint8_t* q = qs + t * qb;
+            float* st = sd + t * kAttnBlock;
+            switch (qt) {
+                case 1: score_tile_i8<1>(q, qb, kT, D, ks, a.scale, st, kAttnBlock); break;
+                case 2: score_tile_i8<2>(q, qb, kT, D, ks, a.scale, st, kAttnBlock); break;
+                case 3: score_tile_i8<3>(q, qb, kT, D, ks, a.scale, st, kAttnBlock); break;
+                case 4: score_tile_i8<4>(q, qb, kT, D, ks, a.scale, st, kAttnBlock); break;
+                case 5: score_tile_i8<5>(q, qb, kT, D, ks, a.scale, st, kAttnBlock); break;
+                case 6: score_tile_i8<6>(q, qb, kT, D, ks, a.scale, st, kAttnBlock); break;
+                case 7: score_tile_i8<7>(q, qb, kT, D, ks, a.scale, st, kAttnBlock); break;
+                case 8: score_tile_i8<8>(q, qb, kT, D, ks, a.scale, st, kAttnBlock); break;
+                case 9: score_tile_i8<9>(q, qb, kT, D, ks, a.scale, st, kAttnBlock); break;
+                case 10: score_tile_i8<10>(q, qb, kT, D, ks, a.scale, st, kAttnBlock); break;
+                case 11: score_tile_i8<11>(q, qb, kT, D, ks, a.scale, st, kAttnBlock); break;
+                default: score_tile_i8<12>(q, qb, kT, D, ks, a.scale, st, kAttnBlock); break;
+            }
+            t += qt;
+        }
+    }
+    // softmax in float, then the weights times their value scales, as bytes
+    for (int64_t r = 0; r < R; ++r) {
+        if (beg[r] >= end[r]) continue;
+        for (int64_t g = 0; g < G; ++g) {
+            const int64_t i = r * G + g;
+            float* rec = part + i * P;
+            float* si = s + i * kAttnBlock;
+            rec[1] = block_softmax(si + (beg[r] - j0), end[r] - beg[r], a.softcap, rec);
+            scale_by_value_scales(si - j0, vq, D, static_cast<uint64_t>(beg[r]), static_cast<uint64_t>(end[r]));
+            uint8_t* q = qs + i * qb;
+            qstate(q, D)->pscale = quantize_probs(si, j0, beg[r], end[r], qprobs(q, D));
+        }
+    }
+    // values: groups of 4 keys covering every row's range
+    const int64_t g0 = jmin / 4, g1 = (jmax + 3) / 4;
+    for (int64_t p0 = g0 * 4 + kAttnPrefetchKeys, p1 = kend < g1 * 4 + kAttnPrefetchKeys ? kend : g1 * 4 + kAttnPrefetchKeys;
+         p0 < p1; p0 += kKeyBlock)
+        prefetch_span(vq + p0 / kKeyBlock * bb, bb);
+    const int64_t ntiles = (Q + kValueTileI8 - 1) / kValueTileI8;
+    const bool direct = ntiles == 1;  // one tile: the values transposed in registers
+    if (!direct) transpose_values(vq, g0, g1, D, vt);
+    float* outs[kValueTileI8];
+    for (int64_t ch = 0; ch < nch; ++ch)
+        for (int64_t i = 0, t = 0; i < ntiles; ++i) {
+            const int64_t qt = Q / ntiles + (i < Q % ntiles ? 1 : 0);
+            for (int64_t k = 0; k < qt; ++k) {
+                const int64_t r = (t + k) / G;
+                outs[k] = beg[r] < end[r] ? part + (t + k) * P + kAttnOut : nullptr;
+            }
+            uint8_t* q = qs + t * qb;
+            if (direct) {
+                switch (qt) {
+                    case 1: value_tile_i8<1, true>(q, qb, vt, g0, g1, ch, D, j0, outs, vq); break;
+                    case 2: value_tile_i8<2, true>(q, qb, vt, g0, g1, ch, D, j0, outs, vq); break;
+                    default: value_tile_i8<3, true>(q, qb, vt, g0, g1, ch, D, j0, outs, vq); break;
+                }
+            } else {
+                switch (qt) {
+                    case 1: value_tile_i8<1>(q, qb, vt, g0, g1, ch, D, j0, outs); break;
+                    case 2: value_tile_i8<2>(q, qb, vt, g0, g1, ch, D, j0, outs); break;
+                    default: value_tile_i8<3>(q, qb, vt, g0, g1, ch, D, j0, outs); break;
+                }
+            }
+            t += qt;
+        }
+}
+
+bool q8_int_cpu() {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
+}
+
+std::atomic<bool> g_q8_int{[] {
+    const char* env = std::getenv("SPECDEC_INT8_ATTENTION");
+    return q8_int_cpu() && !(env && std::string(env) == "0");
+}()};
+
 }  // namespace
 
 // NOTE: a float32 cache stays on the AVX2 kernel (the same results): on 16 lanes it ran 0.75x at
 // one row and 0.9x at eight (2,000 cached, one kv head, 2-core Xeon with AMX), where the half and
 // 8-bit caches ran 1.3x and 1.15x.
 void avx512_attention_block(const AttnRows& a, int64_t j0, float* part, float* scratch) {
-    if (a.q8) attention_block_kv<Q8>(a, j0, part, scratch);
+    if (a.q8 && a.D % 4 == 0 && g_q8_int.load(std::memory_order_relaxed)) attention_block_q8_int(a, j0, part, scratch);
+    else if (a.q8) attention_block_kv<Q8>(a, j0, part, scratch);
     else if (a.half) attention_block_kv<uint16_t>(a, j0, part, scratch);
     else avx2_table()->attention_block(a, j0, part, scratch);
 }
 
+}  // namespace specdec
+
+namespace specdec {
+bool avx512_q8_int_attention(int on) {
+    if (on >= 0) g_q8_int.store(on != 0 && q8_int_cpu());
+    return g_q8_int.load();
+}
 }  // namespace specdec

@@ -87,7 +87,10 @@ struct AttnRows {
 // entries are read as exact floats, and the scales enter once: a score is q . k_int8 (the float
 // chains above) times (its key's scale * scale), and each softmax weight is multiplied by its
 // value row's scale before the value products (l sums the weights before that).  The same
-// operations in every ISA and every split, so rows stay batch-invariant.
+// operations in every ISA and every split, so rows stay batch-invariant.  On a CPU with AVX-512
+// VNNI and VBMI the AVX-512 table instead multiplies in integers (attention_avx512.cpp, "Integer
+// attention"): the query quantized per row and head, exact int32 scores and value sums; close to
+// these float products, not equal, and batch-invariant in the same way.
 constexpr int64_t kQ8Header = kKeyBlock * 4;
 inline int64_t q8_block_bytes(int64_t D) { return kQ8Header + kKeyBlock * D; }
 
@@ -100,7 +103,11 @@ constexpr int64_t kAttnValueKeys = 64;
 // A key block and kAttnValueKeys value rows of floats, R * G rows of scores and R * G query pointers, and
 // room to align them.
 inline int64_t attn_scratch_floats(int64_t R, int64_t G, int64_t D) {
-    return (kKeyBlock + kAttnValueKeys) * ((D + 7) / 8 * 8) + R * G * (kAttnBlock + 2) + 32;
+    const int64_t floats = (kKeyBlock + kAttnValueKeys) * ((D + 7) / 8 * 8) + R * G * (kAttnBlock + 2) + 32;
+    // integer attention (attention_avx512.cpp): transposed keys and values, scores, query states
+    const int64_t nch = (D + 63) / 64, Q = R * G;
+    const int64_t bytes = 64 + nch * (1024 + 16384) + Q * (4 * kAttnBlock + nch * 64 + 2 * kAttnBlock + 64);
+    return floats > bytes / 4 + 16 ? floats : bytes / 4 + 16;
 }
 
 struct KernelTable {
@@ -254,6 +261,9 @@ const KqTable* avx2_kq_table();
 #ifdef SPECDEC_HAVE_AVX512ATTN
 // KernelTable::attention_block on 16 lanes (attention_avx512.cpp): bit for bit the AVX2 table's.
 void avx512_attention_block(const AttnRows& a, int64_t j0, float* part, float* scratch);
+// Whether avx512_attention_block takes the 8-bit cache with integer products (a CPU with AVX-512
+// VNNI and VBMI; SPECDEC_INT8_ATTENTION=0 turns it off): on >= 0 sets it first (on such a CPU).
+bool avx512_q8_int_attention(int on);
 #endif
 #ifdef SPECDEC_HAVE_AVX512
 // 16-lane linear and attention kernels; rms_norm and the attention merge are the AVX2 ones (needs

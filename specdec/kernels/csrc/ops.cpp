@@ -1266,6 +1266,23 @@ void set_amx_min_rows(int64_t rows) {
 #endif
 }
 std::string isa() { return g_table->name; }
+
+// The 8-bit KV cache's integer attention (kernels.h avx512_q8_int_attention): whether the kernels
+// in use take it, and a switch for benchmarks and tests (it changes results: never mid-request).
+bool int8_attention() {
+#ifdef SPECDEC_HAVE_AVX512ATTN
+    return g_table == avx512_table() && avx512_q8_int_attention(-1);
+#else
+    return false;
+#endif
+}
+void set_int8_attention(bool on) {
+#ifdef SPECDEC_HAVE_AVX512ATTN
+    avx512_q8_int_attention(on ? 1 : 0);
+#else
+    (void)on;
+#endif
+}
 bool has_avx2_build() {
 #ifdef SPECDEC_HAVE_AVX2
     return true;
@@ -1327,6 +1344,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "True when the 8-bit activation kernels can run on AMX-INT8 (built, CPU, OS permission)");
     m.def("set_amx", &set_amx, "Let the 8-bit activation kernels use AMX-INT8 where available (process-wide)",
           py::arg("enabled"));
+    m.def("int8_attention", &int8_attention,
+          "Whether attention over an int8 KV cache uses integer products (AVX-512 VNNI + VBMI)");
+    m.def("set_int8_attention", &set_int8_attention,
+          "Switch integer attention over int8 KV caches (where the CPU has it; process-wide)", py::arg("on"));
     m.def("amx_enabled", &amx_enabled, "Whether AMX-INT8 is allowed (SPECDEC_AMX=0 or set_amx(False): not)");
     m.def("set_amx_min_rows", &set_amx_min_rows,
           "Rows from which every format uses AMX-INT8 (0: the measured per-format thresholds)", py::arg("rows"));
