@@ -20,6 +20,10 @@ for all of them (ops.cpp ``attention_seqs``). A slot others read is kept (evicte
 must go, or be overwritten below what they read, each reader first gets its own copy. The bytes
 read are the same either way, so sharing changes no output.
 
+KV events (``block_log``, set when ``kv_events_config`` enables them): every change to what a
+slot offers later prompts (its cached or published tokens and their salt) is recorded as logical
+blocks stored and removed (``specdec.kv_cache.block_events``); the engine publishes them.
+
 Key layout: native CPU kernels read keys blocked and transposed (``key_block`` keys per block,
 ``k [layers, slots, Hkv, ceil(max_len / key_block), D, key_block]``: a vector load then holds one
 element of 16 consecutive keys, so a score needs no horizontal sum); the torch path keeps the
