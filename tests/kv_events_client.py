@@ -38,6 +38,7 @@ class BlockIndex:
         self.seqs: list[int] = []
         self.num_cleared = 0
         self.removed: list[int] = []
+        self.stored_token_ids: list[int] = []
 
     def apply(self, seq: int, payload: bytes) -> None:
         self.seqs.append(seq)
@@ -49,6 +50,7 @@ class BlockIndex:
                 assert parent is None or parent in self.blocks, "a stored chain's parent is held"
                 self.block_size = block_size
                 self.blocks.update(hashes)
+                self.stored_token_ids.extend(token_ids)
             elif tag == "BlockRemoved":
                 self.removed.extend(event[1])
                 self.blocks.difference_update(event[1])

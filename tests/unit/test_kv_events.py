@@ -289,6 +289,14 @@ def test_engine_events_predict_prefix_hits(tiny_llama) -> None:
             assert out.num_cached_tokens == predicted[-1], (prompt, predicted)
             receive(sub, index, quiet_s=0.3)
         assert predicted == [24, 16, 16, 0, 15]
+        # a salted request's tokens never leave the engine, and nothing it caches is offered
+        salted = [140 + i % 7 for i in range(30)]
+        llm.generate([{"prompt_token_ids": salted, "cache_salt": "tenant-a"}], _greedy())
+        again = {"prompt_token_ids": salted, "cache_salt": "tenant-a"}
+        assert llm.generate([again], _greedy())[0].num_cached_tokens == 29  # cached all the same
+        receive(sub, index, quiet_s=0.3)
+        assert not set(salted) & set(index.stored_token_ids)
+        assert index.predict_hit(salted) == 0
         # a replay from 0 rebuilds the same index
         rebuilt = BlockIndex()
         for seq, payload in replay(ctx, f"tcp://127.0.0.1:{replay_port}", 0):
