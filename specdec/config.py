@@ -210,6 +210,94 @@ def _check_number(value: Any, key: str, minimum: float, maximum: float | None) -
         raise ConfigError(f"speculative_config.{key} must be a number {allowed}, got {value!r}")
 
 
+KV_EVENTS_PUBLISHERS = ("null", "zmq")
+KV_EVENTS_SCHEMES = ("tcp://", "ipc://", "inproc://")
+
+
+@dataclass
+class KVEventsConfig:
+    """vLLM's ``kv_events_config``: KV-cache events for prefix-aware routers, published over ZMQ
+    (``specdec.engine.kv_events``). ``block_size`` is ours: the tokens per logical block."""
+
+    enable_kv_cache_events: bool = False
+    publisher: str | None = None  # None: "zmq" when enabled, else "null"
+    endpoint: str = "tcp://*:5557"  # PUB socket: bound with a wildcard host, else connected
+    replay_endpoint: str | None = None  # ROUTER socket answering replay requests
+    buffer_steps: int = 10_000  # batches kept for replay
+    hwm: int = 100_000  # the PUB socket's high-water mark
+    max_queue_size: int = 100_000  # batches waiting for the publisher thread (then oldest dropped)
+    topic: str = ""
+    block_size: int = 16
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enable_kv_cache_events, bool):
+            raise ConfigError(
+                "kv_events_config.enable_kv_cache_events must be true or false, got "
+                f"{self.enable_kv_cache_events!r}"
+            )
+        if self.publisher is None:
+            self.publisher = "zmq" if self.enable_kv_cache_events else "null"
+        if self.publisher not in KV_EVENTS_PUBLISHERS:
+            raise ConfigError(
+                f"kv_events_config.publisher must be one of {', '.join(KV_EVENTS_PUBLISHERS)}, "
+                f"got {self.publisher!r}"
+            )
+        for key in ("endpoint", "replay_endpoint"):
+            value = getattr(self, key)
+            if key == "replay_endpoint" and value is None:
+                continue
+            if not isinstance(value, str) or not value.startswith(KV_EVENTS_SCHEMES):
+                raise ConfigError(
+                    f"kv_events_config.{key} must be a ZMQ address starting with "
+                    f"{', '.join(KV_EVENTS_SCHEMES)}, got {value!r}"
+                )
+        for key, minimum in (("buffer_steps", 0), ("hwm", 0), ("max_queue_size", 1),
+                             ("block_size", 1)):  # fmt: skip
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+                raise ConfigError(
+                    f"kv_events_config.{key} must be an integer >= {minimum}, got {value!r}"
+                )
+        if not isinstance(self.topic, str):
+            raise ConfigError(f"kv_events_config.topic must be a string, got {self.topic!r}")
+        if self.active:
+            import importlib.util
+
+            for module, package in (("zmq", "pyzmq"), ("msgpack", "msgpack")):
+                if importlib.util.find_spec(module) is None:
+                    raise ConfigError(
+                        f"kv_events_config.publisher zmq needs {package}: pip install {package}"
+                    )
+
+    @property
+    def active(self) -> bool:
+        """Whether events are gathered and published at all."""
+        return self.enable_kv_cache_events and self.publisher == "zmq"
+
+    @classmethod
+    def from_any(cls, value: Any) -> KVEventsConfig | None:
+        """A KVEventsConfig, a dict of vLLM's keys, their JSON, or None."""
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ConfigError(
+                    f"kv_events_config is not valid JSON ({e.msg} at column {e.colno})"
+                ) from None
+        if not isinstance(value, dict):
+            raise ConfigError(f"kv_events_config must be a JSON object, got {_short(value)}")
+        allowed = [f.name for f in fields(cls)]
+        unknown = sorted(set(value) - set(allowed))
+        if unknown:
+            raise ConfigError(
+                f"unknown kv_events_config key(s) {', '.join(unknown)}; allowed: "
+                + ", ".join(allowed)
+            )
+        return cls(**value)
+
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # vLLM's and llama.cpp's other spellings
 DTYPE_ALIASES = {"float": "float32", "fp32": "float32", "f32": "float32", "half": "float16",
@@ -271,6 +359,10 @@ class EngineConfig:
     static_shapes: bool | None = None
     enforce_eager: bool = False  # no CUDA graphs
     speculative: SpeculativeConfig | None = None
+    # KV-cache events for external routers (KVEventsConfig, a dict or its JSON; None: off), and
+    # this engine's replica index (labels its events and offsets their ports)
+    kv_events_config: KVEventsConfig | dict | str | None = None
+    data_parallel_rank: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -326,6 +418,8 @@ class EngineConfig:
             raise ConfigError(
                 f"enable_prefix_caching must be true or false, got {self.enable_prefix_caching!r}"
             )
+        self.kv_events_config = KVEventsConfig.from_any(self.kv_events_config)
+        _check_engine_int("data_parallel_rank", self.data_parallel_rank, 0)
 
     def _warn_oversubscribed(self) -> None:
         """More ranks than usable cores: they share cores and run slower than one rank."""
@@ -677,6 +771,20 @@ class EngineArgs:
         flags=("-dp",),
         kind=SINGLE,
     )
+    data_parallel_rank: int = _arg(
+        0,
+        "this engine's replica index: labels its KV events and offsets their ports (serve "
+        "--data-parallel-size sets it for each replica)",
+        type=int,
+        flags=("-dpn",),
+    )
+    kv_events_config: Any = _arg(
+        None,
+        "KV-cache events for prefix-aware routers, vLLM's keys as JSON, e.g. "
+        '\'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557"}\' (README: KV events '
+        "for external routers)",
+        type=json_value,
+    )
     # -- vLLM's name for kv_cache_memory as a fraction
     gpu_memory_utilization: float | None = _arg(
         None, "vLLM: --kv-cache-memory as a fraction of available RAM", type=float, kind=ALIAS
@@ -850,7 +958,6 @@ class EngineArgs:
     dcp_q_replicate: bool | None = _ignored(None, "one device", type=bool)
     dcp_kv_cache_interleave_size: int | None = _ignored(None, "one device", type=int)
     cp_kv_cache_interleave_size: int | None = _ignored(None, "one device", type=int)
-    data_parallel_rank: int | None = _ignored(None, "one engine", type=int, flags=("-dpn",))
     data_parallel_start_rank: int | None = _ignored(None, "one engine", type=int, flags=("-dpr",))
     data_parallel_size_local: int | None = _ignored(None, "one engine", type=int, flags=("-dpl",))
     data_parallel_address: str | None = _ignored(None, "one engine", flags=("-dpa",))
@@ -978,7 +1085,6 @@ class EngineArgs:
     linear_backend: str | None = _ignored(None, "the native kernels")
     diffusion_config: Any = _ignored(None, "JSON", type=json_value, flags=("-dc",))
     kv_transfer_config: Any = _ignored(None, "one engine (JSON)", type=json_value)
-    kv_events_config: Any = _ignored(None, "one engine (JSON)", type=json_value)
     ec_transfer_config: Any = _ignored(None, "one engine (JSON)", type=json_value)
     ec_manager_config: Any = _ignored(None, "text only (JSON)", type=json_value)
     attention_config: Any = _ignored(None, "GPU attention (JSON)", type=json_value, flags=("-ac",))

@@ -9,10 +9,11 @@ target on one or many ranks (``engine/executor.py``), and output building
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 
-from specdec.config import EngineConfig, SpeculativeConfig
+from specdec.config import EngineConfig, KVEventsConfig, SpeculativeConfig
 from specdec.engine.executor import Executor, make_executor
 from specdec.engine.loading import describe_model, load_draft, load_target, resolve_dtype
 from specdec.engine.output_processor import OutputProcessor
@@ -20,6 +21,7 @@ from specdec.engine.processor import Processor
 from specdec.engine.request import Request
 from specdec.engine.scheduler import Scheduler
 from specdec.engine.speculator import Speculator
+from specdec.kv_cache.block_events import BlockLog
 from specdec.kv_cache.pool import KVCache
 from specdec.kv_cache.sizing import plan_kv_slots
 from specdec.model.llama import LlamaModel
@@ -30,6 +32,9 @@ from specdec.spec_decode.metrics import SpecDecodeStats
 from specdec.structured.grammar import GrammarCompiler
 from specdec.worker.model_runner import ModelRunner
 from specdec.worker.static_runner import scratch_positions, static_step_rows
+
+if TYPE_CHECKING:
+    from specdec.engine.kv_events import KVEventPublisher
 
 logger = logging.getLogger("specdec.engine")
 
@@ -54,6 +59,7 @@ class LLMEngine:
             num_running_slots + num_cache_slots, self.max_model_len + scratch
         )
         self.kv.enable_prefix_caching = config.enable_prefix_caching
+        self.kv_events = self._start_kv_events(config.kv_events_config, config.data_parallel_rank)
         self.scheduler = Scheduler(
             self.kv, num_running_slots, config.max_num_batched_tokens, self.max_model_len,
             self.tokenizer.eog_token_ids, config.prefill_time_share,
@@ -105,6 +111,25 @@ class LLMEngine:
             )  # fmt: skip
         return num_running, num_cache
 
+    def _start_kv_events(
+        self, events: KVEventsConfig | None, data_parallel_rank: int
+    ) -> KVEventPublisher | None:
+        """The KV events publisher (engine/kv_events.py), or None (and nothing imported) when
+        kv_events_config does not enable it."""
+        if events is None or not events.active:
+            return None
+        if not self.kv.enable_prefix_caching:
+            logger.warning("kv_events_config: prefix caching is off, so no block is ever offered")
+        from specdec.engine.kv_events import KVEventPublisher
+
+        self.kv.block_log = BlockLog(events.block_size)
+        return KVEventPublisher(events, events.block_size, data_parallel_rank)
+
+    def _publish_kv_events(self) -> None:
+        """Hand what the KV pool recorded since the last call to the publisher (never waits)."""
+        if self.kv_events is not None and self.kv.block_log is not None:
+            self.kv_events.publish(self.kv.block_log.drain())
+
     def _load_draft(self, spec: SpeculativeConfig) -> LlamaModel:
         return load_draft(spec, self.config, self.model, self.tokenizer, self._kernels)
 
@@ -114,8 +139,11 @@ class LLMEngine:
         return self.executor.runner
 
     def shutdown(self) -> None:
-        """Stop the executor's workers (idempotent)."""
+        """Stop the executor's workers and the KV events publisher (idempotent)."""
         self.executor.shutdown()
+        if self.kv_events is not None:
+            self._publish_kv_events()
+            self.kv_events.shutdown()
 
     # ---- requests ------------------------------------------------------------------------
     def add_request(
@@ -174,6 +202,7 @@ class LLMEngine:
                 self.speculator.remove_request(req, keep=True)
         finally:
             self.requests.pop(req_id, None)
+            self._publish_kv_events()
 
     def abort_output(self, req_id: str) -> RequestOutput | None:
         req = self.requests.get(req_id)
@@ -190,6 +219,7 @@ class LLMEngine:
         """Schedule, execute (target forward + verification), update, propose; the outputs."""
         sched = self.scheduler.schedule()
         if not sched.scheduled:
+            self._publish_kv_events()
             return []
         out = self.executor.execute_model(sched)
         update = self.scheduler.update_from_output(
@@ -204,6 +234,7 @@ class LLMEngine:
         for r in update.changed:
             if r.is_finished:
                 self.requests.pop(r.req_id, None)
+        self._publish_kv_events()
         return outputs
 
     # ---- statistics ------------------------------------------------------------------------
@@ -233,6 +264,7 @@ class LLMEngine:
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix (benchmarks: make a warm-up request leave no trace)."""
         self.kv.reset_prefix_cache()
+        self._publish_kv_events()
 
     def reset_drafter_cache(self) -> None:
         """Forget what finished requests taught speculation (suffix decoding's global tree, the

@@ -20,6 +20,10 @@ for all of them (ops.cpp ``attention_seqs``). A slot others read is kept (evicte
 must go, or be overwritten below what they read, each reader first gets its own copy. The bytes
 read are the same either way, so sharing changes no output.
 
+KV events (``block_log``, set when ``kv_events_config`` enables them): every change to what a
+slot offers later prompts (its cached or published tokens and their salt) is recorded as logical
+blocks stored and removed (``specdec.kv_cache.block_events``); the engine publishes them.
+
 Key layout: native CPU kernels read keys blocked and transposed (``key_block`` keys per block,
 ``k [layers, slots, Hkv, ceil(max_len / key_block), D, key_block]``: a vector load then holds one
 element of 16 consecutive keys, so a score needs no horizontal sum); the torch path keeps the
@@ -52,6 +56,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from specdec.kv_cache.block_events import BlockLog
 from specdec.kv_cache.memory import PagedBuffer
 
 
@@ -108,6 +113,8 @@ class KVCache:
         # tensor parallelism: called as mirror(method, args) for every change to the cache's
         # contents not made by a forward, so other ranks' caches of their heads follow
         self.mirror: Callable[[str, tuple], None] | None = None
+        # KV events (block_events.py): the logical blocks slots offer, recorded as they change
+        self.block_log: BlockLog | None = None
 
     def store(self, layer: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write ``k`` / ``v`` ``[n, Hkv, D]`` at positions ``start .. start + n - 1`` (converted to
@@ -303,6 +310,7 @@ class KVCache:
         self._cached_token_ids[slot, :n] = token_ids
         self._num_cached[slot] = n
         self._salt[slot] = cache_salt
+        self._log(slot)
 
     def free(self, slot: int, cached_token_ids: Sequence[int] = (), cache_salt: int = 0) -> None:
         """Return a slot; under prefix caching it remembers ``cached_token_ids`` (whose KV it
@@ -321,6 +329,7 @@ class KVCache:
         self._last_used[slot] = self._clock
         self._free.append(slot)
         self._release(slot, n)
+        self._log(slot)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix and give back its pages (running sequences keep their KV)."""
@@ -331,6 +340,19 @@ class KVCache:
             self._unpin(slot, 0)  # running sequences reading it get their own copies
             self._num_cached[slot] = 0
             self._release(slot, 0)
+        if self.block_log is not None:  # what running sequences published is still offered
+            offered = np.flatnonzero(self._num_cached > 0)
+            self.block_log.clear({int(s): self._offered(int(s)) for s in offered})
+
+    def _offered(self, slot: int) -> tuple[np.ndarray, bool]:
+        """The token ids ``slot`` offers to later prompts and whether they are salted."""
+        n = int(self._num_cached[slot])
+        return self._cached_token_ids[slot, :n], bool(self._salt[slot])
+
+    def _log(self, slot: int) -> None:
+        """Record what ``slot`` offers now (KV events; nothing without a block log)."""
+        if self.block_log is not None:
+            self.block_log.update(slot, *self._offered(slot))
 
     # ---- prefix lookup ------------------------------------------------------------------------
     def _longest_prefix(
@@ -369,6 +391,7 @@ class KVCache:
         if self._num_cached[slot] > num_reused:  # an evicted prefix, or a tail not reused
             self._release(slot, num_reused)
         self._num_cached[slot] = 0
+        self._log(slot)
         return slot
 
     # ---- shared prefixes ----------------------------------------------------------------------

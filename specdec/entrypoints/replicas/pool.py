@@ -31,7 +31,8 @@ MAX_BACKOFF_S = 30.0
 # serve flags the front owns (its socket, TLS, key and Host/CORS policy): never passed on.
 # (flag, number of values: -1 = all until the next flag)
 FRONT_FLAGS: dict[str, int] = {
-    "--data-parallel-size": 1, "-dp": 1, "--host": 1, "--port": 1, "--uds": 1,
+    "--data-parallel-size": 1, "-dp": 1, "--data-parallel-rank": 1, "-dpn": 1,
+    "--host": 1, "--port": 1, "--uds": 1,
     "--root-path": 1, "--ssl-keyfile": 1, "--ssl-certfile": 1, "--ssl-ca-certs": 1,
     "--ssl-cert-reqs": 1, "--ssl-ciphers": 1, "--middleware": 1, "--api-key": -1,
     "--allowed-hosts": -1, "--allowed-origins": -1, "--replica-cpu-binding": 1, "--ray": 0,
@@ -112,6 +113,7 @@ class ReplicaPool:
         return [
             sys.executable, "-m", "specdec.entrypoints.cli", "serve", *self.argv,
             "--uds", r.socket_path, "--threads", str(threads),
+            "--data-parallel-rank", str(r.index),  # its KV events' rank and port offset
         ]  # fmt: skip
 
     def spawn(self, r: Replica) -> None:
