@@ -1056,7 +1056,10 @@ class EngineArgs:
     gdn_prefill_backend: str | None = _ignored(None, "GPU")
     kda_prefill_backend: str | None = _ignored(None, "GPU")
     disable_log_stats: bool = _arg(
-        False, "serve: no periodic throughput log line", type=bool, kind=SERVER
+        False,
+        "serve: no periodic throughput log line; LLM: no get_metrics()",
+        type=bool,
+        kind=SERVER,
     )
 
     # ---- construction ------------------------------------------------------------------------

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import textwrap
 from collections.abc import Iterable, Iterator
@@ -41,7 +42,8 @@ def _shown_default(action: argparse.Action) -> str | None:
     if default is argparse.SUPPRESS or isinstance(action, argparse._HelpAction):
         return None
     if action.nargs == 0 and isinstance(default, bool | None):  # switches
-        return {True: "on", False: "off", None: "off"}[default]
+        unset = "unset" if isinstance(action, argparse.BooleanOptionalAction) else "off"
+        return {True: "on", False: "off", None: unset}[default]
     if default is None:
         return "none"
     if isinstance(default, list | tuple):
@@ -220,8 +222,6 @@ def _short(action: argparse.Action) -> argparse.Action:
     short = getattr(action, "short_help", None)
     if not short:
         return action
-    import copy
-
     shown = copy.copy(action)
     shown.help = short
     return shown
