@@ -17,7 +17,7 @@ from specdec.inputs import TextPrompt, TokensPrompt
 from specdec.metrics import EngineMetrics
 from specdec.metrics_reader import Metric, snapshot
 from specdec.model.registry import DEFAULT_MODEL
-from specdec.outputs import RequestOutput, merge_samples
+from specdec.outputs import PositionLogprobs, RequestOutput, merge_samples
 from specdec.sampling_params import BeamSearchParams, SamplingParams
 from specdec.spec_decode.metrics import SpecDecodeStats
 
@@ -282,27 +282,24 @@ class LLM:
             results = self.generate(prompts, step, use_tqdm=False)
             grown: list[list[BeamSearchSequence]] = [[] for _ in starts]
             for (i, beam), result in zip(batch, results):
-                top = result.outputs[0].logprobs[0]
-                for token_id, lp in top.items():
-                    new = BeamSearchSequence(
-                        tokens=[*beam.tokens, token_id],
-                        logprobs=[*beam.logprobs, top],
-                        cum_logprob=beam.cum_logprob + lp.logprob,
-                    )
-                    if token_id in eos:
+                for new in _expand(beam, result.outputs[0].logprobs[0]):
+                    if new.tokens[-1] in eos:
                         done[i].append(_ended(new, "stop"))
                     else:
                         grown[i].append(new)
             live = [sorted(g, key=score, reverse=True)[: params.beam_width] for g in grown]
         outputs = []
         for beams, finished in zip(live, done):
-            best = sorted(finished + [_ended(b, "length") for b in beams], key=score, reverse=True)
-            for b in best[: params.beam_width]:
+            ranked = sorted(
+                finished + [_ended(b, "length") for b in beams], key=score, reverse=True
+            )
+            best = ranked[: params.beam_width]
+            for b in best:
                 keep = b.tokens
                 if b.finish_reason == "stop" and not params.include_stop_str_in_output:
                     keep = keep[:-1]
                 b.text = tok.decode(keep, skip_special_tokens=False)
-            outputs.append(BeamSearchOutput(sequences=best[: params.beam_width]))
+            outputs.append(BeamSearchOutput(sequences=best))
         return outputs
 
     def _render_chat(
@@ -433,6 +430,19 @@ def _tokens_prompt(ids: list[int], salt: str | None) -> TokensPrompt:
     return (
         {"prompt_token_ids": ids} if salt is None else {"prompt_token_ids": ids, "cache_salt": salt}
     )
+
+
+def _expand(beam: BeamSearchSequence, top: PositionLogprobs) -> list[BeamSearchSequence]:
+    """``beam`` extended by each of its next step's top tokens (``top``: that step's
+    log-probabilities, the sampled token's and the top ones)."""
+    return [
+        BeamSearchSequence(
+            tokens=[*beam.tokens, token_id],
+            logprobs=[*beam.logprobs, top],
+            cum_logprob=beam.cum_logprob + lp.logprob,
+        )
+        for token_id, lp in top.items()
+    ]
 
 
 def _ended(beam: BeamSearchSequence, finish_reason: str) -> BeamSearchSequence:
