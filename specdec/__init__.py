@@ -9,11 +9,12 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from specdec.beam_search import BeamSearchOutput, BeamSearchSequence
     from specdec.config import EngineConfig, SpeculativeConfig
     from specdec.inputs import TextPrompt, TokensPrompt
     from specdec.llm import LLM
     from specdec.outputs import CompletionOutput, RequestOutput
-    from specdec.sampling_params import SamplingParams
+    from specdec.sampling_params import BeamSearchParams, SamplingParams
     from specdec.structured.params import GuidedDecodingParams, StructuredOutputsParams
 
 __all__ = [
@@ -22,6 +23,9 @@ __all__ = [
     "EngineConfig",
     "RequestOutput",
     "SamplingParams",
+    "BeamSearchParams",
+    "BeamSearchOutput",
+    "BeamSearchSequence",
     "SpeculativeConfig",
     "StructuredOutputsParams",
     "GuidedDecodingParams",
@@ -48,6 +52,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 _WHERE = {
     "LLM": "specdec.llm",
     "SamplingParams": "specdec.sampling_params",
+    "BeamSearchParams": "specdec.sampling_params",
+    "BeamSearchOutput": "specdec.beam_search",
+    "BeamSearchSequence": "specdec.beam_search",
     "SpeculativeConfig": "specdec.config",
     "EngineConfig": "specdec.config",
     "RequestOutput": "specdec.outputs",

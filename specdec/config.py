@@ -486,18 +486,80 @@ IGNORED = "ignored"  # a vLLM / llama.cpp option with no effect here: accepted, 
 REFUSED = "refused"  # a vLLM option specdec cannot honour: its defaults only, else an error
 SERVER = "server"  # read by `specdec serve` only
 
-# --help-all: list the flags accepted without effect too (set before the parsers are built)
-SHOW_ALL_FLAGS = [False]
+# --help's sections (entrypoints/arg_parser.py): section -> (what it holds, the vLLM config
+# classes that map to it), in --help's order
+HELP_SECTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "prompt": ("what `generate` runs and prints", ()),
+    "model": ("model, weights, kernels", ("ModelConfig", "LoadConfig", "DeviceConfig")),
+    "cache": ("the KV cache", ("CacheConfig",)),
+    "scheduler": ("batching, prompt chunks", ("SchedulerConfig",)),
+    "speculative": ("speculative decoding", ("SpeculativeConfig",)),
+    "parallel": ("tensor parallelism, threads, replicas", ("ParallelConfig",)),
+    "sampling": ("sampling (llama.cpp's spellings too)", ()),
+    "structured": ("structured output, at most one", ("StructuredOutputsConfig",)),
+    "server": ("the OpenAI-compatible server", ("FrontendArgs", "ObservabilityConfig")),
+    "ray": ("Ray Serve (pip install 'specdec[ray]')", ()),
+    "ignored": ("vLLM / llama.cpp flags without effect here, or at their defaults only",
+                ("CompilationConfig", "LoRAConfig", "MultiModalConfig", "KVTransferConfig",
+                 "KVEventsConfig", "ECTransferConfig", "EPLBConfig", "AttentionConfig",
+                 "KernelConfig", "ProfilerConfig", "PoolerConfig")),
+}  # fmt: skip
+# the section of each argument: by kind, and for engine arguments by name
+_KIND_SECTION = {SPECULATIVE: "speculative", SINGLE: "parallel", ALIAS: "cache",
+                 IGNORED: "ignored", REFUSED: "ignored", SERVER: "server"}  # fmt: skip
+_NAME_SECTION = {
+    **dict.fromkeys(("model", "tokenizer", "dtype", "device", "kernels", "quantization",
+                     "activation_dtype", "max_model_len", "seed", "enforce_eager",
+                     "static_shapes", "generation_config", "override_generation_config"),
+                    "model"),
+    **dict.fromkeys(("kv_cache_dtype", "kv_cache_memory", "enable_prefix_caching"), "cache"),
+    **dict.fromkeys(("max_num_seqs", "max_num_batched_tokens", "prefill_time_share"),
+                    "scheduler"),
+    **dict.fromkeys(("threads", "tensor_parallel_size", "distributed_executor_backend",
+                     "cpu_binding"), "parallel"),
+}  # fmt: skip
+# the arguments --help shows (the others under --help=SECTION / --help=all), with a short help
+COMMON_ARGS = {
+    "model": "an alias, a .gguf file, a Hugging Face folder or hub id",
+    "dtype": "compute dtype",
+    "quantization": "weight format: the file's own, or converted",
+    "max_model_len": "context length (4096, 32k); default min(4096, the model's)",
+    "kv_cache_dtype": "KV cache element type (auto: float16 on the native kernels)",
+    "kv_cache_memory": "KV pool budget: bytes, or a fraction of RAM",
+    "enable_prefix_caching": "reuse the KV of shared prompt prefixes",
+    "max_num_seqs": "sequences decoded together",
+    "max_num_batched_tokens": "tokens per step (longer prompts: in chunks)",
+    "speculative_config": """vLLM's JSON: '{"method": "ngram"}', or --speculative-config.method ngram""",
+    "model_draft": "llama.cpp: a draft model (method draft_model)",
+    "draft_max": "llama.cpp: drafts per step",
+    "tensor_parallel_size": "ranks running the target, each a shard",
+    "threads": "CPU threads (llama.cpp's -t)",
+}  # fmt: skip
 
-_GROUP_TITLES = {
-    ENGINE: "engine",
-    SPECULATIVE: "speculative decoding (vLLM's older flags, llama.cpp's)",
-    SINGLE: "parallelism (one device: 1 only)",
-    ALIAS: "vLLM aliases",
-    IGNORED: "accepted for vLLM / llama.cpp commands, no effect on CPU (logged once)",
-    REFUSED: "vLLM options specdec cannot honour: accepted at their defaults only",
-    SERVER: "server",
-}
+
+def help_section(name: str) -> str:
+    """The --help section of an EngineArgs field."""
+    f = EngineArgs.__dataclass_fields__[name]
+    return _NAME_SECTION.get(name) or _KIND_SECTION[f.metadata["kind"]]
+
+
+def section_group(parser: argparse.ArgumentParser, name: str) -> Any:
+    """The argument group of a --help section (made on first use)."""
+    if name not in HELP_SECTIONS:
+        raise KeyError(f"unknown help section {name!r}")
+    for group in parser._action_groups:
+        if getattr(group, "section", None) == name:
+            return group
+    group = parser.add_argument_group(name, HELP_SECTIONS[name][0])
+    group.section = name  # type: ignore[attr-defined]
+    return group
+
+
+def common(action: argparse.Action, short: str | None = None) -> argparse.Action:
+    """Show ``action`` in the short --help, with ``short`` as its help there."""
+    action.common = True  # type: ignore[attr-defined]
+    action.short_help = short  # type: ignore[attr-defined]
+    return action
 
 
 # why each SINGLE option must be 1 where it is refused
@@ -1071,6 +1133,10 @@ class EngineArgs:
     max_long_partial_prefills: int | None = _ignored(None, "chunked prefill", type=int)
     long_prefill_token_threshold: int | None = _ignored(None, "chunked prefill", type=int)
     num_lookahead_slots: int | None = _ignored(None, "drafts reserve their own KV", type=int)
+    num_scheduler_steps: int | None = _ignored(
+        None, "older vLLM: one scheduled step at a time (drafts give several tokens a step)",
+        type=int,
+    )  # fmt: skip
     disable_chunked_mm_input: bool = _ignored(False, "text only", type=bool)
     scheduler_cls: str | None = _ignored(None, "the built-in scheduler")
     disable_hybrid_kv_cache_manager: bool | None = _ignored(None, "one KV pool", type=bool)
@@ -1096,7 +1162,10 @@ class EngineArgs:
     gdn_prefill_backend: str | None = _ignored(None, "GPU")
     kda_prefill_backend: str | None = _ignored(None, "GPU")
     disable_log_stats: bool = _arg(
-        False, "serve: no periodic throughput log line", type=bool, kind=SERVER
+        False,
+        "serve: no periodic throughput log line; LLM: no get_metrics()",
+        type=bool,
+        kind=SERVER,
     )
 
     # ---- construction ------------------------------------------------------------------------
@@ -1261,24 +1330,18 @@ class EngineArgs:
     ) -> None:
         """Add a flag per argument (``names``: only those), grouped by kind; ``defaults``
         overrides some defaults (a benchmark's batch size, say)."""
-        groups: dict[str, Any] = {}
         defaults = defaults or {}
-        hidden = 0
         for f in fields(cls):
             if names is not None and f.name not in names:
                 continue
             meta = f.metadata
             kind = meta["kind"]
-            if kind not in groups:
-                groups[kind] = parser.add_argument_group(_GROUP_TITLES[kind])
             flags = [f"--{f.name.replace('_', '-')}", *meta["flags"]]
             default = defaults.get(f.name, f.default if f.default is not MISSING else None)
-            kw: dict[str, Any] = {"dest": f.name, "default": default, "help": meta["help"]}
-            if kind in (IGNORED, REFUSED) and not SHOW_ALL_FLAGS[0]:
-                kw["help"] = (
-                    argparse.SUPPRESS
-                )  # NOTE: accepted all the same (--help-all lists them)
-                hidden += 1
+            text = meta["help"]
+            if kind == IGNORED:
+                text = f"no effect here: {text}"
+            kw: dict[str, Any] = {"dest": f.name, "default": default, "help": text}
             if meta["type"] is bool:
                 kw["action"] = argparse.BooleanOptionalAction
             elif meta["nargs"] == "?":  # vLLM's --hf-token [TOKEN]
@@ -1290,12 +1353,9 @@ class EngineArgs:
                 kw["metavar"] = "{" + ",".join(meta["choices"]) + "}"
             else:
                 kw["type"] = meta["type"]
-            groups[kind].add_argument(*flags, **kw)
-        if hidden:
-            parser.epilog = (
-                "More vLLM and llama.cpp flags are accepted without effect here, or at their "
-                "defaults only: --help-all lists them."
-            )
+            action = section_group(parser, help_section(f.name)).add_argument(*flags, **kw)
+            if f.name in COMMON_ARGS:
+                common(action, COMMON_ARGS[f.name])
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:

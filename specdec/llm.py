@@ -9,12 +9,16 @@ from typing import Any
 
 from tqdm import tqdm
 
+from specdec.beam_search import BeamSearchOutput, BeamSearchSequence, get_beam_search_score
 from specdec.config import EngineArgs, SpeculativeConfig
 from specdec.engine.llm_engine import LLMEngine
 from specdec.engine.request import Request
+from specdec.inputs import TextPrompt, TokensPrompt
+from specdec.metrics import EngineMetrics
+from specdec.metrics_reader import Metric, snapshot
 from specdec.model.registry import DEFAULT_MODEL
-from specdec.outputs import RequestOutput, merge_samples
-from specdec.sampling_params import SamplingParams
+from specdec.outputs import PositionLogprobs, RequestOutput, merge_samples
+from specdec.sampling_params import BeamSearchParams, SamplingParams
 from specdec.spec_decode.metrics import SpecDecodeStats
 
 Prompt = str | list[int] | dict[str, Any]
@@ -45,17 +49,35 @@ class LLM:
         args = EngineArgs.from_kwargs(
             "LLM()", model=model, speculative_config=speculative_config, **kwargs
         )
-        self.engine = LLMEngine(args.create_engine_config())
-        self._generation_defaults = args.generation_defaults()
-        self.served_model_names: list[str] = list(names) if names else [model]
+        self._start(args, list(names) if names else [model])
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLM:
         llm = cls.__new__(cls)
-        llm.served_model_names = [args.model]
-        llm.engine = LLMEngine(args.create_engine_config())
-        llm._generation_defaults = args.generation_defaults()
+        llm._start(args, [args.model])
         return llm
+
+    def _start(self, args: EngineArgs, served_model_names: list[str]) -> None:
+        self.served_model_names: list[str] = served_model_names
+        self.engine = LLMEngine(args.create_engine_config())
+        self._generation_defaults = args.generation_defaults()
+        # NOTE: vLLM's names only, as vLLM's LLM.get_metrics reads them; disable_log_stats
+        # turns them off (as in vLLM)
+        self._metrics = (
+            None
+            if args.disable_log_stats
+            else EngineMetrics(served_model_names[0], prefixes=("vllm",))
+        )
+
+    def get_metrics(self) -> list[Metric]:
+        """The engine's Prometheus metrics with vLLM's names (``vllm:prompt_tokens``,
+        ``vllm:generation_tokens``, ``vllm:time_to_first_token_seconds``, ...) as vLLM's
+        reader dataclasses (``specdec.metrics_reader``: Counter, Gauge, Histogram, Vector),
+        totals over everything this LLM ran. Off with ``disable_log_stats=True``."""
+        if self._metrics is None:
+            raise RuntimeError("get_metrics: stat logging is disabled (disable_log_stats=True)")
+        self._metrics.update(self.engine)
+        return snapshot(self._metrics.registry)
 
     def get_default_sampling_params(self) -> SamplingParams:
         """What ``generate`` uses without SamplingParams: vLLM's generation_config /
@@ -196,6 +218,90 @@ class LLM:
             out.prompt = text  # NOTE: the rendered conversation, as vLLM's LLM.chat reports it
         return outs
 
+    def beam_search(
+        self,
+        prompts: TextPrompt | TokensPrompt | str | Sequence[TextPrompt | TokensPrompt | str],
+        params: BeamSearchParams,
+        lora_request: None = None,
+        use_tqdm: bool = False,
+        concurrency_limit: int | None = None,
+    ) -> list[BeamSearchOutput]:
+        """Beam search, as vLLM's ``LLM.beam_search``: per prompt the ``params.beam_width`` best
+        sequences (``BeamSearchOutput.sequences``, best first; ``tokens`` and ``text`` include
+        the prompt). Each step runs every live beam once through the engine (its prefix comes
+        from the prefix cache), expands it by its top ``2 * beam_width`` tokens and keeps the
+        ``beam_width`` best by length-penalised cumulative log-probability; a beam that draws
+        an end-of-generation token is finished. ``concurrency_limit``: prompts searched
+        together (default all)."""
+        if lora_request is not None:
+            raise ValueError("lora_request: LoRA adapters are not supported")
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError("params must be a BeamSearchParams")
+        items = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+        starts = []
+        for i, p in enumerate(items):
+            try:
+                prompt, salt = _unpack_prompt(p)
+            except ValueError as e:
+                raise ValueError(f"prompts[{i}]: {e}") from e
+            ids = self.engine.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+            starts.append((list(ids), salt))
+        limit = concurrency_limit or len(starts) or 1
+        outputs: list[BeamSearchOutput] = []
+        for lo in range(0, len(starts), limit):
+            outputs.extend(self._beam_search(starts[lo : lo + limit], params, use_tqdm))
+        return outputs
+
+    def _beam_search(
+        self,
+        starts: list[tuple[list[int], str | None]],
+        params: BeamSearchParams,
+        use_tqdm: bool,
+    ) -> list[BeamSearchOutput]:
+        """Beam search over a few prompts together: (prompt token ids, cache salt) each."""
+        tok = self.engine.tokenizer
+        eos = set() if params.ignore_eos else set(tok.eog_token_ids)
+        max_len = self.engine.max_model_len
+
+        def score(b: BeamSearchSequence) -> float:
+            return get_beam_search_score(b.tokens, b.cum_logprob, eos, params.length_penalty)
+
+        step = SamplingParams(
+            temperature=params.temperature, max_tokens=1, logprobs=2 * params.beam_width
+        )
+        live = [[BeamSearchSequence(tokens=list(ids))] for ids, _ in starts]
+        done: list[list[BeamSearchSequence]] = [[] for _ in starts]
+        for _ in tqdm(range(params.max_tokens), desc="Beam search", disable=not use_tqdm):
+            for i, beams in enumerate(live):  # NOTE: no room for another token: finished
+                done[i] += [_ended(b, "length") for b in beams if len(b.tokens) >= max_len]
+                live[i] = [b for b in beams if len(b.tokens) < max_len]
+            batch = [(i, b) for i, beams in enumerate(live) for b in beams]
+            if not batch:
+                break
+            prompts = [_tokens_prompt(b.tokens, starts[i][1]) for i, b in batch]
+            results = self.generate(prompts, step, use_tqdm=False)
+            grown: list[list[BeamSearchSequence]] = [[] for _ in starts]
+            for (i, beam), result in zip(batch, results):
+                for new in _expand(beam, result.outputs[0].logprobs[0]):
+                    if new.tokens[-1] in eos:
+                        done[i].append(_ended(new, "stop"))
+                    else:
+                        grown[i].append(new)
+            live = [sorted(g, key=score, reverse=True)[: params.beam_width] for g in grown]
+        outputs = []
+        for beams, finished in zip(live, done):
+            ranked = sorted(
+                finished + [_ended(b, "length") for b in beams], key=score, reverse=True
+            )
+            best = ranked[: params.beam_width]
+            for b in best:
+                keep = b.tokens
+                if b.finish_reason == "stop" and not params.include_stop_str_in_output:
+                    keep = keep[:-1]
+                b.text = tok.decode(keep, skip_special_tokens=False)
+            outputs.append(BeamSearchOutput(sequences=best))
+        return outputs
+
     def _render_chat(
         self,
         conv: object,
@@ -243,6 +349,7 @@ class LLM:
                 for out in self.engine.step():
                     if out.finished:
                         done[out.request_id] = out
+                        self._observe(out)
                         bar.update(1)
         except BaseException:
             for i in req_ids:
@@ -251,7 +358,15 @@ class LLM:
             raise
         finally:
             bar.close()
+            if self._metrics is not None:
+                self._metrics.update(self.engine)
         return [done[i] for i in req_ids if i in done]
+
+    def _observe(self, out: RequestOutput) -> None:
+        """A finished request's latencies into the metrics (failures: the engine counts)."""
+        if self._metrics is not None and out.outputs[0].finish_reason != "error":
+            self._metrics.observe_first_token(out)
+            self._metrics.observe_finished(out)
 
 
 def _signature() -> inspect.Signature:
@@ -309,6 +424,30 @@ def _unpack_prompt(p: object) -> tuple[object, str | None]:
     raise ValueError(
         f"a prompt dict needs 'prompt' (text) or 'prompt_token_ids'; got keys {sorted(p)}"
     )
+
+
+def _tokens_prompt(ids: list[int], salt: str | None) -> TokensPrompt:
+    return (
+        {"prompt_token_ids": ids} if salt is None else {"prompt_token_ids": ids, "cache_salt": salt}
+    )
+
+
+def _expand(beam: BeamSearchSequence, top: PositionLogprobs) -> list[BeamSearchSequence]:
+    """``beam`` extended by each of its next step's top tokens (``top``: that step's
+    log-probabilities, the sampled token's and the top ones)."""
+    return [
+        BeamSearchSequence(
+            tokens=[*beam.tokens, token_id],
+            logprobs=[*beam.logprobs, top],
+            cum_logprob=beam.cum_logprob + lp.logprob,
+        )
+        for token_id, lp in top.items()
+    ]
+
+
+def _ended(beam: BeamSearchSequence, finish_reason: str) -> BeamSearchSequence:
+    beam.finish_reason = finish_reason
+    return beam
 
 
 def _text_message(m: object, j: int) -> dict[str, Any]:

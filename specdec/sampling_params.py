@@ -291,3 +291,33 @@ class SamplingParams:
             or self.frequency_penalty != 0
             or self.repetition_penalty != 1.0
         )
+
+
+MAX_BEAM_WIDTH = MAX_LOGPROBS // 2  # each beam is expanded by its top 2 * beam_width tokens
+
+
+@dataclass
+class BeamSearchParams:
+    """``LLM.beam_search``'s parameters (vLLM's ``vllm.sampling_params.BeamSearchParams``):
+    keep the ``beam_width`` best sequences, each step expanding every beam by its top
+    ``2 * beam_width`` tokens, for at most ``max_tokens`` steps. Beams are ranked by cumulative
+    log-probability over ``len(tokens) ** length_penalty`` (prompt included, a final EOS not
+    counted, as vLLM). ``ignore_eos``: an EOS does not end a beam; ``temperature``: how each
+    step's sampled token is drawn (it joins the candidates; the ranking uses raw
+    log-probabilities); ``include_stop_str_in_output``: a finished beam's text ends with its
+    EOS text."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        _check_int("beam_width", self.beam_width, 1, MAX_BEAM_WIDTH)
+        _check_int("max_tokens", self.max_tokens, 1, INT_MAX)
+        _check_bool("ignore_eos", self.ignore_eos)
+        _check_bool("include_stop_str_in_output", self.include_stop_str_in_output)
+        _check_real("temperature", self.temperature, 0.0, TEMPERATURE_MAX)
+        _check_real("length_penalty", self.length_penalty, -1e6, 1e6)

@@ -7,10 +7,16 @@ import random
 import sys
 import time
 from pathlib import Path
-from typing import NoReturn
 
 from specdec.bench.cli import add_bench_parser
-from specdec.config import SHOW_ALL_FLAGS, ConfigError, EngineArgs
+from specdec.config import ConfigError, EngineArgs, common, section_group
+from specdec.entrypoints.arg_parser import (
+    ArgumentParser,
+    expand_dotted,
+    help_query,
+    json_flags,
+    walk,
+)
 from specdec.entrypoints.openai.api_server import add_serve_parser
 from specdec.entrypoints.utils import (
     add_sampling_args,
@@ -32,16 +38,16 @@ def _generate_parser(sub) -> None:
         help="generate text for one prompt, streaming to stdout",
         usage="%(prog)s [MODEL] [PROMPT] [options]",
     )
-    p.add_argument("model_tag", nargs="?", default=None, help="the model (same as --model)")
-    p.add_argument("prompt_text", nargs="?", default=None, help="the prompt (same as --prompt)")
+    p.sectioned = True  # NOTE: --help by section (entrypoints/arg_parser.py)
+    run = section_group(p, "prompt")
+    common(run.add_argument("model_tag", nargs="?", default=None, metavar="MODEL", help="the model (same as --model)"))  # fmt: skip
+    common(run.add_argument("prompt_text", nargs="?", default=None, metavar="PROMPT", help="the prompt (same as --prompt)"))  # fmt: skip
     EngineArgs.add_cli_args(p)
-    p.add_argument(
-        "--prompt",
-        "-p",
-        default=None,
+    common(run.add_argument(
+        "--prompt", "-p", default=None,
         help="the prompt (default: a code-edit request, where speculation shows well)",
-    )
-    chat = p.add_mutually_exclusive_group()
+    ), "the prompt (default: a code edit, where speculation shows)")  # fmt: skip
+    chat = run.add_mutually_exclusive_group()
     chat.add_argument(
         "--chat",
         action="store_true",
@@ -55,30 +61,35 @@ def _generate_parser(sub) -> None:
         action="store_false",
         help="the prompt as it is, no chat template (llama.cpp's -no-cnv)",
     )
-    p.add_argument(
+    run.add_argument(
         "--chat-template", default=None, help="with --chat: this template (a file, or the text)"
     )
-    p.add_argument("--max-tokens", "-n", "--n-predict", dest="max_tokens", type=int, default=256)
+    common(run.add_argument(
+        "--max-tokens", "-n", "--n-predict", dest="max_tokens", type=int, default=256,
+        help="tokens to generate at most",
+    ))  # fmt: skip
+    run.add_argument("--stop", action="append", default=None, help="a stop string (repeatable)")
+    run.add_argument("--ignore-eos", action="store_true", help="go on past end-of-text tokens")
+    common(run.add_argument(
+        "--compare-plain", action="store_true",
+        help="also run plain decoding; print the speedup",
+    ))  # fmt: skip
+    common(run.add_argument("--quiet", action="store_true", help="print only the summary"))
     add_sampling_args(
         p,
         {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0},
-        "sampling (llama.cpp's --temp and --repeat-penalty too)",
+        "the prompt's",
+        common_dests=("temperature",),
     )
-    p.add_argument(
+    section_group(p, "sampling").add_argument(
         "--sampling-seed", type=int, default=None, help="the request's seed (default: from --seed)"
     )
-    p.add_argument("--stop", action="append", default=None)
-    p.add_argument("--ignore-eos", action="store_true")
-    so = p.add_argument_group("structured output (llama.cpp's flags; at most one)")
+    so = section_group(p, "structured")
     so.add_argument("--grammar", default=None, help="a GBNF (llama.cpp) or Lark grammar")
     so.add_argument("--grammar-file", default=None, help="a file holding the grammar")
     so.add_argument("--json-schema", "-j", default=None, help="a JSON schema, as text")
     so.add_argument("--json-schema-file", default=None, help="a file holding a JSON schema")
     so.add_argument("--regex", default=None, help="a regular expression the output matches")
-    p.add_argument(
-        "--compare-plain", action="store_true", help="also run plain decoding; print the speedup"
-    )
-    p.add_argument("--quiet", action="store_true", help="print only the summary")
     p.set_defaults(func=cmd_generate)
 
 
@@ -223,18 +234,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def _no_abbreviations(parser: argparse.ArgumentParser) -> None:
     """No parser takes a prefix of a flag for the flag (``--tokenizer`` is not
     ``--tokenizer-mode``): a pasted flag we lack must fail, not land on a neighbour."""
-    parser.allow_abbrev = False
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for child in action.choices.values():
-                _no_abbreviations(child)
+    for p in walk(parser):
+        p.allow_abbrev = False
 
 
-class _Parser(argparse.ArgumentParser):
-    """One line per error, under the sub-command's own name, not ~65 lines of usage."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+# NOTE: one line per error, under the sub-command's own name; --help by section
+_Parser = ArgumentParser
 
 
 def _chosen(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
@@ -253,11 +258,8 @@ def _serve(args: argparse.Namespace) -> int:
     return cmd_serve_any(args)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    # NOTE: --help-all is --help with the flags that change nothing here listed too
-    SHOW_ALL_FLAGS[0] = "--help-all" in argv
-    argv = ["--help" if a == "--help-all" else a for a in argv]
+def build_parser() -> ArgumentParser:
+    """The ``specdec`` command line: generate, serve, bench and train."""
     parser = _Parser(prog="specdec", description="speculative decoding inference engine")
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
@@ -265,6 +267,17 @@ def main(argv: list[str] | None = None) -> int:
     add_bench_parser(sub)
     add_train_parser(sub)
     _no_abbreviations(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # NOTE: --help=all / --help=SECTION / --help=FLAG (--help-all: all) are --help, shown so
+    argv, query = help_query(argv)
+    parser = build_parser()
+    for p in walk(parser):
+        p.help_query = query
+    argv = expand_dotted(argv, json_flags(walk(parser)))  # vLLM's --speculative-config.method
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         # NOTE: every unknown flag at once, named by the sub-command that did not know them

@@ -75,11 +75,24 @@ def read_chat_template(value: str) -> str:
     return text
 
 
-def add_sampling_args(p: argparse.ArgumentParser, defaults: dict[str, Any], title: str) -> None:
-    """The sampling flags; ``defaults`` per dest (None: not given)."""
-    group = p.add_argument_group(title)
+def add_sampling_args(
+    p: argparse.ArgumentParser,
+    defaults: dict[str, Any],
+    what: str,
+    common_dests: tuple[str, ...] = (),
+) -> None:
+    """The sampling flags in --help's sampling section (``what`` they set); ``defaults`` per
+    dest (None: not given); ``common_dests``: those the short --help shows."""
+    from specdec.config import common, section_group
+
+    group = section_group(p, "sampling")
+    group.description = f"{what} (llama.cpp's spellings too)"
     for flags, dest, type_, help_ in SAMPLING_FLAGS:
-        group.add_argument(*flags, dest=dest, type=type_, default=defaults.get(dest), help=help_)
+        action = group.add_argument(
+            *flags, dest=dest, type=type_, default=defaults.get(dest), help=help_
+        )
+        if dest in common_dests:
+            common(action)
 
 
 def sampling_defaults(args: argparse.Namespace) -> dict[str, Any]:

@@ -349,24 +349,91 @@ def test_single_options_say_what_to_use_instead(capsys) -> None:
     assert "specdec serve --data-parallel-size" in err and "no tensor" not in err
 
 
-def test_help_lists_what_acts_and_help_all_the_rest(capsys) -> None:
-    """--help: the flags that change something; the ~200 accepted for vLLM / llama.cpp commands
-    without effect only under --help-all (and still accepted either way)."""
+def _help(capsys, monkeypatch, *argv: str) -> str:
     from specdec.entrypoints import cli
 
-    lines = {}
-    for cmd in ("generate", "serve"):
-        for flag in ("--help", "--help-all"):
-            with pytest.raises(SystemExit):
-                cli.main([cmd, flag])
-            lines[cmd, flag] = capsys.readouterr().out
-    for cmd in ("generate", "serve"):
-        short, full = lines[cmd, "--help"], lines[cmd, "--help-all"]
-        assert len(short.splitlines()) < 300 < len(full.splitlines()), cmd
-        assert "--help-all lists them" in short and "--enable-lora" not in short
-        assert "--enable-lora" in full and "--prefill-time-share" in short
-    with pytest.raises(SystemExit):
-        cli.main(["train", "eagle3", "--help"])
-    train = capsys.readouterr().out.split("options:", 1)[1]
-    for flag in ("--epochs", "--lr", "--draft-vocab", "--time-limit"):
+    monkeypatch.setenv("COLUMNS", "80")  # NOTE: a common terminal; argparse wraps to it
+    with pytest.raises(SystemExit) as e:
+        cli.main(list(argv))
+    assert e.value.code == 0
+    return capsys.readouterr().out
+
+
+def _leaf(*command: str) -> argparse.ArgumentParser:
+    from specdec.entrypoints import arg_parser, cli
+
+    parser = cli.build_parser()
+    for name in command:
+        (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        parser = sub.choices[name]
+    assert isinstance(parser, arg_parser.ArgumentParser)
+    return parser
+
+
+@pytest.mark.parametrize("cmd", ["generate", "serve"])
+def test_help_fits_on_a_screen_by_section(capsys, monkeypatch, cmd) -> None:
+    """--help: the common flags by section, each section's others counted, the ~200 flags
+    accepted without effect in one line; --help=all (and --help-all): every flag."""
+    short = _help(capsys, monkeypatch, cmd, "--help")
+    assert len(short.splitlines()) <= 120, len(short.splitlines())
+    for section in ("model", "cache", "scheduler", "speculative", "parallel"):
+        assert f"\n{section} (" in short, section
+    if cmd == "serve":
+        assert "\nserver (" in short and "--port" in short
+    assert "--max-num-seqs" in short and "--speculative-config" in short
+    assert "--enable-lora" not in short and "--prefill-time-share" not in short
+    (ignored,) = [line for line in short.splitlines() if line.startswith("accepted without")]
+    assert int(ignored.split()[3]) > 200 and "--help=ignored" in short
+    full = _help(capsys, monkeypatch, cmd, "--help=all")
+    assert _help(capsys, monkeypatch, cmd, "--help-all") == full
+    assert "--enable-lora, --no-enable-lora" in full and "--prefill-time-share" in full
+    assert len(full.splitlines()) > 500
+
+
+@pytest.mark.parametrize("cmd", ["generate", "serve"])
+def test_help_all_shows_every_flag_with_its_help_and_default(capsys, monkeypatch, cmd) -> None:
+    from specdec.entrypoints.arg_parser import HelpFormatter
+
+    full = _help(capsys, monkeypatch, cmd, "--help=all")
+    parser = _leaf(cmd)
+    formatter = HelpFormatter(parser.prog)
+    in_sections = {
+        id(a) for g in parser._action_groups if getattr(g, "section", None)
+        for a in g._group_actions
+    }  # fmt: skip
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        shown = formatter._get_help_string(action)
+        assert action.help and action.help.strip(), action.dest
+        assert id(action) in in_sections, action.dest  # every flag belongs to a section
+        if action.option_strings:
+            assert "default" in shown.lower() or "required" in shown, action.dest
+        for flag in action.option_strings:
+            name = flag[2:] if flag.startswith("--") else flag
+            assert name in full, flag
+
+
+def test_help_shows_one_section_or_the_flags_asked_for(capsys, monkeypatch) -> None:
+    spec = _help(capsys, monkeypatch, "serve", "--help=speculative")
+    assert spec == _help(capsys, monkeypatch, "serve", "--help=SpeculativeConfig")
+    assert spec == _help(capsys, monkeypatch, "serve", "--help=Speculative")
+    assert "--draft-p-min" in spec and "--max-num-seqs" not in spec and "--port" not in spec
+    model = _help(capsys, monkeypatch, "serve", "--help=modelconfig")
+    assert "--tokenizer" in model and "--kernels" in model and "--draft-max" not in model
+    assert "--enable-lora" in _help(capsys, monkeypatch, "generate", "--help=LoRAConfig")
+    flag = _help(capsys, monkeypatch, "serve", "--help=max_model_len")
+    assert "--max-model-len" in flag and "default min(4096" in flag and len(flag) < 400
+    found = _help(capsys, monkeypatch, "generate", "--help=draft")
+    for name in ("--draft-max", "--draft-min", "--draft-p-min", "--model-draft"):
+        assert name in found
+    assert "No section or flag matches" in _help(capsys, monkeypatch, "serve", "--help=zzz")
+
+
+def test_train_help_shows_every_default(capsys, monkeypatch) -> None:
+    text = _help(capsys, monkeypatch, "train", "eagle3", "--help")
+    train = text.split("options:", 1)[1]
+    for flag in ("--epochs", "--lr", "--draft-vocab", "--time-limit", "--resume"):
         assert "(default:" in train.split(flag, 1)[1].split("\n  --", 1)[0], flag
+    for flag in ("--model", "--data", "--out"):
+        assert "(required)" in train.split(flag, 1)[1].split("\n  --", 1)[0], flag

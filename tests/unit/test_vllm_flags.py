@@ -111,7 +111,8 @@ VLLM_VALUE_FLAGS = {
     "--max-num-batched-tokens": ["8k"], "--max-num-scheduled-tokens": ["2048"],
     "--max-num-seqs": ["256"], "--max-num-partial-prefills": ["1"],
     "--max-long-partial-prefills": ["1"], "--long-prefill-token-threshold": ["0"],
-    "--num-lookahead-slots": ["0"], "--scheduling-policy": ["priority"],
+    "--num-lookahead-slots": ["0"], "--num-scheduler-steps": ["8"],
+    "--scheduling-policy": ["priority"],
     "--scheduler-cls": ["x.Y"], "--stream-interval": ["1"],
     "--cudagraph-capture-sizes": ["1", "2", "4"], "--cuda-graph-sizes": ["8"],
     "--max-cudagraph-capture-size": ["512"], "--ir-op-priority": ["{}"],
@@ -128,6 +129,9 @@ VLLM_VALUE_FLAGS = {
     "--shutdown-timeout": ["5"], "--gdn-prefill-backend": ["triton"],
     "--kda-prefill-backend": ["auto"], "--spec-method": ["ngram"], "--spec-tokens": ["3"],
     "--spec-model": ["[ngram]"],
+    # vLLM's dotted spelling of any JSON flag
+    "--speculative-config.method": ["ngram"], "--kv-events-config.topic": ["x"],
+    "--compilation-config.cudagraph_mode": ["FULL"], "--hf-overrides.a.b=1": [],
     # the OpenAI front
     "--lora-modules": ["a=b"], "--chat-template": ["{{ x }}"],
     "--chat-template-content-format": ["auto"], "--default-chat-template-kwargs": ["{}"],
@@ -199,6 +203,42 @@ def test_flags_parse_to_vllm_values(monkeypatch) -> None:
         assert e.value.code == 2
 
 
+def test_dotted_json_flags_are_vllms_json(monkeypatch) -> None:
+    """``--X.a.b V`` is ``--X '{"a": {"b": V}}'`` (V as JSON where it parses), merged over
+    the other dotted keys and over ``--X`` given whole, for every flag whose value is JSON."""
+    args = _serve_args(
+        monkeypatch, "--speculative-config.method", "ngram",
+        "--speculative-config.num_speculative_tokens", "4", "--kv-events-config.topic", "x",
+        "--kv-events-config.enable_kv_cache_events=true", "--compilation-config.pass_config.a",
+        "[1, 2]", "-cc", '{"level": 3, "pass_config": {"b": null}}', "--max-model-len", "64",
+    )  # fmt: skip
+    assert json.loads(args.speculative_config) == {"method": "ngram", "num_speculative_tokens": 4}
+    assert args.kv_events_config == {"topic": "x", "enable_kv_cache_events": True}
+    assert args.compilation_config == {"level": 3, "pass_config": {"b": None, "a": [1, 2]}}
+    assert args.max_model_len == 64
+    spec = EngineArgs.from_cli_args(args).speculative()
+    assert spec.method == "ngram" and spec.num_speculative_tokens == 4
+    # a dotted key over the flag given whole; text that is not JSON stays text
+    args = _serve_args(
+        monkeypatch, "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}',
+        "--speculative-config.num_speculative_tokens=3", "--speculative-config.model", "[ngram]",
+    )  # fmt: skip
+    assert json.loads(args.speculative_config) == {
+        "method": "ngram", "num_speculative_tokens": 3, "model": "[ngram]",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "argv", [["--max-model-len.x", "1"], ["--speculative-config.method"], ["--no-such.x", "1"]]
+)
+def test_dotted_flags_of_other_flags_are_one_line_errors(capsys, monkeypatch, argv) -> None:
+    _record(monkeypatch)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["serve", "m", *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and argv[0] in err and err.count("\n") == 1, err
+
+
 @pytest.mark.parametrize(
     "argv, named",
     [
@@ -247,13 +287,14 @@ def test_ignored_flags_are_logged_once_in_one_line(tiny_llama, caplog) -> None:
     args = EngineArgs(
         model=str(tiny_llama), max_model_len=64, enable_expert_parallel=True,
         additional_config={"x": 1}, enable_lora=True, max_parallel_loading_workers=2,
-        kv_transfer_config={"kv_connector": "X"}, task="generate",
+        kv_transfer_config={"kv_connector": "X"}, task="generate", num_scheduler_steps=8,
     )  # fmt: skip
     args.create_engine_config()
     lines = [r.getMessage() for r in caplog.records if "ignored on CPU" in r.getMessage()]
     assert len(lines) == 1 and "\n" not in lines[0]
     for name in ("enable_expert_parallel", "additional_config", "enable_lora",
-                 "max_parallel_loading_workers", "kv_transfer_config"):  # fmt: skip
+                 "max_parallel_loading_workers", "kv_transfer_config",
+                 "num_scheduler_steps"):  # fmt: skip
         assert name in lines[0]
     assert "task" not in lines[0]  # its harmless value is no news
     caplog.clear()

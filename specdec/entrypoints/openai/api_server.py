@@ -35,7 +35,14 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from specdec.config import SHOW_ALL_FLAGS, ConfigError, EngineArgs, json_value, log_ignored
+from specdec.config import (
+    ConfigError,
+    EngineArgs,
+    common,
+    json_value,
+    log_ignored,
+    section_group,
+)
 from specdec.entrypoints.utils import (
     LOG_FORMAT,
     add_sampling_args,
@@ -613,45 +620,56 @@ _ON_BY_DEFAULT = ("enable_log_deltas", "cohere_is_reasoning_model", "enable_flas
 _SHORT_FLAGS = {"api_server_count": ("-asc",)}
 
 
-def _add_vllm_flag(group: Any, name: str, parse: Any, hide: bool = False) -> None:
-    """One of vLLM's server flags, parsed as vLLM parses it (``hide``: out of --help)."""
+# what the honoured vLLM server flags do here
+_HONOURED_HELP = {
+    "root_path": "the app's path prefix behind a proxy",
+    "uds": "listen on this Unix domain socket instead of --host/--port",
+    "ssl_keyfile": "TLS: the private key file",
+    "ssl_certfile": "TLS: the certificate file",
+    "ssl_ca_certs": "TLS: CA certificates that client certificates are checked against",
+    "ssl_cert_reqs": "TLS: client certificates (Python's ssl.CERT_*: 0 none, 2 required)",
+    "ssl_ciphers": "TLS: the ciphers allowed",
+    "disable_uvicorn_access_log": "no access log line per request",
+    "h11_max_incomplete_event_size": "the largest incomplete HTTP event, in bytes",
+    "middleware": "an ASGI middleware class (import path) to add; repeatable",
+    "disable_fastapi_docs": "no /docs, /redoc or /openapi.json",
+    "enable_prompt_tokens_details": "accepted: prompt token details are always reported",
+}
+
+
+def _add_vllm_flag(group: Any, name: str, parse: Any, help: str) -> None:
+    """One of vLLM's server flags, parsed as vLLM parses it."""
     flags = (f"--{name.replace('_', '-')}", *_SHORT_FLAGS.get(name, ()))
-    shown = {"help": argparse.SUPPRESS} if hide else {}
     if parse is bool:
         default = True if name in _ON_BY_DEFAULT else None
         group.add_argument(
-            *flags, dest=name, action=argparse.BooleanOptionalAction, default=default, **shown
+            *flags, dest=name, action=argparse.BooleanOptionalAction, default=default, help=help
         )
     elif parse in ("+", "append"):
         nargs = "+" if parse == "+" else None
         action = "append" if parse == "append" else None
-        group.add_argument(*flags, dest=name, nargs=nargs, action=action, default=None, **shown)
+        group.add_argument(*flags, dest=name, nargs=nargs, action=action, default=None, help=help)
     else:
-        group.add_argument(*flags, dest=name, type=parse, default=None, **shown)
+        group.add_argument(*flags, dest=name, type=parse, default=None, help=help)
 
 
 def make_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The engine flags (EngineArgs, as ``specdec generate``) plus vLLM's server flags, and
     llama.cpp's server sampling defaults (--temp, --top-k, --top-p, --repeat-penalty)."""
     EngineArgs.add_cli_args(p)
-    add_sampling_args(
-        p, {}, "default sampling for requests that do not set it (llama.cpp's server flags)"
-    )
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument(
-        "--served-model-name",
-        nargs="+",
-        default=None,
+    add_sampling_args(p, {}, "the default of requests that set none")
+    server = section_group(p, "server")
+    common(server.add_argument("--host", default="127.0.0.1", help="address to bind"))
+    common(server.add_argument("--port", type=int, default=8000, help="port to listen on"))
+    common(server.add_argument(
+        "--served-model-name", nargs="+", default=None,
         help="name(s) clients use; default: the model",
-    )
-    p.add_argument(
-        "--api-key",
-        nargs="+",
-        default=None,
+    ))  # fmt: skip
+    common(server.add_argument(
+        "--api-key", nargs="+", default=None,
         help=f"require 'Authorization: Bearer KEY' (or set {API_KEY_ENV}); one key",
-    )
-    p.add_argument(
+    ), "require 'Authorization: Bearer KEY'")  # fmt: skip
+    server.add_argument(
         "--allowed-hosts",
         nargs="+",
         type=_name_list,
@@ -659,7 +677,7 @@ def make_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="Host header names to accept ('*' any, '*.example.com' its subdomains); default: "
         "the loopback names when bound to a loopback address, any otherwise",
     )
-    p.add_argument(
+    server.add_argument(
         "--allowed-origins",
         nargs="+",
         type=_name_list,
@@ -667,64 +685,70 @@ def make_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="origins (https://app.example.com, or '*') that browsers may call from (CORS); "
         "default: none, CORS off",
     )
-    p.add_argument(
+    common(server.add_argument(
         "--chat-template",
         default=None,
         help="a chat template (a file, or the template itself) used instead of the model's: "
         "for base models, or to give a model's tools a template that lists them",
-    )
-    p.add_argument(
+    ), "a chat template (a file, or the text) instead of the model's")  # fmt: skip
+    server.add_argument(
         "--trust-request-chat-template",
         action=argparse.BooleanOptionalAction,
         default=False,
         help="accept a chat_template in requests (rendered in a sandboxed worker process with "
         "bounded time and memory); refused by default",
     )
-    p.add_argument(
+    server.add_argument(
         "--shutdown-timeout",
         type=float,
         default=DEFAULT_SHUTDOWN_TIMEOUT_S,
         help="on SIGTERM, seconds running requests may take to finish before they are ended "
         f"with an error (default {DEFAULT_SHUTDOWN_TIMEOUT_S:g})",
     )
-    for title, table, hide in (
-        ("vLLM server flags honoured here", HONOURED_SERVER_FLAGS, False),
-        ("vLLM server flags without effect here (logged once)", IGNORED_SERVER_FLAGS, True),
-        ("vLLM server flags accepted at their defaults only", REFUSED_SERVER_FLAGS, True),
-    ):
-        hide = hide and not SHOW_ALL_FLAGS[0]  # NOTE: accepted all the same
-        group = p.add_argument_group(title if not hide else None)
-        for name, parse, *_ in table:
-            _add_vllm_flag(group, name, parse, hide)
-    p.add_argument(
+    server.add_argument(
         "--metrics-prefix",
         choices=["both", "specdec", "vllm"],
         default="both",
         help="/metrics names: specdec:*, vLLM's vllm:* (what dashboards built for vLLM query), "
         "or both (default)",
     )
-    p.add_argument(
+    server.add_argument(
+        "--uvicorn-log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug", "trace"],
+        help="uvicorn's log level",
+    )
+    for name, parse in HONOURED_SERVER_FLAGS:
+        _add_vllm_flag(server, name, parse, f"vLLM: {_HONOURED_HELP[name]}")
+    ignored = section_group(p, "ignored")
+    for name, parse in IGNORED_SERVER_FLAGS:
+        _add_vllm_flag(ignored, name, parse, "no effect here: a vLLM server option")
+    for name, parse, accepted, why in REFUSED_SERVER_FLAGS:
+        shown = ", ".join(repr(v) for v in accepted if v is not None)
+        what = f"accepted as {shown} only" if shown else "refused if given"
+        _add_vllm_flag(ignored, name, parse, f"vLLM: {what} ({why})")
+    parallel = section_group(p, "parallel")
+    parallel.add_argument(
         "--replica-cpu-binding",
         default=None,
         help="with --data-parallel-size N: each replica's cores, '0-3|4-7' (one group per "
         "replica); default: the usable cores split evenly",
     )
-    p.add_argument(
+    parallel.add_argument(
         "--replica-routing",
         choices=["affinity", "round_robin"],
         default="affinity",
         help="with --data-parallel-size: session, prefix and load affinity (default), or round "
         "robin (a baseline)",
     )
-    ray = p.add_argument_group("Ray Serve (pip install 'specdec[ray]')")
+    ray = section_group(p, "ray")
     ray.add_argument("--ray", action="store_true", help="deploy on Ray Serve: one engine per replica behind one OpenAI ingress")  # fmt: skip
     ray.add_argument("--ray-address", default=None, help="join this Ray cluster ('auto': the local one started by `ray start`); default: start a local Ray")  # fmt: skip
     ray.add_argument("--num-replicas", type=int, default=1, help="engine replicas (fixed)")
     ray.add_argument("--min-replicas", type=int, default=None, help="autoscale from this many replicas")  # fmt: skip
     ray.add_argument("--max-replicas", type=int, default=None, help="autoscale up to this many replicas")  # fmt: skip
-    ray.add_argument("--target-ongoing-requests", type=float, default=2.0, help="autoscaling target: ongoing requests per replica (default 2)")  # fmt: skip
+    ray.add_argument("--target-ongoing-requests", type=float, default=2.0, help="autoscaling target: ongoing requests per replica")  # fmt: skip
     ray.add_argument("--autoscaling-policy", default=None, metavar="MODULE:FUNCTION", help="a custom Ray Serve autoscaling policy (import path); it may read each replica's mean TTFT as ctx.aggregated_metrics['ttft_mean_s']")  # fmt: skip
-    p.add_argument("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug", "trace"])  # fmt: skip
     return p
 
 
@@ -748,7 +772,16 @@ def add_serve_parser(subparsers: Any) -> None:
         help="OpenAI-compatible HTTP server (vLLM-style)",
         usage="%(prog)s [MODEL] [options]",
     )
-    p.add_argument("model_tag", nargs="?", default=None, help="the model (same as --model)")
+    p.sectioned = True  # NOTE: --help by section (entrypoints/arg_parser.py)
+    common(
+        section_group(p, "model").add_argument(
+            "model_tag",
+            nargs="?",
+            default=None,
+            metavar="MODEL",
+            help="the model (same as --model)",
+        )
+    )
     make_arg_parser(p)
     p.set_defaults(func=cmd_serve)
 
@@ -936,10 +969,15 @@ def _address(args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = make_arg_parser(
-        argparse.ArgumentParser(prog="python -m specdec.entrypoints.openai.api_server")
+    from specdec.entrypoints.arg_parser import ArgumentParser, expand_dotted, help_query, json_flags
+
+    parser = ArgumentParser(
+        prog="python -m specdec.entrypoints.openai.api_server", usage="%(prog)s [options]"
     )
-    args = parser.parse_args(argv)
+    parser.sectioned = True
+    make_arg_parser(parser)
+    argv, parser.help_query = help_query(list(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(expand_dotted(argv, json_flags([parser])))
     return run_command(cmd_serve, args)
 
 
