@@ -74,7 +74,10 @@ class EngineMetrics:
             Counter, "spec_decode_num_draft_tokens", "Draft tokens proposed.", m
         )
         self.num_accepted_tokens = metric(
-            Counter, "spec_decode_num_accepted_tokens", "Draft tokens accepted.", m
+            Counter,
+            "spec_decode_num_accepted_tokens",
+            "Draft tokens accepted and returned (none past a stop inside an accepted run).",
+            m,
         )
         self.num_grammar_draft_tokens = metric(
             Counter, "spec_decode_num_grammar_draft_tokens",

@@ -1,4 +1,5 @@
-"""``specdec bench latency`` and ``specdec bench forward-cost``."""
+"""``specdec bench latency`` and ``specdec bench forward-cost``; ``serve`` and ``multiturn`` register
+their own parsers."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from specdec.bench.args import (
 )
 from specdec.bench.dataset import DEFAULT_CODE_PREFIX, DEFAULT_DATASET
 from specdec.bench.forward_cost import DEFAULT_NS
+from specdec.bench.multiturn import add_multiturn_parser
 from specdec.bench.serve import add_serve_parser
 from specdec.config import EngineArgs
 
@@ -90,11 +92,12 @@ def _forward_cost_parser(sub) -> None:
 
 def add_bench_parser(subparsers) -> None:
     """Register ``bench`` and its subcommands on the main ``specdec`` parser."""
-    p = subparsers.add_parser("bench", help="benchmarks: latency, forward-cost, serve")
+    p = subparsers.add_parser("bench", help="benchmarks: latency, forward-cost, serve, multiturn")
     sub = p.add_subparsers(dest="bench_command", required=True)
     _latency_parser(sub)
     _forward_cost_parser(sub)
     add_serve_parser(sub)
+    add_multiturn_parser(sub)
 
 
 def cmd_latency(args: argparse.Namespace) -> int:

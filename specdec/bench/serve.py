@@ -288,20 +288,24 @@ def served_model_name(base_url: str, api_key: str | None = None) -> str:
 
 
 # ---- the run -----------------------------------------------------------------------------------
-class _InProcessServer:
-    """The engine behind ``specdec serve``, with one configuration, on a free 127.0.0.1 port."""
+class InProcessServer:
+    """The engine behind ``specdec serve``, with one configuration, on a free 127.0.0.1 port
+    (``max_num_seqs`` where the engine options leave it unset)."""
 
-    def __init__(self, opts: ServeOptions, cfg: BenchConfig, model_path: Path) -> None:
+    def __init__(
+        self, engine: EngineArgs, cfg: BenchConfig, model_path: Path, max_num_seqs: int
+    ) -> None:
         from specdec.engine.async_llm import AsyncLLM
         from specdec.entrypoints.openai.api_server import BackgroundServer, build_app
         from specdec.llm import LLM
 
-        engine = opts.engine.replace(
-            speculative_config=cfg.speculative_config(),
-            max_num_seqs=opts.engine.max_num_seqs or max(opts.concurrency),
+        llm = LLM.from_engine_args(
+            engine.replace(
+                speculative_config=cfg.speculative_config(),
+                max_num_seqs=engine.max_num_seqs or max_num_seqs,
+            )
         )
-        llm = LLM.from_engine_args(engine)
-        self.name = opts.engine.model
+        self.name = engine.model
         self.llm = AsyncLLM(llm.engine, log_stats=False)
         app = build_app(self.llm, [self.name], model_root=str(model_path))
         self.server = BackgroundServer(app).start(timeout=120.0)
@@ -420,7 +424,9 @@ class _Run:
                 if cfg.is_anchor:
                     target = self._start_llama_cpp(cfg, self.model_path)
                 else:
-                    server = _InProcessServer(self.opts, cfg, self.model_path)
+                    server = InProcessServer(
+                        self.opts.engine, cfg, self.model_path, max(self.opts.concurrency)
+                    )
                     target = _Target(cfg, server.url, server.name, server)
                 if target is None:
                     continue
@@ -519,7 +525,7 @@ class _Target:
     cfg: BenchConfig
     url: str
     model: str
-    server: _InProcessServer | LlamaCppServer | None = None  # None: --base-url, not ours to reset
+    server: InProcessServer | LlamaCppServer | None = None  # None: --base-url, not ours to reset
     style: RequestStyle | None = None
 
 

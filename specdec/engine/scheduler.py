@@ -336,12 +336,13 @@ class Scheduler:
 
     def _commit(self, req: Request, result: VerifyResult) -> None:
         """Append tokens one by one, stopping at EOS / stop ids / stop strings / length."""
+        # NOTE: first, so a step that fails before committing anything counts no accepted drafts
+        req.num_step_committed = 0
         if req.metrics.first_token_time is None:
             req.metrics.first_token_time = time.monotonic()
         grammar = req.grammar
         if grammar is not None and (why := grammar.failure()) is not None:
             raise GrammarViolation(why)  # the client's constraint: its request fails alone
-        req.num_step_committed = 0
         for i, tok in enumerate(result.token_ids):
             if grammar is not None and not grammar.accept(tok):
                 if (why := grammar.failure()) is not None and "gave up" in why:

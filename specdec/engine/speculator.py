@@ -285,7 +285,7 @@ class Speculator:
                 # NOTE: grammar-forced drafts come last; the controller learns the drafter's
                 num_model = s.num_drafts - s.num_forced_drafts
                 if s.num_forced_drafts:
-                    forced_ok = max(0, result.num_accepted - num_model)
+                    forced_ok = max(0, num_kept - num_model)
                     req.spec_stats.observe_grammar(s.num_forced_drafts, forced_ok)
                     self.stats.observe_grammar(s.num_forced_drafts, forced_ok)
                 if self.controller is not None and num_model:

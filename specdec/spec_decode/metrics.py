@@ -1,4 +1,11 @@
-"""Acceptance statistics, per request and per engine."""
+"""Acceptance statistics, per request and per engine.
+
+The one definition of the figures every report derives (README, "Acceptance figures"; vLLM's):
+``num_drafts`` counts verification steps that carried drafts, ``num_accepted_tokens`` the
+accepted drafts the request returned (none past a stop inside an accepted run: the speculator
+observes ``min(accepted, committed)``); acceptance rate = accepted / draft tokens, mean
+acceptance length = 1 + accepted / verification steps.
+"""
 
 from __future__ import annotations
 

@@ -88,11 +88,15 @@ class Reply {
   }
   show() {
     const secs = (performance.now() - this.start) / 1000;
-    const targets = this.tokens - this.drafts;
     $("tps").textContent = secs > 0 ? (this.tokens / secs).toFixed(1) : "-";
     $("accepted").textContent = String(this.drafts);
-    $("mal").textContent = targets ? (this.tokens / targets).toFixed(2) : "-";
-    $("rate").textContent = this.tokens ? (100 * this.drafts / this.tokens).toFixed(0) + "% of tokens" : "-";
+    // NOTE: the acceptance rate (accepted / proposed drafts) and the mean acceptance length
+    // (1 + accepted per verification step with drafts) need the drafts that were rejected and
+    // the steps that carried drafts: the stream shows neither, so they wait for the server's
+    // figures on the last chunk (finish); live, the share of tokens that came from drafts.
+    $("rate").textContent = "-";
+    $("mal").textContent = "-";
+    $("share").textContent = this.tokens ? (100 * this.drafts / this.tokens).toFixed(0) + "%" : "-";
     drawChart(this.shares);
   }
   finish(chunk) {
