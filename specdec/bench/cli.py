@@ -13,7 +13,7 @@ from specdec.bench.args import (
 )
 from specdec.bench.dataset import DEFAULT_CODE_PREFIX, DEFAULT_DATASET
 from specdec.bench.forward_cost import DEFAULT_NS
-from specdec.bench.replay import DEFAULT_METHODS
+from specdec.bench.replay import DEFAULT_METHODS, REPLAY_ENGINE_ARGS
 from specdec.bench.serve import add_serve_parser
 from specdec.config import EngineArgs
 
@@ -137,9 +137,7 @@ def _replay_parser(sub) -> None:
     run.add_argument("--methods", type=csv, default=None, help="default: every drafter recorded")
     run.add_argument("--categories", type=csv, default=None)
     run.add_argument("--max-tokens", type=int, default=None, help="default: the trace's")
-    run.add_argument("--threads", type=int, default=None)
-    run.add_argument("--kernels", default=None)
-    run.add_argument("--quantization", default=None)
+    EngineArgs.add_cli_args(run, REPLAY_ENGINE_ARGS)
     run.add_argument("--model-drafter-scale", type=float, default=None,
                      help="a head's or draft model's time here per recorded ms (default: this "
                      "file's one-row step over the recording model's)")  # fmt: skip
@@ -239,9 +237,7 @@ def cmd_replay_run(args: argparse.Namespace) -> int:
             categories=tuple(args.categories) if args.categories else None,
             max_tokens=args.max_tokens,
             model_scale=args.model_drafter_scale,
-            threads=args.threads,
-            kernels=args.kernels,
-            quantization=args.quantization,
+            engine=EngineArgs.from_cli_args(args).replace(model=args.model),
             ns=tuple(args.ns),
             repeats=args.repeats,
             bandwidth_gib=args.bandwidth_gib,

@@ -9,8 +9,9 @@ the drafts proposed, how many were accepted and how long the drafter's call took
 any smaller k the same step would have had min(accepted, k) accepted: the drafts at k are the
 first k of those at the cap.
 
-``run``: the file runs each prompt plain (greedy: its own tokens), then once per drafter with the
-engine's adaptive controller live and ``ReplayDrafter`` in the drafter's place: it proposes the
+``run``: the file runs each prompt plain (greedy: its own tokens), then plain again and once per
+drafter, in an order that rotates prompt by prompt, each drafter with the engine's adaptive
+controller live and ``ReplayDrafter`` in the drafter's place: it proposes the
 file's own next tokens cut where the recorded step was cut (at output position p inside a
 recorded step (p0, drafts d, accepted a): the next p0 + a - p tokens right, then wrong tokens
 up to p0 + d - p drafts), and it takes the time the drafter took. The target's forwards, the
@@ -32,9 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specdec.config import EngineArgs
 from specdec.spec_decode.base import DraftInput, DraftOutput, Proposer
 
 SCHEMA = "specdec.bench.replay_trace/1"
+# the engine options ``replay run`` takes (its --model is the file replayed on)
+REPLAY_ENGINE_ARGS = ("kernels", "quantization", "activation_dtype", "kv_cache_dtype", "threads")
 DEFAULT_METHODS = ("suffix", "ngram", "hybrid", "eagle3")
 # what the spec stats count, diffed around each replayed request
 _COUNTS = ("num_decisions", "num_chosen_drafts", "num_draft_tokens", "num_accepted_tokens")
@@ -383,9 +387,7 @@ class ReplayOptions:
     categories: tuple[str, ...] | None = None
     max_tokens: int | None = None  # None: the trace's
     model_scale: float | None = None  # None: this file's one-row step / the recording model's
-    threads: int | None = None
-    kernels: str | None = None
-    quantization: str | None = None
+    engine: EngineArgs | None = None  # engine options (REPLAY_ENGINE_ARGS); model is ``model``
     context: int | None = None  # forward-cost's context (None: the mean prompt length)
     ns: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16)
     repeats: int = 5
@@ -405,17 +407,15 @@ class _Arm:
     by_req: dict[str, Trace]
 
 
-def _engine(opts: ReplayOptions, tf: TraceFile, max_k: int, max_len: int):
+def _engine(opts: ReplayOptions, max_k: int, max_len: int):
     from specdec import LLM
 
     spec = {"method": "ngram", "num_speculative_tokens": max_k}  # replaced by each arm's drafter
-    kwargs: dict[str, Any] = {"threads": opts.threads, "kernels": opts.kernels,
-                              "quantization": opts.quantization}  # fmt: skip
-    kwargs = {k: v for k, v in kwargs.items() if v is not None}
-    return LLM(
-        opts.model, speculative_config=spec, max_num_seqs=1, max_model_len=max_len,
-        enable_prefix_caching=False, **kwargs,
+    engine = (opts.engine or EngineArgs()).replace(
+        model=opts.model, speculative_config=spec, max_num_seqs=1, max_model_len=max_len,
+        enable_prefix_caching=False,
     )  # fmt: skip
+    return LLM.from_engine_args(engine)
 
 
 def _make_arm(llm, name: str, d: DrafterTrace, scale: float) -> _Arm:
@@ -485,7 +485,7 @@ def run_replay(
         raise ValueError("no recorded requests selected")
     max_k = max(tf.drafters[n].k for n in names)
     longest = max(len(ids) for _, _, ids in reqs)
-    llm = _engine(opts, tf, max_k, longest + max_tokens + max_k + 16)
+    llm = _engine(opts, max_k, longest + max_tokens + max_k + 16)
     model, speculator = llm.engine.model, llm.engine.speculator
     vocab = model.cfg.vocab_size
     if any(max(ids) >= vocab for _, _, ids in reqs):
@@ -500,23 +500,22 @@ def run_replay(
     rows = {(n, c): _Acc() for n in ["plain", *names] for c in {c for _, c, _ in reqs}}
     for i, (req_id, category, ids) in enumerate(reqs):
         _use(speculator, None)
-        plain, sec = _timed(llm, ids, sampling)
-        rows["plain", category].add(len(plain) - 1, sec, None)
-        order = arms[i % len(arms) :] + arms[: i % len(arms)]  # NOTE: drift hits every drafter
-        for arm in order:
-            trace = arm.by_req.get(req_id)
-            if trace is None:
+        plain, _ = _timed(llm, ids, sampling)  # the file's own tokens, which plan the drafters
+        # NOTE: timed plain runs in the rotation too, so a drift hits it as it hits the drafters
+        turns: list[_Arm | None] = [None, *arms]
+        for arm in turns[i % len(turns) :] + turns[: i % len(turns)]:
+            if arm is not None and req_id not in arm.by_req:
                 continue
-            arm.drafter.plan(trace, plain)
+            if arm is not None:
+                arm.drafter.plan(arm.by_req[req_id], plain)
             _use(speculator, arm)
+            name = "plain" if arm is None else arm.name
             before = {c: getattr(speculator.stats, c) for c in _COUNTS}
             out, sec = _timed(llm, ids, sampling)
             if out != plain:
-                raise RuntimeError(
-                    f"{arm.name} on {req_id}: the replayed output differs from plain"
-                )
+                raise RuntimeError(f"{name} on {req_id}: the output differs from the first plain")
             counts = {c: getattr(speculator.stats, c) - before[c] for c in _COUNTS}
-            rows[arm.name, category].add(len(out) - 1, sec, counts)
+            rows[name, category].add(len(out) - 1, sec, counts if arm is not None else None)
         print(f"replayed {req_id} ({i + 1}/{len(reqs)})", flush=True)
     _use(speculator, None)
     result = _result(opts, tf, llm, names, rows, step_ms, scale, arms, max_k, reqs, max_tokens)
@@ -560,6 +559,7 @@ class _Acc:
 
 def _result(opts, tf, llm, names, rows, step_ms, scale, arms, max_k, reqs, max_tokens) -> dict:
     from specdec.bench import report
+    from specdec.bench.args import engine_settings
     from specdec.bench.forward_cost import measure_forward_cost
 
     model = llm.engine.model
@@ -578,8 +578,12 @@ def _result(opts, tf, llm, names, rows, step_ms, scale, arms, max_k, reqs, max_t
             "drafts_verified": c["num_draft_tokens"], "drafts_accepted": c["num_accepted_tokens"],
         })  # fmt: skip
     settings = {
-        k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(opts).items()
+        k: list(v) if isinstance(v, tuple) else v
+        for k, v in dataclasses.asdict(opts).items()
+        if k != "engine"
     }
+    if opts.engine is not None:
+        settings.update(engine_settings(opts.engine, REPLAY_ENGINE_ARGS))
     env = report.collect_environment(opts.model, opts.model, {"settings": settings})
     cfg = model.cfg
     return {
@@ -643,7 +647,7 @@ def _roof(opts: ReplayOptions, model, context: int) -> dict[str, float] | None:
 
     if opts.bandwidth_gib <= 0:
         return None
-    threads = opts.threads or torch.get_num_threads()
+    threads = (opts.engine and opts.engine.threads) or torch.get_num_threads()
     gbs = read_bandwidth(threads, opts.bandwidth_gib)
     cfg = model.cfg
     kv_elem = torch.finfo(model.kv_dtype).bits // 8 if model.kv_dtype.is_floating_point else 1
