@@ -64,6 +64,17 @@ SHAPES = {
         head_dim=128,
         vocab=151936,
     ),  # fmt: skip
+    # Qwen3-8B's shape (config.json of Qwen/Qwen3-8B: untied output layer)
+    "qwen3-8b": LlamaShape(
+        4096, 36, 32, 8, 12288, rope_theta=1_000_000.0, context=40960, tie_embeddings=False,
+        arch="qwen3", head_dim=128, vocab=151936,
+    ),
+    # Llama-3.1-8B's shape (config.json of meta-llama/Llama-3.1-8B; its rope scaling, which
+    # changes no speed, left out), the 128,256-token vocabulary padded onto SmolLM2's tokenizer
+    "llama-3.1-8b": LlamaShape(
+        4096, 32, 32, 8, 14336, rope_theta=500000.0, context=131072, tie_embeddings=False,
+        vocab=128256,
+    ),
     "qwen3-tiny": LlamaShape(256, 2, 4, 2, 512, context=512, arch="qwen3", head_dim=128),
     # Qwen3-30B-A3B's width (config.json of Qwen/Qwen3-30B-A3B: 128 experts of 768, 8 used, 32
     # q heads, 4 kv heads of 128, untied output) with 8 of its 48 layers: the 48 would be ~17 GB

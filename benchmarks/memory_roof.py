@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from dataclasses import dataclass, fields, is_dataclass
 
 import torch
+
+from specdec.bench.roof import read_bandwidth
 
 
 @dataclass
@@ -33,19 +34,6 @@ class Roof:
     @property
     def roof_ms(self) -> float:
         return (self.weight_mb + self.kv_mb) / self.bandwidth_gbs  # MB / (GB/s) = ms
-
-
-def read_bandwidth(threads: int, gib: float = 2.0, repeats: int = 5) -> float:
-    """GB/s of ``torch.sum`` over a ``gib`` GiB float32 tensor on ``threads`` threads (best run)."""
-    torch.set_num_threads(threads)
-    x = torch.ones(int(gib * (1 << 30)) // 4)
-    x.sum()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - start)
-    return x.numel() * 4 / best / 1e9
 
 
 def _tensors(obj, seen: set[int], out: dict[int, int], depth: int = 0) -> None:

@@ -1,25 +1,21 @@
-"""MoE speculation by trace replay: plain against speculative decode tok/s on a mixture-of-experts
-GGUF, driven by the acceptance the real default model shows on the same prompts.
+"""MoE speculation by trace replay: each drafter's speedup on a mixture-of-experts GGUF, driven
+by the acceptance the real default model shows on the same prompts: ``specdec bench replay``
+(``specdec/bench/replay.py``, the one replay implementation) with this benchmark's two prompt
+sets and the figures only a mixture of experts has.
 
 Random weights accept nothing and no real MoE model can be installed here, so (issue 34):
-  1. suffix decoding runs on smollm2-135m (fixed k, greedy, one request at a time) over two
-     prompt sets written for this benchmark (code edits; open chat; 8 each), recording per
-     step the output position, the drafts proposed and how many were accepted;
-  2. the MoE file runs each prompt plain (greedy), which gives the tokens it will produce;
-  3. the trace is replayed on the MoE file through ``TraceReplayDrafter``, a test drafter (not
-     in the method table) that proposes the MoE target's own tokens cut where the trace was
-     cut: at output position p inside a recorded step (p0, drafts d, accepted a), the target's
-     next p0 + a - p tokens, then wrong tokens up to p0 + d - p drafts. The adaptive controller
-     chooses k live (priced by the experts the rows would touch); the replay drafter is
-     self-sizing and confident, as suffix decoding is;
-  4. plain and speculative runs alternate prompt by prompt; tok/s per set, the speculative
-     output is checked equal to plain, and the expert predictor's quality is printed
-     (``moe.ExpertSpread``: the share of a decode step's experts the previous step's accepted
-     rows had touched, and the predicted count's mean relative error);
-  5. what the start-up cost curve allows on the trace (``bounds``): each step's k chosen with
-     hindsight, and every proposal verified whole, with rows priced as the curve has them and
-     with each row's experts drawn apart at random. On session 28's run, code edits allowed
-     1.61x / 1.41x with hindsight, and measured 1.275x.
+  1. suffix decoding runs on smollm2-135m (greedy, one request at a time, every step drafting up
+     to the cap) over two prompt sets written for this benchmark (code edits; open chat; 8 each):
+     ``specdec bench replay record``;
+  2. the MoE file runs each prompt plain, then replayed (``replay.ReplayDrafter``: the file's own
+     tokens cut where the trace was cut) with the adaptive controller live, priced by the experts
+     the rows would touch: ``specdec bench replay run``;
+  3. the expert predictor's quality on the reference model's text (``route_locality``: the share
+     of a decode step's experts the previous step's accepted rows had touched, and the predicted
+     count's mean relative error);
+  4. what the start-up cost curve allows on the trace (``replay.bounds``): each step's k chosen
+     with hindsight, and every proposal verified whole, with rows priced as the curve has them
+     and with each row's experts drawn apart at random.
 
 Tiny check (seconds):
     .venv/bin/python benchmarks/make_synthetic_gguf.py --shape qwen3moe-tiny --types Q8_0
@@ -36,13 +32,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
-from dataclasses import dataclass, field
+import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from specdec import LLM, SamplingParams
-from specdec.sample.rejection_sampler import VerifyResult
-from specdec.spec_decode.base import DraftInput, DraftOutput, Proposer
+from specdec.bench.replay import (
+    RecordOptions,
+    ReplayOptions,
+    Trace,
+    TraceFile,
+    bounds,
+    format_replay,
+    record,
+    run_replay,
+)
+
+if TYPE_CHECKING:
+    from specdec import LLM
 
 CODE_EDITS = [
     "Rename the variable `total` to `running_sum` everywhere in this function and return the "
@@ -92,173 +98,18 @@ OPEN_CHAT = [
 SETS = {"code_edit": CODE_EDITS, "open_chat": OPEN_CHAT}
 
 
-@dataclass
-class Trace:
-    """One prompt's suffix-decoding steps on the reference model: (output position, drafts
-    proposed, drafts accepted), in order."""
-
-    prompt_token_ids: list[int]
-    steps: list[tuple[int, int, int]] = field(default_factory=list)
-    output_token_ids: list[int] = field(default_factory=list)  # the reference model's
-
-    def windows(self) -> dict[int, tuple[int, int]]:
-        """Per output position inside a drafted step: (correct drafts left, drafts left)."""
-        out: dict[int, tuple[int, int]] = {}
-        for p0, drafts, accepted in self.steps:
-            for p in range(p0, p0 + min(accepted, drafts) + 1):
-                out[p] = (p0 + accepted - p, p0 + drafts - p)
-        return out
-
-
-class TraceReplayDrafter(Proposer):
-    """A test drafter (benchmarks only, never in the method table): the target's own tokens,
-    cut where a recorded trace was cut (see the module docstring)."""
-
-    free_drafts = True
-    confident_drafts = True
-
-    def __init__(self, vocab_size: int) -> None:
-        self.vocab_size = vocab_size
-        # prompt token ids -> (the target's greedy output, the trace's windows)
-        self.plans: dict[tuple[int, ...], tuple[list[int], dict[int, tuple[int, int]]]] = {}
-
-    def plan(self, prompt: list[int], target: list[int], trace: Trace) -> None:
-        self.plans[tuple(prompt)] = (target, trace.windows())
-
-    def propose(self, inp: DraftInput) -> DraftOutput:
-        drafts = []
-        for r in inp.requests:
-            target, windows = self.plans[tuple(r.token_ids[: r.num_prompt_tokens])]
-            p = r.next_position
-            correct, total = windows.get(p, (0, 0))
-            own = target[p : p + correct]
-            wrong = [(t + 1) % self.vocab_size for t in target[p + len(own) : p + total]]
-            drafts.append((own + wrong)[: r.max_num_drafts])
-        return DraftOutput(drafts, [None] * len(drafts))
-
-
-def chat_ids(llm: LLM, prompts: list[str]) -> list[list[int]]:
-    tok = llm.get_tokenizer()
-    return [
-        tok.apply_chat_template(
-            [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True
-        )
-        for p in prompts
-    ]
-
-
-def record_traces(model: str, k: int, max_tokens: int, num_prompts: int) -> dict[str, list]:
-    """Suffix decoding on the reference model, fixed k, each prompt alone: its steps."""
-    spec = {"method": "suffix", "num_speculative_tokens": k, "adaptive": False}
-    llm = LLM(model, max_num_seqs=1, speculative_config=spec)
-    speculator = llm.engine.speculator
-    current: list[Trace] = []
-    step = speculator.step
-
-    def recording_step(sched, results, hidden, update, requests) -> None:
-        for s, r in zip(sched.scheduled, results):
-            if isinstance(r, VerifyResult) and len(s.token_ids) == 1 + s.num_drafts:
-                p0 = s.start_pos + 1 - len(requests[s.req_id].prompt_token_ids)
-                current[-1].steps.append((p0, s.num_drafts, r.num_accepted))
-        step(sched, results, hidden, update, requests)
-
-    speculator.step = recording_step
-    sampling = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    traces: dict[str, list] = {}
-    for name, prompts in SETS.items():
-        traces[name] = []
-        for ids in chat_ids(llm, prompts[:num_prompts]):
-            current.append(Trace(ids))
-            out = llm.generate([{"prompt_token_ids": ids}], sampling, use_tqdm=False)[0]
-            current[-1].output_token_ids = list(out.outputs[0].token_ids)
-            traces[name].append(current[-1])
-    return traces
-
-
-def _timed(llm: LLM, ids: list[int], sampling: SamplingParams) -> tuple[list[int], float]:
-    start = time.perf_counter()
-    out = llm.generate([{"prompt_token_ids": ids}], sampling, use_tqdm=False)[0]
-    return list(out.outputs[0].token_ids), time.perf_counter() - start
-
-
-def replay(moe: str, traces: dict[str, list[Trace]], k: int, max_tokens: int, rounds: int) -> dict:
-    """Plain and trace-replayed speculative decoding on the MoE file, alternating per prompt."""
-    spec = {"method": "suffix", "num_speculative_tokens": k}
-    llm = LLM(moe, max_num_seqs=1, speculative_config=spec)
-    speculator = llm.engine.speculator
-    drafter = TraceReplayDrafter(llm.engine.model.cfg.vocab_size)
-    speculator.proposer = drafter
-    drafter.cost_model = speculator.controller.cost
-    sampling = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    speculator.enabled = False
-    llm.generate([{"prompt_token_ids": traces["code_edit"][0].prompt_token_ids}], sampling)
-    result: dict = {"cost": _cost_summary(speculator.controller.cost)}
-    for name, set_traces in traces.items():
-        spread = speculator.spread
-        if spread is not None:
-            spread.num_hit = spread.num_touched = 0
-            spread.abs_error = spread.num_predicted = 0.0
-        row = _run_set(llm, drafter, name, set_traces, sampling, rounds)
-        row["bounds"] = {
-            routing: bounds(set_traces, curve, k, max_tokens)
-            for routing, curve in _curves(speculator).items()
-        }
-        if spread is not None:
-            row["expert_hit_fraction"] = spread.hit_fraction
-            row["expert_count_error"] = spread.count_error
-            row["route_locality"] = route_locality(llm, set_traces)
-        result[name] = row
-    return result
-
-
-_COUNTS = ("num_decisions", "num_chosen_drafts", "num_draft_tokens", "num_accepted_tokens")
-
-
-def _run_set(
-    llm: LLM,
-    drafter: TraceReplayDrafter,
-    name: str,
-    traces: list[Trace],
-    sampling: SamplingParams,
-    rounds: int,
-) -> dict:
-    """Each prompt plain (its tokens plan the drafter), then plain and speculative, alternating
-    which goes first; the speculative output must equal plain."""
-    speculator = llm.engine.speculator
-    ms = {"plain": 0.0, "spec": 0.0}
-    num_tokens, counts = 0, dict.fromkeys(_COUNTS, 0)
-    # per prompt and round: tokens, plain ms, speculative ms (which prompt a set's ratio owes to)
-    per_prompt: list[dict] = []
-    for _ in range(rounds):
-        for i, trace in enumerate(traces):
-            speculator.enabled = False
-            plain, _ = _timed(llm, trace.prompt_token_ids, sampling)
-            drafter.plan(trace.prompt_token_ids, plain, trace)
-            prompt_ms = {}
-            for kind in ("plain", "spec") if i % 2 else ("spec", "plain"):
-                speculator.enabled = kind == "spec"
-                before = {c: getattr(speculator.stats, c) for c in _COUNTS}
-                out, sec = _timed(llm, trace.prompt_token_ids, sampling)
-                if out != plain:
-                    raise SystemExit(f"{name} prompt {i}: speculative output differs")
-                ms[kind] += 1000.0 * sec
-                prompt_ms[kind] = round(1000.0 * sec, 1)
-                for c in _COUNTS:
-                    counts[c] += getattr(speculator.stats, c) - before[c]
-            num_tokens += len(plain)
-            per_prompt.append({"prompt": i, "tokens": len(plain), **prompt_ms})
-    row = {
-        "plain_tok_s": num_tokens / ms["plain"] * 1000.0,
-        "spec_tok_s": num_tokens / ms["spec"] * 1000.0,
-        "trace_mean_accepted": _mean_accepted(traces),
-        "mean_chosen_k": counts["num_chosen_drafts"] / max(1, counts["num_decisions"]),
-        "num_tokens": num_tokens,
-        "drafts_verified": counts["num_draft_tokens"],
-        "drafts_accepted": counts["num_accepted_tokens"],
-        "per_prompt_ms": per_prompt,
-    }
-    row["speedup"] = row["spec_tok_s"] / row["plain_tok_s"]
-    return row
+def record_sets(target: str, k: int, max_tokens: int, num_prompts: int) -> TraceFile:
+    """Suffix decoding on the reference model over this benchmark's sets (as categories)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "moe_sets.jsonl"
+        lines = [
+            json.dumps({"id": f"{name}-{i}", "category": name, "turns": [text]})
+            for name, prompts in SETS.items()
+            for i, text in enumerate(prompts[:num_prompts])
+        ]
+        path.write_text("\n".join(lines) + "\n")
+        opts = RecordOptions(target, ("suffix",), (str(path),), None, None, max_tokens, k, True)
+        return record(opts)
 
 
 def route_locality(llm: LLM, traces: list[Trace]) -> dict[str, float]:
@@ -304,16 +155,11 @@ def route_locality(llm: LLM, traces: list[Trace]) -> dict[str, float]:
     }
 
 
-def _mean_accepted(traces: list[Trace]) -> float:
-    steps = [s for t in traces for s in t.steps]
-    return sum(a for _, _, a in steps) / max(1, len(steps))
-
-
 def _curves(speculator) -> dict[str, list[float]]:
     """A forward's cost by rows (index n - 1), as the start-up measurement has it ("alike": rows
     that touch one row's experts) and with each row's experts drawn apart at random (``top_k``
     of ``num_experts``, each distinct one at ``expert_ms``): real rows lie between."""
-    cost, spread = speculator.controller.cost, speculator.spread
+    cost, spread = speculator._measured_cost, speculator.spread
     curves = {"alike": list(cost.verify_ms)}
     if spread is not None and cost.expert_ms:
         e, k = cost.num_experts, spread.top_k
@@ -324,67 +170,26 @@ def _curves(speculator) -> dict[str, list[float]]:
     return curves
 
 
-def bounds(traces: list[Trace], verify_ms: list[float], k: int, max_tokens: int) -> dict:
-    """What a cost curve (``verify_ms[n - 1]``: a forward over n rows) allows on these traces,
-    against plain's max_tokens one-row steps: ``hindsight``, each step's k chosen
-    knowing how many drafts will survive (k = the correct drafts left, or any smaller k where
-    that costs less: a shortest path over output positions); ``whole``, every proposal verified
-    whole (suffix decoding's own drafts, capped at k). Neither counts the time between forwards
-    (sampling, scheduling), which a step with drafts saves too."""
-    k = min(k, len(verify_ms) - 1)
-    plain = hindsight = whole = 0.0
-    for trace in traces:
-        windows, n = trace.windows(), max_tokens
-        best = [0.0] * (n + 1)  # best[p]: least cost from output position p to the end
-        for p in range(n - 1, -1, -1):
-            correct = min(windows.get(p, (0, 0))[0], k)
-            best[p] = min(verify_ms[j] + best[min(n, p + j + 1)] for j in range(correct + 1))
-        p = 0
-        while p < n:
-            correct, total = windows.get(p, (0, 0))
-            total = min(total, k)
-            whole += verify_ms[total]
-            p += min(correct, total) + 1
-        plain += n * verify_ms[0]
-        hindsight += best[0]
-    return {"hindsight": plain / hindsight, "whole": plain / whole}
+def moe_figures(k: int, max_tokens: int):
+    """``run_replay``'s extra: per set, the bounds and the expert predictor's quality."""
 
+    def extra(llm, tf: TraceFile) -> dict:
+        speculator = llm.engine.speculator
+        out = {}
+        for name in SETS:
+            traces = [t for t in tf.drafters["suffix"].requests if t.category == name]
+            row = {
+                "bounds": {
+                    routing: bounds(traces, curve, k, max_tokens)
+                    for routing, curve in _curves(speculator).items()
+                }
+            }
+            if speculator.spread is not None:
+                row["route_locality"] = route_locality(llm, traces)
+            out[name] = row
+        return out
 
-def _cost_summary(cost) -> dict:
-    return {
-        "verify_ms": [round(x, 3) for x in cost.verify_ms[:9]],
-        "expert_ms": cost.expert_ms,
-        "curve_experts": cost.curve_experts,
-        "num_experts": cost.num_experts,
-    }
-
-
-def load_or_record(path: Path | None, args: argparse.Namespace) -> dict[str, list[Trace]]:
-    if path is not None and path.exists():
-        raw = json.loads(path.read_text())
-        if raw["settings"] != _settings(args):
-            raise SystemExit(f"{path} was recorded with {raw['settings']}: remove it or match")
-        return {
-            name: [
-                Trace(t["prompt_token_ids"], [tuple(s) for s in t["steps"]], t["output_token_ids"])
-                for t in ts
-            ]
-            for name, ts in raw["traces"].items()
-        }
-    traces = record_traces(args.target, args.k, args.max_tokens, args.num_prompts)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        payload = {
-            "settings": _settings(args),
-            "traces": {n: [t.__dict__ for t in ts] for n, ts in traces.items()},
-        }
-        path.write_text(json.dumps(payload))
-    return traces
-
-
-def _settings(args: argparse.Namespace) -> dict:
-    return {"target": args.target, "k": args.k, "max_tokens": args.max_tokens,
-            "num_prompts": args.num_prompts}  # fmt: skip
+    return extra
 
 
 def main() -> None:
@@ -394,39 +199,32 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=8, help="suffix decoding's cap (trace and replay)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--num-prompts", type=int, default=8, help="per set (at most 8)")
-    ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument(
         "--trace", type=Path, default=None, help="JSON: reused if present, else written"
     )
     ap.add_argument("--json", type=Path, default=None, help="write the result here")
     args = ap.parse_args()
-    traces = load_or_record(args.trace, args)
-    result = replay(args.moe, traces, args.k, args.max_tokens, args.rounds)
-    result["settings"] = {**_settings(args), "moe": args.moe, "rounds": args.rounds}
-    print(f"cost: {result['cost']}")
-    print(
-        "| set | plain tok/s | spec tok/s | speedup | trace accepted/step | mean k "
-        "| drafts verified / accepted / tokens | expert hit | count err |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for name in SETS:
-        r = result[name]
-        print(
-            f"| {name} | {r['plain_tok_s']:.2f} | {r['spec_tok_s']:.2f} | {r['speedup']:.3f} | "
-            f"{r['trace_mean_accepted']:.2f} | {r['mean_chosen_k']:.2f} | "
-            f"{r['drafts_verified']} / {r['drafts_accepted']} / {r['num_tokens']} | "
-            f"{r.get('expert_hit_fraction', float('nan')):.3f} | "
-            f"{r.get('expert_count_error', float('nan')):.3f} |"
-        )
-    for name in SETS:
-        for routing, b in result[name]["bounds"].items():
+    if args.trace is not None and args.trace.exists():
+        tf = TraceFile.load(args.trace)
+    else:
+        tf = record_sets(args.target, args.k, args.max_tokens, args.num_prompts)
+        if args.trace is not None:
+            tf.save(args.trace)
+    with tempfile.TemporaryDirectory() as tmp:
+        trace_path = args.trace or Path(tmp) / "trace.json"
+        if args.trace is None:
+            tf.save(trace_path)
+        opts = ReplayOptions(str(trace_path), args.moe, max_tokens=args.max_tokens)
+        result = run_replay(opts, moe_figures(args.k, args.max_tokens))
+    print(format_replay(result))
+    for name, row in result["extra"].items():
+        for routing, b in row["bounds"].items():
             print(
                 f"{name}, forwards priced with rows routed {routing}: k chosen with hindsight "
                 f"{b['hindsight']:.3f}x plain, every proposal verified whole {b['whole']:.3f}x"
             )
-    for name in SETS:
-        if "route_locality" in result[name]:
-            loc = result[name]["route_locality"]
+        if "route_locality" in row:
+            loc = row["route_locality"]
             print(
                 f"{name}: on the reference model's text, a step's accepted rows held "
                 f"{loc['hit']:.3f} of the next step's experts (chance {loc['chance']:.3f}); "

@@ -18,23 +18,18 @@ its slope, expert_ms).
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from moe_trace import Trace  # noqa: E402
-
-from specdec.spec_decode.controller import CostModel, SpecController  # noqa: E402
+from specdec.bench.replay import Trace, TraceFile
+from specdec.spec_decode.controller import CostModel, SpecController
 
 
 def _traces(path: Path) -> dict[str, list[Trace]]:
-    raw = json.loads(path.read_text())["traces"]
-    return {
-        name: [Trace(t["prompt_token_ids"], [tuple(s) for s in t["steps"]], t["output_token_ids"])
-               for t in ts]
-        for name, ts in raw.items()
-    }  # fmt: skip
+    """The suffix-decoding trace's requests, by category (``moe_trace.py``'s sets)."""
+    out: dict[str, list[Trace]] = {}
+    for t in TraceFile.load(path).drafters["suffix"].requests:
+        out.setdefault(t.category, []).append(t)
+    return out
 
 
 class World:

@@ -9,11 +9,13 @@ from specdec.bench.args import (
     FORWARD_COST_ENGINE_ARGS,
     LATENCY_ENGINE_ARGS,
     add_dataset_args,
+    csv,
     int_csv,
 )
 from specdec.bench.dataset import DEFAULT_CODE_PREFIX, DEFAULT_DATASET
 from specdec.bench.forward_cost import DEFAULT_NS
 from specdec.bench.multiturn import add_multiturn_parser
+from specdec.bench.replay import DEFAULT_METHODS, REPLAY_ENGINE_ARGS
 from specdec.bench.serve import add_serve_parser
 from specdec.config import EngineArgs
 
@@ -90,14 +92,77 @@ def _forward_cost_parser(sub) -> None:
     p.set_defaults(func=cmd_forward_cost)
 
 
+REPLAY_EPILOG = """\
+record: the real model runs each prompt per drafter (greedy, one at a time, every step drafting
+up to the cap); per step the drafts proposed, how many were accepted and the drafter's time.
+run: a GGUF file (random weights of a real shape: benchmarks/make_synthetic_gguf.py) runs each
+prompt plain, then each drafter replayed with the adaptive controller live: real forwards, the
+recorded acceptance and drafting time. Random weights change no speed, but the speedups are
+replays of another model's acceptance, and are labelled so.
+
+examples:
+  specdec bench replay record --model smollm2-135m --methods suffix,ngram --max-tokens 64 \\
+      --out bench_out/replay/trace.json
+  specdec bench replay run --trace bench_out/replay/trace.json \\
+      --model bench_out/synthetic/qwen3-1.7b-Q4_0.gguf
+"""
+
+
+def _replay_parser(sub) -> None:
+    p = sub.add_parser(
+        "replay",
+        help="each drafter's speedup on a random-weight GGUF of a real shape, replaying drafts "
+        "recorded on a real model",
+        epilog=REPLAY_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    rsub = p.add_subparsers(dest="replay_command", required=True)
+    rec = rsub.add_parser("record", help="record each drafter's steps on a real model")
+    rec.add_argument("--model", default="smollm2-135m", help="the real model recorded on")
+    rec.add_argument("--methods", type=csv, default=list(DEFAULT_METHODS),
+                     help="comma-separated drafters (default: %(default)s)")  # fmt: skip
+    rec.add_argument("--prompts", action="append", default=None, metavar="FILE.jsonl",
+                     help="prompt set (lines {id, category, turns}); repeatable (default: the "
+                     "package's own set)")  # fmt: skip
+    rec.add_argument("--categories", type=csv, default=None)
+    rec.add_argument("--num-prompts", type=int, default=None, help="first N of each category")
+    rec.add_argument("--max-tokens", type=int, default=128)
+    rec.add_argument("--k", type=int, default=None, help="every drafter's cap (default: its own)")
+    rec.add_argument("--threads", type=int, default=None)
+    rec.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                     help="use the chat template (default: when the model has one)")  # fmt: skip
+    rec.add_argument("--out", required=True, help="the trace (JSON)")
+    rec.set_defaults(func=cmd_replay_record)
+    run = rsub.add_parser("run", help="replay a trace on a GGUF file, the controller live")
+    run.add_argument("--trace", required=True)
+    run.add_argument("--model", required=True, help="the GGUF file replayed on")
+    run.add_argument("--methods", type=csv, default=None, help="default: every drafter recorded")
+    run.add_argument("--categories", type=csv, default=None)
+    run.add_argument("--max-tokens", type=int, default=None, help="default: the trace's")
+    EngineArgs.add_cli_args(run, REPLAY_ENGINE_ARGS)
+    run.add_argument("--model-drafter-scale", type=float, default=None,
+                     help="a head's or draft model's time here per recorded ms (default: this "
+                     "file's one-row step over the recording model's)")  # fmt: skip
+    run.add_argument("--ns", type=int_csv, default=(1, 2, 3, 4, 6, 8, 12, 16),
+                     help="forward-cost's N (reported)")  # fmt: skip
+    run.add_argument("--repeats", type=int, default=5, help="forward-cost's timed runs per N")
+    run.add_argument("--bandwidth-gib", type=float, default=1.0,
+                     help="the read-bandwidth test's size (0: no roof)")  # fmt: skip
+    run.add_argument("--json", dest="json_path", default=None)
+    run.set_defaults(func=cmd_replay_run)
+
+
 def add_bench_parser(subparsers) -> None:
     """Register ``bench`` and its subcommands on the main ``specdec`` parser."""
-    p = subparsers.add_parser("bench", help="benchmarks: latency, forward-cost, serve, multiturn")
+    p = subparsers.add_parser(
+        "bench", help="benchmarks: latency, forward-cost, serve, multiturn, replay"
+    )
     sub = p.add_subparsers(dest="bench_command", required=True)
     _latency_parser(sub)
     _forward_cost_parser(sub)
     add_serve_parser(sub)
     add_multiturn_parser(sub)
+    _replay_parser(sub)
 
 
 def cmd_latency(args: argparse.Namespace) -> int:
@@ -140,6 +205,48 @@ def cmd_forward_cost(args: argparse.Namespace) -> int:
             warmup=args.warmup,
             json_path=args.json_path,
             moe_grouped=not args.moe_one_by_one,
+        )
+    )
+    return 0
+
+
+def cmd_replay_record(args: argparse.Namespace) -> int:
+    from specdec.bench.replay import RecordOptions, record
+
+    if args.max_tokens < 1 or (args.k is not None and args.k < 1):
+        raise ValueError("--max-tokens and --k must be >= 1")
+    opts = RecordOptions(
+        model=args.model,
+        methods=tuple(args.methods),
+        prompts=tuple(args.prompts or ()),
+        categories=tuple(args.categories) if args.categories else None,
+        num_prompts=args.num_prompts,
+        max_tokens=args.max_tokens,
+        k=args.k,
+        chat=args.chat,
+        threads=args.threads,
+    )
+    record(opts).save(args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def cmd_replay_run(args: argparse.Namespace) -> int:
+    from specdec.bench.replay import ReplayOptions, run_replay_cli
+
+    run_replay_cli(
+        ReplayOptions(
+            trace=args.trace,
+            model=args.model,
+            methods=tuple(args.methods) if args.methods else None,
+            categories=tuple(args.categories) if args.categories else None,
+            max_tokens=args.max_tokens,
+            model_scale=args.model_drafter_scale,
+            engine=EngineArgs.from_cli_args(args).replace(model=args.model),
+            ns=tuple(args.ns),
+            repeats=args.repeats,
+            bandwidth_gib=args.bandwidth_gib,
+            json_path=args.json_path,
         )
     )
     return 0
