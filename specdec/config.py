@@ -512,11 +512,12 @@ _NAME_SECTION = {
                      "activation_dtype", "max_model_len", "seed", "enforce_eager",
                      "static_shapes", "generation_config", "override_generation_config"),
                     "model"),
-    **dict.fromkeys(("kv_cache_dtype", "kv_cache_memory", "enable_prefix_caching"), "cache"),
+    **dict.fromkeys(("kv_cache_dtype", "kv_cache_memory", "enable_prefix_caching",
+                     "kv_events_config"), "cache"),
     **dict.fromkeys(("max_num_seqs", "max_num_batched_tokens", "prefill_time_share"),
                     "scheduler"),
     **dict.fromkeys(("threads", "tensor_parallel_size", "distributed_executor_backend",
-                     "cpu_binding"), "parallel"),
+                     "cpu_binding", "data_parallel_rank"), "parallel"),
 }  # fmt: skip
 # the arguments --help shows (the others under --help=SECTION / --help=all), with a short help
 COMMON_ARGS = {
