@@ -133,7 +133,7 @@ class Speculator:
         draft cost about a target step per draft. The controller kept them off, but its
         per-step bookkeeping and its probes (each a catch-up over the whole request) held
         layer_skip at 0.91-0.95x plain on held-out chat; dormant, 0.99-1.01x (paired, quiet,
-        BENCHMARKS.md session 21). ``"adaptive": false`` drafts anyway.
+        2-core AVX2 EPYC, 2026-11-27; `git show 610d18e:BENCHMARKS.md`). ``"adaptive": false`` drafts anyway.
         """
         if self.proposer.free_drafts or self.max_k < 1:
             return False
@@ -166,7 +166,7 @@ class Speculator:
             )
             context = max(1, min(64, self.scheduler.max_model_len - max((max_n, *batch_ns)) - 1))
             # NOTE: a verify row at 2,000 tokens of context cost 2.3x one at 200 on an AVX2
-            # machine (SmolLM2-135M, session 16): drafts are priced at each request's length.
+            # machine (SmolLM2-135M, 2026-11-26): drafts are priced at each request's length.
             long_context = min(LONG_CONTEXT, self.scheduler.max_model_len - 16)
             return measure_verify_cost(
                 target, kv, slot, max_n, context, batch_ns=batch_ns, long_context=long_context

@@ -86,7 +86,7 @@ class Proposer(ABC):
     # probability floor), so their quality varies draft by draft and a request's running rates
     # predict them poorly. For a request running alone the controller then drafts whenever its
     # guard allows, instead of gating on those rates (which, measured, turned off ~30% of suffix
-    # decoding's steps and cost it ~1.6%, session 13). Only with free_drafts.
+    # decoding's steps and cost it ~1.6%, 2026-11-25). Only with free_drafts.
     confident_drafts: bool = False
     # A cap of the drafter's own above num_speculative_tokens (hybrid: suffix decoding's, while
     # num_speculative_tokens bounds the head). None: num_speculative_tokens.

@@ -38,7 +38,7 @@ probe cheaper (it has more to catch up on), so without the budget probes cost it
 Drafters that cost next to nothing to ask (Proposer.free_drafts: n-gram, suffix) are not probed
 for a request running alone: whenever one of their requests gets no drafts, the engine still asks
 for them and scores them against the tokens that arrive, so the rates stay current. Their k is
-priced like any drafter's. NOTE: until session 20 a lone request got the whole cap whenever some
+priced like any drafter's. NOTE: until 2026-11-27 a lone request got the whole cap whenever some
 k paid ("all or nothing", on the view that such drafters stop where their match ends); prompt
 lookup does not (it returns the k tokens after its match), and on an AVX2 machine, where each
 verified row costs ~0.2 of a one-row step, n-gram then verified ~5 drafts for ~0.7 accepted: on
@@ -50,7 +50,7 @@ Drafters whose drafts end where their own confidence does
 (Proposer.confident_drafts: suffix decoding, hybrid) are not gated by the rates at all for a
 request alone, only by the guard: a suffix draft from a 12-token match survives ~0.97 a token and
 one from a 1-token match ~0.25, so one request's running rates mostly reflect which kind came
-last. Gating on them turned suffix decoding off for ~30% of its steps and cost it ~1.6% (session 13).
+last. Gating on them turned suffix decoding off for ~30% of its steps and cost it ~1.6% (2-core Xeon, 2026-11-25).
 
 Guard. Whatever the model says, the realised milliseconds per generated token of the whole batch
 are tracked per batch size, for cycles that drafted by choice and for cycles that drafted nothing
@@ -439,7 +439,7 @@ class SpecController:
         costs nearly a target step per draft (the target as its own draft, layer_skip on 28 of
         30 layers) can gain a few percent at best, less than the cost model's errors; with
         acceptance learnt near 1 the target drafting for itself drafted 30-60 times a prompt and
-        ran at 0.86x plain on held-out chat (session 19).
+        ran at 0.86x plain on held-out chat (2-core AVX2 EPYC, 2026-11-27).
         """
         key = (num_reqs, cap)  # the same for every request of a batch: computed once a step
         if key not in self._could_pay:

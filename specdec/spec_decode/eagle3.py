@@ -34,7 +34,7 @@ from specdec.spec_decode.hidden_head import (
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 # The head's weights at run time (where the 8-bit activation kernels run): Q4_0 reads half the
-# bytes of Q8_0 per draft; see BENCHMARKS.md, session 9.
+# bytes of Q8_0 per draft (measured 2026-11-24; `git show 5196d6d:BENCHMARKS.md`).
 DEFAULT_QTYPE = "q4_0"
 
 

@@ -15,7 +15,8 @@ time: suffix decoding's draft, the head's best j, or no draft. Expected tokens p
 decides. Without the adaptive controller (no cost model) the larger expected number of accepted
 drafts wins, as before. NOTE: pricing matters on a CPU: a head whose first draft survives a third
 of the time adds about what its verified row costs, so drafting it whenever suffix decoding had
-nothing made hybrid slower than suffix decoding alone (1.24x against 1.30x plain, session 11).
+nothing made hybrid slower than suffix decoding alone (1.24x against 1.30x plain, 2-core Xeon,
+2026-11-24).
 
 While the head is not run, the target's states it has not read wait here and it reads them all
 in one step the next time it drafts (one step over n rows costs about one over one). Shadow

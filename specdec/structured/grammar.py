@@ -2,7 +2,8 @@
 give the token mask of each verification row, cut drafts the grammar rejects, and propose the
 tokens the grammar forces.
 
-Why llguidance (measured, see BENCHMARKS.md "Session 9: structured output"): its masks cost
+Why llguidance (measured on the 2-core Xeon, 2026-11-24: `git show
+5196d6d:BENCHMARKS.md`, structured output): its masks cost
 ~60 us per token for a nested JSON schema over SmolLM2's 49k vocabulary on this CPU, with no
 grammar-compile step worth caching (~1 ms for a schema); it has a rollback, a prefix check of
 draft tokens (``validate_tokens``) and the forced tokens we draft, and its wheel needs

@@ -18,7 +18,7 @@ on the GPU; torch's CPU attention does not keep them). A given position is alway
 same shape: prompt positions by prefill pieces, generated positions by steps, whatever else runs
 beside them. That is the GPU's batch invariance, the property the native CPU kernels have by
 construction (DESIGN.md), bought with padding: on a GPU the padded step costs what it costs
-(on an H200, 3.81 ms for SmolLM2-135M with 1 or 8 real rows; BENCHMARKS.md session 24).
+(on an H200, 3.81 ms for SmolLM2-135M with 1 or 8 real rows; BENCHMARKS.md, GPU, 2026-11-27).
 
 The cache layout is the torch path's ``[layers, slots, Hkv, positions, D]``; a slot's keys are one
 ``[Hkv, span, D]`` view, so attention needs no gather (gpt-fast's static KV cache, with vLLM's

@@ -1,9 +1,10 @@
-"""Every `specdec ...` command in the README's ```bash blocks, so the README cannot drift from
-the CLI. Each one is parsed by the real `specdec` parser (the command's function replaced by a
-recorder): a README command that does not parse fails here. `generate`, the first `serve` (a
-subprocess: healthy, one request, SIGTERM) and `bench latency` / `bench forward-cost` also run,
-with small sizes (4 tokens, 1 prompt); `train` (minutes of CPU), `bench serve` and the commands
-on files the README makes elsewhere (synthetic GGUFs, a trained head) are parsed only."""
+"""Every `specdec ...` command in the ```bash blocks of the README and of the manual (docs/*.md),
+so neither can drift from the CLI. Each one is parsed by the real `specdec` parser (the command's
+function replaced by a recorder): a command that does not parse fails here. `generate`, the
+first `serve` (the README's, in a subprocess: healthy, one request, SIGTERM) and `bench latency`
+/ `bench forward-cost` also run, with small sizes (4 tokens, 1 prompt); `train` (minutes of CPU),
+`bench serve` and the commands on files made elsewhere (synthetic GGUFs, a trained head) are
+parsed only."""
 
 from __future__ import annotations
 
@@ -30,10 +31,11 @@ SMALL = {"--max-tokens": "4", "-n": "4", "--num-prompts": "1", "--ns": "1,2", "-
 
 
 def readme_commands() -> list[tuple[dict[str, str], list[str]]]:
-    """(environment, argv after `specdec`) for every specdec command in the README's bash blocks
-    (`\\` continuations joined; `VAR=value` prefixes, `&`, comments and `for ...; do` handled:
-    a loop variable takes its first value)."""
-    text = (ROOT / "README.md").read_text()
+    """(environment, argv after `specdec`) for every specdec command in the bash blocks of the
+    README, then of the manual's pages, each once (`\\` continuations joined; `VAR=value`
+    prefixes, `&`, comments and `for ...; do` handled: a loop variable takes its first value)."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    text = "\n".join(page.read_text() for page in pages)
     commands = []
     variables = {"SPECDEC_KEY": "a-key"}
     for block in re.findall(r"```(?:bash|sh|shell)\n(.*?)```", text, re.S):
@@ -56,7 +58,8 @@ def readme_commands() -> list[tuple[dict[str, str], list[str]]]:
                 if not names:
                     continue
                 env = dict(w.split("=", 1) for w in command[: names[0]] if "=" in w)
-                commands.append((env, command[names[0] + 1 :]))
+                if (env, command[names[0] + 1 :]) not in commands:
+                    commands.append((env, command[names[0] + 1 :]))
     return commands
 
 

@@ -151,7 +151,7 @@ constexpr int64_t kA8TileRows = 16;
 // linear()'s qtype for a repacked weight: kA8QtypeBase + its A8Kind.
 constexpr int64_t kA8QtypeBase = 16;
 // A tile's header: the 16 rows' f16 scales d (32 bytes), then Q4_1's f16 minimums m (32 more);
-// the codes follow it.  NOTE: Q4_0 and Q8_0 tiles carried Q4_1's 64-byte header until session 25
+// the codes follow it.  NOTE: Q4_0 and Q8_0 tiles carried Q4_1's 64-byte header until commit 3c6029b
 // (32 bytes of padding a tile: 0.625 bytes a Q4_0 weight instead of the file's 0.5625).
 constexpr int64_t a8_head_bytes(int kind) { return kind == A8_Q4_1 ? 64 : 32; }
 constexpr int64_t a8_tile_bytes(int kind) { return a8_head_bytes(kind) + (kind == A8_Q8 ? 512 : 256); }

@@ -53,7 +53,7 @@ namespace {
 // Tile registers: 0 the activations (R rows x 32 bytes), 1-3 the weights of up to three 16-row
 // groups (8 rows x 64 bytes), 4-6 their sums (R rows x 16 int32), 7 the offset tile (8 x 64
 // bytes of -o).  Measured on this project's Sapphire Rapids-class VM (benchmarks/gemm_roof.py and
-// BENCHMARKS.md, session 10): tile loads cost about a cycle per row, a tile store ~18 cycles
+// the run of 2026-11-24 in `git show 5196d6d:BENCHMARKS.md`): tile loads cost about a cycle per row, a tile store ~18 cycles
 // whatever R, one block's tile sequence ~32-40 cycles, and the tile work hardly overlaps the rescale
 // (deeper software pipelines over four sum tiles measured no faster), so one activation tile
 // feeds up to three groups and each block's products run just before its rescale.

@@ -513,7 +513,8 @@ torch::Tensor weight_bytes(int64_t n) {
 
 // n bytes of the file at path from offset, read into a weight_bytes tensor (huge pages), in 8 MiB
 // pieces across the pool.  NOTE: the weight cache's file mapped in place has 4 KiB pages, which
-// made a 1.7B Q4_0 step 1.03-1.09x slower than the same tiles in huge pages (session 25).
+// made a 1.7B Q4_0 step 1.03-1.09x slower than the same tiles in huge pages (2-core AVX2 EPYC,
+// 2026-11-28; BENCHMARKS.md, Memory).
 torch::Tensor weight_from_file(const std::string& path, int64_t offset, int64_t n) {
     TORCH_CHECK(offset >= 0 && n >= 0, "specdec weight_from_file: negative offset or size");
     const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);

@@ -3,7 +3,7 @@
 // Tiles touch only 1-16 weight rows at a time, too few concurrent misses for the hardware
 // prefetchers to reach full bandwidth at one activation row (decode): quantized tiles prefetch
 // 8 KiB ahead (the 8-bit activation Q8_0 output layer of a 152k vocabulary at one row: 20.5 ->
-// 13.7 ms, BENCHMARKS.md session 18).
+// 13.7 ms on a 2-core AVX2 EPYC, 2026-11-27; `git show 610d18e:BENCHMARKS.md`).
 #pragma once
 
 #include <immintrin.h>
