@@ -588,7 +588,7 @@ SPECDEC_VNNI inline float quantize_probs(const float* p, int64_t j0, int64_t b, 
 }
 
 constexpr int kScoreTileI8 = 12;
-constexpr int kValueTileI8 = 3;
+constexpr int kValueTileI8 = 2;
 
 SPECDEC_VNNI void attention_block_q8_int(const AttnRows& a, int64_t j0, float* part, float* scratch) {
     const int64_t D = a.D, G = a.G, R = a.R, Q = R * G, P = attn_part_floats(D);
@@ -691,14 +691,12 @@ SPECDEC_VNNI void attention_block_q8_int(const AttnRows& a, int64_t j0, float* p
             if (direct) {
                 switch (qt) {
                     case 1: value_tile_i8<1, true>(q, qb, vt, g0, g1, ch, D, j0, outs, vq); break;
-                    case 2: value_tile_i8<2, true>(q, qb, vt, g0, g1, ch, D, j0, outs, vq); break;
-                    default: value_tile_i8<3, true>(q, qb, vt, g0, g1, ch, D, j0, outs, vq); break;
+                    default: value_tile_i8<2, true>(q, qb, vt, g0, g1, ch, D, j0, outs, vq); break;
                 }
             } else {
                 switch (qt) {
                     case 1: value_tile_i8<1>(q, qb, vt, g0, g1, ch, D, j0, outs); break;
-                    case 2: value_tile_i8<2>(q, qb, vt, g0, g1, ch, D, j0, outs); break;
-                    default: value_tile_i8<3>(q, qb, vt, g0, g1, ch, D, j0, outs); break;
+                    default: value_tile_i8<2>(q, qb, vt, g0, g1, ch, D, j0, outs); break;
                 }
             }
             t += qt;
