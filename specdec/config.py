@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
+from specdec.errors import ConfigError
 from specdec.methods import METHODS, canonical_method
 from specdec.model.registry import DEFAULT_MODEL
 
@@ -28,10 +29,6 @@ VLLM_IGNORED_KEYS = (
     "enable_adaptive_verification",
 )  # fmt: skip
 logger = logging.getLogger("specdec.config")
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the key and what is allowed."""
 
 
 @dataclass
@@ -439,35 +436,45 @@ class EngineConfig:
 
     def _check_parallel(self) -> None:
         """The executor backend and the CPU binding (the heads are checked at load)."""
-        backend = self.distributed_executor_backend
-        if backend is None:
-            backend = "mp" if self.tensor_parallel_size > 1 else "uni"
-        if backend not in EXECUTOR_BACKENDS:
-            raise ConfigError(
-                f"distributed_executor_backend must be one of {', '.join(EXECUTOR_BACKENDS)}, "
-                f"got {backend!r}"
-            )
-        if backend == "ray" and self.tensor_parallel_size > 1:
-            import importlib.util
-
-            if importlib.util.find_spec("ray") is None:
-                raise ConfigError(
-                    "distributed_executor_backend ray needs Ray: pip install 'specdec[ray]'"
-                )
-        if backend == "uni" and self.tensor_parallel_size > 1:
-            raise ConfigError(
-                "distributed_executor_backend uni runs one rank; use mp for "
-                f"tensor_parallel_size {self.tensor_parallel_size}"
-            )
+        backend = executor_backend(self)
         self._warn_oversubscribed()
-        # NOTE: one rank runs in-process whatever the backend (vLLM's guides pass "mp" at TP 1)
-        self.distributed_executor_backend = backend if self.tensor_parallel_size > 1 else "uni"
+        self.distributed_executor_backend = backend
         if self.device != "cpu" and self.tensor_parallel_size > 1:
             raise ConfigError("tensor_parallel_size above 1 runs on device cpu only")
         if self.cpu_binding is not None or self.tensor_parallel_size > 1:
-            from specdec.worker.binding import parse_cpu_binding
+            from specdec.distributed.binding import parse_cpu_binding
 
             parse_cpu_binding(self.cpu_binding, self.tensor_parallel_size)
+
+
+def executor_backend(config: EngineConfig) -> str:
+    """The executor backend that runs ``config``'s target (one of ``EXECUTOR_BACKENDS``): its
+    ``distributed_executor_backend``, by default ``mp`` above one rank; always ``uni`` at one
+    rank. An unknown name, ``ray`` without Ray, or ``uni`` for several ranks is a
+    ``ConfigError``. The one place the choice is made (validation, then the executor)."""
+    backend = config.distributed_executor_backend
+    size = config.tensor_parallel_size
+    if backend is None:
+        backend = "mp" if size > 1 else "uni"
+    if backend not in EXECUTOR_BACKENDS:
+        raise ConfigError(
+            f"distributed_executor_backend must be one of {', '.join(EXECUTOR_BACKENDS)}, "
+            f"got {backend!r}"
+        )
+    if backend == "ray" and size > 1:
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise ConfigError(
+                "distributed_executor_backend ray needs Ray: pip install 'specdec[ray]'"
+            )
+    if backend == "uni" and size > 1:
+        raise ConfigError(
+            "distributed_executor_backend uni runs one rank; use mp for "
+            f"tensor_parallel_size {size}"
+        )
+    # NOTE: one rank runs in-process whatever the backend (vLLM's guides pass "mp" at TP 1)
+    return backend if size > 1 else "uni"
 
 
 def _check_engine_int(key: str, value: Any, minimum: int) -> None:

@@ -24,30 +24,60 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from specdec.config import executor_backend
+from specdec.errors import ExecutorError as ExecutorError  # NOTE: its public name here too
+from specdec.model.model_loader import load_model
 from specdec.worker.model_runner import ModelRunner, ModelRunnerOutput
 from specdec.worker.static_runner import StaticModelRunner
 
 if TYPE_CHECKING:
+    import torch
+
     from specdec.config import EngineConfig
-    from specdec.engine.scheduler import SchedulerOutput
     from specdec.kv_cache.pool import KVCache
     from specdec.model.llama import LlamaModel
-
-
-class ExecutorError(RuntimeError):
-    """A worker died or failed: the in-flight requests cannot finish on this executor."""
+    from specdec.model.tokenizer import Tokenizer
+    from specdec.worker.step import SchedulerOutput
 
 
 class Executor:
-    """Runs the target over one ``SchedulerOutput`` (forward, verification) on every rank."""
+    """Runs the target over one ``SchedulerOutput`` (forward, verification) on every rank.
+    This base runs it in the engine process alone (the ``uni`` backend's whole job)."""
 
     #: ranks running the target (tensor_parallel_size)
     num_ranks: int = 1
 
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self._runner: ModelRunner | None = None
+
+    def load_model(
+        self, device: torch.device, dtype: torch.dtype, kernels: str
+    ) -> tuple[LlamaModel, Tokenizer]:
+        """The target as rank 0 sees it (the whole model here), and its tokenizer."""
+        c = self.config
+        return load_model(
+            c.model, device, dtype, kernels, c.quantization, c.max_model_len,
+            c.activation_dtype, c.kv_cache_dtype, c.tokenizer,
+        )  # fmt: skip
+
+    def init_runner(
+        self,
+        model: LlamaModel,
+        kv: KVCache,
+        hidden_layers: tuple[int, ...],
+        step_rows: int | None = None,
+    ) -> None:
+        """Rank 0's runner over ``model`` (from ``load_model``) and its KV cache. ``step_rows``:
+        fixed-shape forwards (one process only)."""
+        self._runner = ModelRunner(model, kv, hidden_layers)
+
     @property
     def runner(self) -> ModelRunner:
         """Rank 0's runner, in the engine process (its hidden rows feed the drafter)."""
-        raise NotImplementedError
+        if self._runner is None:
+            raise RuntimeError("Executor.init_runner has not run")
+        return self._runner
 
     @property
     def hidden_layers(self) -> tuple[int, ...]:
@@ -61,7 +91,7 @@ class Executor:
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         """One step of the target. Per-request failures come back as results; a failure of the
         executor itself (a worker gone) raises ``ExecutorError``."""
-        raise NotImplementedError
+        return self.runner.execute_model(sched)
 
     def check_health(self) -> None:
         """Raises ``ExecutorError`` when a worker is gone; cheap enough to call every step."""
@@ -71,34 +101,26 @@ class Executor:
 
 
 class UniExecutor(Executor):
-    """Everything in the engine process: today's ``ModelRunner`` behind the seam."""
+    """Everything in the engine process: ``ModelRunner`` behind the seam, or
+    ``StaticModelRunner`` for fixed-shape forwards (worker/static_runner.py; CUDA graphs unless
+    ``enforce_eager``)."""
 
-    def __init__(
+    def init_runner(
         self,
         model: LlamaModel,
         kv: KVCache,
         hidden_layers: tuple[int, ...],
         step_rows: int | None = None,
-        use_graphs: bool = True,
     ) -> None:
-        """``step_rows``: fixed-shape forwards with steps of that many rows a request
-        (worker/static_runner.py; CUDA graphs unless ``use_graphs`` is false)."""
         if step_rows is None:
             self._runner = ModelRunner(model, kv, hidden_layers)
         else:
             self._runner = StaticModelRunner(
-                model, kv, hidden_layers, step_rows, use_graphs=use_graphs
+                model, kv, hidden_layers, step_rows, use_graphs=not self.config.enforce_eager
             )
 
-    @property
-    def runner(self) -> ModelRunner:
-        return self._runner
 
-    def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        return self._runner.execute_model(sched)
-
-
-# backend name -> "module:Class"; a class is built as Class(config, model, kv, hidden_layers)
+# backend name -> "module:Class"; a class is built as Class(config)
 EXECUTORS: dict[str, str] = {
     "uni": "specdec.engine.executor:UniExecutor",
     "mp": "specdec.engine.mp_executor:MultiprocExecutor",
@@ -106,17 +128,8 @@ EXECUTORS: dict[str, str] = {
 }
 
 
-def make_executor(
-    config: EngineConfig,
-    model: LlamaModel,
-    kv: KVCache,
-    hidden_layers: tuple[int, ...],
-    step_rows: int | None = None,
-) -> Executor:
-    """The executor ``config`` names (``distributed_executor_backend``; ``uni`` at TP 1).
-    ``step_rows``: fixed-shape forwards (one process only)."""
-    backend = getattr(config, "distributed_executor_backend", None) or "uni"
-    if backend == "uni":
-        return UniExecutor(model, kv, hidden_layers, step_rows, not config.enforce_eager)
-    module, _, cls = EXECUTORS[backend].partition(":")
-    return getattr(importlib.import_module(module), cls)(config, model, kv, hidden_layers)
+def make_executor(config: EngineConfig) -> Executor:
+    """The executor of the backend ``config`` asks for (``executor_backend``); no worker
+    starts before its ``load_model``."""
+    module, _, cls = EXECUTORS[executor_backend(config)].partition(":")
+    return getattr(importlib.import_module(module), cls)(config)

@@ -1,8 +1,8 @@
 """The engine: add_request / abort_request / step().
 
-``step()`` reads schedule, execute, update, propose, outputs. Around it: loading
-(``engine/loading.py``), request building (``engine/processor.py``), the executor that runs the
-target on one or many ranks (``engine/executor.py``), and output building
+``step()`` reads schedule, execute, update, propose, outputs. Around it: the executor that
+loads and runs the target on one or many ranks (``engine/executor.py``), loading the draft
+(``engine/loading.py``), request building (``engine/processor.py``) and output building
 (``engine/output_processor.py``).
 """
 
@@ -15,7 +15,7 @@ import torch
 
 from specdec.config import EngineConfig, KVEventsConfig, SpeculativeConfig
 from specdec.engine.executor import Executor, make_executor
-from specdec.engine.loading import describe_model, load_draft, load_target, resolve_dtype
+from specdec.engine.loading import describe_model, load_draft, resolve_dtype
 from specdec.engine.output_processor import OutputProcessor
 from specdec.engine.processor import Processor
 from specdec.engine.request import Request
@@ -46,7 +46,8 @@ class LLMEngine:
         if config.threads is not None:
             torch.set_num_threads(config.threads)
         dtype, self._kernels = resolve_dtype(config)
-        self.model, self.tokenizer = load_target(config, self.device, dtype, self._kernels)
+        self.executor: Executor = make_executor(config)
+        self.model, self.tokenizer = self.executor.load_model(self.device, dtype, self._kernels)
         self.max_model_len = self.model.max_len
         num_running_slots, num_cache_slots = self._num_kv_slots(config)
         self.step_rows = static_step_rows(config, self.model)  # None: no fixed shapes
@@ -73,9 +74,7 @@ class LLMEngine:
                 None if self.step_rows is None else self.step_rows - 1,
             )  # fmt: skip
         hidden_layers = self.speculator.hidden_layers if self.speculator else ()
-        self.executor: Executor = make_executor(
-            config, self.model, self.kv, hidden_layers, self.step_rows
-        )
+        self.executor.init_runner(self.model, self.kv, hidden_layers, self.step_rows)
         self.processor = Processor(
             self.tokenizer, self.model.cfg.vocab_size, self.max_model_len, self.device, config.seed
         )

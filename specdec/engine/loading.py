@@ -1,25 +1,23 @@
-"""Model loading for the engine: the target and a draft model from a name, a file or a folder,
-their kernels and compute dtype, and the one-line description the engine logs at start-up."""
+"""Loading for the engine: the compute dtype and kernels a config asks for, the draft model,
+and the one-line description the engine logs at start-up. The target is loaded by the executor
+(engine/executor.py, engine/mp_executor.py: its workers load their shards), through
+``specdec.model.model_loader.load_model``, re-exported here."""
 
 from __future__ import annotations
 
 import logging
-import os
-import time
-from pathlib import Path
 
 import torch
 
 from specdec.config import ConfigError, EngineConfig, SpeculativeConfig
-from specdec.kernels import get_ops, int8_activations_fast, kquant_int8_fast, native_isa
+from specdec.kernels import get_ops
 from specdec.model.llama import LlamaModel
-from specdec.model.loader import load_checkpoint, release_freed_heap
-from specdec.model.registry import resolve_model_path
+from specdec.model.model_loader import DEFAULT_MAX_MODEL_LEN, load_model
 from specdec.model.tokenizer import Tokenizer
-from specdec.model.weight_cache import WeightCache
-from specdec.worker.binding import bind_rank, parse_cpu_binding
-from specdec.worker.shard import plan_shard, shard_checkpoint
-from specdec.worker.tp import LoadArgs, TPGroup, start_group
+
+__all__ = [
+    "DEFAULT_MAX_MODEL_LEN", "describe_model", "load_draft", "load_model", "resolve_dtype",
+]  # fmt: skip
 
 logger = logging.getLogger("specdec.engine")
 
@@ -29,82 +27,10 @@ _DTYPES = {
     "float16": torch.float16,
     "auto": torch.float32,
 }
-DEFAULT_MAX_MODEL_LEN = 4096
-TP_START_TIMEOUT_S = 600.0  # workers spawn, import torch and load their shards
 # NOTE: decoding SmolLM2-135M on the torch kernels in bfloat16 against the native kernels'
 # default (float32 activations, int8 for the GGUF's Q4_1 weights): 33 vs 334 tokens/s on the
 # development machine (issue 20); 9 vs 61 on a loaded 2-core VM. Quoted when the slower one runs.
 TORCH_HALF_SLOWDOWN = "33 vs 334 tokens/s decoding SmolLM2-135M, measured"
-
-
-def _own_tokenizer(path: str, vocab_size: int) -> Tokenizer:
-    """``tokenizer=``: a Hugging Face tokenizer folder or its tokenizer.json (one-line errors)."""
-    try:
-        tokenizer = Tokenizer.from_hf_folder(Path(path).expanduser())
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"tokenizer: cannot load {path!r} ({type(e).__name__}: {e})") from None
-    if tokenizer.vocab_size > vocab_size:
-        raise ConfigError(
-            f"tokenizer: {tokenizer.vocab_size} tokens do not fit the model's vocabulary of "
-            f"{vocab_size}"
-        )
-    return tokenizer
-
-
-def load_model(
-    model: str,
-    device: torch.device,
-    dtype: torch.dtype,
-    kernels: str,
-    quantization: str,
-    max_len: int | None,
-    activation_dtype: str = "auto",
-    kv_cache_dtype: str = "auto",
-    tokenizer_path: str | None = None,
-    tp: TPGroup | None = None,
-) -> tuple[LlamaModel, Tokenizer]:
-    """``tp``: load only this rank's shard (tensor parallelism; worker/shard.py)."""
-    path = resolve_model_path(model)
-    ckpt = load_checkpoint(path)
-    if tp is not None:
-        ckpt = shard_checkpoint(ckpt, tp.rank, tp.size)
-    if tokenizer_path is not None:
-        tokenizer = _own_tokenizer(tokenizer_path, ckpt.arch.vocab_size)
-    elif ckpt.gguf_metadata is not None:
-        tokenizer = Tokenizer.from_gguf_metadata(ckpt.gguf_metadata)
-    else:
-        tokenizer = Tokenizer.from_hf_folder(path)
-    if dtype != torch.float32 and kernels == "native":
-        raise ConfigError(
-            "native kernels run float32 only; use --kernels torch for bfloat16/float16"
-        )
-    ops = get_ops("torch" if dtype != torch.float32 else kernels, device)
-    limit = ckpt.arch.max_position_embeddings
-    max_len = max_len or min(DEFAULT_MAX_MODEL_LEN, limit)
-    if max_len > limit:
-        raise ConfigError(
-            f"max_model_len {max_len} exceeds the model's context length {limit} "
-            f"(--max-model-len {limit} or less)"
-        )
-    cache = None
-    if ops.name == "native" and device.type == "cpu":
-        settings = {
-            "quantization": quantization, "activation_dtype": activation_dtype,
-            "dtype": str(dtype), "isa": native_isa(), "int8_fast": int8_activations_fast(),
-            # NOTE: whether K-quants stay native (AVX2 kernels too, now): older
-            # files of K-quants converted to Q8_0 are not reused
-            "kquant_int8": kquant_int8_fast(),
-        }  # fmt: skip
-        if tp is not None:  # NOTE: one cache file per rank's shard
-            settings["tensor_parallel"] = f"{tp.rank}/{tp.size}"
-        cache = WeightCache.for_model(path, settings)
-    model = LlamaModel(ckpt, ops, device, dtype, quantization, max_len, activation_dtype, cache, tp)
-    if cache is not None and cache.hits:
-        logger.info("weights mapped from the weight cache %s", cache.path)
-    model.set_kv_dtype(kv_cache_dtype)
-    del ckpt  # NOTE: its metadata (a vocabulary's strings) before the heap is trimmed
-    release_freed_heap()
-    return model, tokenizer
 
 
 def resolve_dtype(config: EngineConfig) -> tuple[torch.dtype, str]:
@@ -197,42 +123,3 @@ def load_draft(
             f"from the target's ({target.cfg.vocab_size}); draft and target must share a tokenizer"
         )
     return draft
-
-
-def load_target(
-    config: EngineConfig, device: torch.device, dtype: torch.dtype, kernels: str
-) -> tuple[LlamaModel, Tokenizer]:
-    """The target model, as rank 0 of ``tensor_parallel_size`` ranks when that is above 1
-    (the workers start first and load their shards while rank 0 loads its own)."""
-    size = config.tensor_parallel_size
-    if size == 1:
-        return load_model(
-            config.model, device, dtype, kernels, config.quantization, config.max_model_len,
-            config.activation_dtype, config.kv_cache_dtype, config.tokenizer,
-        )  # fmt: skip
-    cores = parse_cpu_binding(config.cpu_binding, size)
-    load = LoadArgs(
-        config.model, str(dtype).removeprefix("torch."), kernels, config.quantization,
-        config.max_model_len, config.activation_dtype, config.kv_cache_dtype, config.tokenizer,
-    )  # fmt: skip
-    plan_shard(load_checkpoint(resolve_model_path(config.model)).arch, 0, size)  # before spawning
-    before = (os.sched_getaffinity(0), torch.get_num_threads())
-    if config.distributed_executor_backend == "ray":
-        from specdec.worker.tp_ray import start_group_ray
-
-        group = start_group_ray(load, size, cores, config.threads or len(cores[-1]))
-    else:
-        group = start_group(load, size, cores)
-    group.workers.restore = before
-    bind_rank(cores[0], config.threads)
-    try:
-        out = load_model(
-            config.model, device, dtype, kernels, config.quantization, config.max_model_len,
-            config.activation_dtype, config.kv_cache_dtype, config.tokenizer, tp=group,
-        )  # fmt: skip
-        group.workers.wait_for("ready", time.monotonic() + TP_START_TIMEOUT_S)
-    except BaseException:
-        group.workers.stop()
-        raise
-    logger.info("tensor parallel: %d ranks (workers %s), cores %s", size, group.workers.pids, cores)
-    return out

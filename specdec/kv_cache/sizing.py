@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from specdec.config import ConfigError
+from specdec.errors import ConfigError
 from specdec.kv_cache.pool import KVCache
 
 logger = logging.getLogger("specdec.kv_cache")

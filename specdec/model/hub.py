@@ -14,7 +14,7 @@ import os
 import re
 from pathlib import Path
 
-from specdec.model.registry import ModelNotFoundError
+from specdec.errors import ModelNotFoundError
 
 # "org/name" or "org/name:QUANT", as the hub spells repository ids
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*(:[\w.-]+)?$")

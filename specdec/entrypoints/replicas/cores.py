@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from specdec.config import ConfigError
-from specdec.worker.binding import even_split, parse_cores
+from specdec.distributed.binding import even_split, parse_cores
 
 
 def split_cores(

@@ -53,7 +53,7 @@ def check_replica_binding(args: argparse.Namespace) -> None:
     binding (``--cpu-binding``, or its environment variable), which every replica would take
     whole, is refused with ``--data-parallel-size``; so is ``-dp`` with ``--ray``."""
     from specdec.config import ConfigError
-    from specdec.worker.binding import BIND_ENV
+    from specdec.distributed.binding import BIND_ENV
 
     if args.data_parallel_size == 1:
         return
