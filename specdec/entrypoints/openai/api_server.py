@@ -113,6 +113,7 @@ def build_app(
     sampling_defaults: dict[str, Any] | None = None,
     metrics_prefixes: tuple[str, ...] | None = None,
     per_request_spec_decode_metrics: str | None = None,
+    special_tokens_in_content: str = "allow",
 ) -> Any:
     """A FastAPI app serving ``llm`` (an AsyncLLM); its lifespan starts and stops the engine thread.
 
@@ -147,6 +148,7 @@ def build_app(
         llm, served_model_names, model_root, template_sandbox=sandbox,
         sampling_defaults=sampling_defaults,
         per_request_spec_decode_metrics=per_request_spec_decode_metrics,
+        special_tokens_in_content=special_tokens_in_content,
     )  # fmt: skip
     state = _ServerState(allowed_hosts=list(allowed_hosts) if allowed_hosts is not None else None)
 
@@ -722,6 +724,15 @@ def make_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         f"with an error (default {DEFAULT_SHUTDOWN_TIMEOUT_S:g})",
     )
     server.add_argument(
+        "--special-tokens-in-content",
+        choices=["allow", "text", "reject"],
+        default="allow",
+        help="special-token strings (a chat turn marker such as <|im_start|>) in client text "
+        "(message content, tools, completion prompts): 'allow' reads them as the special tokens "
+        "(as vLLM; default), 'text' as plain characters, 'reject' answers 400; a request may ask "
+        "for a stricter one in its special_tokens_in_content field",
+    )
+    server.add_argument(
         "--header-read-timeout",
         type=float,
         default=DEFAULT_HEADER_READ_TIMEOUT_S,
@@ -932,6 +943,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         sampling_defaults=defaults,
         metrics_prefixes=PREFIX_CHOICES[args.metrics_prefix],
         per_request_spec_decode_metrics=_spec_metrics_level(args.per_request_spec_decode_metrics),
+        special_tokens_in_content=args.special_tokens_in_content,
     )
     _apply_app_flags(app, args)
     logger.info(
@@ -942,11 +954,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )  # fmt: skip
     logger.info("KV cache: %s", describe_pool(llm.engine.kv, llm.engine.scheduler.max_num_seqs))
     logger.info(
-        "API key: %s; accepted Host names: %s; CORS origins: %s; request chat templates: %s",
+        "API key: %s; accepted Host names: %s; CORS origins: %s; request chat templates: %s; "
+        "special tokens in client text: %s",
         "required" if api_key else "none (anyone who can connect may use the server)",
         ", ".join(allowed_hosts) if allowed_hosts is not None else "any",
         ", ".join(_flatten(args.allowed_origins) or []) or "none",
         "trusted (sandboxed)" if args.trust_request_chat_template else "refused",
+        args.special_tokens_in_content,
     )
     config = uvicorn.Config(
         app,
