@@ -341,6 +341,8 @@ _ALONE = (
     "tests/e2e/test_server_load.py",
     "tests/e2e/test_server_safety.py",  # sub-second limits
     "tests/e2e/test_tensor_parallel.py",
+    "tests/e2e/test_server_connections.py",  # 2 s head timeouts, measured
+    "tests/unit/test_connection_guard.py",  # 1.5 s head timeouts, measured
     "tests/unit/test_protocol_safety.py::test_guards_refuse_blowups_at_once",  # < 0.5 s
     "tests/unit/test_shm_reducer.py",
     "tests/unit/test_suffix.py::test_per_step_cost_on_a_long_sequence",

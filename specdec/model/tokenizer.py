@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -651,6 +652,61 @@ class Tokenizer:
         encs = self._hf.encode_batch(list(texts), add_special_tokens=add_special_tokens)
         return [e.ids for e in encs]
 
+    # ---- special-token strings in text ---------------------------------------------------
+    # NOTE: the tokenizer matches added tokens in the raw text first (leftmost-longest) and
+    # tokenizes the text between them on its own; these mirror that split for the special ones.
+
+    @functools.cached_property
+    def special_token_pattern(self) -> re.Pattern[str] | None:
+        """A regex matching the special tokens' strings (leftmost-longest), None if none."""
+        decoder = self._hf.get_added_tokens_decoder()
+        strings = [t.content for i, t in decoder.items() if i in self.special_token_ids]
+        return _literal_regex(strings) if strings else None
+
+    @functools.cached_property
+    def _plain_hf(self) -> tokenizers.Tokenizer:
+        plain = tokenizers.Tokenizer.from_str(self._hf.to_str())
+        plain.encode_special_tokens = True  # special-token strings are text to this copy
+        return plain
+
+    def find_special_token(self, text: str) -> tuple[int, int] | None:
+        """The first special token's string in `text`: its (id, start), or None."""
+        found = self.special_token_pattern.search(text) if self.special_token_pattern else None
+        if found is None:
+            return None
+        token_id = self._hf.token_to_id(found.group())
+        assert token_id is not None
+        return token_id, found.start()
+
+    def split_special_tokens(self, text: str) -> list[str | int]:
+        """`text` split as the tokenizer splits it: the special tokens' ids and the text between
+        them (no empty strings)."""
+        if self.special_token_pattern is None:
+            return [text] if text else []
+        out: list[str | int] = []
+        start = 0
+        for m in self.special_token_pattern.finditer(text):
+            if m.start() > start:
+                out.append(text[start : m.start()])
+            token_id = self._hf.token_to_id(m.group())
+            assert token_id is not None
+            out.append(token_id)
+            start = m.end()
+        if start < len(text):
+            out.append(text[start:])
+        return out
+
+    def encode_plain_batch(
+        self, texts: Sequence[str], add_special_tokens: bool = True
+    ) -> list[list[int]]:
+        """`encode_batch` reading special-token strings as plain text: ``"<|im_start|>"`` in
+        `texts` is the tokens of those characters, never the special token (transformers'
+        ``split_special_tokens=True``). BOS/EOS are still added as `add_special_tokens` says."""
+        for text in texts:
+            _check_unicode(text)
+        encs = self._plain_hf.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+        return [e.ids for e in encs]
+
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of `token_ids`; incomplete UTF-8 at either end shows as U+FFFD."""
         return self._hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
@@ -744,6 +800,29 @@ def _add_named_specials(hf: tokenizers.Tokenizer, named: Iterable[str | None]) -
             present.add(token)
     if missing:
         hf.add_special_tokens(missing)
+
+
+def _literal_regex(strings: Iterable[str]) -> re.Pattern[str]:
+    """A regex matching any of `strings`, the longest at a position first, built as a trie (an
+    alternation of thousands of strings, as Gemma's special tokens, is slow to search)."""
+    trie: dict[str, Any] = {}
+    for s in strings:
+        node = trie
+        for ch in s:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def pattern(node: dict[str, Any]) -> str:
+        ends = "" in node
+        branches = [re.escape(ch) + pattern(child) for ch, child in node.items() if ch]
+        if not branches:
+            return ""
+        body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+        if ends:
+            return f"(?:{body})?"
+        return body
+
+    return re.compile(pattern(trie))
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -43,6 +43,11 @@ from specdec.config import (
     log_ignored,
     section_group,
 )
+from specdec.entrypoints.openai.connection import (
+    DEFAULT_HEADER_READ_TIMEOUT_S,
+    DEFAULT_MAX_HEAD_BYTES,
+    DEFAULT_MAX_PENDING_PER_CLIENT,
+)
 from specdec.entrypoints.utils import (
     LOG_FORMAT,
     add_sampling_args,
@@ -108,6 +113,7 @@ def build_app(
     sampling_defaults: dict[str, Any] | None = None,
     metrics_prefixes: tuple[str, ...] | None = None,
     per_request_spec_decode_metrics: str | None = None,
+    special_tokens_in_content: str = "allow",
 ) -> Any:
     """A FastAPI app serving ``llm`` (an AsyncLLM); its lifespan starts and stops the engine thread.
 
@@ -142,6 +148,7 @@ def build_app(
         llm, served_model_names, model_root, template_sandbox=sandbox,
         sampling_defaults=sampling_defaults,
         per_request_spec_decode_metrics=per_request_spec_decode_metrics,
+        special_tokens_in_content=special_tokens_in_content,
     )  # fmt: skip
     state = _ServerState(allowed_hosts=list(allowed_hosts) if allowed_hosts is not None else None)
 
@@ -532,16 +539,27 @@ class BackgroundServer:
     """uvicorn on a daemon thread, bound to ``host:port`` (port 0: a free one). For tests/benches."""
 
     def __init__(
-        self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
+        self,
+        app: Any,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        log_level: str = "warning",
+        head_limits: Any = None,
     ) -> None:
         import uvicorn
+
+        from specdec.entrypoints.openai.connection import HeadLimits, guarded_protocol
 
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
         self.host, self.port = self.sock.getsockname()[:2]
         config = uvicorn.Config(
-            app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=_FLUSH_TIMEOUT_S
+            app,
+            log_level=log_level,
+            lifespan="on",
+            timeout_graceful_shutdown=_FLUSH_TIMEOUT_S,
+            http=guarded_protocol(head_limits or HeadLimits()),
         )
         self.server = make_server(config)
         self.thread = threading.Thread(
@@ -706,6 +724,41 @@ def make_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         f"with an error (default {DEFAULT_SHUTDOWN_TIMEOUT_S:g})",
     )
     server.add_argument(
+        "--special-tokens-in-content",
+        choices=["allow", "text", "reject"],
+        default="allow",
+        help="special-token strings (a chat turn marker such as <|im_start|>) in client text "
+        "(message content, tools, completion prompts): 'allow' reads them as the special tokens "
+        "(as vLLM; default), 'text' as plain characters, 'reject' answers 400; a request may ask "
+        "for a stricter one in its special_tokens_in_content field",
+    )
+    server.add_argument(
+        "--header-read-timeout",
+        type=float,
+        default=DEFAULT_HEADER_READ_TIMEOUT_S,
+        metavar="SECONDS",
+        help="a connection must send its complete request head (request line and headers) "
+        "within this many seconds of opening or of its request's first byte, else it is closed "
+        f"(408); bodies and responses are not timed (default {DEFAULT_HEADER_READ_TIMEOUT_S:g}; 0 "
+        "off)",
+    )
+    server.add_argument(
+        "--max-pending-connections-per-client",
+        type=int,
+        default=DEFAULT_MAX_PENDING_PER_CLIENT,
+        metavar="N",
+        help="connections one client address may hold open without a complete request head; "
+        f"those beyond are closed (429) (default {DEFAULT_MAX_PENDING_PER_CLIENT}; 0 no cap)",
+    )
+    server.add_argument(
+        "--max-request-head-bytes",
+        type=int,
+        default=DEFAULT_MAX_HEAD_BYTES,
+        metavar="BYTES",
+        help=f"the largest request head accepted (431 beyond) (default {DEFAULT_MAX_HEAD_BYTES}; 0 "
+        "no limit)",
+    )
+    server.add_argument(
         "--metrics-prefix",
         choices=["both", "specdec", "vllm"],
         default="both",
@@ -791,6 +844,7 @@ def check_serve_args(args: argparse.Namespace) -> tuple[Any, Any, list[str] | No
     config, accepted Host names). ``--data-parallel-size`` is the replicas' (one engine each)."""
     if not args.shutdown_timeout >= 0:
         raise ConfigError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
+    head_limits(args)
     _check_server_flags(args)
     from specdec.entrypoints.openai.safety import default_allowed_hosts
 
@@ -809,6 +863,26 @@ def check_serve_args(args: argparse.Namespace) -> tuple[Any, Any, list[str] | No
     finally:
         args.data_parallel_size = num_replicas
     return engine_args, config, allowed_hosts
+
+
+def head_limits(args: argparse.Namespace) -> Any:
+    """The request-head limits the flags give (a ConfigError naming a bad one)."""
+    from specdec.entrypoints.openai.connection import HeadLimits
+
+    timeout = args.header_read_timeout
+    if not 0 <= timeout < float("inf"):
+        raise ConfigError(f"--header-read-timeout must be a number of seconds >= 0, got {timeout}")
+    for flag, value in (
+        ("--max-pending-connections-per-client", args.max_pending_connections_per_client),
+        ("--max-request-head-bytes", args.max_request_head_bytes),
+    ):
+        if value < 0:
+            raise ConfigError(f"{flag} must be >= 0, got {value}")
+    return HeadLimits(
+        timeout_s=timeout,
+        max_pending_per_client=args.max_pending_connections_per_client,
+        max_head_bytes=args.max_request_head_bytes,
+    )
 
 
 def api_key_from(args: argparse.Namespace) -> str | None:
@@ -869,6 +943,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         sampling_defaults=defaults,
         metrics_prefixes=PREFIX_CHOICES[args.metrics_prefix],
         per_request_spec_decode_metrics=_spec_metrics_level(args.per_request_spec_decode_metrics),
+        special_tokens_in_content=args.special_tokens_in_content,
     )
     _apply_app_flags(app, args)
     logger.info(
@@ -879,11 +954,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )  # fmt: skip
     logger.info("KV cache: %s", describe_pool(llm.engine.kv, llm.engine.scheduler.max_num_seqs))
     logger.info(
-        "API key: %s; accepted Host names: %s; CORS origins: %s; request chat templates: %s",
+        "API key: %s; accepted Host names: %s; CORS origins: %s; request chat templates: %s; "
+        "special tokens in client text: %s",
         "required" if api_key else "none (anyone who can connect may use the server)",
         ", ".join(allowed_hosts) if allowed_hosts is not None else "any",
         ", ".join(_flatten(args.allowed_origins) or []) or "none",
         "trusted (sandboxed)" if args.trust_request_chat_template else "refused",
+        args.special_tokens_in_content,
     )
     config = uvicorn.Config(
         app,
@@ -929,10 +1006,13 @@ def _check_server_flags(args: argparse.Namespace) -> None:
 
 def _uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:
     """vLLM's socket, TLS and access-log flags as uvicorn.Config arguments (those given)."""
+    from specdec.entrypoints.openai.connection import guarded_protocol
+
     options = {name: getattr(args, name) for name in (
         "root_path", "uds", "ssl_keyfile", "ssl_certfile", "ssl_ca_certs", "ssl_cert_reqs",
         "ssl_ciphers", "h11_max_incomplete_event_size",
     ) if getattr(args, name) is not None}  # fmt: skip
+    options["http"] = guarded_protocol(head_limits(args))
     if args.disable_uvicorn_access_log:
         options["access_log"] = False
     return options

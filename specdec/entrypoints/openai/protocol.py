@@ -222,6 +222,9 @@ class _SamplingRequest(OpenAIBaseModel):
         | None
     ) = None  # fmt: skip
     cache_salt: Annotated[str, Field(min_length=1, max_length=MAX_CACHE_SALT_CHARS)] | None = None
+    # special-token strings in client text: as the server's --special-tokens-in-content, or
+    # stricter (allow < text < reject)
+    special_tokens_in_content: Literal["allow", "text", "reject"] | None = None
     # per-request speculation: at most this many drafts per step (0 = off), in vLLM's key, and
     # llama.cpp's server keys speculative.n_max (the same) / n_min / p_min
     num_speculative_tokens: NonNegInt | None = None

@@ -56,6 +56,13 @@ from specdec.entrypoints.openai.safety import (
     unrepresentable,
     unrepresentable_error,
 )
+from specdec.entrypoints.openai.special_tokens import (
+    LiteralSpecials,
+    SpecialTokenMode,
+    effective_mode,
+    find_special,
+    special_token_error,
+)
 from specdec.entrypoints.openai.stats import ProvenanceAligner, timings, vllm_spec_metrics
 from specdec.entrypoints.openai.tools import ToolPlan, plan_tools
 from specdec.entrypoints.openai.tools import template_messages as tool_template_messages
@@ -220,6 +227,7 @@ class OpenAIServing:
         sampling_defaults: dict[str, Any] | None = None,
         num_respond_threads: int = 2,
         per_request_spec_decode_metrics: str | None = None,
+        special_tokens_in_content: SpecialTokenMode = "allow",
     ) -> None:
         if not served_model_names:
             raise ValueError("at least one served model name is needed")
@@ -231,6 +239,8 @@ class OpenAIServing:
         self.template_sandbox = template_sandbox
         # vLLM's --per-request-spec-decode-metrics: "summary" adds metrics.speculative_decoding
         self.per_request_spec_decode_metrics = per_request_spec_decode_metrics
+        # special-token strings in client text (special_tokens.py): allow, text or reject
+        self.special_tokens_in_content = special_tokens_in_content
         self._dropped_bytes = dropped_bytes(self.tokenizer.hf)
         # NOTE: no token spells more characters than its vocabulary string has: a longer text
         # cannot fit the context, and is refused before the tokenizer spends seconds on it
@@ -288,8 +298,20 @@ class OpenAIServing:
         if self.template_sandbox is not None:
             await self.template_sandbox.close()
 
-    def _encode(self, text: str, add_special_tokens: bool, param: str = "prompt") -> list[int]:
-        """``text``'s token ids; a 400 on ``param`` for text the tokenizer would drop."""
+    def _encode(
+        self,
+        text: str,
+        add_special_tokens: bool,
+        param: str = "prompt",
+        literal: LiteralSpecials | None = None,
+        plain: bool = False,
+    ) -> list[int]:
+        """``text``'s token ids; a 400 on ``param`` for text the tokenizer would drop. With
+        ``literal`` (``text`` mode), ``text`` was rendered from masked client values; ``plain``:
+        special-token strings in ``text`` are read as text."""
+        rendered = text
+        if literal is not None:
+            text = literal.restore(text)  # what the ids will spell: the text checked
         if len(text) > self._max_prompt_chars:
             raise RequestError(
                 f"this model's maximum context length is {self.max_model_len} tokens, but the "
@@ -300,9 +322,28 @@ class OpenAIServing:
         char = unrepresentable(text, self._dropped_bytes)
         if char is not None:
             raise unrepresentable_error(param, char)
+        if literal is not None:
+            return literal.encode(rendered)
+        if plain:
+            return self.tokenizer.encode_plain_batch([text], add_special_tokens)[0]
         # NOTE: encode_batch releases the GIL while it works, encode does not: a 3 MB prompt held
         # the event loop (and /health) for 1.6 s through encode, 24 ms at most through this.
         return self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0]
+
+    def _encode_prompt(
+        self, text: str, add_special_tokens: bool, mode: str, param: str = "prompt"
+    ) -> list[int]:
+        """A client's prompt string under ``mode`` (``--special-tokens-in-content``)."""
+        found = None if mode == "allow" else self.tokenizer.find_special_token(text)
+        if found is None:
+            return self._encode(text, add_special_tokens, param)
+        if mode == "reject":
+            raise special_token_error(param, found[0])
+        return self._encode(text, add_special_tokens, param, plain=True)
+
+    def special_token_mode(self, requested: SpecialTokenMode | None) -> str:
+        """The mode a request runs under (a 400 for one looser than the server's)."""
+        return effective_mode(self.special_tokens_in_content, requested)
 
     # ---- shared ----------------------------------------------------------------------------
     def models(self) -> ModelList:
@@ -636,6 +677,12 @@ class OpenAIServing:
         }
         if plan is not None:
             extra["tools"] = plan.tools
+        literal = None
+        mode = self.special_token_mode(req.special_tokens_in_content)
+        if mode != "allow":
+            messages, extra, literal = await self.run_blocking(
+                self._client_specials, mode, messages, extra
+            )
         if not req.chat_template:
             try:
                 text = await self.run_blocking(
@@ -648,7 +695,7 @@ class OpenAIServing:
                     else f"chat template error: {type(e).__name__}: {e}"
                 )
                 raise RequestError(message, param="messages") from e  # fmt: skip
-            return await self.run_blocking(self._encode_rendered, text, req)
+            return await self.run_blocking(self._encode_rendered, text, req, literal)
         if self.template_sandbox is None:
             raise RequestError(
                 "chat_template was sent with the request, but the server was not started with "
@@ -669,12 +716,36 @@ class OpenAIServing:
             text = await self._unless_shutting_down(render)
         except TemplateRenderError as e:
             raise RequestError(str(e), param="chat_template") from e
-        return await self.run_blocking(self._encode_rendered, text, req)
+        return await self.run_blocking(self._encode_rendered, text, req, literal)
 
-    def _encode_rendered(self, text: str, req: ChatCompletionRequest) -> list[int]:
-        if has_surrogates(text):  # e.g. a "\ud800" literal in a request's template
+    def _client_specials(
+        self, mode: str, messages: list[dict[str, Any]], extra: dict[str, Any]
+    ) -> tuple[list[dict[str, Any]], dict[str, Any], LiteralSpecials | None]:
+        """Special-token strings in what the client sent the template (messages, tools, template
+        variables): a 400 naming the first (``reject``), or the values masked (``text``)."""
+        found = find_special(self.tokenizer, messages, "messages")
+        for key, value in extra.items():
+            if found is not None:
+                break
+            if key == "tools":
+                found = find_special(self.tokenizer, value, "tools")
+            else:  # NOTE: through find_special, which names no odd client key
+                found = find_special(self.tokenizer, {key: value}, "chat_template_kwargs")
+        if found is None:
+            return messages, extra, None
+        if mode == "reject":
+            raise special_token_error(*found)
+        literal = LiteralSpecials(self.tokenizer)
+        masked = {k: literal.mask(v) for k, v in extra.items()}
+        return literal.mask(messages), masked, literal
+
+    def _encode_rendered(
+        self, text: str, req: ChatCompletionRequest, literal: LiteralSpecials | None = None
+    ) -> list[int]:
+        checked = literal.restore(text) if literal is not None else text
+        if has_surrogates(checked):  # e.g. a "\ud800" literal in a request's template
             raise RequestError("chat template produced invalid Unicode", param="chat_template")
-        char = unrepresentable(text, self._dropped_bytes)
+        char = unrepresentable(checked, self._dropped_bytes)
         if char is not None:  # name the message that holds it, if one does
             param = next(
                 (f"messages[{i}].content" for i, m in enumerate(req.template_messages())
@@ -682,7 +753,7 @@ class OpenAIServing:
                 "messages",
             )  # fmt: skip
             raise unrepresentable_error(param, char)
-        return self._encode(text, False, "messages")
+        return self._encode(text, False, "messages", literal)
 
     def _render_model_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool, extra: dict[str, Any]
@@ -802,9 +873,11 @@ class OpenAIServing:
         rid = rid or random_id("cmpl")
         model = self._check_request(req)
         prompts: list[tuple[list[int], str | None]] = []
+        mode = self.special_token_mode(req.special_tokens_in_content)
         for p in req.prompts():
             if isinstance(p, str):
-                prompts.append((await self.run_blocking(self._encode, p, True), p))
+                ids = await self.run_blocking(self._encode_prompt, p, True, mode)
+                prompts.append((ids, p))
             else:
                 prompts.append((list(p), None))
         budgets = [

@@ -5,7 +5,7 @@ included), so the ids are the ones a request would feed the model."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -31,6 +31,7 @@ class TokenizeRequest(BaseModel):
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     return_token_strs: bool = False
+    special_tokens_in_content: Literal["allow", "text", "reject"] | None = None
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:
@@ -65,13 +66,15 @@ async def tokenize(serving: Any, req: TokenizeRequest) -> dict[str, Any]:
                 "messages": req.messages,
                 "add_generation_prompt": req.add_generation_prompt,
                 "chat_template_kwargs": req.chat_template_kwargs,
+                "special_tokens_in_content": req.special_tokens_in_content,
             }
         )
         ids = await serving._chat_prompt_ids(chat)
     else:
         text = req.prompt if req.prompt is not None else req.content
         add = True if req.add_special_tokens is None else req.add_special_tokens
-        ids = await serving.run_blocking(serving._encode, text, add)
+        mode = serving.special_token_mode(req.special_tokens_in_content)
+        ids = await serving.run_blocking(serving._encode_prompt, text, add, mode)
     out: dict[str, Any] = {"tokens": ids, "count": len(ids), "max_model_len": serving.max_model_len}
     if req.return_token_strs:
         tok = serving.tokenizer
