@@ -39,25 +39,29 @@ def _parts(kv: KVCache, slot: int, keys: bool) -> tuple[torch.Tensor, torch.Tens
     return scales.reshape(hkv, -1), entries.reshape(hkv, -1, kv.head_dim).double()
 
 
+def _rows(shape, hkv: int, start: int, window: int):
+    """(row, head, its kv head, first key, last key) of every query of q [rows, H, D]."""
+    rows, h, _ = shape
+    for t in range(rows):
+        pos = start + t
+        lo = max(0, pos - window + 1) if window > 0 else 0
+        for hh in range(h):
+            yield t, hh, hh // (h // hkv), lo, pos
+
+
 def _reference(q, kv: KVCache, slot, start, scale, window=0, softcap=0.0) -> torch.Tensor:
     """Float64 attention with the int8 cache's definition: score = q . k_int8 * (k_scale * scale)
     and each softmax weight times its value row's scale, over the int8 values."""
     ks, ke = _parts(kv, slot, keys=True)
     vs, ve = _parts(kv, slot, keys=False)
     q = q.double()
-    rows, h, _ = q.shape
-    g = h // ke.shape[0]
-    out = torch.zeros(rows, h, q.shape[2], dtype=torch.float64)
-    for t in range(rows):
-        pos = start + t
-        lo = max(0, pos - window + 1) if window > 0 else 0
-        for hh in range(h):
-            kh = hh // g
-            s = (ke[kh, lo : pos + 1] @ q[t, hh]) * (ks[kh, lo : pos + 1].double() * scale)
-            if softcap > 0:
-                s = softcap * torch.tanh(s / softcap)
-            p = torch.exp(s - s.max())
-            out[t, hh] = ((p * vs[kh, lo : pos + 1].double()) @ ve[kh, lo : pos + 1]) / p.sum()
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for t, hh, kh, lo, pos in _rows(q.shape, ke.shape[0], start, window):
+        s = (ke[kh, lo : pos + 1] @ q[t, hh]) * (ks[kh, lo : pos + 1].double() * scale)
+        if softcap > 0:
+            s = softcap * torch.tanh(s / softcap)
+        p = torch.exp(s - s.max())
+        out[t, hh] = ((p * vs[kh, lo : pos + 1].double()) @ ve[kh, lo : pos + 1]) / p.sum()
     return out
 
 
@@ -69,39 +73,30 @@ def _integer_reference(q, kv: KVCache, slot, start, scale, window=0, softcap=0.0
     and times largest / 255; the blocks merged as flash-decoding does."""
     ks, ke = _parts(kv, slot, keys=True)
     vs, ve = _parts(kv, slot, keys=False)
-    rows, h, _ = q.shape
-    g = h // ke.shape[0]
-    out = torch.zeros(rows, h, q.shape[2], dtype=torch.float64)
-    for t in range(rows):
-        pos = start + t
-        lo = max(0, pos - window + 1) if window > 0 else 0
-        for hh in range(h):
-            kh, x = hh // g, q[t, hh].float()
-            amax = x.abs().max()
-            q8 = torch.round(x * (127.0 / amax)).clamp(-127, 127).double()
-            ms, ls, os_ = [], [], []
-            for b0 in range(lo // BLOCK * BLOCK, pos + 1, BLOCK):
-                j0, j1 = max(lo, b0), min(pos + 1, b0 + BLOCK)
-                s = (ke[kh, j0:j1] @ q8) * (ks[kh, j0:j1].double() * scale * float(amax / 127.0))
-                if softcap > 0:
-                    s = softcap * torch.tanh(s / softcap)
-                m = s.max()
-                p = torch.exp(s - m)
-                pv = (p * vs[kh, j0:j1].double()).float()
-                x = pv * (255.0 / pv.max())
-                hi = torch.floor(x)
-                low = torch.round((x - hi) * 255.0)
-                ve_b = ve[kh, j0:j1]
-                ms.append(m)
-                ls.append(p.sum())
-                os_.append(
-                    (hi.double() @ ve_b + (low.double() @ ve_b) / 255) * float(pv.max() / 255)
-                )
-            top = max(ms)
-            w = [torch.exp(m - top) for m in ms]
-            out[t, hh] = sum(wi * o for wi, o in zip(w, os_)) / sum(
-                wi * li for wi, li in zip(w, ls)
-            )
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for t, hh, kh, lo, pos in _rows(q.shape, ke.shape[0], start, window):
+        x = q[t, hh].float()
+        amax = x.abs().max()
+        q8 = torch.round(x * (127.0 / amax)).clamp(-127, 127).double()
+        ms, ls, os_ = [], [], []
+        for b0 in range(lo // BLOCK * BLOCK, pos + 1, BLOCK):
+            j0, j1 = max(lo, b0), min(pos + 1, b0 + BLOCK)
+            s = (ke[kh, j0:j1] @ q8) * (ks[kh, j0:j1].double() * scale * float(amax / 127.0))
+            if softcap > 0:
+                s = softcap * torch.tanh(s / softcap)
+            m = s.max()
+            p = torch.exp(s - m)
+            pv = (p * vs[kh, j0:j1].double()).float()
+            x = pv * (255.0 / pv.max())
+            hi = torch.floor(x)
+            low = torch.round((x - hi) * 255.0)
+            ve_b = ve[kh, j0:j1]
+            ms.append(m)
+            ls.append(p.sum())
+            os_.append((hi.double() @ ve_b + (low.double() @ ve_b) / 255) * float(pv.max() / 255))
+        top = max(ms)
+        w = [torch.exp(m - top) for m in ms]
+        out[t, hh] = sum(wi * o for wi, o in zip(w, os_)) / sum(wi * li for wi, li in zip(w, ls))
     return out
 
 

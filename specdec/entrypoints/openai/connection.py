@@ -89,6 +89,15 @@ class _HeadDeadline:
     client: tuple[str, int] | None
     cycle: Any
 
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)  # type: ignore[misc]
+        self._head_init()
+        self._head_begin()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._head_end()
+        super().connection_lost(exc)  # type: ignore[misc]
+
     def _head_init(self) -> None:
         self._head_due = False
         self._head_timer: asyncio.TimerHandle | None = None
@@ -214,15 +223,6 @@ def _httptools_protocol(limits: HeadLimits) -> type[asyncio.Protocol]:
         _limits = limits
         _pending: dict[str, int] = {}
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._head_init()
-            self._head_begin()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._head_end()
-            super().connection_lost(exc)
-
         def data_received(self, data: bytes) -> None:
             if self._head_admit(data):
                 super().data_received(data)
@@ -246,15 +246,6 @@ def _h11_protocol(limits: HeadLimits) -> type[asyncio.Protocol]:
     class GuardedH11Protocol(_HeadDeadline, H11Protocol):
         _limits = limits
         _pending: dict[str, int] = {}
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._head_init()
-            self._head_begin()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._head_end()
-            super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
             if not self._head_admit(data):
