@@ -7,6 +7,7 @@ import httpx
 import openai
 import pytest
 
+from specdec.entrypoints.openai.response_store import ResponseStore
 from tests.e2e.test_server import _start
 
 
@@ -72,19 +73,72 @@ def test_a_streamed_response_adds_up_to_the_whole(server) -> None:
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
-        ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools"),
+        ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"input": "hi", "reasoning": {"effort": "low"}}, "reasoning"),
         ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
         ({"input": "hi", "stream": "yes"}, "stream"),
-        ({"input": [{"type": "function_call", "name": "f"}]}, "input[0]"),
+        ({"input": "hi", "store": "no"}, "store"),
+        ({"input": [{"type": "function_call", "name": "f"}]}, "input[0].call_id"),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input[0]"),
+        (
+            {"input": [{"type": "function_call_output", "call_id": "call_1", "output": "x"}]},
+            "input[0].call_id",
+        ),
+        ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
+        ({"input": "hi", "tool_choice": {"type": "file_search"}}, "tool_choice"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
             "input[0].content[0]",
         ),
         ({}, "input"),
+        ({"input": "hi", "metadata": {str(i): "v" for i in range(17)}}, "metadata"),
     ],
 )
 def test_refusals_name_the_field(server, body: dict, param: str) -> None:
     r = httpx.post(f"{server.url}/v1/responses", json={"model": "tiny", **body}, timeout=30)
     assert r.status_code == 400, r.text[:300]
     assert r.json()["error"]["param"] == param, r.text[:300]
+
+
+def test_an_unknown_previous_response_is_a_404_naming_it(server) -> None:
+    r = httpx.post(
+        f"{server.url}/v1/responses",
+        json={"model": "tiny", "input": "hi", "previous_response_id": "resp-nope"},
+        timeout=30,
+    )
+    assert r.status_code == 404, r.text[:300]
+    assert r.json()["error"]["param"] == "previous_response_id"
+    assert r.json()["error"]["code"] == "not_found"
+
+
+def test_the_store_evicts_the_least_recently_used(tiny_llama) -> None:
+    """Two responses kept: a third evicts the least recently used (reading one counts as use);
+    store false keeps nothing; a response alone over the byte cap is not kept."""
+    srv = _start(str(tiny_llama), app={"responses_store": ResponseStore(max_entries=2)})
+    try:
+        client = _client(srv)
+
+        def create(**kw):
+            return client.responses.create(
+                model="tiny", input="hi", max_output_tokens=4, temperature=0, **kw
+            )
+
+        a, b = create(), create()
+        client.responses.retrieve(a.id)  # b is now the least recently used
+        c = create()
+        assert client.responses.retrieve(a.id).id == a.id
+        assert client.responses.retrieve(c.id).id == c.id
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(b.id)
+        with pytest.raises(openai.NotFoundError) as e:
+            create(previous_response_id=b.id)
+        assert e.value.body["param"] == "previous_response_id"
+        unkept = create(store=False)
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(unkept.id)
+        # a turn may read a stored response without storing itself
+        assert create(previous_response_id=a.id, store=False).previous_response_id == a.id
+        store = srv.server.config.app.state.responses_store
+        assert store.num_entries == 2 and store.num_bytes > 0
+    finally:
+        srv.stop()

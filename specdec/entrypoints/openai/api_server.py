@@ -43,6 +43,7 @@ from specdec.config import (
     log_ignored,
     section_group,
 )
+from specdec.entrypoints.openai import response_store
 from specdec.entrypoints.openai.connection import (
     DEFAULT_HEADER_READ_TIMEOUT_S,
     DEFAULT_MAX_HEAD_BYTES,
@@ -114,12 +115,14 @@ def build_app(
     metrics_prefixes: tuple[str, ...] | None = None,
     per_request_spec_decode_metrics: str | None = None,
     special_tokens_in_content: str = "allow",
+    responses_store: response_store.ResponseStore | None = None,
 ) -> Any:
     """A FastAPI app serving ``llm`` (an AsyncLLM); its lifespan starts and stops the engine thread.
 
     ``allowed_hosts`` None accepts any Host header (``specdec serve`` defaults to the loopback
     names when bound to loopback); ``allowed_origins`` None: no CORS. ``app.state.drain`` is the
-    graceful shutdown that ``make_server``'s servers run on SIGTERM.
+    graceful shutdown that ``make_server``'s servers run on SIGTERM. ``responses_store`` keeps
+    ``/v1/responses`` (default: ``ResponseStore()``; ``app.state.responses_store``).
     """
     from fastapi import APIRouter, Depends, FastAPI, Request
     from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -243,26 +246,40 @@ def build_app(
         rid, req = await read_body(request, CompletionRequest, "cmpl")
         return respond(await _with_cancellation(serving.create_completion(req, rid), request))
 
+    from specdec.entrypoints.openai import responses as api
+
+    store = responses_store if responses_store is not None else response_store.ResponseStore()
+    app.state.responses_store = store
+
     @v1.post("/responses")
     async def responses(request: Request) -> Any:
         """OpenAI's Responses API on the chat path (entrypoints/openai/responses.py)."""
-        from specdec.entrypoints.openai import responses as api
-
         rid, req = await read_body(request, api.ResponsesRequest, "resp")
+        turn = api.ResponseTurn.begin(rid, req, serving.served_model_names[0], store)
         try:
-            chat = _validated(req.chat_body(), ChatCompletionRequest)
+            chat = _validated(turn.chat_body(), ChatCompletionRequest)
             chat._client = req._client
             result = await _with_cancellation(serving.create_chat_completion(chat, rid), request)
         except RequestError as e:
-            raise api.renamed(e) from None
+            raise turn.renamed(e) from None
         if isinstance(result, EventStream):
-            model = req.model or serving.served_model_names[0]
-            events = api.stream_events(rid, req, model, result.events)
-            return SSEResponse(EventStream(events, result.stream))
+            return SSEResponse(EventStream(turn.stream(result.events), result.stream))
         if result is _DISCONNECTED:
             return respond(result)
-        body = api.from_chat(rid, req, json.loads(result))
-        return Response(json.dumps(body), media_type="application/json")
+        return Response(json.dumps(turn.finish(json.loads(result))), media_type="application/json")
+
+    @v1.get("/responses/{response_id}")
+    async def retrieve_response(response_id: str, request: Request) -> Any:
+        stored = store.get(client_lane(request), response_id)
+        if stored is None:
+            raise api.not_found(response_id)
+        return JSONResponse(stored.response)
+
+    @v1.delete("/responses/{response_id}")
+    async def delete_response(response_id: str, request: Request) -> Any:
+        if not store.delete(client_lane(request), response_id):
+            raise api.not_found(response_id)
+        return JSONResponse(api.deleted(response_id))
 
     @v1.get("/models/{model_id:path}")
     async def retrieve_model(model_id: str) -> Any:
@@ -759,6 +776,23 @@ def make_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "no limit)",
     )
     server.add_argument(
+        "--responses-store-size",
+        type=int,
+        default=response_store.DEFAULT_STORE_SIZE,
+        metavar="N",
+        help="/v1/responses kept in memory for previous_response_id and GET (all clients "
+        f"together; least recently used out first) (default {response_store.DEFAULT_STORE_SIZE}; 0: "
+        "none kept)",
+    )
+    server.add_argument(
+        "--responses-store-bytes",
+        type=int,
+        default=response_store.DEFAULT_STORE_BYTES,
+        metavar="BYTES",
+        help="the stored responses' JSON, all clients together "
+        f"(default {response_store.DEFAULT_STORE_BYTES})",
+    )
+    server.add_argument(
         "--metrics-prefix",
         choices=["both", "specdec", "vllm"],
         default="both",
@@ -944,6 +978,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         metrics_prefixes=PREFIX_CHOICES[args.metrics_prefix],
         per_request_spec_decode_metrics=_spec_metrics_level(args.per_request_spec_decode_metrics),
         special_tokens_in_content=args.special_tokens_in_content,
+        responses_store=response_store.ResponseStore(
+            args.responses_store_size, args.responses_store_bytes
+        ),
     )
     _apply_app_flags(app, args)
     logger.info(
@@ -1002,6 +1039,9 @@ def _check_server_flags(args: argparse.Namespace) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} {shown}: {why}")
     if args.api_key is not None and len(args.api_key) > 1:
         raise ConfigError("--api-key: specdec takes one key, got several")
+    for flag in ("responses_store_size", "responses_store_bytes"):
+        if getattr(args, flag) < 0:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be >= 0")
 
 
 def _uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:
