@@ -261,3 +261,35 @@ def test_the_cli_takes_hub_ids_with_one_line_errors(fake_hub, tiny_llama, capsys
     assert err[-1].startswith("specdec: error: no model 'acme/nope' on the Hugging Face hub")
     assert cli.main(["generate", str(tiny_llama), "hi", "--hf-file", "x.gguf"]) == 2
     assert "--hf-file" in capsys.readouterr().err
+
+
+def test_serve_resolves_a_hub_id_before_loading(fake_hub, tiny_llama) -> None:
+    from specdec.entrypoints import cli
+    from specdec.entrypoints.openai.api_server import check_serve_args
+
+    fake_hub.add("acme/tiny-llama", {p.name: p for p in tiny_llama.iterdir() if p.is_file()})
+    args, _ = cli.build_parser().parse_known_args(
+        ["serve", "acme/tiny-llama", "--revision", "main"]
+    )
+    _, config, _ = check_serve_args(args)
+    assert (Path(config.model) / "model.safetensors").is_file() and args.model == "acme/tiny-llama"
+
+
+def test_a_fresh_process_reads_the_environment(fake_hub, tiny_llama, tmp_path) -> None:
+    """`specdec generate org/name`, HF_ENDPOINT and HF_HOME set before anything is imported:
+    downloaded once, then offline from the cache with no request."""
+    import os
+    import subprocess
+    import sys
+
+    fake_hub.add("acme/tiny-llama", {p.name: p for p in tiny_llama.iterdir() if p.is_file()})
+    env = {**os.environ, "HF_HOME": str(tmp_path / "fresh"), "SPECDEC_WEIGHT_CACHE": "off"}
+    argv = [sys.executable, "-m", "specdec.entrypoints.cli", "generate", "acme/tiny-llama",
+            "the cat", "-n", "3", "--no-chat", "--quiet"]  # fmt: skip
+    for offline in ("0", "1"):
+        before = len(_file_requests(fake_hub))
+        run = subprocess.run(argv, env={**env, "HF_HUB_OFFLINE": offline}, capture_output=True,
+                             text=True, timeout=300)  # fmt: skip
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert (len(_file_requests(fake_hub)) > before) == (offline == "0")
+    assert (tmp_path / "fresh" / "hub" / "models--acme--tiny-llama" / "refs" / "main").is_file()
