@@ -10,11 +10,16 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specdec.errors import ConfigError
 from specdec.methods import METHODS, canonical_method
-from specdec.model.registry import DEFAULT_MODEL
+from specdec.model.registry import ALIASES, DEFAULT_MODEL
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from specdec.model.hub import HubOptions
 
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
 # vLLM speculative_config keys about GPU execution (batch padding, kernels, block hashing,
@@ -23,7 +28,7 @@ VLLM_IGNORED_KEYS = (
     "disable_padded_drafter_batch", "disable_eagle_block_drop", "disable_lookahead_block_hashes",
     "enforce_eager", "attention_backend", "moe_backend", "index_share_for_mtp_iteration",
     "use_local_argmax_reduction", "use_heterogeneous_vocab", "parallel_drafting",
-    "draft_load_config", "revision", "code_revision", "max_model_len", "kv_cache_dtype",
+    "draft_load_config", "code_revision", "max_model_len", "kv_cache_dtype",
     "draft_lm_head_quantization", "num_speculative_tokens_per_batch_size", "disable_log_stats",
     "disable_logprobs", "acceptance_method", "rejection_sample_method",
     "enable_adaptive_verification",
@@ -39,6 +44,8 @@ class SpeculativeConfig:
     # None: 32 for suffix (vLLM's default: it sizes its own drafts, this is only the cap), else 5
     num_speculative_tokens: int | None = None
     model: str | None = None
+    # the revision (branch, tag, commit) of a hub id in `model` (vLLM's key); None: main
+    revision: str | None = None
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
     draft_tensor_parallel_size: int = 1
@@ -492,6 +499,7 @@ ALIAS = "alias"  # another name for an engine field (see EngineArgs.create_engin
 IGNORED = "ignored"  # a vLLM / llama.cpp option with no effect here: accepted, logged once
 REFUSED = "refused"  # a vLLM option specdec cannot honour: its defaults only, else an error
 SERVER = "server"  # read by `specdec serve` only
+HUB = "hub"  # where a hub id's files come from (create_engine_config resolves ids to paths)
 
 # --help's sections (entrypoints/arg_parser.py): section -> (what it holds, the vLLM config
 # classes that map to it), in --help's order
@@ -513,7 +521,8 @@ HELP_SECTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
 }  # fmt: skip
 # the section of each argument: by kind, and for engine arguments by name
 _KIND_SECTION = {SPECULATIVE: "speculative", SINGLE: "parallel", ALIAS: "cache",
-                 IGNORED: "ignored", REFUSED: "ignored", SERVER: "server"}  # fmt: skip
+                 IGNORED: "ignored", REFUSED: "ignored", SERVER: "server",
+                 HUB: "model"}  # fmt: skip
 _NAME_SECTION = {
     **dict.fromkeys(("model", "tokenizer", "dtype", "device", "kernels", "quantization",
                      "activation_dtype", "max_model_len", "seed", "enforce_eager",
@@ -679,7 +688,7 @@ class EngineArgs:
         DEFAULT_MODEL,
         "model: an alias, a .gguf file, a Hugging Face folder or hub id (org/name; a GGUF "
         "repository's file by quantization: org/name-GGUF:Q4_K_M, llama.cpp's -hf)",
-        flags=("-m", "-hf", "--hf-repo"),
+        flags=("-m", "-hf", "-hfr", "--hf-repo"),
     )
     speculative_config: Any = _arg(
         None,
@@ -796,7 +805,10 @@ class EngineArgs:
         None, "vLLM: speculative_config.num_speculative_tokens", type=int, kind=SPECULATIVE
     )
     model_draft: str | None = _arg(
-        None, "llama.cpp: draft model (method draft_model)", flags=("-md",), kind=SPECULATIVE
+        None,
+        "llama.cpp: draft model (method draft_model): a file, folder or hub id (-hfd org/name)",
+        flags=("-md", "-hfd", "-hfrd", "--hf-repo-draft"),
+        kind=SPECULATIVE,
     )
     draft_max: int | None = _arg(
         None,
@@ -897,6 +909,31 @@ class EngineArgs:
         None, "vLLM: raw_logprobs only (what specdec returns)", kind=REFUSED,
         check=_only(None, "raw_logprobs", why="specdec returns raw_logprobs only"),
     )  # fmt: skip
+    # -- hub ids: where their files come from (model/hub.py)
+    revision: str | None = _arg(
+        None, "vLLM: the branch, tag or commit of a hub id model (default main)", kind=HUB
+    )
+    download_dir: str | None = _arg(
+        None,
+        "vLLM: download hub models into this folder (the Hugging Face cache layout) instead "
+        "of the Hugging Face cache (HF_HUB_CACHE)",
+        kind=HUB,
+    )
+    hf_token: Any = _arg(
+        None,
+        "vLLM / llama.cpp: the token for gated and private hub repositories (default: HF_TOKEN, "
+        "else the stored login; the flag alone: the stored login)",
+        nargs="?",
+        flags=("-hft",),
+        kind=HUB,
+    )
+    hf_file: str | None = _arg(
+        None,
+        "llama.cpp: the file of the -hf repository to load, instead of the one the "
+        "quantization picks",
+        flags=("-hff",),
+        kind=HUB,
+    )
     # -- honoured by `specdec serve` (server sampling defaults; explicit --temp etc. win)
     generation_config: str | None = _arg(
         None,
@@ -958,11 +995,8 @@ class EngineArgs:
     optimization_level: str | None = _ignored(None, "no torch.compile", flags=("-O",))
     performance_mode: str | None = _ignored(None, "GPU tuning")
     load_format: str | None = _ignored(None, "GGUF or safetensors, detected")
-    download_dir: str | None = _ignored(None, "nothing is downloaded")
-    revision: str | None = _ignored(None, "nothing is downloaded")
-    code_revision: str | None = _ignored(None, "nothing is downloaded")
-    tokenizer_revision: str | None = _ignored(None, "nothing is downloaded")
-    hf_token: Any = _ignored(None, "nothing is downloaded", nargs="?")
+    code_revision: str | None = _ignored(None, "no remote code runs")
+    tokenizer_revision: str | None = _ignored(None, "the tokenizer comes with the model")
     tokenizer_mode: str | None = _ignored(None, "the model's own tokenizer")
     config_format: str | None = _ignored(None, "config.json or GGUF metadata")
     max_logprobs: int | None = _ignored(None, "at most 20", type=int)
@@ -1216,15 +1250,61 @@ class EngineArgs:
         engine = {n: getattr(self, n) for n in self.names(ENGINE)}
         if engine["kv_cache_memory"] is None:
             engine["kv_cache_memory"] = self.kv_cache_memory_bytes or self.gpu_memory_utilization
+        speculative = self.speculative()
+        # NOTE: hub ids become local paths here, once: the executor, its workers and the
+        # drafters read files only, and --revision / --download-dir / --hf-token apply
+        engine["model"] = self._local_model()
+        if speculative is not None:
+            speculative = self._local_drafter(speculative)
         self.generation_defaults()  # a bad generation config fails before the model loads
-        return EngineConfig(**engine, speculative=self.speculative())
+        return EngineConfig(**engine, speculative=speculative)
+
+    def hub_options(self, revision: str | None = None, filename: str | None = None) -> HubOptions:
+        """The HubOptions (model/hub.py) of these arguments: ``download_dir``, ``hf_token``."""
+        from specdec.model.hub import HubOptions
+
+        return HubOptions(revision, self.download_dir, self.hf_token, filename)
+
+    def model_path(self) -> Path:
+        """The model's local path: an alias's file, a path, or a hub id's files in
+        the cache (downloaded on first use, with ``revision`` and ``hf_file``)."""
+        from specdec.model.registry import resolve_model_path
+
+        return resolve_model_path(self.model, self.hub_options(self.revision, self.hf_file))
+
+    def _local_model(self) -> str:
+        from specdec.model.hub import is_hub_id
+
+        if not is_hub_id(self.model) or self.model in ALIASES:
+            if self.hf_file:
+                raise ConfigError(
+                    f"hf_file (--hf-file) names a file of a hub repository; the model "
+                    f"{self.model!r} is not a hub id (-hf org/name)"
+                )
+            return self.model
+        return str(self.model_path())
+
+    def _local_drafter(self, spec: SpeculativeConfig) -> SpeculativeConfig:
+        """``speculative_config.model`` as a local path when it is a hub id: a draft model's
+        files (draft_model, mtp) or a head's folder (eagle, eagle3, medusa, hybrid)."""
+        from specdec.errors import ModelNotFoundError
+        from specdec.model.hub import hub_model_path, is_hub_id
+
+        if not spec.model or spec.model in ALIASES or not is_hub_id(spec.model):
+            return spec
+        kind = "model" if spec.method in ("draft_model", "mtp") else "head"
+        try:
+            path = hub_model_path(spec.model, self.hub_options(spec.revision), kind)
+        except ModelNotFoundError as e:
+            raise ModelNotFoundError(f"speculative_config.model: {e}") from None
+        return replace(spec, model=str(path))
 
     def generation_defaults(self) -> dict[str, Any]:
         """Default sampling (SamplingParams names) from ``generation_config`` (vLLM's 'auto':
         the model folder's generation_config.json; a folder: its file) under
         ``override_generation_config``; ``specdec serve`` and ``LLM.generate`` apply them where
         a request does not set its own."""
-        defaults = _generation_file_defaults(self.generation_config, self.model)
+        defaults = _generation_file_defaults(self.generation_config, self.model_path)
         override = self.override_generation_config
         if isinstance(override, str):
             override = _json_option("override_generation_config", override)
@@ -1395,7 +1475,7 @@ def _json_option(name: str, text: str) -> Any:
         raise ConfigError(f"{name} is not valid JSON ({e.msg} at column {e.colno})") from None
 
 
-def _generation_file_defaults(value: str | None, model: str) -> dict[str, Any]:
+def _generation_file_defaults(value: str | None, model_path: Callable[[], Path]) -> dict[str, Any]:
     """vLLM's --generation-config: None / 'vllm': no defaults; 'auto': the model folder's
     generation_config.json if it has one (a GGUF file has none: logged); else a folder."""
     if value in (None, "vllm"):
@@ -1403,9 +1483,7 @@ def _generation_file_defaults(value: str | None, model: str) -> dict[str, Any]:
     from pathlib import Path
 
     if value == "auto":
-        from specdec.model.registry import resolve_model_path
-
-        folder = resolve_model_path(model)
+        folder = model_path()
         path = folder / "generation_config.json" if folder.is_dir() else None
         if path is None or not path.is_file():
             log_note("generation_config", "generation_config auto: the model has no "

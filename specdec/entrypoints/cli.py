@@ -149,7 +149,7 @@ def _use_chat(flag: bool | None, has_template: bool) -> bool:
     return has_template if flag is None else flag
 
 
-_MODEL_FLAGS = ("-m", "--model", "-hf", "--hf-repo")
+_MODEL_FLAGS = ("-m", "--model", "-hf", "-hfr", "--hf-repo")
 
 
 def _model_flag_given(args: argparse.Namespace) -> bool:

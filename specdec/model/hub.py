@@ -1,18 +1,25 @@
 """Models by Hugging Face hub id, as vLLM users (``Qwen/Qwen3-0.6B``) and llama.cpp users
-(``-hf ggml-org/Qwen3-0.6B-GGUF[:Q4_K_M]``) type them.
+(``-hf ggml-org/Qwen3-0.6B-GGUF[:Q4_K_M]``) type them, through ``huggingface_hub``.
 
-An id names a repository. A repository of GGUF files gives one file: the one whose name holds
-the quantization after ``:`` (case-insensitive), else the first of ``PREFERRED_QUANTS`` it has.
-Any other repository gives a folder of its configuration, tokenizer and safetensors. The local
-Hugging Face cache is read first (``HF_HUB_CACHE``; ``HF_HUB_OFFLINE=1`` reads nothing else);
-what it lacks is downloaded into it, once.
+An id names a repository. A repository of GGUF files gives one file: ``--hf-file``'s, else the
+one whose name holds the quantization after ``:`` (case-insensitive), else the first of
+``PREFERRED_QUANTS`` it has. A repository with ``config.json`` and safetensors gives a folder of
+its configuration, tokenizer and weights; a drafter head (EAGLE, Medusa) the folder of its
+configuration and weights. Files land in the Hugging Face cache layout (``HF_HUB_CACHE``, or
+vLLM's ``--download-dir``), shared with transformers and vLLM. The cache is read first: a model
+whose files are all there loads without a single request (``HF_HUB_OFFLINE=1``: nothing else
+is read). Downloads show ``huggingface_hub``'s progress bar and resume a transfer cut by the
+network (a ``Range`` request for the rest).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from specdec.errors import ModelNotFoundError
 
@@ -22,6 +29,33 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*(:[\w.-]+)?$")
 PREFERRED_QUANTS = ("Q4_K_M", "Q4_0", "Q8_0", "Q4_1", "Q5_K_M", "Q6_K", "F16", "BF16")
 # a folder model: what loading reads (configuration, tokenizer, chat template, weights)
 FOLDER_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.jinja", "*.txt"]
+# a drafter head (EAGLE, EAGLE-3, Medusa): its configuration and weights
+HEAD_PATTERNS = ["*.json", "*.safetensors", "*.bin", "*.pt", "*.pth"]
+_SPLIT_GGUF = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)
+_QUANT_TAG = re.compile(r"(?i)I?Q\d\w*|B?F16|F32")
+
+Kind = Literal["model", "head"]
+
+
+@dataclass(frozen=True)
+class HubOptions:
+    """Where a hub id's files come from: ``revision`` (a branch, tag or commit; vLLM's
+    ``--revision``), ``download_dir`` (a cache folder instead of the Hugging Face cache; vLLM's
+    ``--download-dir``), ``token`` (``HF_TOKEN`` or the stored login when None; True: the stored
+    login; vLLM's ``--hf-token``) and ``filename`` (the repository's file to load, llama.cpp's
+    ``--hf-file``)."""
+
+    revision: str | None = None
+    download_dir: str | None = None
+    token: str | bool | None = None
+    filename: str | None = None
+
+    def __repr__(self) -> str:  # NOTE: never print the token
+        token = None if self.token is None else "***"
+        return (
+            f"HubOptions(revision={self.revision!r}, download_dir={self.download_dir!r}, "
+            f"token={token}, filename={self.filename!r})"
+        )
 
 
 def is_hub_id(model: str) -> bool:
@@ -29,100 +63,226 @@ def is_hub_id(model: str) -> bool:
     return bool(HUB_ID.match(model)) and not Path(model).expanduser().exists()
 
 
-def hub_model_path(model: str) -> Path:
-    """The local path of hub id ``model`` (``org/name[:QUANT]``), from the cache or downloaded."""
+def hub_model_path(model: str, options: HubOptions | None = None, kind: Kind = "model") -> Path:
+    """The local path of hub id ``model`` (``org/name[:QUANT]``): a GGUF file or a folder, from
+    the cache, else downloaded into it. ``kind`` "head": a drafter head's folder."""
+    options = options or HubOptions()
     repo, _, quant = model.partition(":")
-    cached = _cached_snapshot(repo)
-    if cached is not None:
-        found = _pick(cached, quant, model)
-        if found is not None:
-            return found
-    if _offline():
+    found = _from_cache(repo, quant, model, options, kind)
+    if found is not None:
+        return found
+    if offline():
+        where = f" at revision {options.revision}" if options.revision else ""
         raise ModelNotFoundError(
-            f"model '{model}' is not in the local Hugging Face cache and HF_HUB_OFFLINE is set: "
-            f"download it where there is a network (hf download {repo}) or pass a local path"
+            f"model '{model}'{where} is not in the local Hugging Face cache ({cache_dir(options)}) "
+            f"and HF_HUB_OFFLINE is set: download it where there is a network (hf download "
+            f"{repo}) or pass a local path"
         )
-    return _download(repo, quant, model)
+    return _download(repo, quant, model, options, kind)
 
 
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+def offline() -> bool:
+    """``HF_HUB_OFFLINE`` (read now, not when huggingface_hub was imported)."""
+    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return value.strip().lower() in ("1", "true", "yes", "on")
 
 
-def _cached_snapshot(repo: str) -> Path | None:
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
+def cache_dir(options: HubOptions) -> str:
+    """``download_dir``, else huggingface_hub's cache folder as the environment names it now
+    (``HF_HUB_CACHE``, ``HF_HOME``/hub, ``XDG_CACHE_HOME``/huggingface/hub)."""
+    if options.download_dir:
+        return str(Path(options.download_dir).expanduser())
+    env = os.environ
+    home = env.get("HF_HOME") or os.path.join(
+        env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface"
+    )
+    folder = (
+        env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE") or os.path.join(home, "hub")
+    )
+    return os.path.expandvars(os.path.expanduser(folder))
 
+
+def _endpoint() -> str | None:
+    return (os.environ.get("HF_ENDPOINT") or "").rstrip("/") or None
+
+
+# ---- the cache -------------------------------------------------------------------------------
+def _from_cache(repo: str, quant: str, model: str, options: HubOptions, kind: Kind) -> Path | None:
+    """The model's path when every file it needs is cached; no request is made."""
+    from huggingface_hub import HfApi, get_cached_repo_tree
+    from huggingface_hub.errors import CachedRepoTreeNotFoundError, RevisionResolutionError
+
+    cache = cache_dir(options)
     try:
-        return Path(snapshot_download(repo, local_files_only=True))
-    except (LocalEntryNotFoundError, OSError, ValueError):
+        revision = HfApi(endpoint=_endpoint()).resolve_revision(
+            repo, revision=options.revision, cache_dir=cache, local_files_only=True
+        )
+    except (RevisionResolutionError, OSError, ValueError):
         return None
-
-
-def _pick(folder: Path, quant: str, model: str) -> Path | None:
-    """The GGUF file (or the folder itself) a downloaded repository ``folder`` gives for
-    ``quant``; None when the files for it are not all there yet."""
-    names = [p.name for p in folder.iterdir()]
-    ggufs = sorted(n for n in names if n.lower().endswith(".gguf"))
-    if ggufs:
-        name = _choose_gguf(ggufs, quant, model)
-        return folder / name if (folder / name).is_file() else None
-    if quant:
-        raise _no_gguf(model, quant)
-    if (folder / "config.json").is_file() and any(n.endswith(".safetensors") for n in names):
-        return folder
+    snapshot = (
+        Path(cache) / ("models--" + repo.replace("/", "--")) / "snapshots" / revision.resolved
+    )
+    if not snapshot.is_dir():
+        return None
+    try:  # NOTE: the whole listing, kept by snapshot_download: the same choice as online
+        names = [f.path for f in get_cached_repo_tree(repo, revision=revision, cache_dir=cache)]
+        complete = True
+    except (CachedRepoTreeNotFoundError, OSError, ValueError):
+        # a cache filled file by file (hf_hub_download, `hf download repo file`): what is there
+        names = [p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()]
+        complete = False
+    try:
+        files, target = _choose(names, quant, model, options, kind)
+    except ModelNotFoundError:
+        if complete:
+            raise  # NOTE: the repository's listing says so: no need to ask the hub
+        return None
+    if all((snapshot / name).is_file() for name in files):
+        return snapshot / target if target else snapshot
     return None
 
 
-def _no_gguf(model: str, quant: str) -> ModelNotFoundError:
-    return ModelNotFoundError(
-        f"model '{model}': the repository holds no GGUF files to pick {quant} from"
-    )
+# ---- what to load from a repository's listing ------------------------------------------------
+def _choose(
+    names: list[str], quant: str, model: str, options: HubOptions, kind: Kind
+) -> tuple[list[str], str | None]:
+    """(the files to download, the GGUF file to load or None for the folder)."""
+    if kind == "head":
+        return _head_files(names, model), None
+    if options.filename:
+        if options.filename not in names:
+            raise ModelNotFoundError(
+                f"model '{model}': the repository has no file '{options.filename}' "
+                f"(--hf-file){_listing(names)}"
+            )
+        return [options.filename], options.filename
+    ggufs = sorted(n for n in names if n.lower().endswith(".gguf"))
+    folder = "config.json" in names and any(n.endswith(".safetensors") for n in names)
+    if quant or (ggufs and not folder):
+        if not ggufs:
+            raise ModelNotFoundError(
+                f"model '{model}': the repository holds no GGUF files to pick {quant} from"
+            )
+        name = choose_gguf(ggufs, quant, model)
+        return [name], name
+    if not folder:
+        raise ModelNotFoundError(
+            f"model '{model}': the repository has no GGUF file, nor config.json with "
+            f"safetensors weights{_listing(names)}"
+        )
+    return [n for n in names if any(fnmatch.fnmatch(n, p) for p in FOLDER_PATTERNS)], None
 
 
-def _choose_gguf(ggufs: list[str], quant: str, model: str) -> str:
-    whole = [n for n in ggufs if not re.search(r"-\d{5}-of-\d{5}\.gguf$", n)]
+def _head_files(names: list[str], model: str) -> list[str]:
+    files = [n for n in names if any(fnmatch.fnmatch(n, p) for p in HEAD_PATTERNS)]
+    if any(n.endswith(".safetensors") for n in files):  # NOTE: not the same weights twice
+        files = [n for n in files if not n.endswith((".bin", ".pt", ".pth"))]
+    if not any(not n.endswith(".json") for n in files):
+        raise ModelNotFoundError(
+            f"'{model}': the repository holds no head weights "
+            f"(*.safetensors, *.bin, *.pt){_listing(names)}"
+        )
+    return files
+
+
+def choose_gguf(ggufs: list[str], quant: str, model: str) -> str:
+    """The single-file GGUF for ``quant`` (else the preferred one) among ``ggufs``."""
+    whole = [n for n in ggufs if not _SPLIT_GGUF.search(n)]
     wanted = [quant] if quant else list(PREFERRED_QUANTS)
     for q in wanted:
-        hits = [n for n in whole if q.lower() in n.lower()]
+        hits = [n for n in whole if q.lower() in Path(n).name.lower()]
         if hits:
             return min(hits, key=len)  # NOTE: "Q4_0" before "Q4_0_4_4" and the like
     if not quant and whole:
         return whole[0]
-    shown = ", ".join(ggufs[:8]) + (" ..." if len(ggufs) > 8 else "")
+    tags = quant_tags(whole)
+    available = f"available: {', '.join(tags)}" if tags else f"files: {', '.join(ggufs[:8])}"
+    if not whole:
+        available = "only split files, which load from a local path"
     raise ModelNotFoundError(
         f"model '{model}': no single-file GGUF for {quant or 'any quantization'} in the "
-        f"repository ({shown})"
+        f"repository ({available})"
     )
 
 
-def _download(repo: str, quant: str, model: str) -> Path:
-    from huggingface_hub import HfApi, hf_hub_download, snapshot_download
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+def quant_tags(ggufs: list[str]) -> list[str]:
+    """The quantizations the GGUF file names spell (``x-Q4_K_M.gguf``: Q4_K_M), else the names."""
+    tags = []
+    for name in ggufs:
+        tail = re.split(r"[-.]", Path(name).name[: -len(".gguf")])[-1]
+        tags.append(tail.upper() if _QUANT_TAG.fullmatch(tail) else name)
+    return sorted(set(tags), key=tags.index)
 
+
+def _listing(names: list[str]) -> str:
+    shown = ", ".join(names[:8]) + (" ..." if len(names) > 8 else "")
+    return f" (files: {shown})" if names else " (no files)"
+
+
+# ---- the network -----------------------------------------------------------------------------
+def _download(repo: str, quant: str, model: str, options: HubOptions, kind: Kind) -> Path:
+    """List the repository, choose its files, download them into the cache (a progress bar)."""
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.hf_api import RepoFile
+
+    cache = cache_dir(options)
+    api = HfApi(endpoint=_endpoint(), token=options.token)
     try:
-        names = HfApi().list_repo_files(repo)
-        ggufs = [n for n in names if n.lower().endswith(".gguf")]
-        if ggufs:
-            return Path(hf_hub_download(repo, _choose_gguf(sorted(ggufs), quant, model)))
-        if quant:
-            raise _no_gguf(model, quant)
-        if "config.json" not in names:
-            raise ModelNotFoundError(
-                f"model '{model}': the repository has no config.json or GGUF file"
-            )
-        return Path(snapshot_download(repo, allow_patterns=FOLDER_PATTERNS))
+        # NOTE: model_info fails at once when the hub is unreachable (resolve_revision would
+        # fall back on a cached ref, and the downloads then retry for ~20 s)
+        info = api.model_info(repo, revision=options.revision)
+        # one commit for the listing and the files, its ref recorded for the cache's readers
+        revision = api.resolve_revision(repo, revision=options.revision, cache_dir=cache)
+        if info.sha == revision.resolved and info.siblings is not None:
+            names = [s.rfilename for s in info.siblings]
+        else:  # NOTE: the branch moved between the two requests
+            tree = api.list_repo_tree(repo, recursive=True, revision=revision.resolved)
+            names = [f.path for f in tree if isinstance(f, RepoFile)]
+        files, target = _choose(names, quant, model, options, kind)
+        folder = snapshot_download(
+            repo, revision=revision, cache_dir=cache, token=options.token, endpoint=_endpoint(),
+            allow_patterns=files,
+        )  # fmt: skip
     except ModelNotFoundError:
         raise
-    except RepositoryNotFoundError:
-        raise ModelNotFoundError(f"no model '{repo}' on the Hugging Face hub") from None
-    except GatedRepoError:
-        raise ModelNotFoundError(
-            f"model '{repo}' is gated on the Hugging Face hub: accept its terms and log in "
-            "(hf auth login), or pass a local path"
-        ) from None
-    except Exception as e:  # noqa: BLE001 - the network's errors (httpx's, the hub's, the OS's)
-        raise ModelNotFoundError(
-            f"model '{model}' is not in the local Hugging Face cache and the hub cannot be "
-            f"reached ({type(e).__name__}): pass a local path, or download it first"
-        ) from None
+    except Exception as e:  # noqa: BLE001 - the hub's, httpx's and the OS's errors, in one line
+        raise ModelNotFoundError(_network_error(e, repo, model, options)) from e
+    return Path(folder) / target if target else Path(folder)
+
+
+def _network_error(e: Exception, repo: str, model: str, options: HubOptions) -> str:
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    token_given = bool(options.token) or bool(
+        os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")
+    )
+    if isinstance(e, GatedRepoError):
+        if token_given:
+            return (
+                f"model '{repo}' is gated on the Hugging Face hub and the token has no access: "
+                f"accept its terms on the model's page with that account"
+            )
+        return (
+            f"model '{repo}' is gated on the Hugging Face hub: accept its terms on the model's "
+            "page, then set HF_TOKEN (or pass --hf-token TOKEN) to a token of that account"
+        )
+    if isinstance(e, RepositoryNotFoundError):
+        hint = "" if token_given else " (a private one needs HF_TOKEN or --hf-token)"
+        return f"no model '{repo}' on the Hugging Face hub{hint}"
+    if isinstance(e, RevisionNotFoundError):
+        return f"model '{repo}' has no revision '{options.revision}' on the Hugging Face hub"
+    if isinstance(e, HfHubHTTPError) and e.response is not None:
+        return (
+            f"model '{model}': the Hugging Face hub answered HTTP {e.response.status_code}; "
+            "try again later, or pass a local path"
+        )
+    return (
+        f"model '{model}' is not in the local Hugging Face cache and the hub cannot be reached "
+        f"({_endpoint() or 'https://huggingface.co'}: {type(e).__name__}): check the network, "
+        "or pass a local path"
+    )

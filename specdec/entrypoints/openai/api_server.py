@@ -936,7 +936,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     SamplingParams(**defaults)  # bad sampling defaults: exit 2 before loading anything
     from specdec.model.registry import resolve_model_path
 
-    root = str(resolve_model_path(args.model))
+    root = str(resolve_model_path(config.model))  # NOTE: a hub id's files are local by now
     import prometheus_client
 
     prometheus_client.disable_created_metrics()  # as vLLM: no *_created series
