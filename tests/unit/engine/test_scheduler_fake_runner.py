@@ -61,14 +61,15 @@ class FakeTokenizer:
 
 class FakeTarget:
     """The target's next token: a hash of the whole sequence (and of the seed when sampling), in
-    1..V-2. ``eos_at``: {a prompt's first token: the sequence length after which EOS comes}."""
+    1..V-2. ``forced``: {a prompt's first token: (a sequence length, the token that follows)}."""
 
-    def __init__(self, eos_at: dict[int, int] | None = None) -> None:
-        self.eos_at = dict(eos_at or {})
+    def __init__(self, forced: dict[int, tuple[int, int]] | None = None) -> None:
+        self.forced = dict(forced or {})
 
     def next_token(self, seq: list[int], sampling: SamplingParams, seed: int) -> int:
-        if seq and self.eos_at.get(seq[0]) == len(seq):
-            return EOS
+        at, token = self.forced.get(seq[0] if seq else -1, (-1, 0))
+        if at == len(seq):
+            return token
         salt = 0 if sampling.is_greedy else seed & 0xFFFFFFFF
         return 1 + zlib.crc32(np.asarray(seq, dtype=np.int64).tobytes(), salt) % (V - 2)
 
@@ -252,7 +253,7 @@ def run(engine: LLMEngine, max_steps: int = 500) -> dict[str, RequestOutput]:
 
 
 def prompt(tag: int, n: int) -> list[int]:
-    """``n`` prompt tokens starting with ``tag`` (FakeTarget.eos_at keys on it)."""
+    """``n`` prompt tokens starting with ``tag`` (FakeTarget.forced keys on it)."""
     return [tag] + [1 + (tag * 7 + 3 * i) % (V - 2) for i in range(1, n)]
 
 
@@ -303,19 +304,30 @@ def test_accepted_drafts_commit_and_rejected_ones_roll_back() -> None:
     assert sum(req.output_from_draft) == stats.num_accepted_tokens
 
 
-def test_stop_inside_an_accepted_run_commits_and_counts_nothing_after_it() -> None:
+STOP = 7  # " w7": no other token's text starts with it (tokens are 1..62)
+
+
+@pytest.mark.parametrize("how", ["eos", "stop_token_ids", "stop"])
+def test_stop_inside_an_accepted_run_commits_and_counts_nothing_after_it(how: str) -> None:
+    """The 4th output token stops the request (EOS, a stop id, a stop string's token) while the
+    drafts after it are accepted too: it is the last token committed, and the statistics count
+    the drafts up to it only."""
     ids = prompt(9, 5)
-    target = FakeTarget(eos_at={9: len(ids) + 3})  # the 4th output token is EOS
-    drafter = ScriptedDrafter(target, k=5)  # every draft right: EOS accepted mid-run
+    stop_token = EOS if how == "eos" else STOP
+    target = FakeTarget(forced={9: (len(ids) + 3, stop_token)})
+    drafter = ScriptedDrafter(target, k=5)  # every draft right: the stop accepted mid-run
     engine = make_engine(target=target, drafter=drafter, prefix_caching=True)
-    sp = SamplingParams(temperature=0.0, max_tokens=20)
+    stops = {"stop_token_ids": {"stop_token_ids": [STOP]}, "stop": {"stop": [f" w{STOP}"]}}
+    sp = SamplingParams(temperature=0.0, max_tokens=20, **stops.get(how, {}))
     engine.add_request(ids, sp, req_id="r")
     out = run(engine)["r"]
     plain = target.continuation(ids, 4, sp, 0)
-    assert plain[-1] == EOS
+    assert plain[-1] == stop_token and stop_token not in plain[:-1]
     assert out.outputs[0].token_ids == plain and out.outputs[0].finish_reason == "stop"
+    words = "".join(f" w{t}" for t in plain[:-1])
+    assert out.outputs[0].text == (words + f" w{STOP}" if how == "stop_token_ids" else words)
     rows = verify_rows(engine, "r")
-    assert rows[-1].num_drafts == 5 and EOS in rows[-1].draft_token_ids[:-1]  # drafts past it
+    assert rows[-1].num_drafts == 5 and stop_token in rows[-1].draft_token_ids[:-1]
     assert engine.num_generation_tokens == 4
     stats = out.spec_decode_stats
     assert (stats.num_draft_tokens, stats.num_accepted_tokens) == (5, 3)  # 3 kept of 5 accepted
