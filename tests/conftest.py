@@ -253,6 +253,23 @@ def smollm2_bench_greedy() -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in llm.chat(bench_chats(), sp)]
 
 
+@pytest.fixture
+def server_process():
+    """``start_server`` (tests/fixtures/server.py: ``specdec serve`` in a subprocess, healthy);
+    every server it started is stopped after the test, by PID, with bounded waits."""
+    from tests.fixtures.server import ServerProcess, start_server
+
+    started: list[ServerProcess] = []
+
+    def start(model: str | None, *args: str, **kwargs) -> ServerProcess:
+        started.append(start_server(model, *args, **kwargs))
+        return started[-1]
+
+    yield start
+    for srv in started:
+        srv.stop()
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _threads() -> None:
     torch.set_num_threads(int(os.environ.get("SPECDEC_TEST_THREADS", "2")))

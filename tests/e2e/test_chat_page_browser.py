@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 from playwright import sync_api as playwright  # pinned in requirements-test.txt
+
+from tests.fixtures.server import serve
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 REPO = Path(__file__).resolve().parents[2]
@@ -25,42 +23,15 @@ SPEC = '{"method": "ngram", "num_speculative_tokens": 4}'
 ECHO = "Repeat exactly: <script>alert(1)</script> <img src=x onerror=alert(2)> the end. " * 2
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    port = _port()
-    cmd = [sys.executable, "-m", "specdec", "serve", "smollm2-135m", "--port", str(port),
-           "--api-key", KEY, "--speculative-config", SPEC, "--max-model-len", "512",
-           "--disable-log-stats", "--uvicorn-log-level", "warning"]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        # NOTE: ~15 s on a quiet machine; generous for a loaded CI runner
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, log.read_text()[-2000:]
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
-        else:
-            pytest.fail("server did not start in 180 s: " + log.read_text()[-2000:])
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+def served():
+    # NOTE: ~15 s to start on a quiet machine; generous for a loaded CI runner
+    with serve(
+        "smollm2-135m", "--api-key", KEY, "--speculative-config", SPEC, "--max-model-len", "512",
+        "--disable-log-stats", "--uvicorn-log-level", "warning",
+        command=(sys.executable, "-m", "specdec", "serve"), timeout=180, grace=15,
+    ) as srv:  # fmt: skip
+        yield srv.url
 
 
 def test_chat_page_streams_coloured_reply(served, tmp_path):

@@ -11,10 +11,6 @@ another client). The server is a subprocess so that a crash is seen, not suffere
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,9 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.e2e.test_server import REPO
-from tests.e2e.test_server_safety import _free_port, _wait_healthy
 from tests.e2e.test_structured_output import INSTRUCTOR_RETRY
+from tests.fixtures.server import serve
 from tests.hostile import (
     gbnf_chain,
     lark_chain,
@@ -99,36 +94,15 @@ CASES: dict[str, list[tuple[str, dict]]] = {
 }
 
 
-class _Server:
-    def __init__(self) -> None:
-        port = _free_port()
-        spec = json.dumps({"method": "suffix", "num_speculative_tokens": 8})
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "specdec.entrypoints.cli", "serve", "smollm2-135m",
-             "--port", str(port), "--max-model-len", "4096", "--speculative-config", spec,
-             "--shutdown-timeout", "1", "--uvicorn-log-level", "warning"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
-            env={**os.environ, "SPECDEC_API_KEY": ""},
-        )  # fmt: skip
-        self.url = f"http://127.0.0.1:{port}"
-        _wait_healthy(self.proc, self.url)
-
-    def stop(self) -> str:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        return self.proc.stdout.read()
-
-
 @pytest.fixture(scope="module")
 def live():
-    srv = _Server()
-    yield srv
-    log = srv.stop()
+    spec = json.dumps({"method": "suffix", "num_speculative_tokens": 8})
+    with serve(
+        "smollm2-135m", "--max-model-len", "4096", "--speculative-config", spec,
+        "--shutdown-timeout", "1", "--uvicorn-log-level", "warning", timeout=60, grace=15,
+    ) as srv:  # fmt: skip
+        yield srv
+    log = srv.log()
     assert "Traceback" not in log, log[-3000:]
 
 

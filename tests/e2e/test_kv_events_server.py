@@ -9,11 +9,7 @@ tests/unit/test_kv_events.py.)"""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.fixtures.server import free_port, serve
 from tests.kv_events_client import BlockIndex, decode, receive, replay
 
 zmq = pytest.importorskip("zmq")
@@ -29,53 +26,14 @@ REPO = Path(__file__).resolve().parents[2]
 BLOCK = 16
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _tree(pid: int) -> list[int]:
-    import psutil
-
-    try:
-        return [pid] + [c.pid for c in psutil.Process(pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
 @contextmanager
 def _serve(*flags: str, timeout: float = 240.0):
-    """``specdec serve`` in a subprocess; stopped (it and its replicas, by PID) on exit."""
-    port = _port()
-    cmd = [sys.executable, "-m", "specdec.entrypoints.cli", "serve", MODEL, "--port", str(port),
-           "--max-model-len", "512", "--uvicorn-log-level", "warning", "--shutdown-timeout", "2",
-           *flags]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=env)
-    url = f"http://127.0.0.1:{port}"
-    pids: set[int] = set()
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            assert proc.poll() is None, "the server exited"
-            assert time.monotonic() < deadline, "the server did not start"
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.3)
-        pids.update(_tree(proc.pid))
-        yield url
-    finally:
-        pids.update(_tree(proc.pid))
-        for pid in pids:  # NOTE: only what this test started, by PID
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        proc.wait(10)
+    """``specdec serve`` in a subprocess; killed (it and its replicas, by PID) on exit."""
+    with serve(
+        MODEL, "--max-model-len", "512", "--uvicorn-log-level", "warning",
+        "--shutdown-timeout", "2", *flags, timeout=timeout, grace=0,
+    ) as srv:  # fmt: skip
+        yield srv.url
 
 
 def _complete(url: str, prompt: list[int]) -> httpx.Response:
@@ -120,7 +78,7 @@ def sub():
 
 def test_router_predicts_hits_from_events(sub) -> None:
     ctx, connect = sub
-    port, replay_port = _port(), _port()
+    port, replay_port = free_port(), free_port()
     config = {"enable_kv_cache_events": True, "endpoint": f"tcp://*:{port}",
               "replay_endpoint": f"tcp://*:{replay_port}", "block_size": BLOCK}  # fmt: skip
     with _serve("--kv-events-config", json.dumps(config), "--max-num-seqs", "2") as url:
@@ -172,14 +130,14 @@ def test_router_predicts_hits_from_events(sub) -> None:
 
 def test_replicas_publish_with_their_rank(sub) -> None:
     _, connect = sub
-    port = _port()
+    port = free_port()
     while True:  # the two replicas publish on port and port + 1
         try:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", port + 1))
             break
         except OSError:
-            port = _port()
+            port = free_port()
     config = {"enable_kv_cache_events": True, "endpoint": f"tcp://*:{port}"}
     with _serve("--kv-events-config", json.dumps(config), "-dp", "2", "--max-num-seqs", "1") as url:
         socks = [connect(port), connect(port + 1)]

@@ -9,20 +9,17 @@ parsed only."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import signal
-import socket
-import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from specdec.entrypoints import cli
+from tests.fixtures.server import free_port, serve
 
 ROOT = Path(__file__).resolve().parents[2]
 # size flags shrunk when a command runs: flag -> the value used
@@ -148,50 +145,21 @@ def test_readme_bench_commands_run(tmp_path, monkeypatch) -> None:
         assert _run(small) == 0, shlex.join(small)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(proc: subprocess.Popen, url: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if urllib.request.urlopen(f"{url}/health", timeout=2).status == 200:
-                return
-        except OSError:
-            time.sleep(0.5)
-
-
-def test_readme_serve_command_runs(tmp_path) -> None:
-    port = _free_port()
+def test_readme_serve_command_runs() -> None:
+    port = free_port()
     argv = [w if w != "8000" else str(port) for w in _runnable(["serve"])[0]]
     assert str(port) in argv  # the README's command names its port
-    log_path = tmp_path / "serve.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "specdec.entrypoints.cli", *argv],
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-            stdout=subprocess.DEVNULL, stderr=log,
-        )  # fmt: skip
-    try:
-        url = f"http://127.0.0.1:{port}"
-        _wait_healthy(proc, url, 120)
-        assert proc.poll() is None, log_path.read_text()[-2000:]
+    cli_module = (sys.executable, "-m", "specdec.entrypoints.cli")
+    with serve(None, *argv, command=cli_module, port=port, port_flag=None, grace=0) as srv:
         body = json.dumps({"model": "smollm2-135m", "prompt": "Hello", "max_tokens": 4}).encode()
         request = urllib.request.Request(
-            f"{url}/v1/completions", body, {"Content-Type": "application/json"}
+            f"{srv.url}/v1/completions", body, {"Content-Type": "application/json"}
         )
         reply = json.loads(urllib.request.urlopen(request, timeout=60).read())
         assert reply["usage"]["completion_tokens"] >= 1
-        proc.send_signal(signal.SIGTERM)
+        srv.proc.send_signal(signal.SIGTERM)
         # NOTE: uvicorn re-raises the SIGTERM it handled once it has shut down
-        assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        assert srv.proc.wait(timeout=30) in (0, -signal.SIGTERM)
 
 
 @pytest.fixture(autouse=True)

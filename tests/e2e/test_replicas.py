@@ -10,9 +10,6 @@ import json
 import os
 import re
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -23,6 +20,7 @@ import psutil
 import pytest
 
 from specdec.entrypoints.replicas.router import rendezvous
+from tests.fixtures.server import process_tree, serve
 
 MODEL = "smollm2-135m"
 KEY = "test-key"
@@ -30,53 +28,15 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at"]
 PREFIX = "You are a helpful assistant. Answer briefly and precisely, in plain words. " * 6
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_health(url: str, proc: subprocess.Popen, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "the front exited"
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.3)
-    raise TimeoutError("the replicas did not start")
-
-
-def _tree(pid: int) -> list[int]:
-    try:
-        return [pid] + [c.pid for c in psutil.Process(pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
 @pytest.fixture(scope="module")
 def front():
-    port = _free_port()
-    cmd = [sys.executable, "-m", "specdec.entrypoints.cli", "serve", MODEL, "-dp", "2",
-           "--port", str(port), "--api-key", KEY, "--max-model-len", "1024",
-           "--shutdown-timeout", "2", "--uvicorn-log-level", "warning"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    pids = set()
-    try:
-        _wait_health(url, proc, 180)
-        pids.update(_tree(proc.pid))
-        yield proc, url, pids
-    finally:
-        pids.update(_tree(proc.pid))
-        for pid in pids:  # NOTE: only what this fixture started, by PID
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        proc.wait(10)
+    """The -dp 2 front, healthy; it and its replicas killed by PID afterwards (``watch_tree``
+    notes a restarted replica)."""
+    with serve(
+        MODEL, "-dp", "2", "--api-key", KEY, "--max-model-len", "1024", "--shutdown-timeout",
+        "2", "--uvicorn-log-level", "warning", timeout=180, grace=0,
+    ) as srv:  # fmt: skip
+        yield srv
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +66,7 @@ def _replicas(url: str) -> list[dict]:
 
 
 def test_greedy_equals_single_server(front, single):
-    _, url, _ = front
+    url = front.url
     dp = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=120)
     one = openai.OpenAI(base_url=f"{single.url}/v1", api_key="x", max_retries=0, timeout=120)
     for prompt in PROMPTS:
@@ -121,7 +81,7 @@ def test_greedy_equals_single_server(front, single):
 
 def test_the_chat_page_is_served_at_the_front(front):
     """The page (no key needed) and what it calls: a streamed chat with token provenance."""
-    _, url, _ = front
+    url = front.url
     page = httpx.get(f"{url}/", timeout=10)
     assert page.status_code == 200 and "<html" in page.text.lower()
     assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
@@ -136,7 +96,7 @@ def test_the_chat_page_is_served_at_the_front(front):
 
 
 def test_checks_run_at_the_front(front):
-    _, url, _ = front
+    url = front.url
     body = {"model": MODEL, "prompt": "x", "max_tokens": -1}
     assert httpx.post(f"{url}/v1/completions", json=body, timeout=30).status_code == 401
     resp = httpx.post(f"{url}/v1/completions", json=body, headers=_auth(), timeout=30)
@@ -145,20 +105,20 @@ def test_checks_run_at_the_front(front):
 
 
 def test_shared_prefix_lands_on_one_replica(front):
-    _, url, _ = front
+    url = front.url
     served = {_complete(url, PREFIX + f"Question {i}: what is {i} + {i}?").headers["x-specdec-replica"] for i in range(5)}  # fmt: skip
     assert len(served) == 1
 
 
 def test_session_sticks_to_one_replica(front):
-    _, url, _ = front
+    url = front.url
     for session in ("alice", "bob"):
         served = {_complete(url, f"turn {t} of {session}", session).headers["x-specdec-replica"] for t in range(3)}  # fmt: skip
         assert served == {str(rendezvous(session, [0, 1]))}
 
 
 def test_metrics_carry_the_replica_label(front):
-    _, url, _ = front
+    url = front.url
     for r in (0, 1):  # a request on each replica
         _complete(url, "hi", next(s for s in map(str, range(99)) if rendezvous(s, [0, 1]) == r))
     text = httpx.get(f"{url}/metrics", timeout=10).text
@@ -187,7 +147,7 @@ def _stream_events(url: str, session: str, out: list) -> None:
 
 
 def test_replica_killed_under_streamed_load(front):
-    _, url, pids = front
+    url = front.url
     victim = 0
     session = next(s for s in (f"s{i}" for i in range(100)) if rendezvous(s, [0, 1]) == victim)
     pid = _replicas(url)[victim]["pid"]
@@ -218,14 +178,14 @@ def test_replica_killed_under_streamed_load(front):
             break
         time.sleep(0.5)
     assert state["up"] and state["restarts"] == 1 and state["pid"] != pid
-    pids.add(state["pid"])
+    front.watch_tree()  # the restarted replica
     assert _complete(url, "Hello", session).headers["x-specdec-replica"] == str(victim)
 
 
 def test_sigterm_leaves_no_process(front):
-    proc, _, pids = front
-    pids.update(_tree(proc.pid))
-    children = _tree(proc.pid)[1:]
+    proc = front.proc
+    front.watch_tree()
+    children = process_tree(proc.pid)[1:]
     assert len(children) >= 2
     proc.send_signal(signal.SIGTERM)
     proc.wait(60)
@@ -252,14 +212,11 @@ def test_data_parallel_with_tensor_parallel():
     """``-dp 2 -tp 2``: each replica runs 2 ranks (4 on this machine's 2 cores: slow, correct);
     greedy output equals one TP 2 engine's and SIGTERM leaves no replica or TP worker behind."""
     want = _tp2_reference(PROMPTS[:2])
-    port = _free_port()
-    cmd = [sys.executable, "-m", "specdec.entrypoints.cli", "serve", MODEL, "-dp", "2", "-tp", "2",
-           "--port", str(port), "--max-model-len", "512", "--shutdown-timeout", "2",
-           "--uvicorn-log-level", "warning"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
-    url, tree = f"http://127.0.0.1:{port}", []
-    try:
-        _wait_health(url, proc, 180)
+    with serve(
+        MODEL, "-dp", "2", "-tp", "2", "--max-model-len", "512", "--shutdown-timeout", "2",
+        "--uvicorn-log-level", "warning", timeout=180, grace=0,
+    ) as srv:  # fmt: skip
+        proc, url = srv.proc, srv.url
         served = set()
         for i, prompt in enumerate(PROMPTS[:2]):
             session = next(s for s in map(str, range(99)) if rendezvous(s, [0, 1]) == i)
@@ -269,17 +226,11 @@ def test_data_parallel_with_tensor_parallel():
         assert served == {"0", "1"}  # both tensor-parallel replicas answered
         replicas = psutil.Process(proc.pid).children()
         assert len(replicas) == 2 and all(r.children() for r in replicas)  # each has its TP worker
-        tree = _tree(proc.pid)
+        tree = process_tree(proc.pid)
+        srv.watch_tree()
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
         deadline = time.monotonic() + 15
         while any(psutil.pid_exists(p) for p in tree) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not [p for p in tree if psutil.pid_exists(p)]
-    finally:
-        for pid in set(tree) | {proc.pid}:  # NOTE: only what this test started, by PID
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        proc.wait(10)

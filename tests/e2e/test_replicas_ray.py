@@ -11,8 +11,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -26,10 +24,9 @@ from tests.e2e.test_replicas import (  # noqa: F401 - fixtures
     MODEL,
     PREFIX,
     PROMPTS,
-    _free_port,
-    _tree,
     single,
 )
+from tests.fixtures.server import process_tree, serve
 
 pytest.importorskip("ray.serve")
 
@@ -40,19 +37,13 @@ def _engine_pids(root: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def ray_app():
-    port = _free_port()
-    cmd = [sys.executable, "-m", "specdec.entrypoints.cli", "serve", MODEL, "--ray",
-           "--num-replicas", "2", "--port", str(port), "--max-model-len", "1024",
-           "--shutdown-timeout", "2"]  # fmt: skip
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=env)
-    url = f"http://127.0.0.1:{port}"
-    pids: set[int] = set()
-    try:
-        deadline = time.monotonic() + 240
-        while not _ready(url):
-            assert proc.poll() is None and time.monotonic() < deadline, "Ray app did not start"
-            time.sleep(0.5)
+    """The Ray app, answering on both replicas; the driver's tree killed by PID afterwards
+    (``watch_tree`` notes a restarted replica)."""
+    with serve(
+        MODEL, "--ray", "--num-replicas", "2", "--max-model-len", "1024", "--shutdown-timeout",
+        "2", env={"RAY_USAGE_STATS_ENABLED": "0"}, timeout=240, ready=_ready, grace=0,
+    ) as srv:  # fmt: skip
+        url = srv.url
         # NOTE: the ingress learns of the second replica a little after the app is ready
         seen: set[str] = set()
         for i in range(400):
@@ -61,16 +52,8 @@ def ray_app():
                 break
             time.sleep(0.2)
         assert len(seen) == 2, "the ingress never routed to both replicas"
-        pids.update(_tree(proc.pid))
-        yield proc, url, pids
-    finally:
-        pids.update(_tree(proc.pid))
-        for pid in pids:  # NOTE: only what this fixture started (the driver's tree), by PID
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        proc.wait(10)
+        srv.watch_tree()
+        yield srv
 
 
 def _ready(url: str) -> bool:
@@ -88,7 +71,7 @@ def _complete(url: str, prompt: str, session: str | None = None, **kw) -> httpx.
 
 
 def test_greedy_equals_single_server(ray_app, single):  # noqa: F811
-    _, url, _ = ray_app
+    url = ray_app.url
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=120)
     one = openai.OpenAI(base_url=f"{single.url}/v1", api_key="x", max_retries=0, timeout=120)
     for prompt in PROMPTS:
@@ -104,7 +87,7 @@ def test_greedy_equals_single_server(ray_app, single):  # noqa: F811
 
 
 def test_prefix_and_session_affinity(ray_app):
-    _, url, _ = ray_app
+    url = ray_app.url
     served = {_complete(url, PREFIX + f"Question {i}?").headers["x-specdec-replica"] for i in range(4)}  # fmt: skip
     assert len(served) == 1
     for session in ("alice", "bob"):
@@ -115,7 +98,7 @@ def test_prefix_and_session_affinity(ray_app):
 def test_ingress_metrics_merge_every_replica(ray_app):
     """GET /metrics on the ingress: each replica's engine series with its replica label (the
     id x-specdec-replica names), one TYPE per family, the dashboard's series for both."""
-    _, url, _ = ray_app
+    url = ray_app.url
     homes = {_complete(url, "hi", f"m{i}", max_tokens=2).headers["x-specdec-replica"] for i in range(16)}  # fmt: skip
     assert len(homes) == 2
     resp = httpx.get(f"{url}/metrics", timeout=30)
@@ -142,7 +125,7 @@ def _stream(url: str, prompt: str, out: list, session: str) -> None:
 
 
 def test_replica_killed_under_streamed_load(ray_app):
-    proc, url, pids = ray_app
+    proc, url = ray_app.proc, ray_app.url
     before = _engine_pids(proc.pid)
     assert len(before) == 2
     homes: dict[str, str] = {}  # a session per replica, so that the load is on both
@@ -173,13 +156,13 @@ def test_replica_killed_under_streamed_load(ray_app):
         time.sleep(0.5)
     after = _engine_pids(proc.pid)
     assert len(after) == 2 and before[0] not in after
-    pids.update(_tree(proc.pid))
+    ray_app.watch_tree()
 
 
 def test_sigterm_leaves_no_process(ray_app):
-    proc, _, pids = ray_app
-    tree = _tree(proc.pid)
-    pids.update(tree)
+    proc = ray_app.proc
+    tree = process_tree(proc.pid)
+    ray_app.watch_tree()
     proc.send_signal(signal.SIGTERM)
     proc.wait(90)
     deadline = time.monotonic() + 30

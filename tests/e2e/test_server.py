@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import sys
 import time
@@ -633,15 +632,7 @@ def test_serve_bad_flags_exit_2(tiny_llama, capsys, flags: list[str], needle: st
     assert needle in err and len(err.splitlines()) == 1 and err.startswith("specdec: error:")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_module_entry_point(tiny_llama) -> None:
+def test_module_entry_point(tiny_llama, server_process) -> None:
     """``python -m specdec.entrypoints.openai.api_server``: a bad flag, then a real start and stop."""
     exe = [
         sys.executable,
@@ -657,29 +648,13 @@ def test_module_entry_point(tiny_llama) -> None:
         timeout=60,
     )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "nope" in bad.stderr
-    port = _free_port()
-    env = {**os.environ, "SPECDEC_API_KEY": ""}
-    proc = subprocess.Popen(
-        [*exe, "--port", str(port), "--served-model-name", "t1", "t2", "--max-model-len", "128",
-         "--speculative-config", json.dumps(NGRAM), "--uvicorn-log-level", "warning"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
-            assert proc.poll() is None, proc.stdout.read()
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
-        assert [m.id for m in client.models.list().data] == ["t1", "t2"]
-        r = client.completions.create(model="t2", prompt="a b a b a b", max_tokens=8, **GREEDY)
-        assert r.usage.completion_tokens == 8 and "num_drafts" in r.model_extra["spec_decode"]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+    flags = ["--served-model-name", "t1", "t2", "--max-model-len", "128",
+             "--speculative-config", json.dumps(NGRAM), "--uvicorn-log-level", "warning"]  # fmt: skip
+    srv = server_process(None, *flags, command=exe, timeout=60)
+    client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0)
+    assert [m.id for m in client.models.list().data] == ["t1", "t2"]
+    r = client.completions.create(model="t2", prompt="a b a b a b", max_tokens=8, **GREEDY)
+    assert r.usage.completion_tokens == 8 and "num_drafts" in r.model_extra["spec_decode"]
 
 
 # ---- the real default model ------------------------------------------------------------------------

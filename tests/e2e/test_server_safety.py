@@ -6,13 +6,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import signal
-import socket
 import statistics
-import subprocess
-import sys
 import threading
 import time
 
@@ -20,7 +16,8 @@ import httpx
 import pytest
 
 from specdec.entrypoints.openai.safety import LOOPBACK_NAMES
-from tests.e2e.test_server import REPO, _SlowSteps, _start, _wait_idle
+from tests.e2e.test_server import _SlowSteps, _start, _wait_idle
+from tests.fixtures.server import serve
 
 CHAT = [{"role": "user", "content": "Say something about the cat."}]
 ORIGIN = "https://app.example"
@@ -510,17 +507,11 @@ def test_sigterm_under_load_ends_streams_properly(tiny_llama) -> None:
     lets the running ones go on for --shutdown-timeout, then ends every stream still open with an
     error event and [DONE], and exits. Also its defaults: loopback Host names only, JSON bodies
     only, request templates refused."""
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "specdec.entrypoints.cli", "serve", str(tiny_llama),
-         "--port", str(port), "--max-model-len", "512", "--max-num-seqs", "1",
-         "--shutdown-timeout", "0.5", "--uvicorn-log-level", "warning"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
-        env={**os.environ, "SPECDEC_API_KEY": ""},
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(proc, url)
+    with serve(
+        str(tiny_llama), "--max-model-len", "512", "--max-num-seqs", "1",
+        "--shutdown-timeout", "0.5", "--uvicorn-log-level", "warning", timeout=60, grace=0,
+    ) as srv:  # fmt: skip
+        proc, url = srv.proc, srv.url
         assert httpx.get(f"{url}/health", headers={"host": "evil.example"}).status_code == 400
         r = httpx.post(f"{url}/v1/completions", content=b'{"prompt": "x"}')
         assert r.status_code == 415
@@ -553,10 +544,7 @@ def test_sigterm_under_load_ends_streams_properly(tiny_llama) -> None:
             t.join(30)
         proc.wait(30)
         took = time.perf_counter() - t0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    log = proc.stdout.read()
+    log = srv.log()
     assert proc.returncode in (0, -signal.SIGTERM), log
     assert took < 10, took
     ended = 0
@@ -582,15 +570,6 @@ def test_sigterm_while_requests_are_prepared_answers_503s_and_exits_at_once(tiny
     JSON 503 at once, and the process exits without waiting for them; the log has no traceback.
     Before: plain-text 500s from uvicorn, a 60-line traceback each, and the exit after
     --shutdown-timeout + 6 s."""
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "specdec.entrypoints.cli", "serve", str(tiny_llama),
-         "--port", str(port), "--max-model-len", "512", "--shutdown-timeout", "0.5",
-         "--uvicorn-log-level", "warning"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
-        env={**os.environ, "SPECDEC_API_KEY": ""},
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
     # NOTE: a longer prompt is refused for length before tokenizing (max_token_chars)
     prompt = ["hello world, this is a long prompt. " * 180] * 128
     answers: list[httpx.Response | Exception] = []
@@ -601,8 +580,11 @@ def test_sigterm_while_requests_are_prepared_answers_503s_and_exits_at_once(tiny
         except httpx.TransportError as e:
             answers.append(e)
 
-    try:
-        _wait_healthy(proc, url)
+    with serve(
+        str(tiny_llama), "--max-model-len", "512", "--shutdown-timeout", "0.5",
+        "--uvicorn-log-level", "warning", timeout=60, grace=0,
+    ) as srv:  # fmt: skip
+        proc, url = srv.proc, srv.url
         clients = [threading.Thread(target=post) for _ in range(16)]
         for t in clients:
             t.start()
@@ -613,10 +595,7 @@ def test_sigterm_while_requests_are_prepared_answers_503s_and_exits_at_once(tiny
         took = time.perf_counter() - t0
         for t in clients:
             t.join(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    log = proc.stdout.read()
+    log = srv.log()
     assert proc.returncode in (0, -signal.SIGTERM), log
     # NOTE: no speed goal: the 3 s flush and uvicorn's 3 s grace it no longer waits for
     assert took < 3.5, (took, log)
@@ -654,21 +633,3 @@ def _wait_queued(url: str, waiting: int, timeout: float = 60) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"fewer than {waiting} requests queued after {timeout} s")
-
-
-def _wait_healthy(proc: subprocess.Popen, url: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            time.sleep(0.2)
-        assert proc.poll() is None, proc.stdout.read()
-    raise AssertionError("the server did not start")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,7 +21,8 @@ from specdec.engine.executor import ExecutorError
 from specdec.model.llama import SeqBatch
 from specdec.worker.binding import parse_cpu_binding
 from specdec.worker.shard import plan_shard
-from tests.e2e.test_server import REPO, _free_port, _start
+from tests.e2e.test_server import REPO, _start
+from tests.fixtures.server import serve
 from tests.unit.test_shared_prefix import _record_prefixes
 
 PROMPTS = ["a b a b a b a", "the cat sat on the mat, the cat", "1 2 3 4 1 2 3"]
@@ -320,65 +320,44 @@ def test_a_tp2_server_answers_then_503_after_a_worker_dies(tiny_llama) -> None:
         srv.stop()
 
 
-def _serve_tp2(tiny_llama, stderr: int = subprocess.DEVNULL) -> tuple[subprocess.Popen, int]:
-    """`specdec serve -tp 2` in a subprocess, healthy; its port."""
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "specdec", "serve", str(tiny_llama), "-tp", "2", "--port",
-         str(port), "--max-model-len", "128", "--uvicorn-log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=stderr, cwd=REPO,
-        env={**os.environ, "SPECDEC_API_KEY": ""},
+def _serve_tp2(tiny_llama):
+    """`specdec serve -tp 2` in a subprocess, healthy."""
+    return serve(
+        str(tiny_llama), "-tp", "2", "--max-model-len", "128", "--uvicorn-log-level", "warning",
+        command=(sys.executable, "-m", "specdec", "serve"),
     )  # fmt: skip
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc, port
-        except httpx.TransportError:
-            time.sleep(0.3)
-        assert proc.poll() is None
-    proc.kill()
-    raise AssertionError("the server did not start")
 
 
 def test_serve_exits_1_for_a_restart_when_a_worker_dies(tiny_llama) -> None:
     """A dead tensor-parallel worker cannot come back in-process: /health says why (503) for a
     moment, then `specdec serve` exits with status 1 (a supervisor restarts it), no orphan."""
-    proc, port = _serve_tp2(tiny_llama, subprocess.PIPE)  # NOTE: a few lines of log
-    try:
+    with _serve_tp2(tiny_llama) as srv:
+        proc = srv.proc
         pids = _worker_pids(proc.pid)
         os.kill(pids[0], signal.SIGKILL)
         body = {"model": str(tiny_llama), "prompt": "hi", "max_tokens": 4}
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=60)
+        r = httpx.post(f"{srv.url}/v1/completions", json=body, timeout=60)
         assert r.status_code >= 500 and "Traceback" not in r.text
-        health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+        health = httpx.get(f"{srv.url}/health", timeout=5)
         assert health.status_code == 503 and "not running" in health.text
         assert proc.wait(timeout=30) == 1
-        err = proc.stderr.read().decode(errors="replace")
+        err = srv.log()
         assert "exits with status 1 for a restart" in err and "Traceback" not in err
         assert _gone(pids)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
 
 
 def test_serve_tp2_subprocess_sigterm_leaves_no_worker(tiny_llama) -> None:
-    proc, port = _serve_tp2(tiny_llama)
-    try:
+    with _serve_tp2(tiny_llama) as srv:
+        proc = srv.proc
         body = {"model": str(tiny_llama), "messages": [{"role": "user", "content": "hi"}],
                 "max_tokens": 4}  # fmt: skip
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60)
+        r = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=60)
         assert r.status_code == 200, json.dumps(r.json())[:200]
         pids = _worker_pids(proc.pid)
         assert len(pids) == 1
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
         assert _gone(pids)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
 
 
 def test_ray_backend_equals_mp_and_a_killed_actor_fails_the_step(tiny_llama) -> None:

@@ -6,12 +6,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -23,47 +19,23 @@ from specdec.config import EngineArgs
 from specdec.engine.async_llm import AsyncLLM
 from specdec.entrypoints.openai import api_server
 from specdec.entrypoints.openai.api_server import BackgroundServer, build_app
+from tests.fixtures.server import SPECDEC_SERVE, serve
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
+SERVE_MODULE = (sys.executable, "-m", "specdec.entrypoints.openai.api_server")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _serve(*argv: str, command: tuple[str, ...] = SERVE_MODULE):
+    """A pasted server command, healthy (its log: ``srv.log()``, whole once stopped)."""
+    return serve(None, *argv, "--uvicorn-log-level", "warning", command=command, grace=30)
 
 
-def _serve(argv: list[str], port: int) -> tuple[subprocess.Popen, list[str]]:
-    """Start a server command; return it once /health answers, with its log lines so far."""
-    env = {**os.environ, "SPECDEC_API_KEY": ""}
-    proc = subprocess.Popen(
-        [*argv, "--port", str(port), "--uvicorn-log-level", "warning"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env,
-    )  # fmt: skip
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            time.sleep(0.3)
-        if proc.poll() is not None:
-            raise AssertionError(proc.stdout.read())
-    return proc, []
-
-
-def _stop(proc: subprocess.Popen) -> str:
-    proc.terminate()
-    out, _ = proc.communicate(timeout=30)
-    return out
-
-
-def _curl_chat(port: int) -> dict:
+def _curl_chat(url: str) -> dict:
     """The seed's curl: a chat completion with the model's name."""
     r = httpx.post(
-        f"http://127.0.0.1:{port}/v1/chat/completions",
+        f"{url}/v1/chat/completions",
         json={
             "model": "smollm2-135m",
             "messages": [{"role": "user", "content": "Hi"}],
@@ -82,18 +54,14 @@ def _curl_chat(port: int) -> dict:
 @pytest.mark.slow
 def test_pasted_vllm_server_command() -> None:
     spec = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}
-    port = _free_port()
-    proc, _ = _serve(
-        [sys.executable, "-m", "specdec.entrypoints.openai.api_server", "--model=smollm2-135m",
-         "--max-num-seqs=256", "--max-model-len=8192", "--max-num-batched-tokens=8192",
-         "--dtype=bfloat16", "--tensor-parallel-size=1", "--gpu-memory-utilization=0.8",
-         "--trust-remote-code", "--speculative-config", json.dumps(spec)],
-        port,
-    )  # fmt: skip
-    try:
-        body = _curl_chat(port)
-    finally:
-        log = _stop(proc)
+    with _serve(
+        "--model=smollm2-135m", "--max-num-seqs=256", "--max-model-len=8192",
+        "--max-num-batched-tokens=8192", "--dtype=bfloat16", "--tensor-parallel-size=1",
+        "--gpu-memory-utilization=0.8", "--trust-remote-code", "--speculative-config",
+        json.dumps(spec),
+    ) as srv:  # fmt: skip
+        body = _curl_chat(srv.url)
+    log = srv.log()
     assert body["choices"][0]["message"]["content"] and "num_drafts" in body["spec_decode"]
     assert "ignored on CPU: trust_remote_code" in log
     assert "dtype bfloat16: kept the native kernels" in log
@@ -105,18 +73,14 @@ def test_pasted_vllm_server_command() -> None:
 
 
 def test_pasted_legacy_speculative_server_flags(tiny_llama) -> None:
-    port = _free_port()
-    proc, _ = _serve(
-        [sys.executable, "-m", "specdec.entrypoints.cli", "serve", str(tiny_llama),
-         "--served-model-name", "smollm2-135m", "--max-model-len", "128",
-         "--speculative-model", "[ngram]", "--num-speculative-tokens", "5",
-         "--speculative-draft-tensor-parallel-size", "1", "-ngl", "99", "-c", "128"],
-        port,
-    )  # fmt: skip
-    try:
-        body = _curl_chat(port)
-    finally:
-        log = _stop(proc)
+    with _serve(
+        str(tiny_llama), "--served-model-name", "smollm2-135m", "--max-model-len", "128",
+        "--speculative-model", "[ngram]", "--num-speculative-tokens", "5",
+        "--speculative-draft-tensor-parallel-size", "1", "-ngl", "99", "-c", "128",
+        command=SPECDEC_SERVE,
+    ) as srv:  # fmt: skip
+        body = _curl_chat(srv.url)
+    log = srv.log()
     assert body["spec_decode"]["num_speculative_tokens"] == 5
     assert "speculation: ngram k=5" in log and "ignored on CPU: n_gpu_layers" in log
 
