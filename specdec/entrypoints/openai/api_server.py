@@ -919,7 +919,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from specdec.engine.async_llm import AsyncLLM
     from specdec.engine.llm_engine import LLMEngine
-    from specdec.kv_cache.sizing import describe_pool
     from specdec.metrics import PREFIX_CHOICES
 
     template = read_chat_template(args.chat_template) if args.chat_template else None
@@ -948,11 +947,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _apply_app_flags(app, args)
     logger.info(
         "serving %s (%s) on %s/v1 (chat page: %s/), max_model_len %d, prefix caching: %s, speculation: %s",
-        names[0], root, _address(args), _address(args), llm.engine.max_model_len,
+        names[0], root, _address(args), _address(args), llm.max_model_len,
         "on" if args.enable_prefix_caching else "off",
         f"{spec.method} k={spec.num_speculative_tokens}" if spec else "off",
     )  # fmt: skip
-    logger.info("KV cache: %s", describe_pool(llm.engine.kv, llm.engine.scheduler.max_num_seqs))
+    logger.info("KV cache: %s", llm.describe_kv_cache())
     logger.info(
         "API key: %s; accepted Host names: %s; CORS origins: %s; request chat templates: %s; "
         "special tokens in client text: %s",

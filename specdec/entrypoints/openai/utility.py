@@ -85,7 +85,7 @@ async def tokenize(serving: Any, req: TokenizeRequest) -> dict[str, Any]:
 async def detokenize(serving: Any, req: DetokenizeRequest) -> dict[str, Any]:
     """vLLM's ``prompt`` and llama.cpp's ``content``: the same text (special tokens kept)."""
     _check_model(serving, req.model)
-    vocab = serving.llm.engine.model.cfg.vocab_size
+    vocab = serving.llm.vocab_size
     bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
     if bad is not None:
         raise RequestError(f"tokens: an id outside [0, {vocab})", param="tokens")
