@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from specdec.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     ModelCard,
+    ModelList,
     RequestError,
 )
 
@@ -98,3 +99,13 @@ def model_card(serving: Any, model_id: str) -> dict[str, Any]:
     _check_model(serving, model_id)
     card = ModelCard(id=model_id, root=serving.model_root, max_model_len=serving.max_model_len)
     return card.model_dump()
+
+
+def model_list(serving: Any) -> ModelList:
+    """``GET /v1/models``: a card per served name."""
+    return ModelList(
+        data=[
+            ModelCard(id=n, root=serving.model_root, max_model_len=serving.max_model_len)
+            for n in serving.served_model_names
+        ]
+    )
