@@ -13,11 +13,12 @@ from specdec.beam_search import BeamSearchOutput, BeamSearchSequence, get_beam_s
 from specdec.config import EngineArgs, SpeculativeConfig
 from specdec.engine.llm_engine import LLMEngine
 from specdec.engine.request import Request
+from specdec.engine.samples import merge_group, plan_samples, warmup_sampling
 from specdec.inputs import TextPrompt, TokensPrompt
 from specdec.metrics import EngineMetrics
 from specdec.metrics_reader import Metric, snapshot
 from specdec.model.registry import DEFAULT_MODEL
-from specdec.outputs import PositionLogprobs, RequestOutput, merge_samples
+from specdec.outputs import PositionLogprobs, RequestOutput
 from specdec.sampling_params import BeamSearchParams, SamplingParams
 from specdec.spec_decode.metrics import SpecDecodeStats
 
@@ -132,7 +133,7 @@ class LLM:
                 groups.append((self._make_samples(prompt, sp, salt), salt))
             except ValueError as e:
                 raise ValueError(f"prompts[{i}]: {e}") from e
-        warm = self._shared_prefills(groups)
+        warm = self._shared_prefills(groups, params)
         if warm:
             self._run(self._enqueue_all(warm), use_tqdm=False)
         req_ids = self._enqueue_all([r for samples, _ in groups for r in samples])
@@ -140,34 +141,27 @@ class LLM:
         outs = []
         for (samples, _), sp in zip(groups, params):
             finished = [done[r.req_id] for r in samples if r.req_id in done]
-            if len(samples) == 1 or not finished:
-                outs.extend(finished)
-                continue
-            group_id = samples[0].req_id.rsplit("-", 1)[0]
-            outs.append(merge_samples(group_id, finished, sp.n, sp.logprobs is not None))
+            if finished:
+                outs.append(merge_group(samples[0].req_id.rsplit("-", 1)[0], finished, sp))
         return outs
 
     def _make_samples(self, prompt: object, sp: SamplingParams, salt: str | None) -> list[Request]:
-        """One request, or for n / best_of one per sample (ids ``{group}-{i}``, seeds seed + i)."""
-        if sp.num_samples == 1:
-            return [self.engine.make_request(prompt, sp, cache_salt=salt)]
-        group = self.engine.new_request_id()
-        return [
-            self.engine.make_request(prompt, sp.for_sample(i), f"{group}-{i}", salt)
-            for i in range(sp.num_samples)
-        ]
+        """One request, or for n / best_of one per sample (``engine/samples.py``)."""
+        group = None if sp.num_samples == 1 else self.engine.new_request_id()
+        plan = plan_samples(sp, group, 0, False)
+        return [self.engine.make_request(prompt, s, i, salt) for i, s in plan.samples]
 
-    def _shared_prefills(self, groups: list[tuple[list[Request], str | None]]) -> list[Request]:
+    def _shared_prefills(
+        self, groups: list[tuple[list[Request], str | None]], params: list[SamplingParams]
+    ) -> list[Request]:
         """For prompts with several samples, one prefill each (one token, greedy) that leaves the
         prompt's KV in the prefix cache, so the samples copy it instead of each computing it."""
-        if not self.engine.kv.enable_prefix_caching:
-            return []
         warm = []
-        for samples, salt in groups:
+        for (samples, salt), sp in zip(groups, params):
             ids = samples[0].prompt_token_ids
-            if len(samples) > 1 and len(ids) > 1 and samples[0].sampling.prompt_logprobs is None:
-                sp = SamplingParams(temperature=0.0, max_tokens=1, seed=0)
-                warm.append(self.engine.make_request(ids, sp, cache_salt=salt))
+            warmup = warmup_sampling(sp, len(ids), self.engine.prefix_caching)
+            if warmup is not None:
+                warm.append(self.engine.make_request(ids, warmup, cache_salt=salt))
         return warm
 
     def chat(

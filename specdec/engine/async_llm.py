@@ -17,13 +17,16 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from specdec.config import EngineConfig
+from specdec.config import EngineConfig, SpeculativeConfig
 from specdec.engine.executor import ExecutorError
 from specdec.engine.llm_engine import LLMEngine
 from specdec.metrics import EngineMetrics
+from specdec.model.tokenizer import Tokenizer
 from specdec.outputs import RequestOutput
+from specdec.sample.bad_words import BadWords
 from specdec.sampling_params import SamplingParams
 from specdec.structured.compile_worker import PARENT_STACK_BYTES, start_thread
+from specdec.structured.grammar import GrammarCompiler
 
 logger = logging.getLogger(__name__)
 
@@ -176,6 +179,40 @@ class AsyncLLM:
     @property
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self.dead_error is None
+
+    # ---- what the server reads of the engine (fixed at load, or thread-safe) ---------------
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.vocab_size
+
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether prompts' KV is shared through the prefix cache (n / best_of warm-ups)."""
+        return self.engine.prefix_caching
+
+    @property
+    def speculative_config(self) -> SpeculativeConfig | None:
+        return self.engine.spec
+
+    @property
+    def grammar_compiler(self) -> GrammarCompiler:
+        """Structured-output constraints compile here, off the engine thread (thread-safe)."""
+        return self.engine.grammar_compiler
+
+    def bad_words(self, words: list[str]) -> BadWords:
+        """``words`` tokenized for ``SamplingParams.compiled_bad_words`` (thread-safe)."""
+        return self.engine.bad_words(words)
+
+    def describe_kv_cache(self) -> str:
+        return self.engine.describe_kv_cache()
 
     # ---- the public API ----------------------------------------------------------------------
     async def add_request(
@@ -380,11 +417,11 @@ class AsyncLLM:
             except Exception:  # noqa: BLE001 - the engine is already in trouble
                 logger.exception("abort of %s failed", req_id)
             stream.put_threadsafe(error)
-        for req in list(self.engine.scheduler.waiting) + list(self.engine.scheduler.running):
+        for req_id in self.engine.unfinished_request_ids():
             try:  # requests nobody waits for any more (should not exist, but never spin on them)
-                self.engine.abort_output(req.req_id)
+                self.engine.abort_output(req_id)
             except Exception:  # noqa: BLE001
-                logger.exception("abort of %s failed", req.req_id)
+                logger.exception("abort of %s failed", req_id)
         if self.engine.has_unfinished_requests() and self.dead_error is None:
             self.dead_error = error
             with self._cv:

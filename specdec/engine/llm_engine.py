@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from specdec.config import EngineConfig, KVEventsConfig, SpeculativeConfig
+from specdec.engine.core_output import take_core_output
 from specdec.engine.executor import Executor, make_executor
 from specdec.engine.loading import describe_model, load_draft, resolve_dtype
 from specdec.engine.output_processor import OutputProcessor
@@ -23,7 +24,7 @@ from specdec.engine.scheduler import Scheduler
 from specdec.engine.speculator import Speculator
 from specdec.kv_cache.block_events import BlockLog
 from specdec.kv_cache.pool import KVCache
-from specdec.kv_cache.sizing import plan_kv_slots
+from specdec.kv_cache.sizing import describe_pool, plan_kv_slots
 from specdec.model.llama import LlamaModel
 from specdec.outputs import RequestOutput
 from specdec.sample.bad_words import BadWords
@@ -186,15 +187,23 @@ class LLMEngine:
             self.speculator.add_request(req)
         self.requests[req.req_id] = req
         self.scheduler.add(req)
+        self.output_processor.add_request(req)
         self.num_prompt_tokens += len(req.prompt_token_ids)
         return req.req_id
 
     def abort_request(self, req_id: str) -> None:
+        """Finish a request now (finish_reason "abort"), freeing its KV slot; no-op for an
+        unknown or finished one."""
+        try:
+            self._abort(req_id)
+        finally:
+            self.output_processor.forget(req_id)
+
+    def _abort(self, req_id: str) -> None:
         req = self.requests.get(req_id)
         if req is None or req.is_finished:
             return
         req.finish_reason = "abort"
-        self.output_processor.forget(req_id)
         try:
             self.scheduler.finish(req)
             if self.speculator is not None:
@@ -204,14 +213,21 @@ class LLMEngine:
             self._publish_kv_events()
 
     def abort_output(self, req_id: str) -> RequestOutput | None:
+        """Abort a request and return its last output (None for an unknown request)."""
         req = self.requests.get(req_id)
         if req is None:
             return None
-        self.abort_request(req_id)
-        return self.output_processor.make_output(req)
+        self._abort(req_id)
+        out = self.output_processor.make_output(take_core_output(req))
+        self.output_processor.forget(req_id)
+        return out
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    def unfinished_request_ids(self) -> list[str]:
+        """The ids of the requests waiting or running, waiting ones first."""
+        return [r.req_id for r in (*self.scheduler.waiting, *self.scheduler.running)]
 
     # ---- the step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -224,17 +240,49 @@ class LLMEngine:
         update = self.scheduler.update_from_output(
             sched, out.results, self.requests, out.prompt_logprobs
         )
-        self.output_processor.add_prompt_logprobs(sched, out.prompt_logprobs, self.requests)
+        self.output_processor.add_prompt_logprobs(sched, out.prompt_logprobs)
         if self.speculator is not None:
             self.speculator.step(sched, out.results, out.hidden_states, update, self.requests)
             if self.executor.hidden_layers and not self.speculator.hidden_layers:
                 self.executor.hidden_layers = ()  # the drafter stopped reading the target's states
-        outputs = [self.output_processor.make_output(r) for r in update.changed]
+        outputs = self.output_processor.process_outputs(
+            [take_core_output(r) for r in update.changed]
+        )
         for r in update.changed:
             if r.is_finished:
                 self.requests.pop(r.req_id, None)
         self._publish_kv_events()
         return outputs
+
+    # ---- what callers may read and set (the CLI, LLM, the server) -------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.model.cfg.vocab_size
+
+    @property
+    def max_num_seqs(self) -> int:
+        """Sequences that can run at once (KV slots for running requests)."""
+        return self.scheduler.max_num_seqs
+
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether finished prompts' KV is kept for later requests with the same prefix."""
+        return self.kv.enable_prefix_caching
+
+    def describe_kv_cache(self) -> str:
+        """One line about the KV pool (sizes, dtype, slots) for the startup log."""
+        return describe_pool(self.kv, self.scheduler.max_num_seqs)
+
+    def set_speculation(self, enabled: bool) -> None:
+        """Switch drafting on or off for the steps that follow (no-op without a drafter):
+        benchmarks time the same engine with and without speculation."""
+        if self.speculator is not None:
+            self.speculator.enabled = enabled
+
+    def reset_spec_stats(self) -> None:
+        """Start the acceptance statistics (``spec_stats``) afresh."""
+        if self.speculator is not None:
+            self.speculator.stats = SpecDecodeStats()
 
     # ---- statistics ------------------------------------------------------------------------
     @property

@@ -44,8 +44,9 @@ class Request:
     draft_probs: torch.Tensor | None = None  # [k, V] or None (point-mass drafts)
     spec_stats: SpecDecodeStats = field(default_factory=SpecDecodeStats)
     output_text: str = ""  # text after stop-string truncation
-    num_streamed_chars: int = 0
-    num_streamed_tokens: int = 0
+    # of output_token_ids / output_logprobs: how many the output processor was sent
+    num_reported_tokens: int = 0
+    num_reported_logprobs: int = 0
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     penalty: PenaltyState | None = None

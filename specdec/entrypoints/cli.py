@@ -94,7 +94,7 @@ def _generate_parser(sub) -> None:
 
 
 def _run_one(llm, prompt_ids: list[int], sp, stream: bool) -> tuple[object, float]:
-    engine = llm.engine
+    engine = llm.llm_engine
     start = time.perf_counter()
     req_id = engine.add_request(prompt_ids, sp)
     final = None
@@ -161,7 +161,6 @@ def _model_flag_given(args: argparse.Namespace) -> bool:
 def cmd_generate(args: argparse.Namespace) -> int:
     from specdec.llm import LLM
     from specdec.sampling_params import SamplingParams
-    from specdec.spec_decode.metrics import SpecDecodeStats
 
     if args.model_tag is not None and args.prompt_text is None and _model_flag_given(args):
         args.model_tag, args.prompt_text = None, args.model_tag  # `-m MODEL "PROMPT"`
@@ -202,16 +201,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     _run_one(
         llm, prompt_ids[:8], SamplingParams(max_tokens=4, temperature=0.0), stream=False
     )  # warm-up
-    if llm.engine.speculator is not None:
-        llm.engine.speculator.stats = SpecDecodeStats()
+    engine = llm.llm_engine
+    engine.reset_spec_stats()
     plain = None
     # NOTE: each timed run starts with an empty prefix cache, so neither reuses the other's prompt.
     if args.compare_plain and spec is not None:
-        llm.engine.speculator.enabled = False
-        llm.engine.reset_prefix_cache()
+        engine.set_speculation(False)
+        engine.reset_prefix_cache()
         plain, plain_time = _run_one(llm, prompt_ids, sp, stream=False)
-        llm.engine.speculator.enabled = True
-    llm.engine.reset_prefix_cache()
+        engine.set_speculation(True)
+    engine.reset_prefix_cache()
     out, elapsed = _run_one(llm, prompt_ids, sp, stream=not args.quiet)
     n = len(out.outputs[0].token_ids)
     label = f"speculative ({spec.method}, k={spec.num_speculative_tokens})" if spec else "plain"

@@ -7,7 +7,7 @@ Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET 
 GET /metrics (Prometheus). FastAPI and uvicorn are imported only when a server is built, so the
 ``specdec`` command stays quick for its other subcommands.
 
-In front of every route (``_Guard``): the Host check (``--allowed-hosts``; DNS rebinding), POST
+In front of every route (``RequestGuard``): the Host check (``--allowed-hosts``; DNS rebinding), POST
 bodies only as ``application/json`` (a cross-origin "simple" POST from a web page cannot be),
 503 while shutting down, and one log line, never a traceback, for an unexpected failure. CORS is
 off unless ``--allowed-origins`` is given. On SIGTERM the server stops admitting, lets running
@@ -21,8 +21,6 @@ requests finish for ``--shutdown-timeout`` seconds, then ends the rest with an e
 import argparse
 import asyncio
 import gc
-import hashlib
-import hmac
 import json
 import logging
 import os
@@ -30,9 +28,8 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from specdec.config import (
@@ -49,6 +46,19 @@ from specdec.entrypoints.openai.connection import (
     DEFAULT_MAX_HEAD_BYTES,
     DEFAULT_MAX_PENDING_PER_CLIENT,
 )
+from specdec.entrypoints.openai.server_common import (
+    DISCONNECTED,
+    RequestGuard,
+    ServerState,
+    add_health_routes,
+    api_key_dependency,
+    client_lane,
+    parse_request,
+    read_body,
+    validated,
+    wait_until,
+    with_cancellation,
+)
 from specdec.entrypoints.utils import (
     LOG_FORMAT,
     add_sampling_args,
@@ -62,41 +72,15 @@ logger = logging.getLogger("specdec.entrypoints.openai.api_server")
 MAX_BODY_BYTES = 4 * 1024 * 1024
 API_KEY_ENV = "SPECDEC_API_KEY"
 DEFAULT_SHUTDOWN_TIMEOUT_S = 10.0
-_FLUSH_TIMEOUT_S = 3.0  # after the drain: for the last events and [DONE] to reach the clients
+FLUSH_TIMEOUT_S = 3.0  # after the drain: for the last events and [DONE] to reach the clients
 
-
-@dataclass
-class _ServerState:
-    """What the guard middleware and the shutdown drain share."""
-
-    allowed_hosts: list[str] | None
-    draining: bool = False
-    in_flight: int = 0  # POST requests being answered (streams included)
+# NOTE: the names these had before they moved to server_common.py (and became public)
+_ServerState, _Guard, _DISCONNECTED = ServerState, RequestGuard, DISCONNECTED
+_read_body, _parse_request, _validated = read_body, parse_request, validated
+_wait_until, _with_cancellation, _FLUSH_TIMEOUT_S = wait_until, with_cancellation, FLUSH_TIMEOUT_S
 
 
 # ---- the app ---------------------------------------------------------------------------------
-
-
-def api_key_dependency(api_key: str | None) -> Callable[..., Any]:
-    """The routers' dependency that checks ``Authorization: Bearer <api_key>`` (constant-time;
-    a 401 in OpenAI's shape); nothing is checked when ``api_key`` is None."""
-    from fastapi import Request
-
-    from specdec.entrypoints.openai.protocol import RequestError
-
-    async def check_api_key(request: Request) -> None:
-        if api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-            raise RequestError(
-                "invalid or missing API key (send 'Authorization: Bearer <key>')",
-                status=401,
-                code="invalid_api_key",
-                type="authentication_error",
-            )
-
-    return check_api_key
 
 
 def build_app(
@@ -153,7 +137,7 @@ def build_app(
         per_request_spec_decode_metrics=per_request_spec_decode_metrics,
         special_tokens_in_content=special_tokens_in_content,
     )  # fmt: skip
-    state = _ServerState(allowed_hosts=list(allowed_hosts) if allowed_hosts is not None else None)
+    state = ServerState(allowed_hosts=list(allowed_hosts) if allowed_hosts is not None else None)
 
     class SSEResponse(StreamingResponse):
         """Streams an EventStream and aborts its request however the response ends."""
@@ -203,9 +187,9 @@ def build_app(
         return JSONResponse(exc.body(), status_code=exc.status)
 
     app.add_exception_handler(RequestError, request_error)
-    # NOTE: unexpected exceptions are answered by _Guard: Starlette's handler for Exception
+    # NOTE: unexpected exceptions are answered by RequestGuard: Starlette's handler for Exception
     # re-raises after answering, and uvicorn then logs a ~120-line traceback per request.
-    app.add_middleware(_Guard, state=state)
+    app.add_middleware(RequestGuard, state=state)
     if allowed_origins:
         from starlette.middleware.cors import CORSMiddleware
 
@@ -216,15 +200,15 @@ def build_app(
             allow_headers=["*"],
         )
 
-    async def read_body(request: Request, model: Any, prefix: str) -> Any:
+    async def read_request(request: Request, model: Any, prefix: str) -> Any:
         request.state.request_id = rid = random_id(prefix)
-        body = await _read_body(request, max_body_bytes, RequestError)
-        req = await serving.run_blocking(_parse_request, body, model)
+        body = await read_body(request, max_body_bytes, RequestError)
+        req = await serving.run_blocking(parse_request, body, model)
         req._client = client_lane(request)
         return rid, req
 
     def respond(result: Any) -> Any:
-        if result is _DISCONNECTED:
+        if result is DISCONNECTED:
             return Response(status_code=499)  # nobody is listening; the request was aborted
         if isinstance(result, EventStream):
             return SSEResponse(result)
@@ -238,13 +222,13 @@ def build_app(
 
     @v1.post("/chat/completions")
     async def chat_completions(request: Request) -> Any:
-        rid, req = await read_body(request, ChatCompletionRequest, "chatcmpl")
-        return respond(await _with_cancellation(serving.create_chat_completion(req, rid), request))
+        rid, req = await read_request(request, ChatCompletionRequest, "chatcmpl")
+        return respond(await with_cancellation(serving.create_chat_completion(req, rid), request))
 
     @v1.post("/completions")
     async def completions(request: Request) -> Any:
-        rid, req = await read_body(request, CompletionRequest, "cmpl")
-        return respond(await _with_cancellation(serving.create_completion(req, rid), request))
+        rid, req = await read_request(request, CompletionRequest, "cmpl")
+        return respond(await with_cancellation(serving.create_completion(req, rid), request))
 
     from specdec.entrypoints.openai import responses as api
 
@@ -254,17 +238,17 @@ def build_app(
     @v1.post("/responses")
     async def responses(request: Request) -> Any:
         """OpenAI's Responses API on the chat path (entrypoints/openai/responses.py)."""
-        rid, req = await read_body(request, api.ResponsesRequest, "resp")
+        rid, req = await read_request(request, api.ResponsesRequest, "resp")
         turn = api.ResponseTurn.begin(rid, req, serving.served_model_names[0], store)
         try:
-            chat = _validated(turn.chat_body(), ChatCompletionRequest)
+            chat = validated(turn.chat_body(), ChatCompletionRequest)
             chat._client = req._client
-            result = await _with_cancellation(serving.create_chat_completion(chat, rid), request)
+            result = await with_cancellation(serving.create_chat_completion(chat, rid), request)
         except RequestError as e:
             raise turn.renamed(e) from None
         if isinstance(result, EventStream):
             return SSEResponse(EventStream(turn.stream(result.events), result.stream))
-        if result is _DISCONNECTED:
+        if result is DISCONNECTED:
             return respond(result)
         return Response(json.dumps(turn.finish(json.loads(result))), media_type="application/json")
 
@@ -290,12 +274,12 @@ def build_app(
 
     @tools.post("/tokenize")
     async def tokenize(request: Request) -> Any:
-        _, req = await read_body(request, utility.TokenizeRequest, "tok")
+        _, req = await read_request(request, utility.TokenizeRequest, "tok")
         return JSONResponse(await utility.tokenize(serving, req))
 
     @tools.post("/detokenize")
     async def detokenize(request: Request) -> Any:
-        _, req = await read_body(request, utility.DetokenizeRequest, "detok")
+        _, req = await read_request(request, utility.DetokenizeRequest, "detok")
         return JSONResponse(await utility.detokenize(serving, req))
 
     app.include_router(tools)
@@ -304,20 +288,12 @@ def build_app(
     async def version() -> Any:
         return JSONResponse({"version": specdec.__version__})
 
-    @app.api_route("/ping", methods=["GET", "POST"])
-    async def ping() -> Any:
-        return await health()
-
-    @app.get("/health")
-    async def health() -> Any:
-        if state.draining:
-            return JSONResponse({"error": {"message": "shutting down"}}, status_code=503)
+    def not_ready() -> str | None:
         if llm.is_running:
-            return Response(status_code=200)
-        reason = one_line(str(llm.dead_error), 200)
-        return JSONResponse(
-            {"error": {"message": f"engine is not running: {reason}"}}, status_code=503
-        )
+            return None
+        return f"engine is not running: {one_line(str(llm.dead_error), 200)}"
+
+    add_health_routes(app, state, not_ready)
 
     @app.get("/metrics")
     async def metrics() -> Any:
@@ -329,55 +305,8 @@ def build_app(
     return app
 
 
-def client_lane(request: Any) -> str:
-    """Who sent ``request``, for per-client lanes in shared queues: a hash of its API key, else
-    its host (NOTE: not the connection: a client opens as many of those as it likes)."""
-    key = request.headers.get("authorization") or request.headers.get("x-api-key")
-    if key:
-        return "key:" + hashlib.blake2b(key.encode("utf-8", "replace"), digest_size=8).hexdigest()
-    peer = request.client
-    return f"host:{peer.host}" if peer else "host:?"
-
-
-async def _read_body(request: Any, limit: int, error: type) -> bytes:
-    """The body's bytes, refusing bodies over ``limit`` bytes (413)."""
-    too_large = error(
-        f"request body is larger than the {limit // (1024 * 1024)} MiB limit",
-        status=413,
-        code="request_too_large",
-    )
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_large
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise too_large
-    return bytes(body)
-
-
-def _parse_request(body: bytes, model: Any) -> Any:
-    """The body as a request ``model`` (on the preparation pool: parsing holds the GIL)."""
-    from specdec.entrypoints.openai.safety import parse_json_body
-
-    return _validated(parse_json_body(body), model)
-
-
-def _validated(data: Any, model: Any) -> Any:
-    """``data`` (parsed JSON) as a request ``model``; a RequestError naming the field."""
-    from pydantic import ValidationError
-
-    from specdec.entrypoints.openai.protocol import validation_error
-
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        raise validation_error(e) from None
-
-
 async def _drain(
-    state: _ServerState, llm: Any, timeout: float, force_exit: Callable[[], bool]
+    state: ServerState, llm: Any, timeout: float, force_exit: Callable[[], bool]
 ) -> None:
     """Stop admitting; wait up to ``timeout`` s for running requests; end the rest (their streams
     get an error event and [DONE]) and give them a moment to reach the clients."""
@@ -389,7 +318,7 @@ async def _drain(
             timeout,
             state.in_flight,
         )
-    await _wait_until(lambda: not state.in_flight or force_exit(), loop, timeout)
+    await wait_until(lambda: not state.in_flight or force_exit(), loop, timeout)
     if not state.in_flight:
         return
     reason = f"the server is shutting down (its {timeout:g} s shutdown timeout passed)"
@@ -399,116 +328,7 @@ async def _drain(
         logger.warning("shutting down: could not end the running requests: %s", e)
         return
     logger.warning("shutting down: ended %d request(s) still running", ended)
-    await _wait_until(lambda: not state.in_flight or force_exit(), loop, _FLUSH_TIMEOUT_S)
-
-
-async def _wait_until(
-    done: Callable[[], bool], loop: asyncio.AbstractEventLoop, timeout: float
-) -> None:
-    deadline = loop.time() + timeout
-    while not done() and loop.time() < deadline:
-        await asyncio.sleep(0.05)
-
-
-class _Guard:
-    """ASGI middleware in front of every route: the Host check, JSON-only POST bodies, 503 while
-    shutting down, the in-flight count, and one log line for an unexpected failure."""
-
-    def __init__(self, app: Any, state: _ServerState) -> None:
-        self.app = app
-        self.state = state
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        refusal = self._refusal(scope)
-        if refusal is not None:
-            await _send_error(refusal, scope, receive, send)
-            return
-        post = scope["method"] == "POST"
-        started = False
-
-        async def tracking_send(message: dict) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        self.state.in_flight += post
-        try:
-            await self.app(scope, receive, tracking_send)
-        except Exception as e:  # noqa: BLE001 - answer it and log one line, never a traceback
-            from specdec.entrypoints.openai.protocol import random_id
-            from specdec.entrypoints.openai.serving import internal_error
-
-            rid = scope.get("state", {}).get("request_id") or random_id("req")
-            err = internal_error(e, rid)
-            if not started:
-                await _send_error(err, scope, receive, send)
-        finally:
-            self.state.in_flight -= post
-
-    def _refusal(self, scope: dict) -> Any:
-        from specdec.entrypoints.openai.protocol import RequestError
-        from specdec.entrypoints.openai.safety import host_allowed
-
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        if not host_allowed(headers.get("host"), self.state.allowed_hosts):
-            return RequestError(
-                "the Host header does not name this server (see --allowed-hosts)",
-                status=400,
-                code="invalid_host",
-            )
-        if scope["method"] != "POST":
-            return None
-        if self.state.draining:
-            from specdec.entrypoints.openai.serving import shutting_down_error
-
-            return shutting_down_error()
-        media_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
-        if media_type != "application/json":
-            # NOTE: a web page can POST text/plain, form data or an untyped body to any address
-            # without asking (a CORS "simple" request); it cannot send application/json so.
-            return RequestError(
-                "request bodies must be sent with 'Content-Type: application/json'",
-                status=415,
-                code="unsupported_media_type",
-            )
-        return None
-
-
-async def _send_error(err: Any, scope: dict, receive: Callable, send: Callable) -> None:
-    from fastapi.responses import JSONResponse
-
-    await JSONResponse(err.body(), status_code=err.status)(scope, receive, send)
-
-
-_DISCONNECTED = object()
-
-
-async def _with_cancellation(coro: Awaitable[Any], request: Any) -> Any:
-    """Run ``coro`` until done or until the client disconnects (then cancel it, which aborts the
-    request and frees its KV, and return ``_DISCONNECTED``)."""
-    task = asyncio.ensure_future(coro)
-    watcher = asyncio.ensure_future(_wait_disconnect(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-    if not task.done():
-        await asyncio.wait({task})  # let the cancellation run its clean-up
-    if task.cancelled():
-        return _DISCONNECTED
-    return task.result()
-
-
-async def _wait_disconnect(request: Any) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
+    await wait_until(lambda: not state.in_flight or force_exit(), loop, FLUSH_TIMEOUT_S)
 
 
 # ---- running it --------------------------------------------------------------------------------
@@ -575,7 +395,7 @@ class BackgroundServer:
             app,
             log_level=log_level,
             lifespan="on",
-            timeout_graceful_shutdown=_FLUSH_TIMEOUT_S,
+            timeout_graceful_shutdown=FLUSH_TIMEOUT_S,
             http=guarded_protocol(head_limits or HeadLimits()),
         )
         self.server = make_server(config)
@@ -953,7 +773,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from specdec.engine.async_llm import AsyncLLM
     from specdec.engine.llm_engine import LLMEngine
-    from specdec.kv_cache.sizing import describe_pool
     from specdec.metrics import PREFIX_CHOICES
 
     template = read_chat_template(args.chat_template) if args.chat_template else None
@@ -985,11 +804,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _apply_app_flags(app, args)
     logger.info(
         "serving %s (%s) on %s/v1 (chat page: %s/), max_model_len %d, prefix caching: %s, speculation: %s",
-        names[0], root, _address(args), _address(args), llm.engine.max_model_len,
+        names[0], root, _address(args), _address(args), llm.max_model_len,
         "on" if args.enable_prefix_caching else "off",
         f"{spec.method} k={spec.num_speculative_tokens}" if spec else "off",
     )  # fmt: skip
-    logger.info("KV cache: %s", describe_pool(llm.engine.kv, llm.engine.scheduler.max_num_seqs))
+    logger.info("KV cache: %s", llm.describe_kv_cache())
     logger.info(
         "API key: %s; accepted Host names: %s; CORS origins: %s; request chat templates: %s; "
         "special tokens in client text: %s",
@@ -1004,7 +823,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         log_level=args.uvicorn_log_level,
-        timeout_graceful_shutdown=_FLUSH_TIMEOUT_S,
+        timeout_graceful_shutdown=FLUSH_TIMEOUT_S,
         **_uvicorn_options(args),
     )
     server = make_server(config)

@@ -413,6 +413,9 @@ class _SamplingRequest(OpenAIBaseModel):
 # ---- /v1/completions ------------------------------------------------------------------------
 
 
+SamplingRequest = _SamplingRequest  # the fields chat and completion requests share
+
+
 class CompletionRequest(_SamplingRequest):
     prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
     max_tokens: PositiveInt | None = 16

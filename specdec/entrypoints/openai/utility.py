@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from specdec.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     ModelCard,
+    ModelList,
     RequestError,
 )
 
@@ -85,7 +86,7 @@ async def tokenize(serving: Any, req: TokenizeRequest) -> dict[str, Any]:
 async def detokenize(serving: Any, req: DetokenizeRequest) -> dict[str, Any]:
     """vLLM's ``prompt`` and llama.cpp's ``content``: the same text (special tokens kept)."""
     _check_model(serving, req.model)
-    vocab = serving.llm.engine.model.cfg.vocab_size
+    vocab = serving.llm.vocab_size
     bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
     if bad is not None:
         raise RequestError(f"tokens: an id outside [0, {vocab})", param="tokens")
@@ -98,3 +99,13 @@ def model_card(serving: Any, model_id: str) -> dict[str, Any]:
     _check_model(serving, model_id)
     card = ModelCard(id=model_id, root=serving.model_root, max_model_len=serving.max_model_len)
     return card.model_dump()
+
+
+def model_list(serving: Any) -> ModelList:
+    """``GET /v1/models``: a card per served name."""
+    return ModelList(
+        data=[
+            ModelCard(id=n, root=serving.model_root, max_model_len=serving.max_model_len)
+            for n in serving.served_model_names
+        ]
+    )

@@ -1,6 +1,6 @@
 """The OpenAI front of ``specdec serve --data-parallel-size N``: one endpoint, N replicas.
 
-The front runs the single server's checks before routing (``_Guard``: Host, JSON-only bodies,
+The front runs the single server's checks before routing (``RequestGuard``: Host, JSON-only bodies,
 503 while draining; the API key; the body limit; the request models' validation, so a bad
 request never reaches a replica), picks a replica (``router.Router``), relays the replica's
 answer and names it in ``x-specdec-replica``. A replica that dies mid-answer: its streams end
@@ -18,16 +18,17 @@ import logging
 from collections import Counter
 from typing import Any
 
-from specdec.entrypoints.openai.api_server import (
-    _DISCONNECTED,
-    MAX_BODY_BYTES,
-    _Guard,
-    _parse_request,
-    _read_body,
-    _ServerState,
-    _wait_until,
-    _with_cancellation,
+from specdec.entrypoints.openai.api_server import MAX_BODY_BYTES
+from specdec.entrypoints.openai.server_common import (
+    DISCONNECTED,
+    RequestGuard,
+    ServerState,
+    add_health_routes,
     api_key_dependency,
+    parse_request,
+    read_body,
+    wait_until,
+    with_cancellation,
 )
 from specdec.entrypoints.replicas.pool import Replica, ReplicaPool
 from specdec.entrypoints.replicas.router import Router, routing_salt, routing_text
@@ -84,7 +85,7 @@ def build_front_app(
         RequestError,
     )
 
-    state = _ServerState(allowed_hosts=list(allowed_hosts) if allowed_hosts is not None else None)
+    state = ServerState(allowed_hosts=list(allowed_hosts) if allowed_hosts is not None else None)
     decisions: Counter[tuple[int, str]] = Counter()
 
     @asynccontextmanager
@@ -107,7 +108,7 @@ def build_front_app(
         state.draining = True
         pool.terminate()
         loop = asyncio.get_running_loop()
-        await _wait_until(lambda: not state.in_flight or force_exit(), loop, shutdown_timeout + 5)
+        await wait_until(lambda: not state.in_flight or force_exit(), loop, shutdown_timeout + 5)
 
     app = FastAPI(title="specdec (replicas)", lifespan=lifespan)
     app.state.drain = drain
@@ -125,8 +126,8 @@ def build_front_app(
         return pool.replicas[choice.replica]
 
     async def generate(request: Request, model: Any) -> Any:
-        body = await _read_body(request, max_body_bytes, RequestError)
-        req = await asyncio.to_thread(_parse_request, body, model)  # 400 before routing
+        body = await read_body(request, max_body_bytes, RequestError)
+        req = await asyncio.to_thread(parse_request, body, model)  # 400 before routing
         parsed = json.loads(body)
         text, salt = routing_text(parsed), routing_salt(parsed)
         session = request.headers.get(SESSION_HEADER)
@@ -136,10 +137,10 @@ def build_front_app(
             try:
                 if req.stream:
                     return await _relay_stream(replica, path, body, request.headers)
-                result = await _with_cancellation(
+                result = await with_cancellation(
                     _relay(replica, path, body, request.headers), request
                 )
-                return Response(status_code=499) if result is _DISCONNECTED else result
+                return Response(status_code=499) if result is DISCONNECTED else result
             except _ConnectFailed:
                 pool.mark_down(replica)
         raise no_replica_error()
@@ -180,7 +181,7 @@ def build_front_app(
     app.include_router(tools)
 
     async def forward_any(request: Request) -> Any:
-        body = await _read_body(request, max_body_bytes, RequestError)
+        body = await read_body(request, max_body_bytes, RequestError)
         for _ in range(len(pool.replicas)):
             replica = pick("", None)
             try:
@@ -195,17 +196,9 @@ def build_front_app(
     async def version(request: Request) -> Any:
         return await forward_any(request)
 
-    @app.api_route("/ping", methods=["GET", "POST"])
-    async def ping() -> Any:
-        return await health()
-
-    @app.get("/health")
-    async def health() -> Any:
-        if state.draining:
-            return JSONResponse({"error": {"message": "shutting down"}}, status_code=503)
-        if any(r.up for r in pool.replicas):
-            return Response(status_code=200)
-        return JSONResponse({"error": {"message": "no replica is ready"}}, status_code=503)
+    add_health_routes(
+        app, state, lambda: None if any(r.up for r in pool.replicas) else "no replica is ready"
+    )
 
     @app.get("/metrics")
     async def metrics() -> Any:
@@ -221,8 +214,8 @@ def build_front_app(
     return app
 
 
-def install_checks(app: Any, state: _ServerState, api_key: str | None) -> Any:
-    """The single server's checks on a front app (``_Guard``, OpenAI-style errors, 503s with
+def install_checks(app: Any, state: ServerState, api_key: str | None) -> Any:
+    """The single server's checks on a front app (``RequestGuard``, OpenAI-style errors, 503s with
     Retry-After); returns the API key dependency for its routers."""
     from fastapi import Request
     from fastapi.responses import JSONResponse
@@ -236,7 +229,7 @@ def install_checks(app: Any, state: _ServerState, api_key: str | None) -> Any:
         return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     app.add_exception_handler(RequestError, request_error)
-    app.add_middleware(_Guard, state=state)
+    app.add_middleware(RequestGuard, state=state)
     return check_api_key
 
 

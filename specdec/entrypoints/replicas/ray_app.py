@@ -7,7 +7,7 @@ replica: ``num_cpus`` = threads x tensor_parallel_size; when a replica is tensor
 (``--tensor-parallel-size`` > 1, with the executor's ``distributed_executor_backend``), a
 placement group with one ``{"CPU": threads}`` bundle per rank (STRICT_PACK: a replica's ranks
 share one host and its shared-memory all-reduce). ``SpecdecIngress``: the OpenAI endpoint, with
-the single server's checks before routing (the same ``_Guard``, API key, body limit and request
+the single server's checks before routing (the same ``RequestGuard``, API key, body limit and request
 models) and the answer relayed with ``x-specdec-replica``. The engine deployment routes with
 ``SpecdecRequestRouter``, a Ray Serve 2.60 custom request router around the same ``Router`` the
 ``--data-parallel-size`` front uses (prefix tree per replica, ``x-session-id`` rendezvous
@@ -189,25 +189,25 @@ def build_ingress_app(api_key: str | None, allowed_hosts: list[str] | None) -> A
     from fastapi.responses import Response
     from ray import serve
 
-    from specdec.entrypoints.openai.api_server import _read_body, _ServerState
     from specdec.entrypoints.openai.protocol import (
         ChatCompletionRequest,
         CompletionRequest,
         RequestError,
     )
+    from specdec.entrypoints.openai.server_common import ServerState, add_health_routes, read_body
     from specdec.entrypoints.replicas.front import _headers, install_checks
 
-    state = _ServerState(allowed_hosts=allowed_hosts)
+    state = ServerState(allowed_hosts=allowed_hosts)
     app = FastAPI(title="specdec (Ray Serve)")
     check_api_key = install_checks(app, state, api_key)
     engine = serve.get_deployment_handle(ENGINE_NAME, APP_NAME)
 
     async def generate(request: Request, model: Any) -> Any:
-        body = await _read_body(request, MAX_BODY, RequestError)
+        body = await read_body(request, MAX_BODY, RequestError)
         return await _generate(engine, request, body, model)
 
     async def forward(request: Request) -> Any:
-        body = await _read_body(request, MAX_BODY, RequestError)
+        body = await read_body(request, MAX_BODY, RequestError)
         try:
             got = await engine.request.remote(
                 request.method, request.url.path, body, _headers(request.headers)
@@ -227,7 +227,7 @@ def build_ingress_app(api_key: str | None, allowed_hosts: list[str] | None) -> A
     tools.add_api_route("/detokenize", forward, methods=["POST"])
     app.include_router(tools)
     app.add_api_route("/version", forward, methods=["GET"])
-    app.add_api_route("/health", lambda: Response(status_code=200), methods=["GET"])
+    add_health_routes(app, state, lambda: None)  # NOTE: Ray Serve replaces dead replicas
 
     async def metrics() -> Any:
         return await gather_metrics(engine)
@@ -289,11 +289,11 @@ async def _generate(engine: Any, request: Any, body: bytes, model: Any) -> Any:
     """Validate (400 before routing), route on text and session, relay the replica's answer."""
     from fastapi.responses import Response, StreamingResponse
 
-    from specdec.entrypoints.openai.api_server import _parse_request
+    from specdec.entrypoints.openai.server_common import parse_request
     from specdec.entrypoints.replicas.front import REPLICA_HEADER, SESSION_HEADER, _headers
     from specdec.entrypoints.replicas.router import routing_salt, routing_text
 
-    req = await asyncio.to_thread(_parse_request, body, model)
+    req = await asyncio.to_thread(parse_request, body, model)
     parsed = json.loads(body)
     route = {"text": routing_text(parsed), "salt": routing_salt(parsed),
              "session": request.headers.get(SESSION_HEADER)}  # fmt: skip

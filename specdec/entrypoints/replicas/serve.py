@@ -18,7 +18,7 @@ def serve_replicas(
     """Start the replicas and the front (``--host``/``--port``); serve until interrupted."""
     import uvicorn
 
-    from specdec.entrypoints.openai.api_server import _FLUSH_TIMEOUT_S, head_limits, make_server
+    from specdec.entrypoints.openai.api_server import FLUSH_TIMEOUT_S, head_limits, make_server
     from specdec.entrypoints.openai.connection import guarded_protocol
     from specdec.entrypoints.replicas.front import build_front_app
     from specdec.entrypoints.replicas.router import Router, RouterConfig
@@ -39,7 +39,7 @@ def serve_replicas(
     )  # fmt: skip
     config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
-        timeout_graceful_shutdown=_FLUSH_TIMEOUT_S, http=guarded_protocol(head_limits(args)),
+        timeout_graceful_shutdown=FLUSH_TIMEOUT_S, http=guarded_protocol(head_limits(args)),
     )  # fmt: skip
     server = make_server(config)
     try:

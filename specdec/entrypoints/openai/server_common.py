@@ -1,0 +1,224 @@
+"""What every OpenAI front shares in front of its routes: the single server (``api_server``),
+the replica front and the Ray Serve ingress (``entrypoints/replicas``).
+
+``RequestGuard`` (ASGI middleware): the Host check (``--allowed-hosts``; DNS rebinding), POST
+bodies only as ``application/json`` (a cross-origin "simple" POST from a web page cannot be),
+503 while shutting down, the in-flight count, and one log line, never a traceback, for an
+unexpected failure. Then the API key, the body limit (``read_body``), the request models'
+validation (``parse_request``), client disconnects (``with_cancellation``) and the health
+routes.
+"""
+
+# NOTE: no `from __future__ import annotations`: FastAPI reads the handlers' annotations.
+
+import asyncio
+import hashlib
+import hmac
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class ServerState:
+    """What the guard middleware and the shutdown drain share."""
+
+    allowed_hosts: list[str] | None
+    draining: bool = False
+    in_flight: int = 0  # POST requests being answered (streams included)
+
+
+def api_key_dependency(api_key: str | None) -> Callable[..., Any]:
+    """The routers' dependency that checks ``Authorization: Bearer <api_key>`` (constant-time;
+    a 401 in OpenAI's shape); nothing is checked when ``api_key`` is None."""
+    from fastapi import Request
+
+    from specdec.entrypoints.openai.protocol import RequestError
+
+    async def check_api_key(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            raise RequestError(
+                "invalid or missing API key (send 'Authorization: Bearer <key>')",
+                status=401,
+                code="invalid_api_key",
+                type="authentication_error",
+            )
+
+    return check_api_key
+
+
+def client_lane(request: Any) -> str:
+    """Who sent ``request``, for per-client lanes in shared queues: a hash of its API key, else
+    its host (NOTE: not the connection: a client opens as many of those as it likes)."""
+    key = request.headers.get("authorization") or request.headers.get("x-api-key")
+    if key:
+        return "key:" + hashlib.blake2b(key.encode("utf-8", "replace"), digest_size=8).hexdigest()
+    peer = request.client
+    return f"host:{peer.host}" if peer else "host:?"
+
+
+async def read_body(request: Any, limit: int, error: type) -> bytes:
+    """The body's bytes, refusing bodies over ``limit`` bytes (413)."""
+    too_large = error(
+        f"request body is larger than the {limit // (1024 * 1024)} MiB limit",
+        status=413,
+        code="request_too_large",
+    )
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise too_large
+    return bytes(body)
+
+
+def parse_request(body: bytes, model: Any) -> Any:
+    """The body as a request ``model`` (on the preparation pool: parsing holds the GIL)."""
+    from specdec.entrypoints.openai.safety import parse_json_body
+
+    return validated(parse_json_body(body), model)
+
+
+def validated(data: Any, model: Any) -> Any:
+    """``data`` (parsed JSON) as a request ``model``; a RequestError naming the field."""
+    from pydantic import ValidationError
+
+    from specdec.entrypoints.openai.protocol import validation_error
+
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise validation_error(e) from None
+
+
+async def wait_until(
+    done: Callable[[], bool], loop: asyncio.AbstractEventLoop, timeout: float
+) -> None:
+    deadline = loop.time() + timeout
+    while not done() and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+
+
+class RequestGuard:
+    """ASGI middleware in front of every route: the Host check, JSON-only POST bodies, 503 while
+    shutting down, the in-flight count, and one log line for an unexpected failure."""
+
+    def __init__(self, app: Any, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refusal = self._refusal(scope)
+        if refusal is not None:
+            await send_error(refusal, scope, receive, send)
+            return
+        post = scope["method"] == "POST"
+        started = False
+
+        async def tracking_send(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        self.state.in_flight += post
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as e:  # noqa: BLE001 - answer it and log one line, never a traceback
+            from specdec.entrypoints.openai.protocol import random_id
+            from specdec.entrypoints.openai.serving_utils import internal_error
+
+            rid = scope.get("state", {}).get("request_id") or random_id("req")
+            err = internal_error(e, rid)
+            if not started:
+                await send_error(err, scope, receive, send)
+        finally:
+            self.state.in_flight -= post
+
+    def _refusal(self, scope: dict) -> Any:
+        from specdec.entrypoints.openai.protocol import RequestError
+        from specdec.entrypoints.openai.safety import host_allowed
+
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if not host_allowed(headers.get("host"), self.state.allowed_hosts):
+            return RequestError(
+                "the Host header does not name this server (see --allowed-hosts)",
+                status=400,
+                code="invalid_host",
+            )
+        if scope["method"] != "POST":
+            return None
+        if self.state.draining:
+            from specdec.entrypoints.openai.serving_utils import shutting_down_error
+
+            return shutting_down_error()
+        media_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if media_type != "application/json":
+            # NOTE: a web page can POST text/plain, form data or an untyped body to any address
+            # without asking (a CORS "simple" request); it cannot send application/json so.
+            return RequestError(
+                "request bodies must be sent with 'Content-Type: application/json'",
+                status=415,
+                code="unsupported_media_type",
+            )
+        return None
+
+
+async def send_error(err: Any, scope: dict, receive: Callable, send: Callable) -> None:
+    from fastapi.responses import JSONResponse
+
+    await JSONResponse(err.body(), status_code=err.status)(scope, receive, send)
+
+
+DISCONNECTED = object()
+
+
+async def with_cancellation(coro: Awaitable[Any], request: Any) -> Any:
+    """Run ``coro`` until done or until the client disconnects (then cancel it, which aborts the
+    request and frees its KV, and return ``DISCONNECTED``)."""
+    task = asyncio.ensure_future(coro)
+    watcher = asyncio.ensure_future(wait_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if not task.done():
+        await asyncio.wait({task})  # let the cancellation run its clean-up
+    if task.cancelled():
+        return DISCONNECTED
+    return task.result()
+
+
+async def wait_disconnect(request: Any) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def add_health_routes(app: Any, state: ServerState, not_ready: Callable[[], str | None]) -> None:
+    """``GET /health`` and ``GET|POST /ping``: 200 when ready; a 503 while draining or when
+    ``not_ready()`` gives a reason (the single server: its engine; the replica front: no replica
+    up). Every front answers them alike."""
+    from fastapi.responses import JSONResponse, Response
+
+    async def health() -> Any:
+        if state.draining:
+            return JSONResponse({"error": {"message": "shutting down"}}, status_code=503)
+        reason = not_ready()
+        if reason is None:
+            return Response(status_code=200)
+        return JSONResponse({"error": {"message": reason}}, status_code=503)
+
+    app.add_api_route("/ping", health, methods=["GET", "POST"])
+    app.add_api_route("/health", health, methods=["GET"])
