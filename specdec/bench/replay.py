@@ -35,6 +35,8 @@ from typing import Any
 
 from specdec.config import EngineArgs
 from specdec.spec_decode.base import DraftInput, DraftOutput, Proposer
+from specdec.spec_decode.controller import expected_tokens
+from specdec.spec_decode.hybrid import PRIOR_RATE, RATE_WEIGHT
 
 SCHEMA = "specdec.bench.replay_trace/1"
 # the engine options ``replay run`` takes (its --model is the file replayed on)
@@ -293,6 +295,14 @@ class ReplayDrafter(Proposer):
         self.plans: dict[tuple[int, ...], _Plan] = {}
         self.log: list[ProposalLog] = []
         self.verified: list[VerifiedStep] = []
+        # A confident proposer with a model inside (hybrid: suffix decoding, else its head)
+        # prices the head's drafts itself at the target's costs (spec_decode/hybrid.py): the
+        # recording's choices were made at the recording model's prices, so here each head step
+        # is chosen again, by the head's running rates per position at this file's prices.
+        self.head_rates: list[float] | None = None
+        if trace.confident_drafts and any(any(t.model_drafted) for t in trace.requests):
+            self.head_rates = [PRIOR_RATE] * trace.k
+        self.head_skipped = 0  # recorded head steps not taken here (the head would not pay)
 
     def plan(self, trace: Trace, target_token_ids: list[int]) -> None:
         self.plans[tuple(trace.prompt_token_ids)] = _Plan(
@@ -316,7 +326,10 @@ class ReplayDrafter(Proposer):
             own = target[p : p + correct]
             wrong = [(t + 1) % self.vocab_size for t in target[p + len(own) : p + total]]
             d = (own + wrong)[: r.max_num_drafts]
-            if step >= 0:
+            if step >= 0 and d and self.head_rates is not None and plan.trace.model_drafted[step]:
+                d = d[: self._head_drafts(plan.trace, step, len(d))]
+                self.head_skipped += not d
+            if step >= 0 and d:
                 wait_ms += self.draft_ms(plan.trace, step, len(d))
             self.log.append(
                 ProposalLog(p, r.max_num_drafts, len(d), min(len(own), len(d)), correct, r.shadow)
@@ -325,11 +338,31 @@ class ReplayDrafter(Proposer):
         _spin(wait_ms)
         return DraftOutput(drafts, [None] * len(drafts))
 
+    def _head_drafts(self, trace: Trace, step: int, available: int) -> int:
+        """How many of a recorded head step's drafts hybrid would take at this file's prices
+        (0: none): the best expected tokens per ms, as HybridProposer._best_drafts prices it."""
+        assert self.head_rates is not None
+        cost = self.cost_model
+        if cost is None:
+            return available
+        per_draft = self.draft_ms(trace, step, 1)
+        best, best_j = 1.0 / cost.step_ms(1, 0), 0
+        for j in range(1, min(available, len(self.head_rates)) + 1):
+            ms = cost.step_ms(1 + j, j, draft_ms=per_draft * (1 + j))
+            value = expected_tokens(self.head_rates, j) / ms
+            if value > best:
+                best, best_j = value, j
+        return best_j
+
     def note_verified(
         self, prompt_token_ids: list[int], position: int, num_drafts: int, num_accepted: int
     ) -> None:
         plan = self.plans[tuple(prompt_token_ids)]
-        correct = plan.windows.get(position, (0, 0, -1))[0]
+        correct, _, step = plan.windows.get(position, (0, 0, -1))
+        if self.head_rates is not None and step >= 0 and plan.trace.model_drafted[step]:
+            rates = self.head_rates
+            for i in range(min(num_accepted + 1, num_drafts, len(rates))):
+                rates[i] += RATE_WEIGHT * (float(i < num_accepted) - rates[i])
         k = next(
             (
                 e.max_num_drafts
@@ -602,6 +635,9 @@ def _result(opts, tf, llm, names, rows, step_ms, scale, arms, max_k, reqs, max_t
         "step_ms": step_ms,
         "model_drafter_scale": scale,
         "dormant": {a.name: a.dormant for a in arms},
+        "head_steps_skipped": {
+            a.name: a.drafter.head_skipped for a in arms if a.drafter.head_rates is not None
+        },
         "forward_cost": cost,
         "forward_cost_context": context,
         "roof": roof,
@@ -680,6 +716,11 @@ def format_replay(result: dict[str, Any]) -> str:
                 f"WARNING: {name}'s replay left the recording: {v['over_k']} steps beyond k, "
                 f"{v['over_recorded']} beyond the recorded acceptance, {v['mismatched']} unlike it"
             )
+    for name, n in result.get("head_steps_skipped", {}).items():
+        lines.append(
+            f"{name}: {n} recorded head steps not taken here (its head priced at this file's "
+            "costs, as hybrid prices it)"
+        )
     dormant = [n for n, d in result["dormant"].items() if d]
     if dormant:
         lines.append(f"dormant at start-up prices (plain decoding): {', '.join(dormant)}")
