@@ -113,11 +113,11 @@ class UniExecutor(Executor):
         step_rows: int | None = None,
     ) -> None:
         if step_rows is None:
-            self._runner = ModelRunner(model, kv, hidden_layers)
-        else:
-            self._runner = StaticModelRunner(
-                model, kv, hidden_layers, step_rows, use_graphs=not self.config.enforce_eager
-            )
+            super().init_runner(model, kv, hidden_layers)
+            return
+        self._runner = StaticModelRunner(
+            model, kv, hidden_layers, step_rows, use_graphs=not self.config.enforce_eager
+        )
 
 
 # backend name -> "module:Class"; a class is built as Class(config)
