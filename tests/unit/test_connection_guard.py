@@ -1,7 +1,8 @@
 """Request-head limits below the HTTP parser (entrypoints/openai/connection.py), over raw sockets
 against uvicorn with a small ASGI app, for both of uvicorn's parsers: HTTP/0.9, a slowloris
-trickle, idle connections, an oversized head, a slow second head on a keep-alive connection, and
-a streamed response that lasts longer than the head timeout."""
+trickle, idle connections, an oversized head, a slow second head on a keep-alive connection, a
+bad request line after a kept-alive request, pipelined requests split across reads, a trickled
+body, and a streamed response that lasts longer than the head timeout."""
 
 from __future__ import annotations
 
@@ -18,8 +19,13 @@ from specdec.entrypoints.openai.connection import HeadLimits, guarded_protocol
 
 TIMEOUT_S = 1.5
 CAP = 4
+BODY_TIMEOUT_S = 2.0
 LIMITS = HeadLimits(
-    timeout_s=TIMEOUT_S, max_pending_per_client=CAP, max_head_bytes=4096, over_cap_grace_s=0.3
+    timeout_s=TIMEOUT_S,
+    max_pending_per_client=CAP,
+    max_head_bytes=4096,
+    over_cap_grace_s=0.3,
+    body_timeout_s=BODY_TIMEOUT_S,
 )
 SLACK_S = 1.5  # scheduling on a loaded 2-core machine
 AT_ONCE_S = TIMEOUT_S / 2
@@ -28,6 +34,16 @@ OK = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
 
 async def _app(scope, receive, send) -> None:  # noqa: ANN001
     if scope["type"] != "http":
+        return
+    if scope["method"] == "POST":  # the whole body first, as the server's routes read it
+        size, more = 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            size, more = size + len(message.get("body", b"")), message.get("more_body", False)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"got %d" % size})
         return
     await send({"type": "http.response.start", "status": 200, "headers": []})
     if scope["path"] == "/stream":  # 2.5 head timeouts long
@@ -167,6 +183,61 @@ def test_keep_alive_second_head_is_timed_too(port) -> None:
     assert took < TIMEOUT_S + SLACK_S
 
 
+def test_bad_request_line_after_a_kept_alive_request_is_a_400_at_once(port) -> None:
+    with _connect(port) as conn:
+        conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        conn.settimeout(5)
+        first = b""
+        while b"\r\nok" not in first:
+            first += conn.recv(65536)
+        conn.sendall(b"GET /\r\n")  # HTTP/0.9 on the kept-alive connection
+        response, took = _read_all(conn)
+    assert first.startswith(b"HTTP/1.1 200")
+    assert response.startswith(b"HTTP/1.1 400"), response[:40]
+    assert _error(response)["code"] == "invalid_request_line"
+    assert took < AT_ONCE_S
+
+
+def test_pipelined_requests_split_mid_line_are_served(port) -> None:
+    """The next request's line split across reads (its start in the read that ended the first
+    request) is not taken for a request line of its own."""
+    with _connect(port) as conn:
+        conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\nGET /pa")
+        time.sleep(0.2)
+        conn.sendall(b"th HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        response, took = _read_all(conn)
+    assert response.count(b"HTTP/1.1 200") == 2, response
+    assert took < AT_ONCE_S
+
+
+def test_a_body_in_time_is_read_and_a_trickled_one_is_a_408(port) -> None:
+    with _connect(port) as conn:
+        conn.sendall(
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\nConnection: close\r\n\r\n"
+        )
+        time.sleep(0.3)
+        conn.sendall(b"0123456789")
+        response, _ = _read_all(conn)
+    assert response.startswith(b"HTTP/1.1 200") and b"\r\ngot 10\r\n" in response
+    with _connect(port) as conn:
+        conn.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+        start, response = time.monotonic(), b""
+        conn.settimeout(0.2)
+        while time.monotonic() - start < BODY_TIMEOUT_S + SLACK_S + 2:
+            try:
+                conn.sendall(b"a")  # a byte every 0.2 s: never idle, never complete
+                response = conn.recv(65536)
+                break
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+        took = time.monotonic() - start
+    assert response.startswith(b"HTTP/1.1 408"), response[:40]
+    assert "body" in _error(response)["message"]
+    assert BODY_TIMEOUT_S - 0.1 < took < BODY_TIMEOUT_S + SLACK_S
+
+
 def test_head_bytes_are_counted_across_reads(port) -> None:
     with _connect(port) as conn:
         conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
@@ -191,7 +262,13 @@ def test_a_stream_longer_than_the_head_timeout_is_not_cut(port) -> None:
 
 
 def test_limits_are_checked() -> None:
-    for bad in ({"timeout_s": -1}, {"timeout_s": float("nan")}, {"max_pending_per_client": -1}):
+    for bad in (
+        {"timeout_s": -1},
+        {"timeout_s": float("nan")},
+        {"max_pending_per_client": -1},
+        {"body_timeout_s": float("inf")},
+        {"body_timeout_s": -2},
+    ):
         with pytest.raises(ValueError):
             HeadLimits(**bad)
     with pytest.raises(ValueError):

@@ -9,13 +9,17 @@ server. ``guarded_protocol`` subclasses uvicorn's HTTP protocol (httptools, or h
   the connection opening or of the request's first byte; otherwise the connection is closed, with
   a 408 when the client has sent part of a head (a connection that sent nothing is closed
   silently, as a keep-alive timeout closes it: a client may have it pooled);
-* a first request line that does not end in ``HTTP/1.0`` or ``HTTP/1.1`` is answered 400 at once;
+* a request line that does not end in ``HTTP/1.0`` or ``HTTP/1.1`` is answered 400 at once, the
+  first on a connection or one after a kept-alive request;
 * a head larger than ``max_head_bytes`` is answered 431 (httptools sets no bound of its own);
 * one client address may hold at most ``max_pending_per_client`` connections whose head is due:
   those beyond it are closed with a 429 after ``over_cap_grace_s`` if the address is still over.
 
-Only the head is timed: once it is complete, a body, a long generation or a stream runs for as
-long as it runs.
+* a request body must be complete within ``HeadLimits.body_timeout_s`` of its head (a client
+  that trickles a declared body is answered 408 and closed, as a slow head is).
+
+Only the request is timed: once it has arrived, a long generation or a stream runs for as long as
+it runs.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_HEADER_READ_TIMEOUT_S = 10.0
 DEFAULT_MAX_PENDING_PER_CLIENT = 32
 DEFAULT_MAX_HEAD_BYTES = 64 * 1024
+DEFAULT_BODY_READ_TIMEOUT_S = 60.0
 # RFC 9112 3: method SP request-target SP HTTP-version (3.1: the method is a token)
 _REQUEST_LINE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+ [^\x00-\x20\x7f]+ HTTP/1\.[01]")
 
@@ -45,15 +50,15 @@ class HeadLimits:
     timeout_s: float = DEFAULT_HEADER_READ_TIMEOUT_S
     max_pending_per_client: int = DEFAULT_MAX_PENDING_PER_CLIENT
     max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES
+    body_timeout_s: float = DEFAULT_BODY_READ_TIMEOUT_S
     # NOTE: a client's burst of connections is counted before any has been read (the event loop
     # accepts a batch, then reads), so the cap is applied to those still pending a moment later
     over_cap_grace_s: float = 1.0
 
     def __post_init__(self) -> None:
-        if not self.timeout_s >= 0 or math.isinf(self.timeout_s):
-            raise ValueError(
-                f"header read timeout must be a finite number >= 0, got {self.timeout_s}"
-            )
+        for name, value in (("header", self.timeout_s), ("body", self.body_timeout_s)):
+            if not value >= 0 or math.isinf(value):
+                raise ValueError(f"{name} read timeout must be a finite number >= 0, got {value}")
         if self.max_pending_per_client < 0:
             raise ValueError(
                 f"pending connections per client must be >= 0, got {self.max_pending_per_client}"
@@ -96,6 +101,7 @@ class _HeadDeadline:
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._head_end()
+        self._body_end()
         super().connection_lost(exc)  # type: ignore[misc]
 
     def _head_init(self) -> None:
@@ -103,7 +109,11 @@ class _HeadDeadline:
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_deadline = math.inf
         self._head_bytes = 0
-        self._first_line: bytearray | None = bytearray()  # until the first request line is read
+        self._first_line: bytearray | None = bytearray()  # until a request line is read
+        self._body_timer: asyncio.TimerHandle | None = None
+        # a request ended and none began after it in the bytes read so far: the next bytes start
+        # a request line, checked as the first one is
+        self._between_requests = False
 
     def _client_key(self) -> str:
         return self.client[0] if self.client else ""
@@ -164,14 +174,49 @@ class _HeadDeadline:
         elif left != math.inf:
             self._head_timer = self.loop.call_later(left, self._head_check)
 
-    def _refuse(self, status: int, code: str, message: str) -> None:
+    def _body_begin(self) -> None:
+        """A head is complete: its body (if any) is due within ``body_timeout_s``."""
+        self._between_requests = False
+        if self._limits.body_timeout_s and self._body_timer is None:
+            self._body_timer = self.loop.call_later(self._limits.body_timeout_s, self._body_late)
+
+    def _body_end(self) -> None:
+        """A request is complete (or the connection gone): nothing more is due."""
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_late(self) -> None:
+        self._body_timer = None
+        self._refuse(
+            408,
+            "request_timeout",
+            f"the request body was not complete within {self._limits.body_timeout_s:g} s; "
+            "connection closed",
+            body=True,
+        )
+
+    def _next_request_line(self) -> None:
+        """After feeding the parser: if a request ended and no other began, the next bytes are a
+        request line, to be checked before the parser sees them."""
+        if self._between_requests and self._first_line is None:
+            self._first_line = bytearray()
+        self._between_requests = False
+
+    def _refuse(self, status: int, code: str, message: str, body: bool = False) -> None:
         """Close the connection, answering ``status`` if a response can be written: not while a
-        response of an earlier request on it is being sent, nor to a client that sent nothing."""
+        response of an earlier request on it is being sent, nor to a client that sent nothing.
+        ``body``: the current request's body is late (its response has not begun)."""
         if self.transport.is_closing():
             return
-        sent_part = self._head_bytes > 0 or bool(self._first_line)
-        responding = self.cycle is not None and not self.cycle.response_complete
+        cycle = self.cycle
+        if body:
+            sent_part, responding = True, cycle is not None and cycle.response_started
+        else:
+            sent_part = self._head_bytes > 0 or bool(self._first_line)
+            responding = cycle is not None and not cycle.response_complete
         self._head_end()
+        self._body_end()
         logger.debug("closing a connection from %s: %d %s", self._client_key() or "?", status, code)
         if sent_part and not responding:
             self.transport.write(_error_response(status, code, message))
@@ -227,14 +272,22 @@ def _httptools_protocol(limits: HeadLimits) -> type[asyncio.Protocol]:
             if self._head_admit(data):
                 super().data_received(data)
                 self._head_fed(len(data))
+                self._next_request_line()
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
+            self._between_requests = False
             self._head_begin()
 
         def on_headers_complete(self) -> None:
             self._head_end()
+            self._body_begin()
             super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._body_end()
+            super().on_message_complete()
+            self._between_requests = True
 
     return GuardedHttpToolsProtocol
 
@@ -246,19 +299,33 @@ def _h11_protocol(limits: HeadLimits) -> type[asyncio.Protocol]:
     class GuardedH11Protocol(_HeadDeadline, H11Protocol):
         _limits = limits
         _pending: dict[str, int] = {}
+        _read_a_request = False  # a request head has been read on this connection
 
         def data_received(self, data: bytes) -> None:
+            # NOTE: h11 is IDLE until a request head is complete (and between requests, where
+            # uvicorn's keep-alive timeout runs until a byte arrives), then SEND_BODY, then DONE
+            # until uvicorn starts the next cycle; bytes it holds unread are part of a request
+            self._between_requests = (
+                self._read_a_request
+                and self.conn.their_state in (h11.IDLE, h11.DONE)
+                and not self.conn.trailing_data[0]
+            )
+            self._next_request_line()
             if not self._head_admit(data):
                 return
-            # NOTE: h11 is IDLE until a request head is complete (and between requests, where
-            # uvicorn's keep-alive timeout runs until a byte arrives)
             if self.conn.their_state is h11.IDLE:
                 self._head_begin()
             super().data_received(data)
-            if self.conn.their_state is not h11.IDLE:
-                self._head_end()
-            else:
+            state = self.conn.their_state
+            if state is h11.IDLE:
                 self._head_fed(len(data))
+                return
+            self._read_a_request = True
+            if self._head_due:  # the head is complete
+                self._head_end()
+                self._body_begin()
+            if state is not h11.SEND_BODY:
+                self._body_end()
 
     return GuardedH11Protocol
 
