@@ -130,6 +130,8 @@ _EOG_TOKEN_NAMES = (
 _FIM_PAD_NAMES = ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]")
 _FIM_REP_NAMES = ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>")
 _FIM_SEP_NAMES = ("<|file_sep|>",)
+# An added token written as a marker: <tool_call>, </think>, <|fim_prefix|>, [TOOL_CALLS]
+_MARKER = re.compile(r"<[^<>\s]+>|\[[^\[\]\s]+\]")
 
 
 class ChatTemplateError(ValueError):
@@ -654,23 +656,41 @@ class Tokenizer:
 
     # ---- special-token strings in text ---------------------------------------------------
     # NOTE: the tokenizer matches added tokens in the raw text first (leftmost-longest) and
-    # tokenizes the text between them on its own; these mirror that split for the special ones.
+    # tokenizes the text between them on its own; these mirror that split for the control ones.
+
+    @functools.cached_property
+    def control_token_ids(self) -> frozenset[int]:
+        """The added tokens that steer the model rather than spell text: the special ones, and
+        those written as markers (``<tool_call>``, ``</think>``, ``<|fim_prefix|>``, ``[TOOL]``)
+        that vocabularies add without the special flag, which the tokenizer matches in any text
+        all the same."""
+        return self.special_token_ids | frozenset(
+            i
+            for i, t in self._hf.get_added_tokens_decoder().items()
+            if _MARKER.fullmatch(t.content)
+        )
 
     @functools.cached_property
     def special_token_pattern(self) -> re.Pattern[str] | None:
-        """A regex matching the special tokens' strings (leftmost-longest), None if none."""
+        """A regex matching the control tokens' strings (leftmost-longest), None if none."""
         decoder = self._hf.get_added_tokens_decoder()
-        strings = [t.content for i, t in decoder.items() if i in self.special_token_ids]
+        strings = [t.content for i, t in decoder.items() if i in self.control_token_ids]
         return _literal_regex(strings) if strings else None
 
     @functools.cached_property
     def _plain_hf(self) -> tokenizers.Tokenizer:
-        plain = tokenizers.Tokenizer.from_str(self._hf.to_str())
-        plain.encode_special_tokens = True  # special-token strings are text to this copy
+        data = json.loads(self._hf.to_str())
+        for token in data.get("added_tokens", []):
+            if token.get("id") in self.control_token_ids:
+                # NOTE: encode_special_tokens reads only tokens flagged special as text
+                token["special"] = True
+        plain = tokenizers.Tokenizer.from_str(json.dumps(data))
+        plain.encode_special_tokens = True  # control-token strings are text to this copy
         return plain
 
     def find_special_token(self, text: str) -> tuple[int, int] | None:
-        """The first special token's string in `text`: its (id, start), or None."""
+        """The first control token's string in `text` (``control_token_ids``): its (id, start),
+        or None."""
         found = self.special_token_pattern.search(text) if self.special_token_pattern else None
         if found is None:
             return None
@@ -679,7 +699,7 @@ class Tokenizer:
         return token_id, found.start()
 
     def split_special_tokens(self, text: str) -> list[str | int]:
-        """`text` split as the tokenizer splits it: the special tokens' ids and the text between
+        """`text` split as the tokenizer splits it: the control tokens' ids and the text between
         them (no empty strings)."""
         if self.special_token_pattern is None:
             return [text] if text else []
@@ -699,9 +719,10 @@ class Tokenizer:
     def encode_plain_batch(
         self, texts: Sequence[str], add_special_tokens: bool = True
     ) -> list[list[int]]:
-        """`encode_batch` reading special-token strings as plain text: ``"<|im_start|>"`` in
-        `texts` is the tokens of those characters, never the special token (transformers'
-        ``split_special_tokens=True``). BOS/EOS are still added as `add_special_tokens` says."""
+        """`encode_batch` reading control-token strings as plain text: ``"<|im_start|>"`` or
+        ``"<tool_call>"`` in `texts` is the tokens of those characters, never the token
+        (transformers' ``split_special_tokens=True``, extended to the unflagged markers). BOS/EOS
+        are still added as `add_special_tokens` says."""
         for text in texts:
             _check_unicode(text)
         encs = self._plain_hf.encode_batch(list(texts), add_special_tokens=add_special_tokens)

@@ -11,6 +11,10 @@ variables) is replaced by a placeholder before rendering; the rendered prompt is
 special tokens left (the template's), and the text between them, placeholders restored, is
 tokenized with special-token strings read as text. A request whose client text holds none takes
 the ordinary path, so its ids are those of ``allow``.
+
+"Special tokens" here are the tokenizer's control tokens (``Tokenizer.control_token_ids``): those
+flagged special, and the added tokens written as markers that vocabularies leave unflagged
+(Qwen's ``<tool_call>`` and ``<think>``), which the tokenizer matches in any text all the same.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ def effective_mode(server: SpecialTokenMode, requested: SpecialTokenMode | None)
 def special_token_error(param: str, token_id: int) -> RequestError:
     """The 400 of ``reject``: names the field and the token id, never the client's text."""
     return RequestError(
-        f"{param} holds the text of special token {token_id} of this model's vocabulary; this "
+        f"{param} holds the text of special (control) token {token_id} of this model's vocabulary; this "
         "server refuses special-token strings in client text (--special-tokens-in-content reject)",
         param=param,
         code="special_token_in_content",
