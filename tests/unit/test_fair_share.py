@@ -8,7 +8,7 @@ import pytest
 
 from specdec import LLM, SamplingParams
 from specdec.config import ConfigError
-from specdec.engine.fair_share import FIRST_CHUNK, MIN_CHUNK, REFRESH_STEPS, PrefillShare
+from specdec.engine.fair_share import BURST, FIRST_CHUNK, MIN_CHUNK, REFRESH_STEPS, PrefillShare
 
 
 def test_off_or_alone_a_step_takes_the_whole_budget() -> None:
@@ -25,23 +25,48 @@ def test_a_step_decodes_alone_first_then_reads_a_chunk() -> None:
     assert share.budget(8, decoding=True) == 8  # never past the token budget
 
 
-def test_the_chunk_moves_toward_the_share_of_the_decode_time() -> None:
+def test_the_chunk_moves_toward_a_burst_of_the_decode_time() -> None:
     share = PrefillShare(1.0)
     share.observe(0, True, 5.0)
-    # 16 prompt tokens added 20 ms to a 5 ms step: 4 tokens meet the 5 ms share
+    # 1.25 ms a prompt token: BURST (3) decode steps of 5 ms hold 12 tokens
     for _ in range(12):
         share.observe(share.chunk, True, 5.0 + 1.25 * share.chunk)
-    assert abs(share.chunk - 4) <= 1 and share.chunk >= MIN_CHUNK
+    assert abs(share.chunk - 12) <= 1 and share.chunk >= MIN_CHUNK
     # cheap prompt tokens: the chunk grows, at most doubling a step
     before = share.chunk
     share.observe(before, True, 5.0 + 0.01 * before)
     assert share.chunk == 2 * before
-    # a share of 3: three times the decode time
-    share3 = PrefillShare(3.0)
-    share3.observe(0, True, 6.0)
+    # a share above BURST: the share itself, every step
+    share4 = PrefillShare(4.0)
+    share4.observe(0, True, 6.0)
     for _ in range(20):
-        share3.observe(share3.chunk, True, 6.0 + 0.5 * share3.chunk)
-    assert abs(share3.chunk - 36) <= 3  # 0.5 ms a token, 18 ms allowed
+        share4.observe(share4.chunk, True, 6.0 + 0.5 * share4.chunk)
+    assert abs(share4.chunk - 48) <= 3  # 0.5 ms a token, 24 ms allowed
+
+
+def _simulate(share: PrefillShare, steps: int, decode_ms: float, token_ms: float) -> list[int]:
+    """Prompt tokens each step reads beside decoding, its time decode_ms + token_ms a token."""
+    fed = []
+    for _ in range(steps):
+        n = share.budget(10_000, decoding=True)
+        share.observe(n, True, decode_ms + token_ms * n)
+        fed.append(n)
+    return fed
+
+
+@pytest.mark.parametrize("value", [0.25, 1.0, 2.0, 4.0])
+def test_the_prompt_takes_its_share_on_average_in_bursts(value: float) -> None:
+    """The token bucket: the prompt's extra time over many steps is the share of the decoding's
+    time, and no step takes more than 1 + max(share, BURST) decode steps (within the learning)."""
+    share = PrefillShare(value)
+    fed = _simulate(share, 400, 5.0, 1.25)[100:]  # past the learning
+    extra = 1.25 * sum(fed)
+    assert extra == pytest.approx(value * 5.0 * len(fed), rel=0.15)
+    assert max(fed) * 1.25 <= max(value, BURST) * 5.0 * 1.3
+    if value < BURST:  # chunks with decode-only steps between them that pay them back
+        assert fed.count(0) >= len(fed) * (1 - value / BURST) * 0.8
+    if value <= BURST / 2:
+        assert all(a == 0 or b == 0 for a, b in zip(fed, fed[1:]))
 
 
 def test_a_decode_only_step_comes_back_to_refresh_the_average() -> None:
