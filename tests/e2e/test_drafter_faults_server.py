@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from tests.e2e.test_server import _client, _engine, _metric, _start, _wait_idle
+from tests.fixtures.server import _client, _engine, _metric, _start, _wait_idle
 
 SUFFIX = {"method": "suffix", "num_speculative_tokens": 8, "adaptive": False}
 PROMPT = "the cat sat on the mat and the cat sat on the"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from specdec import LLM, SamplingParams
-from tests.conftest import SHARED_DATA, shared_prompts
+from tests.fixtures.prompts import SHARED_DATA, shared_prompts
 
 pytestmark = pytest.mark.slow
 

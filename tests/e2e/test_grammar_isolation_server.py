@@ -18,9 +18,7 @@ import pytest
 from specdec.config import EngineConfig
 from specdec.engine.async_llm import AsyncLLM
 from specdec.entrypoints.openai.api_server import BackgroundServer, build_app
-from tests.conftest import with_chat_template
-from tests.e2e.test_tools import TEMPLATE
-from tests.hostile import (
+from tests.fixtures.hostile import (
     anchor_chain,
     gbnf_alternatives,
     gbnf_chain,
@@ -28,6 +26,8 @@ from tests.hostile import (
     ref_chain,
     schema_format,
 )
+from tests.fixtures.models import with_chat_template
+from tests.fixtures.prompts import TEMPLATE
 
 TIMEOUT_S = 60
 

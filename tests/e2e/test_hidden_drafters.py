@@ -31,42 +31,12 @@ from specdec.spec_decode import (
     medusa,
 )
 from specdec.spec_decode.eagle3 import Eagle3Proposer
-from tests.conftest import price_drafting_to_pay
-from tests.e2e.test_spec_greedy import PROMPTS
-from tests.heads import write_eagle, write_eagle3, write_medusa, write_mtp_target
-
-LAYOUTS = {
-    "eagle-safeailab": ("eagle", "safeailab"),
-    "eagle-vllm": ("eagle", "vllm"),
-    "eagle3-safeailab": ("eagle3", "safeailab"),
-    "eagle3-speculators": ("eagle3", "speculators"),
-    "medusa-fasterdecoding": ("medusa", "fasterdecoding"),
-    "medusa-vllm": ("medusa", "vllm"),
-    "mtp-deepseek": ("deepseek_mtp", "deepseek"),
-    "mtp-mimo": ("mimo_mtp", "mimo"),
-}
-
-
-@pytest.fixture(scope="module")
-def heads(tiny_llama, tmp_path_factory) -> dict[str, tuple[str, dict]]:
-    """name -> (target folder, speculative_config)"""
-    tmp = tmp_path_factory.mktemp("heads")
-    out = {}
-    for name, (method, layout) in LAYOUTS.items():
-        cfg = {"method": method, "num_speculative_tokens": 3}
-        target = str(tiny_llama)
-        if method == "eagle":
-            cfg["model"] = str(write_eagle(tmp / name, tiny_llama, layout))
-        elif method == "eagle3":
-            # a reduced draft vocabulary in one layout, the full one in the other
-            vocab = 150 if layout == "safeailab" else 0
-            cfg["model"] = str(write_eagle3(tmp / name, tiny_llama, layout, draft_vocab=vocab))
-        elif method == "medusa":
-            cfg["model"] = str(write_medusa(tmp / name, tiny_llama, layout))
-        else:
-            target = str(write_mtp_target(tmp / name, tiny_llama, layout))
-        out[name] = (target, cfg)
-    return out
+from tests.fixtures.engine import price_drafting_to_pay
+from tests.fixtures.heads import (
+    LAYOUTS,
+    drafter_case,
+)
+from tests.fixtures.prompts import PROMPTS
 
 
 def _llm(target: str, spec: dict | None, **kw) -> LLM:
@@ -248,25 +218,6 @@ def _chi_square_quantile(df: int, z: float = 3.72) -> float:
     """The chi-square quantile at 1 - 1e-4 (z = 3.72), Wilson-Hilferty."""
     h = 2.0 / (9.0 * df)
     return df * (1.0 - h + z * math.sqrt(h)) ** 3
-
-
-def drafter_case(method: str, heads, tiny_llama, tiny_draft) -> tuple[str, dict]:
-    """(target folder, speculative_config) of one entry of the method table on the tiny model;
-    a new entry fails here until it has a case."""
-    tiny = str(tiny_llama)
-    cases = {
-        "ngram": (tiny, {"method": "ngram", "num_speculative_tokens": 3}),
-        "suffix": (tiny, {"method": "suffix", "num_speculative_tokens": 8}),
-        "draft_model": (tiny, {"method": "draft_model", "model": str(tiny_draft)}),
-        "layer_skip": (tiny, {"method": "layer_skip", "num_draft_layers": 2}),
-        "eagle": heads["eagle-safeailab"],
-        "eagle3": heads["eagle3-speculators"],
-        "medusa": heads["medusa-fasterdecoding"],
-        "mtp": heads["mtp-deepseek"],
-        "hybrid": (tiny, {"method": "hybrid", "model": heads["eagle3-safeailab"][1]["model"]}),
-    }
-    assert method in cases, f"method {method!r} has no case"
-    return cases[method]
 
 
 @pytest.mark.parametrize("method", list(METHODS))

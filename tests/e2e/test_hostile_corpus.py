@@ -18,9 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.e2e.test_structured_output import INSTRUCTOR_RETRY
-from tests.fixtures.server import serve
-from tests.hostile import (
+from tests.fixtures.hostile import (
     gbnf_chain,
     lark_chain,
     nested_schema,
@@ -28,6 +26,8 @@ from tests.hostile import (
     schema_format,
     unique_text,
 )
+from tests.fixtures.prompts import INSTRUCTOR_RETRY
+from tests.fixtures.server import serve
 
 MAX_HEALTH_GAP_S = 0.2
 CASE_TIMEOUT_S = 30.0

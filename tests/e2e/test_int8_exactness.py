@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from specdec import LLM, SamplingParams
-from tests.e2e.test_suffix_greedy import PROMPTS
+from tests.fixtures.prompts import PROMPTS
 
 CONFIGS = {
     "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1},

@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.fixtures.kv_events_client import BlockIndex, decode, receive, replay
 from tests.fixtures.server import free_port, serve
-from tests.kv_events_client import BlockIndex, decode, receive, replay
 
 zmq = pytest.importorskip("zmq")
 MODEL = "smollm2-135m"

@@ -18,10 +18,10 @@ from specdec.kernels import get_ops
 from specdec.model.llama import LlamaModel, SeqBatch
 from specdec.model.loader import load_checkpoint
 from specdec.spec_decode import METHODS
-from tests.conftest import make_tiny_model
-from tests.e2e.test_qwen3 import _LAYER_NAMES, _generate
-from tests.e2e.test_spec_greedy import PROMPTS
-from tests.heads import method_cases
+from tests.fixtures.engine import _generate
+from tests.fixtures.heads import method_cases
+from tests.fixtures.models import _LAYER_NAMES, make_tiny_model
+from tests.fixtures.prompts import PROMPTS
 
 QT = gguf.GGMLQuantizationType
 _MOE_NAMES = {
@@ -196,7 +196,7 @@ def test_synthetic_moe_gguf_decodes_batch_invariant(mix, mk, tmp_path) -> None:
     native, as dense layers do); batched, alone and speculative greedy output agree."""
     from specdec import LLM, SamplingParams
     from specdec import kernels as K
-    from tests.unit.test_kquants import quantize
+    from tests.fixtures.kquants import quantize
 
     def types(name: str) -> QT:
         if mix == "Q4_0":

@@ -17,24 +17,10 @@ from specdec.kernels import get_ops
 from specdec.model.llama import LlamaModel, SeqBatch
 from specdec.model.loader import load_checkpoint
 from specdec.spec_decode import METHODS
-from tests.conftest import make_tiny_model
-from tests.e2e.test_spec_greedy import PROMPTS
-from tests.heads import method_cases, write_mtp_target
-
-# Hugging Face name (after "model.layers.{i}.") -> GGUF name (after "blk.{i}.")
-_LAYER_NAMES = {
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "ffn_norm",
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-}
+from tests.fixtures.engine import _generate
+from tests.fixtures.heads import method_cases, write_mtp_target
+from tests.fixtures.models import _LAYER_NAMES, make_tiny_model
+from tests.fixtures.prompts import PROMPTS
 
 
 def write_qwen3_gguf(folder: Path, path: Path) -> Path:
@@ -98,16 +84,6 @@ def qwen3_cases(tiny_qwen3, tmp_path_factory) -> dict[str, tuple[str, dict]]:
     tmp = tmp_path_factory.mktemp("qwen3_heads")
     draft = make_tiny_model(tmp / "draft", "qwen3", seed=5, num_layers=1)
     return method_cases(tiny_qwen3, draft, tmp)
-
-
-def _generate(target: str, spec: dict | None, params: list[SamplingParams]) -> tuple[list, int]:
-    """The outputs' token ids, and how many draft tokens were verified."""
-    llm = LLM(
-        target, speculative_config=spec, max_model_len=256, max_num_seqs=3,
-        max_num_batched_tokens=24,
-    )  # fmt: skip
-    ids = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
-    return ids, llm.engine.spec_stats.num_draft_tokens
 
 
 @pytest.mark.parametrize("method", list(METHODS))

@@ -20,12 +20,10 @@ import psutil
 import pytest
 
 from specdec.entrypoints.replicas.router import rendezvous
+from tests.fixtures.replicas import MODEL, PREFIX, PROMPTS
 from tests.fixtures.server import process_tree, serve
 
-MODEL = "smollm2-135m"
 KEY = "test-key"
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at"]
-PREFIX = "You are a helpful assistant. Answer briefly and precisely, in plain words. " * 6
 
 
 @pytest.fixture(scope="module")
@@ -37,18 +35,6 @@ def front():
         "2", "--uvicorn-log-level", "warning", timeout=180, grace=0,
     ) as srv:  # fmt: skip
         yield srv
-
-
-@pytest.fixture(scope="module")
-def single():
-    from specdec.config import EngineConfig
-    from specdec.engine.async_llm import AsyncLLM
-    from specdec.entrypoints.openai.api_server import BackgroundServer, build_app
-
-    llm = AsyncLLM.from_config(EngineConfig(model=MODEL, max_model_len=1024), log_stats=False)
-    srv = BackgroundServer(build_app(llm, [MODEL])).start()
-    yield srv
-    srv.stop()
 
 
 def _auth() -> dict:

@@ -20,12 +20,7 @@ import openai
 import psutil
 import pytest
 
-from tests.e2e.test_replicas import (  # noqa: F401 - fixtures
-    MODEL,
-    PREFIX,
-    PROMPTS,
-    single,
-)
+from tests.fixtures.replicas import MODEL, PREFIX, PROMPTS
 from tests.fixtures.server import process_tree, serve
 
 pytest.importorskip("ray.serve")

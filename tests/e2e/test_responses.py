@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from specdec.entrypoints.openai.response_store import ResponseStore
-from tests.e2e.test_server import _start
+from tests.fixtures.server import _start
 
 
 @pytest.fixture(scope="module")

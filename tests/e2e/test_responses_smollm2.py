@@ -14,7 +14,7 @@ import pytest
 from openai.types.responses import ResponseStreamEvent
 
 from specdec.entrypoints.utils import read_chat_template
-from tests.e2e.test_server import _start
+from tests.fixtures.server import _start
 
 WEATHER = {
     "type": "function",

@@ -12,7 +12,7 @@ import torch
 from specdec import LLM, SamplingParams
 from specdec.outputs import Logprob
 from specdec.spec_decode import METHODS
-from tests.heads import method_cases
+from tests.fixtures.heads import method_cases
 
 PROMPTS = ["the cat sat on the mat and the cat", "hello there my friend", "a b a b a b a b a"]
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from specdec import LLM, SamplingParams
-from tests.conftest import bench_prompts, price_drafting_to_pay
-from tests.e2e.test_spec_greedy import PROMPTS
+from tests.fixtures.engine import price_drafting_to_pay
+from tests.fixtures.prompts import PROMPTS, bench_prompts
 
 SAMPLINGS = {
     "t07": dict(temperature=0.7),

@@ -6,8 +6,6 @@ import json
 import logging
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import httpx
 import openai
@@ -17,27 +15,19 @@ from specdec.config import EngineConfig, SpeculativeConfig
 from specdec.engine.async_llm import AsyncLLM
 from specdec.entrypoints import cli
 from specdec.entrypoints.openai.api_server import BackgroundServer, build_app
-from tests.conftest import with_chat_template
+from tests.fixtures.models import with_chat_template
+from tests.fixtures.server import (
+    API_KEY,
+    MAX_MODEL_LEN,
+    _client,
+    _engine,
+    _metric,
+    _SlowSteps,
+    _start,
+    _wait_idle,
+)
 
-MAX_MODEL_LEN = 256
-API_KEY = "test-key-123"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _start(
-    model: str,
-    spec: dict | None = None,
-    api_key: str | None = None,
-    app: dict | None = None,
-    **kw,
-) -> BackgroundServer:
-    """An in-process server on the tiny model: ``kw`` go to EngineConfig, ``app`` to build_app."""
-    sizes = {"max_model_len": MAX_MODEL_LEN, "max_num_seqs": 4, "max_num_batched_tokens": 64}
-    config = EngineConfig(model=model, speculative=SpeculativeConfig.from_any(spec), **sizes | kw)
-    llm = AsyncLLM.from_config(config, log_stats=False)
-    built = build_app(llm, ["tiny"], api_key=api_key, model_root=model, **(app or {}))
-    return BackgroundServer(built).start()
 
 
 @pytest.fixture(scope="module")
@@ -61,33 +51,6 @@ def keyed_server(tiny_llama, tmp_path_factory):
     srv = _start(str(folder), api_key=API_KEY)
     yield srv
     srv.stop()
-
-
-def _client(srv: BackgroundServer, key: str = "unused") -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{srv.url}/v1", api_key=key, max_retries=0, timeout=30)
-
-
-def _engine(srv: BackgroundServer):
-    return srv.server.config.app.state.llm.engine
-
-
-def _wait_idle(srv: BackgroundServer, timeout: float = 5.0) -> None:
-    """Until no request runs and every KV slot is free (the engine thread only frees them)."""
-    engine = _engine(srv)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if engine.kv.num_used_slots == 0 and not engine.has_unfinished_requests():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"engine not idle: {engine.kv.num_used_slots} KV slots in use")
-
-
-def _metric(srv: BackgroundServer, name: str, labels: str = "") -> float:
-    text = httpx.get(f"{srv.url}/metrics").text
-    for line in text.splitlines():
-        if line.startswith(name + "{") and labels in line:
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 CHAT = [{"role": "user", "content": "Say something about the cat."}]
@@ -453,25 +416,6 @@ def test_api_key_and_missing_chat_template(keyed_server) -> None:
 
 
 # ---- disconnects and failures ----------------------------------------------------------------------
-
-
-class _SlowSteps:
-    """Make each engine step take at least ``delay`` seconds, so a request outlives a disconnect."""
-
-    def __init__(self, srv: BackgroundServer, delay: float = 0.03) -> None:
-        self.engine, self.delay = _engine(srv), delay
-
-    def __enter__(self) -> None:
-        real = self.engine.step
-
-        def slow_step():
-            time.sleep(self.delay)
-            return real()
-
-        self.engine.step = slow_step
-
-    def __exit__(self, *exc: object) -> None:
-        del self.engine.step
 
 
 def test_client_disconnect_mid_stream_frees_kv(server) -> None:

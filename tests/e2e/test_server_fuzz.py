@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.e2e.test_server import _start, _wait_idle
+from tests.fixtures.server import _start, _wait_idle
 
 NUM_EXAMPLES = int(os.environ.get("SPECDEC_FUZZ_EXAMPLES", "150"))
 REQUEST_TIMEOUT_S = 10.0

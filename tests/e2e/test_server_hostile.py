@@ -15,8 +15,7 @@ import pytest
 from starlette.responses import JSONResponse
 
 from specdec.entrypoints.openai.protocol import ChatCompletionResponse, CompletionResponse
-from tests.e2e.test_server import _engine, _start, _wait_idle
-from tests.e2e.test_server_safety import _HealthProbe
+from tests.fixtures.server import _engine, _HealthProbe, _start, _wait_idle
 
 CHAT = [{"role": "user", "content": "Say something about the cat."}]
 CHAT_PATH, COMPLETIONS_PATH = "/v1/chat/completions", "/v1/completions"

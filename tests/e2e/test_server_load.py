@@ -23,7 +23,7 @@ import pytest
 from specdec.config import EngineConfig, SpeculativeConfig
 from specdec.engine.async_llm import AsyncLLM
 from specdec.entrypoints.openai.api_server import BackgroundServer, build_app
-from tests.e2e.test_server_safety import _BOMBS, _HOSTILE
+from tests.fixtures.hostile import _BOMBS, _HOSTILE
 
 NUM_CLIENTS = 16
 DURATION_S = float(os.environ.get("SPECDEC_LOAD_SECONDS", "30"))

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from specdec.entrypoints.openai.safety import LOOPBACK_NAMES
-from tests.e2e.test_server import _SlowSteps, _start, _wait_idle
-from tests.fixtures.server import serve
+from tests.fixtures.hostile import _BOMBS, _HOSTILE
+from tests.fixtures.server import _HealthProbe, _SlowSteps, _start, _wait_idle, serve
 
 CHAT = [{"role": "user", "content": "Say something about the cat."}]
 ORIGIN = "https://app.example"
@@ -52,122 +52,7 @@ def _post_raw(srv, path: str, raw: bytes | str, **headers: str) -> httpx.Respons
     return httpx.post(f"{srv.url}{path}", content=raw, headers=headers, timeout=30)
 
 
-class _HealthProbe:
-    """Polls /health from a thread, 10 ms apart; ``latencies`` holds the time from one answer to
-    the next, less the 10 ms.
-
-    NOTE: the gaps, not each request's round trip: this thread shares the server's GIL, so a
-    C call holding it (``9**(9**7)``) stops the probe too, often while it sleeps between requests.
-    """
-
-    def __init__(self, srv) -> None:
-        self.url, self.latencies, self.codes = f"{srv.url}/health", [], []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=10) as client:
-            last = time.perf_counter()
-            while not self._stop.is_set():
-                self.codes.append(client.get(self.url).status_code)
-                now = time.perf_counter()
-                self.latencies.append(now - last - 0.01)
-                last = now
-                time.sleep(0.01)
-
-    def __enter__(self) -> _HealthProbe:
-        self._thread.start()
-        # NOTE: measure from the first answer on: the thread's start and first connection took
-        # 0.8 s on a loaded machine, which is no stall of the server
-        deadline = time.perf_counter() + 10
-        while len(self.codes) < 2 and time.perf_counter() < deadline:
-            time.sleep(0.01)
-        self.latencies.clear()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 # ---- 400, never 500 ------------------------------------------------------------------------------
-
-_DEEP = 10_000
-_HOSTILE = [
-    # JSON nested 10,000 levels, three ways
-    ("deep-list", "/v1/chat/completions", '{"messages": ' + "[" * _DEEP + "]" * _DEEP + "}", None),
-    (
-        "deep-object",
-        "/v1/completions",
-        '{"prompt": "x", "x": ' + '{"a":' * _DEEP + "1" + "}" * _DEEP + "}",
-        None,
-    ),  # fmt: skip
-    (
-        "deep-content",
-        "/v1/chat/completions",
-        '{"messages": [{"role": "user", "content": ' + "[" * _DEEP + "]" * _DEEP + "}]}",
-        None,
-    ),  # fmt: skip
-    (
-        "depth-100",
-        "/v1/completions",
-        '{"prompt": "x", "x": ' + "[" * 100 + "]" * 100 + "}",
-        ("x" + "[0]" * 63)[:80] + "..." + ("x" + "[0]" * 63)[-30:],  # a long path: both ends
-    ),  # fmt: skip
-    ("unclosed", "/v1/completions", '{"prompt": "' + "[" * 100_000 + '"}', None),
-    # lone surrogates: not valid Unicode, cannot be tokenized or encoded in a response
-    ("surrogate-prompt", "/v1/completions", '{"prompt": "ab\\ud800cd"}', "prompt"),
-    ("surrogate-model", "/v1/completions", '{"prompt": "x", "model": "\\udfff"}', "model"),
-    ("surrogate-key", "/v1/completions", '{"prompt": "x", "\\ud800": 1}', None),
-    (
-        "surrogate-message",
-        "/v1/chat/completions",
-        '{"messages": [{"role": "user", "content": "\\ud83d"}]}',
-        "messages[0].content",
-    ),  # fmt: skip
-    # non-finite and out-of-range numbers
-    ("nan", "/v1/completions", '{"prompt": "x", "temperature": NaN}', None),
-    ("infinity", "/v1/completions", '{"prompt": "x", "top_p": -Infinity}', None),
-    ("1e999", "/v1/completions", '{"prompt": "x", "temperature": 1e999}', None),
-    ("huge-int", "/v1/completions", '{"prompt": "x", "seed": ' + "9" * 5000 + "}", None),
-    ("seed-2**70", "/v1/chat/completions", json.dumps({"messages": CHAT, "seed": 2**70}), "seed"),
-    (
-        "rep-penalty-1e-300",
-        "/v1/chat/completions",
-        json.dumps({"messages": CHAT, "temperature": 0.8, "repetition_penalty": 1e-300}),
-        "repetition_penalty",
-    ),  # fmt: skip
-    (
-        "max-tokens-2**40",
-        "/v1/completions",
-        json.dumps({"prompt": "x", "max_tokens": 2**40}),
-        "max_tokens",
-    ),  # fmt: skip
-    # sizes
-    ("many-numbers", "/v1/completions", json.dumps({"prompt": "x", "x": [1] * 200_000}), None),
-    ("long-list", "/v1/completions", json.dumps({"prompt": "x", "x": [""] * 200_000}), "x"),
-    (
-        "many-keys",
-        "/v1/completions",
-        json.dumps({"prompt": "x", "x": {str(i): 0 for i in range(2000)}}),
-        "x",
-    ),  # fmt: skip
-    ("long-string", "/v1/completions", json.dumps({"prompt": "x" * (1 << 20) + "y"}), "prompt"),
-    ("many-stops", "/v1/completions", json.dumps({"prompt": "x", "stop": ["a"] * 1000}), "stop"),
-    (
-        "long-salt",
-        "/v1/completions",
-        json.dumps({"prompt": "x", "cache_salt": "s" * 1000}),
-        "cache_salt",
-    ),  # fmt: skip
-    (
-        "empty-salt",
-        "/v1/completions",
-        json.dumps({"prompt": "x", "cache_salt": ""}),
-        "cache_salt",
-    ),  # fmt: skip
-    ("not-an-object", "/v1/completions", "[]", None),
-]
 
 
 @pytest.mark.parametrize(
@@ -287,19 +172,6 @@ def test_cors_is_off_unless_origins_are_given(server, trusting_server) -> None:
 
 
 # ---- request chat templates ---------------------------------------------------------------------
-
-_BOMBS = {
-    "power": "{{ (9**(9**7)) % 7 }}",
-    "recursive-macro": "{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}",
-    "huge-range": "{% for i in range(10**9) %}x{% endfor %}",
-    "repeat": "{{ 'x' * 10**9 }}",
-    "format-width": "{{ '%0999999999d' % 1 }}",
-    "nested-loops": "{% for a in range(10000) %}{% for b in range(10000) %}{% endfor %}{% endfor %}",
-    "doubling": "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",  # fmt: skip
-    "exponential-macro": "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(60) }}",  # fmt: skip
-    "attribute": "{{ messages.__class__.__mro__ }}",
-    "surrogate": '{{ "\\ud800" }}',
-}
 
 
 def test_request_template_refused_unless_trusted(server) -> None:

@@ -6,25 +6,15 @@ import pytest
 import torch
 
 from specdec import LLM, SamplingParams
-from tests.conftest import (
+from tests.fixtures.engine import price_drafting_to_pay
+from tests.fixtures.models import make_tiny_model
+from tests.fixtures.prompts import (
     BENCH_GREEDY_ENGINE,
     BENCH_GREEDY_TOKENS,
+    PROMPTS,
     bench_chats,
     bench_prompts,
-    make_tiny_model,
-    price_drafting_to_pay,
 )
-
-PROMPTS = [
-    "the cat sat on the mat and the cat sat on the",
-    "a b c a b c a b",
-    "In the beginning",
-    "def f(x):\n    return x + 1\n\ndef g(x):\n    return",
-    "1, 2, 3, 4, 5, 6,",
-    "hello",
-    "the the the the",
-    "Once upon a time there was a small village in the mountains where",
-]
 
 
 def _methods(tiny_llama, tiny_draft) -> dict[str, dict]:

@@ -24,25 +24,9 @@ from specdec import LLM, SamplingParams
 from specdec.sample import rejection_sampler
 from specdec.spec_decode import METHODS, DraftOutput
 from specdec.structured import GrammarError, StructuredOutputsParams
-from tests.e2e.test_hidden_drafters import drafter_case, heads  # noqa: F401 - the fixture
+from tests.fixtures.heads import drafter_case
+from tests.fixtures.prompts import INSTRUCTOR_RETRY, SCHEMA
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 12},
-        "kind": {"enum": ["cat", "dog", "bird"]},
-        "age": {"type": "integer"},
-        "tags": {"type": "array", "items": {"type": "string", "maxLength": 4}, "maxItems": 2},
-        "home": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 6}, "zip": {"type": "string"}},
-            "required": ["city", "zip"],
-            "additionalProperties": False,
-        },
-    },
-    "required": ["name", "kind", "age", "home"],
-    "additionalProperties": False,
-}
 CONSTRAINTS = {
     "json": {"json": SCHEMA, "disable_any_whitespace": True},
     "regex": {"regex": r"(yes|no|maybe): [a-z]{1,8}( [0-9]+)?\."},
@@ -237,36 +221,6 @@ def test_random_drafts_under_random_constraints_equal_plain(
         outs = llm.generate(PROMPTS, _params(CONSTRAINTS[name], temperature))
     assert [o.outputs[0].finish_reason for o in outs] != ["error"] * len(outs)
     assert _ids(outs) == refs[name, temperature]
-
-
-INSTRUCTOR_RETRY = [
-    {
-        "role": "system",
-        "content": "As a genius expert, your task is to understand the content and provide the "
-        "parsed objects in json that match the following json_schema:\n\n"
-        + json.dumps(
-            {
-                "properties": {
-                    "name": {"title": "Name", "type": "string"},
-                    "age": {"title": "Age", "type": "integer"},
-                },
-                "required": ["name", "age"],
-                "title": "User",
-                "type": "object",
-            },
-            indent=2,
-        )
-        + "\n\nMake sure to return an instance of the JSON, not the schema itself",
-    },
-    {"role": "user", "content": "Extract: Jason is 25 years old"},
-    {"role": "assistant", "content": '{"name": "Jason", "age": "twenty five"}'},
-    {
-        "role": "user",
-        "content": "Recall the function correctly, fix the errors, exceptions found\n"
-        "1 validation error for User\nage\n  Input should be a valid integer, unable to parse "
-        "string as an integer [type=int_parsing, input_value='twenty five', input_type=str]",
-    },
-]
 
 
 def test_json_mode_retry_conversation_under_ngram_equals_plain() -> None:

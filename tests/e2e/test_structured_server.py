@@ -10,8 +10,8 @@ import re
 import httpx
 import pytest
 
-from tests.e2e.test_server import _client, _start
-from tests.e2e.test_structured_output import INSTRUCTOR_RETRY, SCHEMA
+from tests.fixtures.prompts import INSTRUCTOR_RETRY, SCHEMA
+from tests.fixtures.server import _client, _start
 
 CHAT = [{"role": "user", "content": "Describe a pet as JSON."}]
 

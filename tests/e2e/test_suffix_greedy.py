@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from specdec import LLM, SamplingParams
-from tests.conftest import BENCH_GREEDY_ENGINE, bench_chats, bench_prompts
+from tests.fixtures.prompts import BENCH_GREEDY_ENGINE, bench_chats, bench_prompts
 
 PROMPTS = [
     "the cat sat on the mat and the cat sat on the",

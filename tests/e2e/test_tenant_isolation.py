@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from specdec import LLM, SamplingParams
-from tests.e2e.test_server import _client, _start, _wait_idle
+from tests.fixtures.server import _client, _start, _wait_idle
 
 # NOTE: a fixed k: the adaptive controller prices drafts with timings measured on this machine,
 # which would make a fresh run's figures differ from run to run.

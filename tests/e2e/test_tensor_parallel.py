@@ -21,9 +21,8 @@ from specdec.engine.executor import ExecutorError
 from specdec.model.llama import SeqBatch
 from specdec.worker.binding import parse_cpu_binding
 from specdec.worker.shard import plan_shard
-from tests.e2e.test_server import REPO, _start
-from tests.fixtures.server import serve
-from tests.unit.test_shared_prefix import _record_prefixes
+from tests.fixtures.engine import _record_prefixes
+from tests.fixtures.server import REPO, _start, serve
 
 PROMPTS = ["a b a b a b a", "the cat sat on the mat, the cat", "1 2 3 4 1 2 3"]
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -172,7 +171,7 @@ def test_row_parallel_biases_are_added_once(tmp_path) -> None:
     partial sum only: TP 2 stays close to TP 1 (each rank adding them would double them)."""
     from safetensors.torch import load_file, save_file
 
-    from tests.conftest import make_tiny_model
+    from tests.fixtures.models import make_tiny_model
 
     folder = make_tiny_model(tmp_path / "biased", "llama", 9, 2, attention_bias=True, mlp_bias=True)
     weights = load_file(folder / "model.safetensors")
@@ -267,7 +266,7 @@ def test_uneven_head_splits_keep_gqa_groups_whole_or_copy_them() -> None:
 def test_tp4_with_fewer_kv_heads_than_ranks_copies_partial_groups_and_stays_close(tmp_path) -> None:
     """6 query heads over 3 KV heads at TP 4: a rank whose query heads span two groups keeps a
     KV copy per query head; logits stay within 1e-3 of TP 1 and greedy text equal."""
-    from tests.conftest import make_tiny_model
+    from tests.fixtures.models import make_tiny_model
 
     folder = make_tiny_model(tmp_path / "gqa", "llama", 11, 2, hidden_size=96,
                              num_attention_heads=6, num_key_value_heads=3)  # fmt: skip

@@ -10,19 +10,10 @@ import httpx
 import pytest
 
 from specdec.entrypoints.openai.tools import ToolPlan, plan_tools
-from tests.conftest import with_chat_template
-from tests.e2e.test_server import _client, _start
+from tests.fixtures.models import with_chat_template
+from tests.fixtures.prompts import TEMPLATE
+from tests.fixtures.server import _client, _start
 
-TEMPLATE = (
-    "{%- if tools %}<|im_start|>system\nTools:{% for t in tools %} {{ t.function.name }}"
-    '{% endfor %}. Call one as <tool_call>{"name": ..., "arguments": ...}</tool_call>'
-    "<|im_end|>\n{% endif %}"
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
-    "{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>\n"
-    '{{ {"name": c.function.name, "arguments": c.function.arguments} | tojson }}\n</tool_call>'
-    "{% endfor %}{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 WEATHER = {
     "type": "function",
     "function": {

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.test_server import API_KEY, _client, _start
+from tests.fixtures.server import API_KEY, _client, _start
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,7 @@ import pytest
 import torch
 
 from specdec import kernels as K
-
-from .test_kernels import QUANT, _a8_weight, _randn, _require_native
+from tests.fixtures.kernels import QUANT, _a8_weight, _randn, _require_native
 
 ROWS = (1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33)
 

@@ -8,29 +8,9 @@ import torch
 
 from specdec.kernels import _C
 from specdec.kv_cache.pool import blocked_keys
+from tests.fixtures.attention import BLOCK, _isas
 
 pytestmark = pytest.mark.skipif(_C is None, reason="native kernels not built")
-
-BLOCK = 256  # kernels.h kAttnBlock
-
-
-def _isas() -> list[str]:
-    if _C is None:
-        return []
-    isas = ["portable"]
-    if _C.has_avx2_build() and _C.cpu_features()["avx2"]:
-        isas.append("avx2")
-    if _C.has_avx512_build() and _C.cpu_features()["avx512f"]:
-        isas.append("avx512")
-    return isas
-
-
-@pytest.fixture(params=_isas())
-def isa(request):
-    before = _C.isa()
-    _C.set_isa(request.param)
-    yield request.param
-    _C.set_isa(before)
 
 
 def _cache(

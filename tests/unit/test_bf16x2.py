@@ -17,8 +17,7 @@ from specdec import kernels as K
 from specdec.config import ConfigError
 from specdec.model.llama import LlamaModel, SeqBatch
 from specdec.model.loader import load_checkpoint
-
-from .test_kernels import _require_native, on_threads
+from tests.fixtures.kernels import _require_native, on_threads
 
 HALF = ("f16", "bf16")
 TORCH_DTYPE = {"f16": torch.float16, "bf16": torch.bfloat16}
@@ -197,7 +196,7 @@ def test_auto_on_a_hf_bf16_folder_matches_transformers(fixture, tmp_path, reques
     # runs bf16x2 and its logits still match transformers' float32 on the same weights.
     import transformers
 
-    from .test_half_weights import _hf_16bit
+    from tests.fixtures.models import _hf_16bit
 
     _require_native()
     folder = _hf_16bit(request.getfixturevalue(fixture), tmp_path / "m", torch.bfloat16)

@@ -9,7 +9,7 @@ import pytest
 
 from specdec.engine.detokenizer import IncrementalDetokenizer
 from specdec.model.tokenizer import Tokenizer
-from tests.unit.test_tokenizer import byte_level_metadata, sentencepiece_metadata
+from tests.fixtures.tokenizers import byte_level_metadata, sentencepiece_metadata
 
 TEXT = "hello world 😀 — 日本語 👨‍👩‍👧 the end 🇫🇷!"
 

@@ -13,7 +13,7 @@ import pytest
 from specdec import LLM, SamplingParams
 from specdec.structured import compile_worker, grammar
 from specdec.structured.grammar import GrammarError
-from tests.hostile import (
+from tests.fixtures.hostile import (
     anchor_chain,
     gbnf_alternatives,
     gbnf_chain,

@@ -14,18 +14,17 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as GT
-from safetensors.torch import load_file, save_file
 
 from specdec import kernels as K
 from specdec.kernels import get_ops
 from specdec.model.llama import LlamaModel, SeqBatch
 from specdec.model.loader import load_checkpoint
-
-from .test_kernels import (
+from tests.fixtures.kernels import (
     BATCH_SIZES,
     _randn,
     _require_native,
 )
+from tests.fixtures.models import _hf_16bit
 
 HALF = ("f16", "bf16")
 TORCH_DTYPE = {"f16": torch.float16, "bf16": torch.bfloat16}
@@ -175,16 +174,6 @@ def test_gguf_16bit_stays_16bit_and_equals_f32_expansion(type_name, tmp_path, mk
     t = next(t for t in reader.tensors if t.name == "token_embd.weight")
     ref = gguf.quants.dequantize(t.data, t.tensor_type)[[3, 500]]
     np.testing.assert_array_equal(half.embed(torch.tensor([3, 500])).numpy(), ref)
-
-
-def _hf_16bit(src, dst, dtype: torch.dtype):
-    """The tiny HF fixture with its weights stored in ``dtype`` (as Hugging Face folders are)."""
-    import shutil
-
-    shutil.copytree(src, dst)
-    w = load_file(str(src / "model.safetensors"))
-    save_file({k: v.to(dtype).contiguous() for k, v in w.items()}, str(dst / "model.safetensors"))
-    return dst
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -9,8 +9,8 @@ from safetensors.torch import load_file, save_file
 from specdec import LLM, SamplingParams
 from specdec.config import ConfigError, SpeculativeConfig
 from specdec.spec_decode import METHODS, canonical_method
-from tests.conftest import make_tiny_model
-from tests.heads import write_eagle, write_eagle3, write_medusa, write_mtp_target
+from tests.fixtures.heads import write_eagle, write_eagle3, write_medusa, write_mtp_target
+from tests.fixtures.models import make_tiny_model
 
 
 def _llm(target, spec: dict) -> LLM:

@@ -71,7 +71,7 @@ def test_names_that_are_nothing_get_a_specific_error(hf_cache) -> None:
         resolve_model_path("nosuch")
 
 
-# ---- through huggingface_hub, against a stand-in hub on loopback (tests/fake_hub.py) ---------
+# ---- through huggingface_hub, against a stand-in hub on loopback (tests/fixtures/fake_hub.py) ---
 SMOL_Q4 = "SmolLM2-135M-Instruct-Q4_1.gguf"
 SMOL_Q8 = "SmolLM2-135M-Instruct-Q8_0.gguf"  # NOTE: the same bytes, under another name
 MULTI = {"m-Q4_K_M.gguf": b"Q4_K_M", "m-Q8_0.gguf": b"Q8_0", "m-Q4_0.gguf": b"Q4_0",
@@ -86,7 +86,7 @@ def fake_hub(tmp_path, monkeypatch):
     import huggingface_hub.constants as c
 
     from specdec.model.registry import _smollm2_path
-    from tests.fake_hub import FakeHub, HubServer
+    from tests.fixtures.fake_hub import FakeHub, HubServer
 
     hub = FakeHub()
     gguf = _smollm2_path()
@@ -232,7 +232,7 @@ def test_offline_not_found_and_network_down(fake_hub, monkeypatch) -> None:
 def test_folder_models_draft_models_and_heads_by_hub_id(
     fake_hub, tiny_llama, tiny_draft, tmp_path
 ) -> None:
-    from tests.heads import write_eagle
+    from tests.fixtures.heads import write_eagle
 
     head = write_eagle(tmp_path / "head", tiny_llama, "safeailab")
     for repo, folder in (("acme/tiny-llama", tiny_llama), ("acme/tiny-draft", tiny_draft),

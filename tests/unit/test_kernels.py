@@ -16,43 +16,19 @@ import torch
 from gguf import GGMLQuantizationType as GT
 
 from specdec import kernels as K
+from tests.fixtures.kernels import (
+    BATCH_SIZES,
+    QUANT,
+    _a8_weight,
+    _has_avx512,
+    _isas,
+    _randn,
+    _require_native,
+    _weight,
+    on_threads,
+)
 
-QUANT = ("q8_0", "q4_0", "q4_1")
 GGML_TYPE = {"q8_0": GT.Q8_0, "q4_0": GT.Q4_0, "q4_1": GT.Q4_1}
-BATCH_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 17, 33)
-IN_CI = bool(os.environ.get("CI"))
-
-
-def _require_native() -> None:
-    if not K.native_available():
-        msg = f"native kernels not built: {K.native_unavailable_reason()}"
-        if IN_CI:
-            pytest.fail(msg)
-        pytest.skip(msg)
-
-
-def _isas() -> list[str]:
-    isas = ["portable"]
-    feats = K.cpu_features()
-    if K.native_available() and K._C.has_avx2_build():
-        if feats["avx2"] and feats["fma"] and feats["f16c"]:
-            isas.insert(0, "avx2")
-            if K._C.has_avx512_build() and _has_avx512(feats):
-                isas.insert(0, "avx512")
-    return isas
-
-
-def _has_avx512(feats: dict[str, bool]) -> bool:
-    return all(feats.get(f, False) for f in ("avx512f", "avx512dq", "avx512bw", "avx512vl"))
-
-
-def _weight(qtype: str, n: int, k: int, seed: int = 0) -> K.PackedWeight:
-    g = torch.Generator().manual_seed(seed)
-    return K.quantize_weight(torch.randn(n, k, generator=g) * 0.1, qtype)
-
-
-def _randn(*shape: int, seed: int = 1) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -184,16 +160,6 @@ def test_native_linear_batch_invariant(native, qtype):
         for off in {0, 40 - m, (40 - m) // 2}:
             y = native.linear(x[off : off + m], w, bias)
             assert torch.equal(y, single[off : off + m]), (m, off)
-
-
-def on_threads(n: int, fn, *args):  # noqa: ANN001, ANN002, ANN201
-    """``fn(*args)`` run with ``n`` threads (the count restored after)."""
-    prev = torch.get_num_threads()
-    try:
-        torch.set_num_threads(n)
-        return fn(*args)
-    finally:
-        torch.set_num_threads(prev)
 
 
 @pytest.mark.parametrize("qtype", K.QTYPES)
@@ -452,12 +418,6 @@ def _a8_reference(x: torch.Tensor, w: K.PackedWeight, bias: torch.Tensor | None)
     xq = torch.round(xb * inv[..., None]).clamp(-128, 127)  # round half to even, as cvtps2dq
     y = (xq * d[..., None]).reshape(m, k).double() @ w.dequantize().double().T
     return y if bias is None else y + bias.double()
-
-
-def _a8_weight(qtype: str, n: int, k: int, seed: int = 0) -> K.PackedWeight:
-    w = _weight(qtype, n, k, seed)
-    w.enable_a8()
-    return w
 
 
 @pytest.mark.parametrize("qtype", QUANT)  # K-quants: test_kquants.py

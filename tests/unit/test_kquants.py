@@ -9,8 +9,6 @@ random blocks (every bit pattern of codes and scales) and a simple quantizer for
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import gguf
 import numpy as np
 import pytest
@@ -18,9 +16,14 @@ import torch
 from gguf import GGMLQuantizationType as GT
 
 from specdec import kernels as K
+from tests.fixtures.kquants import (
+    GGML,
+    MIXES,
+    quantize,
+    write_kquant_gguf,
+)
 
 KQ = K.KQUANT_QTYPES
-GGML = {"q4_k": GT.Q4_K, "q5_k": GT.Q5_K, "q6_k": GT.Q6_K}
 
 
 def _avx512_usable() -> bool:
@@ -78,79 +81,6 @@ def random_blocks(qtype: str, n: int, k: int, seed: int = 0) -> np.ndarray:
         raw[..., 0:2] = f16(1e-3)
         raw[..., 2:4] = f16(1e-3)
     return raw.reshape(n, nb * bb)
-
-
-def _f16(v: np.ndarray) -> np.ndarray:
-    return v.astype(np.float16)
-
-
-def _nearest(v: np.ndarray) -> np.ndarray:
-    return np.floor(v + 0.5)
-
-
-def _scale_bytes(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
-    """Inverse of gguf.quants.Q4_K.get_scale_min: [nb, 8] x2 (6-bit) -> [nb, 12]."""
-    lo, hi = slice(0, 4), slice(4, 8)
-    b0 = sc[:, lo] | ((sc[:, hi] >> 4) << 6)
-    b1 = mn[:, lo] | ((mn[:, hi] >> 4) << 6)
-    b2 = (sc[:, hi] & 0x0F) | ((mn[:, hi] & 0x0F) << 4)
-    return np.concatenate([b0, b1, b2], axis=1).astype(np.uint8)
-
-
-def quantize(w: np.ndarray, qtype: str) -> np.ndarray:
-    """float32 [n, k] -> GGUF K-quant bytes [n, row_bytes] (a simple min/max quantizer, not
-    llama.cpp's search; enough for weights that behave like a model's)."""
-    n, k = w.shape
-    x = w.reshape(-1, 256).astype(np.float32)
-    nbk = x.shape[0]
-    if qtype == "q6_k":
-        xs = x.reshape(nbk, 16, 16)
-        scale = np.abs(xs).max(-1) / 31
-        d = _f16(scale.max(-1) / 127).astype(np.float32)
-        inv_d = np.where(d > 0, 1 / np.where(d > 0, d, 1), 0)
-        sc = np.clip(_nearest(scale * inv_d[:, None]), -128, 127).astype(np.int8)
-        eff = d[:, None] * sc.astype(np.float32)
-        q = np.where(eff[..., None] > 0, xs / np.where(eff > 0, eff, 1)[..., None], 0)
-        u = (np.clip(_nearest(q), -32, 31) + 32).astype(np.uint8).reshape(nbk, 2, 128)
-        ql = (u[..., :64] & 0x0F) | ((u[..., 64:] & 0x0F) << 4)  # [nb, 2, 64]
-        hi = (u >> 4).reshape(nbk, 2, 4, 32)
-        qh = hi[:, :, 0] | (hi[:, :, 1] << 2) | (hi[:, :, 2] << 4) | (hi[:, :, 3] << 6)
-        out = np.concatenate(
-            [
-                ql.reshape(nbk, 128),
-                qh.reshape(nbk, 64),
-                sc.view(np.uint8),
-                _f16(d).view(np.uint8).reshape(nbk, 2),
-            ],
-            axis=1,
-        )
-        return out.reshape(n, -1)
-    levels = 15 if qtype == "q4_k" else 31
-    xs = x.reshape(nbk, 8, 32)
-    mn = np.minimum(xs.min(-1), 0.0)
-    scale = (xs.max(-1) - mn) / levels
-    d = _f16(scale.max(-1) / 63).astype(np.float32)
-    dmin = _f16(-mn.min(-1) / 63).astype(np.float32)
-    sc = np.clip(_nearest(scale / np.where(d > 0, d, 1)[:, None]), 0, 63).astype(np.uint8)
-    m = np.clip(_nearest(-mn / np.where(dmin > 0, dmin, 1)[:, None]), 0, 63).astype(np.uint8)
-    eff = d[:, None] * sc.astype(np.float32)
-    offs = dmin[:, None] * m.astype(np.float32)
-    q = (xs + offs[..., None]) / np.where(eff > 0, eff, 1)[..., None]
-    q = np.where(eff[..., None] > 0, np.clip(_nearest(q), 0, levels), 0).astype(np.uint8)
-    q = q.reshape(nbk, 4, 2, 32)
-    qs = ((q[:, :, 0] & 0x0F) | ((q[:, :, 1] & 0x0F) << 4)).reshape(nbk, 128)
-    head = [
-        _f16(d).view(np.uint8).reshape(nbk, 2),
-        _f16(dmin).view(np.uint8).reshape(nbk, 2),
-        _scale_bytes(sc, m),
-    ]
-    if qtype == "q5_k":
-        bits = (q.reshape(nbk, 8, 32) >> 4) & 1
-        qh = np.zeros((nbk, 32), dtype=np.uint8)
-        for s in range(8):
-            qh |= (bits[:, s] << s).astype(np.uint8)
-        head.append(qh)
-    return np.concatenate([*head, qs], axis=1).reshape(n, -1)
 
 
 def _deq(raw: np.ndarray, qtype: str) -> np.ndarray:
@@ -458,33 +388,6 @@ def test_linear_rejects_bad_parts():
 
 # ---------------------------------------------------------------------------------------------
 # A tiny K-quant GGUF end to end
-
-# Per file: (embedding = tied output, layer 0 v / down, other q k o gate up v / down), like
-# llama.cpp's mixes (Q4_K_M: Q6_K for the output and for v and down in some layers).
-MIXES = {
-    "Q4_K_M": ("q6_k", ("q6_k", "q6_k"), "q4_k", ("q4_k", "q4_k")),
-    "Q5_K_M": ("q6_k", ("q6_k", "q6_k"), "q5_k", ("q5_k", "q5_k")),
-}
-
-
-def write_kquant_gguf(mk, path: Path, mix: str, seed: int = 0) -> Path:
-    """The builder's tiny shape with ``mix``'s types, quantized by ``quantize`` above."""
-    embd, (v0, down0), rest, (v1, down1) = MIXES[mix]
-
-    def types(name: str) -> GT:
-        if name in ("token_embd.weight", "output.weight"):
-            return GGML[embd]
-        first = name.startswith("blk.0.")
-        if ".attn_v." in name:
-            return GGML[v0 if first else v1]
-        if ".ffn_down." in name:
-            return GGML[down0 if first else down1]
-        return GGML[rest]
-
-    def kquant(rows: np.ndarray, t: GT) -> np.ndarray:
-        return quantize(rows, t.name.lower())
-
-    return mk.write_gguf(path, mk.SHAPES["tiny"], "F32", seed, types=types, quantize=kquant)
 
 
 @pytest.mark.parametrize("mix", sorted(MIXES))

@@ -10,7 +10,7 @@ from specdec.config import ConfigError
 from specdec.kernels import _C, get_ops
 from specdec.kv_cache.pool import KVCache, blocked_keys
 from specdec.model.loader import load_checkpoint
-from tests.conftest import bench_prompts
+from tests.fixtures.prompts import bench_prompts
 
 SHAPES = [  # T, H, Hkv, D, cache length, start, sliding window, softcap
     (3, 9, 3, 64, 100, 37, 0, 0.0),

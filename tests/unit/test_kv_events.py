@@ -25,7 +25,7 @@ from specdec.kv_cache.block_events import (
     block_hashes,
 )
 from specdec.kv_cache.pool import KVCache
-from tests.kv_events_client import BlockIndex, decode, receive, replay, router_hashes
+from tests.fixtures.kv_events_client import BlockIndex, decode, receive, replay, router_hashes
 
 zmq = pytest.importorskip("zmq")
 REPO = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from specdec.config import ConfigError
 from specdec.kernels import _C
 from specdec.kv_cache.pool import KVCache, quantize_q8
 from specdec.model.loader import load_checkpoint
-from tests.unit.test_attention_blocks import BLOCK, _isas, isa  # noqa: F401  (isa: the ISA fixture)
+from tests.fixtures.attention import BLOCK, _isas
 
 pytestmark = pytest.mark.skipif(_C is None, reason="native kernels not built")
 

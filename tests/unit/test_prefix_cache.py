@@ -409,7 +409,7 @@ def test_generate_takes_the_model_positionally_and_chats_by_default(
     error naming --chat-template."""
     from specdec.entrypoints import cli
     from specdec.llm import LLM
-    from tests.conftest import with_chat_template
+    from tests.fixtures.models import with_chat_template
 
     seen: list[list[int]] = []
     real = cli._run_one

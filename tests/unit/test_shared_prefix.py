@@ -11,6 +11,7 @@ import torch
 from specdec import LLM, SamplingParams
 from specdec.kernels import _C
 from specdec.kv_cache.pool import KVCache
+from tests.fixtures.engine import _record_prefixes
 
 BLOCK = 256  # kernels.h kAttnBlock: shared prefixes come in whole blocks
 LEN = 1024
@@ -190,18 +191,6 @@ def test_mirror_replays_the_copies() -> None:
 def _doc_prompts(n: int, doc_len: int) -> list[list[int]]:
     doc = _prompt(doc_len, 30)
     return [doc + _prompt(5 + 3 * i, 31 + i) for i in range(n)]
-
-
-def _record_prefixes(llm: LLM) -> list[tuple[int, int]]:
-    runner, seen = llm.engine.runner, []
-    execute = runner.execute_model
-
-    def recording(sched):
-        seen.extend((s.prefix_slot, s.prefix_len) for s in sched.scheduled if s.prefix_len)
-        return execute(sched)
-
-    runner.execute_model = recording
-    return seen
 
 
 @pytest.mark.skipif(_C is None, reason="native kernels not built")

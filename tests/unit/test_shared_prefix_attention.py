@@ -10,7 +10,7 @@ import torch
 
 from specdec.kernels import _C
 from specdec.kv_cache.pool import KVCache
-from tests.unit.test_attention_blocks import BLOCK, _isas, isa  # noqa: F401 - the fixture
+from tests.fixtures.attention import BLOCK
 
 pytestmark = pytest.mark.skipif(_C is None, reason="native kernels not built")
 

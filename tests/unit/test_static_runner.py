@@ -11,9 +11,9 @@ from specdec.engine.loading import load_model
 from specdec.model.llama import SeqBatch
 from specdec.spec_decode import METHODS
 from specdec.worker.static_runner import MIN_SPAN, StaticForward, StaticModelRunner
-from tests.conftest import make_tiny_model
-from tests.e2e.test_spec_greedy import PROMPTS
-from tests.heads import method_cases
+from tests.fixtures.heads import method_cases
+from tests.fixtures.models import make_tiny_model
+from tests.fixtures.prompts import PROMPTS
 
 DEVICES = ["cpu"] + (
     [pytest.param("cuda", marks=pytest.mark.cuda)] if torch.cuda.is_available() else []

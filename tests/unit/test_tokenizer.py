@@ -14,52 +14,11 @@ from specdec.model.tokenizer import (
     _merges_from_vocab,
     bytes_to_unicode,
 )
-
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<s>"]
-BYTE_LEVEL_MERGES = [
-    "h e",
-    "l l",
-    "he ll",
-    "hell o",
-    "Ġ w",
-    "o r",
-    "Ġw or",
-    "Ġwor l",
-    "Ġworl d",
-    "Ġ t",
-    "Ġt h",
-    "Ġth e",
-]
-CHATML = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+from tests.fixtures.tokenizers import (
+    CHATML,
+    byte_level_metadata,
+    sentencepiece_metadata,
 )
-
-
-def byte_level_metadata(**overrides: Any) -> dict[str, Any]:
-    """A GPT-2 style GGUF vocabulary: 4 control tokens, the 256 byte symbols, a few merges."""
-    alphabet = list(bytes_to_unicode().values())
-    merged = [m.replace(" ", "") for m in BYTE_LEVEL_MERGES]
-    tokens = SPECIALS + alphabet + merged + ["<think>"]
-    types = [3] * len(SPECIALS) + [1] * (len(alphabet) + len(merged)) + [4]
-    meta: dict[str, Any] = {
-        "general.architecture": "llama",
-        "tokenizer.ggml.model": "gpt2",
-        "tokenizer.ggml.pre": "smollm",
-        "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.token_type": types,
-        "tokenizer.ggml.merges": BYTE_LEVEL_MERGES,
-        "tokenizer.ggml.bos_token_id": 3,
-        "tokenizer.ggml.eos_token_id": 2,
-        "tokenizer.ggml.unknown_token_id": 0,
-        "tokenizer.ggml.padding_token_id": 0,
-        "tokenizer.ggml.add_bos_token": False,
-        "tokenizer.chat_template": CHATML,
-    }
-    meta.update(overrides)
-    return meta
 
 
 @pytest.fixture(scope="module")
@@ -194,33 +153,6 @@ def test_unsupported_model_type() -> None:
 
 
 # ---- SentencePiece (tokenizer.ggml.model == "llama") ------------------------------------------
-
-
-def sentencepiece_metadata(architecture: str) -> dict[str, Any]:
-    # Gemma ranks merges by token position, so whole words come before "▁h" / "▁w".
-    words = ["▁", "h", "e", "l", "o", "w", "r", "d", "he", "ll", "hell", "hello", "▁hello"]
-    words += ["or", "wor", "worl", "world", "▁world", "▁h", "▁w", "  "]
-    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "<end_of_turn>"]
-    types = [3, 3, 3, 2, 3]
-    tokens += [f"<0x{b:02X}>" for b in range(256)]
-    types += [6] * 256
-    tokens += words
-    types += [1] * len(words)
-    scores = [0.0] * (len(tokens) - len(words)) + [-float(i) for i in range(len(words))]
-    return {
-        "general.architecture": architecture,
-        "tokenizer.ggml.model": "llama",
-        "tokenizer.ggml.pre": "default",
-        "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.scores": scores,
-        "tokenizer.ggml.token_type": types,
-        "tokenizer.ggml.bos_token_id": 2,
-        "tokenizer.ggml.eos_token_id": 1,
-        "tokenizer.ggml.unknown_token_id": 3,
-        "tokenizer.ggml.padding_token_id": 0,
-        "tokenizer.ggml.add_bos_token": True,
-        "tokenizer.ggml.add_space_prefix": False,
-    }
 
 
 def test_gemma_sentencepiece() -> None:

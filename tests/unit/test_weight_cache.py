@@ -13,8 +13,7 @@ import torch
 from specdec import LLM, SamplingParams
 from specdec.config import ConfigError
 from specdec.kernels import amx16_available
-
-from .test_kquants import write_kquant_gguf
+from tests.fixtures.kquants import write_kquant_gguf
 
 PROMPTS = ["a b c a b c a b", "def f(x):\n    return"]
 SP = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
