@@ -177,24 +177,29 @@ def shared_gguf_readers():
 # the workers still runs each alone, the other worker waiting between its tests (idle: slower).
 # Without xdist (plain `pytest`) none of this changes anything.
 _SAME_WORKER = {
-    "tests/e2e/test_suffix_greedy.py": "tests/e2e/test_spec_greedy.py",  # smollm2_bench_greedy
-    "tests/e2e/test_tokenizer_parity.py": "tests/e2e/test_real_model_parity.py",  # Gemma's readers
+    # smollm2_bench_greedy
+    "tests/e2e/llm/test_suffix_greedy.py": "tests/e2e/llm/test_spec_greedy.py",
+    # Gemma's readers
+    "tests/e2e/model/test_tokenizer_parity.py": "tests/e2e/model/test_real_model_parity.py",
 }
 _ALONE = (
-    "tests/e2e/test_chat_page_browser.py",
-    "tests/e2e/test_grammar_isolation_server.py",  # the 5 s compile limit (hit under 2x load)
-    "tests/e2e/test_hostile_corpus.py",  # "never stalls"
-    "tests/e2e/test_replicas.py",
-    "tests/e2e/test_replicas_ray.py",
-    "tests/e2e/test_server.py::test_client_disconnect_mid_stream_frees_kv",  # 0.5 s, 3 s waits
-    "tests/e2e/test_server_load.py",
-    "tests/e2e/test_server_safety.py",  # sub-second limits
-    "tests/e2e/test_tensor_parallel.py",
-    "tests/e2e/test_server_connections.py",  # 2 s head timeouts, measured
-    "tests/unit/test_connection_guard.py",  # 1.5 s head timeouts, measured
-    "tests/unit/test_protocol_safety.py::test_guards_refuse_blowups_at_once",  # < 0.5 s
-    "tests/unit/test_shm_reducer.py",
-    "tests/unit/test_suffix.py::test_per_step_cost_on_a_long_sequence",
+    "tests/e2e/server/test_chat_page_browser.py",
+    # the 5 s compile limit (hit under 2x load)
+    "tests/e2e/server/test_grammar_isolation_server.py",
+    "tests/e2e/server/test_hostile_corpus.py",  # "never stalls"
+    "tests/e2e/replicas/test_replicas.py",
+    "tests/e2e/replicas/test_replicas_ray.py",
+    # 0.5 s, 3 s waits
+    "tests/e2e/server/test_server.py::test_client_disconnect_mid_stream_frees_kv",
+    "tests/e2e/server/test_server_load.py",
+    "tests/e2e/server/test_server_safety.py",  # sub-second limits
+    "tests/e2e/distributed/test_tensor_parallel.py",
+    "tests/e2e/server/test_server_connections.py",  # 2 s head timeouts, measured
+    "tests/unit/entrypoints/openai/test_connection_guard.py",  # 1.5 s head timeouts, measured
+    # < 0.5 s
+    "tests/unit/entrypoints/openai/test_protocol_safety.py::test_guards_refuse_blowups_at_once",
+    "tests/unit/distributed/test_shm_reducer.py",
+    "tests/unit/spec_decode/test_suffix.py::test_per_step_cost_on_a_long_sequence",
 )
 
 

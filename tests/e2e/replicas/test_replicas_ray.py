@@ -100,7 +100,7 @@ def test_ingress_metrics_merge_every_replica(ray_app):
     assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain")
     text = resp.text
     assert text.count("# TYPE vllm:time_to_first_token_seconds histogram") == 1
-    dashboard = json.loads((Path(__file__).parents[2] / "docs/grafana/specdec_dashboard.json").read_text())  # fmt: skip
+    dashboard = json.loads((Path(__file__).parents[3] / "docs/grafana/specdec_dashboard.json").read_text())  # fmt: skip
     names = {n for p in dashboard["panels"] for t in p["targets"] for n in re.findall(r"(vllm:[a-z0-9_]+)", t["expr"])}  # fmt: skip
     names -= {n for n in names if n.startswith("vllm:spec_decode")}  # NOTE: speculation is off
     for replica in homes:

@@ -4,7 +4,7 @@ the prefix cache, and for how many tokens, as the server then reports them (usag
 ``cached_tokens`` and the ``vllm:prefix_cache_hits`` counter); eviction sends BlockRemoved, a replay returns what a late
 subscriber missed; with ``--data-parallel-size 2`` each replica publishes on its own port with
 its rank. (AllBlocksCleared, sent by ``reset_prefix_cache``, is tested on the engine:
-tests/unit/test_kv_events.py.)"""
+tests/unit/engine/test_kv_events.py.)"""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from tests.fixtures.server import free_port, serve
 
 zmq = pytest.importorskip("zmq")
 MODEL = "smollm2-135m"
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 BLOCK = 16
 
 

@@ -21,7 +21,7 @@ import pytest
 from specdec.entrypoints import cli
 from tests.fixtures.server import free_port, serve
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # size flags shrunk when a command runs: flag -> the value used
 SMALL = {"--max-tokens": "4", "-n": "4", "--num-prompts": "1", "--ns": "1,2", "--repeats": "1",
          "--warmup": "0", "--rounds": "1", "--concurrency": "1"}  # fmt: skip
@@ -110,7 +110,7 @@ def _runnable(kind: list[str]) -> list[list[str]]:
     import torch
 
     gpu = torch.cuda.is_available()
-    # NOTE: a model by hub id needs the network (tests/unit/test_hub.py reads a cache built offline)
+    # NOTE: a model by hub id needs the network (tests/unit/model/test_hub.py reads a cache built offline)
     return [
         argv
         for _, argv in readme_commands()

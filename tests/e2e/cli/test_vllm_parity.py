@@ -21,7 +21,7 @@ from specdec.entrypoints.openai import api_server
 from specdec.entrypoints.openai.api_server import BackgroundServer, build_app
 from tests.fixtures.server import SPECDEC_SERVE, serve
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
 SERVE_MODULE = (sys.executable, "-m", "specdec.entrypoints.openai.api_server")

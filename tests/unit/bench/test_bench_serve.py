@@ -10,7 +10,7 @@ import pytest
 from specdec.bench import aggregate, report, serve
 from specdec.entrypoints.cli import main
 
-FIXTURE = Path(__file__).parents[1] / "fixtures" / "bench_tiny.jsonl"
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "bench_tiny.jsonl"
 
 
 def _row(config, c, id_, ttft, e2e, tokens, text="x", turn=0, error=None, spec=None) -> dict:

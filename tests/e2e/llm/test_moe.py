@@ -1,7 +1,7 @@
 """Mixtures of experts (Qwen3-MoE, Mixtral, Qwen2-MoE): the GGUF path equals the Hugging Face
 path of the same weights, a row's output never depends on the rows beside it, and every drafter
 in the method table is exact on Qwen3-MoE, greedy and seeded (transformers' logits:
-tests/unit/test_tiny_model.py)."""
+tests/unit/model/test_tiny_model.py)."""
 
 from __future__ import annotations
 

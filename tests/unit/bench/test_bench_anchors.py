@@ -19,7 +19,7 @@ from specdec.bench.runners import ANCHOR_WORKER, AnchorRunner, GenParams, anchor
 from specdec.bench.serve import ServeOptions, run_serve
 from specdec.config import EngineArgs
 
-FIXTURE = Path(__file__).parents[1] / "fixtures" / "bench_tiny.jsonl"
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "bench_tiny.jsonl"
 EOG = {0}  # any id: the tiny model's replies are random bytes
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"

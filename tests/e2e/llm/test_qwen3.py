@@ -1,6 +1,6 @@
 """Qwen3 (dense): the GGUF path equals the Hugging Face path of the same weights, and every
 drafter in the method table is exact on it, greedy and seeded (transformers' logits:
-tests/unit/test_tiny_model.py)."""
+tests/unit/model/test_tiny_model.py)."""
 
 from __future__ import annotations
 

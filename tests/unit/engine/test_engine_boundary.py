@@ -12,7 +12,7 @@ from specdec.sample.logprobs import TokenLogprobs
 from specdec.sampling_params import SamplingParams
 from specdec.spec_decode.metrics import SpecDecodeStats
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 class _Tok:

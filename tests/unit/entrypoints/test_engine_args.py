@@ -27,7 +27,7 @@ from specdec.config import (
 from specdec.entrypoints import cli
 from specdec.entrypoints.openai import api_server
 
-PACKAGE = Path(__file__).resolve().parents[2] / "specdec"
+PACKAGE = Path(__file__).resolve().parents[3] / "specdec"
 
 
 def _subparser(command: list[str]) -> argparse.ArgumentParser:

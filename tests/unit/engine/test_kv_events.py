@@ -28,7 +28,7 @@ from specdec.kv_cache.pool import KVCache
 from tests.fixtures.kv_events_client import BlockIndex, decode, receive, replay, router_hashes
 
 zmq = pytest.importorskip("zmq")
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 B = 4  # block size in the pool tests
 
 

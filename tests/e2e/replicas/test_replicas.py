@@ -112,7 +112,7 @@ def test_metrics_carry_the_replica_label(front):
         assert f'specdec:time_to_first_token_seconds_count{{replica="{r}"' in text
         assert f'specdec:replica_up{{replica="{r}"}} 1' in text
     # every series the Grafana dashboard filters by replica is there with the label
-    dashboard = json.loads((Path(__file__).parents[2] / "docs/grafana/specdec_dashboard.json").read_text())  # fmt: skip
+    dashboard = json.loads((Path(__file__).parents[3] / "docs/grafana/specdec_dashboard.json").read_text())  # fmt: skip
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     assert all('replica=~"$replica"' in e for e in exprs)
     assert {n for e in exprs for n in re.findall(r"(vllm:[a-z0-9_]+)", e)} & set(

@@ -14,7 +14,7 @@ from specdec.bench.report import format_latency_table
 from specdec.config import ConfigError
 from specdec.entrypoints.cli import main
 
-FIXTURE = Path(__file__).parents[1] / "fixtures" / "bench_tiny.jsonl"
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "bench_tiny.jsonl"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 

@@ -16,7 +16,7 @@ from playwright import sync_api as playwright  # pinned in requirements-test.txt
 from tests.fixtures.server import serve
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 KEY = "page-test-key"
 SPEC = '{"method": "ngram", "num_speculative_tokens": 4}'
 # the model copies this back: its tokens come as accepted n-gram drafts, and the markup must stay text

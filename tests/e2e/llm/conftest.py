@@ -1,11 +1,10 @@
-"""Fixtures the end-to-end tests share."""
+"""Fixtures the offline drafter tests share."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.fixtures.heads import LAYOUTS, write_eagle, write_eagle3, write_medusa, write_mtp_target
-from tests.fixtures.replicas import MODEL
 
 
 @pytest.fixture(scope="module")
@@ -28,15 +27,3 @@ def heads(tiny_llama, tmp_path_factory) -> dict[str, tuple[str, dict]]:
             target = str(write_mtp_target(tmp / name, tiny_llama, layout))
         out[name] = (target, cfg)
     return out
-
-
-@pytest.fixture(scope="module")
-def single():
-    from specdec.config import EngineConfig
-    from specdec.engine.async_llm import AsyncLLM
-    from specdec.entrypoints.openai.api_server import BackgroundServer, build_app
-
-    llm = AsyncLLM.from_config(EngineConfig(model=MODEL, max_model_len=1024), log_stats=False)
-    srv = BackgroundServer(build_app(llm, [MODEL])).start()
-    yield srv
-    srv.stop()

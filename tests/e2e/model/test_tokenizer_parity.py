@@ -22,7 +22,7 @@ from specdec.model.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.slow
 
-CORPUS_FILE = Path(__file__).resolve().parents[1] / "fixtures" / "tokenizer_corpus.txt"
+CORPUS_FILE = Path(__file__).resolve().parents[2] / "fixtures" / "tokenizer_corpus.txt"
 CORPUS: list[str] = CORPUS_FILE.read_bytes().decode("utf-8").split("\n%%%%\n")
 
 CONVERSATION = [
