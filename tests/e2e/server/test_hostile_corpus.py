@@ -18,80 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.fixtures.hostile import (
-    gbnf_chain,
-    lark_chain,
-    nested_schema,
-    ref_chain,
-    schema_format,
-    unique_text,
-)
-from tests.fixtures.prompts import INSTRUCTOR_RETRY
+from tests.fixtures.hostile import CASES, _completion
 from tests.fixtures.server import serve
 
 MAX_HEALTH_GAP_S = 0.2
 CASE_TIMEOUT_S = 30.0
-
-
-def _chat(extra: dict, content: str = "Give me JSON.") -> tuple[str, dict]:
-    body = {"messages": [{"role": "user", "content": content}], "max_tokens": 24, **extra}
-    return "chat/completions", body
-
-
-def _completion(extra: dict, prompt: str = "hello") -> tuple[str, dict]:
-    return "completions", {"prompt": prompt, "max_tokens": 24, **extra}
-
-
-LONG_PROMPT = " ".join(f"word{i % 97}" for i in range(930))  # ~2,700 tokens
-TOOL = {
-    "type": "function",
-    "function": {"name": "f", "description": "a tool", "parameters": ref_chain(1000)},
-}
-
-# name -> requests sent at once: (path, body)
-CASES: dict[str, list[tuple[str, dict]]] = {
-    "ref_chain_1000": [_chat(schema_format(ref_chain(1000)))],
-    "ref_chain_3000": [_chat(schema_format(ref_chain(3000)))],
-    "nested_schema_200": [_chat(schema_format(nested_schema(200)))],
-    "lark_chain_3000": [_completion({"guided_grammar": lark_chain(3000)})],
-    "gbnf_chain_3000": [_chat({"grammar": gbnf_chain(3000)})],
-    "tool_ref_chain": [_chat({"tools": [TOOL], "tool_choice": "required"})],
-    "ambiguous_grammar": [
-        _completion({"guided_grammar": 'start: s\ns: s s | "a"', "max_tokens": 400})
-    ],
-    "lazy_regex": [_completion({"guided_regex": "a{1000000}", "max_tokens": 64})],
-    "two_80kb_gbnf": [_chat({"grammar": gbnf_chain(5000, f"r{k}x")}) for k in range(2)],
-    "alternation_5000": [
-        _completion({"guided_grammar": "start: " + " | ".join(f'"w{i}"' for i in range(5000))})
-    ],
-    "prompt_logprobs": [_completion({"prompt_logprobs": 20, "max_tokens": 1}, LONG_PROMPT)],
-    # two clients with long prompts nothing cached shares: prefill beside the others' decoding
-    "two_long_prompts": [_completion({"max_tokens": 8}, unique_text(k, 250)) for k in range(2)],
-    "bad_words_256": [
-        _completion({"bad_words": [f"forbidden phrase number {i} " * 8 for i in range(256)]})
-    ],
-    "top_logprobs_big": [
-        _completion({"logprobs": 20, "max_tokens": 600, "ignore_eos": True, "temperature": 0})
-    ],
-    "logit_bias_keys": [
-        _completion({"logit_bias": {"²": 1}}),
-        _completion({"logit_bias": {"9" * 5000: 1}}),
-        _completion({"logit_bias": {"٣": 5}}),
-    ],
-    "control_chars": [_completion({}, "hi\x14there"), _chat({}, "a\x00b\x1bc")],
-    "stop_wrong_type": [_completion({"stop": 5}), _completion({"stop": [5, {"a": 1}]})],
-    "json_mode_retry": [
-        (
-            "chat/completions",
-            {
-                "messages": INSTRUCTOR_RETRY,
-                "response_format": {"type": "json_object"},
-                "temperature": 0,
-                "max_tokens": 96,
-            },
-        )
-    ],
-}
 
 
 @pytest.fixture(scope="module")
