@@ -33,7 +33,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.e2e.test_hostile_corpus import CASES  # noqa: E402
+from tests.fixtures.hostile import CASES  # noqa: E402
 
 
 def _free_port() -> int:

@@ -185,9 +185,10 @@ EOF2
     # the random GGUFs of the tests copy the carried tokenizer (the default model is not here)
     SPECDEC_SYNTH_TOKENIZER=$REPO/.dev/tokenizer.gguf OMP_NUM_THREADS=2 \
       timeout "${NATIVE_TESTS_TIMEOUT:-300}" "$PY" -m pytest -q -p no:cacheprovider -n 8 -m "not slow" \
-      tests/unit/test_kernels.py tests/unit/test_amx.py tests/unit/test_kquants.py tests/unit/test_moe.py \
-      tests/unit/test_bf16x2.py tests/unit/test_half_weights.py \
-      tests/unit/test_attention_blocks.py tests/unit/test_kv_dtype.py ${PYTEST_ARGS:-}
+      tests/unit/kernels/test_kernels.py tests/unit/kernels/test_amx.py \
+      tests/unit/kernels/test_kquants.py tests/unit/model/test_moe.py \
+      tests/unit/kernels/test_bf16x2.py tests/unit/kernels/test_half_weights.py \
+      tests/unit/kernels/test_attention_blocks.py tests/unit/kv_cache/test_kv_dtype.py ${PYTEST_ARGS:-}
     record native-tests $?
     if grep -q avx512_vnni /proc/cpuinfo; then
       tables="vnni"
@@ -264,7 +265,8 @@ if has_stage tests; then
   # and a missing one fails there); this script never builds it
   native=$("$PY" -c "import specdec.kernels as K; print(int(K.native_available()))" 2>/dev/null)
   ignores=""
-  [ "$native" = 1 ] || ignores="--ignore=tests/unit/test_kv_dtype.py --ignore=tests/unit/test_suffix_native.py"
+  [ "$native" = 1 ] || ignores="--ignore=tests/unit/kv_cache/test_kv_dtype.py \
+--ignore=tests/unit/spec_decode/test_suffix_native.py"
   # shellcheck disable=SC2086
   timeout "${TESTS_TIMEOUT:-240}" "$PY" -m pytest -q -m cuda tests/unit -p no:cacheprovider \
     $ignores ${PYTEST_ARGS:-}

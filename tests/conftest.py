@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 from pathlib import Path
 
 # NOTE: before torch loads OpenMP: spinning worker threads make every small op cost ~20x more
@@ -16,134 +14,19 @@ os.environ["SPECDEC_WEIGHT_CACHE"] = "off"
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-FIXTURES = Path(__file__).parent / "fixtures"
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "bench" / "data"
-
-
-def _byte_tokenizer_json(folder: Path) -> int:
-    """A byte-level BPE tokenizer with a few merges and chat special tokens; returns vocab size."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    from specdec.model.tokenizer import bytes_to_unicode
-
-    chars = list(bytes_to_unicode().values())
-    vocab = {c: i for i, c in enumerate(chars)}
-    merges = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a")]
-    for a, b in merges:
-        vocab[a + b] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
-    tok.save(str(folder / "tokenizer.json"))
-    template = (
-        "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
-        " + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-    )
-    (folder / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "bos_token": "<|endoftext|>",
-                "eos_token": "<|im_end|>",
-                "add_bos_token": False,
-                "chat_template": template,
-            }
-        )
-    )
-    return tok.get_vocab_size()
-
-
-def with_chat_template(model: Path, folder: Path, template: str | None) -> Path:
-    """A copy of a Hugging Face model folder with another chat template (None: none)."""
-    for f in model.iterdir():
-        shutil.copy(f, folder / f.name)
-    cfg = json.loads((folder / "tokenizer_config.json").read_text())
-    cfg.pop("chat_template", None)
-    if template is not None:
-        cfg["chat_template"] = template
-    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
-    return folder
-
-
-# Tiny mixtures of experts: Qwen3-MoE renormalising its top-k (as Qwen3-30B-A3B) with a dense
-# layer (mlp_only_layers), Qwen2-MoE not renormalising, with its gated shared expert.
-_MOE_ARCHS = {
-    "qwen3_moe": (
-        "Qwen3MoeConfig",
-        "Qwen3MoeForCausalLM",
-        dict(
-            head_dim=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-            norm_topk_prob=True, mlp_only_layers=[1],
-        ),
-    ),
-    "mixtral": (
-        "MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2)
-    ),
-    "qwen2_moe": (
-        "Qwen2MoeConfig",
-        "Qwen2MoeForCausalLM",
-        dict(
-            num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
-            shared_expert_intermediate_size=96, norm_topk_prob=False,
-        ),
-    ),
-}  # fmt: skip
-
-
-def make_tiny_model(
-    folder: Path, arch: str = "llama", seed: int = 0, num_layers: int = 2, **overrides
-) -> Path:
-    """Random weights in a Hugging Face folder (config.json + model.safetensors + tokenizer)."""
-    import transformers
-
-    folder.mkdir(parents=True, exist_ok=True)
-    vocab = _byte_tokenizer_json(folder)
-    common = dict(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        rms_norm_eps=1e-6,
-        initializer_range=0.3,
-        bos_token_id=vocab - 3,
-        eos_token_id=vocab - 1,
-    )
-    common.update(overrides)
-    torch.manual_seed(seed)
-    if arch == "gemma3":
-        cfg = transformers.Gemma3TextConfig(
-            **common,
-            head_dim=32,
-            sliding_window=16,
-            query_pre_attn_scalar=32,
-            tie_word_embeddings=True,
-        )
-        model = transformers.Gemma3ForCausalLM(cfg)
-    elif arch == "qwen2":
-        cfg = transformers.Qwen2Config(**common, tie_word_embeddings=False)
-        model = transformers.Qwen2ForCausalLM(cfg)
-    elif arch == "qwen3":
-        # explicit head_dim (not hidden / heads, as the real ones), tied embeddings (0.6B-4B)
-        cfg = transformers.Qwen3Config(**common, head_dim=32, tie_word_embeddings=True)
-        model = transformers.Qwen3ForCausalLM(cfg)
-    elif arch in _MOE_ARCHS:
-        config_cls, model_cls, moe = _MOE_ARCHS[arch]
-        cfg = getattr(transformers, config_cls)(**(common | moe), tie_word_embeddings=False)
-        model = getattr(transformers, model_cls)(cfg)
-    else:
-        cfg = transformers.LlamaConfig(**common, tie_word_embeddings=True)
-        model = transformers.LlamaForCausalLM(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(torch.randn_like(p) * 0.1)
-            elif p.ndim == 1:  # biases
-                p.copy_(torch.randn_like(p) * 0.1)
-    model.save_pretrained(str(folder), safe_serialization=True)
-    return folder
+# NOTE: the helpers live in tests/fixtures/ (plain modules: import them from there); these names
+# stay importable from here for code written before they moved.
+from tests.fixtures.engine import price_drafting_to_pay  # noqa: E402, F401
+from tests.fixtures.models import make_tiny_model, with_chat_template  # noqa: E402, F401
+from tests.fixtures.prompts import (  # noqa: E402, F401
+    BENCH_GREEDY_ENGINE,
+    BENCH_GREEDY_TOKENS,
+    FIXTURES,
+    SHARED_DATA,
+    bench_chats,
+    bench_prompts,
+    shared_prompts,
+)
 
 
 @pytest.fixture(scope="session")
@@ -185,57 +68,6 @@ def tiny_mixtral(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen2_moe(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny_qwen2_moe"), "qwen2_moe", 8, num_layers=2)
-
-
-def price_drafting_to_pay(llm) -> None:
-    """Wake a model drafter and give its controller fixed prices at which drafting pays.
-
-    NOTE: on tiny models a model drafter's start-up timings sit near the break-even (a draft 0.24
-    ms against a 0.20 ms target step on one CI machine): the speculator may stay dormant, and
-    awake, the controller may never choose a draft. Fixed prices (a clock that never moves, so no
-    step teaches the cost model anything) keep the controller's choice of k, varying with each
-    request's rates, under test wherever the suite runs. (No time is ever measured, so the probe
-    budget stays empty: probes are tested in test_controller.)"""
-    from specdec.spec_decode.controller import CostModel
-
-    spec = llm.engine.speculator
-    spec.dormant = False
-    ctl = spec.controller
-    if ctl is None:
-        return
-    ctl.clock = lambda: 0.0
-    ctl._record = lambda *_: None
-    ctl.cost = spec.proposer.cost_model = CostModel([10.0 + 2.0 * n for n in range(16)])
-
-
-def bench_prompts(n: int | None = None) -> list[dict]:
-    """The prompt fixture copied from ../shared/bench/data (works without shared/)."""
-    rows = [
-        json.loads(line)
-        for line in (FIXTURES / "bench_prompts.jsonl").read_text().splitlines()
-        if line
-    ]
-    return rows[:n] if n else rows
-
-
-def shared_prompts(n_per_file: int) -> list[dict]:
-    """Prompts from ../shared/bench/data when present, else the copied fixture."""
-    if not SHARED_DATA.is_dir():
-        return bench_prompts()
-    rows = []
-    for name in ("stdlib_edit.jsonl", "humaneval.jsonl", "mt_bench.jsonl", "gsm8k_test.jsonl"):
-        lines = (SHARED_DATA / name).read_text().splitlines()
-        rows.extend(json.loads(line) for line in lines[:n_per_file])
-    return rows
-
-
-BENCH_GREEDY_TOKENS = 40
-BENCH_GREEDY_ENGINE = {"max_model_len": 1024, "max_num_seqs": 8, "max_num_batched_tokens": 1024}
-
-
-def bench_chats() -> list[list[dict]]:
-    """Each prompt of the bench fixture as a one-turn chat."""
-    return [[{"role": "user", "content": p["turns"][0]}] for p in bench_prompts()]
 
 
 @pytest.fixture(scope="session")
@@ -345,24 +177,29 @@ def shared_gguf_readers():
 # the workers still runs each alone, the other worker waiting between its tests (idle: slower).
 # Without xdist (plain `pytest`) none of this changes anything.
 _SAME_WORKER = {
-    "tests/e2e/test_suffix_greedy.py": "tests/e2e/test_spec_greedy.py",  # smollm2_bench_greedy
-    "tests/e2e/test_tokenizer_parity.py": "tests/e2e/test_real_model_parity.py",  # Gemma's readers
+    # smollm2_bench_greedy
+    "tests/e2e/llm/test_suffix_greedy.py": "tests/e2e/llm/test_spec_greedy.py",
+    # Gemma's readers
+    "tests/e2e/model/test_tokenizer_parity.py": "tests/e2e/model/test_real_model_parity.py",
 }
 _ALONE = (
-    "tests/e2e/test_chat_page_browser.py",
-    "tests/e2e/test_grammar_isolation_server.py",  # the 5 s compile limit (hit under 2x load)
-    "tests/e2e/test_hostile_corpus.py",  # "never stalls"
-    "tests/e2e/test_replicas.py",
-    "tests/e2e/test_replicas_ray.py",
-    "tests/e2e/test_server.py::test_client_disconnect_mid_stream_frees_kv",  # 0.5 s, 3 s waits
-    "tests/e2e/test_server_load.py",
-    "tests/e2e/test_server_safety.py",  # sub-second limits
-    "tests/e2e/test_tensor_parallel.py",
-    "tests/e2e/test_server_connections.py",  # 2 s head timeouts, measured
-    "tests/unit/test_connection_guard.py",  # 1.5 s head timeouts, measured
-    "tests/unit/test_protocol_safety.py::test_guards_refuse_blowups_at_once",  # < 0.5 s
-    "tests/unit/test_shm_reducer.py",
-    "tests/unit/test_suffix.py::test_per_step_cost_on_a_long_sequence",
+    "tests/e2e/server/test_chat_page_browser.py",
+    # the 5 s compile limit (hit under 2x load)
+    "tests/e2e/server/test_grammar_isolation_server.py",
+    "tests/e2e/server/test_hostile_corpus.py",  # "never stalls"
+    "tests/e2e/replicas/test_replicas.py",
+    "tests/e2e/replicas/test_replicas_ray.py",
+    # 0.5 s, 3 s waits
+    "tests/e2e/server/test_server.py::test_client_disconnect_mid_stream_frees_kv",
+    "tests/e2e/server/test_server_load.py",
+    "tests/e2e/server/test_server_safety.py",  # sub-second limits
+    "tests/e2e/distributed/test_tensor_parallel.py",
+    "tests/e2e/server/test_server_connections.py",  # 2 s head timeouts, measured
+    "tests/unit/entrypoints/openai/test_connection_guard.py",  # 1.5 s head timeouts, measured
+    # < 0.5 s
+    "tests/unit/entrypoints/openai/test_protocol_safety.py::test_guards_refuse_blowups_at_once",
+    "tests/unit/distributed/test_shm_reducer.py",
+    "tests/unit/spec_decode/test_suffix.py::test_per_step_cost_on_a_long_sequence",
 )
 
 

@@ -13,7 +13,7 @@ from plain decoding. Here every forward has one of two shapes:
 
 Attention spans a slot's whole capacity with a mask, or on CUDA a power-of-two number of its
 positions (at least ``MIN_SPAN``): a masked key adds an exact zero, so the span changes no bit of
-a row's result as long as the kernel keeps its tiles (tests/unit/test_static_runner.py checks it
+a row's result as long as the kernel keeps its tiles (tests/unit/worker/test_static_runner.py checks it
 on the GPU; torch's CPU attention does not keep them). A given position is always computed by the
 same shape: prompt positions by prefill pieces, generated positions by steps, whatever else runs
 beside them. That is the GPU's batch invariance, the property the native CPU kernels have by

@@ -2,7 +2,7 @@
 link or anchor, a page left out of the navigation or any other warning fails), every section the
 README used to hold has its page, the README links to each page, and every Python block of the
 README and the manual compiles. Its `specdec` commands are parsed (and a few run) by
-tests/e2e/test_readme_commands.py."""
+tests/e2e/cli/test_readme_commands.py."""
 
 from __future__ import annotations
 

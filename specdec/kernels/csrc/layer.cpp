@@ -6,7 +6,7 @@
 // attention, ATen for the activation (the op Python calls), and plain loops for the rotary
 // embedding, the KV-cache writes, the residual adds and the gate-times-up product that do exactly
 // torch's elementwise float32 operations (compiled with -ffp-contract=off).  The two forwards
-// therefore agree bit for bit, which tests/unit/test_tiny_model.py checks.
+// therefore agree bit for bit, which tests/unit/model/test_tiny_model.py checks.
 #include <torch/extension.h>
 
 #include <cmath>

@@ -6,7 +6,7 @@
 // speed of a dense model reading the same bytes.  This class runs the same computation with the
 // same arithmetic: the kernels of ops.cpp for the linears and ATen for the softmax, top-k,
 // activation and sums, op for op as moe.py calls them, so the two agree bit for bit
-// (tests/e2e/test_moe.py).  A row's result never depends on the other rows: the linears are
+// (tests/e2e/llm/test_moe.py).  A row's result never depends on the other rows: the linears are
 // row-invariant, SiLU runs on row blocks under ATen's serial grain (moe.py: _silu_mul), and a row's
 // expert outputs are summed in the order of its top-k ranks.  A decode or verify step runs its
 // experts side by side, each on one thread (parallel_tasks), and sums their outputs in place.

@@ -1,0 +1,295 @@
+"""Models by Hugging Face hub id (model/hub.py), read from a local Hugging Face cache built here
+(offline: no network in tests), and the errors for names that are neither."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specdec import LLM, SamplingParams
+from specdec.model.registry import ModelNotFoundError, resolve_model_path
+
+
+def _cache_repo(cache: Path, repo: str, files: dict[str, Path]) -> Path:
+    """A repository's snapshot in the Hugging Face cache layout (refs/main -> snapshots/REV)."""
+    root = cache / ("models--" + repo.replace("/", "--"))
+    snap = root / "snapshots" / "0123456789abcdef0123456789abcdef01234567"
+    snap.mkdir(parents=True)
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text(snap.name)
+    for name, src in files.items():  # NOTE: links, as the cache's snapshots hold them
+        (snap / name).symlink_to(src)
+    return snap
+
+
+@pytest.fixture
+def hf_cache(tmp_path, monkeypatch) -> Path:
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as c
+
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
+    return cache
+
+
+def test_a_folder_model_by_hub_id(tiny_llama, hf_cache) -> None:
+    snap = _cache_repo(hf_cache, "acme/tiny-llama", {p.name: p for p in tiny_llama.iterdir()})
+    assert resolve_model_path("acme/tiny-llama") == snap
+    sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    by_id = LLM("acme/tiny-llama", max_model_len=64).generate(["the cat"], sp, use_tqdm=False)
+    local = LLM(str(tiny_llama), max_model_len=64).generate(["the cat"], sp, use_tqdm=False)
+    assert by_id[0].outputs[0].token_ids == local[0].outputs[0].token_ids
+
+
+def test_a_gguf_repository_gives_the_file_of_the_asked_quantization(hf_cache) -> None:
+    from specdec.model.registry import _smollm2_path
+
+    gguf = _smollm2_path()
+    snap = _cache_repo(
+        hf_cache,
+        "acme/SmolLM2-GGUF",
+        {"SmolLM2-Q4_1.gguf": gguf, "SmolLM2-Q8_0.gguf": gguf, "README.md": gguf},
+    )
+    assert resolve_model_path("acme/SmolLM2-GGUF:q8_0") == snap / "SmolLM2-Q8_0.gguf"
+    # no quantization asked: the first preferred one the repository has
+    assert resolve_model_path("acme/SmolLM2-GGUF") == snap / "SmolLM2-Q8_0.gguf"
+    # NOTE: a cache filled file by file holds no listing: the hub might have Q6_K
+    with pytest.raises(ModelNotFoundError, match="not in the local Hugging Face cache .*OFFLINE"):
+        resolve_model_path("acme/SmolLM2-GGUF:Q6_K")
+
+
+def test_names_that_are_nothing_get_a_specific_error(hf_cache) -> None:
+    with pytest.raises(ModelNotFoundError, match="not in the local Hugging Face cache"):
+        resolve_model_path("acme/not-cached")
+    with pytest.raises(ModelNotFoundError, match="no such file or folder: './models/x.gguf'"):
+        resolve_model_path("./models/x.gguf")
+    with pytest.raises(ModelNotFoundError, match="unknown model 'nosuch'.*hub id"):
+        resolve_model_path("nosuch")
+
+
+# ---- through huggingface_hub, against a stand-in hub on loopback (tests/fixtures/fake_hub.py) ---
+SMOL_Q4 = "SmolLM2-135M-Instruct-Q4_1.gguf"
+SMOL_Q8 = "SmolLM2-135M-Instruct-Q8_0.gguf"  # NOTE: the same bytes, under another name
+MULTI = {"m-Q4_K_M.gguf": b"Q4_K_M", "m-Q8_0.gguf": b"Q8_0", "m-Q4_0.gguf": b"Q4_0",
+         "m-Q4_0_4_4.gguf": b"Q4_0_4_4", "README.md": b"# m"}  # fmt: skip
+
+
+@pytest.fixture
+def fake_hub(tmp_path, monkeypatch):
+    """A stand-in hub on 127.0.0.1 (a thread, a free port) holding: the real SmolLM2 GGUF under
+    two quantization names, a repository of several small GGUF files (and a branch 'old'), and
+    a gated one; HF_ENDPOINT points at it and HF_HOME is a fresh folder."""
+    import huggingface_hub.constants as c
+
+    from specdec.model.registry import _smollm2_path
+    from tests.fixtures.fake_hub import FakeHub, HubServer
+
+    hub = FakeHub()
+    gguf = _smollm2_path()
+    hub.add("acme/SmolLM2-GGUF", {SMOL_Q4: gguf, SMOL_Q8: gguf, "README.md": b"# SmolLM2"})
+    hub.add("acme/Multi-GGUF", MULTI)
+    hub.add("acme/Multi-GGUF", {"m-Q4_0.gguf": b"old Q4_0"}, branch="old")
+    hub.add("acme/Gated-GGUF", {"g-Q4_0.gguf": b"gated"}, gated=True)
+    home = tmp_path / "hf-home"
+    with HubServer(hub):
+        for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN",
+                     "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):  # fmt: skip
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        monkeypatch.setenv("HF_HOME", str(home))
+        monkeypatch.setenv("SPECDEC_WEIGHT_CACHE", "off")
+        # NOTE: what huggingface_hub read from the environment when it was imported
+        template = hub.url + "/{repo_id}/resolve/{revision}/{filename}"
+        for name, value in (("ENDPOINT", hub.url), ("HUGGINGFACE_CO_URL_TEMPLATE", template),
+                            ("HF_HOME", str(home)),
+                            ("HF_HUB_CACHE", str(home / "hub")), ("HF_HUB_OFFLINE", False),
+                            ("HF_TOKEN_PATH", str(home / "token")),
+                            ("HF_STORED_TOKENS_PATH", str(home / "stored_tokens")),
+                            ("AGENT_HARNESSES_PATH", str(home / ".agent_harnesses.json"))):  # fmt: skip
+            monkeypatch.setattr(c, name, value)
+        yield hub
+
+
+def _file_requests(hub) -> list:
+    return [r for r in hub.requests if "agent-harnesses" not in r.path]
+
+
+def test_download_load_generate_then_the_cached_copy_makes_no_request(fake_hub, capsys) -> None:
+    import time
+
+    sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    start = time.perf_counter()
+    first = LLM("acme/SmolLM2-GGUF:Q4_1", max_model_len=128).generate(["Hi"], sp, use_tqdm=False)
+    download_s = time.perf_counter() - start
+    assert [r.method for r in fake_hub.gets(SMOL_Q4)] == ["GET"] and not fake_hub.gets(SMOL_Q8)
+    before = len(fake_hub.requests)
+    start = time.perf_counter()
+    again = LLM("acme/SmolLM2-GGUF:Q4_1", max_model_len=128).generate(["Hi"], sp, use_tqdm=False)
+    cached_s = time.perf_counter() - start
+    assert len(fake_hub.requests) == before  # NOTE: not one request: the cache is read first
+    assert first[0].outputs[0].token_ids == again[0].outputs[0].token_ids
+    assert len(first[0].outputs[0].token_ids) == 4
+    with capsys.disabled():
+        print(f"\nSmolLM2 Q4_1 (94 MiB) from the stand-in hub: download + load + 4 tokens "
+              f"{download_s:.2f} s; from the cache: {cached_s:.2f} s")  # fmt: skip
+
+
+def test_an_interrupted_download_resumes_byte_identical(fake_hub) -> None:
+    import filecmp
+
+    from specdec.model.registry import _smollm2_path
+
+    fake_hub.cut_once.add(SMOL_Q8)  # NOTE: half the file, then the connection drops
+    path = resolve_model_path("acme/SmolLM2-GGUF:q8_0")
+    first, second = fake_hub.gets(SMOL_Q8)
+    assert "Range" not in first.headers
+    assert second.headers["Range"].startswith("bytes=") and second.headers["Range"] != "bytes=0-"
+    assert path.name == SMOL_Q8 and filecmp.cmp(path, _smollm2_path(), shallow=False)
+
+
+def test_the_quantization_tag_picks_the_file_and_lists_the_others(
+    fake_hub, monkeypatch, capsys
+) -> None:
+    from specdec.model.hub import HubOptions
+
+    monkeypatch.setenv("TQDM_POSITION", "-1")  # NOTE: huggingface_hub's bars, even without a TTY
+    q8 = resolve_model_path("acme/Multi-GGUF:q8_0")
+    assert q8.name == "m-Q8_0.gguf" and q8.read_bytes() == b"Q8_0"
+    assert "Fetching 1 files" in capsys.readouterr().err
+    assert sorted(p.name for p in q8.parent.iterdir()) == ["m-Q8_0.gguf"]  # that file only
+    # no tag: llama.cpp's default, Q4_K_M; Q4_0 is not Q4_0_4_4
+    assert resolve_model_path("acme/Multi-GGUF").read_bytes() == b"Q4_K_M"
+    assert resolve_model_path("acme/Multi-GGUF:Q4_0").read_bytes() == b"Q4_0"
+    by_name = resolve_model_path("acme/Multi-GGUF", HubOptions(filename="m-Q4_0_4_4.gguf"))
+    assert by_name.read_bytes() == b"Q4_0_4_4"
+    before = len(fake_hub.requests)
+    with pytest.raises(ModelNotFoundError, match=r"no single-file GGUF for Q6_K.*available: "
+                       r"Q4_0, Q4_0_4_4, Q4_K_M, Q8_0"):  # fmt: skip
+        resolve_model_path("acme/Multi-GGUF:Q6_K")
+    assert len(fake_hub.requests) == before  # NOTE: the cached listing already says so
+    with pytest.raises(ModelNotFoundError, match="no file 'nope.gguf' .--hf-file"):
+        resolve_model_path("acme/Multi-GGUF", HubOptions(filename="nope.gguf"))
+
+
+def test_revision_and_download_dir(fake_hub, tmp_path) -> None:
+    from specdec.config import EngineArgs
+
+    args = EngineArgs(model="acme/Multi-GGUF", revision="old", download_dir=str(tmp_path / "dl"))
+    old = args.model_path()
+    assert old.read_bytes() == b"old Q4_0"
+    assert old.is_relative_to(tmp_path / "dl" / "models--acme--Multi-GGUF" / "snapshots")
+    assert (tmp_path / "dl" / "models--acme--Multi-GGUF" / "refs" / "old").is_file()
+    assert not (tmp_path / "hf-home" / "hub" / "models--acme--Multi-GGUF").exists()
+    assert EngineArgs(model="acme/Multi-GGUF").model_path().read_bytes() == b"Q4_K_M"
+    with pytest.raises(ModelNotFoundError, match="has no revision 'v9'"):
+        EngineArgs(model="acme/Multi-GGUF", revision="v9").model_path()
+
+
+def test_a_gated_repository_needs_a_token(fake_hub, monkeypatch, tmp_path) -> None:
+    from specdec.config import EngineArgs
+
+    with pytest.raises(ModelNotFoundError, match="gated on the Hugging Face hub: .*HF_TOKEN"):
+        resolve_model_path("acme/Gated-GGUF")
+    monkeypatch.setenv("HF_TOKEN", "hf_someone_else")
+    with pytest.raises(ModelNotFoundError, match="gated .* the token has no access"):
+        resolve_model_path("acme/Gated-GGUF")
+    args = EngineArgs(model="acme/Gated-GGUF", hf_token=fake_hub.token)  # --hf-token wins
+    assert args.model_path().read_bytes() == b"gated"
+    assert fake_hub.gets("g-Q4_0.gguf")[0].headers["Authorization"] == f"Bearer {fake_hub.token}"
+    monkeypatch.setenv("HF_TOKEN", fake_hub.token)
+    args = EngineArgs(model="acme/Gated-GGUF", download_dir=str(tmp_path / "dl"))
+    assert args.model_path().read_bytes() == b"gated"
+
+
+def test_offline_not_found_and_network_down(fake_hub, monkeypatch) -> None:
+    import socket
+
+    with pytest.raises(ModelNotFoundError, match="^no model 'acme/nope' on the Hugging Face hub"):
+        resolve_model_path("acme/nope")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    before = len(fake_hub.requests)
+    with pytest.raises(ModelNotFoundError, match="not in the local Hugging Face cache .* "
+                       "HF_HUB_OFFLINE is set"):  # fmt: skip
+        resolve_model_path("acme/Multi-GGUF:Q8_0")
+    assert len(fake_hub.requests) == before
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    resolve_model_path("acme/Multi-GGUF:Q8_0")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert resolve_model_path("acme/Multi-GGUF:Q8_0").read_bytes() == b"Q8_0"  # cached: fine
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    with socket.socket() as s:  # NOTE: a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    with pytest.raises(ModelNotFoundError, match="the hub cannot be reached .*ConnectError"):
+        resolve_model_path("acme/Multi-GGUF:Q4_0")
+
+
+def test_folder_models_draft_models_and_heads_by_hub_id(
+    fake_hub, tiny_llama, tiny_draft, tmp_path
+) -> None:
+    from tests.fixtures.heads import write_eagle
+
+    head = write_eagle(tmp_path / "head", tiny_llama, "safeailab")
+    for repo, folder in (("acme/tiny-llama", tiny_llama), ("acme/tiny-draft", tiny_draft),
+                         ("acme/tiny-eagle", head)):  # fmt: skip
+        fake_hub.add(repo, {p.name: p for p in folder.iterdir() if p.is_file()})
+    sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    plain = LLM(str(tiny_llama), max_model_len=64).generate(["the cat"], sp, use_tqdm=False)
+    assert fake_hub.requests == []  # NOTE: a local path never touches the network
+    for spec in ({"method": "draft_model", "model": "acme/tiny-draft", "num_speculative_tokens": 3},
+                 {"method": "eagle", "model": "acme/tiny-eagle", "num_speculative_tokens": 2}):  # fmt: skip
+        llm = LLM("acme/tiny-llama", max_model_len=64, speculative_config=spec)
+        out = llm.generate(["the cat"], sp, use_tqdm=False)
+        assert out[0].outputs[0].token_ids == plain[0].outputs[0].token_ids
+        assert llm.served_model_names == ["acme/tiny-llama"]
+    assert sorted(r.path.rsplit("/", 1)[-1] for r in fake_hub.requests if r.method == "GET"
+                  and "/resolve/" in r.path and "tiny-eagle" in r.path) == ["config.json", "pytorch_model.bin"]  # fmt: skip
+
+
+def test_the_cli_takes_hub_ids_with_one_line_errors(fake_hub, tiny_llama, capsys) -> None:
+    from specdec.entrypoints import cli
+
+    fake_hub.add("acme/tiny-llama", {p.name: p for p in tiny_llama.iterdir() if p.is_file()})
+    assert cli.main(["generate", "acme/tiny-llama", "the cat", "-n", "3", "--no-chat"]) == 0
+    assert cli.main(["generate", "-hf", "acme/nope", "-p", "hi", "-n", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("specdec: error: no model 'acme/nope' on the Hugging Face hub")
+    assert cli.main(["generate", str(tiny_llama), "hi", "--hf-file", "x.gguf"]) == 2
+    assert "--hf-file" in capsys.readouterr().err
+
+
+def test_serve_resolves_a_hub_id_before_loading(fake_hub, tiny_llama) -> None:
+    from specdec.entrypoints import cli
+    from specdec.entrypoints.openai.api_server import check_serve_args
+
+    fake_hub.add("acme/tiny-llama", {p.name: p for p in tiny_llama.iterdir() if p.is_file()})
+    args, _ = cli.build_parser().parse_known_args(
+        ["serve", "acme/tiny-llama", "--revision", "main"]
+    )
+    _, config, _ = check_serve_args(args)
+    assert (Path(config.model) / "model.safetensors").is_file() and args.model == "acme/tiny-llama"
+
+
+def test_a_fresh_process_reads_the_environment(fake_hub, tiny_llama, tmp_path) -> None:
+    """`specdec generate org/name`, HF_ENDPOINT and HF_HOME set before anything is imported:
+    downloaded once, then offline from the cache with no request."""
+    import os
+    import subprocess
+    import sys
+
+    fake_hub.add("acme/tiny-llama", {p.name: p for p in tiny_llama.iterdir() if p.is_file()})
+    env = {**os.environ, "HF_HOME": str(tmp_path / "fresh"), "SPECDEC_WEIGHT_CACHE": "off"}
+    argv = [sys.executable, "-m", "specdec.entrypoints.cli", "generate", "acme/tiny-llama",
+            "the cat", "-n", "3", "--no-chat", "--quiet"]  # fmt: skip
+    for offline in ("0", "1"):
+        before = len(_file_requests(fake_hub))
+        run = subprocess.run(argv, env={**env, "HF_HUB_OFFLINE": offline}, capture_output=True,
+                             text=True, timeout=300)  # fmt: skip
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert (len(_file_requests(fake_hub)) > before) == (offline == "0")
+    assert (tmp_path / "fresh" / "hub" / "models--acme--tiny-llama" / "refs" / "main").is_file()
