@@ -24,7 +24,6 @@ VLLM_IGNORED_KEYS = (
     "enable_adaptive_verification",
 )  # fmt: skip
 logger = logging.getLogger("specdec.config")
-logger = logging.getLogger("specdec.config")
 
 
 @dataclass
