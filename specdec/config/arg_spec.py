@@ -182,13 +182,6 @@ def _flag(name: str) -> str:
     return f"--{name.replace('_', '-')}"
 
 
-def _json_option(name: str, text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{name} is not valid JSON ({e.msg} at column {e.colno})") from None
-
-
 def _cli_names(keys: dict[str, Any]) -> list[str]:
     return [k.replace("_", "-") for k in keys]
 

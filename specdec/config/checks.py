@@ -1,8 +1,9 @@
-"""The small checks the config dataclasses and the flags share: whole numbers, choices, and a
-value shortened for a message."""
+"""The small checks the config dataclasses and the flags share: whole numbers, choices, JSON
+text, and a value shortened for a message."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from specdec.errors import ConfigError
@@ -28,3 +29,11 @@ def short(value: Any) -> str:
     """``repr(value)``, cut to 60 characters for a one-line message."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def json_option(key: str, text: str) -> Any:
+    """An option's JSON text, parsed; the error names ``key`` and where the text goes wrong."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{key} is not valid JSON ({e.msg} at column {e.colno})") from None

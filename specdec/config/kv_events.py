@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields
 from typing import Any
 
-from specdec.config.checks import check_int, short
+from specdec.config.checks import check_int, json_option, short
 from specdec.errors import ConfigError
 
 KV_EVENTS_PUBLISHERS = ("null", "zmq")
@@ -75,12 +74,7 @@ class KVEventsConfig:
         if value is None or isinstance(value, cls):
             return value
         if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ConfigError(
-                    f"kv_events_config is not valid JSON ({e.msg} at column {e.colno})"
-                ) from None
+            value = json_option("kv_events_config", value)
         if not isinstance(value, dict):
             raise ConfigError(f"kv_events_config must be a JSON object, got {short(value)}")
         allowed = [f.name for f in fields(cls)]

@@ -14,11 +14,11 @@ from specdec.config.arg_spec import (
     SERVER,
     SPECULATIVE,
     _arg,
-    _json_option,
     human_int,
     json_value,
     log_note,
 )
+from specdec.config.checks import json_option
 from specdec.config.engine_config import (
     ACTIVATION_DTYPES,
     DEVICE_ALIASES,
@@ -201,7 +201,7 @@ class ModelArgs(PositionalArgs):
         defaults = _generation_file_defaults(self.generation_config, self.model_path)
         override = self.override_generation_config
         if isinstance(override, str):
-            override = _json_option("override_generation_config", override)
+            override = json_option("override_generation_config", override)
         if override in (None, {}):
             return defaults
         if not isinstance(override, dict):
