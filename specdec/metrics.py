@@ -60,49 +60,65 @@ class EngineMetrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.model_name = model_name
         self.prefixes = tuple(prefixes)
-        m, mp = ["model_name"], ["model_name", "position"]
+        # NOTE: registered in /metrics' order: speculative decoding, tokens and requests,
+        # queues, latencies
+        self._add_spec_decode_metrics()
+        self._add_token_metrics()
+        self._add_queue_metrics()
+        self._add_latency_metrics()
+        self._last: dict[str, int] = {}
+        self._last_per_pos: list[int] = []
 
-        def metric(kind: type, name: str, doc: str, labels: list[str], **kw: Any) -> _Fanout:
-            return _Fanout(
-                [kind(f"{p}:{name}", doc, labels, registry=self.registry, **kw) for p in prefixes]
-            )
+    def _metric(
+        self, kind: type, name: str, doc: str, labels: list[str] | None = None, **kw: Any
+    ) -> _Fanout:
+        """One metric under every prefix, labelled by model name unless ``labels`` says."""
+        labels = labels or ["model_name"]
+        return _Fanout(
+            [kind(f"{p}:{name}", doc, labels, registry=self.registry, **kw) for p in self.prefixes]
+        )
 
+    def _add_spec_decode_metrics(self) -> None:
+        metric = self._metric
         self.num_drafts = metric(
-            Counter, "spec_decode_num_drafts", "Verification steps that carried drafts.", m
+            Counter, "spec_decode_num_drafts", "Verification steps that carried drafts."
         )
         self.num_draft_tokens = metric(
-            Counter, "spec_decode_num_draft_tokens", "Draft tokens proposed.", m
+            Counter, "spec_decode_num_draft_tokens", "Draft tokens proposed."
         )
         self.num_accepted_tokens = metric(
             Counter,
             "spec_decode_num_accepted_tokens",
             "Draft tokens accepted and returned (none past a stop inside an accepted run).",
-            m,
         )
         self.num_grammar_draft_tokens = metric(
             Counter, "spec_decode_num_grammar_draft_tokens",
-            "Draft tokens forced by a structured-output grammar (no model ran for them).", m,
+            "Draft tokens forced by a structured-output grammar (no model ran for them).",
         )  # fmt: skip
         self.num_grammar_accepted_tokens = metric(
             Counter, "spec_decode_num_grammar_accepted_tokens",
-            "Grammar-forced draft tokens accepted.", m,
+            "Grammar-forced draft tokens accepted.",
         )  # fmt: skip
         self.num_drafter_failures = metric(
             Counter, "spec_decode_num_drafter_failures",
             "Drafter faults: requests whose drafting was switched off after the drafter raised "
-            "(plain decoding went on), and request hooks that raised.", m,
+            "(plain decoding went on), and request hooks that raised.",
         )  # fmt: skip
         self.accepted_per_pos = metric(
             Counter, "spec_decode_num_accepted_tokens_per_pos",
-            "Accepted draft tokens by draft position.", mp,
+            "Accepted draft tokens by draft position.", ["model_name", "position"],
         )  # fmt: skip
-        self.prompt_tokens = metric(Counter, "prompt_tokens", "Prompt tokens admitted.", m)
-        self.generation_tokens = metric(Counter, "generation_tokens", "Tokens generated.", m)
+
+    def _add_token_metrics(self) -> None:
+        """Tokens, the prefix cache, finished and failed requests."""
+        metric = self._metric
+        self.prompt_tokens = metric(Counter, "prompt_tokens", "Prompt tokens admitted.")
+        self.generation_tokens = metric(Counter, "generation_tokens", "Tokens generated.")
         self.prefix_cache_queries = metric(
-            Counter, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", m
+            Counter, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
         )
         self.prefix_cache_hits = metric(
-            Counter, "prefix_cache_hits", "Prompt tokens served from the prefix cache.", m
+            Counter, "prefix_cache_hits", "Prompt tokens served from the prefix cache."
         )
         self.request_success = metric(
             Counter, "request_success", "Finished requests by finish reason.",
@@ -111,32 +127,32 @@ class EngineMetrics:
         self.request_failure = metric(
             Counter, "request_failure",
             "Requests the engine failed (finish_reason error, or a failed step); others went on.",
-            m,
         )  # fmt: skip
-        self.num_running = metric(
-            Gauge, "num_requests_running", "Requests in the running batch.", m
-        )
+
+    def _add_queue_metrics(self) -> None:
+        metric = self._metric
+        self.num_running = metric(Gauge, "num_requests_running", "Requests in the running batch.")
         self.num_waiting = metric(
-            Gauge, "num_requests_waiting", "Requests waiting to be scheduled.", m
+            Gauge, "num_requests_waiting", "Requests waiting to be scheduled."
         )
         self.kv_usage = metric(
             Gauge, "kv_cache_usage_perc",
-            "Fraction of the running sequences' KV-cache slots in use (0 to 1).", m,
+            "Fraction of the running sequences' KV-cache slots in use (0 to 1).",
         )  # fmt: skip
+
+    def _add_latency_metrics(self) -> None:
+        metric = self._metric
         self.ttft = metric(
-            Histogram, "time_to_first_token_seconds", "Time to first token.", m,
+            Histogram, "time_to_first_token_seconds", "Time to first token.",
             buckets=_TTFT_BUCKETS,
         )  # fmt: skip
         self.tpot = metric(
             Histogram, "time_per_output_token_seconds",
-            "Mean time per output token after the first, per request.", m, buckets=_TPOT_BUCKETS,
+            "Mean time per output token after the first, per request.", buckets=_TPOT_BUCKETS,
         )  # fmt: skip
         self.e2e = metric(
-            Histogram, "e2e_request_latency_seconds", "Arrival to finish.", m,
-            buckets=_E2E_BUCKETS,
-        )  # fmt: skip
-        self._last: dict[str, int] = {}
-        self._last_per_pos: list[int] = []
+            Histogram, "e2e_request_latency_seconds", "Arrival to finish.", buckets=_E2E_BUCKETS
+        )
 
     def _delta(self, key: str, value: int) -> int:
         """Growth of a running total since the previous call (a reset counts from zero)."""
@@ -148,18 +164,21 @@ class EngineMetrics:
         """Fold the engine's totals and queue sizes into the metrics (engine thread only)."""
         name = self.model_name
         st = engine.spec_stats
-        self.num_drafts.labels(name).inc(self._delta("drafts", st.num_drafts))
-        self.num_draft_tokens.labels(name).inc(self._delta("draft_tokens", st.num_draft_tokens))
-        self.num_accepted_tokens.labels(name).inc(self._delta("accepted", st.num_accepted_tokens))
-        self.num_grammar_draft_tokens.labels(name).inc(
-            self._delta("grammar_drafts", st.num_grammar_draft_tokens)
+        totals = (
+            (self.num_drafts, "drafts", st.num_drafts),
+            (self.num_draft_tokens, "draft_tokens", st.num_draft_tokens),
+            (self.num_accepted_tokens, "accepted", st.num_accepted_tokens),
+            (self.num_grammar_draft_tokens, "grammar_drafts", st.num_grammar_draft_tokens),
+            (self.num_grammar_accepted_tokens, "grammar_accepted", st.num_grammar_accepted_tokens),
+            (self.num_drafter_failures, "drafter_failures", engine.num_drafter_failures),
+            (self.prompt_tokens, "prompt", engine.num_prompt_tokens),
+            (self.generation_tokens, "generation", engine.num_generation_tokens),
+            (self.prefix_cache_queries, "prefix_queries", engine.num_prefix_cache_queries),
+            (self.prefix_cache_hits, "prefix_hits", engine.num_prefix_cache_hits),
+            (self.request_failure, "failed", engine.num_failed_requests),
         )
-        self.num_grammar_accepted_tokens.labels(name).inc(
-            self._delta("grammar_accepted", st.num_grammar_accepted_tokens)
-        )
-        self.num_drafter_failures.labels(name).inc(
-            self._delta("drafter_failures", engine.num_drafter_failures)
-        )
+        for metric, key, total in totals:
+            metric.labels(name).inc(self._delta(key, total))
         per_pos = list(st.accepted_per_pos)
         last = self._last_per_pos if len(self._last_per_pos) <= len(per_pos) else []
         for pos, n in enumerate(per_pos):
@@ -167,17 +186,6 @@ class EngineMetrics:
             if n > prev:
                 self.accepted_per_pos.labels(name, str(pos)).inc(n - prev)
         self._last_per_pos = per_pos
-        self.prompt_tokens.labels(name).inc(self._delta("prompt", engine.num_prompt_tokens))
-        self.generation_tokens.labels(name).inc(
-            self._delta("generation", engine.num_generation_tokens)
-        )
-        self.prefix_cache_queries.labels(name).inc(
-            self._delta("prefix_queries", engine.num_prefix_cache_queries)
-        )
-        self.prefix_cache_hits.labels(name).inc(
-            self._delta("prefix_hits", engine.num_prefix_cache_hits)
-        )
-        self.request_failure.labels(name).inc(self._delta("failed", engine.num_failed_requests))
         self.num_running.labels(name).set(engine.num_running)
         self.num_waiting.labels(name).set(engine.num_waiting)
         self.kv_usage.labels(name).set(engine.kv_cache_usage)

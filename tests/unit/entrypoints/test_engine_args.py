@@ -47,6 +47,26 @@ def _dests(parser: argparse.ArgumentParser) -> set[str]:
     return {a.dest for a in parser._actions}
 
 
+def test_each_option_is_declared_in_the_dataclass_of_its_concern() -> None:
+    """EngineArgs combines one dataclass per concern; each holds its --help section's options,
+    and LLM()'s two positional arguments lead."""
+    concerns = {
+        config.ModelArgs: "model", config.CacheArgs: "cache", config.SchedulerArgs: "scheduler",
+        config.SpeculativeArgs: "speculative", config.ParallelArgs: "parallel",
+        config.ServerArgs: "server", config.RefusedArgs: "ignored", config.IgnoredArgs: "ignored",
+    }  # fmt: skip
+    leading = [f.name for f in dataclasses.fields(config.PositionalArgs)]
+    assert EngineArgs.names()[:2] == leading == ["model", "speculative_config"]
+    owner: dict[str, type] = {}
+    for cls, section in concerns.items():
+        assert issubclass(EngineArgs, cls)
+        for name in cls.__annotations__:
+            assert name not in owner, (name, owner.get(name), cls)
+            owner[name] = cls
+            assert config.help_section(name) == section, (name, cls.__name__)
+    assert set(owner) | set(leading) == set(EngineArgs.names())
+
+
 def test_every_option_is_declared_once_and_reaches_every_entry_point() -> None:
     names = EngineArgs.names()
     # LLM() takes exactly EngineArgs' fields, with their defaults
