@@ -95,6 +95,10 @@ class PackedWeight:
         """False when the repacked tiles are the only copy (the blocks come back on demand)."""
         return self._data is not None
 
+    def shape_str(self) -> str:
+        """``qtype [out_features, in_features]``, as messages name the weight."""
+        return f"{self.qtype} [{self.out_features}, {self.in_features}]"
+
     def __repr__(self) -> str:
         return (
             f"PackedWeight({self.qtype}, [{self.out_features}, {self.in_features}]"
@@ -139,8 +143,7 @@ class PackedWeight:
         if not self.a8_eligible():
             raise ValueError(
                 f"8-bit activations need a native {'/'.join(A8_QTYPES)} weight with "
-                f"out_features % 16 == 0 on CPU, got {self.qtype} [{self.out_features}, "
-                f"{self.in_features}]"
+                f"out_features % 16 == 0 on CPU, got {self.shape_str()}"
             )
         if self.a8 is None:
             if self.is_kquant:
@@ -164,7 +167,7 @@ class PackedWeight:
         if not self.x2_eligible():
             raise ValueError(
                 f"bf16x2 activations need a native f16/bf16 weight on a CPU with AMX-BF16, got "
-                f"{self.qtype} [{self.out_features}, {self.in_features}]"
+                f"{self.shape_str()}"
                 f"{'' if amx16_available() else ' (this CPU or build has no AMX-BF16)'}"
             )
         if self.x2_tiles is None:
@@ -395,10 +398,7 @@ def concat_weights(weights: list[PackedWeight] | tuple[PackedWeight, ...]) -> Pa
         return PackedWeight(_kquant_qtype(parts), n, k, data, parts=parts)
     for w in weights:
         if w.qtype != qtype or w.in_features != k:
-            raise ValueError(
-                f"cannot concatenate {w.qtype} [{w.out_features}, {w.in_features}] with "
-                f"{qtype} [*, {k}]"
-            )
+            raise ValueError(f"cannot concatenate {w.shape_str()} with {qtype} [*, {k}]")
     n = sum(w.out_features for w in weights)
     if qtype in HALF_QTYPES:
         return PackedWeight(qtype, n, k, half_storage(qtype, [w.data for w in weights]).view(n, k))
