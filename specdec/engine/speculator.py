@@ -410,12 +410,26 @@ class Speculator:
                     shadow.append((r, lim))
         if todo or shadow:
             self._draft(todo, shadow)
+        self._cut_drafts(todo, n_mins)
+        for r, _ in shadow:
+            if r.draft_token_ids:
+                self._shadow[r.req_id] = _Shadow(r.draft_token_ids, r.num_tokens)
+            r.draft_token_ids, r.draft_probs = [], None
+        if ctl is not None:
+            drafted = {r.req_id: len(r.draft_token_ids) for r, _ in todo}
+            live = [r for r in reqs if not r.is_finished]  # drafting may have failed some
+            ctl.observe_drafts([r.req_id for r in live], [drafted.get(r.req_id, 0) for r in live])
+        for r in reqs:
+            if r.grammar is not None and not r.is_finished:
+                self._constrain(r)
+
+    def _cut_drafts(self, todo: list[tuple[Request, int]], n_mins: dict[str, int]) -> None:
+        """llama.cpp's p_min: drafting stops where the draft distribution's top probability falls
+        below it (a rule on the prefix, so Leviathan/Chen acceptance stays exact); point-mass
+        drafts (no q) shorter than n_min are dropped (sample-and-match is exact for any drafts).
+        NOTE: q drafts cut below n_min stay: dropping them would make keeping draft i depend on
+        draft i itself."""
         for r, _ in todo:
-            # llama.cpp's p_min: drafting stops where the draft distribution's top probability
-            # falls below it (a rule on the prefix, so Leviathan/Chen acceptance stays exact);
-            # point-mass drafts (no q) shorter than n_min are dropped (sample-and-match is exact
-            # for any drafts). NOTE: q drafts cut below n_min stay: dropping them would make
-            # keeping draft i depend on draft i itself.
             p_min = self.spec.draft_p_min
             if r.sampling.speculative_p_min is not None:
                 p_min = r.sampling.speculative_p_min
@@ -428,17 +442,6 @@ class Speculator:
             if n < len(r.draft_token_ids):
                 r.draft_token_ids = r.draft_token_ids[:n]
                 r.draft_probs = q[:n] if q is not None and n else None
-        for r, _ in shadow:
-            if r.draft_token_ids:
-                self._shadow[r.req_id] = _Shadow(r.draft_token_ids, r.num_tokens)
-            r.draft_token_ids, r.draft_probs = [], None
-        if ctl is not None:
-            drafted = {r.req_id: len(r.draft_token_ids) for r, _ in todo}
-            live = [r for r in reqs if not r.is_finished]  # drafting may have failed some
-            ctl.observe_drafts([r.req_id for r in live], [drafted.get(r.req_id, 0) for r in live])
-        for r in reqs:
-            if r.grammar is not None and not r.is_finished:
-                self._constrain(r)
 
     def _constrain(self, r: Request) -> None:
         """Structured output: cut the drafts where the grammar rejects one (never verified),

@@ -20,12 +20,9 @@ from specdec.spec_decode.hidden_head import (
     head_folder,
     head_layer,
     read_config,
-    read_weights,
+    read_eagle_weights,
     rms_norm,
-    strip_prefix,
 )
-
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
 class EagleProposer(HiddenStateProposer):
@@ -36,7 +33,7 @@ class EagleProposer(HiddenStateProposer):
     ) -> None:
         folder = head_folder(path, "eagle")
         cfg = read_config(folder)
-        w = strip_prefix(read_weights(folder, WEIGHT_FILES), ("model.",))
+        w = read_eagle_weights(folder)
         H = target.cfg.hidden_size
         check_hidden_size(cfg, target, "eagle")
         if "fc.weight" not in w:

@@ -27,12 +27,10 @@ from specdec.spec_decode.hidden_head import (
     head_folder,
     head_layer,
     read_config,
-    read_weights,
+    read_eagle_weights,
     rms_norm,
-    strip_prefix,
 )
 
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 # The head's weights at run time (where the 8-bit activation kernels run): Q4_0 reads half the
 # bytes of Q8_0 per draft (measured 2026-11-24; `git show 5196d6d:BENCHMARKS.md`).
 DEFAULT_QTYPE = "q4_0"
@@ -70,7 +68,7 @@ class Eagle3Proposer(HiddenStateProposer):
         layer_cfg, own = layer_config(raw)
         speculators = raw.get("speculators_model_type") is not None
         check_hidden_size(layer_cfg, target, "eagle3")
-        w = strip_prefix(read_weights(folder, WEIGHT_FILES), ("model.",))
+        w = read_eagle_weights(folder)
         w = {k.replace("midlayer.", "layers.0.", 1): v for k, v in w.items()}
         tcfg = target.cfg
         H, V = tcfg.hidden_size, tcfg.vocab_size

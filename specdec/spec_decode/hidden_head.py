@@ -33,6 +33,7 @@ from specdec.spec_decode.base import DraftInput, DraftOutput, DraftRequest, Prop
 from specdec.spec_decode.draft_model import draw_rows
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+EAGLE_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # the files EAGLE heads ship
 
 
 # ---- files -----------------------------------------------------------------------------------
@@ -105,6 +106,12 @@ def strip_prefix(weights: dict[str, torch.Tensor], prefixes: tuple[str, ...]) ->
                 break
         out[name] = t
     return out
+
+
+def read_eagle_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """An EAGLE / EAGLE-3 head's tensors (``model.safetensors`` or ``pytorch_model.bin``), their
+    ``model.`` prefix stripped."""
+    return strip_prefix(read_weights(folder, EAGLE_WEIGHT_FILES), ("model.",))
 
 
 def check_shape(name: str, t: torch.Tensor, shape: tuple[int, ...], what: str) -> None:

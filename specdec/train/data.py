@@ -227,6 +227,35 @@ class _GenerationStates:
         return out
 
 
+def _batch_params(
+    b0: int, n: int, sampled_fraction: float, max_tokens: int, seed: int
+) -> list[SamplingParams]:
+    """Sampling of prompts ``b0 .. b0 + n - 1``: greedy, or T 0.7 for ``sampled_fraction`` of
+    them."""
+    params = []
+    for i in range(n):
+        k = b0 + i  # sampled when the running share of sampled responses steps up
+        sampled = math.floor((k + 1) * sampled_fraction) > math.floor(k * sampled_fraction)
+        params.append(SamplingParams(temperature=0.7 if sampled else 0.0, top_p=0.95,
+                                     max_tokens=max_tokens, seed=seed + b0 + i))  # fmt: skip
+    return params
+
+
+def _manifest(model, num_seqs: int, num_tokens: int, num_shards: int, max_tokens: int) -> dict:
+    """What ``collect`` wrote, and the target's shape it was collected from."""
+    return {
+        "num_sequences": num_seqs,
+        "num_tokens": num_tokens,
+        "num_shards": num_shards,
+        "hidden_size": model.cfg.hidden_size,
+        "vocab_size": model.cfg.vocab_size,
+        "num_layers": model.cfg.num_layers,
+        "aux_layers": list(default_aux_layers(model.cfg.num_layers)),
+        "top_k": TOP_K,
+        "max_tokens": max_tokens,
+    }
+
+
 def collect(
     llm,
     prompts: Iterable[str],
@@ -261,12 +290,7 @@ def collect(
         answered += chunk
         ids = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=True)
                for p in chunk]  # fmt: skip
-        params = []
-        for i in range(len(chunk)):
-            k = b0 + i  # sampled when the running share of sampled responses steps up
-            sampled = math.floor((k + 1) * sampled_fraction) > math.floor(k * sampled_fraction)
-            params.append(SamplingParams(temperature=0.7 if sampled else 0.0, top_p=0.95,
-                                         max_tokens=max_tokens, seed=seed + b0 + i))  # fmt: skip
+        params = _batch_params(b0, len(chunk), sampled_fraction, max_tokens, seed)
         model = llm.engine.model
         kept = _GenerationStates(llm) if llm.engine.speculator is None else None
         if kept is not None:
@@ -297,18 +321,7 @@ def collect(
     if shard.tokens:
         _write(shard, out / f"shard-{num_shards:04d}")
         num_shards += 1
-    model = llm.engine.model
-    manifest = {
-        "num_sequences": num_seqs,
-        "num_tokens": num_tokens,
-        "num_shards": num_shards,
-        "hidden_size": model.cfg.hidden_size,
-        "vocab_size": model.cfg.vocab_size,
-        "num_layers": model.cfg.num_layers,
-        "aux_layers": list(default_aux_layers(model.cfg.num_layers)),
-        "top_k": TOP_K,
-        "max_tokens": max_tokens,
-    }
+    manifest = _manifest(llm.engine.model, num_seqs, num_tokens, num_shards, max_tokens)
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     with open(out / "prompts.jsonl", "w") as f:  # what the responses answer, to audit
         f.writelines(json.dumps(p) + "\n" for p in answered)
