@@ -13,7 +13,7 @@ from array import array
 from collections.abc import Iterable, Sequence
 
 # NOTE: fitted with tracemalloc on natural-text and random trees (within 7%, checked in
-# tests/unit/test_suffix.py): a node with its ints ~135 bytes, its children dict ~230 more.
+# tests/unit/spec_decode/test_suffix.py): a node with its ints ~135 bytes, its children dict ~230 more.
 _BYTES_PER_NODE = 135
 _BYTES_PER_CHILDREN_DICT = 230
 

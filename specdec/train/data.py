@@ -179,7 +179,7 @@ class _GenerationStates:
 
     The native kernels are batch-invariant and the KV cache is written the same way by every
     request, so a state captured during generation equals the one a separate pass computes,
-    bit for bit (tests/e2e/test_train.py). A prompt prefix served from the prefix cache was not
+    bit for bit (tests/e2e/train/test_train.py). A prompt prefix served from the prefix cache was not
     fed: :meth:`states` computes those positions with :func:`_target_states`.
     """
 

@@ -16,7 +16,7 @@
 //   the tree, and a cursor over another tree (a request's position in the global tree) is an
 //   opaque ``Cursor`` that remembers the tree epoch it was built at.
 //
-// The Python code stays the reference and the fallback; tests/unit/test_suffix_native.py drives
+// The Python code stays the reference and the fallback; tests/unit/spec_decode/test_suffix_native.py drives
 // both through the same operations and compares everything.
 
 #include <pybind11/pybind11.h>
