@@ -55,11 +55,17 @@ from specdec.bench.anchor_server import (
     LlamaCppServer,
     ReplyTokenCounter,
 )
-from specdec.bench.args import SERVE_ENGINE_ARGS, add_dataset_args, engine_settings, int_csv
+from specdec.bench.args import (
+    SERVE_ENGINE_ARGS,
+    add_command,
+    add_dataset_args,
+    engine_settings,
+    int_csv,
+    shared_options,
+)
 from specdec.bench.configs import PLAIN, BenchConfig, parse_config, parse_configs
 from specdec.bench.dataset import (
     DEFAULT_CODE_PREFIX,
-    DEFAULT_DATASET,
     WARMUP_PROMPT,
     BenchItem,
     PromptBuilder,
@@ -99,12 +105,7 @@ class ServeOptions:
     warmup_prompt: str = WARMUP_PROMPT  # the excluded first request's text (tests vary it)
 
 
-@dataclass
-class ServeResult:
-    exit_code: int
-    output_dir: Path
-    payload: dict[str, Any]
-    failures: list[str] = field(default_factory=list)
+ServeResult = report.BenchResult
 
 
 # ---- the clients --------------------------------------------------------------------------------
@@ -611,8 +612,7 @@ def run_serve(opts: ServeOptions) -> ServeResult:
     report.write_outputs(out_dir, payload, table)
     errors = [f"{r['config']} @ {r['concurrency']} / {r['id']} turn {r['turn']}: {r['error']}"
               for r in run.records if r["error"]]  # fmt: skip
-    report.print_outcome(out_dir, table, errors, failures)
-    return ServeResult(1 if failures else 0, out_dir, payload, failures)
+    return report.outcome(out_dir, payload, table, errors, failures)
 
 
 # ---- the command ---------------------------------------------------------------------------------
@@ -631,11 +631,11 @@ example:
 
 
 def add_serve_parser(sub) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "serve",
-        help="the OpenAI server under concurrent streaming clients: TTFT, TPOT, tokens/s",
-        epilog=SERVE_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "the OpenAI server under concurrent streaming clients: TTFT, TPOT, tokens/s",
+        SERVE_EPILOG,
     )
     EngineArgs.add_cli_args(p, SERVE_ENGINE_ARGS, defaults={"max_num_seqs": None})
     add_dataset_args(p)
@@ -662,12 +662,7 @@ def add_serve_parser(sub) -> None:
 
 def cmd_bench_serve(args: argparse.Namespace) -> int:
     opts = ServeOptions(
-        engine=EngineArgs.from_cli_args(args),
-        datasets=args.dataset or [str(DEFAULT_DATASET)],
-        configs=args.configs,
-        categories=args.categories,
-        num_prompts=args.num_prompts,
-        max_tokens=args.max_tokens,
+        **shared_options(args),
         concurrency=tuple(args.concurrency),
         duration_limit=args.duration_limit,
         base_url=args.base_url,
