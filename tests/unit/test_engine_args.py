@@ -359,7 +359,8 @@ def _help(capsys, monkeypatch, *argv: str) -> str:
 
 
 def _leaf(*command: str) -> argparse.ArgumentParser:
-    from specdec.entrypoints import arg_parser, cli
+    from specdec import cli
+    from specdec.entrypoints import arg_parser
 
     parser = cli.build_parser()
     for name in command:
