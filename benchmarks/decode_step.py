@@ -4,7 +4,7 @@ import statistics
 import time
 
 from specdec import LLM, SamplingParams
-from specdec.entrypoints.cli import DEFAULT_PROMPT
+from specdec.cli import DEFAULT_PROMPT
 
 llm = LLM("smollm2-135m")
 ids = llm.get_tokenizer().apply_chat_template(

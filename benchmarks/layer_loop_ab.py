@@ -12,7 +12,7 @@ import types
 import torch
 
 from specdec import LLM, SamplingParams
-from specdec.entrypoints.cli import DEFAULT_PROMPT
+from specdec.cli import DEFAULT_PROMPT
 from specdec.model import llama as L
 
 

@@ -48,7 +48,7 @@ class Server:
     def __init__(self, model: str, flags: list[str], timeout: float = 300.0) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "specdec.entrypoints.cli", "serve", model,
+        cmd = [sys.executable, "-m", "specdec.cli", "serve", model,
                "--port", str(self.port), "--uvicorn-log-level", "warning", *flags]  # fmt: skip
         self.started = time.monotonic()
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

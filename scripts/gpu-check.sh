@@ -210,7 +210,7 @@ if has_stage cpubench; then
         --types "$qtype" --tokenizer-from .dev/tokenizer.gguf --out "$SYNTH/gguf" >/dev/null
       for ctx in ${CPUBENCH_CONTEXTS:-200 2000}; do
         note "cpubench: forward-cost $shape $qtype, context $ctx, 2 threads on cores 0-1"
-        OMP_NUM_THREADS=2 timeout "${CPUBENCH_TIMEOUT:-240}" taskset -c 0,1 "$PY" -m specdec.entrypoints.cli \
+        OMP_NUM_THREADS=2 timeout "${CPUBENCH_TIMEOUT:-240}" taskset -c 0,1 "$PY" -m specdec.cli \
           bench forward-cost -m "$file" --threads 2 --context "$ctx" --ns 1,8,16 \
           --json "$OUT/cpubench-$shape-$qtype-$ctx.json"
         record "cpubench-$shape-$ctx" $?

@@ -1,5 +1,5 @@
 import sys
 
-from specdec.entrypoints.cli import main
+from specdec.cli import main
 
 sys.exit(main())

@@ -115,20 +115,28 @@ def merge_spec(records: list[dict]) -> dict | None:
     }
 
 
+def _totals(records: list[dict], ok: list[dict]) -> dict:
+    """What every summary counts first: the errored records, and the tokens of the others."""
+    return {
+        "num_errors": len(records) - len(ok),
+        "prompt_tokens": sum(r["prompt_tokens"] for r in ok),
+        "cached_prompt_tokens": sum(r.get("cached_prompt_tokens", 0) for r in ok),
+        "output_tokens": sum(r["output_tokens"] for r in ok),
+    }
+
+
 def summarize_group(records: list[dict]) -> dict:
     """Totals and means over one group of records (errored ones excluded)."""
     ok = [r for r in records if not r["error"]]
-    tokens = sum(r["output_tokens"] for r in ok)
+    totals = _totals(records, ok)
+    tokens = totals["output_tokens"]
     seconds = sum(r["seconds"] for r in ok)
     ttfts = [t["ttft_s"] for r in ok for t in r["turns"] if t["ttft_s"] is not None]
     compared = [r["identical_to_plain"] for r in ok if r["identical_to_plain"] is not None]
     decode_tokens, decode_seconds = _decode_totals(ok)
     return {
         "num_prompts": len(ok),
-        "num_errors": len(records) - len(ok),
-        "prompt_tokens": sum(r["prompt_tokens"] for r in ok),
-        "cached_prompt_tokens": sum(r.get("cached_prompt_tokens", 0) for r in ok),
-        "output_tokens": tokens,
+        **totals,
         "seconds": seconds,
         "tokens_per_s": tokens / seconds if seconds > 0 else None,
         "decode_tokens_per_s": decode_tokens / decode_seconds if decode_seconds > 0 else None,
@@ -208,16 +216,14 @@ def _ms(seconds: float | None) -> float | None:
 def summarize_level(rows: list[dict], duration_s: float) -> dict:
     """Figures over the requests of one (configuration, concurrency) level (errors excluded)."""
     ok = [r for r in rows if not r["error"]]
-    tokens = sum(r["output_tokens"] for r in ok)
+    totals = _totals(rows, ok)
+    tokens = totals["output_tokens"]
     ttfts = [r["ttft_s"] for r in ok]
     tpots = [r["tpot_s"] for r in ok]
     e2es = [r["e2e_s"] for r in ok]
     return {
         "num_requests": len(ok),
-        "num_errors": len(rows) - len(ok),
-        "prompt_tokens": sum(r["prompt_tokens"] for r in ok),
-        "cached_prompt_tokens": sum(r.get("cached_prompt_tokens", 0) for r in ok),
-        "output_tokens": tokens,
+        **totals,
         "duration_s": duration_s,
         "output_tokens_per_s": tokens / duration_s if duration_s > 0 and ok else None,
         "requests_per_s": len(ok) / duration_s if duration_s > 0 and ok else None,

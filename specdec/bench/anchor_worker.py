@@ -21,6 +21,7 @@ print goes to stderr: file descriptor 1 is pointed there before they load.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import platform
@@ -66,17 +67,21 @@ class _FirstTokenTimer:
         pass
 
 
+def _require(what: str, *modules: str, install: str) -> list[Any]:
+    """``modules`` imported, in order, or ``Unavailable`` naming ``what`` and what to install."""
+    try:
+        return [importlib.import_module(name) for name in modules]
+    except ImportError as e:
+        raise Unavailable(f"{what} cannot be imported ({e}; pip install {install})") from e
+
+
 class HFAnchor:
     """``AutoModelForCausalLM.generate`` in float32, torch's default threads."""
 
     def __init__(self, req: dict[str, Any]) -> None:
-        try:
-            import torch
-            import transformers
-        except ImportError as e:
-            raise Unavailable(
-                f"transformers cannot be imported ({e}; pip install transformers accelerate)"
-            ) from e
+        torch, transformers = _require(
+            "transformers", "torch", "transformers", install="transformers accelerate"
+        )
         self.torch = torch
         self.model = self._load(transformers, Path(req["model_path"]))
         self.kwargs = dict(req["options"])
@@ -171,12 +176,7 @@ class LlamaCppAnchor:
     """``llama_cpp.Llama.generate``: its own threads (one per usable core), flash attention."""
 
     def __init__(self, req: dict[str, Any]) -> None:
-        try:
-            import llama_cpp
-        except ImportError as e:
-            raise Unavailable(
-                f"llama-cpp-python cannot be imported ({e}; pip install llama-cpp-python)"
-            ) from e
+        (llama_cpp,) = _require("llama-cpp-python", "llama_cpp", install="llama-cpp-python")
         path = Path(req["model_path"])
         if path.suffix != ".gguf":
             raise Unavailable(f"llama.cpp needs a GGUF file, not {path}")

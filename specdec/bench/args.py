@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from specdec.bench.dataset import DEFAULT_DATASET
 from specdec.config import EngineArgs
 
 # The engine options each benchmark exposes (flags and results.json settings).
@@ -18,6 +19,26 @@ LATENCY_ENGINE_ARGS = (
 SERVE_ENGINE_ARGS = (
     *LATENCY_ENGINE_ARGS, "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory",
 )  # fmt: skip
+
+
+def add_command(sub: Any, name: str, help: str, epilog: str) -> argparse.ArgumentParser:
+    """A benchmark's sub-command, its epilog (configurations, examples) shown as written."""
+    return sub.add_parser(
+        name, help=help, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+
+
+def shared_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options the latency and serve benchmarks share, from their flags: the engine, the
+    prompt sets (``add_dataset_args``), the configurations and max_tokens."""
+    return {
+        "engine": EngineArgs.from_cli_args(args),
+        "datasets": args.dataset or [str(DEFAULT_DATASET)],
+        "configs": args.configs,
+        "categories": args.categories,
+        "num_prompts": args.num_prompts,
+        "max_tokens": args.max_tokens,
+    }
 
 
 def engine_settings(engine: EngineArgs, names: tuple[str, ...]) -> dict[str, Any]:

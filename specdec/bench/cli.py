@@ -8,11 +8,13 @@ import argparse
 from specdec.bench.args import (
     FORWARD_COST_ENGINE_ARGS,
     LATENCY_ENGINE_ARGS,
+    add_command,
     add_dataset_args,
     csv,
     int_csv,
+    shared_options,
 )
-from specdec.bench.dataset import DEFAULT_CODE_PREFIX, DEFAULT_DATASET
+from specdec.bench.dataset import DEFAULT_CODE_PREFIX
 from specdec.bench.forward_cost import DEFAULT_NS
 from specdec.bench.multiturn import add_multiturn_parser
 from specdec.bench.replay import DEFAULT_METHODS, REPLAY_ENGINE_ARGS
@@ -41,11 +43,11 @@ examples:
 
 
 def _latency_parser(sub) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "latency",
-        help="tokens/s, speedup, acceptance and exactness per configuration and category",
-        epilog=LATENCY_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "tokens/s, speedup, acceptance and exactness per configuration and category",
+        LATENCY_EPILOG,
     )
     EngineArgs.add_cli_args(p, LATENCY_ENGINE_ARGS)
     add_dataset_args(p)
@@ -109,12 +111,12 @@ examples:
 
 
 def _replay_parser(sub) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "replay",
-        help="each drafter's speedup on a random-weight GGUF of a real shape, replaying drafts "
+        "each drafter's speedup on a random-weight GGUF of a real shape, replaying drafts "
         "recorded on a real model",
-        epilog=REPLAY_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        REPLAY_EPILOG,
     )
     rsub = p.add_subparsers(dest="replay_command", required=True)
     rec = rsub.add_parser("record", help="record each drafter's steps on a real model")
@@ -173,12 +175,7 @@ def cmd_latency(args: argparse.Namespace) -> int:
     if args.max_tokens < 1:
         raise ValueError("--max-tokens must be >= 1")
     opts = LatencyOptions(
-        engine=EngineArgs.from_cli_args(args),
-        datasets=args.dataset or [str(DEFAULT_DATASET)],
-        configs=args.configs,
-        categories=args.categories,
-        num_prompts=args.num_prompts,
-        max_tokens=args.max_tokens,
+        **shared_options(args),
         temperature=args.temperature,
         ignore_eos=args.ignore_eos,
         chat=args.chat,

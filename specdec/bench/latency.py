@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import gc
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,12 +71,7 @@ class LatencyOptions:
     warmup_prompt: str = WARMUP_PROMPT  # the excluded first request's text (tests vary it)
 
 
-@dataclass
-class LatencyResult:
-    exit_code: int
-    output_dir: Path
-    payload: dict[str, Any]
-    failures: list[str] = field(default_factory=list)
+LatencyResult = report.BenchResult
 
 
 def _validate_models(configs: list[BenchConfig]) -> None:
@@ -308,5 +303,4 @@ def run_latency(opts: LatencyOptions) -> LatencyResult:
         )
     errors = [f"{r['config']} / {r['id']} (excluded from the figures): {r['error']}"
               for r in run.records if r["error"]]  # fmt: skip
-    report.print_outcome(out_dir, table, errors, failures)
-    return LatencyResult(1 if failures else 0, out_dir, payload, failures)
+    return report.outcome(out_dir, payload, table, errors, failures)

@@ -32,13 +32,13 @@ import asyncio
 import gc
 import json
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from specdec.bench import report
 from specdec.bench.aggregate import merge_spec, percentile
-from specdec.bench.args import SERVE_ENGINE_ARGS, csv, engine_settings
+from specdec.bench.args import SERVE_ENGINE_ARGS, add_command, csv, engine_settings
 from specdec.bench.configs import BenchConfig, parse_configs
 from specdec.bench.dataset import WARMUP_PROMPT
 from specdec.bench.report import fmt, loud, warn
@@ -126,12 +126,7 @@ class MultiturnOptions:
     output_dir: str | None = None
 
 
-@dataclass
-class MultiturnResult:
-    exit_code: int
-    output_dir: Path
-    payload: dict[str, Any]
-    failures: list[str] = field(default_factory=list)
+MultiturnResult = report.BenchResult
 
 
 # ---- the clients --------------------------------------------------------------------------------
@@ -427,8 +422,7 @@ def run_multiturn(opts: MultiturnOptions) -> MultiturnResult:
     report.write_outputs(out_dir, payload, table)
     errors = [f"{r['config']} / {r['id']} turn {r['turn']}: {r['error']}"
               for r in run.records if r["error"]]  # fmt: skip
-    report.print_outcome(out_dir, table, errors, failures)
-    return MultiturnResult(1 if failures else 0, out_dir, payload, failures)
+    return report.outcome(out_dir, payload, table, errors, failures)
 
 
 # ---- the command ---------------------------------------------------------------------------------
@@ -445,12 +439,12 @@ example:
 
 
 def add_multiturn_parser(sub) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "multiturn",
-        help="conversations and agent loops through the server: per-turn prefix-cache hit rate, "
+        "conversations and agent loops through the server: per-turn prefix-cache hit rate, "
         "acceptance, TTFT, decode tokens/s",
-        epilog=MULTITURN_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        MULTITURN_EPILOG,
     )
     EngineArgs.add_cli_args(p, SERVE_ENGINE_ARGS, defaults={"max_num_seqs": None})
     p.add_argument("--methods", default=DEFAULT_METHODS,

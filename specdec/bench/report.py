@@ -10,6 +10,7 @@ import platform
 import shlex
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,25 @@ def print_outcome(out_dir: Path, table: str, errors: list[str], failures: list[s
     if failures:
         loud([f"{len(failures)} FAILURE(S):", *failures])
     print(f"results in {out_dir}")
+
+
+@dataclass
+class BenchResult:
+    """What a benchmark returns: its exit code, its output folder, results.json's payload and
+    the failures (exit code 1)."""
+
+    exit_code: int
+    output_dir: Path
+    payload: dict[str, Any]
+    failures: list[str] = field(default_factory=list)
+
+
+def outcome(
+    out_dir: Path, payload: dict[str, Any], table: str, errors: list[str], failures: list[str]
+) -> BenchResult:
+    """The outcome printed (``print_outcome``) and returned; exit code 1 on any failure."""
+    print_outcome(out_dir, table, errors, failures)
+    return BenchResult(1 if failures else 0, out_dir, payload, failures)
 
 
 # ---- tables ---------------------------------------------------------------------------------

@@ -55,11 +55,17 @@ from specdec.bench.anchor_server import (
     LlamaCppServer,
     ReplyTokenCounter,
 )
-from specdec.bench.args import SERVE_ENGINE_ARGS, add_dataset_args, engine_settings, int_csv
+from specdec.bench.args import (
+    SERVE_ENGINE_ARGS,
+    add_command,
+    add_dataset_args,
+    engine_settings,
+    int_csv,
+    shared_options,
+)
 from specdec.bench.configs import PLAIN, BenchConfig, parse_config, parse_configs
 from specdec.bench.dataset import (
     DEFAULT_CODE_PREFIX,
-    DEFAULT_DATASET,
     WARMUP_PROMPT,
     BenchItem,
     PromptBuilder,
@@ -99,12 +105,7 @@ class ServeOptions:
     warmup_prompt: str = WARMUP_PROMPT  # the excluded first request's text (tests vary it)
 
 
-@dataclass
-class ServeResult:
-    exit_code: int
-    output_dir: Path
-    payload: dict[str, Any]
-    failures: list[str] = field(default_factory=list)
+ServeResult = report.BenchResult
 
 
 # ---- the clients --------------------------------------------------------------------------------
@@ -126,18 +127,64 @@ def _error_text(body: bytes | str) -> str:
     return str(message)[:MAX_ERROR_CHARS]
 
 
-async def stream_chat(
-    client: Any,
-    base_url: str,
+@dataclass
+class _ChatStream:
+    """What a chat completion's stream has said so far."""
+
+    parts: list[str] = field(default_factory=list)
+    ttft: float | None = None
+    usage: dict | None = None
+    spec: dict | None = None
+    finish: str | None = None
+    error: str | None = None
+
+    def take(self, data: str, since_start: float) -> None:
+        """One ``data:`` event (not ``[DONE]``), ``since_start`` s after the request was sent."""
+        event = json.loads(data)
+        if "error" in event:
+            self.error = _error_text(data)
+            return
+        text = ""
+        for choice in event.get("choices") or []:
+            text += (choice.get("delta") or {}).get("content") or ""
+            self.finish = choice.get("finish_reason") or self.finish
+        self.parts.append(text)
+        if event.get("usage"):
+            self.usage = event["usage"]
+        if event.get("spec_decode"):
+            self.spec = event["spec_decode"]
+        got_token = text or (self.usage and self.usage.get("completion_tokens", 0) > 0)
+        if self.ttft is None and got_token:
+            self.ttft = since_start
+
+    def record(self, start: float, e2e: float) -> dict:
+        """The partial record ``stream_chat`` returns."""
+        usage = self.usage
+        output_tokens = int(usage["completion_tokens"]) if usage else 0
+        return {
+            "prompt_tokens": int(usage["prompt_tokens"]) if usage else 0,
+            "cached_prompt_tokens": int(
+                ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            ),
+            "output_tokens": output_tokens,
+            "ttft_s": self.ttft,
+            "tpot_s": tpot(e2e, self.ttft, output_tokens),
+            "e2e_s": e2e,
+            "start_perf": start,
+            "finish_reason": self.finish,
+            "text": "".join(self.parts),
+            "spec_decode": self.spec,
+            "error": self.error,
+        }
+
+
+def _chat_body(
     model: str,
     messages: list[dict],
     max_tokens: int,
     ignore_eos: bool,
-    style: RequestStyle | None = None,
-) -> dict:
-    """One streaming chat completion, timed; a partial record (no id/config fields)."""
-    import httpx
-
+    style: RequestStyle | None,
+) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": model,
         "messages": messages,
@@ -150,17 +197,28 @@ async def stream_chat(
         body["ignore_eos"] = True
     if style is not None:
         body.update(style.extra_body)
-    parts: list[str] = []
-    ttft = None
-    usage: dict | None = None
-    spec = None
-    finish = None
-    error = None
+    return body
+
+
+async def stream_chat(
+    client: Any,
+    base_url: str,
+    model: str,
+    messages: list[dict],
+    max_tokens: int,
+    ignore_eos: bool,
+    style: RequestStyle | None = None,
+) -> dict:
+    """One streaming chat completion, timed; a partial record (no id/config fields)."""
+    import httpx
+
+    body = _chat_body(model, messages, max_tokens, ignore_eos, style)
+    got = _ChatStream()
     start = time.perf_counter()
     try:
         async with client.stream("POST", f"{base_url}/v1/chat/completions", json=body) as resp:
             if resp.status_code != 200:
-                error = f"HTTP {resp.status_code}: {_error_text(await resp.aread())}"
+                got.error = f"HTTP {resp.status_code}: {_error_text(await resp.aread())}"
             else:
                 async for line in resp.aiter_lines():
                     if not line.startswith("data:"):
@@ -168,47 +226,15 @@ async def stream_chat(
                     data = line[5:].strip()
                     if data == "[DONE]":
                         break
-                    now = time.perf_counter()
-                    event = json.loads(data)
-                    if "error" in event:
-                        error = _error_text(data)
-                        continue
-                    text = ""
-                    for choice in event.get("choices") or []:
-                        text += (choice.get("delta") or {}).get("content") or ""
-                        finish = choice.get("finish_reason") or finish
-                    parts.append(text)
-                    if event.get("usage"):
-                        usage = event["usage"]
-                    if event.get("spec_decode"):
-                        spec = event["spec_decode"]
-                    got_token = text or (usage and usage.get("completion_tokens", 0) > 0)
-                    if ttft is None and got_token:
-                        ttft = now - start
+                    got.take(data, time.perf_counter() - start)
     except (httpx.HTTPError, ValueError) as e:
-        error = f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS]
+        got.error = f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS]
     end = time.perf_counter()
-    if error is None and usage is None and style is not None and style.counter is not None:
-        usage = style.counter.usage(messages, "".join(parts), finish)
-    if error is None and usage is None:
-        error = "the stream carried no usage (stream_options.include_usage unsupported?)"
-    output_tokens = int(usage["completion_tokens"]) if usage else 0
-    e2e = end - start
-    return {
-        "prompt_tokens": int(usage["prompt_tokens"]) if usage else 0,
-        "cached_prompt_tokens": int(
-            ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-        ),
-        "output_tokens": output_tokens,
-        "ttft_s": ttft,
-        "tpot_s": tpot(e2e, ttft, output_tokens),
-        "e2e_s": e2e,
-        "start_perf": start,
-        "finish_reason": finish,
-        "text": "".join(parts),
-        "spec_decode": spec,
-        "error": error,
-    }
+    if got.error is None and got.usage is None and style is not None and style.counter is not None:
+        got.usage = style.counter.usage(messages, "".join(got.parts), got.finish)
+    if got.error is None and got.usage is None:
+        got.error = "the stream carried no usage (stream_options.include_usage unsupported?)"
+    return got.record(start, end - start)
 
 
 @dataclass
@@ -586,8 +612,7 @@ def run_serve(opts: ServeOptions) -> ServeResult:
     report.write_outputs(out_dir, payload, table)
     errors = [f"{r['config']} @ {r['concurrency']} / {r['id']} turn {r['turn']}: {r['error']}"
               for r in run.records if r["error"]]  # fmt: skip
-    report.print_outcome(out_dir, table, errors, failures)
-    return ServeResult(1 if failures else 0, out_dir, payload, failures)
+    return report.outcome(out_dir, payload, table, errors, failures)
 
 
 # ---- the command ---------------------------------------------------------------------------------
@@ -606,11 +631,11 @@ example:
 
 
 def add_serve_parser(sub) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "serve",
-        help="the OpenAI server under concurrent streaming clients: TTFT, TPOT, tokens/s",
-        epilog=SERVE_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "the OpenAI server under concurrent streaming clients: TTFT, TPOT, tokens/s",
+        SERVE_EPILOG,
     )
     EngineArgs.add_cli_args(p, SERVE_ENGINE_ARGS, defaults={"max_num_seqs": None})
     add_dataset_args(p)
@@ -637,12 +662,7 @@ def add_serve_parser(sub) -> None:
 
 def cmd_bench_serve(args: argparse.Namespace) -> int:
     opts = ServeOptions(
-        engine=EngineArgs.from_cli_args(args),
-        datasets=args.dataset or [str(DEFAULT_DATASET)],
-        configs=args.configs,
-        categories=args.categories,
-        num_prompts=args.num_prompts,
-        max_tokens=args.max_tokens,
+        **shared_options(args),
         concurrency=tuple(args.concurrency),
         duration_limit=args.duration_limit,
         base_url=args.base_url,

@@ -79,16 +79,25 @@ def grammar_text(spec: dict[str, Any]) -> str:
     return llguidance.LLMatcher.grammar_from_lark(text)
 
 
+def map_objects(value: Any, fix: Callable[[dict], dict]) -> Any:
+    """JSON ``value`` with ``fix`` applied to every object in it, the innermost first (``fix``
+    gets a fresh copy whose members are already done)."""
+    if isinstance(value, list):
+        return [map_objects(v, fix) for v in value]
+    if not isinstance(value, dict):
+        return value
+    return fix({k: map_objects(v, fix) for k, v in value.items()})
+
+
 def _closed_objects(schema: Any) -> Any:
     """The schema with ``additionalProperties: false`` wherever an object schema leaves it out."""
-    if isinstance(schema, list):
-        return [_closed_objects(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: _closed_objects(v) for k, v in schema.items()}
-    if "properties" in out and "additionalProperties" not in out:
-        out["additionalProperties"] = False
-    return out
+
+    def close(out: dict) -> dict:
+        if "properties" in out and "additionalProperties" not in out:
+            out["additionalProperties"] = False
+        return out
+
+    return map_objects(schema, close)
 
 
 # ---- structure checks (before the library sees the constraint) --------------------------------

@@ -181,17 +181,22 @@ async def send_error(err: Any, scope: dict, receive: Callable, send: Callable) -
 DISCONNECTED = object()
 
 
+async def until_done_or(work: asyncio.Future, stop: asyncio.Future) -> None:
+    """Wait until ``work`` is done or ``stop`` is; then ``stop`` is cancelled, and so is ``work``
+    if it has not finished (its cancellation may still be running on return)."""
+    try:
+        await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+        if not work.done():
+            work.cancel()
+
+
 async def with_cancellation(coro: Awaitable[Any], request: Any) -> Any:
     """Run ``coro`` until done or until the client disconnects (then cancel it, which aborts the
     request and frees its KV, and return ``DISCONNECTED``)."""
     task = asyncio.ensure_future(coro)
-    watcher = asyncio.ensure_future(wait_disconnect(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
+    await until_done_or(task, asyncio.ensure_future(wait_disconnect(request)))
     if not task.done():
         await asyncio.wait({task})  # let the cancellation run its clean-up
     if task.cancelled():

@@ -30,6 +30,7 @@ from specdec.entrypoints.openai.safety import (
     unrepresentable,
     unrepresentable_error,
 )
+from specdec.entrypoints.openai.server_common import until_done_or
 from specdec.entrypoints.openai.serving_stream import (
     EventStream,
     Job,
@@ -127,13 +128,7 @@ class OpenAIServingBase:
     async def _unless_shutting_down(self, step: Awaitable[_T]) -> _T:
         """``step``'s result, or a 503 as soon as the server begins shutting down."""
         work = asyncio.ensure_future(step)
-        stop = asyncio.ensure_future(self._shutting_down.wait())
-        try:
-            await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stop.cancel()
-            if not work.done():
-                work.cancel()
+        await until_done_or(work, asyncio.ensure_future(self._shutting_down.wait()))
         if work.cancelled():
             raise shutting_down_error()
         return work.result()

@@ -27,6 +27,7 @@ import jinja2
 import jinja2.meta
 
 from specdec.entrypoints.openai.protocol import RequestError
+from specdec.structured.compile_worker import map_objects
 from specdec.structured.params import StructuredOutputsParams
 
 MAX_TOOLS = 128
@@ -162,12 +163,7 @@ def _hoisted_defs(schema: Any, prefix: str) -> tuple[Any, dict[str, Any]]:
     }
     names["#"] = f"#/$defs/{prefix}root"
 
-    def rewrite(value: Any) -> Any:
-        if isinstance(value, list):
-            return [rewrite(v) for v in value]
-        if not isinstance(value, dict):
-            return value
-        out = {k: rewrite(v) for k, v in value.items()}
+    def renamed(out: dict) -> dict:
         ref = out.get("$ref")
         if isinstance(ref, str) and ref in names:
             out["$ref"] = names[ref]
@@ -175,11 +171,11 @@ def _hoisted_defs(schema: Any, prefix: str) -> tuple[Any, dict[str, Any]]:
 
     body = {k: v for k, v in schema.items() if k not in ("$defs", "definitions")}
     defs = {
-        f"{prefix}{name}": rewrite(d)
+        f"{prefix}{name}": map_objects(d, renamed)
         for group in ("$defs", "definitions")
         for name, d in (schema.get(group) or {}).items()
     }
-    body = rewrite(body)
+    body = map_objects(body, renamed)
     defs[f"{prefix}root"] = body
     return body, defs
 

@@ -74,22 +74,35 @@ def build_front_app(
     shutdown_timeout: float = 10.0,
 ) -> Any:
     """The FastAPI front; its lifespan starts the replicas and its drain stops them."""
-    from contextlib import asynccontextmanager
-
-    from fastapi import APIRouter, Depends, FastAPI, Request
-    from fastapi.responses import JSONResponse, Response
-
-    from specdec.entrypoints.openai.protocol import (
-        ChatCompletionRequest,
-        CompletionRequest,
-        RequestError,
-    )
+    from fastapi import FastAPI
 
     state = ServerState(allowed_hosts=list(allowed_hosts) if allowed_hosts is not None else None)
-    decisions: Counter[tuple[int, str]] = Counter()
+    relay = _Relay(pool, router, state, max_body_bytes)
+
+    async def drain(force_exit: Any = lambda: False) -> None:
+        # NOTE: each replica drains its own requests on SIGTERM (finish within the timeout, then
+        # an error event and [DONE]); the front relays that and waits for its streams to end.
+        state.draining = True
+        pool.terminate()
+        loop = asyncio.get_running_loop()
+        await wait_until(lambda: not state.in_flight or force_exit(), loop, shutdown_timeout + 5)
+
+    app = FastAPI(title="specdec (replicas)", lifespan=_lifespan(pool, shutdown_timeout))
+    app.state.drain = drain
+    app.state.pool = pool
+    app.state.router = router
+    check_api_key = install_checks(app, state, api_key)
+    _add_api_routes(app, relay, check_api_key)
+    _add_front_routes(app, relay)
+    return app
+
+
+def _lifespan(pool: ReplicaPool, shutdown_timeout: float) -> Any:
+    """The front's lifespan: the replicas started, watched and restarted, then stopped."""
+    from contextlib import asynccontextmanager
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: Any):
         try:
             await pool.start()
         except BaseException:
@@ -102,38 +115,42 @@ def build_front_app(
             monitor.cancel()
             await pool.stop(shutdown_timeout + 5.0)
 
-    async def drain(force_exit: Any = lambda: False) -> None:
-        # NOTE: each replica drains its own requests on SIGTERM (finish within the timeout, then
-        # an error event and [DONE]); the front relays that and waits for its streams to end.
-        state.draining = True
-        pool.terminate()
-        loop = asyncio.get_running_loop()
-        await wait_until(lambda: not state.in_flight or force_exit(), loop, shutdown_timeout + 5)
+    return lifespan
 
-    app = FastAPI(title="specdec (replicas)", lifespan=lifespan)
-    app.state.drain = drain
-    app.state.pool = pool
-    app.state.router = router
 
-    check_api_key = install_checks(app, state, api_key)
+class _Relay:
+    """What the front's routes share: picking a replica (the routing decisions counted) and
+    relaying a request to it, to another when it cannot be reached."""
 
-    def pick(text: str, session: str | None, salt: str | None) -> Replica:
-        loads = {r.index: r.ongoing for r in pool.replicas if r.up}
-        if not loads or state.draining:
+    def __init__(
+        self, pool: ReplicaPool, router: Router, state: ServerState, max_body_bytes: int
+    ) -> None:
+        self.pool, self.router, self.state = pool, router, state
+        self.max_body_bytes = max_body_bytes
+        self.decisions: Counter[tuple[int, str]] = Counter()
+
+    def pick(self, text: str, session: str | None, salt: str | None) -> Replica:
+        loads = {r.index: r.ongoing for r in self.pool.replicas if r.up}
+        if not loads or self.state.draining:
             raise no_replica_error()
-        choice = router.choose(text, session, loads, salt)
-        decisions[(choice.replica, choice.reason)] += 1
-        return pool.replicas[choice.replica]
+        choice = self.router.choose(text, session, loads, salt)
+        self.decisions[(choice.replica, choice.reason)] += 1
+        return self.pool.replicas[choice.replica]
 
-    async def generate(request: Request, model: Any) -> Any:
-        body = await read_body(request, max_body_bytes, RequestError)
+    async def generate(self, request: Any, model: Any) -> Any:
+        """A completion: checked and parsed here (400 before routing), routed, relayed."""
+        from fastapi.responses import Response
+
+        from specdec.entrypoints.openai.protocol import RequestError
+
+        body = await read_body(request, self.max_body_bytes, RequestError)
         req = await asyncio.to_thread(parse_request, body, model)  # 400 before routing
         parsed = json.loads(body)
         text, salt = routing_text(parsed), routing_salt(parsed)
         session = request.headers.get(SESSION_HEADER)
         path = request.url.path
-        for _ in range(len(pool.replicas)):
-            replica = pick(text, session, salt)
+        for _ in range(len(self.pool.replicas)):
+            replica = self.pick(text, session, salt)
             try:
                 if req.stream:
                     return await _relay_stream(replica, path, body, request.headers)
@@ -142,62 +159,86 @@ def build_front_app(
                 )
                 return Response(status_code=499) if result is DISCONNECTED else result
             except _ConnectFailed:
-                pool.mark_down(replica)
+                self.pool.mark_down(replica)
         raise no_replica_error()
+
+    async def forward_any(self, request: Any) -> Any:
+        """Any other request, as it came, to a replica."""
+        from specdec.entrypoints.openai.protocol import RequestError
+
+        body = await read_body(request, self.max_body_bytes, RequestError)
+        for _ in range(len(self.pool.replicas)):
+            replica = self.pick("", None)
+            try:
+                return await _relay(
+                    replica, request.url.path, body, request.headers, request.method
+                )
+            except _ConnectFailed:
+                self.pool.mark_down(replica)
+        raise no_replica_error()
+
+
+def _add_api_routes(app: Any, relay: _Relay, check_api_key: Any) -> None:
+    """/v1 (completions routed, models relayed), then /tokenize, /detokenize and /replicas."""
+    from fastapi import APIRouter, Depends, Request
+    from fastapi.responses import JSONResponse
+
+    from specdec.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
 
     @v1.post("/chat/completions")
     async def chat_completions(request: Request) -> Any:
-        return await generate(request, ChatCompletionRequest)
+        return await relay.generate(request, ChatCompletionRequest)
 
     @v1.post("/completions")
     async def completions(request: Request) -> Any:
-        return await generate(request, CompletionRequest)
+        return await relay.generate(request, CompletionRequest)
 
     @v1.get("/models")
     async def list_models(request: Request) -> Any:
-        return await forward_any(request)
+        return await relay.forward_any(request)
 
     @v1.get("/models/{model_id:path}")
     async def retrieve_model(request: Request, model_id: str) -> Any:
-        return await forward_any(request)
+        return await relay.forward_any(request)
 
     app.include_router(v1)
     tools = APIRouter(dependencies=[Depends(check_api_key)])
 
     @tools.post("/tokenize")
     async def tokenize(request: Request) -> Any:
-        return await forward_any(request)
+        return await relay.forward_any(request)
 
     @tools.post("/detokenize")
     async def detokenize(request: Request) -> Any:
-        return await forward_any(request)
+        return await relay.forward_any(request)
 
     @tools.get("/replicas")
     async def replicas() -> Any:
-        return JSONResponse({"replicas": [_describe(r) for r in pool.replicas]})
+        return JSONResponse({"replicas": [_describe(r) for r in relay.pool.replicas]})
 
     app.include_router(tools)
 
-    async def forward_any(request: Request) -> Any:
-        body = await read_body(request, max_body_bytes, RequestError)
-        for _ in range(len(pool.replicas)):
-            replica = pick("", None)
-            try:
-                return await _relay(
-                    replica, request.url.path, body, request.headers, request.method
-                )
-            except _ConnectFailed:
-                pool.mark_down(replica)
-        raise no_replica_error()
+
+def _add_front_routes(app: Any, relay: _Relay) -> None:
+    """/version (a replica's), /health (while a replica is up), /metrics (the replicas' and the
+    front's own), and the chat page."""
+    from fastapi import Request
+    from fastapi.responses import Response
+
+    from specdec.entrypoints.openai.chat_page import add_chat_page
+
+    pool = relay.pool
 
     @app.get("/version")
     async def version(request: Request) -> Any:
-        return await forward_any(request)
+        return await relay.forward_any(request)
 
     add_health_routes(
-        app, state, lambda: None if any(r.up for r in pool.replicas) else "no replica is ready"
+        app,
+        relay.state,
+        lambda: None if any(r.up for r in pool.replicas) else "no replica is ready",
     )
 
     @app.get("/metrics")
@@ -206,12 +247,9 @@ def build_front_app(
 
         texts = await asyncio.gather(*(_scrape(r) for r in pool.replicas))
         merged = merge_metrics({r.index: t for r, t in zip(pool.replicas, texts) if t})
-        return Response(merged + front_metrics(pool, decisions), media_type=CONTENT_TYPE)
-
-    from specdec.entrypoints.openai.chat_page import add_chat_page
+        return Response(merged + front_metrics(pool, relay.decisions), media_type=CONTENT_TYPE)
 
     add_chat_page(app)  # NOTE: its /v1 calls go through this front like any client's
-    return app
 
 
 def install_checks(app: Any, state: ServerState, api_key: str | None) -> Any:

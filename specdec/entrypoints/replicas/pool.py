@@ -1,7 +1,7 @@
 """N ``specdec serve`` engine processes on one host, each on its own cores, behind Unix sockets.
 
 Each replica is a whole specdec server (its own AsyncLLM, prefix cache and drafter) started as
-``python -m specdec.entrypoints.cli serve ... --uds DIR/replica-I.sock`` in a new session
+``python -m specdec.cli serve ... --uds DIR/replica-I.sock`` in a new session
 (a terminal's Ctrl-C reaches the front only, which then stops the replicas in order), pinned to
 its cores with one thread per core, and told to die with its parent (PR_SET_PDEATHSIG): a front
 killed outright leaves no engine behind. The sockets live in a private 0700 directory: nothing
@@ -111,7 +111,7 @@ class ReplicaPool:
     def command(self, r: Replica) -> list[str]:
         threads = self.threads or len(r.cores)
         return [
-            sys.executable, "-m", "specdec.entrypoints.cli", "serve", *self.argv,
+            sys.executable, "-m", "specdec.cli", "serve", *self.argv,
             "--uds", r.socket_path, "--threads", str(threads),
             "--data-parallel-rank", str(r.index),  # its KV events' rank and port offset
         ]  # fmt: skip

@@ -58,7 +58,7 @@ class SpecdecEngine:
         self.workdir = tempfile.mkdtemp(prefix="specdec-ray-")
         os.chmod(self.workdir, 0o700)
         sock = os.path.join(self.workdir, "engine.sock")
-        cmd = [sys.executable, "-m", "specdec.entrypoints.cli", "serve", *argv,
+        cmd = [sys.executable, "-m", "specdec.cli", "serve", *argv,
                "--uds", sock, "--threads", str(threads)]  # fmt: skip
         cores = sorted(os.sched_getaffinity(0))
         if tp > 1:  # NOTE: its ranks pin themselves: to this replica's share of the host

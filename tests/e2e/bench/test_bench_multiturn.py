@@ -10,7 +10,7 @@ import pytest
 
 from specdec.bench import multiturn
 from specdec.bench.configs import parse_config
-from specdec.entrypoints.cli import main
+from specdec.cli import main
 
 
 def _rec(config: str, turn: int, cached: int, text: str = "x", id_: str = "a") -> dict:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec.entrypoints import cli
+from specdec import cli
 from tests.fixtures.server import free_port, serve
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -149,7 +149,7 @@ def test_readme_serve_command_runs() -> None:
     port = free_port()
     argv = [w if w != "8000" else str(port) for w in _runnable(["serve"])[0]]
     assert str(port) in argv  # the README's command names its port
-    cli_module = (sys.executable, "-m", "specdec.entrypoints.cli")
+    cli_module = (sys.executable, "-m", "specdec.cli")
     with serve(None, *argv, command=cli_module, port=port, port_flag=None, grace=0) as srv:
         body = json.dumps({"model": "smollm2-135m", "prompt": "Hello", "max_tokens": 4}).encode()
         request = urllib.request.Request(

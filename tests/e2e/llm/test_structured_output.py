@@ -328,7 +328,7 @@ def test_library_matches_our_mask(plain) -> None:
 
 
 def test_generate_cli_takes_llama_cpp_grammar_flags(tiny_llama, tmp_path, capsys) -> None:
-    from specdec.entrypoints import cli
+    from specdec import cli
 
     base = ["generate", "--model", str(tiny_llama), "--prompt", "hi", "-n", "12"]
     assert cli.main([*base, "--grammar", 'root ::= "ok" [0-9]']) == 0

@@ -11,9 +11,9 @@ import httpx
 import openai
 import pytest
 
+from specdec import cli
 from specdec.config import EngineConfig, SpeculativeConfig
 from specdec.engine.async_llm import AsyncLLM
-from specdec.entrypoints import cli
 from specdec.entrypoints.openai.api_server import BackgroundServer, build_app
 from tests.fixtures.models import with_chat_template
 from tests.fixtures.server import (

@@ -199,7 +199,7 @@ def test_auto_needs_a_template_that_writes_tool_call_tags() -> None:
 def test_chat_template_flag(tiny_llama, tmp_path, capsys) -> None:
     """--chat-template (vLLM's): a file or the template itself; a broken one is one line on the
     CLI, before the model loads."""
-    from specdec.entrypoints import cli
+    from specdec import cli
     from specdec.entrypoints.utils import read_chat_template
 
     f = tmp_path / "t.jinja"

@@ -198,7 +198,7 @@ def test_cli_writes_records_and_a_head(tiny_llama, tmp_path, capsys) -> None:
                 "--draft-vocab", "64"])  # fmt: skip
     cfg = json.loads((tmp_path / "h" / "head" / "config.json").read_text())
     assert cfg["speculators_model_type"] == "eagle3" and cfg["draft_vocab_size"] == 64
-    from specdec.entrypoints.cli import main as specdec_main  # `specdec train ...`
+    from specdec.cli import main as specdec_main  # `specdec train ...`
 
     assert specdec_main(["train", "plot", "--log", str(tmp_path / "h" / "train_log.jsonl"),
                          "--out", str(tmp_path / "loss.png")]) == 0  # fmt: skip

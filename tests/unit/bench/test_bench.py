@@ -11,8 +11,8 @@ from specdec.bench import aggregate
 from specdec.bench.configs import parse_config, parse_configs
 from specdec.bench.dataset import DEFAULT_CODE_PREFIX, BenchItem, PromptBuilder, load_items
 from specdec.bench.report import format_latency_table
+from specdec.cli import main
 from specdec.config import ConfigError
-from specdec.entrypoints.cli import main
 
 FIXTURE = Path(__file__).parents[2] / "fixtures" / "bench_tiny.jsonl"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from specdec.bench import aggregate, report, serve
-from specdec.entrypoints.cli import main
+from specdec.cli import main
 
 FIXTURE = Path(__file__).parents[2] / "fixtures" / "bench_tiny.jsonl"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec import LLM, SamplingParams, config
+from specdec import LLM, SamplingParams, cli, config
 from specdec.bench.args import FORWARD_COST_ENGINE_ARGS, LATENCY_ENGINE_ARGS, SERVE_ENGINE_ARGS
 from specdec.config import (
     ALIAS,
@@ -24,7 +24,6 @@ from specdec.config import (
     EngineArgs,
     EngineConfig,
 )
-from specdec.entrypoints import cli
 from specdec.entrypoints.openai import api_server
 
 PACKAGE = Path(__file__).resolve().parents[3] / "specdec"
@@ -220,7 +219,7 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_entry_points_do_not_import_each_other_in_a_circle() -> None:
-    files = [*PACKAGE.glob("entrypoints/**/*.py"), *PACKAGE.glob("bench/*.py")]
+    files = [PACKAGE / "cli.py", *PACKAGE.glob("entrypoints/**/*.py"), *PACKAGE.glob("bench/*.py")]
     modules = {
         "specdec." + ".".join(p.relative_to(PACKAGE).with_suffix("").parts): p for p in files
     }
@@ -239,7 +238,7 @@ def test_entry_points_do_not_import_each_other_in_a_circle() -> None:
 
     for m in sorted(graph):
         visit(m, [])
-    assert "specdec.entrypoints.openai.api_server" in graph["specdec.entrypoints.cli"]
+    assert "specdec.entrypoints.openai.api_server" in graph["specdec.cli"]
 
 
 def test_a_draft_with_a_shorter_context_is_named_in_the_error(tiny_llama, tiny_draft, tmp_path):
@@ -292,7 +291,7 @@ def test_tokenizer_is_honoured_or_refused_in_one_line(tiny_llama, tmp_path) -> N
 
 
 def test_flags_are_never_abbreviated_and_unknown_ones_are_listed_together(capsys) -> None:
-    from specdec.entrypoints import cli
+    from specdec import cli
 
     with pytest.raises(SystemExit) as e:
         cli.main(["generate", "--tokenizer-m=x", "--max-tok=3", "--no-such-flag"])
@@ -329,7 +328,7 @@ def test_a_method_free_speculative_config_refines_md() -> None:
 
 def test_generate_takes_the_prompt_as_an_argument(tiny_llama, capsys) -> None:
     """``specdec generate MODEL "PROMPT"`` as llama.cpp and vLLM users type it; twice is an error."""
-    from specdec.entrypoints import cli
+    from specdec import cli
 
     argv = ["generate", str(tiny_llama), "the cat sat", "--max-tokens", "3", "--no-chat"]
     import re
@@ -362,7 +361,7 @@ def test_more_ranks_than_cores_is_a_warning(monkeypatch, caplog) -> None:
 
 
 def test_single_options_say_what_to_use_instead(capsys) -> None:
-    from specdec.entrypoints import cli
+    from specdec import cli
 
     assert cli.main(["generate", "-dp", "2", "-p", "hi"]) == 2
     err = capsys.readouterr().err
@@ -370,7 +369,7 @@ def test_single_options_say_what_to_use_instead(capsys) -> None:
 
 
 def _help(capsys, monkeypatch, *argv: str) -> str:
-    from specdec.entrypoints import cli
+    from specdec import cli
 
     monkeypatch.setenv("COLUMNS", "80")  # NOTE: a common terminal; argparse wraps to it
     with pytest.raises(SystemExit) as e:
@@ -380,7 +379,8 @@ def _help(capsys, monkeypatch, *argv: str) -> str:
 
 
 def _leaf(*command: str) -> argparse.ArgumentParser:
-    from specdec.entrypoints import arg_parser, cli
+    from specdec import cli
+    from specdec.entrypoints import arg_parser
 
     parser = cli.build_parser()
     for name in command:

@@ -8,9 +8,8 @@ import logging
 
 import pytest
 
-from specdec import LLM, SamplingParams, config
+from specdec import LLM, SamplingParams, cli, config
 from specdec.config import ConfigError, EngineArgs
-from specdec.entrypoints import cli
 from specdec.entrypoints.openai import api_server
 
 # vLLM's serve flags (vllm/engine/arg_utils.py EngineArgs.add_cli_args and

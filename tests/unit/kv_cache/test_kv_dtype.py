@@ -172,7 +172,7 @@ def test_real_model_with_a_smaller_cache(kv_dtype: str) -> None:
 
 
 def test_bench_takes_the_kv_cache_dtype(tiny_llama, capsys) -> None:
-    from specdec.entrypoints.cli import main
+    from specdec.cli import main
 
     argv = ["bench", "forward-cost", "--model", str(tiny_llama), "--kv-cache-dtype", "f16"]
     assert main(argv + ["--context", "20", "--ns", "1,2", "--repeats", "1", "--warmup", "0"]) == 0

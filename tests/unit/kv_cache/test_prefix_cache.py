@@ -371,9 +371,9 @@ def test_counters_and_prometheus(tiny_llama) -> None:
 @pytest.mark.parametrize("flag, expected", [([], True), (["--no-enable-prefix-caching"], False),
                                             (["--enable-prefix-caching"], True)])  # fmt: skip
 def test_cli_flags(monkeypatch, flag: list[str], expected: bool) -> None:
+    from specdec import cli
     from specdec.bench import cli as bench_cli
     from specdec.bench import serve as bench_serve
-    from specdec.entrypoints import cli
     from specdec.entrypoints.openai import api_server
 
     seen = []
@@ -393,7 +393,7 @@ def test_cli_flags(monkeypatch, flag: list[str], expected: bool) -> None:
 
 
 def test_generate_compare_plain_smoke(tiny_llama, capsys) -> None:
-    from specdec.entrypoints import cli
+    from specdec import cli
 
     argv = ["generate", "--model", str(tiny_llama), "--prompt", "the cat sat on the mat", "-n",
             "6", "--quiet", "--compare-plain", "--speculative-config", '{"method": "ngram"}']  # fmt: skip
@@ -407,7 +407,7 @@ def test_generate_takes_the_model_positionally_and_chats_by_default(
     """`specdec generate MODEL` as `serve MODEL`; the prompt goes through the model's chat template
     unless --no-chat; a model without one gets the prompt as it is, and --chat there is a one-line
     error naming --chat-template."""
-    from specdec.entrypoints import cli
+    from specdec import cli
     from specdec.llm import LLM
     from tests.fixtures.models import with_chat_template
 

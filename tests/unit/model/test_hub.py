@@ -252,7 +252,7 @@ def test_folder_models_draft_models_and_heads_by_hub_id(
 
 
 def test_the_cli_takes_hub_ids_with_one_line_errors(fake_hub, tiny_llama, capsys) -> None:
-    from specdec.entrypoints import cli
+    from specdec import cli
 
     fake_hub.add("acme/tiny-llama", {p.name: p for p in tiny_llama.iterdir() if p.is_file()})
     assert cli.main(["generate", "acme/tiny-llama", "the cat", "-n", "3", "--no-chat"]) == 0
@@ -264,7 +264,7 @@ def test_the_cli_takes_hub_ids_with_one_line_errors(fake_hub, tiny_llama, capsys
 
 
 def test_serve_resolves_a_hub_id_before_loading(fake_hub, tiny_llama) -> None:
-    from specdec.entrypoints import cli
+    from specdec import cli
     from specdec.entrypoints.openai.api_server import check_serve_args
 
     fake_hub.add("acme/tiny-llama", {p.name: p for p in tiny_llama.iterdir() if p.is_file()})
@@ -284,7 +284,7 @@ def test_a_fresh_process_reads_the_environment(fake_hub, tiny_llama, tmp_path) -
 
     fake_hub.add("acme/tiny-llama", {p.name: p for p in tiny_llama.iterdir() if p.is_file()})
     env = {**os.environ, "HF_HOME": str(tmp_path / "fresh"), "SPECDEC_WEIGHT_CACHE": "off"}
-    argv = [sys.executable, "-m", "specdec.entrypoints.cli", "generate", "acme/tiny-llama",
+    argv = [sys.executable, "-m", "specdec.cli", "generate", "acme/tiny-llama",
             "the cat", "-n", "3", "--no-chat", "--quiet"]  # fmt: skip
     for offline in ("0", "1"):
         before = len(_file_requests(fake_hub))

@@ -49,7 +49,7 @@ def test_off_and_capped_requests_in_one_batch(tiny_llama, plain, adaptive: bool)
 
 def test_n_min_drops_short_drafts(tiny_llama, plain) -> None:
     # ngram sizes its own drafts: on the real model's code edit some are shorter than k
-    from specdec.entrypoints.cli import DEFAULT_PROMPT
+    from specdec.cli import DEFAULT_PROMPT
 
     spec = {"method": "ngram", "num_speculative_tokens": 5, "adaptive": False}
     llm = LLM("smollm2-135m", max_model_len=1024, speculative_config=spec)

@@ -1,4 +1,6 @@
-"""The ``specdec`` command: generate, serve and bench. Engine flags come from ``EngineArgs``."""
+"""The ``specdec`` command: generate, serve, bench and train. Engine flags come from
+``EngineArgs``. It sits above entrypoints/ and bench/ (``specdec bench serve`` runs the server
+in-process), so neither of those imports it."""
 
 from __future__ import annotations
 
