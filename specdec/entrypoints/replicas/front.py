@@ -168,7 +168,7 @@ class _Relay:
 
         body = await read_body(request, self.max_body_bytes, RequestError)
         for _ in range(len(self.pool.replicas)):
-            replica = self.pick("", None)
+            replica = self.pick("", None, None)
             try:
                 return await _relay(
                     replica, request.url.path, body, request.headers, request.method

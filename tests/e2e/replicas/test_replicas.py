@@ -90,6 +90,19 @@ def test_checks_run_at_the_front(front):
     assert "x-specdec-replica" not in resp.headers  # refused before routing
 
 
+def test_relayed_routes_answer_at_the_front(front, single):
+    """What the front relays as it came (models, version, tokenize): a replica's answer."""
+    url = front.url
+    models = httpx.get(f"{url}/v1/models", headers=_auth(), timeout=30)
+    assert models.status_code == 200 and models.json()["data"][0]["id"] == MODEL
+    assert httpx.get(f"{url}/v1/models/{MODEL}", headers=_auth(), timeout=30).status_code == 200
+    assert httpx.get(f"{url}/version", headers=_auth(), timeout=30).status_code == 200
+    body = {"model": MODEL, "prompt": "Hello there"}
+    tokens = httpx.post(f"{url}/tokenize", json=body, headers=_auth(), timeout=30)
+    alone = httpx.post(f"{single.url}/tokenize", json=body, timeout=30)
+    assert tokens.status_code == 200 and tokens.json()["tokens"] == alone.json()["tokens"]
+
+
 def test_shared_prefix_lands_on_one_replica(front):
     url = front.url
     served = {_complete(url, PREFIX + f"Question {i}: what is {i} + {i}?").headers["x-specdec-replica"] for i in range(5)}  # fmt: skip
