@@ -12,6 +12,7 @@ from typing import Any
 from specdec.config import ConfigError, EngineArgs, common, json_value, section_group
 from specdec.entrypoints.openai import response_store
 from specdec.entrypoints.openai.connection import (
+    DEFAULT_BODY_READ_TIMEOUT_S,
     DEFAULT_HEADER_READ_TIMEOUT_S,
     DEFAULT_MAX_HEAD_BYTES,
     DEFAULT_MAX_PENDING_PER_CLIENT,
@@ -188,8 +189,15 @@ def _add_limit_flags(server: Any) -> None:
         metavar="SECONDS",
         help="a connection must send its complete request head (request line and headers) "
         "within this many seconds of opening or of its request's first byte, else it is closed "
-        f"(408); bodies and responses are not timed (default {DEFAULT_HEADER_READ_TIMEOUT_S:g}; 0 "
-        "off)",
+        f"(408); responses are not timed (default {DEFAULT_HEADER_READ_TIMEOUT_S:g}; 0 off)",
+    )
+    server.add_argument(
+        "--body-read-timeout",
+        type=float,
+        default=DEFAULT_BODY_READ_TIMEOUT_S,
+        metavar="SECONDS",
+        help="a request's body must arrive within this many seconds of its head, else the "
+        f"connection is closed (408) (default {DEFAULT_BODY_READ_TIMEOUT_S:g}; 0 off)",
     )
     server.add_argument(
         "--max-pending-connections-per-client",
@@ -322,9 +330,10 @@ def head_limits(args: argparse.Namespace) -> Any:
     """The request-head limits the flags give (a ConfigError naming a bad one)."""
     from specdec.entrypoints.openai.connection import HeadLimits
 
-    timeout = args.header_read_timeout
-    if not 0 <= timeout < float("inf"):
-        raise ConfigError(f"--header-read-timeout must be a number of seconds >= 0, got {timeout}")
+    timeout, body = args.header_read_timeout, args.body_read_timeout
+    for flag, value in (("--header-read-timeout", timeout), ("--body-read-timeout", body)):
+        if not 0 <= value < float("inf"):
+            raise ConfigError(f"{flag} must be a number of seconds >= 0, got {value}")
     for flag, value in (
         ("--max-pending-connections-per-client", args.max_pending_connections_per_client),
         ("--max-request-head-bytes", args.max_request_head_bytes),
@@ -335,6 +344,7 @@ def head_limits(args: argparse.Namespace) -> Any:
         timeout_s=timeout,
         max_pending_per_client=args.max_pending_connections_per_client,
         max_head_bytes=args.max_request_head_bytes,
+        body_timeout_s=body,
     )
 
 

@@ -273,3 +273,19 @@ def test_limits_are_checked() -> None:
             HeadLimits(**bad)
     with pytest.raises(ValueError):
         guarded_protocol(LIMITS, "zttp")
+
+
+def test_server_flags_give_the_limits() -> None:
+    from specdec.config import ConfigError
+    from specdec.entrypoints.openai.server_args import head_limits, make_arg_parser
+
+    import argparse
+
+    parser = make_arg_parser(argparse.ArgumentParser())
+    args = parser.parse_args(["--body-read-timeout", "5", "--header-read-timeout", "2"])
+    limits = head_limits(args)
+    assert limits.body_timeout_s == 5.0 and limits.timeout_s == 2.0
+    assert head_limits(parser.parse_args([])).body_timeout_s == 60.0
+    for flag in ("--body-read-timeout", "--header-read-timeout"):
+        with pytest.raises(ConfigError, match=flag):
+            head_limits(parser.parse_args([flag, "-1"]))
