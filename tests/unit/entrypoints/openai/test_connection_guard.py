@@ -276,10 +276,10 @@ def test_limits_are_checked() -> None:
 
 
 def test_server_flags_give_the_limits() -> None:
+    import argparse
+
     from specdec.config import ConfigError
     from specdec.entrypoints.openai.server_args import head_limits, make_arg_parser
-
-    import argparse
 
     parser = make_arg_parser(argparse.ArgumentParser())
     args = parser.parse_args(["--body-read-timeout", "5", "--header-read-timeout", "2"])
