@@ -113,7 +113,6 @@ class IgnoredArgs:
     performance_mode: str | None = _ignored(None, "GPU tuning")
     load_format: str | None = _ignored(None, "GGUF or safetensors, detected")
     code_revision: str | None = _ignored(None, "no remote code runs")
-    tokenizer_revision: str | None = _ignored(None, "the tokenizer comes with the model")
     tokenizer_mode: str | None = _ignored(None, "the model's own tokenizer")
     config_format: str | None = _ignored(None, "config.json or GGUF metadata")
     max_logprobs: int | None = _ignored(None, "at most 20", type=int)

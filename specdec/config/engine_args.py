@@ -107,6 +107,7 @@ class EngineArgs(
         # NOTE: hub ids become local paths here, once: the executor, its workers and the
         # drafters read files only, and --revision / --download-dir / --hf-token apply
         engine["model"] = self._local_model()
+        engine["tokenizer"] = self._local_tokenizer()
         if speculative is not None:
             speculative = self._local_drafter(speculative)
         self.generation_defaults()  # a bad generation config fails before the model loads

@@ -71,8 +71,9 @@ class ModelArgs(PositionalArgs):
 
     tokenizer: str | None = _arg(
         None,
-        "a Hugging Face tokenizer folder (tokenizer.json, tokenizer_config.json) or its "
-        "tokenizer.json, instead of the model's own; its vocabulary must fit the model's",
+        "a Hugging Face tokenizer folder (tokenizer.json, tokenizer_config.json), its "
+        "tokenizer.json, or a hub id (org/name: its tokenizer files), instead of the model's "
+        "own; its vocabulary must fit the model's",
     )
     dtype: str = _arg(
         "auto",
@@ -135,6 +136,9 @@ class ModelArgs(PositionalArgs):
         flags=("-hft",),
         kind=HUB,
     )
+    tokenizer_revision: str | None = _arg(
+        None, "vLLM: the branch, tag or commit of a hub id --tokenizer (default main)", kind=HUB
+    )
     hf_file: str | None = _arg(
         None,
         "llama.cpp: the file of the -hf repository to load, instead of the one the "
@@ -192,6 +196,19 @@ class ModelArgs(PositionalArgs):
                 )
             return self.model
         return str(self.model_path())
+
+    def _local_tokenizer(self) -> str | None:
+        """``tokenizer`` as a local folder when it is a hub id (its tokenizer files only)."""
+        from specdec.errors import ModelNotFoundError
+        from specdec.model.hub import hub_model_path, is_hub_id
+
+        if not self.tokenizer or not is_hub_id(self.tokenizer):
+            return self.tokenizer
+        options = self.hub_options(self.tokenizer_revision)
+        try:
+            return str(hub_model_path(self.tokenizer, options, "tokenizer"))
+        except ModelNotFoundError as e:
+            raise ModelNotFoundError(f"tokenizer (--tokenizer): {e}") from None
 
     def generation_defaults(self) -> dict[str, Any]:
         """Default sampling (SamplingParams names) from ``generation_config`` (vLLM's 'auto':

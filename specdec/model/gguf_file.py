@@ -1,5 +1,9 @@
 """GGUF files: metadata as plain Python values and tensors as views of a memory map.
 
+A model split by llama.cpp's ``gguf-split`` (or gguf-py's writer) is read from its first part,
+``name-00001-of-0000N.gguf``: the metadata is the first part's, the tensors every part's, in
+order (``split.count`` parts, ``split.tensors.count`` tensors in all).
+
 NOTE: `gguf.GGUFReader` builds a numpy view for every part of every field: reading a
 tokenizer's 49k tokens and 48k merges took 7 s of a 21 s load of SmolLM2-1.7B (147k fields
 parts, ~1M memmap slices). This reads the header with ``struct`` from one memory map (~0.1 s)
@@ -9,6 +13,7 @@ and keeps `gguf` for its constants and block sizes; big-endian files go to GGUFR
 from __future__ import annotations
 
 import mmap
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +50,7 @@ class GGUFFile:
         self.path = Path(path)
         self.metadata: dict[str, Any] = {}
         self.tensors: list[GGUFTensor] = []
+        self.parts: list[GGUFFile] = [self]  # a split model's parts (read_gguf), kept open
         with open(self.path, "rb") as f:
             buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         self._buf = buf
@@ -127,8 +133,68 @@ class GGUFFile:
         self.tensors = [GGUFTensor(t.name, t.tensor_type, t.shape, t.data) for t in reader.tensors]
 
 
+# llama.cpp's split naming (llama_split_path): PREFIX-00001-of-00003.gguf
+SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
+SPLIT_COUNT, SPLIT_NO, SPLIT_TENSORS = "split.count", "split.no", "split.tensors.count"
+
+
+def split_parts(path: str | Path) -> list[Path]:
+    """Every part of the split model whose part ``path`` is (its own name if not split)."""
+    path = Path(path)
+    m = SPLIT_NAME.match(path.name)
+    if m is None:
+        return [path]
+    count = int(m.group("count"))
+    width = len(m.group("no"))
+    return [
+        path.with_name(f"{m.group('prefix')}-{i:0{width}d}-of-{m.group('count')}.gguf")
+        for i in range(1, count + 1)
+    ]
+
+
 def read_gguf(path: str | Path) -> GGUFFile:
-    return GGUFFile(path)
+    """A GGUF file, or the whole of a split model from its first part."""
+    first = GGUFFile(path)
+    count = int(first.metadata.get(SPLIT_COUNT, 1) or 1)
+    if count <= 1:
+        return first
+    if int(first.metadata.get(SPLIT_NO, 0)) != 0:
+        raise ValueError(
+            f"{first.path} is part {int(first.metadata[SPLIT_NO]) + 1} of a split model: load "
+            "its first part (-00001-of-...)"
+        )
+    parts = split_parts(first.path)
+    if len(parts) != count:
+        raise ValueError(
+            f"{first.path} is the first of {count} parts, but its name does not say where the "
+            "others are (expected NAME-00001-of-0000N.gguf, as gguf-split writes them)"
+        )
+    names = {t.name for t in first.tensors}
+    first.parts = [first]
+    for no, part_path in enumerate(parts[1:], start=1):
+        if not part_path.is_file():
+            raise ValueError(
+                f"part {no + 1} of {count} of this split model is missing: {part_path}"
+            )
+        part = GGUFFile(part_path)
+        if (
+            int(part.metadata.get(SPLIT_NO, -1)) != no
+            or int(part.metadata.get(SPLIT_COUNT, 0)) != count
+        ):
+            raise ValueError(f"{part_path} is not part {no + 1} of {count} of {first.path.name}")
+        for t in part.tensors:
+            if t.name in names:
+                raise ValueError(f"{part_path}: tensor {t.name} appears twice")
+            names.add(t.name)
+        first.tensors.extend(part.tensors)
+        first.parts.append(part)
+    want = first.metadata.get(SPLIT_TENSORS)
+    if want is not None and int(want) != len(first.tensors):
+        raise ValueError(
+            f"{first.path.name}: the split model holds {len(first.tensors)} tensors, its first "
+            f"part says {int(want)}"
+        )
+    return first
 
 
 def gguf_metadata(reader: GGUFFile) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 
 An id names a repository. A repository of GGUF files gives one file: ``--hf-file``'s, else the
 one whose name holds the quantization after ``:`` (case-insensitive), else the first of
-``PREFERRED_QUANTS`` it has. A repository with ``config.json`` and safetensors gives a folder of
+``PREFERRED_QUANTS`` it has; a split model (``-00001-of-0000N.gguf``) gives all its parts. A repository with ``config.json`` and safetensors gives a folder of
 its configuration, tokenizer and weights; a drafter head (EAGLE, Medusa) the folder of its
 configuration and weights. Files land in the Hugging Face cache layout (``HF_HUB_CACHE``, or
 vLLM's ``--download-dir``), shared with transformers and vLLM. The cache is read first: a model
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 from specdec.errors import ModelNotFoundError
+from specdec.model.gguf_file import split_parts
 
 # "org/name" or "org/name:QUANT", as the hub spells repository ids
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*(:[\w.-]+)?$")
@@ -31,10 +32,13 @@ PREFERRED_QUANTS = ("Q4_K_M", "Q4_0", "Q8_0", "Q4_1", "Q5_K_M", "Q6_K", "F16", "
 FOLDER_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.jinja", "*.txt"]
 # a drafter head (EAGLE, EAGLE-3, Medusa): its configuration and weights
 HEAD_PATTERNS = ["*.json", "*.safetensors", "*.bin", "*.pt", "*.pth"]
+# a tokenizer (--tokenizer): tokenizer.json, its configuration and chat template
+TOKENIZER_PATTERNS = ["tokenizer*", "special_tokens_map.json", "chat_template*", "*.jinja"]
 _SPLIT_GGUF = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)
+_FIRST_PART = re.compile(r"-00001-of-\d{5}\.gguf$", re.IGNORECASE)
 _QUANT_TAG = re.compile(r"(?i)I?Q\d\w*|B?F16|F32")
 
-Kind = Literal["model", "head"]
+Kind = Literal["model", "head", "tokenizer"]
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,8 @@ def is_hub_id(model: str) -> bool:
 
 def hub_model_path(model: str, options: HubOptions | None = None, kind: Kind = "model") -> Path:
     """The local path of hub id ``model`` (``org/name[:QUANT]``): a GGUF file or a folder, from
-    the cache, else downloaded into it. ``kind`` "head": a drafter head's folder."""
+    the cache, else downloaded into it. ``kind`` "head": a drafter head's folder; "tokenizer":
+    a folder of the repository's tokenizer files only."""
     options = options or HubOptions()
     repo, _, quant = model.partition(":")
     found = _from_cache(repo, quant, model, options, kind)
@@ -149,13 +154,19 @@ def _choose(
     """(the files to download, the GGUF file to load or None for the folder)."""
     if kind == "head":
         return _head_files(names, model), None
+    if kind == "tokenizer":
+        if "tokenizer.json" not in names:
+            raise ModelNotFoundError(
+                f"tokenizer '{model}': the repository has no tokenizer.json{_listing(names)}"
+            )
+        return [n for n in names if any(fnmatch.fnmatch(n, p) for p in TOKENIZER_PATTERNS)], None
     if options.filename:
         if options.filename not in names:
             raise ModelNotFoundError(
                 f"model '{model}': the repository has no file '{options.filename}' "
                 f"(--hf-file){_listing(names)}"
             )
-        return [options.filename], options.filename
+        return gguf_files(names, options.filename, model), options.filename
     ggufs = sorted(n for n in names if n.lower().endswith(".gguf"))
     folder = "config.json" in names and any(n.endswith(".safetensors") for n in names)
     if quant or (ggufs and not folder):
@@ -164,7 +175,7 @@ def _choose(
                 f"model '{model}': the repository holds no GGUF files to pick {quant} from"
             )
         name = choose_gguf(ggufs, quant, model)
-        return [name], name
+        return gguf_files(names, name, model), name
     if not folder:
         raise ModelNotFoundError(
             f"model '{model}': the repository has no GGUF file, nor config.json with "
@@ -186,30 +197,47 @@ def _head_files(names: list[str], model: str) -> list[str]:
 
 
 def choose_gguf(ggufs: list[str], quant: str, model: str) -> str:
-    """The single-file GGUF for ``quant`` (else the preferred one) among ``ggufs``."""
+    """The GGUF file for ``quant`` (else the preferred one) among ``ggufs``: a single file, else
+    the first part of a split one (``-00001-of-0000N.gguf``, as llama.cpp's ``-hf`` takes it)."""
     whole = [n for n in ggufs if not _SPLIT_GGUF.search(n)]
+    firsts = [n for n in ggufs if _FIRST_PART.search(n)]
     wanted = [quant] if quant else list(PREFERRED_QUANTS)
     for q in wanted:
-        hits = [n for n in whole if q.lower() in Path(n).name.lower()]
-        if hits:
-            return min(hits, key=len)  # NOTE: "Q4_0" before "Q4_0_4_4" and the like
-    if not quant and whole:
-        return whole[0]
-    tags = quant_tags(whole)
+        for pool in (whole, firsts):
+            hits = [n for n in pool if q.lower() in n.lower()]
+            if hits:
+                return min(hits, key=len)  # NOTE: "Q4_0" before "Q4_0_4_4" and the like
+    if not quant and (whole or firsts):
+        return (whole or firsts)[0]
+    tags = quant_tags(whole + firsts)
     available = f"available: {', '.join(tags)}" if tags else f"files: {', '.join(ggufs[:8])}"
-    if not whole:
-        available = "only split files, which load from a local path"
     raise ModelNotFoundError(
-        f"model '{model}': no single-file GGUF for {quant or 'any quantization'} in the "
-        f"repository ({available})"
+        f"model '{model}': no GGUF file for {quant or 'any quantization'} in the repository "
+        f"({available})"
     )
+
+
+def gguf_files(names: list[str], name: str, model: str) -> list[str]:
+    """The files to download for GGUF ``name``: itself, or every part of its split model."""
+    if not _FIRST_PART.search(name):
+        return [name]
+    folder = name.rpartition("/")[0]
+    parts = [f"{folder}/{p.name}" if folder else p.name for p in split_parts(Path(name))]
+    missing = [p for p in parts if p not in names]
+    if missing:
+        raise ModelNotFoundError(
+            f"model '{model}': the split model {name} lacks parts in the repository "
+            f"({', '.join(missing[:4])})"
+        )
+    return parts
 
 
 def quant_tags(ggufs: list[str]) -> list[str]:
     """The quantizations the GGUF file names spell (``x-Q4_K_M.gguf``: Q4_K_M), else the names."""
     tags = []
     for name in ggufs:
-        tail = re.split(r"[-.]", Path(name).name[: -len(".gguf")])[-1]
+        stem = _SPLIT_GGUF.sub(".gguf", Path(name).name)[: -len(".gguf")]
+        tail = re.split(r"[-.]", stem)[-1]
         tags.append(tail.upper() if _QUANT_TAG.fullmatch(tail) else name)
     return sorted(set(tags), key=tags.index)
 

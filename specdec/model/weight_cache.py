@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from specdec.kernels import PackedWeight
+from specdec.model.gguf_file import split_parts
 
 logger = logging.getLogger("specdec.model")
 
@@ -73,7 +74,7 @@ def cache_root() -> Path | None:
 def _source_files(source: Path) -> list[Path]:
     if source.is_dir():
         return sorted(p for p in source.iterdir() if p.suffix in (".safetensors", ".json"))
-    return [source]
+    return [p for p in split_parts(source) if p.is_file()]  # a split GGUF: every part
 
 
 def cache_key(source: Path, settings: dict[str, Any]) -> str:

@@ -68,3 +68,58 @@ def test_not_a_gguf_file(tmp_path) -> None:
     bad.write_bytes(b"PK\x03\x04" + b"\0" * 60)
     with pytest.raises(ValueError, match="not a GGUF file"):
         GGUFFile(bad)
+
+
+@pytest.fixture(scope="module")
+def split_smollm2(tmp_path_factory):
+    """The real SmolLM2 file split in three parts, as gguf-split writes them."""
+    from tests.fixtures.gguf_split import write_split_gguf
+
+    src = resolve_model_path("smollm2-135m")
+    return src, write_split_gguf(src, tmp_path_factory.mktemp("split"), "smol", max_tensors=100)
+
+
+def test_a_split_model_reads_as_the_whole_file(split_smollm2) -> None:
+    from specdec.model.gguf_file import read_gguf, split_parts
+
+    src, parts = split_smollm2
+    assert [p.name for p in parts] == [f"smol-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    assert split_parts(parts[1]) == parts and split_parts(src) == [src]
+    whole, split = read_gguf(src), read_gguf(parts[0])
+    assert len(split.parts) == 3 and split.metadata["split.count"] == 3
+    for key, value in whole.metadata.items():
+        assert split.metadata[key] == value, key
+    assert [t.name for t in split.tensors] == [t.name for t in whole.tensors]
+    for a, b in zip(split.tensors, whole.tensors):
+        assert a.tensor_type == b.tensor_type and np.array_equal(a.data, b.data)
+
+
+def test_a_split_model_with_a_part_missing_or_read_from_its_middle(split_smollm2, tmp_path) -> None:
+    import shutil
+
+    from specdec.model.gguf_file import read_gguf
+
+    _, parts = split_smollm2
+    with pytest.raises(ValueError, match="part 2 of a split model: load its first part"):
+        read_gguf(parts[1])
+    for p in parts[:2]:
+        shutil.copy(p, tmp_path / p.name)
+    with pytest.raises(ValueError, match="part 3 of 3 of this split model is missing"):
+        read_gguf(tmp_path / parts[0].name)
+    renamed = tmp_path / "other.gguf"
+    shutil.copy(parts[0], renamed)
+    with pytest.raises(ValueError, match="does not say where the others are"):
+        read_gguf(renamed)
+
+
+def test_a_split_model_generates_as_the_whole_file(split_smollm2, monkeypatch) -> None:
+    from specdec import LLM, SamplingParams
+
+    monkeypatch.setenv("SPECDEC_WEIGHT_CACHE", "off")
+    src, parts = split_smollm2
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    outs = [
+        LLM(str(path), max_model_len=128).generate(["The capital of France is"], sp, use_tqdm=False)
+        for path in (src, parts[0])
+    ]
+    assert outs[0][0].outputs[0].token_ids == outs[1][0].outputs[0].token_ids

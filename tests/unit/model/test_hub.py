@@ -167,7 +167,7 @@ def test_the_quantization_tag_picks_the_file_and_lists_the_others(
     by_name = resolve_model_path("acme/Multi-GGUF", HubOptions(filename="m-Q4_0_4_4.gguf"))
     assert by_name.read_bytes() == b"Q4_0_4_4"
     before = len(fake_hub.requests)
-    with pytest.raises(ModelNotFoundError, match=r"no single-file GGUF for Q6_K.*available: "
+    with pytest.raises(ModelNotFoundError, match=r"no GGUF file for Q6_K.*available: "
                        r"Q4_0, Q4_0_4_4, Q4_K_M, Q8_0"):  # fmt: skip
         resolve_model_path("acme/Multi-GGUF:Q6_K")
     assert len(fake_hub.requests) == before  # NOTE: the cached listing already says so
@@ -249,6 +249,46 @@ def test_folder_models_draft_models_and_heads_by_hub_id(
         assert llm.served_model_names == ["acme/tiny-llama"]
     assert sorted(r.path.rsplit("/", 1)[-1] for r in fake_hub.requests if r.method == "GET"
                   and "/resolve/" in r.path and "tiny-eagle" in r.path) == ["config.json", "pytorch_model.bin"]  # fmt: skip
+
+
+def test_a_split_model_by_hub_id_downloads_every_part(fake_hub, tmp_path) -> None:
+    """llama.cpp's -hf on a split model: the first part is loaded, every part downloaded; a
+    whole file of the same quantization is preferred."""
+    from specdec.model.registry import _smollm2_path
+    from tests.fixtures.gguf_split import write_split_gguf
+
+    parts = write_split_gguf(_smollm2_path(), tmp_path, "s-Q4_1", max_tensors=100)
+    files = {p.name: p for p in parts} | {"s-Q8_0.gguf": b"Q8_0", "README.md": b"# s"}
+    fake_hub.add("acme/Split-GGUF", files)
+    fake_hub.add("acme/Broken-GGUF", {parts[0].name: parts[0], parts[2].name: parts[2]})
+    path = resolve_model_path("acme/Split-GGUF:Q4_1")
+    assert path.name == "s-Q4_1-00001-of-00003.gguf"
+    assert sorted(p.name for p in path.parent.iterdir()) == [p.name for p in parts]
+    assert not fake_hub.gets("s-Q8_0.gguf")
+    sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    by_id = LLM("acme/Split-GGUF:Q4_1", max_model_len=128).generate(["Hi"], sp, use_tqdm=False)
+    whole = LLM(str(_smollm2_path()), max_model_len=128).generate(["Hi"], sp, use_tqdm=False)
+    assert by_id[0].outputs[0].token_ids == whole[0].outputs[0].token_ids
+    with pytest.raises(ModelNotFoundError, match="lacks parts in the repository .*00002-of"):
+        resolve_model_path("acme/Broken-GGUF:Q4_1")
+
+
+def test_a_tokenizer_by_hub_id_fetches_its_files_only(fake_hub, tiny_llama) -> None:
+    from specdec.config import EngineArgs
+
+    fake_hub.add("acme/tiny-tok", {p.name: p for p in tiny_llama.iterdir() if p.is_file()})
+    sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    llm = LLM(str(tiny_llama), tokenizer="acme/tiny-tok", max_model_len=64)
+    by_id = llm.generate(["the cat"], sp, use_tqdm=False)
+    local = LLM(str(tiny_llama), max_model_len=64).generate(["the cat"], sp, use_tqdm=False)
+    assert by_id[0].outputs[0].token_ids == local[0].outputs[0].token_ids
+    fetched = {r.path.rsplit("/", 1)[-1] for r in fake_hub.requests if r.method == "GET"
+               and "/resolve/" in r.path}  # fmt: skip
+    assert "tokenizer.json" in fetched and not any(n.endswith(".safetensors") for n in fetched)
+    assert Path(llm.llm_engine.config.tokenizer).name != "acme/tiny-tok"
+    fake_hub.add("acme/no-tok", {"config.json": b"{}"})
+    with pytest.raises(ModelNotFoundError, match=r"tokenizer \(--tokenizer\): .*no tokenizer.json"):
+        EngineArgs(model=str(tiny_llama), tokenizer="acme/no-tok").create_engine_config()
 
 
 def test_the_cli_takes_hub_ids_with_one_line_errors(fake_hub, tiny_llama, capsys) -> None:
