@@ -25,7 +25,6 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -34,6 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.fixtures.hostile import CASES  # noqa: E402
+from tests.fixtures.victim import beside, victim  # noqa: E402
 
 
 def _free_port() -> int:
@@ -65,21 +65,6 @@ def _start(
     raise SystemExit("the server did not start")
 
 
-def _victim(url: str, model: str, n: int) -> list[float]:
-    """Seconds between the victim's streamed tokens (speculation off for it: one per chunk)."""
-    body = {"model": model, "prompt": "Once upon a time", "max_tokens": n, "temperature": 0,
-            "ignore_eos": True, "stream": True, "num_speculative_tokens": 0}  # fmt: skip
-    gaps, last = [], None
-    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=300) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                now = time.perf_counter()
-                if last is not None:
-                    gaps.append(now - last)
-                last = now
-    return gaps
-
-
 def _health_gap(url: str, stop: threading.Event, out: list[float]) -> None:
     last, worst = time.perf_counter(), 0.0
     with httpx.Client(timeout=10) as c:
@@ -91,43 +76,18 @@ def _health_gap(url: str, stop: threading.Event, out: list[float]) -> None:
     out.append(worst)
 
 
-def _send_until(url: str, path: str, body: dict, done: threading.Event) -> list[int]:
-    """The request, then again under fresh cache salts while ``done`` is unset."""
-    statuses = []
-    for k in range(1_000_000):
-        salted = {**body, "cache_salt": f"loop-{os.getpid()}-{threading.get_ident()}-{k}"}
-        statuses.append(httpx.post(f"{url}/v1/{path}", json=salted, timeout=300).status_code)
-        if done.is_set():
-            return statuses
-    return statuses
-
-
 def _run_case(url: str, model: str, name: str, n: int, loop: bool = False) -> dict:
-    stop, gap, done = threading.Event(), [], threading.Event()
+    stop, gap = threading.Event(), []
     watcher = threading.Thread(target=_health_gap, args=(url, stop, gap))
     watcher.start()
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(len(CASES[name]) + 1) as pool:
-        victim = pool.submit(_victim, url, model, n)
-        victim.add_done_callback(lambda _: done.set())
-        time.sleep(0.05)
-        if loop:
-            costly = [
-                pool.submit(_send_until, url, p, {"model": model, **b}, done)
-                for p, b in CASES[name]
-            ]
-            statuses = sorted({s for f in costly for s in f.result()})
-        else:
-            costly = [
-                pool.submit(httpx.post, f"{url}/v1/{p}", json={"model": model, **b}, timeout=300)
-                for p, b in CASES[name]
-            ]
-            statuses = [f.result().status_code for f in costly]
-        wall = time.perf_counter() - t0
-        gaps = victim.result()
-    stop.set()
-    watcher.join()
-    return {"gaps": gaps, "statuses": statuses, "wall": wall, "health_gap": gap[0]}
+    try:
+        run = beside(url, model, CASES[name], n, loop=loop, loop_s=300, timeout=300)
+    finally:
+        stop.set()
+        watcher.join()
+    statuses = [s.status for s in run.sent]
+    statuses = sorted(set(statuses)) if loop else statuses
+    return {"gaps": run.stream.gaps, "statuses": statuses, "wall": run.wall, "health_gap": gap[0]}
 
 
 def main() -> None:
@@ -148,14 +108,14 @@ def main() -> None:
     args = ap.parse_args()
     proc, url = _start(args.model, args.spec, args.server_path.resolve(), args.extra_args.split())
     try:
-        _victim(url, args.model, 16)  # warm up
+        victim(url, args.model, 16)  # warm up
         print("| case | statuses | case wall s | victim ms/token alone (median, p90) | loaded "
               "| loaded / alone (median) | longest gap / alone median | /health max gap ms |")  # fmt: skip
         print("|---|---|---|---|---|---|---|---|")
         for name in args.cases.split(","):
             alone, loaded, res = [], [], None
             for _ in range(args.rounds):
-                alone += _victim(url, args.model, args.tokens)
+                alone += victim(url, args.model, args.tokens).gaps
                 res = _run_case(url, args.model, name, args.tokens, args.loop)
                 loaded += res["gaps"]
             a50, a90 = statistics.median(alone), statistics.quantiles(alone, n=10)[-1]

@@ -186,7 +186,7 @@ _ALONE = (
     "tests/e2e/server/test_chat_page_browser.py",
     # the 5 s compile limit (hit under 2x load)
     "tests/e2e/server/test_grammar_isolation_server.py",
-    "tests/e2e/server/test_hostile_corpus.py",  # "never stalls"
+    "tests/e2e/server/test_hostile_corpus.py",  # "never stalls", victim ratios
     "tests/e2e/replicas/test_replicas.py",
     "tests/e2e/replicas/test_replicas_ray.py",
     # 0.5 s, 3 s waits
