@@ -46,7 +46,7 @@ def _start(
     model: str, spec: str, server_path: Path, extra: list[str]
 ) -> tuple[subprocess.Popen, str]:
     port = _free_port()
-    cmd = [sys.executable, "-m", "specdec.cli", "serve", model, "--port", str(port),
+    cmd = [sys.executable, "-m", "specdec", "serve", model, "--port", str(port),
            "--max-model-len", "4096", "--uvicorn-log-level", "warning"]  # fmt: skip
     if spec != "none":
         cmd += ["--speculative-config", json.dumps({"method": spec})]
