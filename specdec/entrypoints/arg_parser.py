@@ -5,7 +5,8 @@
   effect in one line. ``--help=all`` prints every flag, ``--help=<section>`` one section (a
   section's name or the vLLM config class it maps to: ``--help=ModelConfig``), and
   ``--help=<flag>`` the flags whose names contain it (``--help=max-model-len``; ``_`` and ``-``
-  alike). ``--help-all`` is ``--help=all``. Every option shows its default.
+  alike). ``--help-all`` is ``--help=all``. Every option shows its default. As vLLM's,
+  ``--help=listgroup`` lists the sections and ``--help=page`` shows every flag in a pager.
 - vLLM's dotted JSON flags: ``--speculative-config.method ngram`` is
   ``--speculative-config '{"method": "ngram"}'`` for any flag whose value is a JSON object; the
   keys of several dotted flags (and of the flag given whole) are merged.
@@ -29,6 +30,7 @@ HELP_TIPS = (
     ("--help=all", "every flag"),
     ("--help=SECTION", "one section: {sections} (or vLLM's config class: --help=ModelConfig)"),
     ("--help=FLAG", "the flags whose names contain FLAG (--help=max-model-len; _ or -)"),
+    ("--help=listgroup", "the sections; --help=page: every flag in a pager"),
 )
 # flags whose value is a JSON object (their type is not json_value)
 JSON_OBJECT_DESTS = ("speculative_config",)
@@ -114,12 +116,31 @@ class ArgumentParser(argparse.ArgumentParser):
         if query is None:
             return self._short_help()
         key = query.lower().replace("_", "-").lstrip("-")
-        if key == "all":
+        if key in ("all", "page"):
             return self._sections_help(list(self._sections()), show_all=True)
+        if key == "listgroup":
+            return self._list_sections()
         for name, actions in self._sections():
-            if key in (name, *(c.lower() for c in SECTIONS[name][1])):
+            if key in (name, *(c.lower() for c in SECTIONS.get(name, ("", ()))[1])):
                 return self._sections_help([(name, actions)], show_all=True)
         return self._search_help(key)
+
+    def print_help(self, file: Any = None) -> None:
+        if self.help_query is not None and self.help_query.lower() == "page" and file is None:
+            import pydoc
+
+            pydoc.pager(self.format_help())  # NOTE: $PAGER, else less; plain output off a TTY
+            return
+        super().print_help(file)
+
+    def _list_sections(self) -> str:
+        """``--help=listgroup``: each section with its flag count and vLLM config classes."""
+        lines = [f"{self.prog}: sections (--help=SECTION shows one):"]
+        for name, actions in self._sections():
+            classes = ", ".join(SECTIONS.get(name, ("", ()))[1])
+            also = f" (also --help={classes.split(', ')[0]})" if classes else ""
+            lines.append(f"  {name}: {len(actions)} flags{also}")
+        return "\n".join(lines) + "\n"
 
     # ---- the pieces ------------------------------------------------------------------------
     def _sections(self) -> Iterator[tuple[str, list[argparse.Action]]]:

@@ -448,6 +448,20 @@ def test_help_shows_one_section_or_the_flags_asked_for(capsys, monkeypatch) -> N
     for name in ("--draft-max", "--draft-min", "--draft-p-min", "--model-draft"):
         assert name in found
     assert "No section or flag matches" in _help(capsys, monkeypatch, "serve", "--help=zzz")
+    # sub-commands whose flags sit outside the sections ("options") too
+    assert "No section or flag matches" in _help(
+        capsys, monkeypatch, "bench", "latency", "--help=zzz"
+    )
+
+
+def test_help_listgroup_and_page(capsys, monkeypatch) -> None:
+    groups = _help(capsys, monkeypatch, "serve", "--help=listgroup")
+    for section in ("model", "cache", "scheduler", "speculative", "parallel", "server"):
+        assert f"\n  {section}: " in groups, section
+    assert "--help=SpeculativeConfig" in groups and len(groups.splitlines()) < 20
+    monkeypatch.setenv("PAGER", "cat")  # NOTE: off a TTY pydoc writes plainly anyway
+    page = _help(capsys, monkeypatch, "serve", "--help=page")
+    assert page == _help(capsys, monkeypatch, "serve", "--help=all")
 
 
 def test_train_help_shows_every_default(capsys, monkeypatch) -> None:
