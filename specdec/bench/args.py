@@ -41,6 +41,11 @@ def shared_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def flag_values(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """The flags ``names`` as they were parsed, for the options fields of the same names."""
+    return {name: getattr(args, name) for name in names}
+
+
 def engine_settings(engine: EngineArgs, names: tuple[str, ...]) -> dict[str, Any]:
     """The engine options a benchmark exposes, for its results' settings."""
     return {name: getattr(engine, name) for name in names}

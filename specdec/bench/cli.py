@@ -11,6 +11,7 @@ from specdec.bench.args import (
     add_command,
     add_dataset_args,
     csv,
+    flag_values,
     int_csv,
     shared_options,
 )
@@ -176,11 +177,7 @@ def cmd_latency(args: argparse.Namespace) -> int:
         raise ValueError("--max-tokens must be >= 1")
     opts = LatencyOptions(
         **shared_options(args),
-        temperature=args.temperature,
-        ignore_eos=args.ignore_eos,
-        chat=args.chat,
-        code_prefix=args.code_prefix,
-        output_dir=args.output_dir,
+        **flag_values(args, "temperature", "ignore_eos", "chat", "code_prefix", "output_dir"),
         plots=not args.no_plots,
         progress=not args.no_progress,
         interleave=args.interleave,

@@ -38,7 +38,7 @@ from typing import Any
 
 from specdec.bench import report
 from specdec.bench.aggregate import merge_spec, percentile
-from specdec.bench.args import SERVE_ENGINE_ARGS, add_command, csv, engine_settings
+from specdec.bench.args import SERVE_ENGINE_ARGS, add_command, csv, engine_settings, flag_values
 from specdec.bench.configs import BenchConfig, parse_configs
 from specdec.bench.dataset import WARMUP_PROMPT
 from specdec.bench.report import fmt, loud, warn
@@ -463,11 +463,9 @@ def cmd_bench_multiturn(args: argparse.Namespace) -> int:
     opts = MultiturnOptions(
         engine=EngineArgs.from_cli_args(args),
         methods=parse_methods(args.methods),
-        conversations=args.conversations,
-        num_conversations=args.num_conversations,
-        max_turns=args.max_turns,
-        max_tokens=args.max_tokens,
-        request_timeout=args.request_timeout,
-        output_dir=args.output_dir,
-    )
+        **flag_values(
+            args, "conversations", "num_conversations", "max_turns", "max_tokens",
+            "request_timeout", "output_dir",
+        ),
+    )  # fmt: skip
     return run_multiturn(opts).exit_code

@@ -60,6 +60,7 @@ from specdec.bench.args import (
     add_command,
     add_dataset_args,
     engine_settings,
+    flag_values,
     int_csv,
     shared_options,
 )
@@ -664,13 +665,9 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     opts = ServeOptions(
         **shared_options(args),
         concurrency=tuple(args.concurrency),
-        duration_limit=args.duration_limit,
-        base_url=args.base_url,
-        api_key=args.api_key,
-        ignore_eos=args.ignore_eos,
-        code_prefix=args.code_prefix,
-        request_timeout=args.request_timeout,
-        rounds=args.rounds,
-        output_dir=args.output_dir,
-    )
+        **flag_values(
+            args, "duration_limit", "base_url", "api_key", "ignore_eos", "code_prefix",
+            "request_timeout", "rounds", "output_dir",
+        ),
+    )  # fmt: skip
     return run_serve(opts).exit_code

@@ -101,14 +101,8 @@ class Eagle3Head {
                     "Eagle3Head.step: float32 k_cache [S, Hkv, L / ", kKeyBlock, ", D, ", kKeyBlock,
                     "] and v_cache [S, Hkv, L, D] expected");
         const int64_t max_len = v_cache.size(2);
-        int64_t total = 0;
-        for (size_t s = 0; s < slots.size(); ++s) {
-            TORCH_CHECK(slots[s] >= 0 && slots[s] < k_cache.size(0), "Eagle3Head.step: slot out of range");
-            TORCH_CHECK(starts[s] >= 0 && counts[s] >= 0 && starts[s] + counts[s] <= max_len,
-                        "Eagle3Head.step: positions beyond the head's cache");
-            total += counts[s];
-        }
-        TORCH_CHECK(total == T, "Eagle3Head.step: counts sum to ", total, " but emb has ", T, " rows");
+        check_seq_ranges("Eagle3Head.step", slots, starts, counts, k_cache.size(0), max_len, T, "the head's cache",
+                         "emb");
         for (int64_t p : positions)
             TORCH_CHECK(p >= 0 && p < cos_.size(0), "Eagle3Head.step: position ", p, " beyond the rotary table");
 

@@ -23,6 +23,7 @@ namespace {
 
 using simd512::hsum16;
 using simd512::prefetch;
+using simd512::store_tile;
 using simd512::tail_mask;
 
 constexpr int64_t kPrefetchBytes = 8192;
@@ -90,17 +91,6 @@ struct Block<QT_Q4_1> {
 
 // ---------------------------------------------------------------------------------------------
 // Tiles.
-
-template <int MR, int NR>
-inline void store_tile(__m512 (&acc)[MR][NR], float* y, int64_t ldy, const float* bias) {
-    for (int m = 0; m < MR; ++m) {
-        for (int n = 0; n < NR; ++n) {
-            float s = hsum16(acc[m][n]);
-            if (bias) s += bias[n];
-            y[m * ldy + n] = s;
-        }
-    }
-}
 
 // MR activation rows (stride ldx) x NR float weight rows (stride ldw).
 template <int MR, int NR, bool kPrefetch>

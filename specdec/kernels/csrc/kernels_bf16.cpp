@@ -23,6 +23,7 @@ namespace {
 
 using simd512::hsum16;
 using simd512::prefetch;
+using simd512::store_tile;
 using simd512::tail_mask;
 
 constexpr int64_t kPrefetchBytes = 4096;
@@ -45,17 +46,6 @@ inline __m512 load_w(const uint16_t* p) {
 template <int QT>
 inline __m512 load_w_masked(__mmask16 m, const uint16_t* p) {
     return widen<QT>(_mm256_maskz_loadu_epi16(m, p));
-}
-
-template <int MR, int NR>
-inline void store_tile(__m512 (&acc)[MR][NR], float* y, int64_t ldy, const float* bias) {
-    for (int m = 0; m < MR; ++m) {
-        for (int n = 0; n < NR; ++n) {
-            float s = hsum16(acc[m][n]);
-            if (bias) s += bias[n];
-            y[m * ldy + n] = s;
-        }
-    }
 }
 
 // MR activation rows (stride K) x NR 16-bit weight rows (stride K), widened in registers.

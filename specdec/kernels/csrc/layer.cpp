@@ -158,14 +158,7 @@ class DecoderLayer {
                         kKeyBlock, "] (blocked), of v_cache's dtype");
         }
         const int64_t max_len = q8 ? v_cache.size(2) * kKeyBlock : v_cache.size(2);
-        int64_t total = 0;
-        for (size_t s = 0; s < slots.size(); ++s) {
-            TORCH_CHECK(slots[s] >= 0 && slots[s] < k_cache.size(0), "DecoderLayer: slot out of range");
-            TORCH_CHECK(starts[s] >= 0 && counts[s] >= 0 && starts[s] + counts[s] <= max_len,
-                        "DecoderLayer: positions beyond the cache");
-            total += counts[s];
-        }
-        TORCH_CHECK(total == T, "DecoderLayer: counts sum to ", total, " but x has ", T, " rows");
+        check_seq_ranges("DecoderLayer", slots, starts, counts, k_cache.size(0), max_len, T, "the cache", "x");
 
         // ---- attention block
         torch::Tensor h = rms_norm(x, input_norm_, eps_);

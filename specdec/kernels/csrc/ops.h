@@ -53,4 +53,22 @@ void bind_allreduce(py::module_& m);
 // Registers the Eagle3Head class (head.cpp).
 void bind_eagle3_head(py::module_& m);
 
+// The sequences of a call over a slotted cache (DecoderLayer, Eagle3Head.step): every slot in
+// [0, num_slots), every [starts[s], starts[s] + counts[s]) within [0, max_len), the counts summing
+// to the call's T rows.  ``who``, ``cache`` and ``rows`` name the call, its cache and the tensor
+// holding the rows in the messages.
+inline void check_seq_ranges(const char* who, const std::vector<int64_t>& slots,
+                             const std::vector<int64_t>& starts, const std::vector<int64_t>& counts,
+                             int64_t num_slots, int64_t max_len, int64_t T, const char* cache,
+                             const char* rows) {
+    int64_t total = 0;
+    for (size_t s = 0; s < slots.size(); ++s) {
+        TORCH_CHECK(slots[s] >= 0 && slots[s] < num_slots, who, ": slot out of range");
+        TORCH_CHECK(starts[s] >= 0 && counts[s] >= 0 && starts[s] + counts[s] <= max_len, who,
+                    ": positions beyond ", cache);
+        total += counts[s];
+    }
+    TORCH_CHECK(total == T, who, ": counts sum to ", total, " but ", rows, " has ", T, " rows");
+}
+
 }  // namespace specdec
