@@ -19,6 +19,12 @@ counters summed), TTFT p50, decode tokens/s = output tokens after the first / se
 first token, and its ratio to plain's at the same turn. Rows ``3+`` and ``all`` pool the later
 turns and every turn.
 
+``--concurrency N`` replays N conversations at once on each server (caches emptied before each
+group of N), as agent traffic arrives; ``--base-url LABEL=URL`` measures servers already running
+(any OpenAI-compatible one: another specdec, vLLM, llama-server) instead of starting them, each
+under its configuration's label (``plain=http://127.0.0.1:8000``); their caches cannot be emptied,
+so a later conversation may reuse an earlier one's prefix.
+
 Checks (a failure makes the exit code 1): every speculative reply equals plain's (same
 conversation and turn, text and token count); and speculation never serves fewer prompt tokens
 from the prefix cache than plain does for the same prompt (same conversation and turn, every
@@ -124,6 +130,8 @@ class MultiturnOptions:
     max_tokens: int = 128
     request_timeout: float = 600.0
     output_dir: str | None = None
+    concurrency: int = 1  # conversations replayed at once on each server
+    base_urls: dict[str, str] | None = None  # label -> the URL of a server already running
 
 
 MultiturnResult = report.BenchResult
@@ -289,6 +297,34 @@ def later_turn_notes(summary: list[dict]) -> list[str]:
 
 
 # ---- the run -------------------------------------------------------------------------------------
+class _External:
+    """A server already running (``--base-url``): nothing to start, stop or empty."""
+
+    def __init__(self, url: str, name: str) -> None:
+        self.url, self.name = url.rstrip("/"), name
+
+    def reset_caches(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+def parse_base_urls(values: list[str] | None) -> dict[str, str] | None:
+    """``LABEL=URL`` values (``--base-url``) -> {label: url}; None when none are given."""
+    if not values:
+        return None
+    out: dict[str, str] = {}
+    for value in values:
+        label, sep, url = value.partition("=")
+        if not sep or not label.strip() or not url.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"--base-url {value!r}: expected LABEL=URL, e.g. plain=http://127.0.0.1:8000"
+            )
+        out[label.strip()] = url
+    return out
+
+
 class _Run:
     def __init__(self, opts: MultiturnOptions) -> None:
         from specdec.bench.latency import _validate_models
@@ -297,7 +333,8 @@ class _Run:
         if not opts.engine.enable_prefix_caching:
             raise ConfigError("bench multiturn measures the prefix cache: leave it enabled")
         self.opts = opts
-        self.configs = parse_configs(opts.methods)
+        methods = list(opts.base_urls) if opts.base_urls else opts.methods
+        self.configs = parse_configs(methods)
         anchors = [c.label for c in self.configs if c.is_anchor]
         if anchors:
             raise ConfigError(f"bench multiturn measures our server only, not {', '.join(anchors)}")
@@ -309,16 +346,25 @@ class _Run:
         if not convs:
             raise ValueError("no conversations selected")
         self.conversations = convs
-        _validate_models(self.configs)
-        self.model_path = resolve_model_path(opts.engine.model)
+        if opts.base_urls:  # NOTE: the servers hold the model: nothing to read here
+            self.model_path = Path(opts.engine.model)
+        else:
+            _validate_models(self.configs)
+            self.model_path = resolve_model_path(opts.engine.model)
         self.records: list[dict] = []
         self.config_errors: dict[str, str] = {}
 
     def _start(self, servers: dict[str, InProcessServer]) -> None:
         """One server per configuration, each warmed up on a prompt in no conversation."""
+        urls = self.opts.base_urls or {}
         for cfg in self.configs:
             try:
-                server = InProcessServer(self.opts.engine, cfg, self.model_path, 1)
+                if cfg.label in urls:
+                    server: Any = _External(urls[cfg.label], self.opts.engine.model)
+                else:
+                    server = InProcessServer(
+                        self.opts.engine, cfg, self.model_path, self.opts.concurrency
+                    )
                 servers[cfg.label] = server
                 warm = Conversation(
                     "warmup", "warmup", [[{"role": "user", "content": WARMUP_PROMPT}]]
@@ -338,37 +384,46 @@ class _Run:
         loud([f"FAILURE: {cfg.label} crashed: {type(e).__name__}: {e}"])
         traceback.print_exc()
 
-    def _replay(self, server: InProcessServer, cfg: BenchConfig, conv: Conversation) -> None:
+    def _replay(self, server: Any, cfg: BenchConfig, group: list[Conversation]) -> None:
+        """``group``'s conversations at once on ``server``, its caches emptied first."""
         server.reset_caches()
-        rows = asyncio.run(
-            run_conversation(
-                server.url, server.name, conv, self.opts.max_tokens, self.opts.request_timeout
+
+        async def replay_all() -> list[list[dict]]:
+            return await asyncio.gather(*(
+                run_conversation(
+                    server.url, server.name, conv, self.opts.max_tokens, self.opts.request_timeout
+                )
+                for conv in group
+            ))  # fmt: skip
+
+        for conv, rows in zip(group, asyncio.run(replay_all())):
+            for r in rows:
+                r["config"] = cfg.label
+                if cfg.is_plain:
+                    r["spec_decode"] = None  # the server reports zero counters for plain
+            self.records.extend(rows)
+            hits = ", ".join(
+                f"{r['cached_prompt_tokens']}/{r['prompt_tokens']}" for r in rows if not r["error"]
             )
-        )
-        for r in rows:
-            r["config"] = cfg.label
-            if cfg.is_plain:
-                r["spec_decode"] = None  # the server reports zero counters for plain
-        self.records.extend(rows)
-        hits = ", ".join(
-            f"{r['cached_prompt_tokens']}/{r['prompt_tokens']}" for r in rows if not r["error"]
-        )
-        print(
-            f"{cfg.label} / {conv.id}: {len(rows)} turns, cached prompt tokens {hits}", flush=True
-        )
+            print(
+                f"{cfg.label} / {conv.id}: {len(rows)} turns, cached prompt tokens {hits}",
+                flush=True,
+            )
 
     def execute(self) -> None:
         servers: dict[str, InProcessServer] = {}
         try:
             self._start(servers)
-            for i, conv in enumerate(self.conversations):
+            n = self.opts.concurrency
+            groups = [self.conversations[i : i + n] for i in range(0, len(self.conversations), n)]
+            for i, group in enumerate(groups):
                 live = [c for c in self.configs if c.label in servers]
                 shift = i % len(live)
                 for cfg in live[shift:] + live[:shift]:
                     if cfg.label in self.config_errors:
                         continue
                     try:
-                        self._replay(servers[cfg.label], cfg, conv)
+                        self._replay(servers[cfg.label], cfg, group)
                     except Exception as e:
                         self._crashed(cfg, e)
         finally:
@@ -381,6 +436,8 @@ class _Run:
 def run_multiturn(opts: MultiturnOptions) -> MultiturnResult:
     if opts.max_tokens < 1:
         raise ValueError("--max-tokens must be >= 1")
+    if opts.concurrency < 1:
+        raise ValueError("--concurrency must be >= 1")
     for name in ("num_conversations", "max_turns"):
         value = getattr(opts, name)
         if value is not None and value < 1:
@@ -392,12 +449,16 @@ def run_multiturn(opts: MultiturnOptions) -> MultiturnResult:
     print(f"{len(run.conversations)} conversations ({n} turns), configurations "
           f"{', '.join(c.label for c in run.configs)}, max_tokens {opts.max_tokens}, greedy; "
           f"output in {out_dir}")  # fmt: skip
+    if opts.base_urls:
+        warn("servers given by --base-url keep their caches between conversations: a later "
+             "conversation may reuse an earlier one's prefix")  # fmt: skip
     run.execute()
     failures = compare_to_reference(run.records, run.reference)
     failures += [f"{label} crashed: {e}" for label, e in run.config_errors.items()]
     summary = summarize(run.records, run.configs)
     settings = asdict(opts)
     settings.pop("engine")
+    settings.pop("base_urls")  # NOTE: addresses are not results
     settings.update(engine_settings(opts.engine, SERVE_ENGINE_ARGS))
     payload = {
         "schema": SCHEMA,
@@ -432,9 +493,12 @@ missing); a method's own options follow it, e.g. plain,suffix,ngram:k=5,max=4,hy
 Conversations file: {"conversations": [{"id", "category", "system"?, "turns": [...]}]}, a turn
 being a user message (a string) or a list of {"role", "content"} messages (tool results).
 
-example:
+examples:
   specdec bench multiturn --model smollm2-135m --methods plain,suffix,ngram,hybrid \\
       --max-tokens 128
+  specdec bench multiturn --model smollm2-135m --methods plain,suffix --concurrency 4
+  specdec bench multiturn --model smollm2-135m \\
+      --base-url plain=http://127.0.0.1:8000 --base-url suffix=http://127.0.0.1:8001
 """
 
 
@@ -456,6 +520,11 @@ def add_multiturn_parser(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=128, help="per answer (default: 128)")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
     p.add_argument("--output-dir", default=None, help="default: bench_out/<timestamp>")
+    p.add_argument("--concurrency", type=int, default=1,
+                   help="conversations replayed at once on each server (default: 1)")  # fmt: skip
+    p.add_argument("--base-url", action="append", default=None, metavar="LABEL=URL",
+                   help="measure a server already running under this configuration's label "
+                   "instead of starting one (repeatable; replaces --methods)")  # fmt: skip
     p.set_defaults(func=cmd_bench_multiturn)
 
 
@@ -463,9 +532,10 @@ def cmd_bench_multiturn(args: argparse.Namespace) -> int:
     opts = MultiturnOptions(
         engine=EngineArgs.from_cli_args(args),
         methods=parse_methods(args.methods),
+        base_urls=parse_base_urls(args.base_url),
         **flag_values(
             args, "conversations", "num_conversations", "max_turns", "max_tokens",
-            "request_timeout", "output_dir",
+            "request_timeout", "output_dir", "concurrency",
         ),
     )  # fmt: skip
     return run_multiturn(opts).exit_code
