@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import gc
 import logging
+import os
 import socket
 import sys
 import threading
@@ -47,6 +48,7 @@ from specdec.entrypoints.openai.server_args import (
     make_arg_parser,
 )
 from specdec.entrypoints.openai.server_common import (
+    FORWARDED_CLIENT_SECRET_ENV,
     RequestGuard,
     ServerState,
     api_key_dependency,
@@ -87,6 +89,7 @@ def build_app(
     per_request_spec_decode_metrics: str | None = None,
     special_tokens_in_content: str = "allow",
     responses_store: response_store.ResponseStore | None = None,
+    forwarded_client_secret: str | None = None,
 ) -> Any:
     """A FastAPI app serving ``llm`` (an AsyncLLM); its lifespan starts and stops the engine thread.
 
@@ -94,6 +97,8 @@ def build_app(
     names when bound to loopback); ``allowed_origins`` None: no CORS. ``app.state.drain`` is the
     graceful shutdown that ``make_server``'s servers run on SIGTERM. ``responses_store`` keeps
     ``/v1/responses`` (default: ``ResponseStore()``; ``app.state.responses_store``).
+    ``forwarded_client_secret``: a replica's (its front's secret): the caller a request's signed
+    ``x-specdec-client`` header names is its client (``server_common.client_lane``).
     """
     from fastapi import FastAPI
 
@@ -129,7 +134,7 @@ def build_app(
     _install_checks(app, state, allowed_origins)
     store = responses_store if responses_store is not None else response_store.ResponseStore()
     app.state.responses_store = store
-    endpoints = Endpoints(serving, max_body_bytes)
+    endpoints = Endpoints(serving, max_body_bytes, forwarded_client_secret)
     add_openai_routes(app, endpoints, api_key_dependency(api_key), store)
     add_server_routes(app, llm, state)
     return app
@@ -332,6 +337,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.ray or args.data_parallel_size != 1:
         raise ConfigError("--data-parallel-size / --ray: start replicas with `specdec serve`")
     engine_args, config, allowed_hosts = check_serve_args(args)
+    # NOTE: set by the front that started this replica; not passed on to the engine's workers
+    forwarded_secret = os.environ.pop(FORWARDED_CLIENT_SECRET_ENV, "") or None
     spec = config.speculative
     # vLLM's --generation-config / --override-generation-config under llama.cpp's --temp ...
     defaults = {**engine_args.generation_defaults(), **sampling_defaults(args)}
@@ -345,7 +352,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     llm = _start_engine(args, config)
-    app = _serving_app(args, llm, allowed_hosts, defaults)
+    app = _serving_app(args, llm, allowed_hosts, defaults, forwarded_secret)
     _apply_app_flags(app, args)
     _log_serving(args, app, root, spec, allowed_hosts)
     config = uvicorn.Config(
@@ -394,7 +401,11 @@ def _start_engine(args: argparse.Namespace, config: Any) -> Any:
 
 
 def _serving_app(
-    args: argparse.Namespace, llm: Any, allowed_hosts: list[str] | None, defaults: dict[str, Any]
+    args: argparse.Namespace,
+    llm: Any,
+    allowed_hosts: list[str] | None,
+    defaults: dict[str, Any],
+    forwarded_secret: str | None = None,
 ) -> Any:
     """``build_app`` with what the flags say."""
     from specdec.metrics import PREFIX_CHOICES
@@ -415,6 +426,7 @@ def _serving_app(
         responses_store=response_store.ResponseStore(
             args.responses_store_size, args.responses_store_bytes
         ),
+        forwarded_client_secret=forwarded_secret,
     )
 
 

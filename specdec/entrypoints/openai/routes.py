@@ -53,15 +53,22 @@ class SSEResponse(StreamingResponse):
 class Endpoints:
     """What the route handlers share: reading a request into its model, answering a result."""
 
-    def __init__(self, serving: OpenAIServing, max_body_bytes: int) -> None:
+    def __init__(
+        self, serving: OpenAIServing, max_body_bytes: int, forwarded_secret: str | None = None
+    ) -> None:
         self.serving = serving
         self.max_body_bytes = max_body_bytes
+        self.forwarded_secret = forwarded_secret  # a replica's: its front names the caller
+
+    def client(self, request: Request) -> str:
+        """The request's client (its tenant): ``server_common.client_lane``."""
+        return client_lane(request, self.forwarded_secret)
 
     async def read(self, request: Request, model: Any, prefix: str) -> tuple[str, Any]:
         request.state.request_id = rid = random_id(prefix)
         body = await read_body(request, self.max_body_bytes, RequestError)
         req = await self.serving.run_blocking(parse_request, body, model)
-        req._client = client_lane(request)
+        req._client = self.client(request)
         return rid, req
 
     @staticmethod
@@ -141,14 +148,14 @@ def _add_responses_routes(v1: APIRouter, ep: Endpoints, store: ResponseStore) ->
 
     @v1.get("/responses/{response_id}")
     async def retrieve_response(response_id: str, request: Request) -> Any:
-        stored = store.get(client_lane(request), response_id)
+        stored = store.get(ep.client(request), response_id)
         if stored is None:
             raise api.not_found(response_id)
         return JSONResponse(stored.response)
 
     @v1.delete("/responses/{response_id}")
     async def delete_response(response_id: str, request: Request) -> Any:
-        if not store.delete(client_lane(request), response_id):
+        if not store.delete(ep.client(request), response_id):
             raise api.not_found(response_id)
         return JSONResponse(api.deleted(response_id))
 

@@ -50,9 +50,44 @@ def api_key_dependency(api_key: str | None) -> Callable[..., Any]:
     return check_api_key
 
 
-def client_lane(request: Any) -> str:
+# A replica behind a front (``--data-parallel-size``, Ray Serve) sees every request come from
+# the front; the front names the caller (its ``client_lane``) in CLIENT_HEADER, signed with a
+# secret it generated and gave only to the replicas it started (FORWARDED_CLIENT_SECRET_ENV).
+# A server without the secret, or a request without the matching signature, is its own caller.
+CLIENT_HEADER = "x-specdec-client"
+CLIENT_SIGNATURE_HEADER = "x-specdec-client-signature"
+FORWARDED_CLIENT_SECRET_ENV = "SPECDEC_FORWARDED_CLIENT_SECRET"
+
+
+def client_signature(lane: str, secret: str) -> str:
+    """The front's signature of a forwarded ``lane`` (HMAC-SHA256 under ``secret``)."""
+    return hmac.new(secret.encode(), lane.encode("utf-8", "replace"), hashlib.sha256).hexdigest()
+
+
+def forwarded_client_headers(lane: str, secret: str) -> dict[str, str]:
+    """The headers a front adds to a request it relays: who sent it, signed."""
+    return {CLIENT_HEADER: lane, CLIENT_SIGNATURE_HEADER: client_signature(lane, secret)}
+
+
+def forwarded_client(headers: Any, secret: str | None) -> str | None:
+    """The caller a front named in ``headers``, when signed with ``secret`` (else None)."""
+    lane = headers.get(CLIENT_HEADER)
+    if not secret or not lane:
+        return None
+    given = headers.get(CLIENT_SIGNATURE_HEADER, "")
+    want = client_signature(lane, secret)
+    if not hmac.compare_digest(given.encode("utf-8", "replace"), want.encode()):
+        return None
+    return lane
+
+
+def client_lane(request: Any, forwarded_secret: str | None = None) -> str:
     """Who sent ``request``, for per-client lanes in shared queues: a hash of its API key, else
-    its host (NOTE: not the connection: a client opens as many of those as it likes)."""
+    its host (NOTE: not the connection: a client opens as many of those as it likes). With
+    ``forwarded_secret`` (a replica behind a front), the caller its front named, when signed."""
+    forwarded = forwarded_client(request.headers, forwarded_secret)
+    if forwarded is not None:
+        return forwarded
     key = request.headers.get("authorization") or request.headers.get("x-api-key")
     if key:
         return "key:" + hashlib.blake2b(key.encode("utf-8", "replace"), digest_size=8).hexdigest()

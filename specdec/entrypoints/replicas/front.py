@@ -8,6 +8,12 @@ with an error event and ``[DONE]``, its non-streamed requests get a 503 with ``R
 requests not yet sent go to another replica, and the pool restarts it. ``/metrics`` holds every
 replica's metrics with a ``replica`` label, and the front's own (replica up, ongoing requests,
 restarts, routing decisions).
+
+Each relayed request names its caller (``server_common.client_lane``: its API key's hash, else
+its address) in ``x-specdec-client``, signed with the pool's secret, so each replica keeps
+tenants apart as a single server does (per-client lanes, stored responses). ``/v1/responses``
+is routed by that caller (rendezvous hashing over the replicas that are up): a tenant's stored
+responses live on one replica, where its follow-ups, GETs and DELETEs go too.
 """
 
 # NOTE: no `from __future__ import annotations`: FastAPI reads the handlers' annotations.
@@ -25,13 +31,15 @@ from specdec.entrypoints.openai.server_common import (
     ServerState,
     add_health_routes,
     api_key_dependency,
+    client_lane,
+    forwarded_client_headers,
     parse_request,
     read_body,
     wait_until,
     with_cancellation,
 )
 from specdec.entrypoints.replicas.pool import Replica, ReplicaPool
-from specdec.entrypoints.replicas.router import Router, routing_salt, routing_text
+from specdec.entrypoints.replicas.router import Router, rendezvous, routing_salt, routing_text
 
 logger = logging.getLogger("specdec.entrypoints.replicas")
 
@@ -77,7 +85,7 @@ def build_front_app(
     from fastapi import FastAPI
 
     state = ServerState(allowed_hosts=list(allowed_hosts) if allowed_hosts is not None else None)
-    relay = _Relay(pool, router, state, max_body_bytes)
+    relay = _Relay(pool, router, state, max_body_bytes, pool.client_secret)
 
     async def drain(force_exit: Any = lambda: False) -> None:
         # NOTE: each replica drains its own requests on SIGTERM (finish within the timeout, then
@@ -123,11 +131,22 @@ class _Relay:
     relaying a request to it, to another when it cannot be reached."""
 
     def __init__(
-        self, pool: ReplicaPool, router: Router, state: ServerState, max_body_bytes: int
+        self,
+        pool: ReplicaPool,
+        router: Router,
+        state: ServerState,
+        max_body_bytes: int,
+        client_secret: str,
     ) -> None:
         self.pool, self.router, self.state = pool, router, state
         self.max_body_bytes = max_body_bytes
+        self.client_secret = client_secret
         self.decisions: Counter[tuple[int, str]] = Counter()
+
+    def headers(self, request: Any) -> dict[str, str]:
+        """What a replica is sent of ``request``'s headers, and its caller, signed."""
+        lane = client_lane(request)
+        return _headers(request.headers) | forwarded_client_headers(lane, self.client_secret)
 
     def pick(self, text: str, session: str | None, salt: str | None) -> Replica:
         loads = {r.index: r.ongoing for r in self.pool.replicas if r.up}
@@ -137,10 +156,18 @@ class _Relay:
         self.decisions[(choice.replica, choice.reason)] += 1
         return self.pool.replicas[choice.replica]
 
+    def pick_tenant(self, tenant: str) -> Replica:
+        """The tenant's replica among those up (rendezvous hashing): where its stored
+        responses live."""
+        up = [r.index for r in self.pool.replicas if r.up]
+        if not up or self.state.draining:
+            raise no_replica_error()
+        index = rendezvous(tenant, up)
+        self.decisions[(index, "tenant")] += 1
+        return self.pool.replicas[index]
+
     async def generate(self, request: Any, model: Any) -> Any:
         """A completion: checked and parsed here (400 before routing), routed, relayed."""
-        from fastapi.responses import Response
-
         from specdec.entrypoints.openai.protocol import RequestError
 
         body = await read_body(request, self.max_body_bytes, RequestError)
@@ -148,14 +175,35 @@ class _Relay:
         parsed = json.loads(body)
         text, salt = routing_text(parsed), routing_salt(parsed)
         session = request.headers.get(SESSION_HEADER)
-        path = request.url.path
+        return await self._send(request, body, req.stream, lambda: self.pick(text, session, salt))
+
+    async def responses(self, request: Any) -> Any:
+        """``/v1/responses`` (create, retrieve, delete): checked here (a body parsed, 400 before
+        routing), sent to the caller's replica, relayed."""
+        from specdec.entrypoints.openai.protocol import RequestError
+        from specdec.entrypoints.openai.responses import ResponsesRequest
+
+        body = await read_body(request, self.max_body_bytes, RequestError)
+        stream = False
+        if request.method == "POST":
+            req = await asyncio.to_thread(parse_request, body, ResponsesRequest)
+            stream = req.stream
+        tenant = client_lane(request)
+        return await self._send(request, body, stream, lambda: self.pick_tenant(tenant))
+
+    async def _send(self, request: Any, body: bytes, stream: bool, pick: Any) -> Any:
+        """``request`` to the replica ``pick()`` names, to the next one when it cannot be
+        reached; its answer (streamed when ``stream``) relayed."""
+        from fastapi.responses import Response
+
+        path, method, headers = request.url.path, request.method, self.headers(request)
         for _ in range(len(self.pool.replicas)):
-            replica = self.pick(text, session, salt)
+            replica = pick()
             try:
-                if req.stream:
-                    return await _relay_stream(replica, path, body, request.headers)
+                if stream:
+                    return await _relay_stream(replica, path, body, headers)
                 result = await with_cancellation(
-                    _relay(replica, path, body, request.headers), request
+                    _relay(replica, path, body, headers, method), request
                 )
                 return Response(status_code=499) if result is DISCONNECTED else result
             except _ConnectFailed:
@@ -167,19 +215,19 @@ class _Relay:
         from specdec.entrypoints.openai.protocol import RequestError
 
         body = await read_body(request, self.max_body_bytes, RequestError)
+        headers = self.headers(request)
         for _ in range(len(self.pool.replicas)):
             replica = self.pick("", None, None)
             try:
-                return await _relay(
-                    replica, request.url.path, body, request.headers, request.method
-                )
+                return await _relay(replica, request.url.path, body, headers, request.method)
             except _ConnectFailed:
                 self.pool.mark_down(replica)
         raise no_replica_error()
 
 
 def _add_api_routes(app: Any, relay: _Relay, check_api_key: Any) -> None:
-    """/v1 (completions routed, models relayed), then /tokenize, /detokenize and /replicas."""
+    """/v1 (completions routed, responses by caller, models relayed), then /tokenize,
+    /detokenize and /replicas."""
     from fastapi import APIRouter, Depends, Request
     from fastapi.responses import JSONResponse
 
@@ -194,6 +242,18 @@ def _add_api_routes(app: Any, relay: _Relay, check_api_key: Any) -> None:
     @v1.post("/completions")
     async def completions(request: Request) -> Any:
         return await relay.generate(request, CompletionRequest)
+
+    @v1.post("/responses")
+    async def responses(request: Request) -> Any:
+        return await relay.responses(request)
+
+    @v1.get("/responses/{response_id}")
+    async def retrieve_response(request: Request, response_id: str) -> Any:
+        return await relay.responses(request)
+
+    @v1.delete("/responses/{response_id}")
+    async def delete_response(request: Request, response_id: str) -> Any:
+        return await relay.responses(request)
 
     @v1.get("/models")
     async def list_models(request: Request) -> Any:
@@ -287,7 +347,7 @@ def _answer(resp: Any, replica: Replica) -> Any:
 
 
 async def _relay(
-    replica: Replica, path: str, body: bytes, incoming: Any, method: str = "POST"
+    replica: Replica, path: str, body: bytes, headers: dict[str, str], method: str = "POST"
 ) -> Any:
     """The replica's whole answer, or a 503 with Retry-After when it dies before answering."""
     import httpx
@@ -295,9 +355,7 @@ async def _relay(
     replica.ongoing += 1
     try:
         content = body if method == "POST" else None
-        resp = await replica.client.request(
-            method, path, content=content, headers=_headers(incoming)
-        )
+        resp = await replica.client.request(method, path, content=content, headers=headers)
     except httpx.ConnectError:
         raise _ConnectFailed from None
     except httpx.TransportError:
@@ -307,7 +365,7 @@ async def _relay(
     return _answer(resp, replica)
 
 
-async def _relay_stream(replica: Replica, path: str, body: bytes, incoming: Any) -> Any:
+async def _relay_stream(replica: Replica, path: str, body: bytes, headers: dict[str, str]) -> Any:
     """The replica's SSE stream, relayed; if the replica dies mid-stream, an error event and
     ``[DONE]`` end it."""
     import httpx
@@ -315,9 +373,7 @@ async def _relay_stream(replica: Replica, path: str, body: bytes, incoming: Any)
 
     replica.ongoing += 1
     try:
-        request = replica.client.build_request(
-            "POST", path, content=body, headers=_headers(incoming)
-        )
+        request = replica.client.build_request("POST", path, content=body, headers=headers)
         resp = await replica.client.send(request, stream=True)
     except httpx.ConnectError:
         replica.ongoing -= 1

@@ -5,7 +5,9 @@ Each replica is a whole specdec server (its own AsyncLLM, prefix cache and draft
 (a terminal's Ctrl-C reaches the front only, which then stops the replicas in order), pinned to
 its cores with one thread per core, and told to die with its parent (PR_SET_PDEATHSIG): a front
 killed outright leaves no engine behind. The sockets live in a private 0700 directory: nothing
-but the front can reach a replica, so replicas need no API key of their own.
+but the front can reach a replica, so replicas need no API key of their own. Each replica gets
+the pool's random ``client_secret`` in its environment (never on its command line): the front
+signs the caller it names in each relayed request with it (``server_common.client_lane``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import asyncio
 import ctypes
 import logging
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -22,6 +25,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from specdec.entrypoints.openai.server_common import FORWARDED_CLIENT_SECRET_ENV
 
 logger = logging.getLogger("specdec.entrypoints.replicas")
 
@@ -100,6 +105,8 @@ class ReplicaPool:
     on_restart: Any = None  # called with the replica index when a replica comes back empty
     replicas: list[Replica] = field(default_factory=list)
     stopping: bool = False
+    # the replicas honour the caller the front names only when signed with this (never logged)
+    client_secret: str = field(default_factory=lambda: secrets.token_hex(32), repr=False)
 
     def __post_init__(self) -> None:
         self.workdir = tempfile.mkdtemp(prefix="specdec-replicas-")
@@ -123,6 +130,7 @@ class ReplicaPool:
             os.unlink(r.socket_path)
         env = {k: v for k, v in os.environ.items() if k != "SPECDEC_API_KEY"}
         env["SPECDEC_REPLICA"] = str(r.index)
+        env[FORWARDED_CLIENT_SECRET_ENV] = self.client_secret
         r.proc = subprocess.Popen(
             self.command(r),
             env=env,

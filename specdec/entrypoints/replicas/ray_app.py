@@ -13,6 +13,11 @@ models) and the answer relayed with ``x-specdec-replica``. The engine deployment
 ``--data-parallel-size`` front uses (prefix tree per replica, ``x-session-id`` rendezvous
 hashing, least-loaded when queues differ by more than ``imbalanced_threshold``). Autoscaling is
 Ray Serve's: ``target_ongoing_requests`` per replica between the min and the max.
+
+As behind the ``--data-parallel-size`` front, the ingress names each request's caller in a
+header signed with a secret generated at deploy time and given to the engines (their
+environment), so each engine keeps tenants apart; ``/v1/responses`` goes to the caller's
+replica (rendezvous hashing over the live replicas), where its stored responses live.
 """
 
 # NOTE: no `from __future__ import annotations`: FastAPI reads the handlers' annotations.
@@ -22,6 +27,7 @@ import asyncio
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -33,6 +39,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from specdec.entrypoints.openai.server_common import FORWARDED_CLIENT_SECRET_ENV
 from specdec.entrypoints.replicas.pool import _child_setup, replica_argv
 
 logger = logging.getLogger("specdec.entrypoints.replicas")
@@ -48,7 +55,9 @@ TTFT_WINDOW_S = 30.0  # as Ray Serve's default look_back_period_s
 class SpecdecEngine:
     """One Ray Serve replica: a ``specdec serve`` engine process and a relay to it."""
 
-    def __init__(self, argv: list[str], threads: int, tp: int = 1) -> None:
+    def __init__(
+        self, argv: list[str], threads: int, tp: int = 1, client_secret: str | None = None
+    ) -> None:
         import httpx
         from ray import serve
 
@@ -65,6 +74,9 @@ class SpecdecEngine:
             local_rank = getattr(getattr(context, "rank", None), "local_rank", 0) or 0
             cores = replica_cores(cores, local_rank, threads * tp)
         env = {k: v for k, v in os.environ.items() if k != "SPECDEC_API_KEY"}
+        env.pop(FORWARDED_CLIENT_SECRET_ENV, None)
+        if client_secret:  # NOTE: the ingress signs the caller it names with it
+            env[FORWARDED_CLIENT_SECRET_ENV] = client_secret
         self.proc = subprocess.Popen(
             cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
             preexec_fn=lambda: _child_setup(cores),  # noqa: PLW1509
@@ -99,10 +111,16 @@ class SpecdecEngine:
             async for chunk in resp.aiter_raw():
                 yield chunk
 
-    async def request(self, method: str, path: str, body: bytes, headers: dict) -> dict:
+    async def request(
+        self, route: dict | None, method: str, path: str, body: bytes, headers: dict
+    ) -> dict:
+        """The engine's whole answer; ``route`` (``{"tenant": ...}`` or None: any replica) is
+        what ``SpecdecRequestRouter`` reads."""
         resp = await self.client.request(method, path, content=body or None, headers=headers)
         keep = {k: v for k, v in resp.headers.items() if k in ("content-type", "retry-after")}
-        return {"status": resp.status_code, "headers": keep, "body": resp.content}
+        return {
+            "status": resp.status_code, "headers": keep, "body": resp.content, "replica": self.name,
+        }  # fmt: skip
 
     async def metrics(self) -> dict:
         """This engine's Prometheus text and the replica it comes from (for the ingress merge)."""
@@ -183,8 +201,11 @@ class TrailingMean:
         return (total[0] - first_sum) / n if n > 0 else 0.0
 
 
-def build_ingress_app(api_key: str | None, allowed_hosts: list[str] | None) -> Any:
-    """The OpenAI endpoint in front of the engine deployment (same checks as the single server)."""
+def build_ingress_app(
+    api_key: str | None, allowed_hosts: list[str] | None, client_secret: str | None = None
+) -> Any:
+    """The OpenAI endpoint in front of the engine deployment (same checks as the single server);
+    ``client_secret`` signs the caller named to the engines (``server_common.client_lane``)."""
     from fastapi import APIRouter, Depends, FastAPI, Request
     from fastapi.responses import Response
     from ray import serve
@@ -194,31 +215,52 @@ def build_ingress_app(api_key: str | None, allowed_hosts: list[str] | None) -> A
         CompletionRequest,
         RequestError,
     )
-    from specdec.entrypoints.openai.server_common import ServerState, add_health_routes, read_body
-    from specdec.entrypoints.replicas.front import _headers, install_checks
+    from specdec.entrypoints.openai.responses import ResponsesRequest
+    from specdec.entrypoints.openai.server_common import (
+        ServerState,
+        add_health_routes,
+        client_lane,
+        read_body,
+    )
+    from specdec.entrypoints.replicas.front import REPLICA_HEADER, install_checks
 
     state = ServerState(allowed_hosts=allowed_hosts)
     app = FastAPI(title="specdec (Ray Serve)")
     check_api_key = install_checks(app, state, api_key)
     engine = serve.get_deployment_handle(ENGINE_NAME, APP_NAME)
 
+    secret = client_secret or ""
+
     async def generate(request: Request, model: Any) -> Any:
         body = await read_body(request, MAX_BODY, RequestError)
-        return await _generate(engine, request, body, model)
+        return await _generate(engine, request, body, model, secret)
 
-    async def forward(request: Request) -> Any:
+    async def forward(request: Request, route: dict | None = None) -> Any:
         body = await read_body(request, MAX_BODY, RequestError)
         try:
             got = await engine.request.remote(
-                request.method, request.url.path, body, _headers(request.headers)
+                route, request.method, request.url.path, body, relayed_headers(request, secret)
             )
         except Exception as e:  # noqa: BLE001 - a replica lost (a Ray error): retry later
             raise _lost(e) from None
-        return Response(got["body"], got["status"], headers=got["headers"])
+        headers = {**got["headers"], REPLICA_HEADER: got["replica"]}
+        return Response(got["body"], got["status"], headers=headers)
+
+    async def responses(request: Request) -> Any:
+        """Create: checked (400 before routing) and sent to the caller's replica."""
+        body = await read_body(request, MAX_BODY, RequestError)
+        route = {"tenant": client_lane(request)}
+        return await _generate(engine, request, body, ResponsesRequest, secret, route)
+
+    async def stored_response(request: Request, response_id: str) -> Any:
+        """Retrieve or delete: at the caller's replica."""
+        return await forward(request, {"tenant": client_lane(request)})
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
     v1.add_api_route("/chat/completions", _route(generate, ChatCompletionRequest), methods=["POST"])
     v1.add_api_route("/completions", _route(generate, CompletionRequest), methods=["POST"])
+    v1.add_api_route("/responses", responses, methods=["POST"])
+    v1.add_api_route("/responses/{response_id}", stored_response, methods=["GET", "DELETE"])
     v1.add_api_route("/models", forward, methods=["GET"])
     v1.add_api_route("/models/{model_id:path}", forward, methods=["GET"])
     app.include_router(v1)
@@ -285,20 +327,33 @@ def _lost(e: Exception) -> Any:
     return replica_lost_error("of the engine deployment")
 
 
-async def _generate(engine: Any, request: Any, body: bytes, model: Any) -> Any:
-    """Validate (400 before routing), route on text and session, relay the replica's answer."""
+def relayed_headers(request: Any, secret: str) -> dict[str, str]:
+    """What an engine is sent of ``request``'s headers, and its caller, signed."""
+    from specdec.entrypoints.openai.server_common import client_lane, forwarded_client_headers
+    from specdec.entrypoints.replicas.front import _headers
+
+    named = forwarded_client_headers(client_lane(request), secret) if secret else {}
+    return _headers(request.headers) | named
+
+
+async def _generate(
+    engine: Any, request: Any, body: bytes, model: Any, secret: str, route: dict | None = None
+) -> Any:
+    """Validate (400 before routing), route on text and session (or ``route``), relay the
+    replica's answer."""
     from fastapi.responses import Response, StreamingResponse
 
     from specdec.entrypoints.openai.server_common import parse_request
-    from specdec.entrypoints.replicas.front import REPLICA_HEADER, SESSION_HEADER, _headers
+    from specdec.entrypoints.replicas.front import REPLICA_HEADER, SESSION_HEADER
     from specdec.entrypoints.replicas.router import routing_salt, routing_text
 
     req = await asyncio.to_thread(parse_request, body, model)
-    parsed = json.loads(body)
-    route = {"text": routing_text(parsed), "salt": routing_salt(parsed),
-             "session": request.headers.get(SESSION_HEADER)}  # fmt: skip
+    if route is None:
+        parsed = json.loads(body)
+        route = {"text": routing_text(parsed), "salt": routing_salt(parsed),
+                 "session": request.headers.get(SESSION_HEADER)}  # fmt: skip
     gen = engine.options(stream=True).generate.remote(
-        route, request.url.path, body, _headers(request.headers)
+        route, request.url.path, body, relayed_headers(request, secret)
     )
     try:
         head = await gen.__anext__()
@@ -399,10 +454,13 @@ def build_ray_app(args: argparse.Namespace, argv: list[str], api_key: str | None
         **engine_resources(args),
     }
     tp = getattr(args, "tensor_parallel_size", 1) or 1
-    engine = serve.deployment(SpecdecEngine, **options).bind(replica_argv(argv), threads, tp)
+    secret = secrets.token_hex(32)  # NOTE: the ingress signs the caller it names with it
+    engine = serve.deployment(SpecdecEngine, **options).bind(
+        replica_argv(argv), threads, tp, secret
+    )
 
     def builder() -> Any:
-        return build_ingress_app(api_key, allowed_hosts)
+        return build_ingress_app(api_key, allowed_hosts, secret)
 
     @serve.ingress(builder)
     class SpecdecIngress:

@@ -88,6 +88,13 @@ def test_checks_run_at_the_front(front):
     resp = httpx.post(f"{url}/v1/completions", json=body, headers=_auth(), timeout=30)
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "max_tokens"
     assert "x-specdec-replica" not in resp.headers  # refused before routing
+    body = {"model": MODEL, "input": "x", "max_output_tokens": 0}
+    assert httpx.post(f"{url}/v1/responses", json=body, timeout=30).status_code == 401
+    assert httpx.get(f"{url}/v1/responses/resp-1", timeout=30).status_code == 401
+    assert httpx.delete(f"{url}/v1/responses/resp-1", timeout=30).status_code == 401
+    resp = httpx.post(f"{url}/v1/responses", json=body, headers=_auth(), timeout=30)
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "max_output_tokens"
+    assert "x-specdec-replica" not in resp.headers
 
 
 def test_relayed_routes_answer_at_the_front(front, single):

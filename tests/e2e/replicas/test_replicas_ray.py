@@ -90,6 +90,32 @@ def test_prefix_and_session_affinity(ray_app):
         assert len(served) == 1
 
 
+def test_responses_stay_with_their_tenant(ray_app):
+    """/v1/responses through the ingress: a follow-up, GET and DELETE find the stored response
+    (every call on the caller's replica); another client's GET of it is a 404."""
+    url = ray_app.url
+    mine, theirs = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer key-b"}
+    body = {"model": MODEL, "input": "My name is Ada.", "max_output_tokens": 4, "temperature": 0}
+    first = httpx.post(f"{url}/v1/responses", json=body, headers=mine, timeout=120)
+    assert first.status_code == 200, first.text[:300]
+    rid, home = first.json()["id"], first.headers["x-specdec-replica"]
+    body = {**body, "input": "What is my name?", "previous_response_id": rid}
+    later = httpx.post(f"{url}/v1/responses", json=body, headers=mine, timeout=120)
+    assert later.status_code == 200 and later.headers["x-specdec-replica"] == home
+    assert later.json()["usage"]["input_tokens"] > first.json()["usage"]["input_tokens"]
+    with httpx.stream(
+        "POST", f"{url}/v1/responses", json={**body, "stream": True}, headers=mine, timeout=120
+    ) as r:  # fmt: skip
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert r.status_code == 200 and r.headers["x-specdec-replica"] == home
+    assert json.loads(lines[-1][6:])["type"] in ("response.completed", "response.incomplete")
+    got = httpx.get(f"{url}/v1/responses/{rid}", headers=mine, timeout=60)
+    assert got.status_code == 200 and got.headers["x-specdec-replica"] == home
+    assert httpx.get(f"{url}/v1/responses/{rid}", headers=theirs, timeout=60).status_code == 404
+    assert httpx.delete(f"{url}/v1/responses/{rid}", headers=mine, timeout=60).status_code == 200
+    assert httpx.get(f"{url}/v1/responses/{rid}", headers=mine, timeout=60).status_code == 404
+
+
 def test_ingress_metrics_merge_every_replica(ray_app):
     """GET /metrics on the ingress: each replica's engine series with its replica label (the
     id x-specdec-replica names), one TYPE per family, the dashboard's series for both."""
