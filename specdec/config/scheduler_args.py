@@ -24,7 +24,7 @@ class SchedulerArgs:
     prefill_time_share: float = _arg(
         1.0,
         "while requests decode, the prompts read beside them may take at most this times the "
-        "decoding's time on average, in chunks of ~3 decode steps' time (1: their tokens come "
+        "decoding's time on average, in chunks of ~2.5 decode steps' time (1: their tokens come "
         "~2x slower on average; higher favours throughput and time to first token; 0: no "
         "limit, prompts take the whole token budget)",
         type=float,

@@ -35,7 +35,7 @@ REFRESH_STEPS = 32
 DECODE_EMA = 0.3  # weight of the newest decode-only step in the average
 # The extra time of a step that reads prompt tokens beside decoding, in decode steps: a stream's
 # longest wait between two steps is about 1 + BURST of its steps under load.
-BURST = 3.0
+BURST = 2.5
 
 
 @dataclass

@@ -28,10 +28,10 @@ def test_a_step_decodes_alone_first_then_reads_a_chunk() -> None:
 def test_the_chunk_moves_toward_a_burst_of_the_decode_time() -> None:
     share = PrefillShare(1.0)
     share.observe(0, True, 5.0)
-    # 1.25 ms a prompt token: BURST (3) decode steps of 5 ms hold 12 tokens
+    # 1.25 ms a prompt token: BURST decode steps of 5 ms hold BURST * 4 tokens
     for _ in range(12):
         share.observe(share.chunk, True, 5.0 + 1.25 * share.chunk)
-    assert abs(share.chunk - 12) <= 1 and share.chunk >= MIN_CHUNK
+    assert abs(share.chunk - BURST * 4) <= 1 and share.chunk >= MIN_CHUNK
     # cheap prompt tokens: the chunk grows, at most doubling a step
     before = share.chunk
     share.observe(before, True, 5.0 + 0.01 * before)
