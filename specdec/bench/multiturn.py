@@ -458,7 +458,6 @@ def run_multiturn(opts: MultiturnOptions) -> MultiturnResult:
     summary = summarize(run.records, run.configs)
     settings = asdict(opts)
     settings.pop("engine")
-    settings.pop("base_urls")  # NOTE: addresses are not results
     settings.update(engine_settings(opts.engine, SERVE_ENGINE_ARGS))
     payload = {
         "schema": SCHEMA,

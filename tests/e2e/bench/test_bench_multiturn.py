@@ -96,3 +96,32 @@ def test_real_model_two_conversations(tmp_path: Path, capsys) -> None:
     table = (out_dir / "table.md").read_text()
     assert "| suffix | 3 |" in table and "prefix hit rate" in table
     assert "prefix hit rate" in capsys.readouterr().out
+
+
+def test_base_urls_and_concurrency(tmp_path: Path) -> None:
+    """Two conversations at once against a server already running (--base-url), and the flags'
+    errors."""
+    from specdec.config import ConfigError
+    from tests.fixtures.server import serve
+
+    with pytest.raises(ConfigError, match="LABEL=URL"):
+        multiturn.parse_base_urls(["http://127.0.0.1:1"])
+    convs = json.loads(multiturn.DEFAULT_CONVERSATIONS.read_text())["conversations"]
+    picked = [c for c in convs if c["id"] in ("code/settings-parser", "agent/failing-test")]
+    path = tmp_path / "two.json"
+    path.write_text(json.dumps({"conversations": picked}))
+    out_dir = tmp_path / "out"
+    with serve(
+        "smollm2-135m", "--max-model-len", "2048", "--max-num-seqs", "2", timeout=120
+    ) as srv:
+        code = main([
+            "bench", "multiturn", "--model", "smollm2-135m", "--base-url", f"plain={srv.url}",
+            "--concurrency", "2", "--conversations", str(path), "--max-turns", "3",
+            "--max-tokens", "16", "--request-timeout", "120", "--output-dir", str(out_dir),
+        ])  # fmt: skip
+    payload = json.loads((out_dir / "results.json").read_text())
+    assert code == 0, payload["failures"]
+    records = payload["records"]
+    assert len(records) == 2 * 3 and not any(r["error"] for r in records)
+    assert all(r["cached_prompt_tokens"] > 0 for r in records if r["turn"] >= 2)
+    assert payload["environment"]["settings"]["base_urls"] == {"plain": srv.url}
