@@ -3,17 +3,13 @@ serve) and what it can run on this machine (instruction sets, 8-bit and bf16x2 k
 
 from __future__ import annotations
 
-import importlib
 import os
 import types
 
 from specdec.kernels.formats import KQUANT_BLOCK, KQUANT_QTYPES
 
 try:
-    # NOTE: the compiled leaf module, by name: ``from . import _C`` would read, to the import
-    # graph of tests/unit/test_layers.py (which knows .py modules only), as this module
-    # importing the package that imports it.
-    _C = importlib.import_module("specdec.kernels._C")
+    from specdec.kernels import _C
 
     _IMPORT_ERROR: BaseException | None = None
 except Exception as exc:  # extension not built, or built against another torch
