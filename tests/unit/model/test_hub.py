@@ -121,6 +121,8 @@ def _file_requests(hub) -> list:
 def test_download_load_generate_then_the_cached_copy_makes_no_request(fake_hub, capsys) -> None:
     import time
 
+    import huggingface_hub  # noqa: F401  NOTE: both paths below use it: not timed in either
+
     sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     start = time.perf_counter()
     first = LLM("acme/SmolLM2-GGUF:Q4_1", max_model_len=128).generate(["Hi"], sp, use_tqdm=False)
