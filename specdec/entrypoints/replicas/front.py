@@ -243,17 +243,12 @@ def _add_api_routes(app: Any, relay: _Relay, check_api_key: Any) -> None:
     async def completions(request: Request) -> Any:
         return await relay.generate(request, CompletionRequest)
 
-    @v1.post("/responses")
     async def responses(request: Request) -> Any:
         return await relay.responses(request)
 
-    @v1.get("/responses/{response_id}")
-    async def retrieve_response(request: Request, response_id: str) -> Any:
-        return await relay.responses(request)
-
-    @v1.delete("/responses/{response_id}")
-    async def delete_response(request: Request, response_id: str) -> Any:
-        return await relay.responses(request)
+    # NOTE: create, retrieve and delete alike: relayed to the caller's replica
+    v1.add_api_route("/responses", responses, methods=["POST"])
+    v1.add_api_route("/responses/{response_id}", responses, methods=["GET", "DELETE"])
 
     @v1.get("/models")
     async def list_models(request: Request) -> Any:

@@ -6,18 +6,7 @@ from __future__ import annotations
 import pytest
 
 from specdec import LLM, SamplingParams
-from tests.fixtures.prompts import BENCH_GREEDY_ENGINE, bench_chats, bench_prompts
-
-PROMPTS = [
-    "the cat sat on the mat and the cat sat on the",
-    "a b c a b c a b",
-    "In the beginning",
-    "def f(x):\n    return x + 1\n\ndef g(x):\n    return",
-    "1, 2, 3, 4, 5, 6,",
-    "hello",
-    "the the the the",
-    "Once upon a time there was a small village in the mountains where",
-]
+from tests.fixtures.prompts import BENCH_GREEDY_ENGINE, PROMPTS, bench_chats, bench_prompts
 
 CONFIGS = {
     "default": {"method": "suffix", "num_speculative_tokens": 4},

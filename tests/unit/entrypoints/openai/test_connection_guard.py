@@ -112,21 +112,26 @@ def test_http09_request_line_is_a_400_at_once(port) -> None:
     assert took < AT_ONCE_S
 
 
+def _trickle(conn: socket.socket, every_s: float, limit_s: float) -> tuple[bytes, float]:
+    """A byte every ``every_s`` until the server answers (or closes): its answer, and when."""
+    start, response = time.monotonic(), b""
+    conn.settimeout(every_s)
+    while time.monotonic() - start < limit_s:
+        try:
+            conn.sendall(b"X")
+            response = conn.recv(65536)
+            break
+        except TimeoutError:
+            continue
+        except OSError:
+            break
+    return response, time.monotonic() - start
+
+
 def test_slowloris_trickle_is_closed_at_the_head_timeout(port) -> None:
     with _connect(port) as conn:
         conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
-        start, response = time.monotonic(), b""
-        conn.settimeout(0.1)
-        while time.monotonic() - start < TIMEOUT_S + SLACK_S + 2:
-            try:
-                conn.sendall(b"X")
-                response = conn.recv(65536)
-                break
-            except TimeoutError:
-                continue
-            except OSError:
-                break
-        took = time.monotonic() - start
+        response, took = _trickle(conn, 0.1, TIMEOUT_S + SLACK_S + 2)
     assert response.startswith(b"HTTP/1.1 408"), response[:40]
     assert _error(response)["code"] == "request_timeout"
     assert TIMEOUT_S - 0.1 < took < TIMEOUT_S + SLACK_S
@@ -221,18 +226,8 @@ def test_a_body_in_time_is_read_and_a_trickled_one_is_a_408(port) -> None:
     assert response.startswith(b"HTTP/1.1 200") and b"\r\ngot 10\r\n" in response
     with _connect(port) as conn:
         conn.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
-        start, response = time.monotonic(), b""
-        conn.settimeout(0.2)
-        while time.monotonic() - start < BODY_TIMEOUT_S + SLACK_S + 2:
-            try:
-                conn.sendall(b"a")  # a byte every 0.2 s: never idle, never complete
-                response = conn.recv(65536)
-                break
-            except TimeoutError:
-                continue
-            except OSError:
-                break
-        took = time.monotonic() - start
+        # a byte every 0.2 s: never idle, never complete
+        response, took = _trickle(conn, 0.2, BODY_TIMEOUT_S + SLACK_S + 2)
     assert response.startswith(b"HTTP/1.1 408"), response[:40]
     assert "body" in _error(response)["message"]
     assert BODY_TIMEOUT_S - 0.1 < took < BODY_TIMEOUT_S + SLACK_S
