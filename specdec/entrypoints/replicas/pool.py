@@ -93,6 +93,13 @@ class Replica:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
 
+    @property
+    def serving(self) -> bool:
+        """Up, and its process alive now: a replica that died since the monitor's last look
+        (it polls every 0.2 s) takes no new request (a pooled connection to it would fail
+        only once the request is sent: a 503 instead of a retry on another replica)."""
+        return self.up and (self.proc is None or self.proc.poll() is None)
+
 
 @dataclass
 class ReplicaPool:

@@ -86,9 +86,10 @@ def test_the_pool_passes_its_secret_by_environment(tmp_path, monkeypatch):
 def test_a_tenants_responses_go_to_one_replica_among_those_up():
     from specdec.entrypoints.openai.server_common import ServerState
     from specdec.entrypoints.replicas.front import _Relay
+    from specdec.entrypoints.replicas.pool import Replica
     from specdec.entrypoints.replicas.router import Router
 
-    replicas = [SimpleNamespace(index=i, up=True, ongoing=0) for i in range(3)]
+    replicas = [Replica(index=i, cores=[], socket_path="", up=True) for i in range(3)]
     pool = SimpleNamespace(replicas=replicas)
     relay = _Relay(pool, Router(), ServerState(allowed_hosts=None), 1 << 20, SECRET)
     tenants = [f"host:10.0.0.{i}" for i in range(12)]
@@ -102,3 +103,12 @@ def test_a_tenants_responses_go_to_one_replica_among_those_up():
         moved = relay.pick_tenant(t).index
         assert moved == home[t] if home[t] != 1 else moved in (0, 2)
     assert relay.decisions[(2, "tenant")] > 0
+    # a replica whose process died since the monitor's last look takes no new request
+    import subprocess
+    import sys
+
+    replicas[1].up = True
+    replicas[1].proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    replicas[1].proc.wait()
+    assert all(relay.pick_tenant(t).index != 1 for t in tenants)
+    assert relay.pick("text", None, None).index != 1
