@@ -35,6 +35,7 @@ from specdec.entrypoints.openai.server_common import (
     forwarded_client_headers,
     parse_request,
     read_body,
+    validated,
     wait_until,
     with_cancellation,
 )
@@ -171,9 +172,8 @@ class _Relay:
         from specdec.entrypoints.openai.protocol import RequestError
 
         body = await read_body(request, self.max_body_bytes, RequestError)
-        req = await asyncio.to_thread(parse_request, body, model)  # 400 before routing
-        parsed = json.loads(body)
-        text, salt = routing_text(parsed), routing_salt(parsed)
+        # 400 before routing; the body parsed once, off the event loop
+        req, text, salt = await asyncio.to_thread(parse_for_routing, body, model)
         session = request.headers.get(SESSION_HEADER)
         return await self._send(request, body, req.stream, lambda: self.pick(text, session, salt))
 
@@ -215,14 +215,16 @@ class _Relay:
         from specdec.entrypoints.openai.protocol import RequestError
 
         body = await read_body(request, self.max_body_bytes, RequestError)
-        headers = self.headers(request)
-        for _ in range(len(self.pool.replicas)):
-            replica = self.pick("", None, None)
-            try:
-                return await _relay(replica, request.url.path, body, headers, request.method)
-            except _ConnectFailed:
-                self.pool.mark_down(replica)
-        raise no_replica_error()
+        return await self._send(request, body, False, lambda: self.pick("", None, None))
+
+
+def parse_for_routing(body: bytes, model: Any) -> tuple[Any, str, str | None]:
+    """The request ``model`` (a RequestError naming the field), and the text and salt it is
+    routed on."""
+    from specdec.entrypoints.openai.safety import parse_json_body
+
+    data = parse_json_body(body)
+    return validated(data, model), routing_text(data), routing_salt(data)
 
 
 def _add_api_routes(app: Any, relay: _Relay, check_api_key: Any) -> None:

@@ -343,15 +343,12 @@ async def _generate(
     replica's answer."""
     from fastapi.responses import Response, StreamingResponse
 
-    from specdec.entrypoints.openai.server_common import parse_request
-    from specdec.entrypoints.replicas.front import REPLICA_HEADER, SESSION_HEADER
-    from specdec.entrypoints.replicas.router import routing_salt, routing_text
+    from specdec.entrypoints.replicas.front import REPLICA_HEADER, SESSION_HEADER, parse_for_routing
 
-    req = await asyncio.to_thread(parse_request, body, model)
+    # 400 before routing; the body parsed once, off the event loop
+    req, text, salt = await asyncio.to_thread(parse_for_routing, body, model)
     if route is None:
-        parsed = json.loads(body)
-        route = {"text": routing_text(parsed), "salt": routing_salt(parsed),
-                 "session": request.headers.get(SESSION_HEADER)}  # fmt: skip
+        route = {"text": text, "salt": salt, "session": request.headers.get(SESSION_HEADER)}
     gen = engine.options(stream=True).generate.remote(
         route, request.url.path, body, relayed_headers(request, secret)
     )
