@@ -150,7 +150,7 @@ class _Relay:
         return _headers(request.headers) | forwarded_client_headers(lane, self.client_secret)
 
     def pick(self, text: str, session: str | None, salt: str | None) -> Replica:
-        loads = {r.index: r.ongoing for r in self.pool.replicas if r.serving}
+        loads = {r.index: r.ongoing for r in self.pool.serving()}
         if not loads or self.state.draining:
             raise no_replica_error()
         choice = self.router.choose(text, session, loads, salt)
@@ -160,7 +160,7 @@ class _Relay:
     def pick_tenant(self, tenant: str) -> Replica:
         """The tenant's replica among those up (rendezvous hashing): where its stored
         responses live."""
-        up = [r.index for r in self.pool.replicas if r.serving]
+        up = [r.index for r in self.pool.serving()]
         if not up or self.state.draining:
             raise no_replica_error()
         index = rendezvous(tenant, up)

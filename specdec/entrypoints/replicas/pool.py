@@ -93,13 +93,6 @@ class Replica:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
 
-    @property
-    def serving(self) -> bool:
-        """Up, and its process alive now: a replica that died since the monitor's last look
-        (it polls every 0.2 s) takes no new request (a pooled connection to it would fail
-        only once the request is sent: a 503 instead of a retry on another replica)."""
-        return self.up and (self.proc is None or self.proc.poll() is None)
-
 
 @dataclass
 class ReplicaPool:
@@ -186,6 +179,15 @@ class ReplicaPool:
 
     def mark_down(self, r: Replica) -> None:
         r.up = False
+
+    def serving(self) -> list[Replica]:
+        """The replicas that take new requests: up, and alive now. One that died since the
+        monitor's last look (it polls every 0.2 s) is marked down here: a pooled connection to
+        it would fail only once a request was sent, a 503 instead of another replica."""
+        for r in self.replicas:
+            if r.up and r.proc is not None and r.proc.poll() is not None:
+                self.mark_down(r)
+        return [r for r in self.replicas if r.up]
 
     async def monitor(self, interval: float = 0.2) -> None:
         """Restart replicas that died, until ``stop``."""

@@ -86,11 +86,11 @@ def test_the_pool_passes_its_secret_by_environment(tmp_path, monkeypatch):
 def test_a_tenants_responses_go_to_one_replica_among_those_up():
     from specdec.entrypoints.openai.server_common import ServerState
     from specdec.entrypoints.replicas.front import _Relay
-    from specdec.entrypoints.replicas.pool import Replica
+    from specdec.entrypoints.replicas.pool import Replica, ReplicaPool
     from specdec.entrypoints.replicas.router import Router
 
     replicas = [Replica(index=i, cores=[], socket_path="", up=True) for i in range(3)]
-    pool = SimpleNamespace(replicas=replicas)
+    pool = ReplicaPool(argv=[], core_groups=[], replicas=replicas)
     relay = _Relay(pool, Router(), ServerState(allowed_hosts=None), 1 << 20, SECRET)
     tenants = [f"host:10.0.0.{i}" for i in range(12)]
     home = {t: relay.pick_tenant(t).index for t in tenants}
@@ -112,3 +112,4 @@ def test_a_tenants_responses_go_to_one_replica_among_those_up():
     replicas[1].proc.wait()
     assert all(relay.pick_tenant(t).index != 1 for t in tenants)
     assert relay.pick("text", None, None).index != 1
+    assert not replicas[1].up  # marked down, for the monitor to restart
