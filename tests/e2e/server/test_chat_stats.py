@@ -13,7 +13,9 @@ from specdec.engine.async_llm import AsyncLLM
 from specdec.entrypoints.openai.api_server import BackgroundServer, build_app
 from specdec.entrypoints.openai.chat_page import CONTENT_SECURITY_POLICY
 
-SPEC = {"method": "ngram", "num_speculative_tokens": 4}
+# NOTE: a fixed k: the adaptive controller, timing a loaded machine, may decline every draft,
+# and the fields under test appear only for requests that verified drafts
+SPEC = {"method": "ngram", "num_speculative_tokens": 4, "adaptive": False}
 # a prompt the model copies from: n-gram drafts get accepted
 ECHO = "Repeat exactly: <script>alert(1)</script> <img src=x onerror=alert(2)> the end. " * 2
 
