@@ -9,8 +9,9 @@ GET /metrics (Prometheus). FastAPI and uvicorn are imported only when a server i
 
 In front of every route (``RequestGuard``): the Host check (``--allowed-hosts``; DNS rebinding), POST
 bodies only as ``application/json`` (a cross-origin "simple" POST from a web page cannot be),
-503 while shutting down, and one log line, never a traceback, for an unexpected failure. CORS is
-off unless ``--allowed-origins`` is given. On SIGTERM the server stops admitting, lets running
+503 while shutting down, the error answers of a client that keeps failing held back while others
+are served (``--error-backoff``), and one log line, never a traceback, for an unexpected failure.
+CORS is off unless ``--allowed-origins`` is given. On SIGTERM the server stops admitting, lets running
 requests finish for ``--shutdown-timeout`` seconds, then ends the rest with an error event and
 ``[DONE]``.
 """
@@ -34,6 +35,8 @@ from typing import Any
 
 from specdec.config import ConfigError, common, log_ignored, section_group
 from specdec.entrypoints.openai import response_store
+from specdec.entrypoints.openai.error_backoff import DEFAULT_MAX_DELAY_S as DEFAULT_ERROR_BACKOFF_S
+from specdec.entrypoints.openai.error_backoff import ErrorBackoff
 from specdec.entrypoints.openai.server_args import (
     API_KEY_ENV,
     DEFAULT_SHUTDOWN_TIMEOUT_S,
@@ -90,6 +93,7 @@ def build_app(
     special_tokens_in_content: str = "allow",
     responses_store: response_store.ResponseStore | None = None,
     forwarded_client_secret: str | None = None,
+    error_backoff_s: float = DEFAULT_ERROR_BACKOFF_S,
 ) -> Any:
     """A FastAPI app serving ``llm`` (an AsyncLLM); its lifespan starts and stops the engine thread.
 
@@ -99,6 +103,8 @@ def build_app(
     ``/v1/responses`` (default: ``ResponseStore()``; ``app.state.responses_store``).
     ``forwarded_client_secret``: a replica's (its front's secret): the caller a request's signed
     ``x-specdec-client`` header names is its client (``server_common.client_lane``).
+    ``error_backoff_s``: the longest a failing client's error answer waits while others are
+    served (``error_backoff``; 0: never).
     """
     from fastapi import FastAPI
 
@@ -120,7 +126,11 @@ def build_app(
         per_request_spec_decode_metrics=per_request_spec_decode_metrics,
         special_tokens_in_content=special_tokens_in_content,
     )  # fmt: skip
-    state = ServerState(allowed_hosts=list(allowed_hosts) if allowed_hosts is not None else None)
+    state = ServerState(
+        allowed_hosts=list(allowed_hosts) if allowed_hosts is not None else None,
+        error_backoff=ErrorBackoff(error_backoff_s) if error_backoff_s > 0 else None,
+        forwarded_secret=forwarded_client_secret,
+    )
 
     async def drain(force_exit: Callable[[], bool] = lambda: False) -> None:
         serving.begin_shutdown()
@@ -427,6 +437,7 @@ def _serving_app(
             args.responses_store_size, args.responses_store_bytes
         ),
         forwarded_client_secret=forwarded_secret,
+        error_backoff_s=args.error_backoff,
     )
 
 

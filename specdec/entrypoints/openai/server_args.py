@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from specdec.config import ConfigError, EngineArgs, common, json_value, section_group
-from specdec.entrypoints.openai import response_store
+from specdec.entrypoints.openai import error_backoff, response_store
 from specdec.entrypoints.openai.connection import (
     DEFAULT_BODY_READ_TIMEOUT_S,
     DEFAULT_HEADER_READ_TIMEOUT_S,
@@ -200,6 +200,16 @@ def _add_limit_flags(server: Any) -> None:
         f"connection is closed (408) (default {DEFAULT_BODY_READ_TIMEOUT_S:g}; 0 off)",
     )
     server.add_argument(
+        "--error-backoff",
+        type=float,
+        default=error_backoff.DEFAULT_MAX_DELAY_S,
+        metavar="SECONDS",
+        help="a client whose requests keep failing (4xx) gets its further error answers late "
+        f"while others are being served: after {error_backoff.FREE_FAILURES:g} recent failures, "
+        f"{1000 * error_backoff.STEP_S:g} ms more per failure, at most this long (default "
+        f"{error_backoff.DEFAULT_MAX_DELAY_S:g}; 0 off)",
+    )
+    server.add_argument(
         "--max-pending-connections-per-client",
         type=int,
         default=DEFAULT_MAX_PENDING_PER_CLIENT,
@@ -331,7 +341,11 @@ def head_limits(args: argparse.Namespace) -> Any:
     from specdec.entrypoints.openai.connection import HeadLimits
 
     timeout, body = args.header_read_timeout, args.body_read_timeout
-    for flag, value in (("--header-read-timeout", timeout), ("--body-read-timeout", body)):
+    for flag, value in (
+        ("--header-read-timeout", timeout),
+        ("--body-read-timeout", body),
+        ("--error-backoff", args.error_backoff),
+    ):
         if not 0 <= value < float("inf"):
             raise ConfigError(f"{flag} must be a number of seconds >= 0, got {value}")
     for flag, value in (

@@ -3,7 +3,8 @@ the replica front and the Ray Serve ingress (``entrypoints/replicas``).
 
 ``RequestGuard`` (ASGI middleware): the Host check (``--allowed-hosts``; DNS rebinding), POST
 bodies only as ``application/json`` (a cross-origin "simple" POST from a web page cannot be),
-503 while shutting down, the in-flight count, and one log line, never a traceback, for an
+503 while shutting down, the in-flight count, error answers of a client that keeps failing held
+back while others are served (``error_backoff``), and one log line, never a traceback, for an
 unexpected failure. Then the API key, the body limit (``read_body``), the request models'
 validation (``parse_request``), client disconnects (``with_cancellation``) and the health
 routes.
@@ -18,6 +19,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from specdec.entrypoints.openai.error_backoff import ErrorBackoff
+
 
 @dataclass
 class ServerState:
@@ -26,6 +29,10 @@ class ServerState:
     allowed_hosts: list[str] | None
     draining: bool = False
     in_flight: int = 0  # POST requests being answered (streams included)
+    # a failing client's error answers wait while others are served (None: never)
+    error_backoff: ErrorBackoff | None = None
+    # a replica's: requests its front relays (signed) had their errors held back there
+    forwarded_secret: str | None = None
 
 
 def api_key_dependency(api_key: str | None) -> Callable[..., Any]:
@@ -152,16 +159,19 @@ class RequestGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        post = scope["method"] == "POST"
         refusal = self._refusal(scope)
         if refusal is not None:
+            await self._hold_error(refusal.status, scope, own=0)
             await send_error(refusal, scope, receive, send)
             return
-        post = scope["method"] == "POST"
         started = False
 
         async def tracking_send(message: dict) -> None:
             nonlocal started
-            started = started or message["type"] == "http.response.start"
+            if message["type"] == "http.response.start":
+                started = True
+                await self._hold_error(message["status"], scope, own=int(post))
             await send(message)
 
         self.state.in_flight += post
@@ -177,6 +187,21 @@ class RequestGuard:
                 await send_error(err, scope, receive, send)
         finally:
             self.state.in_flight -= post
+
+    async def _hold_error(self, status: int, scope: dict, own: int) -> None:
+        """Count a failing answer against its client and, while other requests are in flight
+        (beyond ``own``, this request's count in ``in_flight``), wait as long as
+        ``ErrorBackoff`` says before it is sent."""
+        backoff = self.state.error_backoff
+        if backoff is None or not backoff.counts(status):
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if forwarded_client(headers, self.state.forwarded_secret) is not None:
+            return  # NOTE: relayed by a front, which holds its clients' errors back itself
+        peer = scope.get("client")
+        delay = backoff.failed(f"host:{peer[0]}" if peer else "host:?")
+        if delay > 0 and self.state.in_flight > own:
+            await asyncio.sleep(delay)
 
     def _refusal(self, scope: dict) -> Any:
         from specdec.entrypoints.openai.protocol import RequestError

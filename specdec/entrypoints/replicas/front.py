@@ -25,6 +25,7 @@ from collections import Counter
 from typing import Any
 
 from specdec.entrypoints.openai.api_server import MAX_BODY_BYTES
+from specdec.entrypoints.openai.error_backoff import DEFAULT_MAX_DELAY_S, ErrorBackoff
 from specdec.entrypoints.openai.server_common import (
     DISCONNECTED,
     RequestGuard,
@@ -81,11 +82,16 @@ def build_front_app(
     allowed_hosts: list[str] | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     shutdown_timeout: float = 10.0,
+    error_backoff_s: float = DEFAULT_MAX_DELAY_S,
 ) -> Any:
-    """The FastAPI front; its lifespan starts the replicas and its drain stops them."""
+    """The FastAPI front; its lifespan starts the replicas and its drain stops them. The front
+    holds back a failing client's error answers (``error_backoff``); its replicas do not."""
     from fastapi import FastAPI
 
-    state = ServerState(allowed_hosts=list(allowed_hosts) if allowed_hosts is not None else None)
+    state = ServerState(
+        allowed_hosts=list(allowed_hosts) if allowed_hosts is not None else None,
+        error_backoff=ErrorBackoff(error_backoff_s) if error_backoff_s > 0 else None,
+    )
     relay = _Relay(pool, router, state, max_body_bytes, pool.client_secret)
 
     async def drain(force_exit: Any = lambda: False) -> None:

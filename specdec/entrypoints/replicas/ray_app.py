@@ -210,6 +210,7 @@ def build_ingress_app(
     from fastapi.responses import Response
     from ray import serve
 
+    from specdec.entrypoints.openai.error_backoff import ErrorBackoff
     from specdec.entrypoints.openai.protocol import (
         ChatCompletionRequest,
         CompletionRequest,
@@ -224,7 +225,7 @@ def build_ingress_app(
     )
     from specdec.entrypoints.replicas.front import REPLICA_HEADER, install_checks
 
-    state = ServerState(allowed_hosts=allowed_hosts)
+    state = ServerState(allowed_hosts=allowed_hosts, error_backoff=ErrorBackoff())
     app = FastAPI(title="specdec (Ray Serve)")
     check_api_key = install_checks(app, state, api_key)
     engine = serve.get_deployment_handle(ENGINE_NAME, APP_NAME)

@@ -30,8 +30,9 @@ def serve_replicas(
     router = Router(RouterConfig(policy=args.replica_routing))
     pool.on_restart = router.reset
     app = build_front_app(
-        pool, router, api_key, allowed_hosts=allowed_hosts, shutdown_timeout=args.shutdown_timeout
-    )
+        pool, router, api_key, allowed_hosts=allowed_hosts, shutdown_timeout=args.shutdown_timeout,
+        error_backoff_s=args.error_backoff,
+    )  # fmt: skip
     logger.info(
         "%d replicas of %s (cores %s) behind http://%s:%d/v1; API key: %s",
         num, args.model, " | ".join(",".join(map(str, g)) for g in groups), args.host,
