@@ -8,7 +8,8 @@ tokens of this repository's prose, a fresh first word each time so that nothing 
 prefix cache; one output token) is read alone; then the stream starts, decodes a few tokens, and
 the prompt arrives beside it. Reported: the stream's median and longest gap between tokens while
 the prompt is read, over its median alone ("x idle"), and the prompt's time to first token over
-its time alone (the issue's fair-share goal with one stream: at most 2x).
+its time alone (the issue's fair-share goal with one stream: at most 2x). With
+``--prompt-logprobs N`` the prompt asks for its rows' top-N log-probabilities (every row's logits).
 
     .venv/bin/python benchmarks/prefill_share.py --model smollm2-135m --shares 1 0 --rounds 2
     PYTHONPATH=../older-checkout .venv/bin/python benchmarks/prefill_share.py ...  # before/after
@@ -50,15 +51,21 @@ def _stream_alone(engine, n: int, tag: str) -> list[float]:
     return [b - a for a, b in zip(stamps, stamps[1:])]
 
 
-def _prompt_alone(engine, ids: list[int], tag: str) -> float:
+def _prompt_params(prompt_logprobs: int | None) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=prompt_logprobs)
+
+
+def _prompt_alone(engine, ids: list[int], tag: str, plp: int | None) -> float:
     start = time.perf_counter()
-    engine.add_request(ids, SamplingParams(temperature=0, max_tokens=1), f"p-{tag}")
+    engine.add_request(ids, _prompt_params(plp), f"p-{tag}")
     while engine.has_unfinished_requests():
         engine.step()
     return time.perf_counter() - start
 
 
-def _together(engine, n: int, ids: list[int], tag: str) -> tuple[list[float], float]:
+def _together(
+    engine, n: int, ids: list[int], tag: str, plp: int | None
+) -> tuple[list[float], float]:
     """The stream's gaps while the prompt is read, and the prompt's time to first token."""
     sp = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     sid, pid = f"s-{tag}", f"p-{tag}"
@@ -67,7 +74,7 @@ def _together(engine, n: int, ids: list[int], tag: str) -> tuple[list[float], fl
     while len(stamps) < 8:  # the stream's prefill and a few decode steps: its pace is known
         stamps += [time.perf_counter() for o in engine.step() if o.request_id == sid]
     start = time.perf_counter()
-    engine.add_request(ids, SamplingParams(temperature=0, max_tokens=1), pid)
+    engine.add_request(ids, _prompt_params(plp), pid)
     ttft, during = None, [stamps[-1]]
     while engine.has_unfinished_requests():
         outs = engine.step()
@@ -94,6 +101,7 @@ def main() -> None:
     ap.add_argument("--stream-tokens", type=int, default=400)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--prompt-logprobs", type=int, default=None, metavar="N")
     args = ap.parse_args()
     llms = {
         s: LLM(
@@ -112,11 +120,11 @@ def main() -> None:
             engine = llm.llm_engine
             tag += 1
             alone = _stream_alone(engine, 64, f"a{tag}")
-            prompt_alone = _prompt_alone(engine, _prompt(llm, args.prompt_tokens, tag), f"a{tag}")
+            ids = _prompt(llm, args.prompt_tokens, tag)
+            prompt_alone = _prompt_alone(engine, ids, f"a{tag}", args.prompt_logprobs)
             tag += 1
-            gaps, ttft = _together(
-                engine, args.stream_tokens, _prompt(llm, args.prompt_tokens, tag), f"t{tag}"
-            )
+            ids = _prompt(llm, args.prompt_tokens, tag)
+            gaps, ttft = _together(engine, args.stream_tokens, ids, f"t{tag}", args.prompt_logprobs)
             idle = statistics.median(alone)
             r = rows[share]
             r.setdefault("idle_ms", []).append(1e3 * idle)
