@@ -107,6 +107,7 @@ def fake_hub(tmp_path, monkeypatch):
         for name, value in (("ENDPOINT", hub.url), ("HUGGINGFACE_CO_URL_TEMPLATE", template),
                             ("HF_HOME", str(home)),
                             ("HF_HUB_CACHE", str(home / "hub")), ("HF_HUB_OFFLINE", False),
+                            ("DOWNLOAD_CHUNK_SIZE", c.DOWNLOAD_CHUNK_SIZE),
                             ("HF_TOKEN_PATH", str(home / "token")),
                             ("HF_STORED_TOKENS_PATH", str(home / "stored_tokens")),
                             ("AGENT_HARNESSES_PATH", str(home / ".agent_harnesses.json"))):  # fmt: skip
@@ -143,6 +144,9 @@ def test_download_load_generate_then_the_cached_copy_makes_no_request(fake_hub, 
 def test_an_interrupted_download_resumes_byte_identical(fake_hub) -> None:
     import filecmp
 
+    import huggingface_hub.constants as c
+
+    from specdec.model.hub import DOWNLOAD_CHUNK_BYTES
     from specdec.model.registry import _smollm2_path
 
     fake_hub.cut_once.add(SMOL_Q8)  # NOTE: half the file, then the connection drops
@@ -151,6 +155,7 @@ def test_an_interrupted_download_resumes_byte_identical(fake_hub) -> None:
     assert "Range" not in first.headers
     assert second.headers["Range"].startswith("bytes=") and second.headers["Range"] != "bytes=0-"
     assert path.name == SMOL_Q8 and filecmp.cmp(path, _smollm2_path(), shallow=False)
+    assert c.DOWNLOAD_CHUNK_SIZE == DOWNLOAD_CHUNK_BYTES  # NOTE: written in small pieces
 
 
 def test_the_quantization_tag_picks_the_file_and_lists_the_others(
