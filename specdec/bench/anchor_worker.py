@@ -29,7 +29,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 ENV_PREFIXES = ("OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "GGML_", "LLAMA_", "TORCH_")
 
@@ -48,6 +48,20 @@ def environment_facts() -> dict[str, Any]:
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)},
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),  # None: unset, the library default
     }
+
+
+class Generate(NamedTuple):
+    """A ``generate`` request's fields, as every anchor takes them."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float
+    seed: int
+    ignore_eos: bool
+
+    @classmethod
+    def from_request(cls, req: dict[str, Any]) -> Generate:
+        return cls(*(req[name] for name in cls._fields))
 
 
 # ---- transformers -------------------------------------------------------------------------------
@@ -109,14 +123,8 @@ class HFAnchor:
     def reset(self) -> None:
         pass  # NOTE: generate keeps nothing between calls
 
-    def generate(
-        self,
-        prompt_ids: list[int],
-        max_tokens: int,
-        temperature: float,
-        seed: int,
-        ignore_eos: bool,
-    ) -> dict[str, Any]:
+    def generate(self, gen: Generate) -> dict[str, Any]:
+        prompt_ids, max_tokens, temperature, seed, ignore_eos = gen
         torch = self.torch
         kwargs: dict[str, Any] = dict(self.kwargs)
         if temperature == 0.0:
@@ -199,14 +207,8 @@ class LlamaCppAnchor:
     def reset(self) -> None:
         self.llm.reset()
 
-    def generate(
-        self,
-        prompt_ids: list[int],
-        max_tokens: int,
-        temperature: float,
-        seed: int,
-        ignore_eos: bool,
-    ) -> dict[str, Any]:
+    def generate(self, gen: Generate) -> dict[str, Any]:
+        prompt_ids, max_tokens, temperature, _, ignore_eos = gen  # NOTE: the seed is the load's
         if len(prompt_ids) >= self.n_ctx:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit n_ctx {self.n_ctx}")
         if not self.prefix_reuse:
@@ -260,8 +262,7 @@ def serve(requests: TextIO, replies: TextIO) -> None:
                 anchor.reset()
                 reply = {"ok": True}
             elif op == "generate" and anchor is not None:
-                args = (req["max_tokens"], req["temperature"], req["seed"], req["ignore_eos"])
-                reply = {"ok": True, **anchor.generate(req["prompt_ids"], *args)}
+                reply = {"ok": True, **anchor.generate(Generate.from_request(req))}
             else:
                 raise RuntimeError(f"unexpected request {op!r}")
         except Exception as e:

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from typing import Any
 
-from specdec.bench.dataset import DEFAULT_DATASET
+from specdec.bench.dataset import DEFAULT_DATASET, BenchItem, load_items
 from specdec.config import EngineArgs
 
 # The engine options each benchmark exposes (flags and results.json settings).
@@ -26,6 +27,23 @@ def add_command(sub: Any, name: str, help: str, epilog: str) -> argparse.Argumen
     return sub.add_parser(
         name, help=help, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+
+
+@dataclass
+class BenchOptions:
+    """The options the latency and serve benchmarks share (``shared_options`` reads them from
+    the flags); each benchmark's options add their own after these."""
+
+    engine: EngineArgs
+    datasets: list[str]
+    configs: list[str]
+    categories: list[str] | None = None
+    num_prompts: int | None = None
+    max_tokens: int = 256
+
+    def load_items(self) -> list[BenchItem]:
+        """The prompts to run: ``num_prompts`` of each of ``categories`` in ``datasets``."""
+        return load_items(self.datasets, self.categories, self.num_prompts)
 
 
 def shared_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -25,14 +25,12 @@ from typing import Any
 from tqdm import tqdm
 
 from specdec.bench import aggregate, report
-from specdec.bench.args import LATENCY_ENGINE_ARGS, engine_settings
+from specdec.bench.args import LATENCY_ENGINE_ARGS, BenchOptions, engine_settings
 from specdec.bench.configs import BenchConfig, parse_configs
 from specdec.bench.dataset import (
     DEFAULT_CODE_PREFIX,
     WARMUP_PROMPT,
-    BenchItem,
     PromptBuilder,
-    load_items,
     warmup_item,
 )
 from specdec.bench.report import loud, warn
@@ -44,20 +42,14 @@ from specdec.bench.runners import (
     SpecdecRunner,
     run_item,
 )
-from specdec.config import EngineArgs
 
 WARMUP_MAX_TOKENS = 32
 DEFAULT_ANCHOR_CTX = 4096
 
 
 @dataclass
-class LatencyOptions:
-    engine: EngineArgs  # the engine options (LATENCY_ENGINE_ARGS on the command line)
-    datasets: list[str]
-    configs: list[str]
-    categories: list[str] | None = None
-    num_prompts: int | None = None
-    max_tokens: int = 256
+class LatencyOptions(BenchOptions):
+    # engine: the engine options (LATENCY_ENGINE_ARGS on the command line)
     temperature: float = 0.0  # sampled requests are seeded with engine.seed
     ignore_eos: bool = False
     chat: bool | None = None  # None: chat when the model has a chat template
@@ -94,7 +86,7 @@ class _Run:
         self.configs = parse_configs(opts.configs)
         self.reference = self.configs[0].label
         _validate_models(self.configs)
-        self.items: list[BenchItem] = load_items(opts.datasets, opts.categories, opts.num_prompts)
+        self.items = opts.load_items()
         self.model_path = resolve_model_path(opts.engine.model)
         self.params = GenParams(
             opts.max_tokens, opts.temperature, opts.engine.seed, opts.ignore_eos

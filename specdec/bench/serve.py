@@ -57,6 +57,7 @@ from specdec.bench.anchor_server import (
 )
 from specdec.bench.args import (
     SERVE_ENGINE_ARGS,
+    BenchOptions,
     add_command,
     add_dataset_args,
     engine_settings,
@@ -70,7 +71,6 @@ from specdec.bench.dataset import (
     WARMUP_PROMPT,
     BenchItem,
     PromptBuilder,
-    load_items,
     warmup_item,
 )
 from specdec.bench.latency import DEFAULT_ANCHOR_CTX
@@ -85,15 +85,9 @@ MAX_ERROR_CHARS = 300
 
 
 @dataclass
-class ServeOptions:
-    # the engine options (SERVE_ENGINE_ARGS on the command line, where --max-num-seqs defaults
-    # to the highest concurrency); ignored with base_url
-    engine: EngineArgs
-    datasets: list[str]
-    configs: list[str]
-    categories: list[str] | None = None
-    num_prompts: int | None = None
-    max_tokens: int = 256
+class ServeOptions(BenchOptions):
+    # engine: the engine options (SERVE_ENGINE_ARGS on the command line, where --max-num-seqs
+    # defaults to the highest concurrency); ignored with base_url
     concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY
     duration_limit: float | None = None  # seconds per (configuration, concurrency) level
     base_url: str | None = None
@@ -374,7 +368,7 @@ class _Run:
                     f"--base-url), not {c.label} (see bench latency)"
                 )
         self.reference = PLAIN
-        self.items = load_items(opts.datasets, opts.categories, opts.num_prompts)
+        self.items = opts.load_items()
         self.model_path: Path | None = None
         if not opts.base_url:
             from specdec.bench.latency import _validate_models

@@ -68,9 +68,17 @@ class Executor:
         hidden_layers: tuple[int, ...],
         step_rows: int | None = None,
     ) -> None:
-        """Rank 0's runner over ``model`` (from ``load_model``) and its KV cache. ``step_rows``:
-        fixed-shape forwards (one process only)."""
-        self._runner = ModelRunner(model, kv, hidden_layers)
+        """Rank 0's runner over ``model`` (from ``load_model``) and its KV cache: a
+        ``ModelRunner``, or with ``step_rows`` a ``StaticModelRunner`` for fixed-shape forwards
+        (CUDA graphs unless ``enforce_eager``)."""
+        # NOTE: step_rows is None above one rank (static_step_rows refuses tensor parallelism),
+        # so only the uni backend ever builds the fixed-shape runner.
+        if step_rows is None:
+            self._runner = ModelRunner(model, kv, hidden_layers)
+        else:
+            self._runner = StaticModelRunner(
+                model, kv, hidden_layers, step_rows, use_graphs=not self.config.enforce_eager
+            )
 
     @property
     def runner(self) -> ModelRunner:
@@ -103,21 +111,7 @@ class Executor:
 class UniExecutor(Executor):
     """Everything in the engine process: ``ModelRunner`` behind the seam, or
     ``StaticModelRunner`` for fixed-shape forwards (worker/static_runner.py; CUDA graphs unless
-    ``enforce_eager``)."""
-
-    def init_runner(
-        self,
-        model: LlamaModel,
-        kv: KVCache,
-        hidden_layers: tuple[int, ...],
-        step_rows: int | None = None,
-    ) -> None:
-        if step_rows is None:
-            super().init_runner(model, kv, hidden_layers)
-            return
-        self._runner = StaticModelRunner(
-            model, kv, hidden_layers, step_rows, use_graphs=not self.config.enforce_eager
-        )
+    ``enforce_eager``). The base class's behaviour, under the backend's own name."""
 
 
 # backend name -> "module:Class"; a class is built as Class(config)

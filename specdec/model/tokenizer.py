@@ -545,14 +545,9 @@ class Tokenizer:
         ]
         if user_defined:
             hf.add_tokens(user_defined)
-        _add_named_specials(hf, (bos, eos, unk, pad))
 
         add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", add_bos_default))
         add_eos = bool(metadata.get("tokenizer.ggml.add_eos_token", False))
-        hf.post_processor = _template_post_processor(
-            (bos, hf.token_to_id(bos)) if add_bos and bos is not None else None,
-            (eos, hf.token_to_id(eos)) if add_eos and eos is not None else None,
-        )
         extra_eog = [
             _token_id(metadata.get(f"tokenizer.ggml.{k}")) for k in ("eot_token_id", "eom_token_id")
         ]
@@ -561,16 +556,12 @@ class Tokenizer:
             for kind_ in ("pad", "rep", "sep")
         }
         template = metadata.get("tokenizer.chat_template")
-        return cls(
-            hf,
-            bos_token=bos,
-            eos_token=eos,
-            unk_token=unk,
-            pad_token=pad,
+        return cls._wrap(
+            hf, (bos, eos, unk, pad), (add_bos, add_eos),
             chat_template=str(template) if template else None,
             extra_eog_token_ids=[i for i in extra_eog if i is not None],
             fim_token_ids=fim,
-        )
+        )  # fmt: skip
 
     @classmethod
     def from_gguf_file(cls, path: str | Path) -> Tokenizer:
@@ -599,15 +590,13 @@ class Tokenizer:
 
         bos, eos = special("bos_token"), special("eos_token")
         unk, pad = special("unk_token"), special("pad_token")
-        _add_named_specials(hf, (bos, eos, unk, pad))
         # As in transformers: an explicit add_bos_token/add_eos_token (or no post-processor at
         # all) rebuilds the post-processor; otherwise tokenizer.json's own one is kept.
+        add_bos_eos = None
         if "add_bos_token" in config or "add_eos_token" in config or hf.post_processor is None:
-            add_bos = bool(config.get("add_bos_token", False)) and bos is not None
-            add_eos = bool(config.get("add_eos_token", False)) and eos is not None
-            hf.post_processor = _template_post_processor(
-                (bos, hf.token_to_id(bos)) if add_bos and bos is not None else None,
-                (eos, hf.token_to_id(eos)) if add_eos and eos is not None else None,
+            add_bos_eos = (
+                bool(config.get("add_bos_token", False)),
+                bool(config.get("add_eos_token", False)),
             )
 
         # generation_config.json may list several EOS ids (e.g. Llama 3: <|end_of_text|>,
@@ -615,14 +604,42 @@ class Tokenizer:
         value = _read_json(folder / "generation_config.json").get("eos_token_id")
         values = value if isinstance(value, list) else [value]
         extra_eog = [int(v) for v in values if isinstance(v, int)]
+        return cls._wrap(
+            hf, (bos, eos, unk, pad), add_bos_eos,
+            chat_template=_hf_chat_template(folder, config),
+            extra_eog_token_ids=extra_eog,
+        )  # fmt: skip
+
+    @classmethod
+    def _wrap(
+        cls,
+        hf: tokenizers.Tokenizer,
+        specials: tuple[str | None, str | None, str | None, str | None],  # bos, eos, unk, pad
+        add_bos_eos: tuple[bool, bool] | None,
+        chat_template: str | None,
+        extra_eog_token_ids: Iterable[int],
+        fim_token_ids: dict[str, int | None] | None = None,
+    ) -> Tokenizer:
+        """The loaders' common end: ``specials`` added to ``hf`` (``_add_named_specials``), its
+        post-processor rebuilt to add BOS / EOS as ``add_bos_eos`` says (None: ``hf``'s own
+        kept), and the result wrapped."""
+        bos, eos, unk, pad = specials
+        _add_named_specials(hf, specials)
+        if add_bos_eos is not None:
+            add_bos, add_eos = add_bos_eos
+            hf.post_processor = _template_post_processor(
+                (bos, hf.token_to_id(bos)) if add_bos and bos is not None else None,
+                (eos, hf.token_to_id(eos)) if add_eos and eos is not None else None,
+            )
         return cls(
             hf,
             bos_token=bos,
             eos_token=eos,
             unk_token=unk,
             pad_token=pad,
-            chat_template=_hf_chat_template(folder, config),
-            extra_eog_token_ids=extra_eog,
+            chat_template=chat_template,
+            extra_eog_token_ids=extra_eog_token_ids,
+            fim_token_ids=fim_token_ids,
         )
 
     # ---- encoding / decoding ---------------------------------------------------------------

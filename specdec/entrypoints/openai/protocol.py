@@ -624,16 +624,24 @@ class ChatStreamChoice(BaseModel):
     token_provenance: TokenProvenanceList | None = None
 
 
-class ChatCompletionChunk(BaseModel):
+class _ChoicesBody(BaseModel):
+    """The fields a completion and a chat chunk share, in the order they are written; a
+    subclass narrows ``object`` and ``choices`` (pydantic keeps an overridden field's place)."""
+
     id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    object: str
     created: int
     model: str
-    choices: list[ChatStreamChoice]
+    choices: list[Any]
     usage: UsageInfo | None = None
     spec_decode: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None  # llama.cpp's server: on the last chunk
     metrics: dict[str, Any] | None = None  # vLLM's per-request metrics: on the last chunk
+
+
+class ChatCompletionChunk(_ChoicesBody):
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    choices: list[ChatStreamChoice]
 
 
 class CompletionLogprobs(BaseModel):
@@ -653,16 +661,9 @@ class CompletionChoice(BaseModel):
     token_provenance: TokenProvenanceList | None = None
 
 
-class CompletionResponse(BaseModel):
-    id: str
+class CompletionResponse(_ChoicesBody):
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
     choices: list[CompletionChoice]
-    usage: UsageInfo | None = None
-    spec_decode: dict[str, Any] | None = None
-    timings: dict[str, Any] | None = None
-    metrics: dict[str, Any] | None = None
 
 
 class ModelCard(BaseModel):

@@ -18,9 +18,7 @@ from specdec.entrypoints.openai.protocol import (
     ChatStreamChoice,
     DeltaMessage,
     RequestError,
-    dump_chunk,
     now,
-    random_id,
 )
 from specdec.entrypoints.openai.safety import (
     has_surrogates,
@@ -33,9 +31,7 @@ from specdec.entrypoints.openai.serving_stream import (
     Job,
     merge_job,
     new_logprobs,
-    usage_info,
 )
-from specdec.entrypoints.openai.serving_utils import encode_json
 from specdec.entrypoints.openai.special_tokens import (
     LiteralSpecials,
     find_special,
@@ -55,8 +51,7 @@ class OpenAIServingChat(OpenAIServingBase):
     async def create_chat_completion(
         self, req: ChatCompletionRequest, rid: str | None = None
     ) -> bytes | EventStream:
-        rid = rid or random_id("chatcmpl")
-        model = self._check_request(req)
+        rid, model = self._check_request(req, rid, "chatcmpl")
         plan = plan_tools(
             req.tools, req.tool_choice, req.chat_template or self.tokenizer.chat_template
         )
@@ -103,15 +98,10 @@ class OpenAIServingChat(OpenAIServingBase):
                 entries = self._chat_logprob_entries(c.token_ids, c.logprobs or [], top)
                 choice["logprobs"] = {"content": entries}
             choices.append(choice)
-        pairs = [(job, o) for o in outs]
-        body = ChatCompletionResponse(
-            id=rid, created=created, model=model, choices=[], usage=usage_info(pairs),
-            **self._figures(pairs, req),
-        ).model_dump()  # fmt: skip
-        body["choices"], body["prompt_logprobs"] = choices, self._prompt_logprobs(merged)
-        if body["metrics"] is None:
-            del body["metrics"]
-        return encode_json(body)
+        return self._encode_response(
+            ChatCompletionResponse, rid, created, model, [(job, o) for o in outs], req,
+            choices=choices, prompt_logprobs=self._prompt_logprobs(merged),
+        )  # fmt: skip
 
     @staticmethod
     def _chat_message(
@@ -259,11 +249,7 @@ class OpenAIServingChat(OpenAIServingBase):
     async def _chat_chunks(
         self, req: ChatCompletionRequest, jobs: list[Job], rid: str, created: int, model: str
     ) -> AsyncIterator[str]:
-        def chunk(choices: list[ChatStreamChoice], **kw: Any) -> str:
-            return dump_chunk(
-                ChatCompletionChunk(id=rid, created=created, model=model, choices=choices, **kw)
-            )
-
+        chunk = self._chunk_writer(ChatCompletionChunk, rid, created, model)
         for i in range(jobs[0].sampling.n):
             yield chunk(
                 [ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))]

@@ -12,9 +12,7 @@ from specdec.entrypoints.openai.protocol import (
     CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
-    dump_chunk,
     now,
-    random_id,
 )
 from specdec.entrypoints.openai.serving_engine import OpenAIServingBase, Provenance
 from specdec.entrypoints.openai.serving_stream import (
@@ -22,9 +20,7 @@ from specdec.entrypoints.openai.serving_stream import (
     Job,
     merge_job,
     new_logprobs,
-    usage_info,
 )
-from specdec.entrypoints.openai.serving_utils import encode_json
 from specdec.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 
 
@@ -34,8 +30,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
     async def create_completion(
         self, req: CompletionRequest, rid: str | None = None
     ) -> bytes | EventStream:
-        rid = rid or random_id("cmpl")
-        model = self._check_request(req)
+        rid, model = self._check_request(req, rid, "cmpl")
         prompts: list[tuple[list[int], str | None]] = []
         mode = self.special_token_mode(req.special_tokens_in_content)
         for p in req.prompts():
@@ -72,14 +67,9 @@ class OpenAIServingCompletion(OpenAIServingBase):
             for c in merged.outputs:
                 index = job.first_index + c.index
                 choices.append(self._completion_choice(req, job, merged, c, index))
-        body = CompletionResponse(
-            id=rid, created=created, model=model, choices=[], usage=usage_info(every),
-            **self._figures(every, req),
-        ).model_dump()  # fmt: skip
-        body["choices"] = choices
-        if body["metrics"] is None:
-            del body["metrics"]
-        return encode_json(body)
+        return self._encode_response(
+            CompletionResponse, rid, created, model, every, req, choices=choices
+        )
 
     def _echo_text(self, job: Job) -> str:
         if job.prompt_text is not None:
@@ -154,11 +144,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
     async def _completion_chunks(
         self, req: CompletionRequest, jobs: list[Job], rid: str, created: int, model: str
     ) -> AsyncIterator[str]:
-        def chunk(choices: list[CompletionChoice], **kw: Any) -> str:
-            return dump_chunk(
-                CompletionResponse(id=rid, created=created, model=model, choices=choices, **kw)
-            )
-
+        chunk = self._chunk_writer(CompletionResponse, rid, created, model)
         offsets: dict[int, int] = {}
 
         def choice(

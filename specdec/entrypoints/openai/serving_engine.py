@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from pydantic import BaseModel
+
 from specdec.engine.async_llm import AsyncLLM, EngineError, RequestStream
 from specdec.engine.samples import plan_samples
 from specdec.entrypoints.openai.chat_sandbox import TemplateSandbox
@@ -23,6 +25,8 @@ from specdec.entrypoints.openai.protocol import (
     PromptLogprobs,
     RequestError,
     SamplingRequest,
+    dump_chunk,
+    random_id,
 )
 from specdec.entrypoints.openai.safety import (
     dropped_bytes,
@@ -42,6 +46,7 @@ from specdec.entrypoints.openai.serving_stream import (
 )
 from specdec.entrypoints.openai.serving_utils import (
     DONE,
+    encode_json,
     engine_error,
     error_event,
     internal_error,
@@ -195,7 +200,10 @@ class OpenAIServingBase:
         """``GET /v1/models`` (``utility.py``)."""
         return model_list(self)
 
-    def _check_request(self, req: SamplingRequest) -> str:
+    def _check_request(self, req: SamplingRequest, rid: str | None, prefix: str) -> tuple[str, str]:
+        """The request's id (``rid``, else a new one starting ``prefix``) and the model it
+        names, once the checks every endpoint starts with have passed."""
+        rid = rid or random_id(prefix)
         req.check_supported()
         if req.model is not None and req.model not in self.served_model_names:
             raise RequestError(
@@ -209,7 +217,7 @@ class OpenAIServingBase:
             listed = ", ".join(for_log(name, 64) for name in names[:8])
             more = f" and {len(names) - 8} more" if len(names) > 8 else ""
             logger.warning("ignoring unknown request field(s): %s%s", listed, more)
-        return req.model or self.served_model_names[0]
+        return rid, req.model or self.served_model_names[0]
 
     def _max_tokens(
         self, num_prompt: int, requested: int | None, prompt_param: str, max_param: str
@@ -433,6 +441,40 @@ class OpenAIServingBase:
         if self.per_request_spec_decode_metrics and k is not None:
             figures["metrics"] = vllm_spec_metrics(merged.spec_decode_stats, k)
         return figures
+
+    def _encode_response(
+        self,
+        cls: type[BaseModel],
+        rid: str,
+        created: int,
+        model: str,
+        pairs: list[tuple[Job, RequestOutput]],
+        req: SamplingRequest,
+        **fields: Any,
+    ) -> bytes:
+        """A non-streamed response, encoded: ``cls`` with the usage and figures of ``pairs``,
+        then ``fields`` (the choices as plain dicts, as model_dump() writes them) put in as they
+        are; ``metrics`` is left out where there are none."""
+        body = cls(
+            id=rid, created=created, model=model, choices=[], usage=usage_info(pairs),
+            **self._figures(pairs, req),
+        ).model_dump()  # fmt: skip
+        body.update(fields)
+        if body["metrics"] is None:
+            del body["metrics"]
+        return encode_json(body)
+
+    @staticmethod
+    def _chunk_writer(
+        cls: type[BaseModel], rid: str, created: int, model: str
+    ) -> Callable[..., str]:
+        """One stream's chunk encoder: ``chunk(choices, **fields)`` -> ``cls`` around them,
+        dumped as an SSE line."""
+
+        def chunk(choices: list[Any], **fields: Any) -> str:
+            return dump_chunk(cls(id=rid, created=created, model=model, choices=choices, **fields))
+
+        return chunk
 
     def _finish_figures(self, job: Job, out: RequestOutput, req: SamplingRequest) -> dict[str, Any]:
         """A stream chunk's figures: a finished choice's; ``timings`` and ``metrics`` go on the
