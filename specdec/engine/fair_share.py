@@ -6,8 +6,10 @@ decode steps' time.
 
 Stall-free batching as in Sarathi-Serve (Agrawal et al. 2024, arXiv:2403.02310), with the chunk
 found from measured step times on this machine and model instead of a fixed token count: the
-time of a step without prefill is an average of such steps, and the chunk moves toward the size
-whose extra time meets the target (extra time is about linear in the chunk), at most doubling a
+time of a step without prefill is the median of the latest such steps with as many decoding
+requests (a batch that grows or shrinks first decodes alone once), and the chunk is the size
+whose extra time meets the target at the current batch's decode step, from the extra time a
+prompt token was measured to add (extra time is about linear in the chunk), at most doubling a
 step.
 
 The share is paid from a budget of time, a token bucket: each step that decodes earns ``share``
@@ -26,13 +28,22 @@ step decodes alone for it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
 
 # Fewest prompt tokens a step reads beside decoding: the prompt always moves on.
 MIN_CHUNK = 4
 FIRST_CHUNK = 16
 REFRESH_STEPS = 32
-DECODE_EMA = 0.3  # weight of the newest decode-only step in the average
+# Decode-only steps (per number of decoding requests) whose median is the decode step's time.
+# NOTE: a median per batch size, not one moving mean: the steps in which a server takes a long
+# prompt in (its HTTP work competing for the cores) ran 2-3x a decode step, and the long prompts'
+# own few decode steps beside the stream ran 1.7x its steps alone; a mean with weight 0.3 took
+# both in, and the chunks sized from it ran at 5-9 decode steps' extra time for the next ten
+# steps instead of BURST (two clients looping 1,500-token prompts beside a stream, SmolLM2,
+# 2-core Xeon).
+DECODE_WINDOW = 9
 # The extra time of a step that reads prompt tokens beside decoding, in decode steps: a stream's
 # longest wait between two steps is about 1 + BURST of its steps under load.
 BURST = 2.5
@@ -45,10 +56,30 @@ class PrefillShare:
     ``share`` <= 0 turns the limit off: prefill takes the whole token budget."""
 
     share: float = 1.0
-    decode_ms: float | None = None  # average time of a step that only decodes
-    chunk: int = FIRST_CHUNK
+    token_ms: float | None = None  # what a prompt token adds to a decoding step (learnt)
     steps_since_decode_only: int = 0
     balance_ms: float = 0.0  # the token bucket: share earned minus prefill time spent
+    # decode-only step times by number of decoding requests; the size of the latest step
+    _decode_steps: dict[int, deque] = field(default_factory=dict, repr=False)
+    _decoding: int = 1
+    _cap: int = FIRST_CHUNK  # the largest chunk: twice the chunk of the latest chunk step
+
+    @property
+    def decode_ms(self) -> float | None:
+        """A step that only decodes as many requests as the latest: the median of the latest
+        such steps (None before one)."""
+        steps = self._decode_steps.get(self._decoding)
+        return statistics.median(steps) if steps else None
+
+    @property
+    def chunk(self) -> int:
+        """Prompt tokens a step reads beside the latest batch size's decoding: its decode step
+        times ``burst`` over a prompt token's time, at most twice the latest chunk step's."""
+        decode_ms = self.decode_ms
+        if self.token_ms is None or decode_ms is None:
+            return self._cap
+        want = self.burst * decode_ms / self.token_ms
+        return max(MIN_CHUNK, min(int(want), self._cap))
 
     @property
     def enabled(self) -> bool:
@@ -59,39 +90,46 @@ class PrefillShare:
         """Extra time of a step with prompt tokens, in decode steps."""
         return max(self.share, BURST)
 
-    def budget(self, max_tokens: int, decoding: bool) -> int:
-        """Prompt tokens this step may read, out of ``max_tokens``, when some request ``decoding``."""
+    def budget(self, max_tokens: int, decoding: int) -> int:
+        """Prompt tokens this step may read, out of ``max_tokens``, beside ``decoding`` decoding
+        requests."""
         if not self.enabled or not decoding:
             return max_tokens
+        self._decoding = int(decoding)
         if self.decode_ms is None or self.steps_since_decode_only >= REFRESH_STEPS:
             return 0  # a step that decodes alone: what prefill is held against
         if self.balance_ms < 0:
             return 0  # paying the last chunk back
         return min(max_tokens, self.chunk)
 
-    def observe(self, prefill_tokens: int, decoding: bool, ms: float) -> None:
-        """A step's time (``ms``) with ``prefill_tokens`` prompt tokens beside decoding rows."""
+    def observe(self, prefill_tokens: int, decoding: int, ms: float) -> None:
+        """A step's time (``ms``) with ``prefill_tokens`` prompt tokens beside ``decoding``
+        decoding requests."""
         if not self.enabled or not decoding or not math.isfinite(ms) or ms <= 0:
             return
+        self._decoding = int(decoding)
         if prefill_tokens == 0:
-            old = self.decode_ms
-            self.decode_ms = ms if old is None else (1 - DECODE_EMA) * old + DECODE_EMA * ms
+            steps = self._decode_steps.setdefault(self._decoding, deque(maxlen=DECODE_WINDOW))
+            steps.append(ms)
             self.steps_since_decode_only = 0
             self._earn(0.0)
             return
         self.steps_since_decode_only += 1
-        if self.decode_ms is None:
+        decode_ms = self.decode_ms
+        if decode_ms is None:
             return
-        extra = max(ms - self.decode_ms, 1e-3)
+        extra = max(ms - decode_ms, 1e-3)
         self._earn(extra)
-        want = prefill_tokens * self.burst * self.decode_ms / extra
-        # NOTE: a geometric step toward the target damps the noise of one step's time
-        target = math.sqrt(max(want, 1.0) * self.chunk)
-        self.chunk = max(MIN_CHUNK, min(int(target), 2 * self.chunk))
+        # NOTE: a geometric step toward this step's time per token damps the noise of one step
+        chunk = self.chunk
+        old = self.token_ms if self.token_ms is not None else self.burst * decode_ms / chunk
+        self.token_ms = math.sqrt(old * extra / prefill_tokens)
+        self._cap = 2 * chunk
 
     def _earn(self, spent_ms: float) -> None:
         """A decoding step: its share earned, ``spent_ms`` of prompt reading paid; what a step
         earns is all that is kept while no prompt is read."""
-        assert self.decode_ms is not None
-        earned = self.share * self.decode_ms
+        decode_ms = self.decode_ms
+        assert decode_ms is not None
+        earned = self.share * decode_ms
         self.balance_ms = min(earned, self.balance_ms + earned - spent_ms)

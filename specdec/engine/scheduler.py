@@ -68,7 +68,7 @@ class Scheduler:
         self.prefill_share = PrefillShare(prefill_time_share)
         # the step being run: when it was scheduled, its prompt tokens, whether it decoded (timed
         # to its update: the forward and verification, what its prompt tokens add to)
-        self._step: tuple[float, int, bool] | None = None
+        self._step: tuple[float, int, int] | None = None
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         # NOTE: a prompt_logprobs row costs an LM-head row and a log-softmax over the vocabulary
@@ -103,7 +103,7 @@ class Scheduler:
                 budget -= len(item.token_ids)
         num_decoding = len(out)
         # prompt tokens: at most the time share's while others decode (fair_share.py)
-        prompt_budget = self.prefill_share.budget(budget, num_decoding > 0)
+        prompt_budget = self.prefill_share.budget(budget, num_decoding)
         for req in reading:
             if prompt_budget <= 0:
                 break
@@ -137,7 +137,7 @@ class Scheduler:
         for item in out:
             item.prefix_slot, item.prefix_len = self.kv.prefix_of(item.slot)
         num_prompt = sum(len(item.token_ids) for item in out[num_decoding:])
-        self._step = (time.perf_counter(), num_prompt, num_decoding > 0) if out else None
+        self._step = (time.perf_counter(), num_prompt, num_decoding) if out else None
         return SchedulerOutput(out)
 
     @staticmethod
@@ -234,9 +234,9 @@ class Scheduler:
         back past rejected drafts, finish the requests that stopped or failed. ``prompt_logprobs``
         (per scheduled request): what its fed prompt rows report (prompt_logprobs)."""
         if self._step is not None:
-            started, num_prompt, decoded = self._step
+            started, num_prompt, num_decoding = self._step
             ms = 1000.0 * (time.perf_counter() - started)
-            self.prefill_share.observe(num_prompt, decoded, ms)
+            self.prefill_share.observe(num_prompt, num_decoding, ms)
             self._step = None
         update = SchedulerUpdate()
         for i, (s, result) in enumerate(zip(sched.scheduled, results)):

@@ -8,7 +8,14 @@ import pytest
 
 from specdec import LLM, SamplingParams
 from specdec.config import ConfigError
-from specdec.engine.fair_share import BURST, FIRST_CHUNK, MIN_CHUNK, REFRESH_STEPS, PrefillShare
+from specdec.engine.fair_share import (
+    BURST,
+    DECODE_WINDOW,
+    FIRST_CHUNK,
+    MIN_CHUNK,
+    REFRESH_STEPS,
+    PrefillShare,
+)
 
 
 def test_off_or_alone_a_step_takes_the_whole_budget() -> None:
@@ -77,8 +84,23 @@ def test_a_decode_only_step_comes_back_to_refresh_the_average() -> None:
         share.observe(share.chunk, True, 10.0)
     assert share.budget(512, decoding=True) == 0
     share.observe(0, True, 7.0)
-    assert share.decode_ms == pytest.approx(0.7 * 5.0 + 0.3 * 7.0)
+    assert share.decode_ms == pytest.approx(6.0)  # the median of 5 and 7
     assert share.budget(512, decoding=True) > 0
+
+
+def test_a_slow_decode_step_does_not_inflate_the_chunks() -> None:
+    """The steps in which a server takes a long prompt in run 2-3x a decode step: the chunks are
+    sized from the median decode step, so one or two such steps change neither."""
+    share = PrefillShare(1.0)
+    for _ in range(DECODE_WINDOW):
+        share.observe(0, True, 5.0)
+    share.observe(0, True, 14.0)
+    share.observe(0, True, 11.0)
+    assert share.decode_ms == pytest.approx(5.0)
+    for _ in range(40):  # chunks of 0.5 ms a prompt token: BURST decode steps is 25 tokens
+        n = share.budget(512, decoding=True)
+        share.observe(n, True, 5.0 + 0.5 * n) if n else share.observe(0, True, 5.0)
+    assert share.chunk == pytest.approx(BURST * 5.0 / 0.5, rel=0.15)
 
 
 def test_steps_without_decoding_or_with_bad_times_teach_nothing() -> None:
@@ -138,3 +160,33 @@ def test_outputs_are_the_same_whatever_the_share(tiny_llama) -> None:
 def test_a_bad_share_is_refused(tiny_llama, bad) -> None:
     with pytest.raises(ConfigError, match="prefill_time_share"):
         LLM(str(tiny_llama), prefill_time_share=bad)
+
+
+def test_each_batch_size_has_its_own_decode_step() -> None:
+    """A batch that grew (long prompts decoding their few tokens beside the stream) decodes
+    slower; back to one stream, the chunks are sized from that stream's own decode steps, and a
+    batch size not seen yet first decodes alone once."""
+    share = PrefillShare(1.0)
+    for _ in range(DECODE_WINDOW):
+        share.observe(0, 1, 5.0)
+    assert share.budget(512, decoding=3) == 0  # three decoding requests: not timed yet
+    for _ in range(DECODE_WINDOW):
+        share.observe(0, 3, 9.0)
+    assert share.decode_ms == pytest.approx(9.0)
+    assert share.budget(512, decoding=1) > 0
+    assert share.decode_ms == pytest.approx(5.0)
+
+
+def test_the_chunk_follows_the_batch_it_is_read_beside() -> None:
+    """Chunks learnt beside two decoding requests (9 ms steps) are cut to one request's
+    (5 ms steps) as soon as the batch shrinks, not over the following chunk steps."""
+    share = PrefillShare(1.0)
+    for size, step_ms in ((1, 5.0), (2, 9.0)):
+        for _ in range(DECODE_WINDOW):
+            share.observe(0, size, step_ms)
+    for _ in range(30):  # 0.5 ms a prompt token beside two requests
+        n = share.budget(512, decoding=2)
+        share.observe(n, 2, 9.0 + 0.5 * n) if n else share.observe(0, 2, 9.0)
+    assert share.chunk == pytest.approx(BURST * 9.0 / 0.5, rel=0.15)
+    n = share.budget(512, decoding=1)
+    assert n == pytest.approx(BURST * 5.0 / 0.5, rel=0.15)
