@@ -49,6 +49,21 @@ DECODE_WINDOW = 9
 BURST = 2.5
 
 
+# What a step reads of a prompt: its tokens ("prompt"), or rows whose logits are all kept
+# ("logprobs": prompt_logprobs, ~2x a prompt token here); each kind's time per token is learnt
+# apart, so a chunk of one is never sized from the other's.
+KINDS = ("prompt", "logprobs")
+
+
+@dataclass
+class _TokenCost:
+    """What one prompt token of a kind adds to a decoding step (learnt), and the largest chunk:
+    twice that of the kind's latest chunk step."""
+
+    token_ms: float | None = None
+    cap: int = FIRST_CHUNK
+
+
 @dataclass
 class PrefillShare:
     """Prefill tokens a step may carry (``budget``), learnt from step times (``observe``).
@@ -56,13 +71,15 @@ class PrefillShare:
     ``share`` <= 0 turns the limit off: prefill takes the whole token budget."""
 
     share: float = 1.0
-    token_ms: float | None = None  # what a prompt token adds to a decoding step (learnt)
     steps_since_decode_only: int = 0
     balance_ms: float = 0.0  # the token bucket: share earned minus prefill time spent
-    # decode-only step times by number of decoding requests; the size of the latest step
+    # decode-only step times by number of decoding requests; the size and kind of the latest step
     _decode_steps: dict[int, deque] = field(default_factory=dict, repr=False)
     _decoding: int = 1
-    _cap: int = FIRST_CHUNK  # the largest chunk: twice the chunk of the latest chunk step
+    _costs: dict[str, _TokenCost] = field(
+        default_factory=lambda: {k: _TokenCost() for k in KINDS}, repr=False
+    )
+    _kind: str = "prompt"
 
     @property
     def decode_ms(self) -> float | None:
@@ -72,14 +89,20 @@ class PrefillShare:
         return statistics.median(steps) if steps else None
 
     @property
+    def token_ms(self) -> float | None:
+        """What a prompt token of the latest kind adds to a decoding step (None before one)."""
+        return self._costs[self._kind].token_ms
+
+    @property
     def chunk(self) -> int:
-        """Prompt tokens a step reads beside the latest batch size's decoding: its decode step
-        times ``burst`` over a prompt token's time, at most twice the latest chunk step's."""
-        decode_ms = self.decode_ms
-        if self.token_ms is None or decode_ms is None:
-            return self._cap
-        want = self.burst * decode_ms / self.token_ms
-        return max(MIN_CHUNK, min(int(want), self._cap))
+        """Prompt tokens of the latest kind a step reads beside the latest batch size's decoding:
+        its decode step times ``burst`` over a token's time, at most twice the kind's latest
+        chunk step's."""
+        cost, decode_ms = self._costs[self._kind], self.decode_ms
+        if cost.token_ms is None or decode_ms is None:
+            return cost.cap
+        want = self.burst * decode_ms / cost.token_ms
+        return max(MIN_CHUNK, min(int(want), cost.cap))
 
     @property
     def enabled(self) -> bool:
@@ -90,24 +113,24 @@ class PrefillShare:
         """Extra time of a step with prompt tokens, in decode steps."""
         return max(self.share, BURST)
 
-    def budget(self, max_tokens: int, decoding: int) -> int:
-        """Prompt tokens this step may read, out of ``max_tokens``, beside ``decoding`` decoding
-        requests."""
+    def budget(self, max_tokens: int, decoding: int, kind: str = "prompt") -> int:
+        """Prompt tokens of ``kind`` (``KINDS``) this step may read, out of ``max_tokens``,
+        beside ``decoding`` decoding requests."""
         if not self.enabled or not decoding:
             return max_tokens
-        self._decoding = int(decoding)
+        self._decoding, self._kind = int(decoding), kind
         if self.decode_ms is None or self.steps_since_decode_only >= REFRESH_STEPS:
             return 0  # a step that decodes alone: what prefill is held against
         if self.balance_ms < 0:
             return 0  # paying the last chunk back
         return min(max_tokens, self.chunk)
 
-    def observe(self, prefill_tokens: int, decoding: int, ms: float) -> None:
-        """A step's time (``ms``) with ``prefill_tokens`` prompt tokens beside ``decoding``
-        decoding requests."""
+    def observe(self, prefill_tokens: int, decoding: int, ms: float, kind: str = "prompt") -> None:
+        """A step's time (``ms``) with ``prefill_tokens`` prompt tokens of ``kind`` beside
+        ``decoding`` decoding requests."""
         if not self.enabled or not decoding or not math.isfinite(ms) or ms <= 0:
             return
-        self._decoding = int(decoding)
+        self._decoding, self._kind = int(decoding), kind
         if prefill_tokens == 0:
             steps = self._decode_steps.setdefault(self._decoding, deque(maxlen=DECODE_WINDOW))
             steps.append(ms)
@@ -121,10 +144,10 @@ class PrefillShare:
         extra = max(ms - decode_ms, 1e-3)
         self._earn(extra)
         # NOTE: a geometric step toward this step's time per token damps the noise of one step
-        chunk = self.chunk
-        old = self.token_ms if self.token_ms is not None else self.burst * decode_ms / chunk
-        self.token_ms = math.sqrt(old * extra / prefill_tokens)
-        self._cap = 2 * chunk
+        cost, chunk = self._costs[kind], self.chunk
+        old = cost.token_ms if cost.token_ms is not None else self.burst * decode_ms / chunk
+        cost.token_ms = math.sqrt(old * extra / prefill_tokens)
+        cost.cap = 2 * chunk
 
     def _earn(self, spent_ms: float) -> None:
         """A decoding step: its share earned, ``spent_ms`` of prompt reading paid; what a step

@@ -68,7 +68,7 @@ class Scheduler:
         self.prefill_share = PrefillShare(prefill_time_share)
         # the step being run: when it was scheduled, its prompt tokens, whether it decoded (timed
         # to its update: the forward and verification, what its prompt tokens add to)
-        self._step: tuple[float, int, int] | None = None
+        self._step: tuple[float, int, int, str] | None = None
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         # NOTE: a prompt_logprobs row costs an LM-head row and a log-softmax over the vocabulary
@@ -102,11 +102,16 @@ class Scheduler:
                 out.append(item)
                 budget -= len(item.token_ids)
         num_decoding = len(out)
-        # prompt tokens: at most the time share's while others decode (fair_share.py)
-        prompt_budget = self.prefill_share.budget(budget, num_decoding)
+        # prompt tokens: at most the time share's while others decode (fair_share.py), of one
+        # kind a step (plain tokens or prompt-logprob rows: each kind's cost is learnt apart)
+        kind = _prompt_kind(reading[0] if reading else self.waiting[0] if self.waiting else None)
+        one_kind = num_decoding > 0 and self.prefill_share.enabled
+        prompt_budget = self.prefill_share.budget(budget, num_decoding, kind)
         for req in reading:
             if prompt_budget <= 0:
                 break
+            if one_kind and _prompt_kind(req) != kind:
+                continue
             item = self._schedule_one(req, prompt_budget)
             out.append(item)
             prompt_budget -= len(item.token_ids)
@@ -118,6 +123,8 @@ class Scheduler:
         ):
             if self._waits_for_prefix(self.waiting[0]):
                 break
+            if one_kind and _prompt_kind(self.waiting[0]) != kind:
+                break  # NOTE: its kind's turn comes; the queue keeps its order
             req = self.waiting.popleft()
             if req.sampling.prompt_logprobs is not None:
                 # NOTE: every prompt row needs its logits: nothing comes from the prefix cache
@@ -137,7 +144,7 @@ class Scheduler:
         for item in out:
             item.prefix_slot, item.prefix_len = self.kv.prefix_of(item.slot)
         num_prompt = sum(len(item.token_ids) for item in out[num_decoding:])
-        self._step = (time.perf_counter(), num_prompt, num_decoding) if out else None
+        self._step = (time.perf_counter(), num_prompt, num_decoding, kind) if out else None
         return SchedulerOutput(out)
 
     @staticmethod
@@ -234,9 +241,9 @@ class Scheduler:
         back past rejected drafts, finish the requests that stopped or failed. ``prompt_logprobs``
         (per scheduled request): what its fed prompt rows report (prompt_logprobs)."""
         if self._step is not None:
-            started, num_prompt, num_decoding = self._step
+            started, num_prompt, num_decoding, kind = self._step
             ms = 1000.0 * (time.perf_counter() - started)
-            self.prefill_share.observe(num_prompt, num_decoding, ms)
+            self.prefill_share.observe(num_prompt, num_decoding, ms, kind)
             self._step = None
         update = SchedulerUpdate()
         for i, (s, result) in enumerate(zip(sched.scheduled, results)):
@@ -383,3 +390,10 @@ def _check_stop_strings(req: Request, new_chars: int) -> bool:
             req.finish_reason, req.stop_reason = "stop", stop
             return True
     return False
+
+
+def _prompt_kind(req: Request | None) -> str:
+    """The kind of prompt rows ``req`` reads (``fair_share.KINDS``)."""
+    if req is not None and req.sampling.prompt_logprobs is not None:
+        return "logprobs"
+    return "prompt"

@@ -190,3 +190,22 @@ def test_the_chunk_follows_the_batch_it_is_read_beside() -> None:
     assert share.chunk == pytest.approx(BURST * 9.0 / 0.5, rel=0.15)
     n = share.budget(512, decoding=1)
     assert n == pytest.approx(BURST * 5.0 / 0.5, rel=0.15)
+
+
+def test_prompt_tokens_and_prompt_logprob_rows_are_priced_apart() -> None:
+    """A prompt-logprob row costs more than a prompt token (every row's logits are kept): a chunk
+    of either kind is sized from its own time per token, however the two alternate."""
+    share = PrefillShare(1.0)
+    for _ in range(DECODE_WINDOW):
+        share.observe(0, 1, 5.0)
+    per_token = {"prompt": 0.5, "logprobs": 1.25}
+    for i in range(60):
+        kind = "prompt" if (i // 3) % 2 else "logprobs"
+        n = share.budget(512, 1, kind)
+        if n:
+            share.observe(n, 1, 5.0 + per_token[kind] * n, kind)
+        else:
+            share.observe(0, 1, 5.0)
+    for kind, ms in per_token.items():
+        share.observe(0, 1, 5.0)
+        assert share.budget(512, 1, kind) == pytest.approx(BURST * 5.0 / ms, rel=0.15)

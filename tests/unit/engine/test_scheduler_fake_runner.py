@@ -456,6 +456,28 @@ def test_prefill_time_share_puts_decoding_rows_first_and_bounds_prompt_chunks(
     assert out["b"].outputs[0].token_ids == solo(long_prompt, sp_b, max_model_len=128)
 
 
+def test_a_step_beside_decoding_reads_one_kind_of_prompt_rows(monkeypatch) -> None:
+    """Prompt tokens and prompt-logprob rows cost differently, so each kind's chunks are sized
+    apart: a step beside a decoding stream reads rows of one kind only, in arrival order."""
+    clock = FakeClock()
+    fake_time = types.SimpleNamespace(perf_counter=lambda: clock.now, monotonic=time.monotonic)
+    monkeypatch.setattr(scheduler_module, "time", fake_time)
+    engine = make_engine(prefill_time_share=1.0, max_num_batched_tokens=512, max_model_len=128)
+    runner(engine).on_execute = clock.step
+    engine.add_request(prompt(10, 4), SamplingParams(temperature=0.0, max_tokens=60), req_id="a")
+    engine.step()  # a's prefill
+    rows = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
+    engine.add_request(prompt(11, 6), rows, req_id="b")  # shorter than a chunk
+    engine.add_request(prompt(12, 60), SamplingParams(temperature=0.0, max_tokens=1), req_id="c")
+    order = []
+    while {"b", "c"} & set(engine.requests):
+        engine.step()
+        read = {s.req_id for s in runner(engine).steps[-1].scheduled if s.req_id in ("b", "c")}
+        assert len(read) <= 1, read
+        order += [r for r in read if not order or order[-1] != r]
+    assert order == ["b", "c"]
+
+
 # ---- abort -----------------------------------------------------------------------------------------
 def test_abort_mid_run_frees_the_slot_and_leaves_the_others_exact() -> None:
     """Aborted while it holds unverified drafts (a) and mid-prefill (c), and while waiting (d):
