@@ -94,14 +94,25 @@ class PrefillShare:
         return self._costs[self._kind].token_ms
 
     @property
+    def stream_ms(self) -> float | None:
+        """The decode step a stream's wait is counted in: one request's alone when known (a
+        larger batch's steps are already slower for each of its streams), else the latest
+        batch size's."""
+        decode_ms = self.decode_ms
+        alone = self._decode_steps.get(1)
+        if decode_ms is None or not alone:
+            return decode_ms
+        return min(decode_ms, statistics.median(alone))
+
+    @property
     def chunk(self) -> int:
         """Prompt tokens of the latest kind a step reads beside the latest batch size's decoding:
-        its decode step times ``burst`` over a token's time, at most twice the kind's latest
-        chunk step's."""
-        cost, decode_ms = self._costs[self._kind], self.decode_ms
-        if cost.token_ms is None or decode_ms is None:
+        ``burst`` of a stream's decode steps (``stream_ms``) over a token's time, at most twice
+        the kind's latest chunk step's."""
+        cost, stream_ms = self._costs[self._kind], self.stream_ms
+        if cost.token_ms is None or stream_ms is None:
             return cost.cap
-        want = self.burst * decode_ms / cost.token_ms
+        want = self.burst * stream_ms / cost.token_ms
         return max(MIN_CHUNK, min(int(want), cost.cap))
 
     @property
@@ -143,10 +154,16 @@ class PrefillShare:
             return
         extra = max(ms - decode_ms, 1e-3)
         self._earn(extra)
-        # NOTE: a geometric step toward this step's time per token damps the noise of one step
+        # NOTE: a dearer token is believed at once (a prompt's tokens cost more as its context
+        # grows: a lagging estimate sized chunks at 4+ decode steps); a cheaper one by a
+        # geometric step, which damps the noise of one step
         cost, chunk = self._costs[kind], self.chunk
-        old = cost.token_ms if cost.token_ms is not None else self.burst * decode_ms / chunk
-        cost.token_ms = math.sqrt(old * extra / prefill_tokens)
+        if cost.token_ms is not None:
+            old = cost.token_ms
+        else:
+            old = self.burst * (self.stream_ms or decode_ms) / chunk
+        per_token = extra / prefill_tokens
+        cost.token_ms = per_token if per_token > old else math.sqrt(old * per_token)
         cost.cap = 2 * chunk
 
     def _earn(self, spent_ms: float) -> None:

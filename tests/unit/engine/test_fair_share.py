@@ -178,17 +178,24 @@ def test_each_batch_size_has_its_own_decode_step() -> None:
 
 
 def test_the_chunk_follows_the_batch_it_is_read_beside() -> None:
-    """Chunks learnt beside two decoding requests (9 ms steps) are cut to one request's
-    (5 ms steps) as soon as the batch shrinks, not over the following chunk steps."""
+    """A batch of two decoding requests steps slower (9 ms) than one stream alone (5 ms): the
+    chunks beside either hold BURST of the lone stream's steps, so a stream waits at most about
+    1 + BURST of its idle steps whatever decodes beside it; and a batch size not timed yet first
+    decodes alone once."""
     share = PrefillShare(1.0)
-    for size, step_ms in ((1, 5.0), (2, 9.0)):
-        for _ in range(DECODE_WINDOW):
-            share.observe(0, size, step_ms)
+    for _ in range(DECODE_WINDOW):
+        share.observe(0, 1, 5.0)
+    assert share.budget(512, decoding=2) == 0  # two decoding requests: not timed yet
+    for _ in range(DECODE_WINDOW):
+        share.observe(0, 2, 9.0)
     for _ in range(30):  # 0.5 ms a prompt token beside two requests
         n = share.budget(512, decoding=2)
         share.observe(n, 2, 9.0 + 0.5 * n) if n else share.observe(0, 2, 9.0)
-    assert share.chunk == pytest.approx(BURST * 9.0 / 0.5, rel=0.15)
-    n = share.budget(512, decoding=1)
+    assert share.decode_ms == pytest.approx(9.0)
+    assert share.chunk == pytest.approx(BURST * 5.0 / 0.5, rel=0.15)
+    while not (n := share.budget(512, decoding=1)):  # back to one stream, once paid back
+        share.observe(0, 1, 5.0)
+    assert share.decode_ms == pytest.approx(5.0)
     assert n == pytest.approx(BURST * 5.0 / 0.5, rel=0.15)
 
 
