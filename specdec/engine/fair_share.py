@@ -1,16 +1,17 @@
 """The machine's share between decoding and prefill: while some requests decode, the prompts read
 beside them (prefill chunks, prompt-logprob rows) may take at most ``share`` times the decoding's
 own time, so a stream's tokens come on average at most ``1 + share`` times slower while others'
-prompts are read, and no step carrying prompt tokens takes more than ``1 + max(share, BURST)``
-decode steps' time.
+prompts are read, and no step carrying prompt tokens takes more than about
+``1 + max(share, BURST)`` decode steps' time.
 
 Stall-free batching as in Sarathi-Serve (Agrawal et al. 2024, arXiv:2403.02310), with the chunk
 found from measured step times on this machine and model instead of a fixed token count: the
 time of a step without prefill is the median of the latest such steps with as many decoding
 requests (a batch that grows or shrinks first decodes alone once), and the chunk is the size
-whose extra time meets the target at the current batch's decode step, from the extra time a
-prompt token was measured to add (extra time is about linear in the chunk), at most doubling a
-step.
+whose extra time is ``BURST`` of a lone stream's decode steps (a larger batch's own steps are
+slower for each of its streams already), from the extra time a prompt token was measured to add
+(extra time is about linear in the chunk; prompt tokens and prompt-logprob rows each learnt
+apart, one kind a step), at most doubling a step.
 
 The share is paid from a budget of time, a token bucket: each step that decodes earns ``share``
 times a decode-only step's time, a step that reads prompt tokens spends its extra time, and a
