@@ -39,6 +39,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from specdec.entrypoints.openai.error_backoff import DEFAULT_MAX_DELAY_S, ErrorBackoff
 from specdec.entrypoints.openai.server_common import FORWARDED_CLIENT_SECRET_ENV
 from specdec.entrypoints.replicas.pool import _child_setup, replica_argv
 
@@ -202,15 +203,18 @@ class TrailingMean:
 
 
 def build_ingress_app(
-    api_key: str | None, allowed_hosts: list[str] | None, client_secret: str | None = None
+    api_key: str | None,
+    allowed_hosts: list[str] | None,
+    client_secret: str | None = None,
+    error_backoff_s: float = DEFAULT_MAX_DELAY_S,
 ) -> Any:
     """The OpenAI endpoint in front of the engine deployment (same checks as the single server);
-    ``client_secret`` signs the caller named to the engines (``server_common.client_lane``)."""
+    ``client_secret`` signs the caller named to the engines (``server_common.client_lane``);
+    ``error_backoff_s``: the longest a failing client's error answer waits (``error_backoff``)."""
     from fastapi import APIRouter, Depends, FastAPI, Request
     from fastapi.responses import Response
     from ray import serve
 
-    from specdec.entrypoints.openai.error_backoff import ErrorBackoff
     from specdec.entrypoints.openai.protocol import (
         ChatCompletionRequest,
         CompletionRequest,
@@ -225,7 +229,10 @@ def build_ingress_app(
     )
     from specdec.entrypoints.replicas.front import REPLICA_HEADER, install_checks
 
-    state = ServerState(allowed_hosts=allowed_hosts, error_backoff=ErrorBackoff())
+    state = ServerState(
+        allowed_hosts=allowed_hosts,
+        error_backoff=ErrorBackoff(error_backoff_s) if error_backoff_s > 0 else None,
+    )
     app = FastAPI(title="specdec (Ray Serve)")
     check_api_key = install_checks(app, state, api_key)
     engine = serve.get_deployment_handle(ENGINE_NAME, APP_NAME)
@@ -458,7 +465,7 @@ def build_ray_app(args: argparse.Namespace, argv: list[str], api_key: str | None
     )
 
     def builder() -> Any:
-        return build_ingress_app(api_key, allowed_hosts, secret)
+        return build_ingress_app(api_key, allowed_hosts, secret, args.error_backoff)
 
     @serve.ingress(builder)
     class SpecdecIngress:
