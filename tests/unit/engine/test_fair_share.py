@@ -162,21 +162,6 @@ def test_a_bad_share_is_refused(tiny_llama, bad) -> None:
         LLM(str(tiny_llama), prefill_time_share=bad)
 
 
-def test_each_batch_size_has_its_own_decode_step() -> None:
-    """A batch that grew (long prompts decoding their few tokens beside the stream) decodes
-    slower; back to one stream, the chunks are sized from that stream's own decode steps, and a
-    batch size not seen yet first decodes alone once."""
-    share = PrefillShare(1.0)
-    for _ in range(DECODE_WINDOW):
-        share.observe(0, 1, 5.0)
-    assert share.budget(512, decoding=3) == 0  # three decoding requests: not timed yet
-    for _ in range(DECODE_WINDOW):
-        share.observe(0, 3, 9.0)
-    assert share.decode_ms == pytest.approx(9.0)
-    assert share.budget(512, decoding=1) > 0
-    assert share.decode_ms == pytest.approx(5.0)
-
-
 def test_the_chunk_follows_the_batch_it_is_read_beside() -> None:
     """A batch of two decoding requests steps slower (9 ms) than one stream alone (5 ms): the
     chunks beside either hold BURST of the lone stream's steps, so a stream waits at most about
