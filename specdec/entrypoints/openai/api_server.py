@@ -128,7 +128,7 @@ def build_app(
     )  # fmt: skip
     state = ServerState(
         allowed_hosts=list(allowed_hosts) if allowed_hosts is not None else None,
-        error_backoff=ErrorBackoff(error_backoff_s) if error_backoff_s > 0 else None,
+        error_backoff=ErrorBackoff(error_backoff_s),
         forwarded_secret=forwarded_client_secret,
     )
 

@@ -195,7 +195,7 @@ class RequestGuard:
         backoff = self.state.error_backoff
         if backoff is None or not backoff.counts(status):
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        headers = _headers(scope)
         if forwarded_client(headers, self.state.forwarded_secret) is not None:
             return  # NOTE: relayed by a front, which holds its clients' errors back itself
         peer = scope.get("client")
@@ -207,7 +207,7 @@ class RequestGuard:
         from specdec.entrypoints.openai.protocol import RequestError
         from specdec.entrypoints.openai.safety import host_allowed
 
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        headers = _headers(scope)
         if not host_allowed(headers.get("host"), self.state.allowed_hosts):
             return RequestError(
                 "the Host header does not name this server (see --allowed-hosts)",
@@ -230,6 +230,11 @@ class RequestGuard:
                 code="unsupported_media_type",
             )
         return None
+
+
+def _headers(scope: dict) -> dict[str, str]:
+    """An ASGI request's headers, names in lower case."""
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
 
 
 async def send_error(err: Any, scope: dict, receive: Callable, send: Callable) -> None:

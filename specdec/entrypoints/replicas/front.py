@@ -90,7 +90,7 @@ def build_front_app(
 
     state = ServerState(
         allowed_hosts=list(allowed_hosts) if allowed_hosts is not None else None,
-        error_backoff=ErrorBackoff(error_backoff_s) if error_backoff_s > 0 else None,
+        error_backoff=ErrorBackoff(error_backoff_s),
     )
     relay = _Relay(pool, router, state, max_body_bytes, pool.client_secret)
 

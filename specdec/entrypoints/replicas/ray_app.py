@@ -231,7 +231,7 @@ def build_ingress_app(
 
     state = ServerState(
         allowed_hosts=allowed_hosts,
-        error_backoff=ErrorBackoff(error_backoff_s) if error_backoff_s > 0 else None,
+        error_backoff=ErrorBackoff(error_backoff_s),
     )
     app = FastAPI(title="specdec (Ray Serve)")
     check_api_key = install_checks(app, state, api_key)
