@@ -17,11 +17,8 @@ from specdec.spec_decode.hidden_head import (
     HeadLinear,
     HiddenStateProposer,
     check_shape,
-    head_folder,
-    head_layer,
-    read_config,
     read_eagle_weights,
-    rms_norm,
+    read_head,
 )
 
 
@@ -31,8 +28,7 @@ class EagleProposer(HiddenStateProposer):
     def __init__(
         self, target: LlamaModel, path: str, max_num_seqs: int, max_len: int, sample_method: str
     ) -> None:
-        folder = head_folder(path, "eagle")
-        cfg = read_config(folder)
+        folder, cfg = read_head(path, "eagle")
         w = read_eagle_weights(folder)
         H = target.cfg.hidden_size
         check_hidden_size(cfg, target, "eagle")
@@ -47,9 +43,7 @@ class EagleProposer(HiddenStateProposer):
         num_layers = 1 + max(int(k.split(".")[1]) for k in w if k.startswith("layers."))
         super().__init__(target, cfg, max_num_seqs, max_len, sample_method, num_layers)
         self.fc = HeadLinear(w["fc.weight"], w.get("fc.bias"), target)
-        for i in range(num_layers):
-            self.check_attention(w, f"layers.{i}.")
-        self.layers = [head_layer(w, f"layers.{i}.", target) for i in range(num_layers)]
+        self.layers = [self.build_layer(w, f"layers.{i}.") for i in range(num_layers)]
         self.layers[0].input_norm = None  # NOTE: EAGLE's first layer reads fc's output as it is
 
     def _step(
@@ -62,7 +56,7 @@ class EagleProposer(HiddenStateProposer):
     ) -> torch.Tensor:  # [T, H]
         x = self.fc(torch.cat([self._embed(token_ids), feats], dim=-1))
         for i, lw in enumerate(self.layers):
-            attn_in = x if lw.input_norm is None else rms_norm(x, lw.input_norm, self.eps)
+            attn_in = x if lw.input_norm is None else self._norm(x, lw.input_norm)
             x = self._layer(i, lw, x, attn_in, positions, batch)
         return x
 

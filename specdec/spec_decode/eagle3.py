@@ -24,11 +24,8 @@ from specdec.spec_decode.hidden_head import (
     HeadLinear,
     HiddenStateProposer,
     check_shape,
-    head_folder,
-    head_layer,
-    read_config,
     read_eagle_weights,
-    rms_norm,
+    read_head,
 )
 
 # The head's weights at run time (where the 8-bit activation kernels run): Q4_0 reads half the
@@ -63,8 +60,7 @@ class Eagle3Proposer(HiddenStateProposer):
         sample_method: str,
         qtype: str = DEFAULT_QTYPE,
     ) -> None:
-        folder = head_folder(path, "eagle3")
-        raw = read_config(folder)
+        folder, raw = read_head(path, "eagle3")
         layer_cfg, own = layer_config(raw)
         speculators = raw.get("speculators_model_type") is not None
         check_hidden_size(layer_cfg, target, "eagle3")
@@ -106,8 +102,7 @@ class Eagle3Proposer(HiddenStateProposer):
         self.fc = HeadLinear(w["fc.weight"], None, target, qtype)
         self.lm_head = HeadLinear(w["lm_head.weight"], None, target, qtype)
         self.norm = f32("norm.weight")
-        self.check_attention(w, "layers.0.")
-        self.layer = head_layer(w, "layers.0.", target, qtype)
+        self.layer = self.build_layer(w, "layers.0.", qtype)
         self.qtype = qtype
         if self.layer.input_norm is None or "layers.0.hidden_norm.weight" not in w:
             raise ConfigError(
@@ -185,8 +180,8 @@ class Eagle3Proposer(HiddenStateProposer):
             )  # fmt: skip
         if from_target:
             feats = self.fc(feats)
-        hidden = rms_norm(feats, self.hidden_norm, self.eps)
-        emb = rms_norm(self._embed(token_ids), self.layer.input_norm, self.eps)
+        hidden = self._norm(feats, self.hidden_norm)
+        emb = self._norm(self._embed(token_ids), self.layer.input_norm)
         residual = hidden if self.norm_before_residual else feats
         return self._layer(
             0, self.layer, residual, torch.cat([emb, hidden], dim=-1), positions, batch
@@ -214,7 +209,7 @@ class Eagle3Proposer(HiddenStateProposer):
         if self.native is not None:
             z = self.native.logits(out)
         else:
-            z = self.lm_head(rms_norm(out, self.norm, self.eps))
+            z = self.lm_head(self._norm(out, self.norm))
         if self.target_ids is None:
             return z
         R = z.shape[0]

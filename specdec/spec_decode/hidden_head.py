@@ -49,6 +49,12 @@ def head_folder(path: str | None, method: str) -> Path:
     return folder
 
 
+def read_head(path: str | None, method: str) -> tuple[Path, dict[str, Any]]:
+    """The head folder ``speculative_config.model`` names for ``method``, and its config."""
+    folder = head_folder(path, method)
+    return folder, read_config(folder)
+
+
 def read_config(folder: Path) -> dict[str, Any]:
     path = folder / "config.json"
     if not path.is_file():
@@ -256,6 +262,13 @@ class HiddenStateProposer(Proposer):
         )  # fmt: skip
         self.states: dict[str, _HeadState] = {}
 
+    def build_layer(
+        self, w: dict[str, torch.Tensor], prefix: str, qtype: str = "q8_0"
+    ) -> HeadLayer:
+        """The decoder layer under ``prefix``, its attention's shapes checked first."""
+        self.check_attention(w, prefix)
+        return head_layer(w, prefix, self.target, qtype)
+
     def check_attention(self, w: dict[str, torch.Tensor], prefix: str) -> None:
         """The layer's q / k / v rows must be its heads x head_dim (else its attention would
         silently read the wrong columns): a one-line ConfigError naming the tensor."""
@@ -310,8 +323,12 @@ class HiddenStateProposer(Proposer):
             )  # fmt: skip
             offset += n
         x = x + lw.o(out.view(T, -1))
-        h = rms_norm(x, lw.post_norm, self.eps)
+        h = self._norm(x, lw.post_norm)
         return x + lw.down(F.silu(lw.gate(h)) * lw.up(h))
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """``rms_norm`` with the head's epsilon."""
+        return rms_norm(x, weight, self.eps)
 
     def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, H] float32
         return self.target.embed(token_ids).to(torch.float32)

@@ -22,8 +22,7 @@ from specdec.spec_decode.eagle import check_hidden_size
 from specdec.spec_decode.hidden_head import (
     HeadLinear,
     check_shape,
-    head_folder,
-    read_config,
+    read_head,
     read_weights,
     strip_prefix,
 )
@@ -70,8 +69,8 @@ class MedusaProposer(Proposer):
     hidden_layers = (HIDDEN_FINAL,)
 
     def __init__(self, target: LlamaModel, path: str, sample_method: str) -> None:
-        folder = head_folder(path, "medusa")
-        check_hidden_size(read_config(folder), target, "medusa")
+        folder, cfg = read_head(path, "medusa")
+        check_hidden_size(cfg, target, "medusa")
         heads = _heads(read_weights(folder, WEIGHT_FILES))
         if not heads:
             raise ConfigError(f"speculative_config.model: no Medusa heads in {folder}")

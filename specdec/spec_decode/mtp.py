@@ -29,8 +29,6 @@ from specdec.spec_decode.hidden_head import (
     HeadLinear,
     HiddenStateProposer,
     check_shape,
-    head_layer,
-    rms_norm,
 )
 
 
@@ -104,8 +102,7 @@ class MtpProposer(HiddenStateProposer):
         self.token_norm, self.hidden_norm, self.final_norm = (f32(x) for x in names[:2] + names[3:])
         check_shape(p + names[2], w[p + names[2] + ".weight"], (H, 2 * H), "[hidden, 2 * hidden]")
         self.proj = HeadLinear(w[p + names[2] + ".weight"], None, target)
-        self.check_attention(w, p)
-        self.layer = head_layer(w, p, target)
+        self.layer = self.build_layer(w, p)
         self.head = None
         if p + "shared_head.head.weight" in w:
             head = w[p + "shared_head.head.weight"]
@@ -122,14 +119,12 @@ class MtpProposer(HiddenStateProposer):
     ) -> torch.Tensor:  # [T, H] after the final norm
         emb = self._embed(token_ids)
         emb = torch.where((positions == 0).unsqueeze(-1), torch.zeros_like(emb), emb)
-        emb = rms_norm(emb, self.token_norm, self.eps)
-        hidden = rms_norm(feats, self.hidden_norm, self.eps)
+        emb = self._norm(emb, self.token_norm)
+        hidden = self._norm(feats, self.hidden_norm)
         pair = [hidden, emb] if self.hidden_first else [emb, hidden]
         x = self.proj(torch.cat(pair, dim=-1))
-        x = self._layer(
-            0, self.layer, x, rms_norm(x, self.layer.input_norm, self.eps), positions, batch
-        )
-        return rms_norm(x, self.final_norm, self.eps)
+        x = self._layer(0, self.layer, x, self._norm(x, self.layer.input_norm), positions, batch)
+        return self._norm(x, self.final_norm)
 
     def _logits(self, out: torch.Tensor) -> torch.Tensor:  # [R, H] -> [R, V]
         if self.head is not None:
