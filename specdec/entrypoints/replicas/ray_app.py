@@ -211,23 +211,11 @@ def build_ingress_app(
     """The OpenAI endpoint in front of the engine deployment (same checks as the single server);
     ``client_secret`` signs the caller named to the engines (``server_common.client_lane``);
     ``error_backoff_s``: the longest a failing client's error answer waits (``error_backoff``)."""
-    from fastapi import APIRouter, Depends, FastAPI, Request
-    from fastapi.responses import Response
+    from fastapi import FastAPI
     from ray import serve
 
-    from specdec.entrypoints.openai.protocol import (
-        ChatCompletionRequest,
-        CompletionRequest,
-        RequestError,
-    )
-    from specdec.entrypoints.openai.responses import ResponsesRequest
-    from specdec.entrypoints.openai.server_common import (
-        ServerState,
-        add_health_routes,
-        client_lane,
-        read_body,
-    )
-    from specdec.entrypoints.replicas.front import REPLICA_HEADER, install_checks
+    from specdec.entrypoints.openai.server_common import ServerState, add_health_routes
+    from specdec.entrypoints.replicas.front import install_checks
 
     state = ServerState(
         allowed_hosts=allowed_hosts,
@@ -236,8 +224,33 @@ def build_ingress_app(
     app = FastAPI(title="specdec (Ray Serve)")
     check_api_key = install_checks(app, state, api_key)
     engine = serve.get_deployment_handle(ENGINE_NAME, APP_NAME)
+    _add_relay_routes(app, check_api_key, engine, client_secret or "")
+    add_health_routes(app, state, lambda: None)  # NOTE: Ray Serve replaces dead replicas
 
-    secret = client_secret or ""
+    async def metrics() -> Any:
+        return await gather_metrics(engine)
+
+    app.add_api_route("/metrics", metrics, methods=["GET"])
+    from specdec.entrypoints.openai.chat_page import add_chat_page
+
+    add_chat_page(app)  # NOTE: its /v1 calls go through this ingress like any client's
+    return app
+
+
+def _add_relay_routes(app: Any, check_api_key: Any, engine: Any, secret: str) -> None:
+    """The API routes of the ingress (behind ``check_api_key``, and ``/version``): each request
+    checked here, then answered by a replica of ``engine`` (``secret`` signs its caller)."""
+    from fastapi import APIRouter, Depends, Request
+    from fastapi.responses import Response
+
+    from specdec.entrypoints.openai.protocol import (
+        ChatCompletionRequest,
+        CompletionRequest,
+        RequestError,
+    )
+    from specdec.entrypoints.openai.responses import ResponsesRequest
+    from specdec.entrypoints.openai.server_common import client_lane, read_body
+    from specdec.entrypoints.replicas.front import REPLICA_HEADER
 
     async def generate(request: Request, model: Any) -> Any:
         body = await read_body(request, MAX_BODY, RequestError)
@@ -277,16 +290,6 @@ def build_ingress_app(
     tools.add_api_route("/detokenize", forward, methods=["POST"])
     app.include_router(tools)
     app.add_api_route("/version", forward, methods=["GET"])
-    add_health_routes(app, state, lambda: None)  # NOTE: Ray Serve replaces dead replicas
-
-    async def metrics() -> Any:
-        return await gather_metrics(engine)
-
-    app.add_api_route("/metrics", metrics, methods=["GET"])
-    from specdec.entrypoints.openai.chat_page import add_chat_page
-
-    add_chat_page(app)  # NOTE: its /v1 calls go through this ingress like any client's
-    return app
 
 
 async def gather_metrics(engine: Any) -> Any:
