@@ -18,12 +18,12 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from specdec.config import EngineConfig, SpeculativeConfig
+from specdec.engine.delegation import Delegated, delegated_method
 from specdec.engine.executor import ExecutorError
 from specdec.engine.llm_engine import LLMEngine
 from specdec.metrics import EngineMetrics
 from specdec.model.tokenizer import Tokenizer
 from specdec.outputs import RequestOutput
-from specdec.sample.bad_words import BadWords
 from specdec.sampling_params import SamplingParams
 from specdec.structured.compile_worker import PARENT_STACK_BYTES, start_thread
 from specdec.structured.grammar import GrammarCompiler
@@ -181,38 +181,24 @@ class AsyncLLM:
         return self._thread is not None and self._thread.is_alive() and self.dead_error is None
 
     # ---- what the server reads of the engine (fixed at load, or thread-safe) ---------------
-    @property
-    def tokenizer(self) -> Tokenizer:
-        return self.engine.tokenizer
-
-    @property
-    def max_model_len(self) -> int:
-        return self.engine.max_model_len
-
-    @property
-    def vocab_size(self) -> int:
-        return self.engine.vocab_size
-
-    @property
-    def prefix_caching(self) -> bool:
-        """Whether prompts' KV is shared through the prefix cache (n / best_of warm-ups)."""
-        return self.engine.prefix_caching
-
-    @property
-    def speculative_config(self) -> SpeculativeConfig | None:
-        return self.engine.spec
-
-    @property
-    def grammar_compiler(self) -> GrammarCompiler:
-        """Structured-output constraints compile here, off the engine thread (thread-safe)."""
-        return self.engine.grammar_compiler
-
-    def bad_words(self, words: list[str]) -> BadWords:
-        """``words`` tokenized for ``SamplingParams.compiled_bad_words`` (thread-safe)."""
-        return self.engine.bad_words(words)
-
-    def describe_kv_cache(self) -> str:
-        return self.engine.describe_kv_cache()
+    tokenizer = Delegated[Tokenizer]("engine.tokenizer")
+    max_model_len = Delegated[int]("engine.max_model_len")
+    vocab_size = Delegated[int]("engine.vocab_size")
+    prefix_caching = Delegated[bool](
+        "engine.prefix_caching",
+        "Whether prompts' KV is shared through the prefix cache (n / best_of warm-ups).",
+    )
+    speculative_config = Delegated[SpeculativeConfig | None]("engine.spec")
+    grammar_compiler = Delegated[GrammarCompiler](
+        "engine.grammar_compiler",
+        "Structured-output constraints compile here, off the engine thread (thread-safe).",
+    )
+    bad_words = delegated_method(
+        "engine",
+        LLMEngine.bad_words,
+        "``words`` tokenized for ``SamplingParams.compiled_bad_words`` (thread-safe).",
+    )
+    describe_kv_cache = delegated_method("engine", LLMEngine.describe_kv_cache)
 
     # ---- the public API ----------------------------------------------------------------------
     async def add_request(

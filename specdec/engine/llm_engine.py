@@ -15,6 +15,7 @@ import torch
 
 from specdec.config import EngineConfig, KVEventsConfig, SpeculativeConfig
 from specdec.engine.core_output import take_core_output
+from specdec.engine.delegation import Delegated, delegated_method
 from specdec.engine.executor import Executor, make_executor
 from specdec.engine.loading import describe_model, load_draft, resolve_dtype
 from specdec.engine.output_processor import OutputProcessor
@@ -27,7 +28,6 @@ from specdec.kv_cache.pool import KVCache
 from specdec.kv_cache.sizing import describe_pool, plan_kv_slots
 from specdec.model.llama import LlamaModel
 from specdec.outputs import RequestOutput
-from specdec.sample.bad_words import BadWords
 from specdec.sampling_params import SamplingParams
 from specdec.spec_decode.metrics import SpecDecodeStats
 from specdec.structured.grammar import GrammarCompiler
@@ -133,10 +133,9 @@ class LLMEngine:
     def _load_draft(self, spec: SpeculativeConfig) -> LlamaModel:
         return load_draft(spec, self.config, self.model, self.tokenizer, self._kernels)
 
-    @property
-    def runner(self) -> ModelRunner:
-        """Rank 0's model runner (tests and the training data pipeline read it)."""
-        return self.executor.runner
+    runner = Delegated[ModelRunner](
+        "executor.runner", "Rank 0's model runner (tests and the training data pipeline read it)."
+    )
 
     def shutdown(self) -> None:
         """Stop the executor's workers and the KV events publisher (idempotent)."""
@@ -157,25 +156,14 @@ class LLMEngine:
         requests of the same salt. Raises ValueError (the queue unchanged) for a bad request."""
         return self.enqueue(self.make_request(prompt, sampling, req_id, cache_salt))
 
-    def make_request(
-        self,
-        prompt: str | list[int],
-        sampling: SamplingParams | None = None,
-        req_id: str | None = None,
-        cache_salt: str | None = None,
-    ) -> Request:
-        """A checked request, not yet queued (``enqueue`` queues it)."""
-        return self.processor.make_request(prompt, sampling, req_id, cache_salt)
-
-    @property
-    def grammar_compiler(self) -> GrammarCompiler:
-        return self.processor.grammar_compiler
-
-    def bad_words(self, words: list[str]) -> BadWords:
-        return self.processor.bad_words(words)
-
-    def new_request_id(self) -> str:
-        return self.processor.new_request_id()
+    make_request = delegated_method(
+        "processor",
+        Processor.make_request,
+        "A checked request, not yet queued (``enqueue`` queues it).",
+    )
+    grammar_compiler = Delegated[GrammarCompiler]("processor.grammar_compiler")
+    bad_words = delegated_method("processor", Processor.bad_words)
+    new_request_id = delegated_method("processor", Processor.new_request_id)
 
     def enqueue(self, req: Request) -> str:
         """Queue a request made by ``make_request``. Raises (nothing queued, nothing kept) for a
@@ -255,19 +243,14 @@ class LLMEngine:
         return outputs
 
     # ---- what callers may read and set (the CLI, LLM, the server) -------------------------
-    @property
-    def vocab_size(self) -> int:
-        return self.model.cfg.vocab_size
-
-    @property
-    def max_num_seqs(self) -> int:
-        """Sequences that can run at once (KV slots for running requests)."""
-        return self.scheduler.max_num_seqs
-
-    @property
-    def prefix_caching(self) -> bool:
-        """Whether finished prompts' KV is kept for later requests with the same prefix."""
-        return self.kv.enable_prefix_caching
+    vocab_size = Delegated[int]("model.cfg.vocab_size")
+    max_num_seqs = Delegated[int](
+        "scheduler.max_num_seqs", "Sequences that can run at once (KV slots for running requests)."
+    )
+    prefix_caching = Delegated[bool](
+        "kv.enable_prefix_caching",
+        "Whether finished prompts' KV is kept for later requests with the same prefix.",
+    )
 
     def describe_kv_cache(self) -> str:
         """One line about the KV pool (sizes, dtype, slots) for the startup log."""
@@ -298,15 +281,14 @@ class LLMEngine:
         """Fraction of the running sequences' KV slots in use (cached prefixes are free)."""
         return self.kv.num_used_slots / max(1, self.scheduler.max_num_seqs)
 
-    @property
-    def num_prefix_cache_queries(self) -> int:
-        """Prompt tokens looked up in the prefix cache (vLLM's prefix_cache_queries)."""
-        return self.kv.num_prefix_cache_queries
-
-    @property
-    def num_prefix_cache_hits(self) -> int:
-        """Prompt tokens whose KV came from the prefix cache (vLLM's prefix_cache_hits)."""
-        return self.kv.num_prefix_cache_hits
+    num_prefix_cache_queries = Delegated[int](
+        "kv.num_prefix_cache_queries",
+        "Prompt tokens looked up in the prefix cache (vLLM's prefix_cache_queries).",
+    )
+    num_prefix_cache_hits = Delegated[int](
+        "kv.num_prefix_cache_hits",
+        "Prompt tokens whose KV came from the prefix cache (vLLM's prefix_cache_hits).",
+    )
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix (benchmarks: make a warm-up request leave no trace)."""
@@ -325,16 +307,13 @@ class LLMEngine:
         """Acceptance statistics of every request so far (empty without speculation)."""
         return self.speculator.stats if self.speculator is not None else SpecDecodeStats()
 
-    @property
-    def num_generation_tokens(self) -> int:
-        return self.scheduler.num_generation_tokens
+    num_generation_tokens = Delegated[int]("scheduler.num_generation_tokens")
 
     @property
     def num_drafter_failures(self) -> int:
         """Drafter faults: requests whose drafting was switched off, hooks that raised."""
         return self.speculator.num_drafter_failures if self.speculator is not None else 0
 
-    @property
-    def num_failed_requests(self) -> int:
-        """Requests that finished with finish_reason "error"."""
-        return self.scheduler.num_failed_requests
+    num_failed_requests = Delegated[int](
+        "scheduler.num_failed_requests", 'Requests that finished with finish_reason "error".'
+    )
