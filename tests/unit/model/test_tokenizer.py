@@ -364,3 +364,29 @@ def test_plain_encoding_shares_the_model(source: str, tmp_path: Path, tok: Token
         assert t._plain_hf.model.unk_token == "<changed>"  # one model, seen through both
     finally:
         model.unk_token = unk
+
+
+def _resident_bytes() -> int:
+    import ctypes
+    import gc
+
+    gc.collect()
+    ctypes.CDLL(None).malloc_trim(0)  # NOTE: freed heap back to the system before each reading
+    with open("/proc/self/statm", encoding="ascii") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="needs /proc and glibc (Linux)")
+def test_sentencepiece_model_remembers_few_texts() -> None:
+    """A SentencePiece pipeline hands the BPE model whole texts, which its cache keeps with ~32
+    bytes a byte (10,000 of them by default: ~24 MB here for 3,000 texts of 250 characters, in
+    each encoding thread); SPM_CACHE_CAPACITY bounds it (~2 MB)."""
+    import random
+
+    t = Tokenizer.from_gguf_metadata(sentencepiece_metadata("gemma3"))
+    rnd = random.Random(0)
+    texts = ["".join(rnd.choice("helowrd") for _ in range(250)) for _ in range(3000)]
+    before = _resident_bytes()
+    for text in texts:
+        t.hf.encode(text)  # NOTE: on this thread (encode_batch spreads texts over a pool)
+    assert _resident_bytes() - before < 12 * 2**20
