@@ -50,6 +50,12 @@ TOKEN_TYPE_UNUSED = 5
 TOKEN_TYPE_BYTE = 6
 
 SPM_SPACE = "\u2581"  # SentencePiece's visible space, "▁"
+# Texts the BPE model of a SentencePiece vocabulary remembers, per encoding thread.
+# NOTE: these pipelines split no words, so the model's cache (10,000 entries by default) keeps
+# whole texts under 256 bytes, each with room for a 32-byte symbol per byte (~8 KB for 250
+# bytes): Gemma 3 grew 209 MB over 20,000 distinct 250-character texts on 2 cores (10 MB at
+# 256), more with more threads. A memo only: the ids are the same at any size.
+SPM_CACHE_CAPACITY = 256
 
 # Split regexes for byte-level BPE, by `tokenizer.ggml.pre`. These are the regexes the models were
 # trained with (and the ones transformers' GGUF loader uses); any other name falls back to GPT-2's
@@ -281,6 +287,7 @@ def _sentencepiece_bpe(
                 unk_token=unk_token or "<unk>",
                 dropout=None,
                 byte_fallback=True,
+                cache_capacity=SPM_CACHE_CAPACITY,
             )
         )
         tok.normalizer = normalizers.Replace(" ", SPM_SPACE)
@@ -297,7 +304,14 @@ def _sentencepiece_bpe(
             raise ValueError("SentencePiece GGUF has neither merges nor scores")
         pairs = _merges_from_vocab(tokens, scores, vocab)
     tok = tokenizers.Tokenizer(
-        models.BPE(vocab=vocab, merges=pairs, fuse_unk=True, byte_fallback=True, dropout=None)
+        models.BPE(
+            vocab=vocab,
+            merges=pairs,
+            fuse_unk=True,
+            byte_fallback=True,
+            dropout=None,
+            cache_capacity=SPM_CACHE_CAPACITY,
+        )
     )
     if architecture == "phi3":
         # Phi-3 prepends "▁" with a normalizer instead of Metaspace (differs on leading spaces).
@@ -530,7 +544,7 @@ class Tokenizer:
 
         byte_level = kind == "gpt2"
         alphabet = set(bytes_to_unicode().values()) if byte_level else None
-        vocab = hf.get_vocab(with_added_tokens=False)
+        model = hf.model  # NOTE: its lookups, not get_vocab's dict of every token (0.2 s for Gemma)
         control = [
             AddedToken(t, normalized=False, special=True)
             for t, ty in zip(tokens, token_types)
@@ -541,7 +555,7 @@ class Tokenizer:
         user_defined = [
             AddedToken(t, normalized=False, special=False)
             for t, ty in zip(tokens, token_types)
-            if ty == TOKEN_TYPE_USER_DEFINED and t in vocab
+            if ty == TOKEN_TYPE_USER_DEFINED and model.token_to_id(t) is not None
         ]
         if user_defined:
             hf.add_tokens(user_defined)
@@ -696,14 +710,43 @@ class Tokenizer:
 
     @functools.cached_property
     def _plain_hf(self) -> tokenizers.Tokenizer:
+        """A second tokenizer over the same model that reads the control tokens' strings as
+        text (``encode_plain_batch``).
+
+        NOTE: it shares the model with ``_hf`` (no second vocabulary: a copy through
+        ``to_str`` / ``from_str`` held Gemma 3's 262k tokens and 515k merges twice, +97 MB, and
+        took 2-5 s to build); only the added tokens are its own, the control ones flagged special
+        (``encode_special_tokens`` reads only those as text)."""
+        hf = self._hf
+        plain = tokenizers.Tokenizer(hf.model)
+        # NOTE: the normalizer before the added tokens, as from_str does (normalized ones are
+        # matched in their normalized form)
+        for part in ("normalizer", "pre_tokenizer", "post_processor", "decoder"):
+            value = getattr(hf, part)
+            if value is not None:
+                setattr(plain, part, value)
+        if hf.truncation is not None:
+            plain.enable_truncation(**hf.truncation)
+        if hf.padding is not None:
+            plain.enable_padding(**hf.padding)
+        want = {
+            i: _added_token(t, special=t.special or i in self.control_token_ids)
+            for i, t in hf.get_added_tokens_decoder().items()
+        }
+        plain.add_tokens([want[i] for i in sorted(want)])  # ids assigned in order, as from_str
+        if plain.get_added_tokens_decoder() != want:  # never seen (== compares every flag)
+            plain = self._plain_hf_copy()
+        plain.encode_special_tokens = True  # control-token strings are text to this copy
+        return plain
+
+    def _plain_hf_copy(self) -> tokenizers.Tokenizer:
+        """``_plain_hf`` through a serialized copy of the whole tokenizer (its model too)."""
         data = json.loads(self._hf.to_str())
         for token in data.get("added_tokens", []):
             if token.get("id") in self.control_token_ids:
                 # NOTE: encode_special_tokens reads only tokens flagged special as text
                 token["special"] = True
-        plain = tokenizers.Tokenizer.from_str(json.dumps(data))
-        plain.encode_special_tokens = True  # control-token strings are text to this copy
-        return plain
+        return tokenizers.Tokenizer.from_str(json.dumps(data))
 
     def find_special_token(self, text: str) -> tuple[int, int] | None:
         """The first control token's string in `text` (``control_token_ids``): its (id, start),
@@ -838,6 +881,18 @@ def _add_named_specials(hf: tokenizers.Tokenizer, named: Iterable[str | None]) -
             present.add(token)
     if missing:
         hf.add_special_tokens(missing)
+
+
+def _added_token(token: AddedToken, special: bool | None = None) -> AddedToken:
+    """A copy of ``token``, its ``special`` flag replaced when given."""
+    return AddedToken(
+        token.content,
+        single_word=token.single_word,
+        lstrip=token.lstrip,
+        rstrip=token.rstrip,
+        normalized=token.normalized,
+        special=token.special if special is None else special,
+    )
 
 
 def _literal_regex(strings: Iterable[str]) -> re.Pattern[str]:

@@ -315,3 +315,78 @@ def test_from_hf_folder_named_templates_and_jinja_file(tmp_path: Path, tok: Toke
 def test_from_hf_folder_missing(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         Tokenizer.from_hf_folder(tmp_path)
+
+
+# ---- memory ----------------------------------------------------------------------------------
+
+
+def _hf_folder_with_added_tokens(folder: Path, tok: Tokenizer) -> Tokenizer:
+    """A tokenizer.json folder whose added tokens carry every flag, some past the model's ids,
+    with truncation and padding set."""
+    data = json.loads(tok.hf.to_str())
+    top = max(t["id"] for t in data["added_tokens"])
+    flags = {"single_word": False, "lstrip": False, "rstrip": False, "normalized": False}
+    data["added_tokens"] += [
+        {"id": top + 1, "content": "<tool_call>", **flags, "lstrip": True, "special": False},
+        {"id": top + 2, "content": " he", **flags, "normalized": True, "special": False},
+        {"id": top + 3, "content": "[MARK]", **flags, "single_word": True, "special": True},
+    ]
+    data["truncation"] = {"max_length": 512, "stride": 0, "strategy": "LongestFirst"}
+    data["truncation"]["direction"] = "Right"
+    (folder / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
+    return Tokenizer.from_hf_folder(folder)
+
+
+@pytest.mark.parametrize("source", ["byte_level", "gemma3", "llama", "hf_folder"])
+def test_plain_encoding_shares_the_model(source: str, tmp_path: Path, tok: Tokenizer) -> None:
+    """``encode_plain_batch``'s tokenizer reads the same model as ``encode`` (a vocabulary is
+    held once, however large), and encodes what a serialized copy with the control tokens
+    flagged special encodes."""
+    if source == "byte_level":
+        t = tok
+    elif source == "hf_folder":
+        t = _hf_folder_with_added_tokens(tmp_path, tok)
+    else:
+        t = Tokenizer.from_gguf_metadata(sentencepiece_metadata(source))
+    copy = t._plain_hf_copy()
+    copy.encode_special_tokens = True
+    added = [a.content for a in t.hf.get_added_tokens_decoder().values()]
+    texts = ["hello world", "  hello  world ", "h€llo\nworld", *added]
+    texts += [f"{a}hello{b} world{a}" for a in added for b in added[:3]]
+    for special in (True, False):
+        ours = t.encode_plain_batch(texts, add_special_tokens=special)
+        assert ours == [e.ids for e in copy.encode_batch(texts, add_special_tokens=special)]
+    assert t._plain_hf.get_added_tokens_decoder() == copy.get_added_tokens_decoder()
+    assert t._plain_hf.truncation == copy.truncation
+    model = t.hf.model
+    model.unk_token, unk = "<changed>", model.unk_token
+    try:
+        assert t._plain_hf.model.unk_token == "<changed>"  # one model, seen through both
+    finally:
+        model.unk_token = unk
+
+
+def _resident_bytes() -> int:
+    import ctypes
+    import gc
+
+    gc.collect()
+    ctypes.CDLL(None).malloc_trim(0)  # NOTE: freed heap back to the system before each reading
+    with open("/proc/self/statm", encoding="ascii") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="needs /proc and glibc (Linux)")
+def test_sentencepiece_model_remembers_few_texts() -> None:
+    """A SentencePiece pipeline hands the BPE model whole texts, which its cache keeps with ~32
+    bytes a byte (10,000 of them by default: ~24 MB here for 3,000 texts of 250 characters, in
+    each encoding thread); SPM_CACHE_CAPACITY bounds it (~2 MB)."""
+    import random
+
+    t = Tokenizer.from_gguf_metadata(sentencepiece_metadata("gemma3"))
+    rnd = random.Random(0)
+    texts = ["".join(rnd.choice("helowrd") for _ in range(250)) for _ in range(3000)]
+    before = _resident_bytes()
+    for text in texts:
+        t.hf.encode(text)  # NOTE: on this thread (encode_batch spreads texts over a pool)
+    assert _resident_bytes() - before < 12 * 2**20
