@@ -18,6 +18,8 @@ import fnmatch
 import json
 import os
 import re
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -188,6 +190,23 @@ def _cached_listing(storage: Path, commit: str, repo: str, cache: str) -> list[s
         return None
 
 
+def _record_ref(storage: Path, revision: str, commit: str) -> None:
+    """Record in ``refs/`` the commit a branch or tag named when it was listed, as huggingface_hub
+    does (written whole, so that a reader never sees half of it); best effort."""
+    if revision == commit:
+        return
+    ref = storage / "refs" / revision
+    try:
+        if ref.is_file() and ref.read_text() == commit:
+            return
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        tmp = ref.with_name(f"{ref.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(commit)
+        os.replace(tmp, ref)
+    except OSError:
+        pass
+
+
 # ---- what to load from a repository's listing ------------------------------------------------
 def _choose(
     names: list[str], quant: str, model: str, options: HubOptions, kind: Kind
@@ -291,25 +310,33 @@ def _listing(names: list[str]) -> str:
 # ---- the network -----------------------------------------------------------------------------
 def _download(repo: str, quant: str, model: str, options: HubOptions, kind: Kind) -> Path:
     """List the repository, choose its files, download them into the cache (a progress bar)."""
-    from huggingface_hub import HfApi, constants, snapshot_download
+    from huggingface_hub.utils import get_session
+
+    # NOTE: the HTTP client (its TLS context: loading the CA bundle releases the GIL) is built
+    # in a thread while huggingface_hub's API modules are imported here
+    threading.Thread(target=_quietly, args=(get_session,), daemon=True).start()
+    from huggingface_hub import HfApi, ResolvedRevision, constants, snapshot_download
     from huggingface_hub.hf_api import RepoFile
 
     constants.DOWNLOAD_CHUNK_SIZE = min(constants.DOWNLOAD_CHUNK_SIZE, DOWNLOAD_CHUNK_BYTES)
-
     cache = cache_dir(options)
     api = HfApi(endpoint=_endpoint(), token=options.token)
     try:
         # NOTE: model_info fails at once when the hub is unreachable (resolve_revision would
-        # fall back on a cached ref, and the downloads then retry for ~20 s)
+        # fall back on a cached ref, and the downloads then retry for ~20 s). One request gives
+        # the commit and its listing: the files come from that commit, its ref is recorded
+        # for the cache's readers (and snapshot_download, handed it resolved, asks no more)
         info = api.model_info(repo, revision=options.revision)
-        # one commit for the listing and the files, its ref recorded for the cache's readers
-        revision = api.resolve_revision(repo, revision=options.revision, cache_dir=cache)
-        if info.sha == revision.resolved and info.siblings is not None:
+        if info.sha is None:
+            raise ModelNotFoundError(f"model '{model}': the hub named no commit of {repo}")
+        if info.siblings is not None:
             names = [s.rfilename for s in info.siblings]
-        else:  # NOTE: the branch moved between the two requests
-            tree = api.list_repo_tree(repo, recursive=True, revision=revision.resolved)
+        else:  # NOTE: a hub that leaves the listing out of model_info
+            tree = api.list_repo_tree(repo, recursive=True, revision=info.sha)
             names = [f.path for f in tree if isinstance(f, RepoFile)]
         files, target = _choose(names, quant, model, options, kind)
+        _record_ref(_storage(cache, repo), options.revision or "main", info.sha)
+        revision = ResolvedRevision(info.sha, options.revision, repo_id=repo)
         folder = snapshot_download(
             repo, revision=revision, cache_dir=cache, token=options.token, endpoint=_endpoint(),
             allow_patterns=files,
@@ -319,6 +346,13 @@ def _download(repo: str, quant: str, model: str, options: HubOptions, kind: Kind
     except Exception as e:  # noqa: BLE001 - the hub's, httpx's and the OS's errors, in one line
         raise ModelNotFoundError(_network_error(e, repo, model, options)) from e
     return Path(folder) / target if target else Path(folder)
+
+
+def _quietly(fn: Callable[[], object]) -> None:
+    try:
+        fn()
+    except Exception:  # noqa: BLE001, S110 - a warm-up: the request that needs it raises
+        pass
 
 
 def _network_error(e: Exception, repo: str, model: str, options: HubOptions) -> str:

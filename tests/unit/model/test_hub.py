@@ -368,3 +368,18 @@ def test_a_cached_model_is_found_without_huggingface_hubs_api(fake_hub) -> None:
     with pytest.raises(ModelNotFoundError, match="no GGUF file for Q6_K"):
         resolve_model_path("acme/Multi-GGUF:Q6_K")
     assert len(fake_hub.requests) == before
+
+
+def test_a_download_lists_the_commit_once(fake_hub) -> None:
+    """model_info gives the commit and its files; its ref is recorded without asking again, and
+    snapshot_download, handed the commit, lists its tree (kept for the cache) and fetches."""
+    path = resolve_model_path("acme/Multi-GGUF:Q8_0")
+    commit = path.parent.name
+    asked = [(r.method, r.path.split("?")[0]) for r in _file_requests(fake_hub)]
+    assert asked == [
+        ("GET", "/api/models/acme/Multi-GGUF"),
+        ("GET", f"/api/models/acme/Multi-GGUF/tree/{commit}"),
+        ("HEAD", f"/acme/Multi-GGUF/resolve/{commit}/m-Q8_0.gguf"),
+        ("GET", f"/acme/Multi-GGUF/resolve/{commit}/m-Q8_0.gguf"),
+    ]
+    assert (path.parents[2] / "refs" / "main").read_text() == commit
