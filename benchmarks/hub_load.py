@@ -14,13 +14,15 @@ Each time is ``LLM(...)`` alone (specdec and huggingface_hub imported before the
 ``--weight-cache`` lets specdec's weight cache act as in any run (written by the download,
 read by the later loads); by default it is off, so every load repacks the file the same way.
 
-Where the download's extra time went (2-vCPU Xeon VM, weight cache off, medians over 7 runs):
-0.50 s against 0.21 s for the cached copy. The extra 0.28 s: importing huggingface_hub's
-``hf_api`` 0.09 s (the cache-hit by hub id pays it too: ``second`` 0.30 s), the first request
-0.025 s (the HTTP client), the transfer 0.15 s (huggingface_hub's ``http_get``: the syscalls
-(recv, write) take 0.07 s, the rest is h11/httpx per 64 KiB read). huggingface_hub's session
-streaming the bytes itself does 0.12 s; 2 or 3 parallel Range requests, no better (the Python
-per-read work holds the GIL and the machine has 2 cores).
+Where the download's extra time went (2-vCPU Xeon VM, weight cache off, medians of 9-11 runs):
+0.48-0.52 s against 0.21-0.22 s for the cached copy (2.3-2.4x). The extra ~0.28 s: importing
+``huggingface_hub.utils`` (httpx) 0.02-0.04 s and its API modules (``hf_api``, for model_info and
+snapshot_download) ~0.06 s, the HTTP client built alongside in a thread (its TLS context 0.02 s),
+four requests ~0.01 s, the transfer 0.14-0.16 s (huggingface_hub's ``http_get``: recv and write
+take 0.07 s, the rest is h11/httpx per 64 KiB read; a bare socket reading and writing the same
+bytes takes 0.09-0.10 s). huggingface_hub's session streaming the bytes itself does 0.12 s; 2 or
+3 parallel Range requests, no better (the Python per-read work holds the GIL and the machine has
+2 cores). ``second`` reads the cache's layout without importing huggingface_hub: as ``cached``.
 """
 
 from __future__ import annotations

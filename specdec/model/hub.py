@@ -15,8 +15,11 @@ network (a ``Range`` request for the rest).
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import re
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -43,6 +46,7 @@ DOWNLOAD_CHUNK_BYTES = 64 << 10
 _SPLIT_GGUF = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)
 _FIRST_PART = re.compile(r"-00001-of-\d{5}\.gguf$", re.IGNORECASE)
 _QUANT_TAG = re.compile(r"(?i)I?Q\d\w*|B?F16|F32")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
 
 Kind = Literal["model", "head", "tokenizer"]
 
@@ -120,28 +124,20 @@ def _endpoint() -> str | None:
 # ---- the cache -------------------------------------------------------------------------------
 def _from_cache(repo: str, quant: str, model: str, options: HubOptions, kind: Kind) -> Path | None:
     """The model's path when every file it needs is cached; no request is made."""
-    from huggingface_hub import HfApi, get_cached_repo_tree
-    from huggingface_hub.errors import CachedRepoTreeNotFoundError, RevisionResolutionError
-
     cache = cache_dir(options)
-    try:
-        revision = HfApi(endpoint=_endpoint()).resolve_revision(
-            repo, revision=options.revision, cache_dir=cache, local_files_only=True
-        )
-    except (RevisionResolutionError, OSError, ValueError):
+    storage = _storage(cache, repo)
+    commit = _cached_commit(storage, options.revision or "main")
+    if commit is None:  # NOTE: nothing of this revision cached: huggingface_hub not imported yet
         return None
-    snapshot = (
-        Path(cache) / ("models--" + repo.replace("/", "--")) / "snapshots" / revision.resolved
-    )
+    snapshot = storage / "snapshots" / commit
     if not snapshot.is_dir():
         return None
-    try:  # NOTE: the whole listing, kept by snapshot_download: the same choice as online
-        names = [f.path for f in get_cached_repo_tree(repo, revision=revision, cache_dir=cache)]
-        complete = True
-    except (CachedRepoTreeNotFoundError, OSError, ValueError):
+    # NOTE: the whole listing, kept by snapshot_download: the same choice as online
+    names = _cached_listing(storage, commit, repo, cache)
+    complete = names is not None
+    if names is None:
         # a cache filled file by file (hf_hub_download, `hf download repo file`): what is there
         names = [p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()]
-        complete = False
     try:
         files, target = _choose(names, quant, model, options, kind)
     except ModelNotFoundError:
@@ -151,6 +147,64 @@ def _from_cache(repo: str, quant: str, model: str, options: HubOptions, kind: Ki
     if all((snapshot / name).is_file() for name in files):
         return snapshot / target if target else snapshot
     return None
+
+
+def _storage(cache: str, repo: str) -> Path:
+    """A model repository's folder in the cache layout (``models--org--name``)."""
+    return Path(cache) / ("models--" + repo.replace("/", "--"))
+
+
+def _cached_commit(storage: Path, revision: str) -> str | None:
+    """The commit ``revision`` names in the cache: itself when it is a commit hash, else the one
+    its ``refs/`` file records (what ``HfApi.resolve_revision(local_files_only=True)`` reads)."""
+    if _COMMIT.fullmatch(revision):
+        return revision
+    try:
+        return (storage / "refs" / revision).read_text().strip() or None
+    except (OSError, ValueError):
+        return None
+
+
+def _cached_listing(storage: Path, commit: str, repo: str, cache: str) -> list[str] | None:
+    """The repository's files at ``commit`` as snapshot_download keeps them (None: not kept).
+    Its file ``trees/<commit>.json`` in the format this huggingface_hub writes (version 1) is read
+    here: ``get_cached_repo_tree`` imports all of huggingface_hub's API first (0.09 s on a 2-vCPU
+    Xeon VM, where SmolLM2 loads in 0.2 s); any other format goes through it."""
+    try:
+        with open(storage / "trees" / f"{commit}.json", encoding="utf-8") as f:
+            kept = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        kept = None
+    if isinstance(kept, dict) and kept.get("format_version") == 1:
+        files = kept.get("files")
+        if isinstance(files, dict):
+            return list(files)
+    from huggingface_hub import get_cached_repo_tree
+    from huggingface_hub.errors import CachedRepoTreeNotFoundError
+
+    try:
+        return [f.path for f in get_cached_repo_tree(repo, revision=commit, cache_dir=cache)]
+    except (CachedRepoTreeNotFoundError, OSError, ValueError):
+        return None
+
+
+def _record_ref(storage: Path, revision: str, commit: str) -> None:
+    """Record in ``refs/`` the commit a branch or tag named when it was listed, as huggingface_hub
+    does (written whole, so that a reader never sees half of it); best effort."""
+    if revision == commit:
+        return
+    ref = storage / "refs" / revision
+    try:
+        if ref.is_file() and ref.read_text() == commit:
+            return
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        tmp = ref.with_name(f"{ref.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(commit)
+        os.replace(tmp, ref)
+    except OSError:
+        pass
 
 
 # ---- what to load from a repository's listing ------------------------------------------------
@@ -256,25 +310,33 @@ def _listing(names: list[str]) -> str:
 # ---- the network -----------------------------------------------------------------------------
 def _download(repo: str, quant: str, model: str, options: HubOptions, kind: Kind) -> Path:
     """List the repository, choose its files, download them into the cache (a progress bar)."""
-    from huggingface_hub import HfApi, constants, snapshot_download
+    from huggingface_hub.utils import get_session
+
+    # NOTE: the HTTP client (its TLS context: loading the CA bundle releases the GIL) is built
+    # in a thread while huggingface_hub's API modules are imported here
+    threading.Thread(target=_quietly, args=(get_session,), daemon=True).start()
+    from huggingface_hub import HfApi, ResolvedRevision, constants, snapshot_download
     from huggingface_hub.hf_api import RepoFile
 
     constants.DOWNLOAD_CHUNK_SIZE = min(constants.DOWNLOAD_CHUNK_SIZE, DOWNLOAD_CHUNK_BYTES)
-
     cache = cache_dir(options)
     api = HfApi(endpoint=_endpoint(), token=options.token)
     try:
         # NOTE: model_info fails at once when the hub is unreachable (resolve_revision would
-        # fall back on a cached ref, and the downloads then retry for ~20 s)
+        # fall back on a cached ref, and the downloads then retry for ~20 s). One request gives
+        # the commit and its listing: the files come from that commit, its ref is recorded
+        # for the cache's readers (and snapshot_download, handed it resolved, asks no more)
         info = api.model_info(repo, revision=options.revision)
-        # one commit for the listing and the files, its ref recorded for the cache's readers
-        revision = api.resolve_revision(repo, revision=options.revision, cache_dir=cache)
-        if info.sha == revision.resolved and info.siblings is not None:
+        if info.sha is None:
+            raise ModelNotFoundError(f"model '{model}': the hub named no commit of {repo}")
+        if info.siblings is not None:
             names = [s.rfilename for s in info.siblings]
-        else:  # NOTE: the branch moved between the two requests
-            tree = api.list_repo_tree(repo, recursive=True, revision=revision.resolved)
+        else:  # NOTE: a hub that leaves the listing out of model_info
+            tree = api.list_repo_tree(repo, recursive=True, revision=info.sha)
             names = [f.path for f in tree if isinstance(f, RepoFile)]
         files, target = _choose(names, quant, model, options, kind)
+        _record_ref(_storage(cache, repo), options.revision or "main", info.sha)
+        revision = ResolvedRevision(info.sha, options.revision, repo_id=repo)
         folder = snapshot_download(
             repo, revision=revision, cache_dir=cache, token=options.token, endpoint=_endpoint(),
             allow_patterns=files,
@@ -284,6 +346,13 @@ def _download(repo: str, quant: str, model: str, options: HubOptions, kind: Kind
     except Exception as e:  # noqa: BLE001 - the hub's, httpx's and the OS's errors, in one line
         raise ModelNotFoundError(_network_error(e, repo, model, options)) from e
     return Path(folder) / target if target else Path(folder)
+
+
+def _quietly(fn: Callable[[], object]) -> None:
+    try:
+        fn()
+    except Exception:  # noqa: BLE001, S110 - a warm-up: the request that needs it raises
+        pass
 
 
 def _network_error(e: Exception, repo: str, model: str, options: HubOptions) -> str:

@@ -340,3 +340,46 @@ def test_a_fresh_process_reads_the_environment(fake_hub, tiny_llama, tmp_path) -
         assert run.returncode == 0, run.stderr[-2000:]
         assert (len(_file_requests(fake_hub)) > before) == (offline == "0")
     assert (tmp_path / "fresh" / "hub" / "models--acme--tiny-llama" / "refs" / "main").is_file()
+
+
+def test_a_cached_model_is_found_without_huggingface_hubs_api(fake_hub) -> None:
+    """A process that finds the model in the cache (its ref, the listing snapshot_download kept,
+    the files) asks nothing and leaves huggingface_hub's API modules unimported (~0.09 s)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    path = resolve_model_path("acme/Multi-GGUF:Q8_0")
+    code = (
+        "import json, sys\n"
+        "from specdec.model.hub import hub_model_path\n"
+        "path = hub_model_path('acme/Multi-GGUF:Q8_0')\n"
+        "print(json.dumps([str(path), sorted(m for m in sys.modules if m.startswith('huggingface_hub'))]))"
+    )  # fmt: skip
+    before = len(fake_hub.requests)
+    run = subprocess.run([sys.executable, "-c", code], env=dict(os.environ), capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    found, modules = json.loads(run.stdout.strip().splitlines()[-1])
+    assert found == str(path) and len(fake_hub.requests) == before
+    assert "huggingface_hub.hf_api" not in modules and "huggingface_hub.utils" not in modules
+    # the listing kept says Q6_K is not there: no request either, in this process
+    with pytest.raises(ModelNotFoundError, match="no GGUF file for Q6_K"):
+        resolve_model_path("acme/Multi-GGUF:Q6_K")
+    assert len(fake_hub.requests) == before
+
+
+def test_a_download_lists_the_commit_once(fake_hub) -> None:
+    """model_info gives the commit and its files; its ref is recorded without asking again, and
+    snapshot_download, handed the commit, lists its tree (kept for the cache) and fetches."""
+    path = resolve_model_path("acme/Multi-GGUF:Q8_0")
+    commit = path.parent.name
+    asked = [(r.method, r.path.split("?")[0]) for r in _file_requests(fake_hub)]
+    assert asked == [
+        ("GET", "/api/models/acme/Multi-GGUF"),
+        ("GET", f"/api/models/acme/Multi-GGUF/tree/{commit}"),
+        ("HEAD", f"/acme/Multi-GGUF/resolve/{commit}/m-Q8_0.gguf"),
+        ("GET", f"/acme/Multi-GGUF/resolve/{commit}/m-Q8_0.gguf"),
+    ]
+    assert (path.parents[2] / "refs" / "main").read_text() == commit
