@@ -958,17 +958,22 @@ struct AttnGroupItem {
     int64_t base, block, first, count, rows;
 };
 
-// The units of a call: each sequence's rows in groups of kAttnRows, times the kv heads; their
-// items in unit order.  Returns the floats of partials they need (record_floats per row a block).
-// prefix_slots / prefix_lens: as attention_seqs takes them (empty: none).
+// The units of a call: each sequence's rows in groups of at most unit_rows (kAttnRows or fewer,
+// as even as possible), times the kv heads; their items in unit order.  Returns the floats of
+// partials they need (record_floats per row a block).  prefix_slots / prefix_lens: as
+// attention_seqs takes them (empty: none).
 int64_t attention_units(const std::vector<int64_t>& slots, const std::vector<int64_t>& counts,
                         const std::vector<int64_t>& prefix_slots, const std::vector<int64_t>& prefix_lens,
                         const std::vector<int64_t>& row_lo, const std::vector<int64_t>& row_hi, int64_t Hkv,
-                        int64_t record_floats, std::vector<AttnUnit>* units, std::vector<AttnItem>* items) {
+                        int64_t record_floats, int64_t unit_rows, std::vector<AttnUnit>* units,
+                        std::vector<AttnItem>* items) {
     int64_t part = 0, row = 0;
     for (size_t s = 0; s < slots.size(); ++s) {
-        for (int64_t r0 = 0; r0 < counts[s]; r0 += kAttnRows) {
-            const int64_t row0 = row + r0, rows = std::min(kAttnRows, counts[s] - r0);
+        const int64_t nu = (counts[s] + unit_rows - 1) / unit_rows;
+        for (int64_t i = 0, r0 = 0; i < nu; ++i) {
+            const int64_t rows = (counts[s] - r0) / (nu - i);
+            const int64_t row0 = row + r0;
+            r0 += rows;
             int64_t lo = row_lo[row0], hi = row_hi[row0];
             for (int64_t r = row0; r < row0 + rows; ++r) {
                 lo = std::min(lo, row_lo[r]);
@@ -1116,8 +1121,24 @@ torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tens
     const int64_t G = H / Hkv, P = attn_part_floats(D);
     std::vector<AttnUnit> units;
     std::vector<AttnItem> items;
-    const int64_t part_floats =
-        attention_units(slots, counts, prefix_slots, prefix_lens, row_lo, row_hi, Hkv, G * P, &units, &items);
+    // A step of few rows against few key blocks (one request's verification rows at a short
+    // context: a unit per kv head, one block each) has fewer items than two per thread, and the
+    // threads would wait on each other: its rows are then split into smaller units (each row's
+    // result depends on its own query, range and block only, so no result changes).
+    const int64_t threads = WorkerPool::in_worker() || at::in_parallel_region() ? 1 : at::get_num_threads();
+    int64_t unit_rows = kAttnRows;
+    int64_t part_floats = attention_units(slots, counts, prefix_slots, prefix_lens, row_lo, row_hi, Hkv, G * P,
+                                          unit_rows, &units, &items);
+    while (static_cast<int64_t>(items.size()) < 2 * threads && unit_rows > 1) {
+        int64_t most = 0;
+        for (const AttnUnit& u : units) most = std::max(most, u.rows);
+        if (most <= 1) break;
+        unit_rows = (most + 1) / 2;
+        units.clear();
+        items.clear();
+        part_floats = attention_units(slots, counts, prefix_slots, prefix_lens, row_lo, row_hi, Hkv, G * P, unit_rows,
+                                      &units, &items);
+    }
     // NOTE: grouping keeps every unit's partials until its last block: only where they are few
     // (decode and verification rows; a long prefill keeps to whole units below)
     std::vector<int64_t> members;

@@ -101,6 +101,30 @@ def test_thread_count_changes_nothing(h, hkv) -> None:
     assert all(torch.equal(a, b) for a, b in zip(one, two))
 
 
+@pytest.mark.parametrize("half", [False, True])
+def test_short_context_rows_split_over_threads(isa, half) -> None:
+    """A verification step at a short context (one key block, 3 kv heads: 3 items for 2 threads)
+    splits its rows into smaller units (ops.cpp attention_seqs); every row equals itself alone, on
+    1 and on 2 threads, for every row count."""
+    h, hkv, d, length = 9, 3, 64, 220
+    k, v = _cache(hkv, length, d, half, seed=8)
+    kt = blocked_keys(k, 16)
+    q = torch.randn(17, h, d, generator=torch.Generator().manual_seed(9))
+    start = 200
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            alone = torch.cat(
+                [_C.attention(q[t : t + 1], kt, v, start + t, 0.125) for t in range(17)]
+            )
+            for n in (2, 3, 4, 5, 7, 8, 16, 17):
+                got = _C.attention(q[:n], kt, v, start, 0.125)
+                assert torch.equal(got, alone[:n]), (threads, n)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_batch_mixes(isa) -> None:
     """Sequences of other lengths and row counts in the same call change no row."""
     h, hkv, d, length, slots = 6, 2, 64, 600, 3
