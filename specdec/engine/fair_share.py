@@ -48,6 +48,18 @@ DECODE_WINDOW = 9
 # The extra time of a step that reads prompt tokens beside decoding, in decode steps: a stream's
 # longest wait between two steps is about 1 + BURST of its steps under load.
 BURST = 2.5
+# A step that reads prompt tokens takes at most max(GAP, 1 + share) of a lone stream's decode
+# steps at its quickest (the QUICK_QUANTILE of its latest QUICK_WINDOW decode-only steps),
+# whatever decodes beside it and however loaded the machine is (GAP: 10% below the 5 idle steps
+# a stream should never wait; tighter, the chunks' extra time fell below two decode steps under
+# load, chunk and decode steps alternated and a stream's median wait doubled).
+# NOTE: under a server's load (the HTTP work of the clients sending long prompts) the decode-only
+# steps around the chunks ran 6.4-7 ms against 5.1-5.2 ms for the same stream on its own, so
+# chunks of BURST of those ran 25-31 ms: 5-6 of the stream's idle steps (two clients looping
+# 1,500-token prompts beside a stream, SmolLM2, 2-core Xeon)
+GAP = 4.5
+QUICK_WINDOW = 64
+QUICK_QUANTILE = 0.25
 
 
 # What a step reads of a prompt: its tokens ("prompt"), or rows whose logits are all kept
@@ -78,6 +90,9 @@ class PrefillShare:
     # decode-only step times by number of decoding requests; the size and kind of the latest step
     _decode_steps: dict[int, deque] = field(default_factory=dict, repr=False)
     _decode_median: dict[int, float] = field(default_factory=dict, repr=False)  # of those
+    # a lone stream's decode-only steps, a longer window (its quick steps: quick_ms)
+    _lone_steps: deque = field(default_factory=lambda: deque(maxlen=QUICK_WINDOW), repr=False)
+    _quick_ms: float | None = field(default=None, repr=False)
     _decoding: int = 1
     _costs: dict[str, _TokenCost] = field(
         default_factory=lambda: {k: _TokenCost() for k in KINDS}, repr=False
@@ -106,14 +121,24 @@ class PrefillShare:
         return min(decode_ms, alone)
 
     @property
+    def quick_ms(self) -> float | None:
+        """A lone stream's decode step at its quickest: the QUICK_QUANTILE of its latest
+        QUICK_WINDOW decode-only steps (None before one)."""
+        return self._quick_ms
+
+    @property
     def chunk(self) -> int:
         """Prompt tokens of the latest kind a step reads beside the latest batch size's decoding:
-        ``burst`` of a stream's decode steps (``stream_ms``) over a token's time, at most twice
-        the kind's latest chunk step's."""
-        cost, stream_ms = self._costs[self._kind], self.stream_ms
-        if cost.token_ms is None or stream_ms is None:
+        ``burst`` of a stream's decode steps (``stream_ms``) over a token's time, no more than
+        leaves the step within ``max(GAP, 1 + burst)`` of a lone stream's quick steps
+        (``quick_ms``), at most twice the kind's latest chunk step's."""
+        cost, stream_ms, decode_ms = self._costs[self._kind], self.stream_ms, self.decode_ms
+        if cost.token_ms is None or stream_ms is None or decode_ms is None:
             return cost.cap
-        want = self.burst * stream_ms / cost.token_ms
+        extra = self.burst * stream_ms
+        if self._quick_ms is not None:
+            extra = min(extra, max(GAP, 1 + self.burst) * self._quick_ms - decode_ms)
+        want = extra / cost.token_ms
         return max(MIN_CHUNK, min(int(want), cost.cap))
 
     @property
@@ -147,6 +172,10 @@ class PrefillShare:
             steps = self._decode_steps.setdefault(self._decoding, deque(maxlen=DECODE_WINDOW))
             steps.append(ms)
             self._decode_median[self._decoding] = statistics.median(steps)
+            if self._decoding == 1:
+                self._lone_steps.append(ms)
+                quick = sorted(self._lone_steps)
+                self._quick_ms = quick[int(QUICK_QUANTILE * (len(quick) - 1))]
             self.steps_since_decode_only = 0
             self._earn(0.0)
             return

@@ -12,6 +12,7 @@ from specdec.engine.fair_share import (
     BURST,
     DECODE_WINDOW,
     FIRST_CHUNK,
+    GAP,
     MIN_CHUNK,
     REFRESH_STEPS,
     PrefillShare,
@@ -163,10 +164,10 @@ def test_a_bad_share_is_refused(tiny_llama, bad) -> None:
 
 
 def test_the_chunk_follows_the_batch_it_is_read_beside() -> None:
-    """A batch of two decoding requests steps slower (9 ms) than one stream alone (5 ms): the
-    chunks beside either hold BURST of the lone stream's steps, so a stream waits at most about
-    1 + BURST of its idle steps whatever decodes beside it; and a batch size not timed yet first
-    decodes alone once."""
+    """A batch of two decoding requests steps slower (9 ms) than one stream alone (5 ms): a
+    chunk step beside either holds BURST of the lone stream's steps, within GAP of them in all,
+    so a stream waits at most that many of its idle steps whatever decodes beside it; and a batch
+    size not timed yet first decodes alone once."""
     share = PrefillShare(1.0)
     for _ in range(DECODE_WINDOW):
         share.observe(0, 1, 5.0)
@@ -177,11 +178,31 @@ def test_the_chunk_follows_the_batch_it_is_read_beside() -> None:
         n = share.budget(512, decoding=2)
         share.observe(n, 2, 9.0 + 0.5 * n) if n else share.observe(0, 2, 9.0)
     assert share.decode_ms == pytest.approx(9.0)
-    assert share.chunk == pytest.approx(BURST * 5.0 / 0.5, rel=0.15)
+    assert share.chunk == pytest.approx(min(BURST * 5.0, GAP * 5.0 - 9.0) / 0.5, rel=0.15)
     while not (n := share.budget(512, decoding=1)):  # back to one stream, once paid back
         share.observe(0, 1, 5.0)
     assert share.decode_ms == pytest.approx(5.0)
     assert n == pytest.approx(BURST * 5.0 / 0.5, rel=0.15)
+
+
+def test_a_loaded_machine_does_not_stretch_the_chunk_steps() -> None:
+    """The decode-only steps around the chunks run slower under a server's load (7 ms) than the
+    same stream's quick steps (5 ms): a chunk step still takes at most GAP of the quick steps,
+    not BURST of the slow ones on top of a slow one."""
+    share = PrefillShare(1.0)
+    for _ in range(40):
+        share.observe(0, 1, 5.0)
+    for _ in range(DECODE_WINDOW):
+        share.observe(0, 1, 7.0)
+    assert share.decode_ms == pytest.approx(7.0) and share.quick_ms == pytest.approx(5.0)
+    steps = []
+    for _ in range(60):  # 0.5 ms a prompt token beside the stream
+        n = share.budget(512, decoding=1)
+        ms = 7.0 + 0.5 * n
+        share.observe(n, 1, ms)
+        steps.append(ms)
+    assert max(steps) <= GAP * 5.0 * 1.05
+    assert share.chunk == pytest.approx((GAP * 5.0 - 7.0) / 0.5, rel=0.15)
 
 
 def test_prompt_tokens_and_prompt_logprob_rows_are_priced_apart() -> None:
