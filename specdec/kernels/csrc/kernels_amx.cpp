@@ -241,9 +241,13 @@ void amx_groups(const int8_t* xq, const float* dx, const float* dxs, int64_t M, 
 // Rows from which each format goes to the tile unit; fewer go to the VNNI kernels.  Measured with
 // benchmarks/gemm_roof.py --tables vnni amx1 (weights streaming from memory, one core): the tile
 // unit's Q8_0 passes VNNI's from 12 rows (+5-19%), Q4_0 from 14-16 (+5-15%), and Q4_1 (whose extra
-// per-block FMA keeps the vector side busy) never does, so it stays on VNNI by default.
+// per-block FMA keeps the vector side busy) never does, so it stays on VNNI by default.  In a
+// forward pass on two threads (SmolLM2-135M's Q8_0 output layer, 49,152 x 576, 8 rows:
+// benchmarks/verify_rows.py linear, 2 rounds) Q8_0 already passes VNNI at 8 rows (571-610
+// against 625-630 us), so it goes to the tile unit from 8.  (Q4_1 on the tile unit from 8 rows ran
+// some forward passes 3-6% faster, others 1% slower, and 6, 9 or 16 rows slower: left on VNNI.)
 constexpr int64_t kNever = int64_t(1) << 40;
-int64_t default_min_rows(int kind) { return kind == A8_Q8 ? 12 : kind == A8_Q4_0 ? 14 : kNever; }
+int64_t default_min_rows(int kind) { return kind == A8_Q8 ? 8 : kind == A8_Q4_0 ? 14 : kNever; }
 int64_t g_min_rows_override = 0;  // > 0: every format from this many rows (tests, benchmarks)
 
 int64_t min_rows(int kind) { return g_min_rows_override > 0 ? g_min_rows_override : default_min_rows(kind); }
