@@ -265,6 +265,22 @@ def _byte_level_bpe(
     return tok
 
 
+def _spm_bpe(
+    vocab: dict[str, int], merges: list[tuple[str, str]], unk_token: str | None = None
+) -> models.BPE:
+    """A SentencePiece vocabulary's BPE model: unknown pieces fused, bytes as fallback, no
+    dropout, the bounded cache (SPM_CACHE_CAPACITY)."""
+    return models.BPE(
+        vocab=vocab,
+        merges=merges,
+        fuse_unk=True,
+        unk_token=unk_token,
+        dropout=None,
+        byte_fallback=True,
+        cache_capacity=SPM_CACHE_CAPACITY,
+    )
+
+
 def _sentencepiece_bpe(
     tokens: Sequence[str],
     scores: Sequence[float] | None,
@@ -279,17 +295,7 @@ def _sentencepiece_bpe(
         tokens = [SPM_SPACE * len(t) if " " in t and not t.strip() else t for t in tokens]
         vocab = {token: index for index, token in enumerate(tokens)}
         pairs = _parse_merges(merges) if merges else _gemma_merges(tokens, vocab)
-        tok = tokenizers.Tokenizer(
-            models.BPE(
-                vocab=vocab,
-                merges=pairs,
-                fuse_unk=True,
-                unk_token=unk_token or "<unk>",
-                dropout=None,
-                byte_fallback=True,
-                cache_capacity=SPM_CACHE_CAPACITY,
-            )
-        )
+        tok = tokenizers.Tokenizer(_spm_bpe(vocab, pairs, unk_token=unk_token or "<unk>"))
         tok.normalizer = normalizers.Replace(" ", SPM_SPACE)
         # A no-op after the normalizer (there are no spaces left), kept to mirror the reference.
         tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
@@ -303,16 +309,7 @@ def _sentencepiece_bpe(
         if scores is None:
             raise ValueError("SentencePiece GGUF has neither merges nor scores")
         pairs = _merges_from_vocab(tokens, scores, vocab)
-    tok = tokenizers.Tokenizer(
-        models.BPE(
-            vocab=vocab,
-            merges=pairs,
-            fuse_unk=True,
-            byte_fallback=True,
-            dropout=None,
-            cache_capacity=SPM_CACHE_CAPACITY,
-        )
-    )
+    tok = tokenizers.Tokenizer(_spm_bpe(vocab, pairs))
     if architecture == "phi3":
         # Phi-3 prepends "▁" with a normalizer instead of Metaspace (differs on leading spaces).
         tok.normalizer = normalizers.Sequence(
