@@ -766,19 +766,29 @@ inline void kq_tile(const int8_t* xq, const float* dk, const int16_t* bs16, cons
     else kq4_tile<FMT, NG, MR>(xq, dk, bsm, K, tiles, bias, y, ldy);
 }
 
-// NG groups against all M rows: Q4_K / Q5_K 8 rows at a time (each unpacked weight vector feeds
-// 16 vpdpbusd: Qwen3-1.7B's 6144 x 2048 gate / up at 8 rows 0.30-0.31 against 0.34 ms as two
+// NG groups against all M rows: Q4_K / Q5_K 8 rows at a time, and 5-7 rows left in one pass (each
+// unpacked weight vector feeds up to 16 vpdpbusd: Qwen3-1.7B's 6144 x 2048 gate / up at 8 rows 0.30-0.31 against 0.34 ms as two
 // passes of 4, benchmarks/kquant_linear.py; a verification step of 8 rows on the 1.7B Q4_K_M
-// shape 1.13x faster, benchmarks/trees_ab.py), then 4 at a time, then the remainder in one pass.
+// shape 1.13x faster, benchmarks/trees_ab.py); then 4 at a time, then the remainder in one pass.
 template <int FMT, int NG>
 void kq_rows(const int8_t* xq, const float* dk, const int16_t* bs16, const int8_t* bsm, int64_t M,
              int64_t K, const uint8_t* tiles, const float* bias, float* y, int64_t ldy) {
     const int64_t nb = K / kKqBlock;
     int64_t m = 0;
-    if constexpr (FMT != QT_Q6_K && NG == 1)
+    if constexpr (FMT != QT_Q6_K && NG == 1) {
         for (; m + 8 <= M; m += 8)
             kq_tile<FMT, NG, 8>(xq + m * K, dk + m * nb, bs16 + m * (K / 16), bsm + m * (K / 16), K, tiles, bias,
                                 y + m * ldy, ldy);
+        const int64_t r = M - m;
+        auto rows = [&](auto mr) {
+            kq_tile<FMT, NG, decltype(mr)::value>(xq + m * K, dk + m * nb, bs16 + m * (K / 16), bsm + m * (K / 16),
+                                                  K, tiles, bias, y + m * ldy, ldy);
+            m += decltype(mr)::value;
+        };
+        if (r == 5) rows(std::integral_constant<int, 5>{});
+        if (r == 6) rows(std::integral_constant<int, 6>{});
+        if (r == 7) rows(std::integral_constant<int, 7>{});
+    }
     for (; m + 4 <= M; m += 4)
         kq_tile<FMT, NG, 4>(xq + m * K, dk + m * nb, bs16 + m * (K / 16), bsm + m * (K / 16), K, tiles, bias,
                             y + m * ldy, ldy);
