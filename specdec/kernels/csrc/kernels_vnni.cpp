@@ -766,16 +766,18 @@ inline void kq_tile(const int8_t* xq, const float* dk, const int16_t* bs16, cons
     else kq4_tile<FMT, NG, MR>(xq, dk, bsm, K, tiles, bias, y, ldy);
 }
 
-// NG groups against all M rows: Q4_K / Q5_K 8 rows at a time, and 5-7 rows left in one pass (each
-// unpacked weight vector feeds up to 16 vpdpbusd: Qwen3-1.7B's 6144 x 2048 gate / up at 8 rows 0.30-0.31 against 0.34 ms as two
-// passes of 4, benchmarks/kquant_linear.py; a verification step of 8 rows on the 1.7B Q4_K_M
-// shape 1.13x faster, benchmarks/trees_ab.py); then 4 at a time, then the remainder in one pass.
+// NG groups against all M rows: 8 rows at a time, and 5-7 rows left in one pass (each unpacked
+// weight vector feeds up to 16 vpdpbusd; Q6_K's four vectors a row then spill, and still win),
+// then 4 at a time, then the remainder in one pass.  Qwen3-1.7B's 6144 x 2048 at 8 rows: Q4_K
+// 0.28-0.31 against 0.34 ms as two passes of 4, Q6_K 0.48 against 0.55 (6 rows 0.39 against
+// 0.45), benchmarks/kquant_linear.py; a verification step on the 1.7B Q4_K_M shape 1.18x (6 rows)
+// and 1.26x (8 rows) faster, benchmarks/trees_ab.py.
 template <int FMT, int NG>
 void kq_rows(const int8_t* xq, const float* dk, const int16_t* bs16, const int8_t* bsm, int64_t M,
              int64_t K, const uint8_t* tiles, const float* bias, float* y, int64_t ldy) {
     const int64_t nb = K / kKqBlock;
     int64_t m = 0;
-    if constexpr (FMT != QT_Q6_K && NG == 1) {
+    if constexpr (NG == 1) {
         for (; m + 8 <= M; m += 8)
             kq_tile<FMT, NG, 8>(xq + m * K, dk + m * nb, bs16 + m * (K / 16), bsm + m * (K / 16), K, tiles, bias,
                                 y + m * ldy, ldy);
