@@ -265,20 +265,21 @@ def _byte_level_bpe(
     return tok
 
 
+# A SentencePiece vocabulary's BPE options: unknown pieces fused, bytes as fallback, no dropout,
+# the bounded cache.
+_SPM_BPE_OPTIONS = {
+    "fuse_unk": True,
+    "byte_fallback": True,
+    "dropout": None,
+    "cache_capacity": SPM_CACHE_CAPACITY,
+}
+
+
 def _spm_bpe(
     vocab: dict[str, int], merges: list[tuple[str, str]], unk_token: str | None = None
 ) -> models.BPE:
-    """A SentencePiece vocabulary's BPE model: unknown pieces fused, bytes as fallback, no
-    dropout, the bounded cache (SPM_CACHE_CAPACITY)."""
-    return models.BPE(
-        vocab=vocab,
-        merges=merges,
-        fuse_unk=True,
-        unk_token=unk_token,
-        dropout=None,
-        byte_fallback=True,
-        cache_capacity=SPM_CACHE_CAPACITY,
-    )
+    """A SentencePiece vocabulary's BPE model (_SPM_BPE_OPTIONS)."""
+    return models.BPE(vocab=vocab, merges=merges, unk_token=unk_token, **_SPM_BPE_OPTIONS)
 
 
 def _sentencepiece_bpe(
@@ -880,16 +881,15 @@ def _add_named_specials(hf: tokenizers.Tokenizer, named: Iterable[str | None]) -
         hf.add_special_tokens(missing)
 
 
+_ADDED_TOKEN_FLAGS = ("single_word", "lstrip", "rstrip", "normalized", "special")
+
+
 def _added_token(token: AddedToken, special: bool | None = None) -> AddedToken:
     """A copy of ``token``, its ``special`` flag replaced when given."""
-    return AddedToken(
-        token.content,
-        single_word=token.single_word,
-        lstrip=token.lstrip,
-        rstrip=token.rstrip,
-        normalized=token.normalized,
-        special=token.special if special is None else special,
-    )
+    flags = {name: getattr(token, name) for name in _ADDED_TOKEN_FLAGS}
+    if special is not None:
+        flags["special"] = special
+    return AddedToken(token.content, **flags)
 
 
 def _literal_regex(strings: Iterable[str]) -> re.Pattern[str]:
