@@ -92,7 +92,6 @@ class PrefillShare:
     _decode_median: dict[int, float] = field(default_factory=dict, repr=False)  # of those
     # a lone stream's decode-only steps, a longer window (its quick steps: quick_ms)
     _lone_steps: deque = field(default_factory=lambda: deque(maxlen=QUICK_WINDOW), repr=False)
-    _quick_ms: float | None = field(default=None, repr=False)
     _decoding: int = 1
     _costs: dict[str, _TokenCost] = field(
         default_factory=lambda: {k: _TokenCost() for k in KINDS}, repr=False
@@ -123,8 +122,12 @@ class PrefillShare:
     @property
     def quick_ms(self) -> float | None:
         """A lone stream's decode step at its quickest: the QUICK_QUANTILE of its latest
-        QUICK_WINDOW decode-only steps (None before one)."""
-        return self._quick_ms
+        QUICK_WINDOW decode-only steps (None before one). NOTE: found when a chunk is sized, not
+        on every decode-only step."""
+        if not self._lone_steps:
+            return None
+        steps = sorted(self._lone_steps)
+        return steps[int(QUICK_QUANTILE * (len(steps) - 1))]
 
     @property
     def chunk(self) -> int:
@@ -136,8 +139,9 @@ class PrefillShare:
         if cost.token_ms is None or stream_ms is None or decode_ms is None:
             return cost.cap
         extra = self.burst * stream_ms
-        if self._quick_ms is not None:
-            extra = min(extra, max(GAP, 1 + self.burst) * self._quick_ms - decode_ms)
+        quick_ms = self.quick_ms
+        if quick_ms is not None:
+            extra = min(extra, max(GAP, 1 + self.burst) * quick_ms - decode_ms)
         want = extra / cost.token_ms
         return max(MIN_CHUNK, min(int(want), cost.cap))
 
@@ -174,8 +178,6 @@ class PrefillShare:
             self._decode_median[self._decoding] = statistics.median(steps)
             if self._decoding == 1:
                 self._lone_steps.append(ms)
-                quick = sorted(self._lone_steps)
-                self._quick_ms = quick[int(QUICK_QUANTILE * (len(quick) - 1))]
             self.steps_since_decode_only = 0
             self._earn(0.0)
             return

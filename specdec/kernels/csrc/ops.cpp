@@ -1125,7 +1125,7 @@ torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tens
     // context: a unit per kv head, one block each) has fewer items than two per thread, and the
     // threads would wait on each other: its rows are then split into smaller units (each row's
     // result depends on its own query, range and block only, so no result changes).
-    const int64_t threads = WorkerPool::in_worker() || at::in_parallel_region() ? 1 : at::get_num_threads();
+    const int64_t threads = pool_threads();
     int64_t unit_rows = kAttnRows;
     int64_t part_floats = attention_units(slots, counts, prefix_slots, prefix_lens, row_lo, row_hi, Hkv, G * P,
                                           unit_rows, &units, &items);

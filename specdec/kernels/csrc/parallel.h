@@ -198,11 +198,17 @@ class WorkerPool {
     std::atomic<int64_t> done_{0};
 };
 
+// Threads a parallel call made on this thread may use: 1 inside a pool task or a torch parallel
+// region (the call then runs inline), else torch's thread count.
+inline int pool_threads() {
+    return WorkerPool::in_worker() || at::in_parallel_region() ? 1 : at::get_num_threads();
+}
+
 // f(begin, end) over [0, n) in contiguous ranges of at least `grain` items (at most 4 per thread).
 template <class F>
 void parallel_range(int64_t n, int64_t grain, const F& f) {
     if (n <= 0) return;
-    const int threads = WorkerPool::in_worker() || at::in_parallel_region() ? 1 : at::get_num_threads();
+    const int threads = pool_threads();
     const int64_t ntasks = std::max<int64_t>(1, std::min<int64_t>(n / std::max<int64_t>(grain, 1), 4 * threads));
     if (threads <= 1 || ntasks <= 1) {
         f(int64_t(0), n);
