@@ -6,6 +6,13 @@ address space only, a page is committed when a sequence first writes it, and
 ``madvise(MADV_DONTNEED)`` returns a range's pages to the system (they read as zeros afterwards).
 Other devices, and platforms without ``mmap.madvise``, get a plain ``torch.empty`` that never
 gives pages back.
+
+Huge pages (``PagedBuffer.use_huge_pages``): base pages cost one TLB entry per 4 KiB, and a
+long sequence's attention reads its keys and values at a page walk every 4 KiB. The whole 2 MiB
+chunks inside the ranges a long sequence owns are advised to transparent huge pages (new faults
+take 2 MiB pages) and those it has written already are collapsed into them now
+(``MADV_COLLAPSE``); ``use_base_pages`` undoes the advice when the sequence is gone. The buffer
+starts on a 2 MiB boundary so that every whole 2 MiB of it can be one huge page.
 """
 
 from __future__ import annotations
@@ -20,7 +27,9 @@ import numpy as np
 import torch
 
 PAGE_SIZE = mmap.PAGESIZE
+HUGE_PAGE_SIZE = 2 << 20
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if os.name == "posix" else 0)
+_MADV_COLLAPSE = getattr(mmap, "MADV_COLLAPSE", 25)  # Linux 6.1
 
 
 class PagedBuffer:
@@ -34,11 +43,14 @@ class PagedBuffer:
         self._map: mmap.mmap | None = None
         if device.type == "cpu" and nbytes > 0 and hasattr(mmap.mmap, "madvise"):
             flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE
-            self._map = mmap.mmap(-1, nbytes, flags=flags)
+            # NOTE: reserved one huge page longer, so that the tensor can start on a 2 MiB boundary
+            self._map = mmap.mmap(-1, nbytes + HUGE_PAGE_SIZE, flags=flags)
             # NOTE: transparent huge pages would commit 2 MiB for the first KV row a slot writes
-            # in each (layer, head): keep commits at the base page size.
+            # in each (layer, head): keep commits at the base page size until use_huge_pages.
             self._map.madvise(mmap.MADV_NOHUGEPAGE)
-            self.tensor = torch.frombuffer(self._map, dtype=torch.uint8)  # [nbytes]
+            whole = torch.frombuffer(self._map, dtype=torch.uint8)
+            self._pad = -whole.data_ptr() % HUGE_PAGE_SIZE
+            self.tensor = whole[self._pad : self._pad + nbytes]  # [nbytes]
         else:
             self.tensor = torch.empty(nbytes, dtype=torch.uint8, device=device)  # [nbytes]
 
@@ -56,13 +68,55 @@ class PagedBuffer:
             lo = -(-start // PAGE_SIZE) * PAGE_SIZE
             hi = end // PAGE_SIZE * PAGE_SIZE
             if hi > lo:
-                self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+                self._map.madvise(mmap.MADV_DONTNEED, self._pad + lo, hi - lo)
                 released += hi - lo
         return released
+
+    def use_huge_pages(
+        self, ranges: Iterable[tuple[int, int]], written: Iterable[tuple[int, int]]
+    ) -> int:
+        """Advise the whole 2 MiB chunks inside the byte ``ranges`` (merged first) to transparent
+        huge pages, and collapse now those of them that ``written`` touches (best effort: a chunk
+        the system cannot collapse keeps its pages). Returns the bytes collapsed."""
+        if self._map is None:
+            return 0
+        chunks = self._huge_chunks(ranges)
+        for lo, hi in chunks:
+            self._map.madvise(mmap.MADV_HUGEPAGE, self._pad + lo, hi - lo)
+        touched = _merge(written)
+        collapsed = 0
+        for lo, hi in chunks:
+            for c in range(lo, hi, HUGE_PAGE_SIZE):
+                if not any(w0 < c + HUGE_PAGE_SIZE and c < w1 for w0, w1 in touched):
+                    continue
+                try:
+                    self._map.madvise(_MADV_COLLAPSE, self._pad + c, HUGE_PAGE_SIZE)
+                    collapsed += HUGE_PAGE_SIZE
+                except OSError:  # EAGAIN / ENOMEM (no huge page free now), EINVAL (Linux < 6.1)
+                    pass
+        return collapsed
+
+    def use_base_pages(self, ranges: Iterable[tuple[int, int]]) -> None:
+        """Undo ``use_huge_pages``'s advice over the same ``ranges``: later faults there take
+        base pages again."""
+        if self._map is None:
+            return
+        for lo, hi in self._huge_chunks(ranges):
+            self._map.madvise(mmap.MADV_NOHUGEPAGE, self._pad + lo, hi - lo)
 
     def resident_bytes(self) -> int:
         """Bytes of this buffer committed in RAM now (``mincore``); 0 where it cannot tell."""
         return resident_bytes(self.tensor) if self._map is not None else 0
+
+    @staticmethod
+    def _huge_chunks(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The whole 2 MiB chunks inside the merged ranges: nothing outside them is advised, so
+        no other range's pages are committed by a huge page."""
+        inner = [
+            (-(-lo // HUGE_PAGE_SIZE) * HUGE_PAGE_SIZE, hi // HUGE_PAGE_SIZE * HUGE_PAGE_SIZE)
+            for lo, hi in _merge(ranges)
+        ]
+        return [(lo, hi) for lo, hi in inner if hi > lo]
 
 
 def _merge(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -35,6 +35,14 @@ prefix it keeps cached (all of them without prefix caching); evicting or forgett
 prefix gives back its pages too. Resident KV is then what running sequences wrote plus the cached
 prefixes, whatever the pool's size.
 
+Huge pages: a sequence that reaches ``HUGE_PAGES_AFTER`` positions (``grow``, called before each
+forward) has its slot backed by transparent huge pages, collapsing what it wrote so far; its
+attention then reads keys and values without a page walk every 4 KiB (at 2,000 cached, a
+one-row step of a 135M model reads them ~1.4x faster alone). It commits pages 2 MiB at a time
+from then on: at most one huge page past what it writes in each (layer, head), or its whole slot
+where a (layer, head) holds less than 2 MiB. Shorter sequences keep base pages, and a freed slot
+goes back to them.
+
 Element type: ``kv_cache_dtype`` (float16 by default on the native kernels: it halves the memory
 and what attention reads; entries are rounded once, when written), else the model's dtype.
 
@@ -58,6 +66,9 @@ import torch
 
 from specdec.kv_cache.block_events import BlockLog
 from specdec.kv_cache.memory import PagedBuffer
+
+# Positions after which a sequence's slot is backed by huge pages (module docstring).
+HUGE_PAGES_AFTER = 1024
 
 
 class KVCache:
@@ -107,6 +118,7 @@ class KVCache:
         self._base = np.full(num_slots, -1, dtype=np.int64)  # [S]
         self._base_len = np.zeros(num_slots, dtype=np.int64)  # [S]
         self._clock = 0
+        self._huge = np.zeros(num_slots, dtype=bool)  # [S] slot advised to huge pages (grow)
         # vLLM's prefix_cache_queries / prefix_cache_hits, in tokens.
         self.num_prefix_cache_queries = 0
         self.num_prefix_cache_hits = 0
@@ -178,6 +190,20 @@ class KVCache:
         if self.quantized:
             return self._q8_values(self.v[layer, slot], keys=False)
         return self.v[layer, slot]
+
+    def grow(self, slot: int, num_written: int, num_tokens: int) -> None:
+        """Before a forward takes ``slot`` from ``num_written`` to ``num_tokens`` positions: from
+        ``HUGE_PAGES_AFTER`` on, the slot is backed by huge pages (module docstring). Each rank
+        of a tensor-parallel model calls it for its own cache in its own forward."""
+        if self._huge[slot] or num_tokens < HUGE_PAGES_AFTER or not self._k_buf.can_release:
+            return
+        self._huge[slot] = True
+        nk, nv = self._entries(num_written)
+        for buf, t, n in ((self._k_buf, self.k, nk), (self._v_buf, self.v, nv)):
+            whole = _slot_ranges(t, slot, 0)
+            buf.use_huge_pages(
+                whole, [(lo, lo + (n * (hi - lo)) // t.shape[3]) for lo, hi in whole]
+            )
 
     def _entries(self, num_tokens: int) -> tuple[int, int]:
         """How many entries along ``k``'s and ``v``'s position dimension hold the first
@@ -438,6 +464,10 @@ class KVCache:
         nk, nv = self._entries(num_kept)
         self._k_buf.release(_slot_ranges(self.k, slot, nk))
         self._v_buf.release(_slot_ranges(self.v, slot, nv))
+        if self._huge[slot]:
+            self._huge[slot] = False
+            self._k_buf.use_base_pages(_slot_ranges(self.k, slot, 0))
+            self._v_buf.use_base_pages(_slot_ranges(self.v, slot, 0))
         if self.mirror is not None:
             self.mirror("_release", (slot, num_kept))
 

@@ -6,8 +6,8 @@ import torch
 
 from specdec import LLM, SamplingParams
 from specdec.config import ConfigError
-from specdec.kv_cache.memory import PAGE_SIZE, PagedBuffer, resident_bytes
-from specdec.kv_cache.pool import KVCache, standard_keys
+from specdec.kv_cache.memory import HUGE_PAGE_SIZE, PAGE_SIZE, PagedBuffer, resident_bytes
+from specdec.kv_cache.pool import HUGE_PAGES_AFTER, KVCache, standard_keys
 from specdec.kv_cache.sizing import (
     DEFAULT_PREFIX_CACHE_SLOTS,
     MAX_PREFIX_CACHE_SLOTS,
@@ -153,6 +153,77 @@ def test_paged_buffer_fallback() -> None:
     assert cpu.release([(100, 2 * PAGE_SIZE), (2 * PAGE_SIZE, 3 * PAGE_SIZE + 5)]) == 2 * PAGE_SIZE
     assert cpu.resident_bytes() == 2 * PAGE_SIZE
     assert cpu.tensor[:PAGE_SIZE].eq(1).all() and not cpu.tensor[PAGE_SIZE : 3 * PAGE_SIZE].any()
+
+
+def _huge_bytes(t: torch.Tensor) -> int:
+    """Bytes of transparent huge pages in the mappings over ``t`` (/proc/self/smaps; advice
+    splits one mapping into several)."""
+    start = t.data_ptr()
+    end = start + t.numel() * t.element_size()
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:  # a mapping's first line: "lo-hi perms ..."
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo < end and start < hi
+            elif inside and head == "AnonHugePages:":
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+def _thp_enabled() -> bool:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return "[never]" not in f.read()
+    except OSError:
+        return False
+
+
+def test_huge_pages_keep_contents_and_stay_inside_their_ranges() -> None:
+    buf = PagedBuffer(5 * HUGE_PAGE_SIZE, torch.device("cpu"))
+    assert buf.tensor.data_ptr() % HUGE_PAGE_SIZE == 0
+    g = torch.Generator().manual_seed(0)
+    data = torch.randint(0, 256, (3 * HUGE_PAGE_SIZE,), dtype=torch.uint8, generator=g)
+    buf.tensor[: data.numel()] = data
+    # Only whole chunks inside the ranges: [100, 2.5 chunks) holds chunk 1 alone, which the
+    # written range touches; chunks 0 and 2 keep their base pages.
+    ranges = [(100, 5 * HUGE_PAGE_SIZE // 2)]
+    collapsed = buf.use_huge_pages(ranges, [(0, 3 * HUGE_PAGE_SIZE // 2)])
+    assert torch.equal(buf.tensor[: data.numel()], data)
+    if _thp_enabled():
+        assert collapsed == HUGE_PAGE_SIZE
+        assert _huge_bytes(buf.tensor) == HUGE_PAGE_SIZE
+    # Giving the pages back splits the huge page; nothing outside the released range goes.
+    assert buf.release([(0, 2 * HUGE_PAGE_SIZE)]) == 2 * HUGE_PAGE_SIZE
+    buf.use_base_pages(ranges)
+    assert torch.equal(buf.tensor[2 * HUGE_PAGE_SIZE : data.numel()], data[2 * HUGE_PAGE_SIZE :])
+    assert _huge_bytes(buf.tensor) == 0
+    assert buf.resident_bytes() == HUGE_PAGE_SIZE
+
+
+@pytest.mark.parametrize("key_block", [0, 16])
+def test_long_sequence_slot_takes_huge_pages_until_freed(key_block) -> None:
+    """A slot reaching HUGE_PAGES_AFTER positions is collapsed into huge pages with its contents
+    unchanged; a short one is not; freeing it gives every page back."""
+    n = 2 * HUGE_PAGES_AFTER
+    kv = KVCache(2, 1, 2, n, 128, torch.float16, torch.device("cpu"), False, key_block)
+    slot = kv.allocate()
+    g = torch.Generator().manual_seed(1)
+    k = torch.randn(2, n - 100, 2, 128, generator=g).half()
+    for layer in range(2):
+        kv.store(layer, slot, 0, k[layer], k[layer])
+    before = _read(kv, slot, n - 100)
+    kv.grow(slot, n - 100, HUGE_PAGES_AFTER - 1)  # not long enough yet
+    assert _huge_bytes(kv.k) == 0 and _huge_bytes(kv.v) == 0
+    kv.grow(slot, n - 100, n - 99)
+    after = _read(kv, slot, n - 100)
+    assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
+    if _thp_enabled():
+        # 2 layers x 2 heads x 2,048 positions x 256 bytes: one huge page, keys and values each
+        assert _huge_bytes(kv.k) == HUGE_PAGE_SIZE == _huge_bytes(kv.v)
+    kv.free(slot)
+    assert kv.resident_bytes() == 0 and _huge_bytes(kv.k) == 0
 
 
 # ---- sizing -----------------------------------------------------------------------------------
