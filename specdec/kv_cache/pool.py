@@ -35,7 +35,8 @@ prefix it keeps cached (all of them without prefix caching); evicting or forgett
 prefix gives back its pages too. Resident KV is then what running sequences wrote plus the cached
 prefixes, whatever the pool's size.
 
-Huge pages: a sequence that reaches ``HUGE_PAGES_AFTER`` positions (``grow``, called before each
+Huge pages: each slot's layers lie together in memory (``k`` and ``v`` are views of ``[S, L, ...]``
+storage). A sequence that reaches ``HUGE_PAGES_AFTER`` positions (``grow``, called before each
 forward) has its slot backed by transparent huge pages, collapsing what it wrote so far; its
 attention then reads keys and values without a page walk every 4 KiB (at 2,000 cached, a
 one-row step of a 135M model reads them ~1.4x faster alone). It commits pages 2 MiB at a time
@@ -100,8 +101,8 @@ class KVCache:
                 k_shape = v_shape = (*shape[:3], num_blocks, key_block * (4 + head_dim))
         self._k_buf = _paged(k_shape, dtype, device)
         self._v_buf = _paged(v_shape, dtype, device)
-        self.k = self._k_buf.tensor.view(dtype).view(k_shape)  # see the module docstring
-        self.v = self._v_buf.tensor.view(dtype).view(v_shape)  # [L, S, Hkv, max_len, D]
+        self.k = _slots_together(self._k_buf, dtype, k_shape)  # see the module docstring
+        self.v = _slots_together(self._v_buf, dtype, v_shape)  # [L, S, Hkv, max_len, D]
         self.num_slots = num_slots
         self.max_len = max_len
         self._free = list(range(num_slots - 1, -1, -1))
@@ -476,13 +477,24 @@ def _paged(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     return PagedBuffer(int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size(), device)
 
 
+def _slots_together(buf: PagedBuffer, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """``buf`` as ``shape`` ``[L, S, ...]``; where pages are committed as they are written, each
+    slot's layers lie together (``[S, L, ...]`` in memory), so that a long sequence's slot is one
+    range that huge pages can cover whole (module docstring)."""
+    t = buf.tensor.view(dtype)
+    if not buf.can_release:
+        return t.view(shape)
+    return t.view(shape[1], shape[0], *shape[2:]).transpose(0, 1)
+
+
 def _slot_ranges(t: torch.Tensor, slot: int, num_kept: int) -> list[tuple[int, int]]:
-    """Byte ranges of ``t`` ``[L, S, Hkv, N, ...]`` (contiguous) holding ``slot``'s entries past
-    the first ``num_kept`` along N: one per (layer, head)."""
-    num_layers, num_slots, num_heads, n = t.shape[:4]
-    row = math.prod(t.shape[4:]) * t.element_size()  # bytes per entry along N
-    heads = np.arange(num_layers)[:, None] * num_slots * num_heads + slot * num_heads
-    starts = (heads + np.arange(num_heads)).ravel() * (n * row)  # [L * Hkv] head starts
+    """Byte ranges of ``t`` ``[L, S, Hkv, N, ...]`` (contiguous from Hkv on) holding ``slot``'s
+    entries past the first ``num_kept`` along N: one per (layer, head)."""
+    num_layers, _, num_heads, n = t.shape[:4]
+    elt = t.element_size()
+    row = math.prod(t.shape[4:]) * elt  # bytes per entry along N
+    heads = np.arange(num_layers)[:, None] * t.stride(0) + slot * t.stride(1)
+    starts = (heads + np.arange(num_heads) * t.stride(2)).ravel() * elt  # [L * Hkv] head starts
     return [(int(s) + num_kept * row, int(s) + n * row) for s in starts]
 
 

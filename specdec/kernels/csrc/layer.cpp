@@ -140,21 +140,22 @@ class DecoderLayer {
                     "DecoderLayer: cos / sin must be contiguous float32 [T, head_dim]");
         const bool half = v_cache.scalar_type() == torch::kHalf, q8 = v_cache.scalar_type() == torch::kInt8;
         if (q8) {
-            TORCH_CHECK(v_cache.dim() == 4 && v_cache.is_contiguous() && v_cache.size(1) == Hkv_ &&
+            TORCH_CHECK(v_cache.dim() == 4 && contiguous_per_slot(v_cache) && v_cache.size(1) == Hkv_ &&
                             v_cache.size(3) == q8_block_bytes(D) && k_cache.sizes() == v_cache.sizes() &&
-                            k_cache.is_contiguous() && k_cache.scalar_type() == torch::kInt8,
-                        "DecoderLayer: an int8 cache's k_cache and v_cache must be contiguous [slots, Hkv, "
+                            contiguous_per_slot(k_cache) && k_cache.scalar_type() == torch::kInt8,
+                        "DecoderLayer: an int8 cache's k_cache and v_cache must be contiguous per slot [slots, Hkv, "
                         "max_len / ",
                         kKeyBlock, ", ", q8_block_bytes(D), "]");
         } else {
-            TORCH_CHECK(v_cache.dim() == 4 && v_cache.is_contiguous() && v_cache.size(1) == Hkv_ &&
+            TORCH_CHECK(v_cache.dim() == 4 && contiguous_per_slot(v_cache) && v_cache.size(1) == Hkv_ &&
                             v_cache.size(3) == D && (half || v_cache.scalar_type() == torch::kFloat32),
-                        "DecoderLayer: v_cache must be contiguous float32 or float16 [slots, Hkv, max_len, D]");
-            TORCH_CHECK(k_cache.dim() == 5 && k_cache.is_contiguous() && k_cache.size(0) == v_cache.size(0) &&
+                        "DecoderLayer: v_cache must be float32 or float16 [slots, Hkv, max_len, D], contiguous per "
+                        "slot");
+            TORCH_CHECK(k_cache.dim() == 5 && contiguous_per_slot(k_cache) && k_cache.size(0) == v_cache.size(0) &&
                             k_cache.size(1) == Hkv_ && k_cache.size(2) * kKeyBlock >= v_cache.size(2) &&
                             k_cache.size(3) == D && k_cache.size(4) == kKeyBlock &&
                             k_cache.scalar_type() == v_cache.scalar_type(),
-                        "DecoderLayer: k_cache must be contiguous [slots, Hkv, max_len / ", kKeyBlock, ", D, ",
+                        "DecoderLayer: k_cache must be contiguous per slot [slots, Hkv, max_len / ", kKeyBlock, ", D, ",
                         kKeyBlock, "] (blocked), of v_cache's dtype");
         }
         const int64_t max_len = q8 ? v_cache.size(2) * kKeyBlock : v_cache.size(2);
@@ -183,7 +184,7 @@ class DecoderLayer {
         const float* sp = sin.data_ptr<float>();
         torch::Tensor qr = torch::empty({T, H_, D}, x.options());
         float* qrp = qr.data_ptr<float>();
-        const int64_t slot_stride = Hkv_ * max_len * D, head_stride = max_len * D;
+        const int64_t slot_stride = v_cache.stride(0), head_stride = v_cache.stride(1);
         const int64_t k_slot_stride = k_cache.stride(0), k_head_stride = k_cache.stride(1);
         // Rotate the queries; rotate each key into the cache and put its value there, through
         // store(slot, kv head, position, key row, cos, sin, value row) in the cache's format.
@@ -220,12 +221,13 @@ class DecoderLayer {
             std::vector<float> key(static_cast<size_t>(D));
             write([&](int64_t slot, int64_t hd, int64_t pos, const float* ks, const float* c, const float* sn,
                       const float* vs) {
-                const int64_t blk = ((slot * Hkv_ + hd) * blocks + pos / kKeyBlock) * bb, lane = pos % kKeyBlock;
+                const int64_t blk = (hd * blocks + pos / kKeyBlock) * bb, lane = pos % kKeyBlock;
+                uint8_t* kb = kc + slot * k_slot_stride + blk;
+                uint8_t* vb = vc + slot * slot_stride + blk;
                 rotate_head(ks, c, sn, D, key.data());
-                put_q8(key.data(), D, reinterpret_cast<int8_t*>(kc + blk + kQ8Header) + lane, kKeyBlock,
-                       reinterpret_cast<float*>(kc + blk) + lane);
-                put_q8(vs, D, reinterpret_cast<int8_t*>(vc + blk + kQ8Header) + lane * D, 1,
-                       reinterpret_cast<float*>(vc + blk) + lane);
+                put_q8(key.data(), D, reinterpret_cast<int8_t*>(kb + kQ8Header) + lane, kKeyBlock,
+                       reinterpret_cast<float*>(kb) + lane);
+                put_q8(vs, D, reinterpret_cast<int8_t*>(vb + kQ8Header) + lane * D, 1, reinterpret_cast<float*>(vb) + lane);
             });
         } else if (half) {
             write_float(reinterpret_cast<uint16_t*>(k_cache.data_ptr<at::Half>()),

@@ -1114,8 +1114,8 @@ torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tens
     TORCH_CHECK(static_cast<int64_t>(row_hi.size()) == T, "specdec native attention: counts sum to ",
                 row_hi.size(), " but q has ", T, " rows");
     if (q.stride(2) != 1) q = q.contiguous();
-    if (!k_cache.is_contiguous()) k_cache = k_cache.contiguous();
-    if (v_cache.stride(3) != 1 || (q8 && !v_cache.is_contiguous())) v_cache = v_cache.contiguous();
+    if (!contiguous_per_slot(k_cache)) k_cache = k_cache.contiguous();
+    if (v_cache.stride(3) != 1 || (q8 && !contiguous_per_slot(v_cache))) v_cache = v_cache.contiguous();
     auto out = torch::empty({T, H, D}, q.options().memory_format(at::MemoryFormat::Contiguous));
     if (T == 0 || H == 0) return out;
     const int64_t G = H / Hkv, P = attn_part_floats(D);

@@ -53,6 +53,17 @@ void bind_allreduce(py::module_& m);
 // Registers the Eagle3Head class (head.cpp).
 void bind_eagle3_head(py::module_& m);
 
+// A slotted cache t [slots, ...] laid out contiguously within each slot, slots any distance apart
+// (the KV pool keeps each slot's layers together: kv_cache/pool.py).
+inline bool contiguous_per_slot(const torch::Tensor& t) {
+    int64_t expect = 1;
+    for (int64_t d = t.dim() - 1; d >= 1; --d) {
+        if (t.size(d) != 1 && t.stride(d) != expect) return false;
+        expect *= t.size(d);
+    }
+    return t.dim() == 0 || t.size(0) <= 1 || t.stride(0) >= expect;
+}
+
 // The sequences of a call over a slotted cache (DecoderLayer, Eagle3Head.step): every slot in
 // [0, num_slots), every [starts[s], starts[s] + counts[s]) within [0, max_len), the counts summing
 // to the call's T rows.  ``who``, ``cache`` and ``rows`` name the call, its cache and the tensor
