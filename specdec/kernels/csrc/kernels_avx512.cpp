@@ -23,7 +23,6 @@ namespace {
 
 using simd512::hsum16;
 using simd512::prefetch;
-using simd512::store_tile;
 using simd512::tail_mask;
 
 constexpr int64_t kPrefetchBytes = 8192;
@@ -121,7 +120,7 @@ inline void f32_tile(const float* x, int64_t ldx, int64_t K, const float* w, int
             for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_fmadd_ps(wv[n], xv, acc[m][n]);
         }
     }
-    store_tile<MR, NR>(acc, y, ldy, bias);
+    store_tile<hsum16, 16>(acc, y, ldy, bias);
 }
 
 // MR activation rows x NR quantized weight rows, each block decoded in registers once for the MR
@@ -147,7 +146,7 @@ inline void quant_tile(const float* x, int64_t ldx, int64_t K, const uint8_t* w,
             }
         }
     }
-    store_tile<MR, NR>(acc, y, ldy, bias);
+    store_tile<hsum16, 16>(acc, y, ldy, bias);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -23,7 +23,6 @@ namespace {
 
 using simd512::hsum16;
 using simd512::prefetch;
-using simd512::store_tile;
 using simd512::tail_mask;
 
 constexpr int64_t kPrefetchBytes = 4096;
@@ -76,7 +75,7 @@ inline void half_tile(const float* x, int64_t K, const uint16_t* w, float* y, in
             for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_fmadd_ps(wv[n], xv, acc[m][n]);
         }
     }
-    store_tile<MR, NR>(acc, y, ldy, bias);
+    store_tile<hsum16, 16>(acc, y, ldy, bias);
 }
 
 template <int QT, int MR, int NR>
@@ -132,7 +131,7 @@ inline void f32_tile_kb(const float* x, int64_t K, const float* w, int64_t k0, i
             for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_fmadd_ps(wv[n], xv, acc[m][n]);
         }
     }
-    store_tile<MR, NR>(acc, y, ldy, bias);
+    store_tile<hsum16, 16>(acc, y, ldy, bias);
 }
 
 // MR activation rows against nr (<= kMaxBlockRows) widened weight rows, K-block by K-block.

@@ -5,6 +5,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "tile_store.h"
+
 namespace specdec {
 namespace simd512 {
 
@@ -14,18 +16,6 @@ inline float hsum16(__m512 v) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
     return _mm_cvtss_f32(s);
-}
-
-// A tile's MR x NR accumulators to y (row stride ldy): each one's hsum16, plus bias[n] when given.
-template <int MR, int NR>
-inline void store_tile(__m512 (&acc)[MR][NR], float* y, int64_t ldy, const float* bias) {
-    for (int m = 0; m < MR; ++m) {
-        for (int n = 0; n < NR; ++n) {
-            float s = hsum16(acc[m][n]);
-            if (bias) s += bias[n];
-            y[m * ldy + n] = s;
-        }
-    }
 }
 
 inline __mmask16 tail_mask(int64_t r) { return static_cast<__mmask16>((1u << r) - 1u); }
