@@ -208,6 +208,7 @@ def _native_build():
             "parallel.h",
             "prefetch.h",
             "simd512.h",
+            "tile_store.h",
         )
     ] + [os.path.join(CSRC, unit[1]) for unit in ISA_UNITS]
     suffix = CppExtension(

@@ -23,6 +23,12 @@ VLLM_IGNORED_KEYS = (
     "disable_logprobs", "acceptance_method", "rejection_sample_method",
     "enable_adaptive_verification",
 )  # fmt: skip
+# vLLM's suffix decoding defaults: SpeculativeConfig's suffix_decoding_* keys and SuffixProposer's
+# parameters of the same names
+SUFFIX_MAX_TREE_DEPTH = 24
+SUFFIX_MAX_CACHED_REQUESTS = 10000
+SUFFIX_MAX_SPEC_FACTOR = 1.0
+SUFFIX_MIN_TOKEN_PROB = 0.1
 logger = logging.getLogger("specdec.config")
 
 
@@ -50,10 +56,10 @@ class SpeculativeConfig:
     # suffix decoding (vLLM's names and defaults): tree depth caps match + draft length; the global
     # tree caches this many finished responses (FIFO, 0 = off); draft length <= factor * match
     # length; tokens are drafted while their estimated probability stays >= min_token_prob.
-    suffix_decoding_max_tree_depth: int = 24
-    suffix_decoding_max_cached_requests: int = 10000
-    suffix_decoding_max_spec_factor: float = 1.0
-    suffix_decoding_min_token_prob: float = 0.1
+    suffix_decoding_max_tree_depth: int = SUFFIX_MAX_TREE_DEPTH
+    suffix_decoding_max_cached_requests: int = SUFFIX_MAX_CACHED_REQUESTS
+    suffix_decoding_max_spec_factor: float = SUFFIX_MAX_SPEC_FACTOR
+    suffix_decoding_min_token_prob: float = SUFFIX_MIN_TOKEN_PROB
     # llama.cpp's --draft-min / --draft-p-min, the defaults of every request's
     # speculative_n_min / speculative_p_min (SamplingParams): fewer drafts than draft_min are not
     # verified; drafts whose draft probability q(x) is below draft_p_min are cut (drafters with q)

@@ -28,7 +28,7 @@ from specdec.config import executor_backend
 from specdec.errors import ExecutorError as ExecutorError  # NOTE: its public name here too
 from specdec.model.model_loader import load_model
 from specdec.worker.model_runner import ModelRunner, ModelRunnerOutput
-from specdec.worker.static_runner import StaticModelRunner
+from specdec.worker.static_runner import StaticForward, StaticModelRunner
 
 if TYPE_CHECKING:
     import torch
@@ -76,9 +76,10 @@ class Executor:
         if step_rows is None:
             self._runner = ModelRunner(model, kv, hidden_layers)
         else:
-            self._runner = StaticModelRunner(
+            static = StaticForward(
                 model, kv, hidden_layers, step_rows, use_graphs=not self.config.enforce_eager
             )
+            self._runner = StaticModelRunner(static)
 
     @property
     def runner(self) -> ModelRunner:

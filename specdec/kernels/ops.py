@@ -66,6 +66,12 @@ class KernelOps:
         return f"{type(self).__name__}()"
 
 
+# A decoder layer's norm weights, named alike in LayerWeights and _C.DecoderLayer (None: absent).
+_LAYER_NORMS = (
+    "input_norm", "post_attn_norm", "q_norm", "k_norm", "post_attn_out_norm", "post_ffw_norm",
+)  # fmt: skip
+
+
 def _kernel_weight(w: PackedWeight) -> tuple[torch.Tensor, int, list[int]]:
     """The tensor, qtype code and parts _C.linear takes for ``w`` (8-bit activations when
     enabled)."""
@@ -144,12 +150,7 @@ class NativeOps(KernelOps):
             sliding_window=int(cfg.layer_window(index)),
             softcap=float(cfg.attn_logit_softcapping),
             activation="gelu_tanh" if cfg.is_gemma else "silu",
-            input_norm=lw.input_norm,
-            post_attn_norm=lw.post_attn_norm,
-            q_norm=lw.q_norm,
-            k_norm=lw.k_norm,
-            post_attn_out_norm=lw.post_attn_out_norm,
-            post_ffw_norm=lw.post_ffw_norm,
+            **{name: getattr(lw, name) for name in _LAYER_NORMS},
             **lin("qkv", lw.qkv),
             **lin("o", lw.o_proj),
             **lin("gate_up", lw.gate_up),

@@ -29,6 +29,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from specdec.config.speculative import (
+    SUFFIX_MAX_CACHED_REQUESTS,
+    SUFFIX_MAX_SPEC_FACTOR,
+    SUFFIX_MAX_TREE_DEPTH,
+    SUFFIX_MIN_TOKEN_PROB,
+)
 from specdec.spec_decode.base import DraftInput, DraftOutput, Proposer
 from specdec.spec_decode.suffix_tree import State, SuffixTree, _Node, _subtree_size
 
@@ -130,10 +136,10 @@ class SuffixProposer(Proposer):
     def __init__(
         self,
         num_speculative_tokens: int,
-        max_tree_depth: int = 24,
-        max_cached_requests: int = 10000,
-        max_spec_factor: float = 1.0,
-        min_token_prob: float = 0.1,
+        max_tree_depth: int = SUFFIX_MAX_TREE_DEPTH,
+        max_cached_requests: int = SUFFIX_MAX_CACHED_REQUESTS,
+        max_spec_factor: float = SUFFIX_MAX_SPEC_FACTOR,
+        min_token_prob: float = SUFFIX_MIN_TOKEN_PROB,
         max_spec_offset: float = 0.0,
         max_global_bytes: int = 256 * 2**20,
         native: bool | None = None,

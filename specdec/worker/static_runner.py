@@ -350,21 +350,14 @@ class StaticForward:
 
 
 class StaticModelRunner(ModelRunner):
-    """``ModelRunner`` over :class:`StaticForward`: a request whose fed tokens are generated
-    ones (``output_pos > 0``, at most ``rows``) runs in the step; any other (prompt chunks,
-    prompt log-probabilities) in prefill pieces."""
+    """``ModelRunner`` over ``static`` (a :class:`StaticForward`: its model, KV cache and
+    captured states): a request whose fed tokens are generated ones (``output_pos > 0``, at most
+    ``rows``) runs in the step; any other (prompt chunks, prompt log-probabilities) in prefill
+    pieces."""
 
-    def __init__(
-        self,
-        model: LlamaModel,
-        kv: KVCache,
-        hidden_layers: tuple[int, ...] = (),
-        step_rows: int = DEFAULT_STEP_ROWS,
-        prefill_rows: int = DEFAULT_PREFILL_ROWS,
-        use_graphs: bool = True,
-    ) -> None:
-        super().__init__(model, kv, hidden_layers)
-        self.static = StaticForward(model, kv, hidden_layers, step_rows, prefill_rows, use_graphs)
+    def __init__(self, static: StaticForward) -> None:
+        super().__init__(static.model, static.kv, static.capture)
+        self.static = static
         self.static.capture_all()
 
     def in_step(self, s: ScheduledRequest) -> bool:

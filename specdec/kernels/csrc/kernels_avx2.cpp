@@ -21,6 +21,7 @@
 #include "half.h"
 #include "kernels.h"
 #include "prefetch.h"
+#include "tile_store.h"
 
 namespace specdec {
 namespace {
@@ -117,17 +118,6 @@ struct Block<QT_Q4_1> {
 // ---------------------------------------------------------------------------------------------
 // Linear layers.
 
-template <int MR, int NR>
-inline void store_tile(__m256 (&acc)[MR][NR], float* y, int64_t ldy, const float* bias) {
-    for (int m = 0; m < MR; ++m) {
-        for (int n = 0; n < NR; ++n) {
-            float s = hsum8(acc[m][n]);
-            if (bias) s += bias[n];
-            y[m * ldy + n] = s;
-        }
-    }
-}
-
 // MR activation rows (stride K) x NR float weight rows (stride ldw).
 template <int MR, int NR, bool kPrefetch = true>
 inline void f32_tile(const float* x, int64_t K, const float* w, int64_t ldw, float* y,
@@ -155,7 +145,7 @@ inline void f32_tile(const float* x, int64_t K, const float* w, int64_t ldw, flo
             for (int m = 0; m < MR; ++m) acc[m][n] = _mm256_fmadd_ps(wv, xv[m], acc[m][n]);
         }
     }
-    store_tile<MR, NR>(acc, y, ldy, bias);
+    store_tile<hsum8, 8>(acc, y, ldy, bias);
 }
 
 // MR activation rows x NR quantized weight rows, decoding each block in registers once for the
@@ -181,7 +171,7 @@ inline void quant_tile(const float* x, int64_t K, const uint8_t* w, int64_t ldw,
             }
         }
     }
-    store_tile<MR, NR>(acc, y, ldy, bias);
+    store_tile<hsum8, 8>(acc, y, ldy, bias);
 }
 
 // All rows of a chunk (mc <= kChunkRows) against float weight rows [n0, n1) (stride ldw).

@@ -165,120 +165,6 @@ inline void kq4_half_out(const Rows& a, int64_t m, int64_t b, const uint8_t* t, 
     }
 }
 
-// Q4_K / Q5_K: one 16-row tile group (wg, nb tiles) against activation rows [m, m + R), both
-// halves of the tile at once (one and two rows: the fewest instructions, and nothing spills).
-template <int FMT, int R>
-void kq4_group_both(const Rows& a, int64_t m, const uint8_t* wg, const float* bias, float* y, int64_t ldy) {
-    constexpr int64_t TB = kq_tile_bytes(FMT);
-    constexpr int kFlush = FMT == QT_Q5_K ? 2 : 4;  // p steps summed in int16
-    const int64_t K = a.K, nb = K / kKqBlock;
-    const __m256i lo4 = _mm256_set1_epi8(0x0F);
-    __m256 acc[R][2];
-    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-#pragma GCC unroll 1
-    for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* t = wg + b * TB;
-        if (m == 0) prefetch_tile<TB>(t);  // NOTE: later passes find the tile cached
-        __m256i sc[2][2];  // [half][sub-blocks 0-3, 4-7]
-        kq4_scales(t, 0, sc[0]);
-        kq4_scales(t, 1, sc[1]);
-        __m256i S[R][2];
-        for (int r = 0; r < R; ++r) S[r][0] = S[r][1] = _mm256_setzero_si256();
-#pragma GCC unroll 1
-        for (int s = 0; s < 8; ++s) {
-            const uint8_t* q = t + 256 + 256 * s;
-            const __m256i ctrl = byte_to_words(s % 4);
-            const __m256i sw0 = _mm256_shuffle_epi8(sc[0][s / 4], ctrl), sw1 = _mm256_shuffle_epi8(sc[1][s / 4], ctrl);
-            __m256i p16[R][2];
-            for (int r = 0; r < R; ++r) p16[r][0] = p16[r][1] = _mm256_setzero_si256();
-            for (int p = 0; p < 4; ++p) {
-                const __m256i w0 = load32(q + 64 * p), w1 = load32(q + 64 * p + 32);
-                __m256i w0l = _mm256_and_si256(w0, lo4), w0h = _mm256_and_si256(_mm256_srli_epi16(w0, 4), lo4);
-                __m256i w1l = _mm256_and_si256(w1, lo4), w1h = _mm256_and_si256(_mm256_srli_epi16(w1, 4), lo4);
-                if constexpr (FMT == QT_Q5_K) {
-                    const uint8_t* hb = t + 2304 + 64 * s;
-                    w0l = _mm256_or_si256(w0l, bits_to_0x10(hb + 8 * p));
-                    w1l = _mm256_or_si256(w1l, bits_to_0x10(hb + 8 * p + 4));
-                    w0h = _mm256_or_si256(w0h, bits_to_0x10(hb + 8 * (4 + p)));
-                    w1h = _mm256_or_si256(w1h, bits_to_0x10(hb + 8 * (4 + p) + 4));
-                }
-                for (int r = 0; r < R; ++r) {
-                    const int8_t* xs = a.xq + (m + r) * K + b * kKqBlock + 32 * s;
-                    const __m256i xl = bcast4(xs + 4 * p), xh = bcast4(xs + 16 + 4 * p);
-                    p16[r][0] = _mm256_add_epi16(p16[r][0], _mm256_add_epi16(_mm256_maddubs_epi16(w0l, xl),
-                                                                             _mm256_maddubs_epi16(w0h, xh)));
-                    p16[r][1] = _mm256_add_epi16(p16[r][1], _mm256_add_epi16(_mm256_maddubs_epi16(w1l, xl),
-                                                                             _mm256_maddubs_epi16(w1h, xh)));
-                }
-                if ((p + 1) % kFlush == 0) {
-                    for (int r = 0; r < R; ++r) {
-                        S[r][0] = _mm256_add_epi32(S[r][0], _mm256_madd_epi16(p16[r][0], sw0));
-                        S[r][1] = _mm256_add_epi32(S[r][1], _mm256_madd_epi16(p16[r][1], sw1));
-                        p16[r][0] = p16[r][1] = _mm256_setzero_si256();
-                    }
-                }
-            }
-        }
-        kq4_half_out<R>(a, m, b, t, 0, &S[0][0], 2, acc);
-        kq4_half_out<R>(a, m, b, t, 1, &S[0][1], 2, acc);
-    }
-    store_rows<R>(acc, m, bias, y, ldy);
-}
-
-// The same for three rows and more, one half of the tile (8 rows) at a time and two p steps at
-// a time, each row's products summed as soon as they are made: with both halves GCC kept every
-// row's products of all four steps live and spilled them (one thread, 8192 x 2048 Q4_K, M = 4-16,
-// medians of 6 alternated rounds: 40-43.5 -> 59.5-60.5 GMAC/s); with one row this order was
-// slower (45 -> 37 GMAC/s, the best rounds), with two no faster.
-template <int FMT, int R>
-void kq4_group_halves(const Rows& a, int64_t m, const uint8_t* wg, const float* bias, float* y, int64_t ldy) {
-    constexpr int64_t TB = kq_tile_bytes(FMT);
-    const int64_t K = a.K, nb = K / kKqBlock;
-    const __m256i lo4 = _mm256_set1_epi8(0x0F);
-    __m256 acc[R][2];
-    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-#pragma GCC unroll 1
-    for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* t = wg + b * TB;
-        if (m == 0) prefetch_tile<TB>(t);  // NOTE: later passes find the tile cached
-#pragma GCC unroll 1
-        for (int h = 0; h < 2; ++h) {  // rows 0-7, then 8-15
-            __m256i sc[2];
-            kq4_scales(t, h, sc);
-            __m256i S[R];
-            for (int r = 0; r < R; ++r) S[r] = _mm256_setzero_si256();
-#pragma GCC unroll 1
-            for (int s = 0; s < 8; ++s) {
-                const uint8_t* q = t + 256 + 256 * s + 32 * h;
-                const __m256i sw = _mm256_shuffle_epi8(s < 4 ? sc[0] : sc[1], byte_to_words(s % 4));
-                // at most 4 pair sums per int16 (<= 31,744 for Q5_K, 15,360 for Q4_K)
-                for (int p = 0; p < 4; p += 2) {
-                    const __m256i k0 = load32(q + 64 * p), k1 = load32(q + 64 * (p + 1));
-                    __m256i wl0 = _mm256_and_si256(k0, lo4), wh0 = _mm256_and_si256(_mm256_srli_epi16(k0, 4), lo4);
-                    __m256i wl1 = _mm256_and_si256(k1, lo4), wh1 = _mm256_and_si256(_mm256_srli_epi16(k1, 4), lo4);
-                    if constexpr (FMT == QT_Q5_K) {
-                        const uint8_t* hb = t + 2304 + 64 * s + 4 * h;
-                        wl0 = _mm256_or_si256(wl0, bits_to_0x10(hb + 8 * p));
-                        wl1 = _mm256_or_si256(wl1, bits_to_0x10(hb + 8 * (p + 1)));
-                        wh0 = _mm256_or_si256(wh0, bits_to_0x10(hb + 8 * (4 + p)));
-                        wh1 = _mm256_or_si256(wh1, bits_to_0x10(hb + 8 * (5 + p)));
-                    }
-                    for (int r = 0; r < R; ++r) {
-                        const int8_t* xs = a.xq + (m + r) * K + b * kKqBlock + 32 * s + 4 * p;
-                        const __m256i p16 = _mm256_add_epi16(
-                            _mm256_add_epi16(_mm256_maddubs_epi16(wl0, bcast4(xs)), _mm256_maddubs_epi16(wh0, bcast4(xs + 16))),
-                            _mm256_add_epi16(_mm256_maddubs_epi16(wl1, bcast4(xs + 4)),
-                                             _mm256_maddubs_epi16(wh1, bcast4(xs + 20))));
-                        S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(p16, sw));
-                    }
-                }
-            }
-            kq4_half_out<R>(a, m, b, t, h, S, 1, acc);
-        }
-    }
-    store_rows<R>(acc, m, bias, y, ldy);
-}
-
 // Bits 2p, 2p + 1 of every byte of h moved to bits 4-5 (other bits: garbage, masked after).
 template <int P>
 inline __m256i q6_high(__m256i h) {
@@ -297,141 +183,215 @@ inline void q6_codes(__m256i packed, __m256i h0, __m256i h1, __m256i& wl, __m256
     wh = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(packed, 4), lo4), _mm256_and_si256(q6_high<P>(h1), hi2));
 }
 
-// Q6_K: S = sum_s sc_s * (u_s . x_s) - 32 * sum_s sc_s * bs16_s (the twins' sum, regrouped), both
-// halves of the tile at once (one row: the fewest instructions).
-template <int R>
-void kq6_group_both(const Rows& a, int64_t m, const uint8_t* wg, const float* bias, float* y, int64_t ldy) {
-    constexpr int64_t TB = kq_tile_bytes(QT_Q6_K);
+// One 16-row tile group (wg, nb tiles) against activation rows [m, m + R): the tiles in block
+// order (prefetched on the first pass), each summed one of four ways by format and row count (the
+// branches below) into acc, then the outputs stored.
+template <int FMT, int R>
+void group_rows(const Rows& a, int64_t m, const uint8_t* wg, const float* bias, float* y, int64_t ldy) {
+    constexpr int64_t TB = kq_tile_bytes(FMT);
     const int64_t K = a.K, nb = K / kKqBlock;
+    const __m256i lo4 = _mm256_set1_epi8(0x0F);
     __m256 acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
 #pragma GCC unroll 1
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* t = wg + b * TB;
         if (m == 0) prefetch_tile<TB>(t);  // NOTE: later passes find the tile cached
-        __m256i S[R][2], C[R][2];
-        for (int r = 0; r < R; ++r) S[r][0] = S[r][1] = C[r][0] = C[r][1] = _mm256_setzero_si256();
+        if constexpr (FMT != QT_Q6_K && R <= 2) {
+            // Q4_K / Q5_K, one and two rows: both halves of the tile at once (the fewest
+            // instructions, and nothing spills).
+            constexpr int kFlush = FMT == QT_Q5_K ? 2 : 4;  // p steps summed in int16
+            __m256i sc[2][2];  // [half][sub-blocks 0-3, 4-7]
+            kq4_scales(t, 0, sc[0]);
+            kq4_scales(t, 1, sc[1]);
+            __m256i S[R][2];
+            for (int r = 0; r < R; ++r) S[r][0] = S[r][1] = _mm256_setzero_si256();
 #pragma GCC unroll 1
-        for (int u = 0; u < 8; ++u) {
-            const uint8_t* unit = t + 288 + 384 * u;
-            for (int h = 0; h < 2; ++h) {  // rows 0-7, then 8-15
-                const __m256i h0 = load32(unit + 256 + 32 * h), h1 = load32(unit + 320 + 32 * h);
-                const __m256i sa = int8_to_words(t + 32 + 16 * (2 * u) + 8 * h);
-                const __m256i sb = int8_to_words(t + 32 + 16 * (2 * u + 1) + 8 * h);
-                __m256i pa[R], pb[R];
-                for (int r = 0; r < R; ++r) pa[r] = pb[r] = _mm256_setzero_si256();
-                auto step = [&](auto pc) {
-                    constexpr int p = decltype(pc)::value;
-                    __m256i wl, wh;
-                    q6_codes<p>(load32(unit + 64 * p + 32 * h), h0, h1, wl, wh);
-                    for (int r = 0; r < R; ++r) {
-                        const int8_t* xs = a.xq + (m + r) * K + b * kKqBlock + 32 * u;
-                        pa[r] = _mm256_add_epi16(pa[r], _mm256_maddubs_epi16(wl, bcast4(xs + 4 * p)));
-                        pb[r] = _mm256_add_epi16(pb[r], _mm256_maddubs_epi16(wh, bcast4(xs + 16 + 4 * p)));
+            for (int s = 0; s < 8; ++s) {
+                const uint8_t* q = t + 256 + 256 * s;
+                const __m256i ctrl = byte_to_words(s % 4);
+                const __m256i sw0 = _mm256_shuffle_epi8(sc[0][s / 4], ctrl), sw1 = _mm256_shuffle_epi8(sc[1][s / 4], ctrl);
+                __m256i p16[R][2];
+                for (int r = 0; r < R; ++r) p16[r][0] = p16[r][1] = _mm256_setzero_si256();
+#pragma GCC unroll 4  // as GCC unrolled it alone in a function of its own (kFlush's test folds)
+                for (int p = 0; p < 4; ++p) {
+                    const __m256i w0 = load32(q + 64 * p), w1 = load32(q + 64 * p + 32);
+                    __m256i w0l = _mm256_and_si256(w0, lo4), w0h = _mm256_and_si256(_mm256_srli_epi16(w0, 4), lo4);
+                    __m256i w1l = _mm256_and_si256(w1, lo4), w1h = _mm256_and_si256(_mm256_srli_epi16(w1, 4), lo4);
+                    if constexpr (FMT == QT_Q5_K) {
+                        const uint8_t* hb = t + 2304 + 64 * s;
+                        w0l = _mm256_or_si256(w0l, bits_to_0x10(hb + 8 * p));
+                        w1l = _mm256_or_si256(w1l, bits_to_0x10(hb + 8 * p + 4));
+                        w0h = _mm256_or_si256(w0h, bits_to_0x10(hb + 8 * (4 + p)));
+                        w1h = _mm256_or_si256(w1h, bits_to_0x10(hb + 8 * (4 + p) + 4));
                     }
-                    if constexpr (p % 2 == 1) {  // two pair sums per int16 at most (<= 32,256)
+                    for (int r = 0; r < R; ++r) {
+                        const int8_t* xs = a.xq + (m + r) * K + b * kKqBlock + 32 * s;
+                        const __m256i xl = bcast4(xs + 4 * p), xh = bcast4(xs + 16 + 4 * p);
+                        p16[r][0] = _mm256_add_epi16(p16[r][0], _mm256_add_epi16(_mm256_maddubs_epi16(w0l, xl),
+                                                                                 _mm256_maddubs_epi16(w0h, xh)));
+                        p16[r][1] = _mm256_add_epi16(p16[r][1], _mm256_add_epi16(_mm256_maddubs_epi16(w1l, xl),
+                                                                                 _mm256_maddubs_epi16(w1h, xh)));
+                    }
+                    if ((p + 1) % kFlush == 0) {
                         for (int r = 0; r < R; ++r) {
-                            S[r][h] = _mm256_add_epi32(S[r][h], _mm256_add_epi32(_mm256_madd_epi16(pa[r], sa),
-                                                                                 _mm256_madd_epi16(pb[r], sb)));
-                            pa[r] = pb[r] = _mm256_setzero_si256();
+                            S[r][0] = _mm256_add_epi32(S[r][0], _mm256_madd_epi16(p16[r][0], sw0));
+                            S[r][1] = _mm256_add_epi32(S[r][1], _mm256_madd_epi16(p16[r][1], sw1));
+                            p16[r][0] = p16[r][1] = _mm256_setzero_si256();
                         }
                     }
-                };
-                step(std::integral_constant<int, 0>());
-                step(std::integral_constant<int, 1>());
-                step(std::integral_constant<int, 2>());
-                step(std::integral_constant<int, 3>());
-                for (int r = 0; r < R; ++r) {
-                    const int16_t* bs = a.bs16 + (m + r) * (K / 16) + b * 16 + 2 * u;
-                    const __m256i ba = _mm256_set1_epi32(static_cast<uint16_t>(bs[0]));  // (bs, 0)
-                    const __m256i bb = _mm256_set1_epi32(static_cast<uint16_t>(bs[1]));
-                    C[r][h] = _mm256_add_epi32(C[r][h], _mm256_add_epi32(_mm256_madd_epi16(sa, ba),
-                                                                         _mm256_madd_epi16(sb, bb)));
                 }
             }
-        }
-        for (int h = 0; h < 2; ++h) {
-            const __m256 d = f16x8(t + 16 * h);
-            for (int r = 0; r < R; ++r) {
-                const __m256i s = _mm256_sub_epi32(S[r][h], _mm256_slli_epi32(C[r][h], 5));
-                const __m256 dx = _mm256_set1_ps(a.dk[(m + r) * nb + b]);
-                acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s), dx), d, acc[r][h]);
+            kq4_half_out<R>(a, m, b, t, 0, &S[0][0], 2, acc);
+            kq4_half_out<R>(a, m, b, t, 1, &S[0][1], 2, acc);
+        } else if constexpr (FMT != QT_Q6_K) {
+            // Q4_K / Q5_K, three rows and more: one half of the tile (8 rows) at a time and two p
+            // steps at a time, each row's products summed as soon as they are made: with both halves
+            // GCC kept every row's products of all four steps live and spilled them (one thread,
+            // 8192 x 2048 Q4_K, M = 4-16, medians of 6 alternated rounds: 40-43.5 -> 59.5-60.5
+            // GMAC/s); with one row this order was slower (45 -> 37 GMAC/s, the best rounds), with
+            // two no faster.
+#pragma GCC unroll 1
+            for (int h = 0; h < 2; ++h) {  // rows 0-7, then 8-15
+                __m256i sc[2];
+                kq4_scales(t, h, sc);
+                __m256i S[R];
+                for (int r = 0; r < R; ++r) S[r] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+                for (int s = 0; s < 8; ++s) {
+                    const uint8_t* q = t + 256 + 256 * s + 32 * h;
+                    const __m256i sw = _mm256_shuffle_epi8(s < 4 ? sc[0] : sc[1], byte_to_words(s % 4));
+                    // at most 4 pair sums per int16 (<= 31,744 for Q5_K, 15,360 for Q4_K)
+                    for (int p = 0; p < 4; p += 2) {
+                        const __m256i k0 = load32(q + 64 * p), k1 = load32(q + 64 * (p + 1));
+                        __m256i wl0 = _mm256_and_si256(k0, lo4), wh0 = _mm256_and_si256(_mm256_srli_epi16(k0, 4), lo4);
+                        __m256i wl1 = _mm256_and_si256(k1, lo4), wh1 = _mm256_and_si256(_mm256_srli_epi16(k1, 4), lo4);
+                        if constexpr (FMT == QT_Q5_K) {
+                            const uint8_t* hb = t + 2304 + 64 * s + 4 * h;
+                            wl0 = _mm256_or_si256(wl0, bits_to_0x10(hb + 8 * p));
+                            wl1 = _mm256_or_si256(wl1, bits_to_0x10(hb + 8 * (p + 1)));
+                            wh0 = _mm256_or_si256(wh0, bits_to_0x10(hb + 8 * (4 + p)));
+                            wh1 = _mm256_or_si256(wh1, bits_to_0x10(hb + 8 * (5 + p)));
+                        }
+                        for (int r = 0; r < R; ++r) {
+                            const int8_t* xs = a.xq + (m + r) * K + b * kKqBlock + 32 * s + 4 * p;
+                            const __m256i p16 = _mm256_add_epi16(
+                                _mm256_add_epi16(_mm256_maddubs_epi16(wl0, bcast4(xs)), _mm256_maddubs_epi16(wh0, bcast4(xs + 16))),
+                                _mm256_add_epi16(_mm256_maddubs_epi16(wl1, bcast4(xs + 4)),
+                                                 _mm256_maddubs_epi16(wh1, bcast4(xs + 20))));
+                            S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(p16, sw));
+                        }
+                    }
+                }
+                kq4_half_out<R>(a, m, b, t, h, S, 1, acc);
             }
-        }
-    }
-    store_rows<R>(acc, m, bias, y, ldy);
-}
-
-// The same for two rows and more: the second sum taken into S as it goes, two sub-blocks a
-// vpmaddwd (every integer sum is exact modulo 2^32, so the order is free), one half of the tile
-// (8 rows) at a time, two p steps at a time with each row's products summed at once. The version
-// above keeps 4R accumulators and all rows' products live and GCC spilled them (one thread,
-// 8192 x 2048 Q6_K, M = 4-16, medians of 4 alternated rounds: 26-32 -> 32-38.5 GMAC/s).
-template <int R>
-void kq6_group_halves(const Rows& a, int64_t m, const uint8_t* wg, const float* bias, float* y, int64_t ldy) {
-    constexpr int64_t TB = kq_tile_bytes(QT_Q6_K);
-    const int64_t K = a.K, nb = K / kKqBlock;
-    __m256 acc[R][2];
-    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-#pragma GCC unroll 1
-    for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* t = wg + b * TB;
-        if (m == 0) prefetch_tile<TB>(t);  // NOTE: later passes find the tile cached
-#pragma GCC unroll 1
-        for (int h = 0; h < 2; ++h) {  // rows 0-7, then 8-15
-            __m256i S[R];
-            for (int r = 0; r < R; ++r) S[r] = _mm256_setzero_si256();
+        } else if constexpr (R == 1) {
+            // Q6_K, one row: S = sum_s sc_s * (u_s . x_s) - 32 * sum_s sc_s * bs16_s (the twins' sum,
+            // regrouped), both halves of the tile at once (the fewest instructions).
+            __m256i S[R][2], C[R][2];
+            for (int r = 0; r < R; ++r) S[r][0] = S[r][1] = C[r][0] = C[r][1] = _mm256_setzero_si256();
 #pragma GCC unroll 1
             for (int u = 0; u < 8; ++u) {
                 const uint8_t* unit = t + 288 + 384 * u;
-                const __m256i h0 = load32(unit + 256 + 32 * h), h1 = load32(unit + 320 + 32 * h);
-                const uint8_t* sc = t + 32 + 16 * (2 * u) + 8 * h;
-                const __m256i sa = int8_to_words(sc);
-                const __m256i sb = int8_to_words(sc + 16);
-                // (sc_2u, sc_2u+1) x 32 in the int16 halves of each row's lane (|value| <= 4,096)
-                const __m256i sab32 = _mm256_slli_epi16(
-                    _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc)),
-                                                           _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 16)))),
-                    5);
-                // Two p steps at a time: their four weight vectors, then each row's whole sum
-                // (its products die at once: GCC kept every row's products of all four steps
-                // live and spilled them to the stack).
-                auto pair = [&](auto pc) {
-                    constexpr int p = decltype(pc)::value;
-                    __m256i wl0, wh0, wl1, wh1;
-                    q6_codes<p>(load32(unit + 64 * p + 32 * h), h0, h1, wl0, wh0);
-                    q6_codes<p + 1>(load32(unit + 64 * (p + 1) + 32 * h), h0, h1, wl1, wh1);
+                for (int h = 0; h < 2; ++h) {  // rows 0-7, then 8-15
+                    const __m256i h0 = load32(unit + 256 + 32 * h), h1 = load32(unit + 320 + 32 * h);
+                    const __m256i sa = int8_to_words(t + 32 + 16 * (2 * u) + 8 * h);
+                    const __m256i sb = int8_to_words(t + 32 + 16 * (2 * u + 1) + 8 * h);
+                    __m256i pa[R], pb[R];
+                    for (int r = 0; r < R; ++r) pa[r] = pb[r] = _mm256_setzero_si256();
+                    auto step = [&](auto pc) {
+                        constexpr int p = decltype(pc)::value;
+                        __m256i wl, wh;
+                        q6_codes<p>(load32(unit + 64 * p + 32 * h), h0, h1, wl, wh);
+                        for (int r = 0; r < R; ++r) {
+                            const int8_t* xs = a.xq + (m + r) * K + b * kKqBlock + 32 * u;
+                            pa[r] = _mm256_add_epi16(pa[r], _mm256_maddubs_epi16(wl, bcast4(xs + 4 * p)));
+                            pb[r] = _mm256_add_epi16(pb[r], _mm256_maddubs_epi16(wh, bcast4(xs + 16 + 4 * p)));
+                        }
+                        if constexpr (p % 2 == 1) {  // two pair sums per int16 at most (<= 32,256)
+                            for (int r = 0; r < R; ++r) {
+                                S[r][h] = _mm256_add_epi32(S[r][h], _mm256_add_epi32(_mm256_madd_epi16(pa[r], sa),
+                                                                                     _mm256_madd_epi16(pb[r], sb)));
+                                pa[r] = pb[r] = _mm256_setzero_si256();
+                            }
+                        }
+                    };
+                    step(std::integral_constant<int, 0>());
+                    step(std::integral_constant<int, 1>());
+                    step(std::integral_constant<int, 2>());
+                    step(std::integral_constant<int, 3>());
                     for (int r = 0; r < R; ++r) {
-                        const int8_t* xs = a.xq + (m + r) * K + b * kKqBlock + 32 * u + 4 * p;
-                        // two pair sums per int16 at most (<= 32,256)
-                        const __m256i pa = _mm256_add_epi16(_mm256_maddubs_epi16(wl0, bcast4(xs)),
-                                                            _mm256_maddubs_epi16(wl1, bcast4(xs + 4)));
-                        const __m256i pb = _mm256_add_epi16(_mm256_maddubs_epi16(wh0, bcast4(xs + 16)),
-                                                            _mm256_maddubs_epi16(wh1, bcast4(xs + 20)));
-                        S[r] = _mm256_add_epi32(S[r], _mm256_add_epi32(_mm256_madd_epi16(pa, sa), _mm256_madd_epi16(pb, sb)));
+                        const int16_t* bs = a.bs16 + (m + r) * (K / 16) + b * 16 + 2 * u;
+                        const __m256i ba = _mm256_set1_epi32(static_cast<uint16_t>(bs[0]));  // (bs, 0)
+                        const __m256i bb = _mm256_set1_epi32(static_cast<uint16_t>(bs[1]));
+                        C[r][h] = _mm256_add_epi32(C[r][h], _mm256_add_epi32(_mm256_madd_epi16(sa, ba),
+                                                                             _mm256_madd_epi16(sb, bb)));
                     }
-                };
-                pair(std::integral_constant<int, 0>());
-                pair(std::integral_constant<int, 2>());
-                for (int r = 0; r < R; ++r)  // bs16 of sub-blocks 2u, 2u + 1: adjacent int16s
-                    S[r] = _mm256_sub_epi32(S[r], _mm256_madd_epi16(sab32, bcast4(a.bs16 + (m + r) * (K / 16) + b * 16 + 2 * u)));
+                }
             }
-            const __m256 d = f16x8(t + 16 * h);
-            for (int r = 0; r < R; ++r) {
-                const __m256 dx = _mm256_set1_ps(a.dk[(m + r) * nb + b]);
-                acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(S[r]), dx), d, acc[r][h]);
+            for (int h = 0; h < 2; ++h) {
+                const __m256 d = f16x8(t + 16 * h);
+                for (int r = 0; r < R; ++r) {
+                    const __m256i s = _mm256_sub_epi32(S[r][h], _mm256_slli_epi32(C[r][h], 5));
+                    const __m256 dx = _mm256_set1_ps(a.dk[(m + r) * nb + b]);
+                    acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s), dx), d, acc[r][h]);
+                }
+            }
+        } else {
+            // Q6_K, two rows and more: the second sum taken into S as it goes, two sub-blocks a
+            // vpmaddwd (every integer sum is exact modulo 2^32, so the order is free), one half of
+            // the tile (8 rows) at a time, two p steps at a time with each row's products summed at
+            // once. The branch for one row keeps 4R accumulators and all rows' products live and GCC
+            // spilled them (one thread, 8192 x 2048 Q6_K, M = 4-16, medians of 4 alternated rounds:
+            // 26-32 -> 32-38.5 GMAC/s).
+#pragma GCC unroll 1
+            for (int h = 0; h < 2; ++h) {  // rows 0-7, then 8-15
+                __m256i S[R];
+                for (int r = 0; r < R; ++r) S[r] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+                for (int u = 0; u < 8; ++u) {
+                    const uint8_t* unit = t + 288 + 384 * u;
+                    const __m256i h0 = load32(unit + 256 + 32 * h), h1 = load32(unit + 320 + 32 * h);
+                    const uint8_t* sc = t + 32 + 16 * (2 * u) + 8 * h;
+                    const __m256i sa = int8_to_words(sc);
+                    const __m256i sb = int8_to_words(sc + 16);
+                    // (sc_2u, sc_2u+1) x 32 in the int16 halves of each row's lane (|value| <= 4,096)
+                    const __m256i sab32 = _mm256_slli_epi16(
+                        _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc)),
+                                                               _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 16)))),
+                        5);
+                    // Two p steps at a time: their four weight vectors, then each row's whole sum
+                    // (its products die at once: GCC kept every row's products of all four steps
+                    // live and spilled them to the stack).
+                    auto pair = [&](auto pc) {
+                        constexpr int p = decltype(pc)::value;
+                        __m256i wl0, wh0, wl1, wh1;
+                        q6_codes<p>(load32(unit + 64 * p + 32 * h), h0, h1, wl0, wh0);
+                        q6_codes<p + 1>(load32(unit + 64 * (p + 1) + 32 * h), h0, h1, wl1, wh1);
+                        for (int r = 0; r < R; ++r) {
+                            const int8_t* xs = a.xq + (m + r) * K + b * kKqBlock + 32 * u + 4 * p;
+                            // two pair sums per int16 at most (<= 32,256)
+                            const __m256i pa = _mm256_add_epi16(_mm256_maddubs_epi16(wl0, bcast4(xs)),
+                                                                _mm256_maddubs_epi16(wl1, bcast4(xs + 4)));
+                            const __m256i pb = _mm256_add_epi16(_mm256_maddubs_epi16(wh0, bcast4(xs + 16)),
+                                                                _mm256_maddubs_epi16(wh1, bcast4(xs + 20)));
+                            S[r] = _mm256_add_epi32(S[r], _mm256_add_epi32(_mm256_madd_epi16(pa, sa), _mm256_madd_epi16(pb, sb)));
+                        }
+                    };
+                    pair(std::integral_constant<int, 0>());
+                    pair(std::integral_constant<int, 2>());
+                    for (int r = 0; r < R; ++r)  // bs16 of sub-blocks 2u, 2u + 1: adjacent int16s
+                        S[r] = _mm256_sub_epi32(S[r], _mm256_madd_epi16(sab32, bcast4(a.bs16 + (m + r) * (K / 16) + b * 16 + 2 * u)));
+                }
+                const __m256 d = f16x8(t + 16 * h);
+                for (int r = 0; r < R; ++r) {
+                    const __m256 dx = _mm256_set1_ps(a.dk[(m + r) * nb + b]);
+                    acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(S[r]), dx), d, acc[r][h]);
+                }
             }
         }
     }
     store_rows<R>(acc, m, bias, y, ldy);
-}
-
-template <int FMT, int R>
-inline void group_rows(const Rows& a, int64_t m, const uint8_t* wg, const float* bias, float* y, int64_t ldy) {
-    if constexpr (FMT == QT_Q6_K && R == 1) kq6_group_both<R>(a, m, wg, bias, y, ldy);
-    else if constexpr (FMT == QT_Q6_K) kq6_group_halves<R>(a, m, wg, bias, y, ldy);
-    else if constexpr (R <= 2) kq4_group_both<FMT, R>(a, m, wg, bias, y, ldy);
-    else kq4_group_halves<FMT, R>(a, m, wg, bias, y, ldy);
 }
 
 // Activation rows go through a tile group kRowsPerPass at a time, the rest in one pass (a row's

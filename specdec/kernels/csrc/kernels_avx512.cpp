@@ -21,11 +21,6 @@
 namespace specdec {
 namespace {
 
-using simd512::hsum16;
-using simd512::prefetch;
-using simd512::store_tile;
-using simd512::tail_mask;
-
 constexpr int64_t kPrefetchBytes = 8192;
 
 inline float load_f16(const uint8_t* p) {
@@ -107,21 +102,10 @@ inline void f32_tile(const float* x, int64_t ldx, int64_t K, const float* w, int
             wv[n] = _mm512_loadu_ps(w + n * ldw + k);
             if (kPrefetch) prefetch(reinterpret_cast<const char*>(w + n * ldw + k) + pf);
         }
-        for (int m = 0; m < MR; ++m) {
-            const __m512 xv = _mm512_loadu_ps(x + m * ldx + k);
-            for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_fmadd_ps(wv[n], xv, acc[m][n]);
-        }
+        fma_rows(acc, wv, x, ldx, k);
     }
-    if (k < K) {
-        const __mmask16 mask = tail_mask(K - k);
-        __m512 wv[NR];
-        for (int n = 0; n < NR; ++n) wv[n] = _mm512_maskz_loadu_ps(mask, w + n * ldw + k);
-        for (int m = 0; m < MR; ++m) {
-            const __m512 xv = _mm512_maskz_loadu_ps(mask, x + m * ldx + k);
-            for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_fmadd_ps(wv[n], xv, acc[m][n]);
-        }
-    }
-    store_tile<MR, NR>(acc, y, ldy, bias);
+    if (k < K) f32_tail(acc, x, ldx, w, ldw, k, K);
+    store_tile<hsum16, 16>(acc, y, ldy, bias);
 }
 
 // MR activation rows x NR quantized weight rows, each block decoded in registers once for the MR
@@ -147,7 +131,7 @@ inline void quant_tile(const float* x, int64_t ldx, int64_t K, const uint8_t* w,
             }
         }
     }
-    store_tile<MR, NR>(acc, y, ldy, bias);
+    store_tile<hsum16, 16>(acc, y, ldy, bias);
 }
 
 // ---------------------------------------------------------------------------------------------

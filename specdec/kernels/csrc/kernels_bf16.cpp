@@ -21,11 +21,6 @@
 namespace specdec {
 namespace {
 
-using simd512::hsum16;
-using simd512::prefetch;
-using simd512::store_tile;
-using simd512::tail_mask;
-
 constexpr int64_t kPrefetchBytes = 4096;
 
 // Sixteen 16-bit weights as floats (exact).
@@ -62,21 +57,15 @@ inline void half_tile(const float* x, int64_t K, const uint16_t* w, float* y, in
             wv[n] = load_w<QT>(w + n * K + k);
             prefetch(reinterpret_cast<const char*>(w + n * K + k) + kPrefetchBytes);
         }
-        for (int m = 0; m < MR; ++m) {
-            const __m512 xv = _mm512_loadu_ps(x + m * K + k);
-            for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_fmadd_ps(wv[n], xv, acc[m][n]);
-        }
+        fma_rows(acc, wv, x, K, k);
     }
     if (k < K) {
         const __mmask16 mask = tail_mask(K - k);
         __m512 wv[NR];
         for (int n = 0; n < NR; ++n) wv[n] = load_w_masked<QT>(mask, w + n * K + k);
-        for (int m = 0; m < MR; ++m) {
-            const __m512 xv = _mm512_maskz_loadu_ps(mask, x + m * K + k);
-            for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_fmadd_ps(wv[n], xv, acc[m][n]);
-        }
+        fma_rows_masked(acc, wv, mask, x, K, k);
     }
-    store_tile<MR, NR>(acc, y, ldy, bias);
+    store_tile<hsum16, 16>(acc, y, ldy, bias);
 }
 
 template <int QT, int MR, int NR>
@@ -113,26 +102,15 @@ inline void f32_tile_kb(const float* x, int64_t K, const float* w, int64_t k0, i
     for (; k + 16 <= k1; k += 16) {
         __m512 wv[NR];
         for (int n = 0; n < NR; ++n) wv[n] = _mm512_loadu_ps(w + n * K + k);
-        for (int m = 0; m < MR; ++m) {
-            const __m512 xv = _mm512_loadu_ps(x + m * K + k);
-            for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_fmadd_ps(wv[n], xv, acc[m][n]);
-        }
+        fma_rows(acc, wv, x, K, k);
     }
     if (k1 < K) {
         for (int m = 0; m < MR; ++m)
             for (int n = 0; n < NR; ++n) _mm512_store_ps(c + (m * NR + n) * 16, acc[m][n]);
         return;
     }
-    if (k < K) {
-        const __mmask16 mask = tail_mask(K - k);
-        __m512 wv[NR];
-        for (int n = 0; n < NR; ++n) wv[n] = _mm512_maskz_loadu_ps(mask, w + n * K + k);
-        for (int m = 0; m < MR; ++m) {
-            const __m512 xv = _mm512_maskz_loadu_ps(mask, x + m * K + k);
-            for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_fmadd_ps(wv[n], xv, acc[m][n]);
-        }
-    }
-    store_tile<MR, NR>(acc, y, ldy, bias);
+    if (k < K) f32_tail(acc, x, K, w, K, k, K);
+    store_tile<hsum16, 16>(acc, y, ldy, bias);
 }
 
 // MR activation rows against nr (<= kMaxBlockRows) widened weight rows, K-block by K-block.

@@ -64,7 +64,8 @@ void quantize_rows(const float* x, int64_t K, int8_t* xq, float* dx, int32_t* sx
     }
 }
 
-inline __m512i bcast4(const int8_t* p) {
+// The 4 bytes at p broadcast to every 32-bit lane.
+inline __m512i bcast4(const void* p) {
     int32_t v;
     memcpy(&v, p, 4);
     return _mm512_set1_epi32(v);
@@ -78,6 +79,21 @@ inline __m512i bcast_load(const int32_t* p) {
     return v;
 }
 alignas(64) const int32_t kZero32 = 0;
+
+// Every activation row m and group g: lo[g][m] += wlo[g] . (the 4 int8 at x + m * ldx) and
+// hi[g][m] += whi[g] . (the 4 at x + m * ldx + 16), exact int32 (vpdpbusd); each activation quad
+// is broadcast once and feeds all NG groups.  lo and hi may be the same sums.
+template <int NG, int MR>
+inline void dpbusd_rows(__m512i (&lo)[NG][MR], __m512i (&hi)[NG][MR], const __m512i (&wlo)[NG],
+                        const __m512i (&whi)[NG], const int8_t* x, int64_t ldx) {
+    for (int m = 0; m < MR; ++m) {
+        const __m512i xlo = bcast4(x + m * ldx), xhi = bcast4(x + m * ldx + 16);
+        for (int g = 0; g < NG; ++g) {
+            lo[g][m] = _mm512_dpbusd_epi32(lo[g][m], wlo[g], xlo);
+            hi[g][m] = _mm512_dpbusd_epi32(hi[g][m], whi[g], xhi);
+        }
+    }
+}
 
 // NG consecutive 16-row weight groups (their tiles nb * TB bytes apart) against MR activation
 // rows, all K blocks.  Each broadcast activation quad feeds NG vpdpbusd.
@@ -124,14 +140,7 @@ inline void group_tile(const int8_t* xq, const float* dx, const int32_t* sx, con
                     wlo[g] = _mm512_and_si512(packed, lo4);
                     whi[g] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), lo4);
                 }
-                for (int m = 0; m < MR; ++m) {
-                    const int8_t* xb = xq + m * K + b * 32;
-                    const __m512i xlo = bcast4(xb + 4 * p), xhi = bcast4(xb + 4 * p + 16);
-                    for (int g = 0; g < NG; ++g) {
-                        s[g][m] = _mm512_dpbusd_epi32(s[g][m], wlo[g], xlo);
-                        s[g][m] = _mm512_dpbusd_epi32(s[g][m], whi[g], xhi);
-                    }
-                }
+                dpbusd_rows<NG, MR>(s, s, wlo, whi, xq + b * 32 + 4 * p, K);
             }
         }
         for (int g = 0; g < NG; ++g) {
@@ -552,12 +561,6 @@ void kq_quantize_rows(const float* x, int64_t K, int8_t* xq, float* dk, int16_t*
     }
 }
 
-inline __m512i bcast4u(const void* p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
-}
-
 inline __mmask64 load_mask64(const uint8_t* p) {
     uint64_t v;
     memcpy(&v, p, 8);
@@ -599,82 +602,6 @@ inline Q4kScales q4k_mins(const uint8_t* t) {
             _mm512_ternarylogic_epi32(_mm512_srli_epi32(v2, 4), _mm512_set1_epi8(0x0F), top, 0xEA)};
 }
 
-// NG consecutive 16-row groups of a Q4_K / Q5_K part against MR activation rows.
-template <int FMT, int NG, int MR>
-inline void kq4_tile(const int8_t* xq, const float* dk, const int8_t* bsm, int64_t K,
-                     const uint8_t* tiles, const float* bias, float* y, int64_t ldy) {
-    constexpr int64_t TB = kq_tile_bytes(FMT);
-    const int64_t nb = K / kKqBlock, gs = nb * TB;
-    const __m512i lo4 = _mm512_set1_epi8(0x0F), b16 = _mm512_set1_epi8(0x10);
-    __m512 acc[NG][MR];
-    for (int g = 0; g < NG; ++g)
-        for (int m = 0; m < MR; ++m) acc[g][m] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-        const int8_t* xb = xq + b * kKqBlock;
-        __m512i S[NG][MR];
-        Q4kScales sc[NG];
-        for (int g = 0; g < NG; ++g) {
-            sc[g] = q4k_scales(tiles + g * gs + b * TB);
-            for (int m = 0; m < MR; ++m) S[g][m] = _mm512_setzero_si512();
-        }
-        for (int s = 0; s < 8; ++s) {
-            __m512i si[NG][MR];
-            for (int g = 0; g < NG; ++g) {
-                prefetch_eighth<TB>(tiles + g * gs + (b + kKqPrefetchTiles) * TB, s);
-                for (int m = 0; m < MR; ++m) si[g][m] = _mm512_setzero_si512();
-            }
-            for (int p = 0; p < 4; ++p) {
-                __m512i wlo[NG], whi[NG];
-                for (int g = 0; g < NG; ++g) {
-                    const uint8_t* t = tiles + g * gs + b * TB;
-                    const __m512i packed = _mm512_loadu_si512(t + 256 + 256 * s + 64 * p);
-                    wlo[g] = _mm512_and_si512(packed, lo4);
-                    whi[g] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), lo4);
-                    if (FMT == QT_Q5_K) {
-                        const uint8_t* h = t + 2304 + 64 * s;
-                        wlo[g] = _mm512_mask_add_epi8(wlo[g], load_mask64(h + 8 * p), wlo[g], b16);
-                        whi[g] = _mm512_mask_add_epi8(whi[g], load_mask64(h + 8 * (4 + p)), whi[g], b16);
-                    }
-                }
-                for (int m = 0; m < MR; ++m) {
-                    const int8_t* xs = xb + m * K + 32 * s;
-                    const __m512i xlo = bcast4u(xs + 4 * p), xhi = bcast4u(xs + 16 + 4 * p);
-                    for (int g = 0; g < NG; ++g) {
-                        si[g][m] = _mm512_dpbusd_epi32(si[g][m], wlo[g], xlo);
-                        si[g][m] = _mm512_dpbusd_epi32(si[g][m], whi[g], xhi);
-                    }
-                }
-            }
-            for (int g = 0; g < NG; ++g) {
-                const __m512i scs = _mm512_shuffle_epi8(s < 4 ? sc[g].lo : sc[g].hi, byte_of_lanes(s % 4));
-                for (int m = 0; m < MR; ++m) S[g][m] = _mm512_add_epi32(S[g][m], _mm512_mullo_epi32(si[g][m], scs));
-            }
-        }
-        for (int g = 0; g < NG; ++g) {
-            const uint8_t* t = tiles + g * gs + b * TB;
-            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
-            const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32)));
-            const Q4kScales mn = q4k_mins(t);
-            for (int m = 0; m < MR; ++m) {
-                const int8_t* bs = bsm + m * (K / 16) + b * 16;  // 8 lo, then 8 hi
-                __m512i lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), mn.lo, bcast4u(bs));
-                lo = _mm512_dpbusd_epi32(lo, mn.hi, bcast4u(bs + 4));
-                __m512i hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), mn.lo, bcast4u(bs + 8));
-                hi = _mm512_dpbusd_epi32(hi, mn.hi, bcast4u(bs + 12));
-                const __m512i mins = _mm512_add_epi32(lo, _mm512_slli_epi32(hi, 7));
-                const __m512 dx = _mm512_set1_ps(dk[m * nb + b]);
-                acc[g][m] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(S[g][m]), dx), d, acc[g][m]);
-                acc[g][m] = _mm512_fnmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(mins), dx), dmin, acc[g][m]);
-            }
-        }
-    }
-    for (int g = 0; g < NG; ++g) {
-        const __m512 bv = bias ? _mm512_loadu_ps(bias + g * kKqTileRows) : _mm512_setzero_ps();
-        for (int m = 0; m < MR; ++m)
-            _mm512_storeu_ps(y + m * ldy + g * kKqTileRows, bias ? _mm512_add_ps(acc[g][m], bv) : acc[g][m]);
-    }
-}
-
 // Bits 2p, 2p + 1 of every byte of h moved to bits 4-5 (other bits: garbage, masked by the caller).
 template <int P>
 inline __m512i q6_high(__m512i h) {
@@ -684,71 +611,118 @@ inline __m512i q6_high(__m512i h) {
     return _mm512_srli_epi16(h, 2);
 }
 
+// NG consecutive 16-row groups of a K-quant part against MR activation rows (the arithmetic above).
 template <int FMT, int NG, int MR>
-inline void kq6_tile(const int8_t* xq, const float* dk, const int16_t* bs16, int64_t K,
-                     const uint8_t* tiles, const float* bias, float* y, int64_t ldy) {
-    constexpr int64_t TB = kq_tile_bytes(QT_Q6_K);
+inline void kq_tile(const int8_t* xq, const float* dk, const int16_t* bs16, const int8_t* bsm,
+                    int64_t K, const uint8_t* tiles, const float* bias, float* y, int64_t ldy) {
+    constexpr int64_t TB = kq_tile_bytes(FMT);
     const int64_t nb = K / kKqBlock, gs = nb * TB;
-    const __m512i lo4 = _mm512_set1_epi8(0x0F), hi2 = _mm512_set1_epi8(0x30);
+    const __m512i lo4 = _mm512_set1_epi8(0x0F);
     __m512 acc[NG][MR];
     for (int g = 0; g < NG; ++g)
         for (int m = 0; m < MR; ++m) acc[g][m] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const int8_t* xb = xq + b * kKqBlock;
         __m512i S[NG][MR];
-        for (int g = 0; g < NG; ++g)
-            for (int m = 0; m < MR; ++m) S[g][m] = _mm512_setzero_si512();
-        for (int u = 0; u < 8; ++u) {
-            __m512i sa[NG][MR], sb[NG][MR], h0[NG], h1[NG];
+        if constexpr (FMT != QT_Q6_K) {  // Q4_K / Q5_K
+            const __m512i b16 = _mm512_set1_epi8(0x10);
+            Q4kScales sc[NG];
             for (int g = 0; g < NG; ++g) {
-                const uint8_t* unit = tiles + g * gs + b * TB + 288 + 384 * u;
-                prefetch_eighth<TB>(tiles + g * gs + (b + kKqPrefetchTiles) * TB, u);
-                h0[g] = _mm512_loadu_si512(unit + 256);
-                h1[g] = _mm512_loadu_si512(unit + 320);
-                for (int m = 0; m < MR; ++m) sa[g][m] = sb[g][m] = _mm512_setzero_si512();
+                sc[g] = q4k_scales(tiles + g * gs + b * TB);
+                for (int m = 0; m < MR; ++m) S[g][m] = _mm512_setzero_si512();
             }
-            auto step = [&](auto pc) {
-                constexpr int p = decltype(pc)::value;
-                __m512i wlo[NG], whi[NG];
+            for (int s = 0; s < 8; ++s) {
+                __m512i si[NG][MR];
                 for (int g = 0; g < NG; ++g) {
-                    const __m512i packed = _mm512_loadu_si512(tiles + g * gs + b * TB + 288 + 384 * u + 64 * p);
-                    // (a & 0x0F) | (h & 0x30): two ternary-logic steps
-                    const __m512i hl = _mm512_and_si512(q6_high<p>(h0[g]), hi2);
-                    const __m512i hh = _mm512_and_si512(q6_high<p>(h1[g]), hi2);
-                    wlo[g] = _mm512_ternarylogic_epi32(packed, lo4, hl, 0xEA);
-                    whi[g] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(packed, 4), lo4, hh, 0xEA);
+                    prefetch_eighth<TB>(tiles + g * gs + (b + kKqPrefetchTiles) * TB, s);
+                    for (int m = 0; m < MR; ++m) si[g][m] = _mm512_setzero_si512();
                 }
-                for (int m = 0; m < MR; ++m) {
-                    const int8_t* xs = xb + m * K + 32 * u;
-                    const __m512i xlo = bcast4u(xs + 4 * p), xhi = bcast4u(xs + 16 + 4 * p);
+                for (int p = 0; p < 4; ++p) {
+                    __m512i wlo[NG], whi[NG];
                     for (int g = 0; g < NG; ++g) {
-                        sa[g][m] = _mm512_dpbusd_epi32(sa[g][m], wlo[g], xlo);
-                        sb[g][m] = _mm512_dpbusd_epi32(sb[g][m], whi[g], xhi);
+                        const uint8_t* t = tiles + g * gs + b * TB;
+                        const __m512i packed = _mm512_loadu_si512(t + 256 + 256 * s + 64 * p);
+                        wlo[g] = _mm512_and_si512(packed, lo4);
+                        whi[g] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), lo4);
+                        if (FMT == QT_Q5_K) {
+                            const uint8_t* h = t + 2304 + 64 * s;
+                            wlo[g] = _mm512_mask_add_epi8(wlo[g], load_mask64(h + 8 * p), wlo[g], b16);
+                            whi[g] = _mm512_mask_add_epi8(whi[g], load_mask64(h + 8 * (4 + p)), whi[g], b16);
+                        }
+                    }
+                    dpbusd_rows<NG, MR>(si, si, wlo, whi, xb + 32 * s + 4 * p, K);
+                }
+                for (int g = 0; g < NG; ++g) {
+                    const __m512i scs = _mm512_shuffle_epi8(s < 4 ? sc[g].lo : sc[g].hi, byte_of_lanes(s % 4));
+                    for (int m = 0; m < MR; ++m) S[g][m] = _mm512_add_epi32(S[g][m], _mm512_mullo_epi32(si[g][m], scs));
+                }
+            }
+            for (int g = 0; g < NG; ++g) {
+                const uint8_t* t = tiles + g * gs + b * TB;
+                const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
+                const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32)));
+                const Q4kScales mn = q4k_mins(t);
+                for (int m = 0; m < MR; ++m) {
+                    const int8_t* bs = bsm + m * (K / 16) + b * 16;  // 8 lo, then 8 hi
+                    __m512i lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), mn.lo, bcast4(bs));
+                    lo = _mm512_dpbusd_epi32(lo, mn.hi, bcast4(bs + 4));
+                    __m512i hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), mn.lo, bcast4(bs + 8));
+                    hi = _mm512_dpbusd_epi32(hi, mn.hi, bcast4(bs + 12));
+                    const __m512i mins = _mm512_add_epi32(lo, _mm512_slli_epi32(hi, 7));
+                    const __m512 dx = _mm512_set1_ps(dk[m * nb + b]);
+                    acc[g][m] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(S[g][m]), dx), d, acc[g][m]);
+                    acc[g][m] = _mm512_fnmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(mins), dx), dmin, acc[g][m]);
+                }
+            }
+        } else {
+            const __m512i hi2 = _mm512_set1_epi8(0x30);
+            for (int g = 0; g < NG; ++g)
+                for (int m = 0; m < MR; ++m) S[g][m] = _mm512_setzero_si512();
+            for (int u = 0; u < 8; ++u) {
+                __m512i sa[NG][MR], sb[NG][MR], h0[NG], h1[NG];
+                for (int g = 0; g < NG; ++g) {
+                    const uint8_t* unit = tiles + g * gs + b * TB + 288 + 384 * u;
+                    prefetch_eighth<TB>(tiles + g * gs + (b + kKqPrefetchTiles) * TB, u);
+                    h0[g] = _mm512_loadu_si512(unit + 256);
+                    h1[g] = _mm512_loadu_si512(unit + 320);
+                    for (int m = 0; m < MR; ++m) sa[g][m] = sb[g][m] = _mm512_setzero_si512();
+                }
+                auto step = [&](auto pc) {
+                    constexpr int p = decltype(pc)::value;
+                    __m512i wlo[NG], whi[NG];
+                    for (int g = 0; g < NG; ++g) {
+                        const __m512i packed = _mm512_loadu_si512(tiles + g * gs + b * TB + 288 + 384 * u + 64 * p);
+                        // (a & 0x0F) | (h & 0x30): two ternary-logic steps
+                        const __m512i hl = _mm512_and_si512(q6_high<p>(h0[g]), hi2);
+                        const __m512i hh = _mm512_and_si512(q6_high<p>(h1[g]), hi2);
+                        wlo[g] = _mm512_ternarylogic_epi32(packed, lo4, hl, 0xEA);
+                        whi[g] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(packed, 4), lo4, hh, 0xEA);
+                    }
+                    dpbusd_rows<NG, MR>(sa, sb, wlo, whi, xb + 32 * u + 4 * p, K);
+                };
+                step(std::integral_constant<int, 0>());
+                step(std::integral_constant<int, 1>());
+                step(std::integral_constant<int, 2>());
+                step(std::integral_constant<int, 3>());
+                for (int g = 0; g < NG; ++g) {
+                    const uint8_t* sc = tiles + g * gs + b * TB + 32 + 16 * 2 * u;
+                    const __m512i sca = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
+                    const __m512i scb = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + 16)));
+                    for (int m = 0; m < MR; ++m) {
+                        const int16_t* bs = bs16 + m * (K / 16) + b * 16 + 2 * u;
+                        const __m512i a = _mm512_sub_epi32(sa[g][m], _mm512_set1_epi32(32 * bs[0]));
+                        const __m512i c = _mm512_sub_epi32(sb[g][m], _mm512_set1_epi32(32 * bs[1]));
+                        S[g][m] = _mm512_add_epi32(S[g][m], _mm512_mullo_epi32(a, sca));
+                        S[g][m] = _mm512_add_epi32(S[g][m], _mm512_mullo_epi32(c, scb));
                     }
                 }
-            };
-            step(std::integral_constant<int, 0>());
-            step(std::integral_constant<int, 1>());
-            step(std::integral_constant<int, 2>());
-            step(std::integral_constant<int, 3>());
-            for (int g = 0; g < NG; ++g) {
-                const uint8_t* sc = tiles + g * gs + b * TB + 32 + 16 * 2 * u;
-                const __m512i sca = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
-                const __m512i scb = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + 16)));
-                for (int m = 0; m < MR; ++m) {
-                    const int16_t* bs = bs16 + m * (K / 16) + b * 16 + 2 * u;
-                    const __m512i a = _mm512_sub_epi32(sa[g][m], _mm512_set1_epi32(32 * bs[0]));
-                    const __m512i c = _mm512_sub_epi32(sb[g][m], _mm512_set1_epi32(32 * bs[1]));
-                    S[g][m] = _mm512_add_epi32(S[g][m], _mm512_mullo_epi32(a, sca));
-                    S[g][m] = _mm512_add_epi32(S[g][m], _mm512_mullo_epi32(c, scb));
-                }
             }
-        }
-        for (int g = 0; g < NG; ++g) {
-            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tiles + g * gs + b * TB)));
-            for (int m = 0; m < MR; ++m) {
-                const __m512 dx = _mm512_set1_ps(dk[m * nb + b]);
-                acc[g][m] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(S[g][m]), dx), d, acc[g][m]);
+            for (int g = 0; g < NG; ++g) {
+                const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tiles + g * gs + b * TB)));
+                for (int m = 0; m < MR; ++m) {
+                    const __m512 dx = _mm512_set1_ps(dk[m * nb + b]);
+                    acc[g][m] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(S[g][m]), dx), d, acc[g][m]);
+                }
             }
         }
     }
@@ -757,13 +731,6 @@ inline void kq6_tile(const int8_t* xq, const float* dk, const int16_t* bs16, int
         for (int m = 0; m < MR; ++m)
             _mm512_storeu_ps(y + m * ldy + g * kKqTileRows, bias ? _mm512_add_ps(acc[g][m], bv) : acc[g][m]);
     }
-}
-
-template <int FMT, int NG, int MR>
-inline void kq_tile(const int8_t* xq, const float* dk, const int16_t* bs16, const int8_t* bsm,
-                    int64_t K, const uint8_t* tiles, const float* bias, float* y, int64_t ldy) {
-    if (FMT == QT_Q6_K) kq6_tile<FMT, NG, MR>(xq, dk, bs16, K, tiles, bias, y, ldy);
-    else kq4_tile<FMT, NG, MR>(xq, dk, bsm, K, tiles, bias, y, ldy);
 }
 
 // NG groups against all M rows: 8 rows at a time, and 5-7 rows left in one pass (each unpacked

@@ -1,12 +1,15 @@
 // Small AVX-512 helpers the AVX-512 kernel units share (include only from units built with
-// -mavx512f/dq/bw/vl).
+// -mavx512f/dq/bw/vl).  Internal linkage (as half.h): each unit compiles its own copy under its own
+// flags.
 #pragma once
 
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "tile_store.h"
+
 namespace specdec {
-namespace simd512 {
+namespace {  // NOLINT: internal linkage on purpose
 
 inline float hsum16(__m512 v) {
     __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
@@ -16,21 +19,40 @@ inline float hsum16(__m512 v) {
     return _mm_cvtss_f32(s);
 }
 
-// A tile's MR x NR accumulators to y (row stride ldy): each one's hsum16, plus bias[n] when given.
-template <int MR, int NR>
-inline void store_tile(__m512 (&acc)[MR][NR], float* y, int64_t ldy, const float* bias) {
-    for (int m = 0; m < MR; ++m) {
-        for (int n = 0; n < NR; ++n) {
-            float s = hsum16(acc[m][n]);
-            if (bias) s += bias[n];
-            y[m * ldy + n] = s;
-        }
-    }
-}
-
 inline __mmask16 tail_mask(int64_t r) { return static_cast<__mmask16>((1u << r) - 1u); }
 
 inline void prefetch(const void* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
 
-}  // namespace simd512
+// One step of a tile's FMA chains: acc[m][n] += wv[n] * (inputs k .. k + 15 of row m, at x + m * ldx),
+// every m, n.
+template <int MR, int NR>
+inline void fma_rows(__m512 (&acc)[MR][NR], const __m512 (&wv)[NR], const float* x, int64_t ldx, int64_t k) {
+    for (int m = 0; m < MR; ++m) {
+        const __m512 xv = _mm512_loadu_ps(x + m * ldx + k);
+        for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_fmadd_ps(wv[n], xv, acc[m][n]);
+    }
+}
+
+// The chains' last step, over the inputs of mask only (the partial vector: the rest read as zero).
+template <int MR, int NR>
+inline void fma_rows_masked(__m512 (&acc)[MR][NR], const __m512 (&wv)[NR], __mmask16 mask, const float* x,
+                            int64_t ldx, int64_t k) {
+    for (int m = 0; m < MR; ++m) {
+        const __m512 xv = _mm512_maskz_loadu_ps(mask, x + m * ldx + k);
+        for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_fmadd_ps(wv[n], xv, acc[m][n]);
+    }
+}
+
+// The last K - k (< 16) inputs of MR activation rows (stride ldx) against NR float weight rows
+// (stride ldw): the masked last step.
+template <int MR, int NR>
+inline void f32_tail(__m512 (&acc)[MR][NR], const float* x, int64_t ldx, const float* w, int64_t ldw, int64_t k,
+                     int64_t K) {
+    const __mmask16 mask = tail_mask(K - k);
+    __m512 wv[NR];
+    for (int n = 0; n < NR; ++n) wv[n] = _mm512_maskz_loadu_ps(mask, w + n * ldw + k);
+    fma_rows_masked(acc, wv, mask, x, ldx, k);
+}
+
+}  // namespace
 }  // namespace specdec
