@@ -144,9 +144,6 @@ def test_download_load_generate_then_the_cached_copy_makes_no_request(fake_hub, 
 def test_an_interrupted_download_resumes_byte_identical(fake_hub) -> None:
     import filecmp
 
-    import huggingface_hub.constants as c
-
-    from specdec.model.hub import DOWNLOAD_CHUNK_BYTES
     from specdec.model.registry import _smollm2_path
 
     fake_hub.cut_once.add(SMOL_Q8)  # NOTE: half the file, then the connection drops
@@ -155,7 +152,7 @@ def test_an_interrupted_download_resumes_byte_identical(fake_hub) -> None:
     assert "Range" not in first.headers
     assert second.headers["Range"].startswith("bytes=") and second.headers["Range"] != "bytes=0-"
     assert path.name == SMOL_Q8 and filecmp.cmp(path, _smollm2_path(), shallow=False)
-    assert c.DOWNLOAD_CHUNK_SIZE == DOWNLOAD_CHUNK_BYTES  # NOTE: written in small pieces
+    assert not list(path.parents[2].glob("blobs/*.incomplete"))
 
 
 def test_the_quantization_tag_picks_the_file_and_lists_the_others(
@@ -166,7 +163,7 @@ def test_the_quantization_tag_picks_the_file_and_lists_the_others(
     monkeypatch.setenv("TQDM_POSITION", "-1")  # NOTE: huggingface_hub's bars, even without a TTY
     q8 = resolve_model_path("acme/Multi-GGUF:q8_0")
     assert q8.name == "m-Q8_0.gguf" and q8.read_bytes() == b"Q8_0"
-    assert "Fetching 1 files" in capsys.readouterr().err
+    assert "m-Q8_0.gguf: 100%" in capsys.readouterr().err  # NOTE: the bar of the bytes
     assert sorted(p.name for p in q8.parent.iterdir()) == ["m-Q8_0.gguf"]  # that file only
     # no tag: llama.cpp's default, Q4_K_M; Q4_0 is not Q4_0_4_4
     assert resolve_model_path("acme/Multi-GGUF").read_bytes() == b"Q4_K_M"
@@ -371,15 +368,151 @@ def test_a_cached_model_is_found_without_huggingface_hubs_api(fake_hub) -> None:
 
 
 def test_a_download_lists_the_commit_once(fake_hub) -> None:
-    """model_info gives the commit and its files; its ref is recorded without asking again, and
-    snapshot_download, handed the commit, lists its tree (kept for the cache) and fetches."""
+    """model_info gives the commit and its files; its ref is recorded, its tree listed (every
+    page) and kept for the cache, and each file fetched by one GET (no HEAD first: the listing
+    names its blob, the GET's headers confirm it)."""
+    import json
+
+    fake_hub.page_size = 2
     path = resolve_model_path("acme/Multi-GGUF:Q8_0")
     commit = path.parent.name
     asked = [(r.method, r.path.split("?")[0]) for r in _file_requests(fake_hub)]
     assert asked == [
         ("GET", "/api/models/acme/Multi-GGUF"),
-        ("GET", f"/api/models/acme/Multi-GGUF/tree/{commit}"),
-        ("HEAD", f"/acme/Multi-GGUF/resolve/{commit}/m-Q8_0.gguf"),
+        *[("GET", f"/api/models/acme/Multi-GGUF/tree/{commit}")] * 3,
         ("GET", f"/acme/Multi-GGUF/resolve/{commit}/m-Q8_0.gguf"),
     ]
     assert (path.parents[2] / "refs" / "main").read_text() == commit
+    kept = json.loads((path.parents[2] / "trees" / f"{commit}.json").read_text())
+    assert kept["format_version"] == 1 and sorted(kept["files"]) == sorted(MULTI)
+
+
+# ---- the download path on the standard library (model/hub_http.py, model/hub_download.py) ------
+def _cache(tmp_path) -> Path:
+    return tmp_path / "hf-home" / "hub"
+
+
+def test_huggingface_hub_finds_our_downloads_and_we_find_its(fake_hub, tmp_path) -> None:
+    """The cache is shared: a file this path downloaded is huggingface_hub's cached file (same
+    blob name, link, ref and listing), and a blob huggingface_hub downloaded is not fetched again
+    under another name or commit; the other way round too. LFS files come from the CDN."""
+    from huggingface_hub import (
+        hf_hub_download,
+        scan_cache_dir,
+        snapshot_download,
+        try_to_load_from_cache,
+    )
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    from specdec.model.hub import HubOptions
+
+    fake_hub.cdn = True
+    cache = _cache(tmp_path)
+    repo = "acme/SmolLM2-GGUF"
+    ours = resolve_model_path(f"{repo}:Q4_1")
+    assert try_to_load_from_cache(repo, SMOL_Q4, cache_dir=cache) == str(ours)
+    assert hf_hub_download(repo, SMOL_Q4, cache_dir=cache, local_files_only=True) == str(ours)
+    snapshot = snapshot_download(repo, cache_dir=cache, local_files_only=True,
+                                 allow_patterns=[SMOL_Q4])  # fmt: skip
+    assert Path(snapshot) == ours.parent.resolve()
+    with pytest.raises(LocalEntryNotFoundError):  # NOTE: its listing (ours) says Q8_0 is missing
+        snapshot_download(repo, cache_dir=cache, local_files_only=True)
+    # huggingface_hub online, another file of the same bytes: its HEAD names our blob, no GET
+    theirs = hf_hub_download(repo, SMOL_Q8, cache_dir=cache)
+    assert Path(theirs).resolve() == ours.resolve() and not fake_hub.gets(SMOL_Q8)
+    (info,) = scan_cache_dir(cache).repos
+    (revision,) = info.revisions
+    assert info.repo_id == repo and {f.file_name for f in revision.files} == {SMOL_Q4, SMOL_Q8}
+    # the other way: what huggingface_hub downloaded is found, and its blob not fetched again
+    m4 = hf_hub_download("acme/Multi-GGUF", "m-Q4_0.gguf", cache_dir=cache)
+    before = len(fake_hub.requests)
+    assert resolve_model_path("acme/Multi-GGUF:Q4_0") == Path(m4)
+    assert len(fake_hub.requests) == before
+    fake_hub.add("acme/Multi-GGUF", {**MULTI, "m-Q4_0-copy.gguf": b"Q4_0"})  # a new commit
+    copy = resolve_model_path("acme/Multi-GGUF", HubOptions(filename="m-Q4_0-copy.gguf"))
+    assert copy.resolve() == Path(m4).resolve() and copy.parent != Path(m4).parent
+    assert not [r for r in fake_hub.requests[before:] if "/resolve/" in r.path]
+
+
+def test_redirects_keep_the_token_on_the_hub_and_drop_it_for_the_cdn(fake_hub, monkeypatch) -> None:
+    """A renamed repository's 307 (the hub's origin) keeps the Authorization header; the 302 of
+    an LFS file to the CDN (another origin) drops it, as huggingface_hub does; the blob is named
+    by the hub's X-Linked-Etag, not the CDN's ETag."""
+    import hashlib
+
+    fake_hub.cdn = True
+    fake_hub.renamed["acme/Old-Gated"] = "acme/Gated-GGUF"
+    monkeypatch.setenv("HF_TOKEN", fake_hub.token)
+    path = resolve_model_path("acme/Old-Gated:Q4_0")
+    assert path.read_bytes() == b"gated"
+    assert path.resolve().name == hashlib.sha256(b"gated").hexdigest()
+    bearer = f"Bearer {fake_hub.token}"
+    cdn_host = fake_hub.cdn_url.removeprefix("http://")
+    to_hub = [r for r in fake_hub.requests if r.headers["Host"] != cdn_host]
+    to_cdn = [r for r in fake_hub.requests if r.headers["Host"] == cdn_host]
+    assert all(r.headers.get("Authorization") == bearer for r in to_hub)
+    assert len(to_cdn) == 1 and "Authorization" not in to_cdn[0].headers
+    # model_info, the tree and the file under the old name, each sent on to the new one
+    assert len([r for r in to_hub if "Old-Gated" in r.path]) == 3
+
+
+def test_a_stored_login_is_the_token(fake_hub, tmp_path) -> None:
+    (tmp_path / "hf-home").mkdir(exist_ok=True)
+    (tmp_path / "hf-home" / "token").write_text(fake_hub.token + "\n")
+    assert resolve_model_path("acme/Gated-GGUF").read_bytes() == b"gated"
+
+
+def test_a_transfer_a_dead_process_left_resumes_and_bad_bytes_start_over(
+    fake_hub, tmp_path
+) -> None:
+    """A ``blobs/<etag>.incomplete`` left behind is resumed with a Range request; resumed bytes
+    that do not hash to the listed sha256 are dropped and the file fetched whole."""
+    import hashlib
+    import os
+
+    data = os.urandom(3 << 20)
+    sha = hashlib.sha256(data).hexdigest()
+    for repo, partial, ranges in (("acme/Big-GGUF", data[:1234567], ["bytes=1234567-"]),
+                                  ("acme/Bad-Big-GGUF", b"x" * 1000, ["bytes=1000-", None])):  # fmt: skip
+        fake_hub.add(repo, {"b-Q4_0.gguf": data})
+        blobs = _cache(tmp_path) / f"models--{repo.replace('/', '--')}" / "blobs"
+        blobs.mkdir(parents=True)
+        (blobs / f"{sha}.incomplete").write_bytes(partial)  # NOTE: as a killed download leaves it
+        before = len(fake_hub.requests)
+        path = resolve_model_path(f"{repo}:Q4_0")
+        assert path.read_bytes() == data and path.resolve() == blobs / sha
+        gets = [r for r in fake_hub.requests[before:] if r.path.endswith("/b-Q4_0.gguf")]
+        assert [r.headers.get("Range") for r in gets] == ranges
+        assert not list(blobs.glob("*.incomplete"))
+
+
+def test_bytes_that_are_not_the_listed_ones_are_an_error(fake_hub, tmp_path) -> None:
+    fake_hub.add("acme/Bad-GGUF", {"x-Q4_0.gguf": b"the real bytes"})
+    (files,) = fake_hub.repos["acme/Bad-GGUF"].commits.values()
+    files["x-Q4_0.gguf"].data = b"the fake bytes"  # NOTE: listed with the real bytes' sha256
+    with pytest.raises(ModelNotFoundError, match="x-Q4_0.gguf: the bytes downloaded hash to "
+                       ".*, the hub lists .*; download it again"):  # fmt: skip
+        resolve_model_path("acme/Bad-GGUF:Q4_0")
+    storage = _cache(tmp_path) / "models--acme--Bad-GGUF"
+    assert not list(storage.glob("blobs/*")) and not list(storage.glob("snapshots/*/*"))
+
+
+def test_an_answer_the_fast_path_does_not_read_goes_through_huggingface_hub(
+    fake_hub, monkeypatch
+) -> None:
+    """The hub names a blob other than its listing's (here: the listing's LFS sha256 is wrong):
+    huggingface_hub downloads (its HEAD first) and the file is there all the same."""
+    from tests.fixtures import fake_hub as fixture
+
+    entry = fixture.Blob.tree_entry
+
+    def wrong(self, path):  # type: ignore[no-untyped-def]
+        item = entry(self, path)
+        if "lfs" in item:
+            item["lfs"] = {**item["lfs"], "oid": "0" * 64}
+        return item
+
+    monkeypatch.setattr(fixture.Blob, "tree_entry", wrong)
+    assert resolve_model_path("acme/Multi-GGUF:Q8_0").read_bytes() == b"Q8_0"
+    assert [r.method for r in _file_requests(fake_hub) if "/resolve/" in r.path] == [
+        "GET", "HEAD", "GET"]  # fmt: skip
