@@ -114,8 +114,6 @@ def offline() -> bool:
 def cache_dir(options: HubOptions) -> str:
     """``download_dir``, else huggingface_hub's cache folder as the environment names it now
     (``HF_HUB_CACHE``, ``HF_HOME``/hub, ``XDG_CACHE_HOME``/huggingface/hub)."""
-    from specdec.model.hub_http import hf_home
-
     if options.download_dir:
         return str(Path(options.download_dir).expanduser())
     env = os.environ
@@ -125,6 +123,16 @@ def cache_dir(options: HubOptions) -> str:
         or os.path.join(hf_home(), "hub")
     )
     return os.path.expandvars(os.path.expanduser(folder))
+
+
+def hf_home() -> str:
+    """huggingface_hub's home folder as the environment names it now (``HF_HOME``, else
+    ``XDG_CACHE_HOME``/huggingface, else ~/.cache/huggingface)."""
+    env = os.environ
+    home = env.get("HF_HOME") or os.path.join(
+        env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface"
+    )
+    return os.path.expandvars(os.path.expanduser(home))
 
 
 def _endpoint() -> str | None:
@@ -342,7 +350,7 @@ def _fetch(repo: str, quant: str, model: str, options: HubOptions, kind: Kind) -
         resolve_token,
     )
 
-    token = resolve_token(options.token)
+    token = resolve_token(options.token, hf_home())
     if options.token is True and token is None:
         raise ModelNotFoundError(
             f"model '{model}': --hf-token asks for the stored Hugging Face login and there is "

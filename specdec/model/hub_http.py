@@ -61,16 +61,6 @@ def origin(url: str) -> Origin:
     return scheme, (parts.hostname or "").lower(), parts.port or _PORTS.get(scheme, 0)
 
 
-def hf_home() -> str:
-    """huggingface_hub's home folder as the environment names it now (``HF_HOME``, else
-    ``XDG_CACHE_HOME``/huggingface, else ~/.cache/huggingface)."""
-    env = os.environ
-    home = env.get("HF_HOME") or os.path.join(
-        env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface"
-    )
-    return os.path.expandvars(os.path.expanduser(home))
-
-
 def _true(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -79,11 +69,12 @@ def _clean(token: str | None) -> str | None:
     return (token or "").replace("\r", "").replace("\n", "").strip() or None
 
 
-def resolve_token(token: str | bool | None) -> str | None:
+def resolve_token(token: str | bool | None, hf_home: str) -> str | None:
     """The token to send, picked as huggingface_hub's ``get_token_to_send`` does: ``token`` itself;
     none for False, or for None under ``HF_HUB_DISABLE_IMPLICIT_TOKEN``; else ``HF_TOKEN``
-    (``HUGGING_FACE_HUB_TOKEN``), else the stored login (``HF_TOKEN_PATH``, ``HF_HOME``/token).
-    Raises ``Unusual`` for the logins huggingface_hub refreshes or exchanges first."""
+    (``HUGGING_FACE_HUB_TOKEN``), else the stored login (``HF_TOKEN_PATH``, else the file
+    ``token`` in huggingface_hub's home folder ``hf_home``). Raises ``Unusual`` for the logins
+    huggingface_hub refreshes or exchanges first."""
     if isinstance(token, str):
         return token
     if token is False or (token is None and _true(os.environ.get("HF_HUB_DISABLE_IMPLICIT_TOKEN"))):
@@ -94,7 +85,7 @@ def resolve_token(token: str | bool | None) -> str | None:
     if found is not None:
         return found
     path = Path(os.path.expandvars(os.path.expanduser(
-        os.environ.get("HF_TOKEN_PATH") or os.path.join(hf_home(), "token")
+        os.environ.get("HF_TOKEN_PATH") or os.path.join(hf_home, "token")
     )))  # fmt: skip
     try:
         found = _clean(path.read_text())

@@ -352,7 +352,7 @@ def test_a_cached_model_is_found_without_huggingface_hubs_api(fake_hub) -> None:
         "import json, sys\n"
         "from specdec.model.hub import hub_model_path\n"
         "path = hub_model_path('acme/Multi-GGUF:Q8_0')\n"
-        "print(json.dumps([str(path), sorted(m for m in sys.modules if m.startswith('huggingface_hub'))]))"
+        "print(json.dumps([str(path), sorted(m for m in sys.modules if m.startswith(('huggingface_hub', 'specdec.model.hub_')))]))"
     )  # fmt: skip
     before = len(fake_hub.requests)
     run = subprocess.run([sys.executable, "-c", code], env=dict(os.environ), capture_output=True,
@@ -361,6 +361,7 @@ def test_a_cached_model_is_found_without_huggingface_hubs_api(fake_hub) -> None:
     found, modules = json.loads(run.stdout.strip().splitlines()[-1])
     assert found == str(path) and len(fake_hub.requests) == before
     assert "huggingface_hub.hf_api" not in modules and "huggingface_hub.utils" not in modules
+    assert "specdec.model.hub_http" not in modules  # NOTE: nor the download's own modules
     # the listing kept says Q6_K is not there: no request either, in this process
     with pytest.raises(ModelNotFoundError, match="no GGUF file for Q6_K"):
         resolve_model_path("acme/Multi-GGUF:Q6_K")
