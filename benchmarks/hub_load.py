@@ -7,12 +7,14 @@ in fresh processes:
 - ``second``: ``LLM("acme/SmolLM2-GGUF:Q4_1")`` again: from the cache, ``hub_requests`` counts
   what it asked the hub (the goal: none).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/hub_load.py [--runs 5] [--weight-cache]
+    PYTHONPATH=. .venv/bin/python benchmarks/hub_load.py [--runs 5] [--weight-cache] [--cdn]
 
 Each time is ``LLM(...)`` alone (specdec and huggingface_hub imported before the clock starts);
 ``resolve_s`` is its share spent finding or downloading the file (``hub_model_path``).
 ``--weight-cache`` lets specdec's weight cache act as in any run (written by the download,
 read by the later loads); by default it is off, so every load repacks the file the same way.
+``--cdn``: the GGUF's ``resolve`` answers a 302 to the stand-in CDN (another origin), as
+huggingface.co's does for an LFS file.
 
 Where the download's extra time went (2-vCPU Xeon VM, weight cache off, medians of 9-11 runs):
 0.48-0.52 s against 0.21-0.22 s for the cached copy (2.3-2.4x). The extra ~0.28 s: importing
@@ -83,6 +85,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--weight-cache", action="store_true")
+    ap.add_argument("--cdn", action="store_true")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -91,7 +94,7 @@ def main() -> None:
     from specdec.model.registry import _smollm2_path
     from tests.fixtures.fake_hub import FakeHub, HubServer
 
-    hub = FakeHub()
+    hub = FakeHub(cdn=args.cdn)
     hub.add(REPO, {NAME: _smollm2_path(), "README.md": b"# SmolLM2"})
     times: dict[str, list[float]] = {"download": [], "cached": [], "second": []}
     resolve: dict[str, list[float]] = {k: [] for k in times}
@@ -117,6 +120,7 @@ def main() -> None:
         "file_mib": round(size / 2**20, 1),
         "runs": args.runs,
         "weight_cache": args.weight_cache,
+        "cdn": args.cdn,
         **{
             key: {
                 "min_s": round(min(v), 3),
