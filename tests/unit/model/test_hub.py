@@ -141,14 +141,19 @@ def test_download_load_generate_then_the_cached_copy_makes_no_request(fake_hub, 
               f"{download_s:.2f} s; from the cache: {cached_s:.2f} s")  # fmt: skip
 
 
-def test_an_interrupted_download_resumes_byte_identical(fake_hub) -> None:
+@pytest.mark.parametrize("cdn", [False, True], ids=["hub", "cdn"])
+def test_an_interrupted_download_resumes_byte_identical(fake_hub, cdn) -> None:
+    """The connection drops halfway (from the hub, or from the CDN it redirects to): the rest
+    is asked for with a Range request (sent on through the redirect)."""
     import filecmp
 
     from specdec.model.registry import _smollm2_path
 
+    fake_hub.cdn = cdn
     fake_hub.cut_once.add(SMOL_Q8)  # NOTE: half the file, then the connection drops
     path = resolve_model_path("acme/SmolLM2-GGUF:q8_0")
-    first, second = fake_hub.gets(SMOL_Q8)
+    gets = [r for r in fake_hub.gets(SMOL_Q8) if ("/cdn/" in r.path) == cdn]
+    first, second = gets
     assert "Range" not in first.headers
     assert second.headers["Range"].startswith("bytes=") and second.headers["Range"] != "bytes=0-"
     assert path.name == SMOL_Q8 and filecmp.cmp(path, _smollm2_path(), shallow=False)
