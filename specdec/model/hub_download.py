@@ -316,20 +316,22 @@ def _transfer(
         before = pos
         try:
             reply = _request(client, url, pos, commit, entry)
+        except ConnectError as e:
+            error: ConnectError | None = e
+        else:
             if reply.response.status == 200 and pos:  # NOTE: the Range was not honoured
                 digest.reset()
                 progress.update(-pos)
                 os.ftruncate(fd, 0)
                 pos = before = 0
-            pos = _stream(reply, fd, pos, size, digest, progress)
-        except ConnectError as e:
-            pos = max(pos, e.args[1] if len(e.args) > 1 else pos)
-            tries = 0 if pos > before else tries + 1
-            if tries >= RETRIES:
-                raise
-            time.sleep(min(1.0, 0.05 * 2**tries))
-            continue
-        reply.release()
+            pos, error = _stream(reply, fd, pos, size, digest, progress)
+        if error is None:
+            reply.release()
+            break
+        tries = 0 if pos > before else tries + 1
+        if tries >= RETRIES:
+            raise error
+        time.sleep(min(1.0, 0.05 * 2**tries))
     digest.finish()
     if os.fstat(fd).st_size != size:
         raise CorruptDownload(f"{url}: {os.fstat(fd).st_size} bytes written, the hub lists {size}")
@@ -373,22 +375,22 @@ def _range_from(response: http.client.HTTPResponse, pos: int, size: int) -> bool
 
 def _stream(
     reply: Reply, fd: int, pos: int, size: int, digest: _Digest, progress: _Progress
-) -> int:
-    """Read the body into the file at ``pos``; the position reached (raises ConnectError, the
-    connection closed, when the network cuts it: ``digest`` has every byte written)."""
+) -> tuple[int, ConnectError | None]:
+    """Read the body into the file from ``pos``: the position reached, and what cut the
+    transfer (None: nothing; else the connection is closed, ``digest`` has every byte written)."""
     response = reply.response
     while pos < size:
         buf = digest.buffer()
         try:
             n = response.readinto(buf[: min(len(buf), size - pos)])
         except (OSError, http.client.HTTPException) as e:
-            n, error = 0, e
+            n, cause = 0, f"{type(e).__name__}: {e}"
         else:
-            error = None
+            cause = "the connection closed"
         if n == 0:
             digest.give_back(buf)
             reply.discard()
-            raise ConnectError(f"{reply.url}: the transfer stopped at byte {pos} ({error!r})", pos)
+            return pos, ConnectError(f"{reply.url}: the transfer stopped at byte {pos} ({cause})")
         view = buf[:n]
         written = 0
         while written < n:
@@ -396,7 +398,7 @@ def _stream(
         digest.update(buf, n)
         pos += n
         progress.update(n)
-    return pos
+    return pos, None
 
 
 class _Digest:

@@ -522,3 +522,37 @@ def test_an_answer_the_fast_path_does_not_read_goes_through_huggingface_hub(
     assert resolve_model_path("acme/Multi-GGUF:Q8_0").read_bytes() == b"Q8_0"
     assert [r.method for r in _file_requests(fake_hub) if "/resolve/" in r.path] == [
         "GET", "HEAD", "GET"]  # fmt: skip
+
+
+def test_what_the_fast_path_leaves_to_huggingface_hub(monkeypatch, tmp_path) -> None:
+    """The token as huggingface_hub picks it, and the settings that send the download through
+    huggingface_hub: a proxy for the hub's address (not for one NO_PROXY names), an OAuth login
+    it refreshes, an OIDC login it exchanges."""
+    from specdec.model.hub_http import Unusual, proxied, resolve_token
+
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "HF_OIDC_RESOURCE",
+                 "HF_HUB_DISABLE_IMPLICIT_TOKEN", "HTTPS_PROXY", "https_proxy", "ALL_PROXY",
+                 "all_proxy", "NO_PROXY", "no_proxy"):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    home = str(tmp_path)
+    assert resolve_token(None, home) is None and resolve_token("hf_x", home) == "hf_x"
+    (tmp_path / "token").write_text("hf_stored\n")
+    assert resolve_token(None, home) == resolve_token(True, home) == "hf_stored"
+    assert resolve_token(False, home) is None
+    monkeypatch.setenv("HF_TOKEN", "hf_env")
+    assert resolve_token(None, home) == "hf_env"
+    monkeypatch.setenv("HF_HUB_DISABLE_IMPLICIT_TOKEN", "1")
+    assert resolve_token(None, home) is None and resolve_token(True, home) == "hf_env"
+    monkeypatch.delenv("HF_TOKEN")
+    (tmp_path / "stored_tokens").write_text("[x]\nhf_token = hf_stored\nrefresh_token = r\n")
+    with pytest.raises(Unusual, match="OAuth"):
+        resolve_token(True, home)
+    monkeypatch.setenv("HF_OIDC_RESOURCE", "org/repo")
+    with pytest.raises(Unusual, match="OIDC"):
+        resolve_token(True, home)
+    assert not proxied("https://huggingface.co/api/models/x")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy:3128")
+    assert proxied("https://huggingface.co/api/models/x")
+    assert not proxied("http://127.0.0.1:8000/api/models/x")  # NOTE: an https proxy only
+    monkeypatch.setenv("NO_PROXY", "huggingface.co")
+    assert not proxied("https://huggingface.co/api/models/x")
