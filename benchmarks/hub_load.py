@@ -7,22 +7,25 @@ in fresh processes:
 - ``second``: ``LLM("acme/SmolLM2-GGUF:Q4_1")`` again: from the cache, ``hub_requests`` counts
   what it asked the hub (the goal: none).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/hub_load.py [--runs 5] [--weight-cache]
+    PYTHONPATH=. .venv/bin/python benchmarks/hub_load.py [--runs 5] [--weight-cache] [--cdn]
 
 Each time is ``LLM(...)`` alone (specdec and huggingface_hub imported before the clock starts);
 ``resolve_s`` is its share spent finding or downloading the file (``hub_model_path``).
 ``--weight-cache`` lets specdec's weight cache act as in any run (written by the download,
 read by the later loads); by default it is off, so every load repacks the file the same way.
+``--cdn``: the GGUF's ``resolve`` answers a 302 to the stand-in CDN (another origin), as
+huggingface.co's does for an LFS file.
 
-Where the download's extra time went (2-vCPU Xeon VM, weight cache off, medians of 9-11 runs):
-0.48-0.52 s against 0.21-0.22 s for the cached copy (2.3-2.4x). The extra ~0.28 s: importing
-``huggingface_hub.utils`` (httpx) 0.02-0.04 s and its API modules (``hf_api``, for model_info and
-snapshot_download) ~0.06 s, the HTTP client built alongside in a thread (its TLS context 0.02 s),
-four requests ~0.01 s, the transfer 0.14-0.16 s (huggingface_hub's ``http_get``: recv and write
-take 0.07 s, the rest is h11/httpx per 64 KiB read; a bare socket reading and writing the same
-bytes takes 0.09-0.10 s). huggingface_hub's session streaming the bytes itself does 0.12 s; 2 or
-3 parallel Range requests, no better (the Python per-read work holds the GIL and the machine has
-2 cores). ``second`` reads the cache's layout without importing huggingface_hub: as ``cached``.
+Where the download's extra time goes (2-vCPU Xeon VM, weight cache off, 4 rounds of 5 runs
+alternated with the code before): 0.33 s against 0.20-0.21 s for the cached copy (1.55-1.65x).
+The extra ~0.12 s: the download's two modules (~5 ms, compiled from source where
+PYTHONDONTWRITEBYTECODE is set), three requests (model_info, the tree, the file's GET) ~6 ms, the
+transfer ~0.06 s (512 KiB ``readinto`` pieces written with ``pwrite``; a bare socket does about
+the same), its sha256 alongside in a thread ~0.05 s more (the two vCPUs are shared by the stand-in
+hub's sendfile, the transfer and the hash), the blob's rename and link ~1 ms. Before, through
+huggingface_hub's snapshot_download: 0.48-0.55 s (2.4-2.7x): importing its API ~0.08 s, the
+transfer through httpx (64 KiB reads) 0.14-0.16 s, four requests. ``second`` reads the cache's
+layout without importing huggingface_hub or the download's modules: as ``cached``.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ REPO, MODEL, NAME = (
 
 def child(model: str) -> None:
     """One load in this (fresh) process; prints {total_s, resolve_s, path} as JSON."""
-    import huggingface_hub  # noqa: F401  NOTE: imported by both paths: not timed
+    import huggingface_hub  # noqa: F401  NOTE: the download before used it: not timed in either
 
     import specdec.model.hub as hub
     from specdec import LLM
@@ -83,6 +86,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--weight-cache", action="store_true")
+    ap.add_argument("--cdn", action="store_true")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -91,7 +95,7 @@ def main() -> None:
     from specdec.model.registry import _smollm2_path
     from tests.fixtures.fake_hub import FakeHub, HubServer
 
-    hub = FakeHub()
+    hub = FakeHub(cdn=args.cdn)
     hub.add(REPO, {NAME: _smollm2_path(), "README.md": b"# SmolLM2"})
     times: dict[str, list[float]] = {"download": [], "cached": [], "second": []}
     resolve: dict[str, list[float]] = {k: [] for k in times}
@@ -117,6 +121,7 @@ def main() -> None:
         "file_mib": round(size / 2**20, 1),
         "runs": args.runs,
         "weight_cache": args.weight_cache,
+        "cdn": args.cdn,
         **{
             key: {
                 "min_s": round(min(v), 3),

@@ -8,21 +8,28 @@ its configuration, tokenizer and weights; a drafter head (EAGLE, Medusa) the fol
 configuration and weights. Files land in the Hugging Face cache layout (``HF_HUB_CACHE``, or
 vLLM's ``--download-dir``), shared with transformers and vLLM. The cache is read first: a model
 whose files are all there loads without a single request (``HF_HUB_OFFLINE=1``: nothing else
-is read). Downloads show ``huggingface_hub``'s progress bar and resume a transfer cut by the
-network (a ``Range`` request for the rest).
+is read). A download lists the commit and fetches its files on the standard library
+(model/hub_http.py, model/hub_download.py: the cache's blobs, links, refs and listing as
+huggingface_hub writes them, a tqdm bar, a transfer cut by the network resumed with a ``Range``
+request, every file checked against the sha256 or git sha1 the hub lists);
+``huggingface_hub``'s ``snapshot_download`` downloads where that path meets something it does not
+handle (a proxy, an OAuth or OIDC login, an answer without the hub's metadata).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import json
+import logging
 import os
 import re
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+from urllib.parse import quote
 
 from specdec.errors import ModelNotFoundError
 from specdec.model.gguf_file import split_parts
@@ -37,7 +44,8 @@ FOLDER_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.jinja", "*.txt"]
 HEAD_PATTERNS = ["*.json", "*.safetensors", "*.bin", "*.pt", "*.pth"]
 # a tokenizer (--tokenizer): tokenizer.json, its configuration and chat template
 TOKENIZER_PATTERNS = ["tokenizer*", "special_tokens_map.json", "chat_template*", "*.jinja"]
-# NOTE: huggingface_hub writes a download into the cache DOWNLOAD_CHUNK_SIZE (10 MiB) at a time.
+# NOTE: (the fallback, huggingface_hub's download) it writes into the cache DOWNLOAD_CHUNK_SIZE
+# (10 MiB) at a time.
 # On a 2-vCPU Xeon VM (Linux 6.18, ext4) 10 MiB writes to a fresh file cost ~0.27 s of kernel
 # time per 94 MiB (large page-cache folios), 64 KiB writes ~0.025 s: SmolLM2 Q4_1 (94 MiB) from
 # the loopback stand-in hub downloads in 0.14-0.15 s instead of 0.24-0.52 s
@@ -49,6 +57,7 @@ _QUANT_TAG = re.compile(r"(?i)I?Q\d\w*|B?F16|F32")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 
 Kind = Literal["model", "head", "tokenizer"]
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -108,13 +117,22 @@ def cache_dir(options: HubOptions) -> str:
     if options.download_dir:
         return str(Path(options.download_dir).expanduser())
     env = os.environ
+    folder = (
+        env.get("HF_HUB_CACHE")
+        or env.get("HUGGINGFACE_HUB_CACHE")
+        or os.path.join(hf_home(), "hub")
+    )
+    return os.path.expandvars(os.path.expanduser(folder))
+
+
+def hf_home() -> str:
+    """huggingface_hub's home folder as the environment names it now (``HF_HOME``, else
+    ``XDG_CACHE_HOME``/huggingface, else ~/.cache/huggingface)."""
+    env = os.environ
     home = env.get("HF_HOME") or os.path.join(
         env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface"
     )
-    folder = (
-        env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE") or os.path.join(home, "hub")
-    )
-    return os.path.expandvars(os.path.expanduser(folder))
+    return os.path.expandvars(os.path.expanduser(home))
 
 
 def _endpoint() -> str | None:
@@ -309,7 +327,99 @@ def _listing(names: list[str]) -> str:
 
 # ---- the network -----------------------------------------------------------------------------
 def _download(repo: str, quant: str, model: str, options: HubOptions, kind: Kind) -> Path:
-    """List the repository, choose its files, download them into the cache (a progress bar)."""
+    """List the repository, choose its files, download them into the cache (a progress bar):
+    on the standard library, else (what that path does not handle) through huggingface_hub."""
+    from specdec.model.hub_http import Unusual
+
+    try:
+        return _fetch(repo, quant, model, options, kind)
+    except Unusual as e:
+        logger.info("%s: downloading through huggingface_hub (%s)", model, e)
+    return _download_with_hf(repo, quant, model, options, kind)
+
+
+def _fetch(repo: str, quant: str, model: str, options: HubOptions, kind: Kind) -> Path:
+    """The download on the standard library: the commit and its files (model_info), the
+    commit's listing (kept in the cache, as snapshot_download keeps it), the files chosen."""
+    from specdec.model.hub_download import CorruptDownload, fetch_files
+    from specdec.model.hub_http import (
+        DEFAULT_ENDPOINT,
+        ConnectError,
+        HubClient,
+        HubHTTPError,
+        resolve_token,
+    )
+
+    token = resolve_token(options.token, hf_home())
+    if options.token is True and token is None:
+        raise ModelNotFoundError(
+            f"model '{model}': --hf-token asks for the stored Hugging Face login and there is "
+            "none: log in (hf auth login), or set HF_TOKEN"
+        )
+    cache = cache_dir(options)
+    storage = _storage(cache, repo)
+    client = HubClient(_endpoint() or DEFAULT_ENDPOINT, token, _timeout())
+    revision = options.revision
+    try:
+        where = f"/revision/{quote(revision, safe='')}" if revision else ""
+        info, _ = client.get_json(f"/api/models/{repo}{where}")
+        sha = info.get("sha") if isinstance(info, dict) else None
+        if not isinstance(sha, str) or not _COMMIT.fullmatch(sha):
+            raise ModelNotFoundError(f"model '{model}': the hub named no commit of {repo}")
+        names = _sibling_names(info)
+        entries = None if names is not None else _listing_of(client, storage, repo, sha)
+        files, target = _choose(list(entries) if names is None else names, quant, model,
+                                options, kind)  # fmt: skip
+        _record_ref(storage, revision or "main", sha)
+        if entries is None:
+            entries = _listing_of(client, storage, repo, sha)
+        fetch_files(client, storage, repo, sha, files, entries)
+    except (HubHTTPError, ConnectError) as e:
+        raise ModelNotFoundError(_network_error(e, repo, model, options, bool(token))) from e
+    except CorruptDownload as e:
+        raise ModelNotFoundError(f"model '{model}': {e}; download it again") from e
+    except OSError as e:  # NOTE: the network's are ConnectError: this is the disk's
+        raise ModelNotFoundError(
+            f"model '{model}': writing into the cache {cache} failed: {e}"
+        ) from e
+    finally:
+        client.close()
+    snapshot = storage / "snapshots" / sha
+    return snapshot / target if target else snapshot
+
+
+def _sibling_names(info: dict) -> list[str] | None:
+    """The files model_info lists (None: it leaves them out)."""
+    siblings = info.get("siblings")
+    if not isinstance(siblings, list):
+        return None
+    try:
+        return [str(s["rfilename"]) for s in siblings]
+    except (KeyError, TypeError):
+        return None
+
+
+def _listing_of(client, storage: Path, repo: str, commit: str) -> dict:
+    """The commit's listing: the one kept in the cache, else the hub's (then kept)."""
+    from specdec.model.hub_download import list_tree, read_tree, write_tree
+
+    entries = read_tree(storage, commit)
+    if entries is None:
+        entries = list_tree(client, repo, commit)
+        write_tree(storage, commit, entries)
+    return entries
+
+
+def _timeout() -> float:
+    """huggingface_hub's HF_HUB_DOWNLOAD_TIMEOUT (seconds; 10)."""
+    try:
+        return float(os.environ.get("HF_HUB_DOWNLOAD_TIMEOUT") or 10)
+    except ValueError:
+        return 10.0
+
+
+def _download_with_hf(repo: str, quant: str, model: str, options: HubOptions, kind: Kind) -> Path:
+    """The download through huggingface_hub (model_info, snapshot_download)."""
     from huggingface_hub.utils import get_session
 
     # NOTE: the HTTP client (its TLS context: loading the CA bundle releases the GIL) is built
@@ -355,18 +465,19 @@ def _quietly(fn: Callable[[], object]) -> None:
         pass
 
 
-def _network_error(e: Exception, repo: str, model: str, options: HubOptions) -> str:
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        HfHubHTTPError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
+def _network_error(
+    e: Exception, repo: str, model: str, options: HubOptions, token_sent: bool | None = None
+) -> str:
+    """The one line for a failed request (``token_sent``: whether one went; None: guessed from
+    ``--hf-token`` and HF_TOKEN)."""
+    kind, status = _error_kind(e)
+    token_given = (
+        token_sent
+        if token_sent is not None
+        else bool(options.token)
+        or bool(os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN"))
     )
-
-    token_given = bool(options.token) or bool(
-        os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")
-    )
-    if isinstance(e, GatedRepoError):
+    if kind == "gated":
         if token_given:
             return (
                 f"model '{repo}' is gated on the Hugging Face hub and the token has no access: "
@@ -376,14 +487,14 @@ def _network_error(e: Exception, repo: str, model: str, options: HubOptions) -> 
             f"model '{repo}' is gated on the Hugging Face hub: accept its terms on the model's "
             "page, then set HF_TOKEN (or pass --hf-token TOKEN) to a token of that account"
         )
-    if isinstance(e, RepositoryNotFoundError):
+    if kind == "repo":
         hint = "" if token_given else " (a private one needs HF_TOKEN or --hf-token)"
         return f"no model '{repo}' on the Hugging Face hub{hint}"
-    if isinstance(e, RevisionNotFoundError):
+    if kind == "revision":
         return f"model '{repo}' has no revision '{options.revision}' on the Hugging Face hub"
-    if isinstance(e, HfHubHTTPError) and e.response is not None:
+    if kind == "status":
         return (
-            f"model '{model}': the Hugging Face hub answered HTTP {e.response.status_code}; "
+            f"model '{model}': the Hugging Face hub answered HTTP {status}; "
             "try again later, or pass a local path"
         )
     return (
@@ -391,3 +502,33 @@ def _network_error(e: Exception, repo: str, model: str, options: HubOptions) -> 
         f"({_endpoint() or 'https://huggingface.co'}: {type(e).__name__}): check the network, "
         "or pass a local path"
     )
+
+
+def _error_kind(e: Exception) -> tuple[str, int | None]:
+    """What a failed request says, read as huggingface_hub's ``hf_raise_for_status`` reads it:
+    "gated", "repo" (no such repository, or private), "revision", "status" (another HTTP
+    error), else "unreachable"; and the HTTP status."""
+    from specdec.model.hub_http import HubHTTPError
+
+    if isinstance(e, HubHTTPError):
+        if e.code == "GatedRepo":
+            return "gated", e.status
+        if e.code == "RepoNotFound" or (
+            e.status == 401 and e.message != "Invalid credentials in Authorization header"
+        ):
+            return "repo", e.status
+        if e.code == "RevisionNotFound":
+            return "revision", e.status
+        return "status", e.status
+    errors = sys.modules.get("huggingface_hub.errors")  # NOTE: its errors only once it was used
+    if errors is None:
+        return "unreachable", None
+    if isinstance(e, errors.GatedRepoError):
+        return "gated", None
+    if isinstance(e, errors.RepositoryNotFoundError):
+        return "repo", None
+    if isinstance(e, errors.RevisionNotFoundError):
+        return "revision", None
+    if isinstance(e, errors.HfHubHTTPError) and e.response is not None:
+        return "status", e.response.status_code
+    return "unreachable", None

@@ -141,21 +141,23 @@ def test_download_load_generate_then_the_cached_copy_makes_no_request(fake_hub, 
               f"{download_s:.2f} s; from the cache: {cached_s:.2f} s")  # fmt: skip
 
 
-def test_an_interrupted_download_resumes_byte_identical(fake_hub) -> None:
+@pytest.mark.parametrize("cdn", [False, True], ids=["hub", "cdn"])
+def test_an_interrupted_download_resumes_byte_identical(fake_hub, cdn) -> None:
+    """The connection drops halfway (from the hub, or from the CDN it redirects to): the rest
+    is asked for with a Range request (sent on through the redirect)."""
     import filecmp
 
-    import huggingface_hub.constants as c
-
-    from specdec.model.hub import DOWNLOAD_CHUNK_BYTES
     from specdec.model.registry import _smollm2_path
 
+    fake_hub.cdn = cdn
     fake_hub.cut_once.add(SMOL_Q8)  # NOTE: half the file, then the connection drops
     path = resolve_model_path("acme/SmolLM2-GGUF:q8_0")
-    first, second = fake_hub.gets(SMOL_Q8)
+    gets = [r for r in fake_hub.gets(SMOL_Q8) if ("/cdn/" in r.path) == cdn]
+    first, second = gets
     assert "Range" not in first.headers
     assert second.headers["Range"].startswith("bytes=") and second.headers["Range"] != "bytes=0-"
     assert path.name == SMOL_Q8 and filecmp.cmp(path, _smollm2_path(), shallow=False)
-    assert c.DOWNLOAD_CHUNK_SIZE == DOWNLOAD_CHUNK_BYTES  # NOTE: written in small pieces
+    assert not list(path.parents[2].glob("blobs/*.incomplete"))
 
 
 def test_the_quantization_tag_picks_the_file_and_lists_the_others(
@@ -166,7 +168,7 @@ def test_the_quantization_tag_picks_the_file_and_lists_the_others(
     monkeypatch.setenv("TQDM_POSITION", "-1")  # NOTE: huggingface_hub's bars, even without a TTY
     q8 = resolve_model_path("acme/Multi-GGUF:q8_0")
     assert q8.name == "m-Q8_0.gguf" and q8.read_bytes() == b"Q8_0"
-    assert "Fetching 1 files" in capsys.readouterr().err
+    assert "m-Q8_0.gguf: 100%" in capsys.readouterr().err  # NOTE: the bar of the bytes
     assert sorted(p.name for p in q8.parent.iterdir()) == ["m-Q8_0.gguf"]  # that file only
     # no tag: llama.cpp's default, Q4_K_M; Q4_0 is not Q4_0_4_4
     assert resolve_model_path("acme/Multi-GGUF").read_bytes() == b"Q4_K_M"
@@ -355,7 +357,7 @@ def test_a_cached_model_is_found_without_huggingface_hubs_api(fake_hub) -> None:
         "import json, sys\n"
         "from specdec.model.hub import hub_model_path\n"
         "path = hub_model_path('acme/Multi-GGUF:Q8_0')\n"
-        "print(json.dumps([str(path), sorted(m for m in sys.modules if m.startswith('huggingface_hub'))]))"
+        "print(json.dumps([str(path), sorted(m for m in sys.modules if m.startswith(('huggingface_hub', 'specdec.model.hub_')))]))"
     )  # fmt: skip
     before = len(fake_hub.requests)
     run = subprocess.run([sys.executable, "-c", code], env=dict(os.environ), capture_output=True,
@@ -364,6 +366,7 @@ def test_a_cached_model_is_found_without_huggingface_hubs_api(fake_hub) -> None:
     found, modules = json.loads(run.stdout.strip().splitlines()[-1])
     assert found == str(path) and len(fake_hub.requests) == before
     assert "huggingface_hub.hf_api" not in modules and "huggingface_hub.utils" not in modules
+    assert "specdec.model.hub_http" not in modules  # NOTE: nor the download's own modules
     # the listing kept says Q6_K is not there: no request either, in this process
     with pytest.raises(ModelNotFoundError, match="no GGUF file for Q6_K"):
         resolve_model_path("acme/Multi-GGUF:Q6_K")
@@ -371,15 +374,185 @@ def test_a_cached_model_is_found_without_huggingface_hubs_api(fake_hub) -> None:
 
 
 def test_a_download_lists_the_commit_once(fake_hub) -> None:
-    """model_info gives the commit and its files; its ref is recorded without asking again, and
-    snapshot_download, handed the commit, lists its tree (kept for the cache) and fetches."""
+    """model_info gives the commit and its files; its ref is recorded, its tree listed (every
+    page) and kept for the cache, and each file fetched by one GET (no HEAD first: the listing
+    names its blob, the GET's headers confirm it)."""
+    import json
+
+    fake_hub.page_size = 2
     path = resolve_model_path("acme/Multi-GGUF:Q8_0")
     commit = path.parent.name
     asked = [(r.method, r.path.split("?")[0]) for r in _file_requests(fake_hub)]
     assert asked == [
         ("GET", "/api/models/acme/Multi-GGUF"),
-        ("GET", f"/api/models/acme/Multi-GGUF/tree/{commit}"),
-        ("HEAD", f"/acme/Multi-GGUF/resolve/{commit}/m-Q8_0.gguf"),
+        *[("GET", f"/api/models/acme/Multi-GGUF/tree/{commit}")] * 3,
         ("GET", f"/acme/Multi-GGUF/resolve/{commit}/m-Q8_0.gguf"),
     ]
     assert (path.parents[2] / "refs" / "main").read_text() == commit
+    kept = json.loads((path.parents[2] / "trees" / f"{commit}.json").read_text())
+    assert kept["format_version"] == 1 and sorted(kept["files"]) == sorted(MULTI)
+
+
+# ---- the download path on the standard library (model/hub_http.py, model/hub_download.py) ------
+def _cache(tmp_path) -> Path:
+    return tmp_path / "hf-home" / "hub"
+
+
+def test_huggingface_hub_finds_our_downloads_and_we_find_its(fake_hub, tmp_path) -> None:
+    """The cache is shared: a file this path downloaded is huggingface_hub's cached file (same
+    blob name, link, ref and listing), and a blob huggingface_hub downloaded is not fetched again
+    under another name or commit; the other way round too. LFS files come from the CDN."""
+    from huggingface_hub import (
+        hf_hub_download,
+        scan_cache_dir,
+        snapshot_download,
+        try_to_load_from_cache,
+    )
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    from specdec.model.hub import HubOptions
+
+    fake_hub.cdn = True
+    cache = _cache(tmp_path)
+    repo = "acme/SmolLM2-GGUF"
+    ours = resolve_model_path(f"{repo}:Q4_1")
+    assert try_to_load_from_cache(repo, SMOL_Q4, cache_dir=cache) == str(ours)
+    assert hf_hub_download(repo, SMOL_Q4, cache_dir=cache, local_files_only=True) == str(ours)
+    snapshot = snapshot_download(repo, cache_dir=cache, local_files_only=True,
+                                 allow_patterns=[SMOL_Q4])  # fmt: skip
+    assert Path(snapshot) == ours.parent.resolve()
+    with pytest.raises(LocalEntryNotFoundError):  # NOTE: its listing (ours) says Q8_0 is missing
+        snapshot_download(repo, cache_dir=cache, local_files_only=True)
+    # huggingface_hub online, another file of the same bytes: its HEAD names our blob, no GET
+    theirs = hf_hub_download(repo, SMOL_Q8, cache_dir=cache)
+    assert Path(theirs).resolve() == ours.resolve() and not fake_hub.gets(SMOL_Q8)
+    (info,) = scan_cache_dir(cache).repos
+    (revision,) = info.revisions
+    assert info.repo_id == repo and {f.file_name for f in revision.files} == {SMOL_Q4, SMOL_Q8}
+    # the other way: what huggingface_hub downloaded is found, and its blob not fetched again
+    m4 = hf_hub_download("acme/Multi-GGUF", "m-Q4_0.gguf", cache_dir=cache)
+    before = len(fake_hub.requests)
+    assert resolve_model_path("acme/Multi-GGUF:Q4_0") == Path(m4)
+    assert len(fake_hub.requests) == before
+    fake_hub.add("acme/Multi-GGUF", {**MULTI, "m-Q4_0-copy.gguf": b"Q4_0"})  # a new commit
+    copy = resolve_model_path("acme/Multi-GGUF", HubOptions(filename="m-Q4_0-copy.gguf"))
+    assert copy.resolve() == Path(m4).resolve() and copy.parent != Path(m4).parent
+    assert not [r for r in fake_hub.requests[before:] if "/resolve/" in r.path]
+
+
+def test_redirects_keep_the_token_on_the_hub_and_drop_it_for_the_cdn(fake_hub, monkeypatch) -> None:
+    """A renamed repository's 307 (the hub's origin) keeps the Authorization header; the 302 of
+    an LFS file to the CDN (another origin) drops it, as huggingface_hub does; the blob is named
+    by the hub's X-Linked-Etag, not the CDN's ETag."""
+    import hashlib
+
+    fake_hub.cdn = True
+    fake_hub.renamed["acme/Old-Gated"] = "acme/Gated-GGUF"
+    monkeypatch.setenv("HF_TOKEN", fake_hub.token)
+    path = resolve_model_path("acme/Old-Gated:Q4_0")
+    assert path.read_bytes() == b"gated"
+    assert path.resolve().name == hashlib.sha256(b"gated").hexdigest()
+    bearer = f"Bearer {fake_hub.token}"
+    cdn_host = fake_hub.cdn_url.removeprefix("http://")
+    to_hub = [r for r in fake_hub.requests if r.headers["Host"] != cdn_host]
+    to_cdn = [r for r in fake_hub.requests if r.headers["Host"] == cdn_host]
+    assert all(r.headers.get("Authorization") == bearer for r in to_hub)
+    assert len(to_cdn) == 1 and "Authorization" not in to_cdn[0].headers
+    # model_info, the tree and the file under the old name, each sent on to the new one
+    assert len([r for r in to_hub if "Old-Gated" in r.path]) == 3
+
+
+def test_a_stored_login_is_the_token(fake_hub, tmp_path) -> None:
+    (tmp_path / "hf-home").mkdir(exist_ok=True)
+    (tmp_path / "hf-home" / "token").write_text(fake_hub.token + "\n")
+    assert resolve_model_path("acme/Gated-GGUF").read_bytes() == b"gated"
+
+
+def test_a_transfer_a_dead_process_left_resumes_and_bad_bytes_start_over(
+    fake_hub, tmp_path
+) -> None:
+    """A ``blobs/<etag>.incomplete`` left behind is resumed with a Range request; resumed bytes
+    that do not hash to the listed sha256 are dropped and the file fetched whole."""
+    import hashlib
+    import os
+
+    data = os.urandom(3 << 20)
+    sha = hashlib.sha256(data).hexdigest()
+    for repo, partial, ranges in (("acme/Big-GGUF", data[:1234567], ["bytes=1234567-"]),
+                                  ("acme/Bad-Big-GGUF", b"x" * 1000, ["bytes=1000-", None])):  # fmt: skip
+        fake_hub.add(repo, {"b-Q4_0.gguf": data})
+        blobs = _cache(tmp_path) / f"models--{repo.replace('/', '--')}" / "blobs"
+        blobs.mkdir(parents=True)
+        (blobs / f"{sha}.incomplete").write_bytes(partial)  # NOTE: as a killed download leaves it
+        before = len(fake_hub.requests)
+        path = resolve_model_path(f"{repo}:Q4_0")
+        assert path.read_bytes() == data and path.resolve() == blobs / sha
+        gets = [r for r in fake_hub.requests[before:] if r.path.endswith("/b-Q4_0.gguf")]
+        assert [r.headers.get("Range") for r in gets] == ranges
+        assert not list(blobs.glob("*.incomplete"))
+
+
+def test_bytes_that_are_not_the_listed_ones_are_an_error(fake_hub, tmp_path) -> None:
+    fake_hub.add("acme/Bad-GGUF", {"x-Q4_0.gguf": b"the real bytes"})
+    (files,) = fake_hub.repos["acme/Bad-GGUF"].commits.values()
+    files["x-Q4_0.gguf"].data = b"the fake bytes"  # NOTE: listed with the real bytes' sha256
+    with pytest.raises(ModelNotFoundError, match="x-Q4_0.gguf: the bytes downloaded hash to "
+                       ".*, the hub lists .*; download it again"):  # fmt: skip
+        resolve_model_path("acme/Bad-GGUF:Q4_0")
+    storage = _cache(tmp_path) / "models--acme--Bad-GGUF"
+    assert not list(storage.glob("blobs/*")) and not list(storage.glob("snapshots/*/*"))
+
+
+def test_an_answer_the_fast_path_does_not_read_goes_through_huggingface_hub(
+    fake_hub, monkeypatch
+) -> None:
+    """The hub names a blob other than its listing's (here: the listing's LFS sha256 is wrong):
+    huggingface_hub downloads (its HEAD first) and the file is there all the same."""
+    from tests.fixtures import fake_hub as fixture
+
+    entry = fixture.Blob.tree_entry
+
+    def wrong(self, path):  # type: ignore[no-untyped-def]
+        item = entry(self, path)
+        if "lfs" in item:
+            item["lfs"] = {**item["lfs"], "oid": "0" * 64}
+        return item
+
+    monkeypatch.setattr(fixture.Blob, "tree_entry", wrong)
+    assert resolve_model_path("acme/Multi-GGUF:Q8_0").read_bytes() == b"Q8_0"
+    assert [r.method for r in _file_requests(fake_hub) if "/resolve/" in r.path] == [
+        "GET", "HEAD", "GET"]  # fmt: skip
+
+
+def test_what_the_fast_path_leaves_to_huggingface_hub(monkeypatch, tmp_path) -> None:
+    """The token as huggingface_hub picks it, and the settings that send the download through
+    huggingface_hub: a proxy for the hub's address (not for one NO_PROXY names), an OAuth login
+    it refreshes, an OIDC login it exchanges."""
+    from specdec.model.hub_http import Unusual, proxied, resolve_token
+
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "HF_OIDC_RESOURCE",
+                 "HF_HUB_DISABLE_IMPLICIT_TOKEN", "HTTPS_PROXY", "https_proxy", "ALL_PROXY",
+                 "all_proxy", "NO_PROXY", "no_proxy"):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    home = str(tmp_path)
+    assert resolve_token(None, home) is None and resolve_token("hf_x", home) == "hf_x"
+    (tmp_path / "token").write_text("hf_stored\n")
+    assert resolve_token(None, home) == resolve_token(True, home) == "hf_stored"
+    assert resolve_token(False, home) is None
+    monkeypatch.setenv("HF_TOKEN", "hf_env")
+    assert resolve_token(None, home) == "hf_env"
+    monkeypatch.setenv("HF_HUB_DISABLE_IMPLICIT_TOKEN", "1")
+    assert resolve_token(None, home) is None and resolve_token(True, home) == "hf_env"
+    monkeypatch.delenv("HF_TOKEN")
+    (tmp_path / "stored_tokens").write_text("[x]\nhf_token = hf_stored\nrefresh_token = r\n")
+    with pytest.raises(Unusual, match="OAuth"):
+        resolve_token(True, home)
+    monkeypatch.setenv("HF_OIDC_RESOURCE", "org/repo")
+    with pytest.raises(Unusual, match="OIDC"):
+        resolve_token(True, home)
+    assert not proxied("https://huggingface.co/api/models/x")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy:3128")
+    assert proxied("https://huggingface.co/api/models/x")
+    assert not proxied("http://127.0.0.1:8000/api/models/x")  # NOTE: an https proxy only
+    monkeypatch.setenv("NO_PROXY", "huggingface.co")
+    assert not proxied("https://huggingface.co/api/models/x")
