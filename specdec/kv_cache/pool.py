@@ -38,8 +38,9 @@ prefixes, whatever the pool's size.
 Huge pages: each slot's layers lie together in memory (``k`` and ``v`` are views of ``[S, L, ...]``
 storage). A sequence that reaches ``HUGE_PAGES_AFTER`` positions (``grow``, called before each
 forward) has its slot backed by transparent huge pages, collapsing what it wrote so far; its
-attention then reads keys and values without a page walk every 4 KiB (at 2,000 cached, a
-one-row step of a 135M model reads them ~1.4x faster alone). It commits pages 2 MiB at a time
+attention then reads keys and values without a page walk every 4 KiB (attention alone over
+caches in memory, one thread: ~1.4x faster; a whole step at 2,000-3,800 cached: up to ~1.06x,
+BENCHMARKS.md). It commits pages 2 MiB at a time
 from then on: at most one huge page past what it writes in each (layer, head), or its whole slot
 where a (layer, head) holds less than 2 MiB. Shorter sequences keep base pages, and a freed slot
 goes back to them.
