@@ -341,7 +341,7 @@ def _download(repo: str, quant: str, model: str, options: HubOptions, kind: Kind
 def _fetch(repo: str, quant: str, model: str, options: HubOptions, kind: Kind) -> Path:
     """The download on the standard library: the commit and its files (model_info), the
     commit's listing (kept in the cache, as snapshot_download keeps it), the files chosen."""
-    from specdec.model.hub_download import CorruptDownload, fetch_files
+    from specdec.model.hub_download import CorruptDownload, UnsafeListing, fetch_files
     from specdec.model.hub_http import (
         DEFAULT_ENDPOINT,
         ConnectError,
@@ -378,6 +378,8 @@ def _fetch(repo: str, quant: str, model: str, options: HubOptions, kind: Kind) -
         raise ModelNotFoundError(_network_error(e, repo, model, options, bool(token))) from e
     except CorruptDownload as e:
         raise ModelNotFoundError(f"model '{model}': {e}; download it again") from e
+    except UnsafeListing as e:
+        raise ModelNotFoundError(f"model '{model}': {e}; nothing was written") from e
     except OSError as e:  # NOTE: the network's are ConnectError: this is the disk's
         raise ModelNotFoundError(
             f"model '{model}': writing into the cache {cache} failed: {e}"

@@ -51,10 +51,30 @@ CACHEDIR_TAG = (
     "#\thttps://bford.info/cachedir/\n"
 )
 _XET_HASH = re.compile(r"[0-9a-fA-F]{64}")
+_BLOB_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # git's blob sha1, an LFS file's sha256
 
 
 class CorruptDownload(OSError):
     """A downloaded file's size or hash is not the one the hub lists."""
+
+
+class UnsafeListing(ValueError):
+    """The hub listed a file whose name leaves the snapshot folder, or whose blob id is not a
+    hash (a path in the cache would come from it)."""
+
+
+def check_entry(name: str, entry: TreeEntry) -> None:
+    """Raise ``UnsafeListing`` unless ``name`` is a plain relative path and the blob id a hash."""
+    if (
+        not name
+        or name.startswith("/")
+        or "\\" in name
+        or "\0" in name
+        or any(part in ("", ".", "..") for part in name.split("/"))
+    ):
+        raise UnsafeListing(f"the hub listed a file name outside the repository: {name[:80]!r}")
+    if not _BLOB_ID.fullmatch(entry.etag):
+        raise UnsafeListing(f"the hub listed {name[:80]!r} with a blob id that is not a hash")
 
 
 @dataclass(frozen=True)
@@ -174,10 +194,12 @@ def fetch_files(
     if os.name != "posix":  # NOTE: flock, pread, pwrite
         raise Unusual("not a POSIX system")
     snapshot = storage / "snapshots" / commit
-    todo = [n for n in names if not (snapshot / n).is_file()]
-    missing = [n for n in todo if n not in entries]
+    missing = [n for n in names if n not in entries]
     if missing:
         raise Unusual(f"the tree listing lacks {', '.join(missing[:4])}")
+    for name in names:
+        check_entry(name, entries[name])
+    todo = [n for n in names if not (snapshot / n).is_file()]
     if not todo:
         return
     _tag(storage.parent)

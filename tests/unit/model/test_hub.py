@@ -556,3 +556,25 @@ def test_what_the_fast_path_leaves_to_huggingface_hub(monkeypatch, tmp_path) -> 
     assert not proxied("http://127.0.0.1:8000/api/models/x")  # NOTE: an https proxy only
     monkeypatch.setenv("NO_PROXY", "huggingface.co")
     assert not proxied("https://huggingface.co/api/models/x")
+
+
+@pytest.mark.parametrize(
+    "name, blob_id",
+    [
+        ("../../outside.gguf", "a" * 40),
+        ("/etc/outside.gguf", "a" * 40),
+        ("dir/./x.gguf", "a" * 40),
+        ("dir\\..\\x.gguf", "a" * 40),
+        ("model.gguf", "../../blob"),
+    ],
+)
+def test_a_listing_that_would_leave_the_cache_is_refused(tmp_path, name, blob_id) -> None:
+    """A file name or blob id from the hub becomes a path in the cache: one that leaves the
+    snapshot folder (or is not a hash) is refused before any request or write."""
+    from specdec.model.hub_download import TreeEntry, UnsafeListing, fetch_files
+
+    storage = tmp_path / "models--acme--m"
+    entries = {name: TreeEntry(size=4, blob_id=blob_id)}
+    with pytest.raises(UnsafeListing, match="the hub listed"):
+        fetch_files(None, storage, "acme/m", "c" * 40, [name], entries)  # type: ignore[arg-type]
+    assert not tmp_path.joinpath("outside.gguf").exists() and not storage.exists()
