@@ -51,8 +51,7 @@ def main() -> None:
     caches = {}
     for name in ("base pages", "huge pages"):
         kv = model.make_kv_cache(1, ctx + n + 8)
-        if name == "base pages":
-            kv._huge[:] = True  # NOTE: marked as advised already, so grow() leaves it as it is
+        kv.huge_pages = name == "huge pages"
         model.forward(prompt, torch.arange(ctx), SeqBatch([0], [0], [ctx]), kv)
         caches[name] = kv
         print(json.dumps({"cache": name, "process_huge_pages_mib": huge_mib()}))

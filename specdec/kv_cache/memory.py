@@ -9,10 +9,10 @@ gives pages back.
 
 Huge pages (``PagedBuffer.use_huge_pages``): base pages cost one TLB entry per 4 KiB, and a
 long sequence's attention reads its keys and values at a page walk every 4 KiB. The whole 2 MiB
-chunks inside the ranges a long sequence owns are advised to transparent huge pages (new faults
-take 2 MiB pages) and those it has written already are collapsed into them now
-(``MADV_COLLAPSE``); ``use_base_pages`` undoes the advice when the sequence is gone. The buffer
-starts on a 2 MiB boundary so that every whole 2 MiB of it can be one huge page.
+chunks inside the ranges a long sequence owns that it fills at least half of are advised to
+transparent huge pages and collapsed into them (``MADV_COLLAPSE``); ``use_base_pages`` undoes the
+advice when the sequence is gone. The buffer starts on a 2 MiB boundary so that every whole
+2 MiB of it can be one huge page.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class PagedBuffer:
     def __init__(self, nbytes: int, device: torch.device) -> None:
         self.nbytes = nbytes
         self._map: mmap.mmap | None = None
+        self._backed: set[int] = set()  # offsets of the chunks use_huge_pages backed
         if device.type == "cpu" and nbytes > 0 and hasattr(mmap.mmap, "madvise"):
             flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE
             # NOTE: reserved one huge page longer, so that the tensor can start on a 2 MiB boundary
@@ -75,20 +76,23 @@ class PagedBuffer:
     def use_huge_pages(
         self, ranges: Iterable[tuple[int, int]], written: Iterable[tuple[int, int]]
     ) -> int:
-        """Advise the whole 2 MiB chunks inside the byte ``ranges`` (merged first) to transparent
-        huge pages, and collapse now those of them that ``written`` touches (best effort: a chunk
-        the system cannot collapse keeps its pages). Returns the bytes collapsed."""
+        """Back with transparent huge pages each whole 2 MiB chunk inside the byte ``ranges``
+        (merged) that ``written`` fills at least half of and that is not backed yet: advised, and
+        collapsed now (best effort: a chunk the system cannot collapse keeps its pages). A chunk
+        commits at most twice what was written in it. Returns the bytes collapsed."""
         if self._map is None:
             return 0
-        chunks = self._huge_chunks(ranges)
-        for lo, hi in chunks:
-            self._map.madvise(mmap.MADV_HUGEPAGE, self._pad + lo, hi - lo)
-        touched = _merge(written)
+        filled: dict[int, int] = {}
+        for lo, hi in _merge(written):
+            for c in range(lo // HUGE_PAGE_SIZE * HUGE_PAGE_SIZE, hi, HUGE_PAGE_SIZE):
+                filled[c] = filled.get(c, 0) + min(hi, c + HUGE_PAGE_SIZE) - max(lo, c)
         collapsed = 0
-        for lo, hi in chunks:
+        for lo, hi in self._huge_chunks(ranges):
             for c in range(lo, hi, HUGE_PAGE_SIZE):
-                if not any(w0 < c + HUGE_PAGE_SIZE and c < w1 for w0, w1 in touched):
+                if c in self._backed or 2 * filled.get(c, 0) < HUGE_PAGE_SIZE:
                     continue
+                self._backed.add(c)
+                self._map.madvise(mmap.MADV_HUGEPAGE, self._pad + c, HUGE_PAGE_SIZE)
                 try:
                     self._map.madvise(_MADV_COLLAPSE, self._pad + c, HUGE_PAGE_SIZE)
                     collapsed += HUGE_PAGE_SIZE
@@ -97,12 +101,15 @@ class PagedBuffer:
         return collapsed
 
     def use_base_pages(self, ranges: Iterable[tuple[int, int]]) -> None:
-        """Undo ``use_huge_pages``'s advice over the same ``ranges``: later faults there take
-        base pages again."""
+        """Undo ``use_huge_pages`` over the chunks inside ``ranges``: later faults there take base
+        pages again."""
         if self._map is None:
             return
         for lo, hi in self._huge_chunks(ranges):
-            self._map.madvise(mmap.MADV_NOHUGEPAGE, self._pad + lo, hi - lo)
+            chunks = set(range(lo, hi, HUGE_PAGE_SIZE))
+            if chunks & self._backed:
+                self._backed -= chunks
+                self._map.madvise(mmap.MADV_NOHUGEPAGE, self._pad + lo, hi - lo)
 
     def resident_bytes(self) -> int:
         """Bytes of this buffer committed in RAM now (``mincore``); 0 where it cannot tell."""

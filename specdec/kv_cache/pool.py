@@ -36,14 +36,13 @@ prefix gives back its pages too. Resident KV is then what running sequences wrot
 prefixes, whatever the pool's size.
 
 Huge pages: each slot's layers lie together in memory (``k`` and ``v`` are views of ``[S, L, ...]``
-storage). A sequence that reaches ``HUGE_PAGES_AFTER`` positions (``grow``, called before each
-forward) has its slot backed by transparent huge pages, collapsing what it wrote so far; its
-attention then reads keys and values without a page walk every 4 KiB (attention alone over
-caches in memory, one thread: ~1.4x faster; a whole step at 2,000-3,800 cached: up to ~1.06x,
-BENCHMARKS.md). It commits pages 2 MiB at a time
-from then on: at most one huge page past what it writes in each (layer, head), or its whole slot
-where a (layer, head) holds less than 2 MiB. Shorter sequences keep base pages, and a freed slot
-goes back to them.
+storage). Once a sequence reaches ``HUGE_PAGES_AFTER`` positions, and again every
+``HUGE_PAGES_AFTER`` positions after (``grow``, called before each forward), each whole 2 MiB
+chunk of its slot that it fills at least half of is backed by a transparent huge page; its
+attention then reads keys and values without a page walk every 4 KiB (a step at 2,000-3,800
+cached: up to ~1.06x, BENCHMARKS.md). A chunk so backed commits at most twice what the sequence
+wrote in it, and only written bytes are copied; shorter sequences keep base pages, and a freed
+slot goes back to them. ``huge_pages = False`` turns it off for a pool.
 
 Element type: ``kv_cache_dtype`` (float16 by default on the native kernels: it halves the memory
 and what attention reads; entries are rounded once, when written), else the model's dtype.
@@ -69,7 +68,8 @@ import torch
 from specdec.kv_cache.block_events import BlockLog
 from specdec.kv_cache.memory import PagedBuffer
 
-# Positions after which a sequence's slot is backed by huge pages (module docstring).
+# Positions after which, and between passes, a sequence's slot is backed by huge pages (module
+# docstring).
 HUGE_PAGES_AFTER = 1024
 
 
@@ -120,7 +120,8 @@ class KVCache:
         self._base = np.full(num_slots, -1, dtype=np.int64)  # [S]
         self._base_len = np.zeros(num_slots, dtype=np.int64)  # [S]
         self._clock = 0
-        self._huge = np.zeros(num_slots, dtype=bool)  # [S] slot advised to huge pages (grow)
+        self.huge_pages = True  # long sequences' slots backed by huge pages (module docstring)
+        self._huge_at = np.zeros(num_slots, dtype=np.int64)  # [S] positions at grow's last pass
         # vLLM's prefix_cache_queries / prefix_cache_hits, in tokens.
         self.num_prefix_cache_queries = 0
         self.num_prefix_cache_hits = 0
@@ -193,14 +194,15 @@ class KVCache:
             return self._q8_values(self.v[layer, slot], keys=False)
         return self.v[layer, slot]
 
-    def grow(self, slot: int, num_written: int, num_tokens: int) -> None:
-        """Before a forward takes ``slot`` from ``num_written`` to ``num_tokens`` positions: from
-        ``HUGE_PAGES_AFTER`` on, the slot is backed by huge pages (module docstring). Each rank
-        of a tensor-parallel model calls it for its own cache in its own forward."""
-        if self._huge[slot] or num_tokens < HUGE_PAGES_AFTER or not self._k_buf.can_release:
+    def grow(self, slot: int, num_tokens: int) -> None:
+        """Before a forward takes ``slot`` to ``num_tokens`` positions: from ``HUGE_PAGES_AFTER``
+        on, and every ``HUGE_PAGES_AFTER`` more, the chunks it fills at least half of are backed by
+        huge pages (module docstring). Each rank of a tensor-parallel model calls it for its own
+        cache in its own forward."""
+        if num_tokens < self._huge_at[slot] + HUGE_PAGES_AFTER or not self.huge_pages:
             return
-        self._huge[slot] = True
-        nk, nv = self._entries(num_written)
+        self._huge_at[slot] = num_tokens
+        nk, nv = self._entries(num_tokens)
         for buf, t, n in ((self._k_buf, self.k, nk), (self._v_buf, self.v, nv)):
             whole = _slot_ranges(t, slot, 0)
             buf.use_huge_pages(
@@ -466,8 +468,8 @@ class KVCache:
         nk, nv = self._entries(num_kept)
         self._k_buf.release(_slot_ranges(self.k, slot, nk))
         self._v_buf.release(_slot_ranges(self.v, slot, nv))
-        if self._huge[slot]:
-            self._huge[slot] = False
+        if self._huge_at[slot]:
+            self._huge_at[slot] = 0
             self._k_buf.use_base_pages(_slot_ranges(self.k, slot, 0))
             self._v_buf.use_base_pages(_slot_ranges(self.v, slot, 0))
         if self.mirror is not None:

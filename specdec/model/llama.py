@@ -319,7 +319,7 @@ class LlamaModel:
         if self.tp is not None:
             self.tp.send_forward(input_ids, positions, batch, kv, capture, num_layers)
         for slot, start, n in zip(batch.slots, batch.start_pos, batch.num_tokens):
-            kv.grow(slot, start, start + n)  # huge pages for long sequences (kv_cache/pool.py)
+            kv.grow(slot, start + n)  # huge pages for long sequences (kv_cache/pool.py)
         x = self.embed(input_ids)
         positions = positions.to(self.device)
         layers = self.layers[: num_layers or len(self.layers)]

@@ -167,9 +167,9 @@ inline void score_queries(const float* const* qp, int64_t Q, const KV* kb, int64
 // Scores of the Q queries against key blocks [sb0, sb1) into s (s[q * ss + j - j0] for key j); a
 // half block widened once when several tiles read it; each block's value rows fetched into L2.
 // NOTE: keys and values are prefetched into L2, not L1: an L1 prefetch holds one of the core's
-// few fill buffers until its line arrives from memory, and with those taken the loads waited
-// (attention alone over caches in memory, two threads: 1.08-1.10x faster with L2 prefetches at
-// the same distance; Xeon AMX).  The float and half caches; the 8-bit cache's kernels as before.
+// few fill buffers until its line arrives from memory, and with those taken the loads waited (a
+// step at 2,000 cached 1.05-1.12x faster with L2 prefetches at the same distance; Xeon AMX,
+// benchmarks/trees_ab.py).  The float and half caches; the 8-bit cache's kernels gained nothing.
 template <typename KV>
 inline void score_keys(const float* const* qp, int64_t Q, const KV* kt, int64_t sb0, int64_t sb1, int64_t j0,
                        int64_t kend, int64_t D, __m512 vscale, float* s, int64_t ss, float* kf, const KV* v,

@@ -191,10 +191,13 @@ def test_huge_pages_keep_contents_and_stay_inside_their_ranges() -> None:
     g = torch.Generator().manual_seed(0)
     data = torch.randint(0, 256, (3 * HUGE_PAGE_SIZE,), dtype=torch.uint8, generator=g)
     buf.tensor[: data.numel()] = data
-    # Only whole chunks inside the ranges: [100, 2.5 chunks) holds chunk 1 alone, which the
-    # written range touches; chunks 0 and 2 keep their base pages.
+    # Only whole chunks inside the ranges, filled at least half: [100, 2.5 chunks) holds chunk 1
+    # alone; written up to 1.4 chunks it is not backed, up to 1.5 it is (once).
     ranges = [(100, 5 * HUGE_PAGE_SIZE // 2)]
+    assert buf.use_huge_pages(ranges, [(0, 7 * HUGE_PAGE_SIZE // 5)]) == 0
+    assert _huge_bytes(buf.tensor) == 0
     collapsed = buf.use_huge_pages(ranges, [(0, 3 * HUGE_PAGE_SIZE // 2)])
+    assert buf.use_huge_pages(ranges, [(0, 3 * HUGE_PAGE_SIZE // 2)]) == 0  # backed already
     assert torch.equal(buf.tensor[: data.numel()], data)
     if _thp_enabled():
         assert collapsed == HUGE_PAGE_SIZE
@@ -219,9 +222,9 @@ def test_long_sequence_slot_takes_huge_pages_until_freed(key_block) -> None:
     for layer in range(2):
         kv.store(layer, slot, 0, k[layer], k[layer])
     before = _read(kv, slot, n - 100)
-    kv.grow(slot, n - 100, HUGE_PAGES_AFTER - 1)  # not long enough yet
+    kv.grow(slot, HUGE_PAGES_AFTER - 1)  # not long enough yet
     assert _huge_bytes(kv.k) == 0 and _huge_bytes(kv.v) == 0
-    kv.grow(slot, n - 100, n - 99)
+    kv.grow(slot, n - 99)
     after = _read(kv, slot, n - 100)
     assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
     if _thp_enabled():
