@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import mmap
 import os
 import shutil
 import struct
@@ -49,6 +50,9 @@ MAGIC = b"SPDCWTS1"
 KEEP_PER_MODEL = 3
 # Weights this big or bigger are read into huge-page memory instead of mapped (see the module).
 READ_MIN_BYTES = 2 << 20
+HUGE_PAGE = 2 << 20
+# The smaller weights go to one huge-page buffer when they come to this much (else stay mapped).
+ARENA_MIN_BYTES = HUGE_PAGE
 FORMAT_VERSION = 3  # 3: files of 2 (one day) held Q8_0 for K-quants "auto" now runs as int8
 _ALIGN = 4096
 # torch dtype name -> (numpy dtype of the stored bytes, torch dtype to view them as)
@@ -105,6 +109,8 @@ class WeightCache:
         self.path = root / f"{source.name}-{self.key}.weights"
         self._index: dict[str, dict[str, Any]] = {}
         self._mapped: np.memmap | None = None
+        # the weights under READ_MIN_BYTES, read into one huge-page buffer: name -> its bytes
+        self._arena: dict[str, torch.Tensor] = {}
         self._pending: dict[str, PackedWeight] = {}
         self.hits = 0
         if self.path.is_file():
@@ -144,7 +150,11 @@ class WeightCache:
         # NOTE: copy-on-write: the kernels only read, and a stray write can never reach the file
         self._mapped = np.memmap(self.path, mode="c")
         self._index = header["tensors"]
-        _populate(self._mapped, self._lazy_ranges() + self._read_ranges())
+        self._arena = self._read_arena()
+        arena = [
+            (e["offset"], e["offset"] + e["nbytes"]) for e in map(self._index.get, self._arena)
+        ]
+        _populate(self._mapped, self._lazy_ranges() + self._read_ranges() + arena)
 
     def _lazy_ranges(self) -> list[tuple[int, int]]:
         """Byte ranges of the file not mapped up front: an untied embedding (an ``lm_head`` of its
@@ -165,6 +175,48 @@ class WeightCache:
         lazy = name == "embed_tokens" and "lm_head" in self._index
         return e["nbytes"] >= READ_MIN_BYTES and not lazy and _C is not None
 
+    def _read_arena(self) -> dict[str, torch.Tensor]:
+        """The weights under READ_MIN_BYTES (not an unread embedding), read into one huge-page
+        buffer, each at a 4 KiB boundary: a view of each by name. Empty when they come to less
+        than ARENA_MIN_BYTES (they stay mapped).
+
+        NOTE: mapped, they sit in the file's 4 KiB pages, a TLB entry each (and, in a virtual
+        machine, a nested page walk per miss): SmolLM2-135M, whose layers' weights are all under
+        2 MiB, ran a step 1.02-1.04x faster from one buffer in huge pages (N = 1 and 8, 200 and
+        2,000 cached, two engines in one process alternated; 2-core Xeon VM)."""
+        from specdec.kernels import _C
+
+        if _C is None or not hasattr(mmap.mmap, "madvise"):
+            return {}
+        lazy = {lo for lo, _ in self._lazy_ranges()}
+        small = sorted(
+            (e["offset"], name)
+            for name, e in self._index.items()
+            if not self._read(name, e) and e["offset"] not in lazy and e["nbytes"] > 0
+        )
+        at: dict[str, int] = {}
+        total = 0
+        for _, name in small:
+            at[name] = total
+            total += -(-self._index[name]["nbytes"] // _ALIGN) * _ALIGN
+        if total < ARENA_MIN_BYTES:
+            return {}
+        buf = torch.frombuffer(_huge_page_buffer(total), dtype=torch.uint8)
+        base = -buf.data_ptr() % HUGE_PAGE
+        buf = buf[base : base + total]
+        view = memoryview(buf.numpy())
+        with open(self.path, "rb", buffering=0) as f:
+            for offset, name in small:
+                n = self._index[name]["nbytes"]
+                dst = view[at[name] : at[name] + n]
+                got = 0
+                while got < n:
+                    k = os.preadv(f.fileno(), [dst[got:]], offset + got)
+                    if k <= 0:
+                        raise ValueError("truncated")
+                    got += k
+        return {name: buf[at[name] : at[name] + self._index[name]["nbytes"]] for _, name in small}
+
     def _read_ranges(self) -> list[tuple[int, int]]:
         return [
             (e["offset"], e["offset"] + e["nbytes"])
@@ -184,6 +236,8 @@ class WeightCache:
 
             raw = _C.weight_from_file(str(self.path), e["offset"], e["nbytes"])
             t = raw.view(dtype).reshape(e["shape"])
+        elif name in self._arena:
+            t = self._arena[name].view(dtype).reshape(e["shape"])
         else:
             raw = self._mapped[e["offset"] : e["offset"] + e["nbytes"]]
             t = torch.from_numpy(raw.view(np_dtype)).view(dtype).reshape(e["shape"])
@@ -284,6 +338,14 @@ class WeightCache:
                 logger.info("weight cache: removed %s (older than the %d kept)", p, KEEP_PER_MODEL)
             except OSError as e:
                 logger.warning("weight cache: could not remove %s (%s)", p, e)
+
+
+def _huge_page_buffer(nbytes: int) -> mmap.mmap:
+    """A private anonymous mapping one huge page longer than ``nbytes``, advised to transparent
+    huge pages before any page is touched (the caller starts its bytes on a 2 MiB boundary)."""
+    m = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    m.madvise(mmap.MADV_HUGEPAGE)
+    return m
 
 
 def _data_start(header_len: int) -> int:

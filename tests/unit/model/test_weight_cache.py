@@ -78,8 +78,12 @@ def test_second_load_maps_the_cache_and_computes_the_same(
     w = second.layers[0].qkv.weight
     assert w.x2 == (act == "bf16x2")
     storage = w.a8 if w.a8 is not None else w.x2_tiles if w.x2 else w.data
-    mapped = second._cache._mapped  # the weights are views of the cache file's mapping
-    assert mapped.ctypes.data <= storage.data_ptr() < mapped.ctypes.data + mapped.nbytes
+    # the weights are views of the cache file's mapping, or of the buffer the small ones are read
+    # into when they fill a huge page (the 16-bit files)
+    mapped = second._cache._mapped
+    in_arena = any(t.data_ptr() == storage.data_ptr() for t in second._cache._arena.values())
+    assert in_arena == (kind in ("F16", "BF16"))
+    assert in_arena or mapped.ctypes.data <= storage.data_ptr() < mapped.ctypes.data + mapped.nbytes
     assert _tokens(second_llm) == want
     ids = torch.tensor([3, 200, 3])
     assert torch.equal(second.embed(ids), ref.embed(ids))
@@ -220,3 +224,45 @@ def test_big_weights_are_read_into_memory_of_their_own(tmp_path, cache_dir, mk, 
     with pytest.raises(RuntimeError, match="ended before byte"):
         past_end = second._cache.path.stat().st_size - e["offset"] + 1
         _C.weight_from_file(str(second._cache.path), e["offset"], past_end)
+
+
+def test_small_weights_are_read_into_one_huge_page_buffer(tmp_path, cache_dir, mk, monkeypatch):
+    # Weights under READ_MIN_BYTES are read together into one buffer advised to huge pages (a
+    # model of small layers had nearly all its weights in the file's 4 KiB pages); those ranges
+    # of the file are not mapped as well. The bar is lowered so that this tiny model's weights
+    # fill it; the bytes and tokens stay equal.
+    from specdec.model import loader, weight_cache
+
+    path = mk.write_gguf(tmp_path / "tiny-arena.gguf", mk.SHAPES["tiny"], "Q4_0", seed=9)
+    first_llm, first = _load(path)
+    want = _tokens(first_llm)
+    monkeypatch.setattr(weight_cache, "ARENA_MIN_BYTES", 1)
+    populated: list[tuple[int, int]] = []
+    real = loader.advise_pages
+
+    def record(a, advice):
+        if advice == loader._MADV_POPULATE_READ:
+            populated.append((a.ctypes.data, a.ctypes.data + a.nbytes))
+        real(a, advice)
+
+    monkeypatch.setattr(loader, "advise_pages", record)
+    second_llm, second = _load(path)
+    cache = second._cache
+    assert cache.hits == len(second.linears()) and cache._arena
+    _same_weights(second, first)
+    mapped = cache._mapped
+    starts = []
+    for lin in second.linears():
+        w = lin.weight
+        ptr = (w.a8 if w.a8 is not None else w.data).data_ptr()
+        assert not mapped.ctypes.data <= ptr < mapped.ctypes.data + mapped.nbytes
+        starts.append(ptr)
+    lo = min(starts)
+    assert lo % weight_cache.HUGE_PAGE == 0  # the buffer starts on a huge page
+    assert all((p - lo) % 4096 == 0 for p in starts)  # each weight on a page of its own
+    base = mapped.ctypes.data
+    for name in cache._arena:  # their file ranges were not mapped too
+        e = cache._index[name]
+        a, b = base + e["offset"], base + e["offset"] + e["nbytes"]
+        assert not any(p < b - 4096 and a + 4096 < q for p, q in populated), name
+    assert _tokens(second_llm) == want
