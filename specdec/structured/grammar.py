@@ -159,7 +159,7 @@ class GrammarCompiler:
                 import llguidance
 
                 self._llg = llguidance.LLTokenizer(
-                    self._tokenizer.hf.to_str(),
+                    self._tokenizer.to_str(),
                     n_vocab=self.vocab_size,
                     eos_token=self._eos or None,
                 )
@@ -222,7 +222,7 @@ class GrammarCompiler:
         """The worker processes that check constraints, shared by engines of one tokenizer."""
         with self._lock:
             if self._checker is None:
-                source = self._tokenizer.hf.to_str()
+                source = self._tokenizer.to_str()
                 digest = hashlib.sha256(source.encode()).hexdigest()
                 key = (digest, self.vocab_size, tuple(self._eos))
                 self._checker = _CHECKERS.get(key)
