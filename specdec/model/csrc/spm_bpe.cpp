@@ -121,6 +121,37 @@ struct Merge {
   uint64_t rank;
   int32_t pos;
   int32_t new_id;
+  int32_t left;  // the pair's ids when queued: still those, the entry is current
+  int32_t right;
+};
+
+// Pairs already looked up during one encode (a text repeats its pairs: runs of spaces, common
+// words); direct-mapped, a miss just asks the vocabulary.
+class PairCache {
+ public:
+  explicit PairCache(size_t text_bytes) {
+    size_t cap = 256;
+    while (cap < text_bytes && cap < (size_t{1} << 14)) cap <<= 1;
+    keys_.assign(cap, ~uint64_t{0});
+    values_.resize(cap);
+    mask_ = cap - 1;
+  }
+  template <class F>
+  int32_t get(int32_t a, int32_t b, F&& lookup) {
+    const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) |
+                         static_cast<uint32_t>(b);
+    const size_t slot = (key * 0x9E3779B97F4A7C15ull) >> 40 & mask_;
+    if (keys_[slot] != key) {
+      keys_[slot] = key;
+      values_[slot] = lookup(a, b);
+    }
+    return values_[slot];
+  }
+
+ private:
+  std::vector<uint64_t> keys_;
+  std::vector<int32_t> values_;
+  size_t mask_;
 };
 
 struct MergeAfter {  // std::priority_queue pops the greatest: lowest rank, then lowest position
@@ -161,6 +192,10 @@ class SpmBpe {
         slot = (slot + 1) & mask_;
       }
       table_[slot] = static_cast<uint32_t>(id + 1);
+    }
+    for (int c = 0; c < 0x80; ++c) {  // one-byte characters, as normalized (" " -> "\u2581")
+      const char ch = static_cast<char>(c);
+      ascii_ids_[c] = c == ' ' ? lookup(kSpace, 3) : lookup(&ch, 1);
     }
     for (int b = 0; b < 256; ++b) {
       char name[7];
@@ -250,6 +285,7 @@ class SpmBpe {
   }
 
   void encode(const std::string& text, bool plain, std::vector<int32_t>& out) const {
+    PairCache cache(text.size());
     size_t start = 0, i = 0;
     const size_t n = text.size();
     while (i < n) {
@@ -277,11 +313,11 @@ class SpmBpe {
         i = end;
         continue;
       }
-      if (i > start) encode_word(text, start, i, out);
+      if (i > start) encode_word(text, start, i, cache, out);
       out.push_back(found);
       start = i = end;
     }
-    if (n > start) encode_word(text, start, n, out);
+    if (n > start) encode_word(text, start, n, cache, out);
   }
 
   // ids -> text: Replace("\u2581", " "), ByteFallback, Fuse; ids past the vocabulary dropped.
@@ -356,8 +392,11 @@ class SpmBpe {
     run.clear();
   }
 
-  void encode_word(const std::string& text, size_t begin, size_t end,
+  void encode_word(const std::string& text, size_t begin, size_t end, PairCache& cache,
                    std::vector<int32_t>& out) const {
+    auto pair = [this, &cache](int32_t a, int32_t b) {
+      return cache.get(a, b, [this](int32_t x, int32_t y) { return lookup_pair(x, y); });
+    };
     std::vector<Symbol> symbols;
     symbols.reserve(end - begin);
     auto add = [&symbols](int32_t id, int32_t len) {
@@ -370,12 +409,7 @@ class SpmBpe {
     while (i < end) {
       const unsigned char c = static_cast<unsigned char>(text[i]);
       size_t len = std::min(char_len(c), end - i);
-      int32_t id;
-      if (c == ' ') {
-        id = lookup(kSpace, 3);
-      } else {
-        id = lookup(text.data() + i, len);
-      }
+      const int32_t id = c < 0x80 ? ascii_ids_[c] : lookup(text.data() + i, len);
       if (id >= 0) {
         if (unk_len >= 0) {
           add(unk_id_, unk_len);
@@ -400,10 +434,12 @@ class SpmBpe {
     if (symbols.empty()) return;
 
     std::priority_queue<Merge, std::vector<Merge>, MergeAfter> queue;
-    for (size_t k = 0; k + 1 < symbols.size(); ++k) {
-      int32_t t = lookup_pair(symbols[k].id, symbols[k + 1].id);
-      if (t >= 0) queue.push(Merge{rank(t, symbols[k].id), static_cast<int32_t>(k), t});
-    }
+    auto push = [&](int32_t pos, int32_t a, int32_t b) {
+      int32_t t = pair(a, b);
+      if (t >= 0) queue.push(Merge{rank(t, a), pos, t, a, b});
+    };
+    for (size_t k = 0; k + 1 < symbols.size(); ++k)
+      push(static_cast<int32_t>(k), symbols[k].id, symbols[k + 1].id);
     while (!queue.empty()) {
       Merge top = queue.top();
       queue.pop();
@@ -411,21 +447,17 @@ class SpmBpe {
       if (cur.len == 0 || cur.next == -1) continue;
       const int32_t next_pos = cur.next;
       const Symbol right = symbols[next_pos];
-      // A stale entry: the pair there now does not make the same token.
-      if (lookup_pair(cur.id, right.id) != top.new_id) continue;
+      // A stale entry: the pair there now does not make the same token (the library's test;
+      // the same ids as when queued make it, by construction).
+      if ((cur.id != top.left || right.id != top.right) && pair(cur.id, right.id) != top.new_id)
+        continue;
       cur.id = top.new_id;
       cur.len += right.len;
       cur.next = right.next;
       symbols[next_pos].len = 0;
       if (right.next >= 0) symbols[right.next].prev = top.pos;
-      if (cur.prev >= 0) {
-        int32_t t = lookup_pair(symbols[cur.prev].id, cur.id);
-        if (t >= 0) queue.push(Merge{rank(t, symbols[cur.prev].id), cur.prev, t});
-      }
-      if (cur.next >= 0) {
-        int32_t t = lookup_pair(cur.id, symbols[cur.next].id);
-        if (t >= 0) queue.push(Merge{rank(t, cur.id), top.pos, t});
-      }
+      if (cur.prev >= 0) push(cur.prev, symbols[cur.prev].id, cur.id);
+      if (cur.next >= 0) push(top.pos, cur.id, symbols[cur.next].id);
     }
     for (const Symbol& s : symbols)
       if (s.len != 0) out.push_back(s.id);
@@ -437,6 +469,7 @@ class SpmBpe {
   std::vector<uint32_t> table_;  // id + 1, 0 = empty
   size_t mask_ = 0;
   int32_t byte_ids_[256];
+  int32_t ascii_ids_[0x80];
   std::unordered_map<int32_t, uint8_t> byte_of_;
   std::vector<uint8_t> flags_;
   std::vector<Node> trie_{Node{}};
