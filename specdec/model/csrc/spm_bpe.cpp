@@ -320,11 +320,16 @@ class SpmBpe {
     if (n > start) encode_word(text, start, n, cache, out);
   }
 
-  // ids -> text: Replace("\u2581", " "), ByteFallback, Fuse; ids past the vocabulary dropped.
+  // ids -> text: Replace("\u2581", " "), ByteFallback, Fuse; ids past the vocabulary dropped,
+  // ids no u32 holds an OverflowError (as the library).
   std::string decode(const std::vector<int64_t>& ids, bool skip_special) const {
+    for (int64_t id64 : ids)
+      if (id64 < 0 || id64 > int64_t{0xFFFFFFFF})
+        throw std::overflow_error(id64 < 0 ? "number too small to fit in target type"
+                                           : "number too large to fit in target type");
     std::string out, run;
     for (int64_t id64 : ids) {
-      if (id64 < 0 || static_cast<size_t>(id64) >= size()) continue;
+      if (static_cast<size_t>(id64) >= size()) continue;
       int32_t id = static_cast<int32_t>(id64);
       if (skip_special && (flags_[id] & kSpecial)) continue;
       auto b = byte_of_.find(id);
@@ -494,7 +499,8 @@ PYBIND11_MODULE(_spm_native, m) {
            py::arg("plain_text"))
       .def("__len__", &SpmBpe::size)
       .def("token_to_id",
-           [](const SpmBpe& s, const std::string& t) -> py::object {
+           [](const SpmBpe& s, const py::str& token) -> py::object {
+             const std::string t = utf8_of(token);  // a lone surrogate: UnicodeEncodeError
              int32_t id = s.lookup(t.data(), t.size());
              return id < 0 ? py::object(py::none()) : py::object(py::int_(id));
            })

@@ -201,6 +201,19 @@ def test_lone_surrogate_is_a_value_error(rich: tuple[Tokenizer, Tokenizer]) -> N
         compact.encode_plain_batch(["a\udfffb"])
 
 
+def test_errors_match(rich: tuple[Tokenizer, Tokenizer]) -> None:
+    """Ids no u32 holds, a lone surrogate in a token, a float id: the library's error types."""
+    for t in rich:
+        for ids in ([-1], [5, 2**32]):
+            with pytest.raises(OverflowError):
+                t.decode(ids)
+        with pytest.raises(TypeError):
+            t.decode([1.5])  # type: ignore[list-item]
+        with pytest.raises(UnicodeEncodeError):
+            t.token_to_id("a\ud800")
+        assert t.decode([2**32 - 1, 2**20]) == ""  # past the vocabulary: dropped
+
+
 @settings(
     max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
