@@ -27,6 +27,7 @@ Chat templates are rendered with jinja2 the way transformers renders them.
 
 from __future__ import annotations
 
+import array
 import functools
 import itertools
 import json
@@ -339,6 +340,31 @@ def _sentencepiece_bpe(
     return tok
 
 
+def _set_added(native: Any, ids: Sequence[int], special: bytes) -> None:
+    """``native``'s added tokens: ``ids`` with their special flags; those read as text by
+    ``encode_plain_batch`` are ``Tokenizer.control_token_ids`` (the special ones and markers)."""
+    flags = sorted(zip(ids, special))
+    native.set_added(
+        [i for i, _ in flags],
+        [bool(sp) for _, sp in flags],
+        [bool(sp) or _MARKER.fullmatch(native.id_to_token(i)) is not None for i, sp in flags],
+    )
+
+
+def _restore_compact(
+    tokens: list[str],
+    unk_id: int,
+    unk_token: str,
+    added: tuple[array.array, bytes],
+    bos_eos: tuple[tuple[str, int] | None, tuple[str, int] | None],
+    plain: bool,
+) -> _CompactSpm:
+    """A pickled ``_CompactSpm`` (``__reduce__``)."""
+    native = _spm_native.SpmBpe(tokens, unk_id)
+    _set_added(native, *added)
+    return _CompactSpm(native, unk_token, added, bos_eos, plain)
+
+
 class _Encoding(NamedTuple):
     """What `Tokenizer` reads of a `tokenizers.Encoding`."""
 
@@ -357,13 +383,15 @@ class _CompactSpm:
         self,
         native: Any,
         unk_token: str,
-        added: list[tuple[str, int, bool]],  # (content, id, special), in the order added
+        added: tuple[array.array, bytes],  # the added tokens' ids in the order added, special
         bos_eos: tuple[tuple[str, int] | None, tuple[str, int] | None],
         plain: bool = False,
     ) -> None:
         self._native = native
         self._unk_token = unk_token
-        self._added = added
+        # NOTE: ids and flags only (their strings are the vocabulary's at those ids): 6,400
+        # tuples of Gemma's strings held ~1 MB
+        self._added_ids, self._added_special = added
         self._bos_eos = bos_eos
         self._plain = plain
         self._hf: tokenizers.Tokenizer | None = None
@@ -420,19 +448,38 @@ class _CompactSpm:
             (bos, added[bos][0]) if add_bos and bos is not None else None,
             (eos, added[eos][0]) if add_eos and eos is not None else None,
         )
-        listed = [(t, i, special) for t, (i, special) in added.items()]
-        ordered = sorted(listed, key=lambda a: a[1])
-        native.set_added(
-            [i for _, i, _ in ordered],
-            [special for _, _, special in ordered],
-            # Read as text by encode_plain_batch: Tokenizer.control_token_ids
-            [special or _MARKER.fullmatch(t) is not None for t, _, special in ordered],
+        compact_added = (
+            array.array("i", [i for i, _ in added.values()]),
+            bytes(special for _, special in added.values()),
         )
-        return cls(native, unk_token, listed, bos_eos)
+        _set_added(native, *compact_added)
+        return cls(native, unk_token, compact_added, bos_eos)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled as its vocabulary and settings (the native tables are rebuilt)."""
+        tokens = [self._native.id_to_token(i) for i in range(len(self._native))]
+        unk_id = self._native.token_to_id(self._unk_token)
+        added = (self._added_ids, self._added_special)
+        return _restore_compact, (
+            tokens,
+            unk_id,
+            self._unk_token,
+            added,
+            self._bos_eos,
+            self._plain,
+        )
+
+    def _added(self) -> list[tuple[str, int, bool]]:
+        """The added tokens (content, id, special), in the order added."""
+        token = self._native.id_to_token
+        return [
+            (token(i), i, bool(special)) for i, special in zip(self._added_ids, self._added_special)
+        ]
 
     def plain(self) -> _CompactSpm:
         """The same tokenizer reading the control tokens' strings as text (one vocabulary)."""
-        return _CompactSpm(self._native, self._unk_token, self._added, self._bos_eos, plain=True)
+        added = (self._added_ids, self._added_special)
+        return _CompactSpm(self._native, self._unk_token, added, self._bos_eos, plain=True)
 
     # ---- the `tokenizers.Tokenizer` interface `Tokenizer` uses ------------------------------
 
@@ -448,7 +495,7 @@ class _CompactSpm:
     def get_added_tokens_decoder(self) -> dict[int, AddedToken]:
         return {
             i: AddedToken(t, normalized=False, special=special)
-            for t, i, special in sorted(self._added, key=lambda a: a[1])
+            for t, i, special in sorted(self._added(), key=lambda a: a[1])
         }
 
     def encode(self, text: str, add_special_tokens: bool = True) -> _Encoding:
@@ -488,7 +535,7 @@ class _CompactSpm:
         del tokens
         # NOTE: in runs of one kind, as from_gguf_metadata adds them (one call a token rebuilt
         # the matcher each time: 6,400 tokens took ~10 s)
-        for special, run in itertools.groupby(self._added, key=lambda a: a[2]):
+        for special, run in itertools.groupby(self._added(), key=lambda a: a[2]):
             tokens = [AddedToken(c, normalized=False, special=special) for c, _, _ in run]
             if special:
                 hf.add_special_tokens(tokens)

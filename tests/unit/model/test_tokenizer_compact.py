@@ -239,6 +239,22 @@ def test_property_same_ids_and_text(rich: tuple[Tokenizer, Tokenizer], parts: li
             assert compact.decode(ids, skip) == library.decode(ids, skip)
 
 
+def test_pickle_and_copy(rich: tuple[Tokenizer, Tokenizer]) -> None:
+    """A compact tokenizer pickles and copies as the library's does (its tables rebuilt)."""
+    import copy
+    import pickle
+
+    compact, library = rich
+    texts = random_texts(5, 200, ALPHABET)
+    for clone in (pickle.loads(pickle.dumps(compact)), copy.deepcopy(compact)):
+        assert clone.compact
+        assert clone.encode_batch(texts) == library.encode_batch(texts)
+        assert clone.encode_plain_batch(texts) == library.encode_plain_batch(texts)
+        assert clone.special_token_ids == library.special_token_ids
+        ids = library.encode(texts[0])
+        assert clone.decode(ids, False) == library.decode(ids, False)
+
+
 def test_without_the_native_module_the_library_serves(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tokenizer_module, "_spm_native", None)
     t = Tokenizer.from_gguf_metadata(rich_metadata())
