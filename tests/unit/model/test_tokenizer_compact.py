@@ -325,3 +325,29 @@ def test_gemma_random_ids_decode(gemma: tuple[Tokenizer, Tokenizer]) -> None:
         ]
         for skip in (True, False):
             assert compact.decode(ids, skip) == library.decode(ids, skip), ids
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_gemma_property_same_ids_and_text(
+    gemma: tuple[Tokenizer, Tokenizer], data: st.DataObject
+) -> None:
+    """Texts made of Gemma's own tokens (any of its 262,144, added ones included), spaces and
+    arbitrary characters."""
+    compact, library = gemma
+    piece = st.one_of(
+        st.integers(0, library.vocab_size - 1).map(lambda i: library.convert_ids_to_tokens(i)[0]),
+        st.sampled_from(ALPHABET),
+        st.text(max_size=5),
+        st.integers(1, 40).map(lambda n: " " * n),
+    )
+    text = "".join(data.draw(st.lists(piece, max_size=30)))
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return
+    ids = compact.encode(text)
+    assert ids == library.encode(text)
+    assert compact.encode_plain_batch([text]) == library.encode_plain_batch([text])
+    for skip in (True, False):
+        assert compact.decode(ids, skip) == library.decode(ids, skip)
