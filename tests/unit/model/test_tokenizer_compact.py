@@ -153,6 +153,11 @@ def test_tables_match(rich: tuple[Tokenizer, Tokenizer]) -> None:
     for token in [*library.convert_ids_to_tokens(list(range(n))), "nope", "", " ", "  "]:
         assert compact.token_to_id(token) == library.token_to_id(token)
     assert max_token_chars(compact) == max_token_chars(library) == max_token_chars(library.hf)
+    from specdec.entrypoints.openai.safety import dropped_bytes
+
+    assert dropped_bytes(compact) == dropped_bytes(library) == dropped_bytes(library.hf) == b""
+    # What a server reads at start (above) never builds the library's tokenizer
+    assert compact._hf._hf is None
     assert (
         compact.hf.get_added_tokens_decoder() == library.hf.get_added_tokens_decoder()
     )  # the library's tokenizer, built on demand, is the reference's
