@@ -18,6 +18,7 @@ Gemma files (no merges) are served by ``_CompactSpm`` instead when the native mo
 from the vocabulary's bytes in one buffer and a table of ids (~6 MB for Gemma 3's 262,144 tokens,
 against ~77 MB for the library's maps, its 515k derived merges and added tokens). The library's
 tokenizer is then built only when asked for (``Tokenizer.hf``, ``Tokenizer.to_str``).
+``SPECDEC_COMPACT_TOKENIZER=0`` keeps the library's for every file.
 
 Control tokens (type 3) become special added tokens and user-defined tokens (type 4) plain added
 tokens, so that they are matched whole in text.
@@ -31,6 +32,7 @@ import array
 import functools
 import itertools
 import json
+import os
 import re
 from collections.abc import Iterable, Sequence
 from datetime import datetime
@@ -728,11 +730,14 @@ class Tokenizer:
     # ---- construction ------------------------------------------------------------------------
 
     @classmethod
-    def from_gguf_metadata(cls, metadata: dict[str, Any], compact: bool = True) -> Tokenizer:
+    def from_gguf_metadata(cls, metadata: dict[str, Any], compact: bool | None = None) -> Tokenizer:
         """Build the tokenizer a GGUF file describes (see `gguf_file.gguf_metadata`).
 
         ``compact``: a Gemma vocabulary without merges goes to ``_CompactSpm`` where the native
-        module is built (False: always the `tokenizers` library's, the reference)."""
+        module is built (False: always the `tokenizers` library's, the reference; None: as
+        ``$SPECDEC_COMPACT_TOKENIZER`` says, on unless ``0`` / ``off``)."""
+        if compact is None:
+            compact = os.environ.get("SPECDEC_COMPACT_TOKENIZER", "").lower() not in ("0", "off")
         kind = metadata.get("tokenizer.ggml.model")
         tokens: list[str] = list(metadata.get("tokenizer.ggml.tokens") or [])
         if not tokens:

@@ -267,6 +267,13 @@ def test_without_the_native_module_the_library_serves(monkeypatch: pytest.Monkey
     assert t.encode("hello world") == [2, *t.encode("hello world", add_special_tokens=False)]
 
 
+def test_switched_off_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for value, compact in (("0", False), ("off", False), ("1", True), ("", True)):
+        monkeypatch.setenv("SPECDEC_COMPACT_TOKENIZER", value)
+        assert Tokenizer.from_gguf_metadata(rich_metadata()).compact is compact
+    assert Tokenizer.from_gguf_metadata(rich_metadata(), compact=True).compact  # argument wins
+
+
 def test_vocabularies_it_does_not_serve() -> None:
     """Other architectures, files with merges, repeated tokens and added tokens outside the
     vocabulary keep the library's tokenizer."""
