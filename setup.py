@@ -1,5 +1,5 @@
-"""Build of the optional native extensions ``specdec.kernels._C`` and
-``specdec.spec_decode._suffix_native``.
+"""Build of the optional native extensions ``specdec.kernels._C``,
+``specdec.spec_decode._suffix_native`` and ``specdec.model._spm_native``.
 
 Project metadata lives in pyproject.toml; this file only adds the C++ extensions:
 
@@ -16,11 +16,14 @@ Project metadata lives in pyproject.toml; this file only adds the C++ extensions
   after CPUID says the CPU has those instructions (and, for AMX, the kernel has granted the
   tile state);
 * ``specdec/spec_decode/csrc/suffix_tree.cpp`` (suffix decoding's trees, a pybind11 module) is
-  plain C++17 at ``-O3`` with no ISA flags, and links no torch library.
+  plain C++17 at ``-O3`` with no ISA flags, and links no torch library;
+* ``specdec/model/csrc/spm_bpe.cpp`` (``specdec.model._spm_native``: the compact SentencePiece
+  tokenizer for Gemma's vocabularies) likewise.
 
-Both extensions are optional: when torch's build helpers are missing or any compile step fails,
+The extensions are optional: when torch's build helpers are missing or any compile step fails,
 the build prints a warning and the package installs without it (``specdec.kernels`` then falls back
-to its pure-torch implementation, suffix decoding to its Python trees).  Set
+to its pure-torch implementation, suffix decoding to its Python trees, Gemma's tokenizer to the
+``tokenizers`` library's).  Set
 ``SPECDEC_NO_EXTENSION=1`` to skip the build on purpose.
 """
 
@@ -37,6 +40,7 @@ from setuptools import setup
 
 CSRC = os.path.join("specdec", "kernels", "csrc")
 SUFFIX_CSRC = os.path.join("specdec", "spec_decode", "csrc")
+SPM_CSRC = os.path.join("specdec", "model", "csrc")
 KERNELS_EXT = "specdec.kernels._C"
 COMMON_FLAGS = ["-O3", "-g0", "-ffp-contract=off"]
 AVX2_FLAGS = ["-O3", "-g0", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fPIC", "-std=c++17"]
@@ -217,7 +221,13 @@ def _native_build():
         extra_compile_args=["-O3", "-g0", "-std=c++17", "-fvisibility=hidden"],
     )
     suffix.libraries = []  # pybind11 only (headers from torch): no torch library to load
-    return [ext, suffix], {"build_ext": OptionalBuildExtension}
+    spm = CppExtension(
+        name="specdec.model._spm_native",
+        sources=[os.path.join(SPM_CSRC, "spm_bpe.cpp")],
+        extra_compile_args=["-O3", "-g0", "-std=c++17", "-fvisibility=hidden"],
+    )
+    spm.libraries = []  # pybind11 only, as the suffix trees
+    return [ext, suffix, spm], {"build_ext": OptionalBuildExtension}
 
 
 ext_modules, cmdclass = _native_build()

@@ -13,6 +13,13 @@ what Hugging Face transformers produces when it loads the same file
   merges they are recovered from the vocabulary. Gemma files get Gemma's pipeline (no prefix space,
   spaces replaced by "\u2581", merges ordered by token position).
 
+Gemma files (no merges) are served by ``_CompactSpm`` instead when the native module
+``specdec.model._spm_native`` is built: the same ids and texts as the `tokenizers.Tokenizer` above,
+from the vocabulary's bytes in one buffer and a table of ids (~6 MB for Gemma 3's 262,144 tokens,
+against ~77 MB for the library's maps, its 515k derived merges and added tokens). The library's
+tokenizer is then built only when asked for (``Tokenizer.hf``, ``Tokenizer.to_str``).
+``SPECDEC_COMPACT_TOKENIZER=0`` keeps the library's for every file.
+
 Control tokens (type 3) become special added tokens and user-defined tokens (type 4) plain added
 tokens, so that they are matched whole in text.
 
@@ -21,13 +28,16 @@ Chat templates are rendered with jinja2 the way transformers renders them.
 
 from __future__ import annotations
 
+import array
 import functools
+import itertools
 import json
+import os
 import re
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jinja2
 import jinja2.ext
@@ -38,6 +48,11 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 
 from specdec.model.gguf_file import gguf_metadata, read_gguf
+
+try:
+    from specdec.model import _spm_native
+except ImportError:  # not built: every vocabulary goes through `tokenizers`
+    _spm_native = None
 
 __all__ = ["ChatTemplateError", "Tokenizer", "bytes_to_unicode"]
 
@@ -327,6 +342,213 @@ def _sentencepiece_bpe(
     return tok
 
 
+def _set_added(native: Any, ids: Sequence[int], special: bytes) -> None:
+    """``native``'s added tokens: ``ids`` with their special flags; those read as text by
+    ``encode_plain_batch`` are ``Tokenizer.control_token_ids`` (the special ones and markers)."""
+    flags = sorted(zip(ids, special))
+    native.set_added(
+        [i for i, _ in flags],
+        [bool(sp) for _, sp in flags],
+        [bool(sp) or _MARKER.fullmatch(native.id_to_token(i)) is not None for i, sp in flags],
+    )
+
+
+def _restore_compact(
+    tokens: list[str],
+    unk_id: int,
+    unk_token: str,
+    added: tuple[array.array, bytes],
+    bos_eos: tuple[tuple[str, int] | None, tuple[str, int] | None],
+    plain: bool,
+) -> _CompactSpm:
+    """A pickled ``_CompactSpm`` (``__reduce__``)."""
+    native = _spm_native.SpmBpe(tokens, unk_id)
+    _set_added(native, *added)
+    return _CompactSpm(native, unk_token, added, bos_eos, plain)
+
+
+class _Encoding(NamedTuple):
+    """What `Tokenizer` reads of a `tokenizers.Encoding`."""
+
+    ids: list[int]
+
+
+class _CompactSpm:
+    """Gemma's SentencePiece BPE (the pipeline ``_sentencepiece_bpe`` builds for a vocabulary
+    without merges, with its added tokens and BOS / EOS) in the native ``SpmBpe``: the parts of
+    the `tokenizers.Tokenizer` interface that `Tokenizer` uses, with the same ids and texts.
+
+    ``hf`` builds the library's tokenizer the slow way (for callers that need the object itself)
+    and keeps it; ``to_str`` builds one, serializes it and lets it go."""
+
+    def __init__(
+        self,
+        native: Any,
+        unk_token: str,
+        added: tuple[array.array, bytes],  # the added tokens' ids in the order added, special
+        bos_eos: tuple[tuple[str, int] | None, tuple[str, int] | None],
+        plain: bool = False,
+    ) -> None:
+        self._native = native
+        self._unk_token = unk_token
+        # NOTE: ids and flags only (their strings are the vocabulary's at those ids): 6,400
+        # tuples of Gemma's strings held ~1 MB
+        self._added_ids, self._added_special = added
+        self._bos_eos = bos_eos
+        self._plain = plain
+        self._hf: tokenizers.Tokenizer | None = None
+        bos, eos = bos_eos
+        self._prefix = [bos[1]] if bos else []
+        self._suffix = [eos[1]] if eos else []
+
+    @classmethod
+    def build(
+        cls,
+        tokens: Sequence[str],
+        token_types: Sequence[int],
+        specials: tuple[str | None, str | None, str | None, str | None],
+        add_bos_eos: tuple[bool, bool],
+    ) -> _CompactSpm | None:
+        """The compact form of what ``from_gguf_metadata`` builds for a Gemma file without
+        merges, or None where it would differ from the library's (a repeated token, an added
+        token outside the vocabulary, no unknown token): those keep the library's."""
+        if _spm_native is None:
+            return None
+        bos, eos, unk, pad = specials
+        unk_token = unk or "<unk>"
+        # As _sentencepiece_bpe spells them: runs of spaces with "\u2581"
+        spelled = [SPM_SPACE * len(t) if " " in t and not t.strip() else t for t in tokens]
+        try:
+            native = _spm_native.SpmBpe(spelled, spelled.index(unk_token))
+        except ValueError:  # no unknown token, or a token twice (the library keeps the last id)
+            return None
+        del spelled
+        # The added tokens in from_gguf_metadata's order: control (special), user-defined
+        # (plain, when the vocabulary has them), then the named specials not yet added.
+        added: dict[str, tuple[int, bool]] = {}
+        for t, ty in zip(tokens, token_types):
+            if ty == TOKEN_TYPE_CONTROL and t not in added:
+                index = native.token_to_id(t)
+                if index is None:
+                    return None
+                added[t] = (index, True)
+        for t, ty in zip(tokens, token_types):
+            if ty == TOKEN_TYPE_USER_DEFINED and t not in added:
+                index = native.token_to_id(t)
+                if index is not None:
+                    added[t] = (index, False)
+        for t in (bos, eos, unk, pad):
+            if t is not None and t not in added:
+                index = native.token_to_id(t)
+                if index is None:
+                    return None
+                added[t] = (index, True)
+        if len({i for i, _ in added.values()}) != len(added):
+            return None
+        add_bos, add_eos = add_bos_eos
+        bos_eos = (
+            (bos, added[bos][0]) if add_bos and bos is not None else None,
+            (eos, added[eos][0]) if add_eos and eos is not None else None,
+        )
+        compact_added = (
+            array.array("i", [i for i, _ in added.values()]),
+            bytes(special for _, special in added.values()),
+        )
+        _set_added(native, *compact_added)
+        return cls(native, unk_token, compact_added, bos_eos)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled as its vocabulary and settings (the native tables are rebuilt)."""
+        tokens = [self._native.id_to_token(i) for i in range(len(self._native))]
+        unk_id = self._native.token_to_id(self._unk_token)
+        added = (self._added_ids, self._added_special)
+        return _restore_compact, (
+            tokens,
+            unk_id,
+            self._unk_token,
+            added,
+            self._bos_eos,
+            self._plain,
+        )
+
+    def _added(self) -> list[tuple[str, int, bool]]:
+        """The added tokens (content, id, special), in the order added."""
+        token = self._native.id_to_token
+        return [
+            (token(i), i, bool(special)) for i, special in zip(self._added_ids, self._added_special)
+        ]
+
+    def plain(self) -> _CompactSpm:
+        """The same tokenizer reading the control tokens' strings as text (one vocabulary)."""
+        added = (self._added_ids, self._added_special)
+        return _CompactSpm(self._native, self._unk_token, added, self._bos_eos, plain=True)
+
+    # ---- the `tokenizers.Tokenizer` interface `Tokenizer` uses ------------------------------
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._native.token_to_id(token)
+
+    def id_to_token(self, index: int) -> str | None:
+        return self._native.id_to_token(index)
+
+    def get_vocab_size(self, with_added_tokens: bool = True) -> int:
+        return len(self._native)  # every added token is one of the vocabulary's
+
+    def get_added_tokens_decoder(self) -> dict[int, AddedToken]:
+        return {
+            i: AddedToken(t, normalized=False, special=special)
+            for t, i, special in sorted(self._added(), key=lambda a: a[1])
+        }
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> _Encoding:
+        return self.encode_batch([text], add_special_tokens)[0]
+
+    def encode_batch(
+        self, texts: Sequence[str], add_special_tokens: bool = True
+    ) -> list[_Encoding]:
+        out = self._native.encode_batch(list(texts), self._plain)
+        if add_special_tokens and (self._prefix or self._suffix):
+            return [_Encoding(self._prefix + ids + self._suffix) for ids in out]
+        return [_Encoding(ids) for ids in out]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._native.decode(ids, skip_special_tokens)
+
+    def max_token_chars(self) -> int:
+        return self._native.max_token_chars() or 1
+
+    @property
+    def hf(self) -> tokenizers.Tokenizer:
+        """The library's tokenizer for the same vocabulary (built on first use, ~2 s and ~77 MB
+        for Gemma 3, then kept)."""
+        if self._hf is None:
+            self._hf = self._build_hf()
+        return self._hf
+
+    def to_str(self) -> str:
+        """The library's JSON for this tokenizer (from a copy built for it and dropped)."""
+        if self._hf is not None:
+            return self._hf.to_str()
+        return self._build_hf().to_str()
+
+    def _build_hf(self) -> tokenizers.Tokenizer:
+        tokens = [self._native.id_to_token(i) for i in range(len(self._native))]
+        hf = _sentencepiece_bpe(tokens, None, None, "gemma3", self._unk_token)
+        del tokens
+        # NOTE: in runs of one kind, as from_gguf_metadata adds them (one call a token rebuilt
+        # the matcher each time: 6,400 tokens took ~10 s)
+        for special, run in itertools.groupby(self._added(), key=lambda a: a[2]):
+            tokens = [AddedToken(c, normalized=False, special=special) for c, _, _ in run]
+            if special:
+                hf.add_special_tokens(tokens)
+            else:
+                hf.add_tokens(tokens)
+        hf.post_processor = _template_post_processor(*self._bos_eos)
+        if self._plain:
+            hf.encode_special_tokens = True
+        return hf
+
+
 def _template_post_processor(
     bos: tuple[str, int] | None, eos: tuple[str, int] | None
 ) -> processors.TemplateProcessing:
@@ -508,8 +730,14 @@ class Tokenizer:
     # ---- construction ------------------------------------------------------------------------
 
     @classmethod
-    def from_gguf_metadata(cls, metadata: dict[str, Any]) -> Tokenizer:
-        """Build the tokenizer a GGUF file describes (see `gguf_file.gguf_metadata`)."""
+    def from_gguf_metadata(cls, metadata: dict[str, Any], compact: bool | None = None) -> Tokenizer:
+        """Build the tokenizer a GGUF file describes (see `gguf_file.gguf_metadata`).
+
+        ``compact``: a Gemma vocabulary without merges goes to ``_CompactSpm`` where the native
+        module is built (False: always the `tokenizers` library's, the reference; None: as
+        ``$SPECDEC_COMPACT_TOKENIZER`` says, on unless ``0`` / ``off``)."""
+        if compact is None:
+            compact = os.environ.get("SPECDEC_COMPACT_TOKENIZER", "").lower() not in ("0", "off")
         kind = metadata.get("tokenizer.ggml.model")
         tokens: list[str] = list(metadata.get("tokenizer.ggml.tokens") or [])
         if not tokens:
@@ -525,15 +753,38 @@ class Tokenizer:
         bos, eos = token_at("bos_token_id"), token_at("eos_token_id")
         unk, pad = token_at("unknown_token_id"), token_at("padding_token_id")
 
+        add_bos_default = kind == "llama"  # llama.cpp adds BOS to a SentencePiece vocabulary
+        add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", add_bos_default))
+        add_eos = bool(metadata.get("tokenizer.ggml.add_eos_token", False))
+        extra_eog = [
+            _token_id(metadata.get(f"tokenizer.ggml.{k}")) for k in ("eot_token_id", "eom_token_id")
+        ]
+        fim = {
+            kind_: _token_id(metadata.get(f"tokenizer.ggml.fim_{kind_}_token_id"))
+            for kind_ in ("pad", "rep", "sep")
+        }
+        template = metadata.get("tokenizer.chat_template")
+        chat_template = str(template) if template else None
+        if compact and kind == "llama" and architecture in _GEMMA_ARCHITECTURES and not merges:
+            small = _CompactSpm.build(tokens, token_types, (bos, eos, unk, pad), (add_bos, add_eos))
+            if small is not None:
+                return cls(
+                    small,  # type: ignore[arg-type]  # the interface Tokenizer uses
+                    bos_token=bos,
+                    eos_token=eos,
+                    unk_token=unk,
+                    pad_token=pad,
+                    chat_template=chat_template,
+                    extra_eog_token_ids=[i for i in extra_eog if i is not None],
+                    fim_token_ids=fim,
+                )
+
         if kind == "gpt2":
             hf = _byte_level_bpe(tokens, merges or [], metadata.get("tokenizer.ggml.pre"))
-            add_bos_default = False
         elif kind == "llama":
             hf = _sentencepiece_bpe(
                 tokens, metadata.get("tokenizer.ggml.scores"), merges, architecture, unk
             )
-            # llama.cpp adds BOS to a SentencePiece vocabulary unless told otherwise.
-            add_bos_default = True
         else:
             raise ValueError(
                 f"unsupported GGUF tokenizer {kind!r} (supported: 'gpt2' byte-level BPE, "
@@ -558,19 +809,9 @@ class Tokenizer:
         if user_defined:
             hf.add_tokens(user_defined)
 
-        add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", add_bos_default))
-        add_eos = bool(metadata.get("tokenizer.ggml.add_eos_token", False))
-        extra_eog = [
-            _token_id(metadata.get(f"tokenizer.ggml.{k}")) for k in ("eot_token_id", "eom_token_id")
-        ]
-        fim = {
-            kind_: _token_id(metadata.get(f"tokenizer.ggml.fim_{kind_}_token_id"))
-            for kind_ in ("pad", "rep", "sep")
-        }
-        template = metadata.get("tokenizer.chat_template")
         return cls._wrap(
             hf, (bos, eos, unk, pad), (add_bos, add_eos),
-            chat_template=str(template) if template else None,
+            chat_template=chat_template,
             extra_eog_token_ids=[i for i in extra_eog if i is not None],
             fim_token_ids=fim,
         )  # fmt: skip
@@ -658,8 +899,24 @@ class Tokenizer:
 
     @property
     def hf(self) -> tokenizers.Tokenizer:
-        """The underlying `tokenizers.Tokenizer`."""
+        """The underlying `tokenizers.Tokenizer`.
+
+        NOTE: a compact tokenizer (``compact``) builds one on first use and keeps it (~77 MB and
+        ~2 s for Gemma 3): what needs the library's description only should use ``to_str``."""
+        if isinstance(self._hf, _CompactSpm):
+            return self._hf.hf
         return self._hf
+
+    @property
+    def compact(self) -> bool:
+        """Whether the native compact SentencePiece tokenizer serves this vocabulary (Gemma's)
+        rather than a `tokenizers.Tokenizer`."""
+        return isinstance(self._hf, _CompactSpm)
+
+    def to_str(self) -> str:
+        """The `tokenizers` JSON of this tokenizer (what ``tokenizers.Tokenizer.from_str`` and
+        llguidance read); a compact tokenizer builds the library's for it and drops it."""
+        return self._hf.to_str()
 
     @property
     def vocab_size(self) -> int:
@@ -716,6 +973,8 @@ class Tokenizer:
         took 2-5 s to build); only the added tokens are its own, the control ones flagged special
         (``encode_special_tokens`` reads only those as text)."""
         hf = self._hf
+        if isinstance(hf, _CompactSpm):
+            return hf.plain()  # type: ignore[return-value]  # the interface used here
         plain = tokenizers.Tokenizer(hf.model)
         # NOTE: the normalizer before the added tokens, as from_str does (normalized ones are
         # matched in their normalized form)
@@ -952,7 +1211,11 @@ def _check_unicode(text: str) -> None:
 
 
 def max_token_chars(hf: Any) -> int:
-    """The most characters one token of ``hf`` (a ``tokenizers.Tokenizer``) can spell: its
-    longest vocabulary string (a byte-level or SentencePiece string is at least as long as the
-    text it decodes to)."""
+    """The most characters one token of ``hf`` (a `Tokenizer` or a ``tokenizers.Tokenizer``)
+    can spell: its longest vocabulary string (a byte-level or SentencePiece string is at least as
+    long as the text it decodes to)."""
+    if isinstance(hf, Tokenizer):
+        hf = hf._hf
+    if isinstance(hf, _CompactSpm):
+        return hf.max_token_chars()
     return max((len(s) for s in hf.get_vocab(with_added_tokens=True)), default=1) or 1

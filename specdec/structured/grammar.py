@@ -150,7 +150,21 @@ class GrammarCompiler:
         self._eos = sorted(eos_token_ids)
         self._llg: llguidance.LLTokenizer | None = None
         self._checker: compile_worker.GrammarChecker | None = None
+        self._source: str | None = None  # the tokenizer's JSON until both users have it
         self._lock = threading.Lock()
+
+    def _tokenizer_source(self) -> str:
+        """(Under the lock.) The tokenizer's JSON, made once for llguidance and the checker.
+
+        NOTE: a compact tokenizer (Gemma's) builds the library's tokenizer to write it (~2 s);
+        it is dropped once both have theirs (``_drop_source``)."""
+        if self._source is None:
+            self._source = self._tokenizer.to_str()
+        return self._source
+
+    def _drop_source(self) -> None:
+        if self._llg is not None and self._checker is not None:
+            self._source = None
 
     @property
     def llg_tokenizer(self) -> llguidance.LLTokenizer:
@@ -159,10 +173,11 @@ class GrammarCompiler:
                 import llguidance
 
                 self._llg = llguidance.LLTokenizer(
-                    self._tokenizer.hf.to_str(),
+                    self._tokenizer_source(),
                     n_vocab=self.vocab_size,
                     eos_token=self._eos or None,
                 )
+                self._drop_source()
             return self._llg
 
     def start(self) -> None:
@@ -222,7 +237,7 @@ class GrammarCompiler:
         """The worker processes that check constraints, shared by engines of one tokenizer."""
         with self._lock:
             if self._checker is None:
-                source = self._tokenizer.hf.to_str()
+                source = self._tokenizer_source()
                 digest = hashlib.sha256(source.encode()).hexdigest()
                 key = (digest, self.vocab_size, tuple(self._eos))
                 self._checker = _CHECKERS.get(key)
@@ -231,6 +246,7 @@ class GrammarCompiler:
                         source, self.vocab_size, self._eos, LIMITS
                     )
                     _CHECKERS[key] = self._checker
+                self._drop_source()
             return self._checker
 
 

@@ -221,9 +221,15 @@ def dropped_bytes(tokenizer: Any) -> bytes:
 
     SmolLM2's has none for 0x04, 0x06, 0x13, 0x14, 0x16 and 0x1d, nor for 0xf1-0xf4 (lead bytes
     of U+40000 and above); "hi\\x14there" is "hithere" to it, as to transformers' tokenizer for
-    the same file. Empty for other tokenizers (byte fallback, an unknown token, no byte level)."""
-    from specdec.model.tokenizer import bytes_to_unicode
+    the same file. Empty for other tokenizers (byte fallback, an unknown token, no byte level).
+    ``tokenizer`` may be a `Tokenizer`: a compact one (SentencePiece with byte fallback) drops
+    nothing."""
+    from specdec.model.tokenizer import Tokenizer, bytes_to_unicode
 
+    if isinstance(tokenizer, Tokenizer):
+        if tokenizer.compact:
+            return b""
+        tokenizer = tokenizer.hf
     spec = json.loads(tokenizer.to_str())
     pre = spec.get("pre_tokenizer") or {}
     parts = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]

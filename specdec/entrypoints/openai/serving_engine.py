@@ -97,10 +97,10 @@ class OpenAIServingBase:
         self.per_request_spec_decode_metrics = per_request_spec_decode_metrics
         # special-token strings in client text (special_tokens.py): allow, text or reject
         self.special_tokens_in_content = special_tokens_in_content
-        self._dropped_bytes = dropped_bytes(self.tokenizer.hf)
+        self._dropped_bytes = dropped_bytes(self.tokenizer)
         # NOTE: no token spells more characters than its vocabulary string has: a longer text
         # cannot fit the context, and is refused before the tokenizer spends seconds on it
-        self._max_prompt_chars = self.max_model_len * max_token_chars(self.tokenizer.hf)
+        self._max_prompt_chars = self.max_model_len * max_token_chars(self.tokenizer)
         # the server's defaults for sampling fields a request leaves out (llama.cpp's --temp ...)
         self.sampling_defaults = dict(sampling_defaults or {})
         self._pool = ThreadPoolExecutor(num_prepare_threads, thread_name_prefix="specdec-prepare")

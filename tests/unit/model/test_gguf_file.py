@@ -63,6 +63,25 @@ def test_real_smollm2_file() -> None:
     _same_as_library(resolve_model_path("smollm2-135m"))
 
 
+def test_a_file_is_freed_without_a_collection() -> None:
+    """No reference cycle: dropping the last reference unmaps the file and frees its metadata at
+    once (a cycle through ``parts`` held both until the next full collection)."""
+    import gc
+    import weakref
+
+    from specdec.model.gguf_file import read_gguf
+
+    gc.disable()
+    try:
+        f = read_gguf(resolve_model_path("smollm2-135m"))
+        assert f.parts == [f]
+        gone = weakref.ref(f)
+        del f
+        assert gone() is None
+    finally:
+        gc.enable()
+
+
 def test_not_a_gguf_file(tmp_path) -> None:
     bad = tmp_path / "x.gguf"
     bad.write_bytes(b"PK\x03\x04" + b"\0" * 60)
