@@ -163,21 +163,60 @@ def rope_inv_freq(
 
 
 class Rotary:
-    """Half-split (NeoX / Hugging Face) rotary embedding with cos/sin tables per position."""
+    """Half-split (NeoX / Hugging Face) rotary embedding with cos/sin tables per position.
+
+    On the CPU the tables cover the positions read so far (``at`` grows them, doubling, up to
+    ``max_len``); elsewhere, and through ``cos`` / ``sin``, all ``max_len`` positions. A
+    position's row is the same either way (each element is its own product and cos / sin).
+    NOTE: full tables of Gemma 3 270M's 256-wide heads at its 4,096 positions, for its two
+    rotary bases, held 16 MiB (Qwen3's at 40,960 positions: 40 MiB) that short requests never
+    read."""
+
+    FIRST_ROWS = 1024
 
     def __init__(
         self, inv_freq: torch.Tensor, max_len: int, dtype: torch.dtype, device: torch.device
     ):
-        pos = torch.arange(max_len, dtype=torch.float32)
-        freqs = torch.outer(pos, inv_freq)  # [max_len, D/2]
-        emb = torch.cat([freqs, freqs], dim=-1)  # [max_len, D]
-        self.cos = emb.cos().to(device=device, dtype=dtype)
-        self.sin = emb.sin().to(device=device, dtype=dtype)
+        self.inv_freq, self.max_len = inv_freq, max_len
+        self.dtype, self.device = dtype, torch.device(device)
+        rows = max_len if self.device.type != "cpu" else min(max_len, self.FIRST_ROWS)
+        self._cos, self._sin = self._tables(rows)
+
+    def _tables(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        pos = torch.arange(rows, dtype=torch.float32)
+        freqs = torch.outer(pos, self.inv_freq)  # [rows, D/2]
+        emb = torch.cat([freqs, freqs], dim=-1)  # [rows, D]
+        return (
+            emb.cos().to(device=self.device, dtype=self.dtype),
+            emb.sin().to(device=self.device, dtype=self.dtype),
+        )
+
+    def _cover(self, rows: int) -> None:
+        if rows > self._cos.shape[0]:
+            self._cos, self._sin = self._tables(
+                min(self.max_len, max(rows, 2 * self._cos.shape[0]))
+            )
+
+    @property
+    def cos(self) -> torch.Tensor:  # [max_len, D]
+        self._cover(self.max_len)
+        return self._cos
+
+    @property
+    def sin(self) -> torch.Tensor:  # [max_len, D]
+        self._cover(self.max_len)
+        return self._sin
+
+    def at(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin rows of ``positions`` ([T] -> two [T, D])."""
+        if self.device.type == "cpu" and positions.numel():
+            self._cover(int(positions.max()) + 1)
+        return self._cos[positions], self._sin[positions]
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         # x [T, H, D]; positions [T]
-        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D]
-        sin = self.sin[positions].unsqueeze(1)
+        cos, sin = self.at(positions)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [T, 1, D]
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin

@@ -332,11 +332,12 @@ class LlamaModel:
                     thetas.index(self.cfg.layer_rope_theta(i)) for i in range(len(self.layers))
                 ]
             want = [i for i in capture if 0 <= i < n]
+            rows = [self._rotary[t].at(positions) for t in thetas]  # (cos, sin) per theta
             x, got = self._forward_fused(
                 self._fused_layers()[:n],
                 x,
-                [self._rotary[t].cos[positions] for t in thetas],
-                [self._rotary[t].sin[positions] for t in thetas],
+                [cos for cos, _ in rows],
+                [sin for _, sin in rows],
                 self._rope_index[:n],
                 kv.k,
                 kv.v,
