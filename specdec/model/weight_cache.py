@@ -53,6 +53,10 @@ READ_MIN_BYTES = 2 << 20
 HUGE_PAGE = 2 << 20
 # The smaller weights go to one huge-page buffer when they come to this much (else stay mapped).
 ARENA_MIN_BYTES = HUGE_PAGE
+# Routed experts stay mapped: a step reads a few of them, and mapped pages can be given back under
+# memory pressure, so a mixture of experts larger than the memory still runs (as from llama.cpp's
+# map of its file).
+ROUTED_EXPERT = ".experts."
 FORMAT_VERSION = 3  # 3: files of 2 (one day) held Q8_0 for K-quants "auto" now runs as int8
 _ALIGN = 4096
 # torch dtype name -> (numpy dtype of the stored bytes, torch dtype to view them as)
@@ -176,8 +180,8 @@ class WeightCache:
         return e["nbytes"] >= READ_MIN_BYTES and not lazy and _C is not None
 
     def _read_arena(self) -> dict[str, torch.Tensor]:
-        """The weights under READ_MIN_BYTES (not an unread embedding), read into one huge-page
-        buffer, each at a 4 KiB boundary: a view of each by name. Empty when they come to less
+        """The weights under READ_MIN_BYTES (not an unread embedding, nor a routed expert), read
+        into one huge-page buffer, each at a 4 KiB boundary: a view of each by name. Empty when they come to less
         than ARENA_MIN_BYTES (they stay mapped).
 
         NOTE: mapped, they sit in the file's 4 KiB pages, a TLB entry each (and, in a virtual
@@ -192,7 +196,10 @@ class WeightCache:
         small = sorted(
             (e["offset"], name)
             for name, e in self._index.items()
-            if not self._read(name, e) and e["offset"] not in lazy and e["nbytes"] > 0
+            if not self._read(name, e)
+            and e["offset"] not in lazy
+            and e["nbytes"] > 0
+            and ROUTED_EXPERT not in name
         )
         at: dict[str, int] = {}
         total = 0

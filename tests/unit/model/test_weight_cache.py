@@ -266,3 +266,23 @@ def test_small_weights_are_read_into_one_huge_page_buffer(tmp_path, cache_dir, m
         a, b = base + e["offset"], base + e["offset"] + e["nbytes"]
         assert not any(p < b - 4096 and a + 4096 < q for p, q in populated), name
     assert _tokens(second_llm) == want
+
+
+def test_routed_experts_stay_mapped(tmp_path, cache_dir, mk, monkeypatch):
+    # A mixture of experts: the routed experts stay views of the mapped file (a step reads a few;
+    # mapped pages can be given back under memory pressure), the rest go to the buffer.
+    from specdec.model import weight_cache
+
+    path = mk.write_gguf(tmp_path / "moe.gguf", mk.SHAPES["qwen3moe-tiny"], "Q4_0", seed=2)
+    first_llm, _ = _load(path)
+    want = _tokens(first_llm)
+    monkeypatch.setattr(weight_cache, "ARENA_MIN_BYTES", 1)
+    second_llm, second = _load(path)
+    cache = second._cache
+    mapped = cache._mapped
+    routed = [n for n in cache._index if ".experts." in n]
+    assert routed and cache._arena and not set(routed) & set(cache._arena)
+    expert = second.layers[0].moe.experts[0].gate_up.weight
+    ptr = (expert.a8 if expert.a8 is not None else expert.data).data_ptr()
+    assert mapped.ctypes.data <= ptr < mapped.ctypes.data + mapped.nbytes
+    assert _tokens(second_llm) == want
