@@ -7,8 +7,11 @@ memory map of an already cached file never pays; llama.cpp maps its file and is 
 So the first load writes the packed weights to one file under the cache directory and every
 later load reads that file: the same bytes, so the outputs are identical. Weights of 2 MiB and
 more are read into huge-page memory (``_C.weight_from_file``): mapped in place, the file's 4 KiB
-pages made a 1.7B Q4_0 decode step 1.03-1.09x slower (TLB misses, most likely); the rest
-are views of a copy-on-write map of the file.
+pages made a 1.7B Q4_0 decode step 1.03-1.09x slower (TLB misses, most likely). The smaller ones
+are read together into one huge-page buffer (a model of small layers, such as SmolLM2-135M, had
+nearly all its weights in 4 KiB pages). An untied embedding (a few rows read a step), routed
+experts (a few read a step; mapped pages can be given back under memory pressure) and weights too
+few to fill a huge page are views of a copy-on-write map of the file.
 
 The file is named after the model and a key over everything the packing depends on: the
 model file's (or folder's weight files') path, size and modification time, the settings that
