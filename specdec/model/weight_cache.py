@@ -184,8 +184,8 @@ class WeightCache:
 
     def _read_arena(self) -> dict[str, torch.Tensor]:
         """The weights under READ_MIN_BYTES (not an unread embedding, nor a routed expert), read
-        into one huge-page buffer, each at a 4 KiB boundary: a view of each by name. Empty when they come to less
-        than ARENA_MIN_BYTES (they stay mapped).
+        into one huge-page buffer, each at a 4 KiB boundary: a view of each by name. Empty when
+        they come to less than ARENA_MIN_BYTES (they stay mapped).
 
         NOTE: mapped, they sit in the file's 4 KiB pages, a TLB entry each (and, in a virtual
         machine, a nested page walk per miss): SmolLM2-135M, whose layers' weights are all under
