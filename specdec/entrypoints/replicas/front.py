@@ -22,6 +22,7 @@ import asyncio
 import json
 import logging
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from specdec.entrypoints.openai.api_server import MAX_BODY_BYTES
@@ -49,6 +50,14 @@ REPLICA_HEADER = "x-specdec-replica"
 SESSION_HEADER = "x-session-id"
 RETRY_AFTER_S = 1
 _DONE = b"data: [DONE]\n\n"
+
+
+class _ReplicaLost(Exception):
+    """The replica's connection broke after the request was sent: ``error`` is the client's 503."""
+
+    def __init__(self, error: Any) -> None:
+        super().__init__()
+        self.error = error
 
 
 class _ConnectFailed(Exception):
@@ -207,13 +216,18 @@ class _Relay:
             replica = pick()
             try:
                 if stream:
-                    return await _relay_stream(replica, path, body, headers)
+                    return await _relay_stream(
+                        replica, path, body, headers, lambda r=replica: self.pool.mark_lost(r)
+                    )
                 result = await with_cancellation(
                     _relay(replica, path, body, headers, method), request
                 )
                 return Response(status_code=499) if result is DISCONNECTED else result
             except _ConnectFailed:
                 self.pool.mark_down(replica)
+            except _ReplicaLost as lost:
+                self.pool.mark_lost(replica)
+                raise lost.error from None
         raise no_replica_error()
 
     async def forward_any(self, request: Any) -> Any:
@@ -362,15 +376,21 @@ async def _relay(
     except httpx.ConnectError:
         raise _ConnectFailed from None
     except httpx.TransportError:
-        raise replica_lost_error(replica.index) from None
+        raise _ReplicaLost(replica_lost_error(replica.index)) from None
     finally:
         replica.ongoing -= 1
     return _answer(resp, replica)
 
 
-async def _relay_stream(replica: Replica, path: str, body: bytes, headers: dict[str, str]) -> Any:
+async def _relay_stream(
+    replica: Replica,
+    path: str,
+    body: bytes,
+    headers: dict[str, str],
+    on_lost: Callable[[], None] = lambda: None,
+) -> Any:
     """The replica's SSE stream, relayed; if the replica dies mid-stream, an error event and
-    ``[DONE]`` end it."""
+    ``[DONE]`` end it (and ``on_lost`` is called)."""
     import httpx
     from fastapi.responses import StreamingResponse
 
@@ -383,7 +403,7 @@ async def _relay_stream(replica: Replica, path: str, body: bytes, headers: dict[
         raise _ConnectFailed from None
     except httpx.TransportError:
         replica.ongoing -= 1
-        raise replica_lost_error(replica.index) from None
+        raise _ReplicaLost(replica_lost_error(replica.index)) from None
     if resp.status_code != 200 or not resp.headers.get("content-type", "").startswith(
         "text/event-stream"
     ):
@@ -402,6 +422,7 @@ async def _relay_stream(replica: Replica, path: str, body: bytes, headers: dict[
                 yield chunk
         except httpx.TransportError:
             logger.warning("replica %d: a stream broke off (the replica stopped)", replica.index)
+            on_lost()
             err = replica_lost_error(replica.index)
             yield (
                 b"" if tail == b"\n\n" else b"\n\n"

@@ -180,6 +180,17 @@ class ReplicaPool:
     def mark_down(self, r: Replica) -> None:
         r.up = False
 
+    def mark_lost(self, r: Replica) -> None:
+        """A connection to ``r`` broke: no new requests until its /health answers again (a
+        process that is exiting after a kill can take a while to be reaped, and requests routed
+        to it meanwhile got a 503 where another replica was up); one that exits is restarted by
+        the monitor as any other."""
+        if not r.up or self.stopping:
+            return
+        r.up = False
+        if r.watcher is None or r.watcher.done():
+            r.watcher = asyncio.ensure_future(self.wait_healthy(r, self.startup_timeout))
+
     def serving(self) -> list[Replica]:
         """The replicas that take new requests: up, and alive now. One that died since the
         monitor's last look (it polls every 0.2 s) is marked down here: a pooled connection to
