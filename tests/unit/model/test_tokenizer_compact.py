@@ -183,19 +183,27 @@ def test_random_texts(rich: tuple[Tokenizer, Tokenizer]) -> None:
     assert_same(*rich, random_texts(0, 2000, ALPHABET))
 
 
-def test_random_ids_decode(rich: tuple[Tokenizer, Tokenizer]) -> None:
-    """Any id sequence (broken UTF-8 in byte tokens, specials anywhere, ids past the end)."""
-    compact, library = rich
-    rng = random.Random(1)
+def assert_same_decode(
+    compact: Tokenizer, library: Tokenizer, seed: int, byte_share: float, past_end: int
+) -> None:
+    """3,000 random id sequences decode alike, with and without the special tokens: byte tokens
+    (a ``byte_share`` of the ids: broken UTF-8), any others, up to ``past_end`` ids past the
+    vocabulary."""
+    rng = random.Random(seed)
     n = library.vocab_size
     byte_ids = sorted(library.byte_fallback_token_ids)
     for _ in range(3000):
         ids = [
-            rng.choice(byte_ids) if rng.random() < 0.5 else rng.randrange(n + 3)
+            rng.choice(byte_ids) if rng.random() < byte_share else rng.randrange(n + past_end)
             for _ in range(rng.randrange(0, 16))
         ]
         for skip in (True, False):
             assert compact.decode(ids, skip) == library.decode(ids, skip), ids
+
+
+def test_random_ids_decode(rich: tuple[Tokenizer, Tokenizer]) -> None:
+    """Any id sequence (broken UTF-8 in byte tokens, specials anywhere, ids past the end)."""
+    assert_same_decode(*rich, seed=1, byte_share=0.5, past_end=3)
 
 
 def test_lone_surrogate_is_a_value_error(rich: tuple[Tokenizer, Tokenizer]) -> None:
@@ -326,17 +334,7 @@ def test_gemma_random_texts(gemma: tuple[Tokenizer, Tokenizer]) -> None:
 
 
 def test_gemma_random_ids_decode(gemma: tuple[Tokenizer, Tokenizer]) -> None:
-    compact, library = gemma
-    rng = random.Random(4)
-    n = library.vocab_size
-    byte_ids = sorted(library.byte_fallback_token_ids)
-    for _ in range(3000):
-        ids = [
-            rng.choice(byte_ids) if rng.random() < 0.4 else rng.randrange(n)
-            for _ in range(rng.randrange(0, 16))
-        ]
-        for skip in (True, False):
-            assert compact.decode(ids, skip) == library.decode(ids, skip), ids
+    assert_same_decode(*gemma, seed=4, byte_share=0.4, past_end=0)
 
 
 @settings(max_examples=300, deadline=None)

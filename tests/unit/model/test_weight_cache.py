@@ -48,6 +48,35 @@ def _same_weights(a, b) -> None:
             assert torch.equal(wa.data, wb.data)
 
 
+def _record_populated(monkeypatch) -> list[tuple[int, int]]:
+    """From now on, the address ranges the cache maps up front (MADV_POPULATE_READ)."""
+    from specdec.model import loader
+
+    populated: list[tuple[int, int]] = []
+    real = loader.advise_pages
+
+    def record(a, advice):
+        if advice == loader._MADV_POPULATE_READ:
+            populated.append((a.ctypes.data, a.ctypes.data + a.nbytes))
+        real(a, advice)
+
+    monkeypatch.setattr(loader, "advise_pages", record)
+    return populated
+
+
+def _load_twice(path, monkeypatch, setting: str, value: int, before_second=lambda: None):
+    """``path`` loaded (writing the cache), then again with ``weight_cache.<setting>`` set to
+    ``value``: the first model, its tokens, and the second LLM and model."""
+    from specdec.model import weight_cache
+
+    first_llm, first = _load(path)
+    want = _tokens(first_llm)
+    monkeypatch.setattr(weight_cache, setting, value)
+    before_second()
+    second_llm, second = _load(path)
+    return first, want, second_llm, second
+
+
 @pytest.mark.parametrize("kind", ["Q4_0", "F16", "kquant", "BF16-bf16x2"])
 def test_second_load_maps_the_cache_and_computes_the_same(
     kind, tmp_path, cache_dir, mk, monkeypatch
@@ -166,21 +195,11 @@ def test_an_untied_embedding_is_left_unmapped_until_read(tmp_path, cache_dir, mk
     # is the output layer: mapped or read with the rest.
     import dataclasses
 
-    from specdec.model import loader
-
     shape = dataclasses.replace(mk.SHAPES["tiny"], tie_embeddings=False)
     path = mk.write_gguf(tmp_path / "untied.gguf", shape, "Q4_0", seed=5)
     first_llm, _ = _load(path)
     want = _tokens(first_llm)
-    mapped: list[tuple[int, int]] = []
-    real = loader.advise_pages
-
-    def record(a, advice):
-        if advice == loader._MADV_POPULATE_READ:
-            mapped.append((a.ctypes.data, a.ctypes.data + a.nbytes))
-        real(a, advice)
-
-    monkeypatch.setattr(loader, "advise_pages", record)
+    mapped = _record_populated(monkeypatch)
     second_llm, second = _load(path)
     assert second._cache.hits > 0 and mapped
 
@@ -205,13 +224,9 @@ def test_big_weights_are_read_into_memory_of_their_own(tmp_path, cache_dir, mk, 
     # in place, the file's 4 KiB pages made a 1.7B Q4_0 step 1.03-1.09x slower. The threshold is
     # lowered so that this tiny model's weights count as big; the bytes and tokens stay equal.
     from specdec.kernels import _C
-    from specdec.model import weight_cache
 
     path = mk.write_gguf(tmp_path / "tiny-read.gguf", mk.SHAPES["tiny"], "Q4_0", seed=7)
-    first_llm, first = _load(path)
-    want = _tokens(first_llm)
-    monkeypatch.setattr(weight_cache, "READ_MIN_BYTES", 1)
-    second_llm, second = _load(path)
+    first, want, second_llm, second = _load_twice(path, monkeypatch, "READ_MIN_BYTES", 1)
     assert second._cache.hits == len(second.linears())
     _same_weights(second, first)
     mapped = second._cache._mapped
@@ -231,22 +246,19 @@ def test_small_weights_are_read_into_one_huge_page_buffer(tmp_path, cache_dir, m
     # model of small layers had nearly all its weights in the file's 4 KiB pages); those ranges
     # of the file are not mapped as well. The bar is lowered so that this tiny model's weights
     # fill it; the bytes and tokens stay equal.
-    from specdec.model import loader, weight_cache
+    from specdec.model import weight_cache
 
     path = mk.write_gguf(tmp_path / "tiny-arena.gguf", mk.SHAPES["tiny"], "Q4_0", seed=9)
-    first_llm, first = _load(path)
-    want = _tokens(first_llm)
-    monkeypatch.setattr(weight_cache, "ARENA_MIN_BYTES", 1)
-    populated: list[tuple[int, int]] = []
-    real = loader.advise_pages
-
-    def record(a, advice):
-        if advice == loader._MADV_POPULATE_READ:
-            populated.append((a.ctypes.data, a.ctypes.data + a.nbytes))
-        real(a, advice)
-
-    monkeypatch.setattr(loader, "advise_pages", record)
-    second_llm, second = _load(path)
+    recorders: list[list[tuple[int, int]]] = []  # the second load's populated ranges
+    first, want, second_llm, second = _load_twice(
+        path,
+        monkeypatch,
+        "ARENA_MIN_BYTES",
+        1,
+        lambda: recorders.append(_record_populated(monkeypatch)),
+    )
+    populated = recorders[0]
+    assert populated
     cache = second._cache
     assert cache.hits == len(second.linears()) and cache._arena
     _same_weights(second, first)
@@ -271,13 +283,9 @@ def test_small_weights_are_read_into_one_huge_page_buffer(tmp_path, cache_dir, m
 def test_routed_experts_stay_mapped(tmp_path, cache_dir, mk, monkeypatch):
     # A mixture of experts: the routed experts stay views of the mapped file (a step reads a few;
     # mapped pages can be given back under memory pressure), the rest go to the buffer.
-    from specdec.model import weight_cache
 
     path = mk.write_gguf(tmp_path / "moe.gguf", mk.SHAPES["qwen3moe-tiny"], "Q4_0", seed=2)
-    first_llm, _ = _load(path)
-    want = _tokens(first_llm)
-    monkeypatch.setattr(weight_cache, "ARENA_MIN_BYTES", 1)
-    second_llm, second = _load(path)
+    _, want, second_llm, second = _load_twice(path, monkeypatch, "ARENA_MIN_BYTES", 1)
     cache = second._cache
     mapped = cache._mapped
     routed = [n for n in cache._index if ".experts." in n]
