@@ -32,6 +32,20 @@ _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if os.name == "posix" els
 _MADV_COLLAPSE = getattr(mmap, "MADV_COLLAPSE", 25)  # Linux 6.1
 
 
+def aligned_anonymous(
+    nbytes: int, advice: int, flags: int = 0
+) -> tuple[mmap.mmap, int, torch.Tensor]:
+    """A private anonymous mapping one huge page longer than ``nbytes``, given ``advice``
+    (``MADV_HUGEPAGE`` / ``MADV_NOHUGEPAGE``) before any page is touched: the mapping, the offset
+    of the 2 MiB boundary in it, and the ``[nbytes]`` byte tensor that starts there (whose every
+    whole 2 MiB can be one huge page). The tensor keeps the mapping alive."""
+    m = mmap.mmap(-1, nbytes + HUGE_PAGE_SIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | flags)
+    m.madvise(advice)
+    whole = torch.frombuffer(m, dtype=torch.uint8)
+    pad = -whole.data_ptr() % HUGE_PAGE_SIZE
+    return m, pad, whole[pad : pad + nbytes]
+
+
 class PagedBuffer:
     """``nbytes`` of address space as a byte tensor whose pages can be given back.
 
@@ -43,15 +57,11 @@ class PagedBuffer:
         self._map: mmap.mmap | None = None
         self._backed: set[int] = set()  # offsets of the chunks use_huge_pages backed
         if device.type == "cpu" and nbytes > 0 and hasattr(mmap.mmap, "madvise"):
-            flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE
-            # NOTE: reserved one huge page longer, so that the tensor can start on a 2 MiB boundary
-            self._map = mmap.mmap(-1, nbytes + HUGE_PAGE_SIZE, flags=flags)
             # NOTE: transparent huge pages would commit 2 MiB for the first KV row a slot writes
             # in each (layer, head): keep commits at the base page size until use_huge_pages.
-            self._map.madvise(mmap.MADV_NOHUGEPAGE)
-            whole = torch.frombuffer(self._map, dtype=torch.uint8)
-            self._pad = -whole.data_ptr() % HUGE_PAGE_SIZE
-            self.tensor = whole[self._pad : self._pad + nbytes]  # [nbytes]
+            self._map, self._pad, self.tensor = aligned_anonymous(
+                nbytes, mmap.MADV_NOHUGEPAGE, _MAP_NORESERVE
+            )
         else:
             self.tensor = torch.empty(nbytes, dtype=torch.uint8, device=device)  # [nbytes]
 

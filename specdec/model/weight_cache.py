@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from specdec.kernels import PackedWeight
+from specdec.kv_cache.memory import HUGE_PAGE_SIZE, aligned_anonymous
 from specdec.model.gguf_file import split_parts
 
 logger = logging.getLogger("specdec.model")
@@ -53,9 +54,8 @@ MAGIC = b"SPDCWTS1"
 KEEP_PER_MODEL = 3
 # Weights this big or bigger are read into huge-page memory instead of mapped (see the module).
 READ_MIN_BYTES = 2 << 20
-HUGE_PAGE = 2 << 20
 # The smaller weights go to one huge-page buffer when they come to this much (else stay mapped).
-ARENA_MIN_BYTES = HUGE_PAGE
+ARENA_MIN_BYTES = HUGE_PAGE_SIZE
 # Routed experts stay mapped: a step reads a few of them, and mapped pages can be given back under
 # memory pressure, so a mixture of experts larger than the memory still runs (as from llama.cpp's
 # map of its file).
@@ -211,9 +211,7 @@ class WeightCache:
             total += -(-self._index[name]["nbytes"] // _ALIGN) * _ALIGN
         if total < ARENA_MIN_BYTES:
             return {}
-        buf = torch.frombuffer(_huge_page_buffer(total), dtype=torch.uint8)
-        base = -buf.data_ptr() % HUGE_PAGE
-        buf = buf[base : base + total]
+        _, _, buf = aligned_anonymous(total, mmap.MADV_HUGEPAGE)
         view = memoryview(buf.numpy())
         with open(self.path, "rb", buffering=0) as f:
             for offset, name in small:
@@ -348,14 +346,6 @@ class WeightCache:
                 logger.info("weight cache: removed %s (older than the %d kept)", p, KEEP_PER_MODEL)
             except OSError as e:
                 logger.warning("weight cache: could not remove %s (%s)", p, e)
-
-
-def _huge_page_buffer(nbytes: int) -> mmap.mmap:
-    """A private anonymous mapping one huge page longer than ``nbytes``, advised to transparent
-    huge pages before any page is touched (the caller starts its bytes on a 2 MiB boundary)."""
-    m = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    m.madvise(mmap.MADV_HUGEPAGE)
-    return m
 
 
 def _data_start(header_len: int) -> int:

@@ -270,7 +270,7 @@ def test_small_weights_are_read_into_one_huge_page_buffer(tmp_path, cache_dir, m
         assert not mapped.ctypes.data <= ptr < mapped.ctypes.data + mapped.nbytes
         starts.append(ptr)
     lo = min(starts)
-    assert lo % weight_cache.HUGE_PAGE == 0  # the buffer starts on a huge page
+    assert lo % weight_cache.HUGE_PAGE_SIZE == 0  # the buffer starts on a huge page
     assert all((p - lo) % 4096 == 0 for p in starts)  # each weight on a page of its own
     base = mapped.ctypes.data
     for name in cache._arena:  # their file ranges were not mapped too
