@@ -165,7 +165,7 @@ def rope_inv_freq(
 class Rotary:
     """Half-split (NeoX / Hugging Face) rotary embedding with cos/sin tables per position.
 
-    On the CPU the tables cover the positions read so far (``at`` grows them, doubling, up to
+    On the CPU the tables cover the positions read so far (``cover`` grows them, doubling, up to
     ``max_len``); elsewhere, and through ``cos`` / ``sin``, all ``max_len`` positions. A
     position's row is the same either way (each element is its own product and cos / sin).
     NOTE: full tables of Gemma 3 270M's 256-wide heads at its 4,096 positions, for its two
@@ -191,7 +191,8 @@ class Rotary:
             emb.sin().to(device=self.device, dtype=self.dtype),
         )
 
-    def _cover(self, rows: int) -> None:
+    def cover(self, rows: int) -> None:
+        """Tables of at least ``rows`` positions (up to ``max_len``)."""
         if rows > self._cos.shape[0]:
             self._cos, self._sin = self._tables(
                 min(self.max_len, max(rows, 2 * self._cos.shape[0]))
@@ -199,18 +200,23 @@ class Rotary:
 
     @property
     def cos(self) -> torch.Tensor:  # [max_len, D]
-        self._cover(self.max_len)
+        self.cover(self.max_len)
         return self._cos
 
     @property
     def sin(self) -> torch.Tensor:  # [max_len, D]
-        self._cover(self.max_len)
+        self.cover(self.max_len)
         return self._sin
 
-    def at(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin rows of ``positions`` ([T] -> two [T, D])."""
-        if self.device.type == "cpu" and positions.numel():
-            self._cover(int(positions.max()) + 1)
+    def at(
+        self, positions: torch.Tensor, end: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin rows of ``positions`` ([T] -> two [T, D]); ``end``: one past the largest
+        position when the caller knows it (else read from ``positions``)."""
+        if end is None and self.device.type == "cpu" and positions.numel():
+            end = int(positions.max()) + 1
+        if end is not None:
+            self.cover(end)
         return self._cos[positions], self._sin[positions]
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -318,8 +318,10 @@ class LlamaModel:
         first sends the inputs to the other ranks, which run the same forward on their shards."""
         if self.tp is not None:
             self.tp.send_forward(input_ids, positions, batch, kv, capture, num_layers)
+        end = 0  # one past the batch's last position
         for slot, start, n in zip(batch.slots, batch.start_pos, batch.num_tokens):
             kv.grow(slot, start + n)  # huge pages for long sequences (kv_cache/pool.py)
+            end = max(end, start + n)
         x = self.embed(input_ids)
         positions = positions.to(self.device)
         layers = self.layers[: num_layers or len(self.layers)]
@@ -332,7 +334,7 @@ class LlamaModel:
                     thetas.index(self.cfg.layer_rope_theta(i)) for i in range(len(self.layers))
                 ]
             want = [i for i in capture if 0 <= i < n]
-            rows = [self._rotary[t].at(positions) for t in thetas]  # (cos, sin) per theta
+            rows = [self._rotary[t].at(positions, end) for t in thetas]  # (cos, sin) per theta
             x, got = self._forward_fused(
                 self._fused_layers()[:n],
                 x,

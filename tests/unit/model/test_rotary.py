@@ -20,6 +20,9 @@ def test_tables_grow_with_the_positions_read_and_match_whole_tables() -> None:
             assert torch.equal(cos, whole_cos[pos]) and torch.equal(sin, whole_sin[pos])
             assert max(positions) < rot._cos.shape[0] <= 5000
         assert rot._cos.shape[0] == 5000  # never past max_len
+        fresh = Rotary(inv, 5000, torch.float32, "cpu")
+        cos, _ = fresh.at(torch.tensor([3]), end=2500)  # the caller's end covers the table
+        assert fresh._cos.shape[0] >= 2500 and torch.equal(cos, whole_cos[[3]])
         x = torch.randn(3, 2, head_dim)
         pos = torch.tensor([5, 2047, 4000])
         half = head_dim // 2
