@@ -85,7 +85,7 @@ def test_replay_follows_the_recording(trace_path: Path, tiny_gguf: Path) -> None
 
 def test_zero_acceptance_stops_drafting(trace_path: Path, tiny_gguf: Path) -> None:
     """Drafts proposed at every position, never right: the controller must stop drafting
-    (k = 0) and the replay must not beat plain."""
+    (k = 0), so that the replay does no more work than plain beyond a few early rows."""
     tf = TraceFile.load(trace_path)
     ngram = tf.drafters["ngram"]
     tf.drafters = {"ngram": ngram}
@@ -103,10 +103,11 @@ def test_zero_acceptance_stops_drafting(trace_path: Path, tiny_gguf: Path) -> No
     # after the first few steps of each request the controller chose k = 0 (no drafts verified)
     late = [s for s in steps if s[0] >= 16]
     assert late and sum(1 for s in late if s[2]) <= len(late) // 8
-    speedups = [r["speedup"] for r in result["rows"] if r["drafter"] == "ngram"]
-    # NOTE: a few wasted rows and the controller's own time make it slower than plain; the
-    # margin is the timing noise of a tiny model on shared cores
-    assert all(s <= 1.05 for s in speedups), speedups
+    # the table says the same: nothing accepted, and at most a few rows verified a request, far
+    # below drafting k at every token (how fast that ran is the benchmark's to say)
+    for r in (r for r in result["rows"] if r["drafter"] == "ngram"):
+        assert r["drafts_accepted"] == 0
+        assert r["drafts_verified"] <= r["tokens"] * ngram.k // 4, r
 
 
 def test_a_trace_with_unknown_tokens_is_refused(trace_path: Path, tiny_gguf: Path) -> None:
