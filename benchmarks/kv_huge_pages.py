@@ -38,6 +38,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
+    from specdec.kv_cache.memory import settle_huge_pages
     from specdec.model.llama import SeqBatch
 
     ctx, n = args.context, args.n
@@ -54,6 +55,7 @@ def main() -> None:
         kv.huge_pages = name == "huge pages"
         model.forward(prompt, torch.arange(ctx), SeqBatch([0], [0], [ctx]), kv)
         caches[name] = kv
+        settle_huge_pages()  # collapsed while the model is idle (kv_cache/memory.py)
         print(json.dumps({"cache": name, "process_huge_pages_mib": huge_mib()}))
     pos = torch.arange(ctx, ctx + n)
     medians: dict[str, list[float]] = {name: [] for name in caches}

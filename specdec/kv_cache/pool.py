@@ -38,11 +38,12 @@ prefixes, whatever the pool's size.
 Huge pages: each slot's layers lie together in memory (``k`` and ``v`` are views of ``[S, L, ...]``
 storage). Once a sequence reaches ``HUGE_PAGES_AFTER`` positions, and again every
 ``HUGE_PAGES_AFTER`` positions after (``grow``, called before each forward), each whole 2 MiB
-chunk of its slot that it fills at least half of is backed by a transparent huge page; its
-attention then reads keys and values without a page walk every 4 KiB (a step at 2,000-3,800
-cached: up to ~1.06x, BENCHMARKS.md). A chunk so backed commits at most twice what the sequence
-wrote in it, and only written bytes are copied; shorter sequences keep base pages, and a freed
-slot goes back to them. ``huge_pages = False`` turns it off for a pool.
+chunk of its slot that it fills at least half of is advised to transparent huge pages, and
+collapsed into one while the model is idle (memory.py: collapsing costs ~5 ms a chunk, so never
+in a step); its attention then reads keys and values without a page walk every 4 KiB (a step at
+2,000-3,800 cached: up to ~1.06x, BENCHMARKS.md). A chunk so backed commits at most twice what
+the sequence wrote in it, and only written bytes are copied; shorter sequences keep base pages,
+and a freed slot goes back to them. ``huge_pages = False`` turns it off for a pool.
 
 Element type: ``kv_cache_dtype`` (float16 by default on the native kernels: it halves the memory
 and what attention reads; entries are rounded once, when written), else the model's dtype.
@@ -66,7 +67,7 @@ import numpy as np
 import torch
 
 from specdec.kv_cache.block_events import BlockLog
-from specdec.kv_cache.memory import PagedBuffer
+from specdec.kv_cache.memory import PagedBuffer, note_forward
 
 # Positions after which, and between passes, a sequence's slot is backed by huge pages (module
 # docstring).
@@ -199,6 +200,7 @@ class KVCache:
         on, and every ``HUGE_PAGES_AFTER`` more, the chunks it fills at least half of are backed by
         huge pages (module docstring). Each rank of a tensor-parallel model calls it for its own
         cache in its own forward."""
+        note_forward()  # chunks are collapsed while no forward runs (memory.py)
         if num_tokens < self._huge_at[slot] + HUGE_PAGES_AFTER or not self.huge_pages:
             return
         self._huge_at[slot] = num_tokens

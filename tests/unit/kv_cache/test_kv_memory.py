@@ -3,13 +3,22 @@ cached prefixes survive other slots' release, and the pool's size follows the ma
 
 import platform
 import re
+import threading
+import time
 
 import pytest
 import torch
 
 from specdec import LLM, SamplingParams
 from specdec.config import ConfigError
-from specdec.kv_cache.memory import HUGE_PAGE_SIZE, PAGE_SIZE, PagedBuffer, resident_bytes
+from specdec.kv_cache import memory
+from specdec.kv_cache.memory import (
+    HUGE_PAGE_SIZE,
+    PAGE_SIZE,
+    PagedBuffer,
+    resident_bytes,
+    settle_huge_pages,
+)
 from specdec.kv_cache.pool import HUGE_PAGES_AFTER, KVCache, standard_keys
 from specdec.kv_cache.sizing import (
     DEFAULT_PREFIX_CACHE_SLOTS,
@@ -196,11 +205,11 @@ def test_huge_pages_keep_contents_and_stay_inside_their_ranges() -> None:
     ranges = [(100, 5 * HUGE_PAGE_SIZE // 2)]
     assert buf.use_huge_pages(ranges, [(0, 7 * HUGE_PAGE_SIZE // 5)]) == 0
     assert _huge_bytes(buf.tensor) == 0
-    collapsed = buf.use_huge_pages(ranges, [(0, 3 * HUGE_PAGE_SIZE // 2)])
-    assert buf.use_huge_pages(ranges, [(0, 3 * HUGE_PAGE_SIZE // 2)]) == 0  # backed already
+    assert buf.use_huge_pages(ranges, [(0, 3 * HUGE_PAGE_SIZE // 2)]) == HUGE_PAGE_SIZE
+    assert buf.use_huge_pages(ranges, [(0, 3 * HUGE_PAGE_SIZE // 2)]) == 0  # advised already
+    assert settle_huge_pages(30)  # collapsed off this thread
     assert torch.equal(buf.tensor[: data.numel()], data)
     if _thp_enabled():
-        assert collapsed == HUGE_PAGE_SIZE
         assert _huge_bytes(buf.tensor) == HUGE_PAGE_SIZE
     # Giving the pages back splits the huge page; nothing outside the released range goes.
     assert buf.release([(0, 2 * HUGE_PAGE_SIZE)]) == 2 * HUGE_PAGE_SIZE
@@ -208,6 +217,46 @@ def test_huge_pages_keep_contents_and_stay_inside_their_ranges() -> None:
     assert torch.equal(buf.tensor[2 * HUGE_PAGE_SIZE : data.numel()], data[2 * HUGE_PAGE_SIZE :])
     assert _huge_bytes(buf.tensor) == 0
     assert buf.resident_bytes() == HUGE_PAGE_SIZE
+
+
+def test_collapsing_waits_for_an_idle_model_on_its_own_thread_and_skips_released_chunks(
+    monkeypatch,
+) -> None:
+    """use_huge_pages only advises and queues: the collapse runs on the background thread once
+    no forward has run for QUIET_S, and a chunk released before its turn is taken out of the
+    queue (not collapsed, so not committed again as a whole huge page)."""
+    buf = PagedBuffer(4 * HUGE_PAGE_SIZE, torch.device("cpu"))
+    buf.tensor[: 4 * HUGE_PAGE_SIZE] = 7
+    gate, seen, done = threading.Event(), [], []
+    real = PagedBuffer._collapse
+
+    def slow(self: PagedBuffer, chunk: int) -> bool:
+        seen.append((threading.current_thread().name, chunk))
+        gate.wait(10)  # holds the thread on the first chunk until released below
+        done.append(chunk)
+        return real(self, chunk)
+
+    monkeypatch.setattr(PagedBuffer, "_collapse", slow)
+    # a forward ran just now: nothing is collapsed until the model has been idle for QUIET_S
+    memory.note_forward()
+    start = time.perf_counter()
+    queued = buf.use_huge_pages([(0, 4 * HUGE_PAGE_SIZE)], [(0, 4 * HUGE_PAGE_SIZE)])
+    assert queued == 4 * HUGE_PAGE_SIZE and time.perf_counter() - start < 1.0
+    for _ in range(10):  # forwards every 10 ms keep it waiting
+        time.sleep(0.01)
+        memory.note_forward()
+    assert not seen
+    deadline = time.time() + 10
+    while not seen and time.time() < deadline:
+        time.sleep(0.01)
+    assert seen == [("specdec-huge-pages", 0)]
+    buf.release([(2 * HUGE_PAGE_SIZE, 4 * HUGE_PAGE_SIZE)])  # chunks 2 and 3 leave the queue
+    gate.set()
+    assert settle_huge_pages(30)
+    assert done == [0, HUGE_PAGE_SIZE]
+    assert buf.resident_bytes() == 2 * HUGE_PAGE_SIZE
+    assert bool((buf.tensor[: 2 * HUGE_PAGE_SIZE] == 7).all())
+    assert memory._COLLAPSER._busy is None
 
 
 @pytest.mark.parametrize("key_block", [0, 16])
@@ -225,6 +274,7 @@ def test_long_sequence_slot_takes_huge_pages_until_freed(key_block) -> None:
     kv.grow(slot, HUGE_PAGES_AFTER - 1)  # not long enough yet
     assert _huge_bytes(kv.k) == 0 and _huge_bytes(kv.v) == 0
     kv.grow(slot, n - 99)
+    assert settle_huge_pages(30)
     after = _read(kv, slot, n - 100)
     assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
     if _thp_enabled():
