@@ -155,3 +155,27 @@ def test_activation_dtype_errors_are_clear(tiny_llama) -> None:
         LLM(str(tiny_llama), activation_dtype="int8")
     llm = LLM(str(tiny_llama), quantization="q8_0", activation_dtype="int8", max_model_len=64)
     assert llm.engine.model.activation_dtype == "int8"
+
+
+def test_the_startup_heap_is_frozen_out_of_collections(tiny_llama) -> None:
+    """After an engine starts, what was built before it (torch, the model) is frozen: a full
+    collection over it paused a step for 60-90 ms. Run in a fresh process, where this engine is
+    the first."""
+    import subprocess
+    import sys
+
+    code = (
+        "import gc, sys\n"
+        "from specdec import LLM\n"
+        "assert gc.get_freeze_count() == 0\n"
+        f"llm = LLM({str(tiny_llama)!r}, max_model_len=64)\n"
+        "frozen = gc.get_freeze_count()\n"
+        "assert frozen > 10000, frozen\n"
+        "LLM(sys.argv[1], max_model_len=64)  # once per process: the second adds nothing\n"
+        "assert gc.get_freeze_count() == frozen\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tiny_llama)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
