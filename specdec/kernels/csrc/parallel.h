@@ -204,25 +204,48 @@ inline int pool_threads() {
     return WorkerPool::in_worker() || at::in_parallel_region() ? 1 : at::get_num_threads();
 }
 
-// f(begin, end) over [0, n) in contiguous ranges of at least `grain` items (at most 4 per thread).
+// f(begin, end) over [0, n) in contiguous ranges of at least `grain` items.  Up to 4 ranges per
+// thread, of equal size; where the work allows 4 per thread, ranges that shrink instead (guided:
+// each a 2 * threads-th of what is left, down to half the equal size, even-sized, as
+// pairs of weight groups go through the kernels together), so that the last ranges claimed,
+// which decide when the slowest thread ends, are small.  The ranges depend on n, grain and the
+// thread count only.
 template <class F>
 void parallel_range(int64_t n, int64_t grain, const F& f) {
     if (n <= 0) return;
     const int threads = pool_threads();
-    const int64_t ntasks = std::max<int64_t>(1, std::min<int64_t>(n / std::max<int64_t>(grain, 1), 4 * threads));
+    int64_t ntasks = std::max<int64_t>(1, std::min<int64_t>(n / std::max<int64_t>(grain, 1), 4 * threads));
     if (threads <= 1 || ntasks <= 1) {
         f(int64_t(0), n);
         return;
     }
+    constexpr int kMaxGuided = 192;  // ~5 ranges a thread at most (16 threads: 82)
     struct Ctx {
         const F* f;
         int64_t n, ntasks;
-    } ctx{&f, n, ntasks};
+        int64_t bounds[kMaxGuided + 1];  // guided ranges: task t is [bounds[t], bounds[t + 1])
+        bool guided;
+    } ctx{&f, n, ntasks, {}, false};
+    if (ntasks == 4 * threads && 8 * threads <= kMaxGuided) {
+        const int64_t floor_size = std::max<int64_t>({grain, n / (8 * threads), 1});
+        int64_t at = 0, t = 0;
+        ctx.bounds[0] = 0;
+        while (at < n && t < kMaxGuided) {
+            int64_t c = std::max<int64_t>(floor_size, (n - at + 2 * threads - 1) / (2 * threads));
+            if (c >= 2) c += c & 1;
+            if (n - at - c < floor_size / 2 || t == kMaxGuided - 1) c = n - at;  // no sliver at the end
+            at += c;
+            ctx.bounds[++t] = at;
+        }
+        ctx.ntasks = ntasks = t;
+        ctx.guided = true;
+    }
     WorkerPool::instance().run(
         ntasks, threads,
         [](void* p, int64_t t) {
             const Ctx& c = *static_cast<const Ctx*>(p);
-            (*c.f)(c.n * t / c.ntasks, c.n * (t + 1) / c.ntasks);
+            if (c.guided) (*c.f)(c.bounds[t], c.bounds[t + 1]);
+            else (*c.f)(c.n * t / c.ntasks, c.n * (t + 1) / c.ntasks);
         },
         &ctx);
 }
