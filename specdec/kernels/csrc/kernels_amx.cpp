@@ -91,8 +91,9 @@ inline void unpack4(const uint8_t* t, uint8_t* bs) {
 }
 
 // 4-bit weights are unpacked this many blocks ahead of the tile load that reads them (a tile
-// load right after the vector stores that feed it stalls: measured ~5x slower).
-constexpr int64_t kUnpackAhead = 2;
+// load right after the vector stores that feed it stalls: measured ~5x slower).  The tile loads
+// run a block ahead of the rescale (amx_pass), so 3 blocks ahead is 2 ahead of their load.
+constexpr int64_t kUnpackAhead = 3;
 constexpr int64_t kUnpackSlots = 4;
 
 // Block b's sums of NG groups (weights wq[g]) into cb[g]: sum xq * u (+ -o * sum xq for Q8_0 and
@@ -133,7 +134,7 @@ void amx_pass(const int8_t* xq, const float* dx, const float* dxs, int64_t K, co
     constexpr bool kQ4 = KIND != A8_Q8;
     const int64_t nb = K / 32;
     alignas(64) uint8_t bs[kQ4 ? kUnpackSlots : 1][NG][512];
-    alignas(64) int32_t cb[NG][16 * 16];
+    alignas(64) int32_t cb[2][NG][16 * 16];  // the stored sums of blocks b (b & 1) and b + 1
     // NOTE: every loop over g and r is unrolled, so that the accumulators stay in registers.
     __m512 acc[NG][R];
 #pragma GCC unroll 4
@@ -143,6 +144,15 @@ void amx_pass(const int8_t* xq, const float* dx, const float* dxs, int64_t K, co
     if (kQ4)
         for (int64_t b = 0; b < std::min(nb, kUnpackAhead); ++b)
             for (int g = 0; g < NG; ++g) unpack4<KIND>(tiles + g * gstride + b * TB, bs[b % kUnpackSlots][g]);
+    auto sums = [&](int64_t b) {
+        const uint8_t* wq[NG];
+        for (int g = 0; g < NG; ++g) wq[g] = kQ4 ? bs[b % kUnpackSlots][g] : tiles + g * gstride + b * TB + a8_head_bytes(KIND);
+        block_sums<KIND, NG>(xq + b * 32, K, wq, cb[b & 1]);
+    };
+    // Two stages: block b + 1's tile products are issued before block b's rescale reads its
+    // stored sums, so the tile unit's latency (products, then the store) runs beside the vector
+    // work instead of before it.
+    sums(0);
     for (int64_t b = 0; b < nb; ++b) {
         for (int g = 0; g < NG; ++g) {
             const char* pf = reinterpret_cast<const char*>(tiles + g * gstride + (b + 4) * TB);
@@ -151,9 +161,7 @@ void amx_pass(const int8_t* xq, const float* dx, const float* dxs, int64_t K, co
         if (kQ4 && b + kUnpackAhead < nb)
             for (int g = 0; g < NG; ++g)
                 unpack4<KIND>(tiles + g * gstride + (b + kUnpackAhead) * TB, bs[(b + kUnpackAhead) % kUnpackSlots][g]);
-        const uint8_t* wq[NG];
-        for (int g = 0; g < NG; ++g) wq[g] = kQ4 ? bs[b % kUnpackSlots][g] : tiles + g * gstride + b * TB + a8_head_bytes(KIND);
-        block_sums<KIND, NG>(xq + b * 32, K, wq, cb);
+        if (b + 1 < nb) sums(b + 1);
         // group_tile's rescale, block by block in order.
         __m512 d[NG], mv[NG];
 #pragma GCC unroll 4
@@ -169,7 +177,7 @@ void amx_pass(const int8_t* xq, const float* dx, const float* dxs, int64_t K, co
             if (KIND == A8_Q4_1) dxsr = _mm512_set1_ps(dxs[r * nb + b]);
 #pragma GCC unroll 4
             for (int g = 0; g < NG; ++g) {
-                const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cb[g] + 16 * r)), dxr);
+                const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cb[b & 1][g] + 16 * r)), dxr);
                 acc[g][r] = _mm512_fmadd_ps(f, d[g], acc[g][r]);
                 if (KIND == A8_Q4_1) acc[g][r] = _mm512_fmadd_ps(mv[g], dxsr, acc[g][r]);
             }
