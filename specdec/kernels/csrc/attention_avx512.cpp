@@ -412,15 +412,19 @@ inline int32_t load_i32(const void* p) {
 }
 
 // Per query, its quantised state (q8_query_bytes apart): q8[nch * 64] (zero padded), the weights'
-// hi bytes of the block's 256 keys, their lo bytes, then {scale, 128 * sum of q8, weight scale}.
+// hi bytes of the block's 256 keys, their lo bytes (each region kProbRegion bytes, zero padded),
+// then {scale, 128 * sum of q8, weight scale}.
 inline int64_t q8_chunks(int64_t D) { return (D + 63) / 64; }
-inline int64_t q8_query_bytes(int64_t D) { return q8_chunks(D) * 64 + 2 * kAttnBlock + 64; }
+// The hi and lo regions of a query's weight bytes: the block's keys and 64 zero bytes after (a
+// value tile of 64 keys read from any group of the block stays inside its region).
+constexpr int64_t kProbRegion = kAttnBlock + 64;
+inline int64_t q8_query_bytes(int64_t D) { return q8_chunks(D) * 64 + 2 * kProbRegion + 64; }
 struct QState {
     float qscale;
     int32_t corr;
     float pscale;
 };
-inline QState* qstate(uint8_t* q, int64_t D) { return reinterpret_cast<QState*>(q + q8_chunks(D) * 64 + 2 * kAttnBlock); }
+inline QState* qstate(uint8_t* q, int64_t D) { return reinterpret_cast<QState*>(q + q8_chunks(D) * 64 + 2 * kProbRegion); }
 inline uint8_t* qprobs(uint8_t* q, int64_t D) { return q + q8_chunks(D) * 64; }
 
 SPECDEC_VNNI inline void quantize_query(const float* x, int64_t D, uint8_t* q) {
@@ -511,6 +515,28 @@ SPECDEC_VNNI inline void transpose_values(const uint8_t* vq, int64_t g0, int64_t
         for (int64_t ch = 0; ch < nch; ++ch) value_vectors(vq, g, ch, D, vt + ((g - g0) * nch + ch) * 4);
 }
 
+// One query's value chunk (columns c.. c + 63) from its exact sums: (hi + lo / 255) * pscale,
+// the lanes of vector k holding columns 16 a + 4 k + e at lane 4 a + e (value_vectors).
+SPECDEC_VNNI inline void value_out(const __m512i* acc, const __m512i* lo, float pscale, float* out, int64_t c,
+                                   int64_t D) {
+    const __m512 inv255 = _mm512_set1_ps(1.0f / 255.0f);
+    const __m512 ps = _mm512_set1_ps(pscale);
+    __m512 f[4];
+    for (int k = 0; k < 4; ++k)
+        f[k] = _mm512_mul_ps(_mm512_add_ps(_mm512_cvtepi32_ps(acc[k]), _mm512_mul_ps(_mm512_cvtepi32_ps(lo[k]), inv255)),
+                             ps);
+    // 4 x 4 transpose of 128-bit lanes: column group a = lane a of f[0..3]
+    const __m512 a0 = _mm512_shuffle_f32x4(f[0], f[1], 0x44), a1 = _mm512_shuffle_f32x4(f[0], f[1], 0xEE);
+    const __m512 a2 = _mm512_shuffle_f32x4(f[2], f[3], 0x44), a3 = _mm512_shuffle_f32x4(f[2], f[3], 0xEE);
+    const __m512 o[4] = {_mm512_shuffle_f32x4(a0, a2, 0x88), _mm512_shuffle_f32x4(a0, a2, 0xDD),
+                         _mm512_shuffle_f32x4(a1, a3, 0x88), _mm512_shuffle_f32x4(a1, a3, 0xDD)};
+    for (int a = 0; a < 4 && c + 16 * a < D; ++a) {
+        const int64_t n = D - c - 16 * a;
+        if (n >= 16) _mm512_storeu_ps(out + c + 16 * a, o[a]);
+        else _mm512_mask_storeu_ps(out + c + 16 * a, first_lanes(n), o[a]);
+    }
+}
+
 // out[t][chunk ch's columns] = pscale_t * sum over groups of weight bytes . value bytes, for QT
 // queries (q, qb apart; weight bytes of key j at qprobs + j - j0) and groups [g0, g1); the
 // groups transposed in vt, or with Direct read from the cache (vq) where they are used.
@@ -532,7 +558,7 @@ SPECDEC_VNNI inline void value_tile_i8(uint8_t* q, int64_t qb, const __m512i* vt
         const __m512i v0 = vv[0], v1 = vv[1], v2 = vv[2], v3 = vv[3];
         for (int t = 0; t < QT; ++t) {
             const uint8_t* pb = qprobs(q + t * qb, D) + 4 * g - j0;
-            const __m512i p = _mm512_set1_epi32(load_i32(pb)), pl = _mm512_set1_epi32(load_i32(pb + kAttnBlock));
+            const __m512i p = _mm512_set1_epi32(load_i32(pb)), pl = _mm512_set1_epi32(load_i32(pb + kProbRegion));
             acc[t][0] = _mm512_dpbusd_epi32(acc[t][0], p, v0);
             acc[t][1] = _mm512_dpbusd_epi32(acc[t][1], p, v1);
             acc[t][2] = _mm512_dpbusd_epi32(acc[t][2], p, v2);
@@ -543,30 +569,12 @@ SPECDEC_VNNI inline void value_tile_i8(uint8_t* q, int64_t qb, const __m512i* vt
             lo[t][3] = _mm512_dpbusd_epi32(lo[t][3], pl, v3);
         }
     }
-    const int64_t c = ch * 64;
-    const __m512 inv255 = _mm512_set1_ps(1.0f / 255.0f);
-    for (int t = 0; t < QT; ++t) {
-        if (!out[t]) continue;
-        const __m512 ps = _mm512_set1_ps(qstate(q + t * qb, D)->pscale);
-        __m512 f[4];
-        for (int k = 0; k < 4; ++k)
-            f[k] = _mm512_mul_ps(
-                _mm512_add_ps(_mm512_cvtepi32_ps(acc[t][k]), _mm512_mul_ps(_mm512_cvtepi32_ps(lo[t][k]), inv255)), ps);
-        // 4 x 4 transpose of 128-bit lanes: column group a = lane a of f[0..3]
-        const __m512 a0 = _mm512_shuffle_f32x4(f[0], f[1], 0x44), a1 = _mm512_shuffle_f32x4(f[0], f[1], 0xEE);
-        const __m512 a2 = _mm512_shuffle_f32x4(f[2], f[3], 0x44), a3 = _mm512_shuffle_f32x4(f[2], f[3], 0xEE);
-        const __m512 o[4] = {_mm512_shuffle_f32x4(a0, a2, 0x88), _mm512_shuffle_f32x4(a0, a2, 0xDD),
-                             _mm512_shuffle_f32x4(a1, a3, 0x88), _mm512_shuffle_f32x4(a1, a3, 0xDD)};
-        for (int a = 0; a < 4 && c + 16 * a < D; ++a) {
-            const int64_t n = D - c - 16 * a;
-            if (n >= 16) _mm512_storeu_ps(out[t] + c + 16 * a, o[a]);
-            else _mm512_mask_storeu_ps(out[t] + c + 16 * a, first_lanes(n), o[a]);
-        }
-    }
+    for (int t = 0; t < QT; ++t)
+        if (out[t]) value_out(acc[t], lo[t], qstate(q + t * qb, D)->pscale, out[t], ch * 64, D);
 }
 
 // Each weight of keys [b, e) (p, already times its value row's scale) as two bytes, hi at
-// pb + j - j0 and lo kAttnBlock further (x = p * 255 / largest: floor(x), round((x - hi) * 255));
+// pb + j - j0 and lo kProbRegion further (x = p * 255 / largest: floor(x), round((x - hi) * 255));
 // returns the scale (largest / 255).
 SPECDEC_VNNI inline float quantize_probs(const float* p, int64_t j0, int64_t b, int64_t e, uint8_t* pb) {
     __m512 vmax = _mm512_setzero_ps();
@@ -583,13 +591,17 @@ SPECDEC_VNNI inline float quantize_probs(const float* p, int64_t j0, int64_t b, 
         const __m512i lo = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(x, hi), _mm512_set1_ps(255.0f)));
         const __m512i zero = _mm512_setzero_si512();
         _mm_mask_storeu_epi8(pb + j - j0, m, _mm512_cvtusepi32_epi8(_mm512_max_epi32(_mm512_cvtps_epi32(hi), zero)));
-        _mm_mask_storeu_epi8(pb + kAttnBlock + j - j0, m, _mm512_cvtusepi32_epi8(_mm512_max_epi32(lo, zero)));
+        _mm_mask_storeu_epi8(pb + kProbRegion + j - j0, m, _mm512_cvtusepi32_epi8(_mm512_max_epi32(lo, zero)));
     }
     return pmax / 255.0f;
 }
 
 constexpr int kScoreTileI8 = 12;
 constexpr int kValueTileI8 = 2;
+// From this many queries (rows x heads of a kv head) the value sums go to the tile unit when
+// ops.cpp has set it (set_attention_amx).
+constexpr int64_t kAmxValueMinQueries = 8;
+std::atomic<AmxValueSumsFn> g_attention_amx{nullptr};
 
 SPECDEC_VNNI void attention_block_q8_int(const AttnRows& a, int64_t j0, float* part, float* scratch) {
     const int64_t D = a.D, G = a.G, R = a.R, Q = R * G, P = attn_part_floats(D);
@@ -608,7 +620,7 @@ SPECDEC_VNNI void attention_block_q8_int(const AttnRows& a, int64_t j0, float* p
         for (int64_t g = 0; g < G; ++g) {
             uint8_t* q = qs + (r * G + g) * qb;
             quantize_query(a.q + r * a.q_row_stride + g * a.q_head_stride, D, q);
-            memset(qprobs(q, D), 0, 2 * kAttnBlock);
+            memset(qprobs(q, D), 0, 2 * kProbRegion);
         }
     // scores, block by block
     const int64_t sb0 = jmin / kKeyBlock, sb1 = (jmax - 1) / kKeyBlock + 1;
@@ -677,6 +689,27 @@ SPECDEC_VNNI void attention_block_q8_int(const AttnRows& a, int64_t j0, float* p
     for (int64_t p0 = g0 * 4 + kAttnPrefetchKeys, p1 = kend < g1 * 4 + kAttnPrefetchKeys ? kend : g1 * 4 + kAttnPrefetchKeys;
          p0 < p1; p0 += kKeyBlock)
         prefetch_span(vq + p0 / kKeyBlock * bb, bb);
+    const AmxValueSumsFn amx = g_attention_amx.load(std::memory_order_relaxed);
+    if (amx != nullptr && Q >= kAmxValueMinQueries) {
+        // the same exact sums on the tile unit, then value_tile_i8's float steps
+        transpose_values(vq, g0, g1, D, vt);
+        int32_t* sums = reinterpret_cast<int32_t*>(qs + Q * qb);  // Q x nch x 128
+        amx(qprobs(qs, D) + 4 * g0 - j0, qb, Q, reinterpret_cast<const uint8_t*>(vt), nch, g1 - g0, sums);
+        for (int64_t t = 0; t < Q; ++t) {
+            if (beg[t / G] >= end[t / G]) continue;
+            const float ps = qstate(qs + t * qb, D)->pscale;
+            for (int64_t ch = 0; ch < nch; ++ch) {
+                const int32_t* st = sums + (t * nch + ch) * 128;
+                __m512i acc[4], lo[4];
+                for (int k = 0; k < 4; ++k) {
+                    acc[k] = _mm512_loadu_si512(st + 16 * k);
+                    lo[k] = _mm512_loadu_si512(st + 64 + 16 * k);
+                }
+                value_out(acc, lo, ps, part + t * P + kAttnOut, ch * 64, D);
+            }
+        }
+        return;
+    }
     const int64_t ntiles = (Q + kValueTileI8 - 1) / kValueTileI8;
     const bool direct = ntiles == 1;  // one tile: the values transposed in registers
     if (!direct) transpose_values(vq, g0, g1, D, vt);
@@ -729,6 +762,8 @@ void avx512_attention_block(const AttnRows& a, int64_t j0, float* part, float* s
 }  // namespace specdec
 
 namespace specdec {
+void set_attention_amx(AmxValueSumsFn fn) { g_attention_amx.store(fn, std::memory_order_relaxed); }
+
 bool avx512_q8_int_attention(int on) {
     if (on >= 0) g_q8_int.store(on != 0 && q8_int_cpu());
     return g_q8_int.load();

@@ -106,7 +106,10 @@ inline int64_t attn_scratch_floats(int64_t R, int64_t G, int64_t D) {
     const int64_t floats = (kKeyBlock + kAttnValueKeys) * ((D + 7) / 8 * 8) + R * G * (kAttnBlock + 2) + 32;
     // integer attention (attention_avx512.cpp): transposed keys and values, scores, query states
     const int64_t nch = (D + 63) / 64, Q = R * G;
-    const int64_t bytes = 64 + nch * (1024 + 16384) + Q * (4 * kAttnBlock + nch * 64 + 2 * kAttnBlock + 64);
+    // (each query's weight bytes: hi and lo regions of kAttnBlock + 64 bytes; AMX value sums:
+    // nch * 512 bytes)
+    const int64_t bytes =
+        64 + nch * (1024 + 16384) + Q * (4 * kAttnBlock + nch * 64 + 2 * (kAttnBlock + 64) + 64 + nch * 512);
     return floats > bytes / 4 + 16 ? floats : bytes / 4 + 16;
 }
 
@@ -264,6 +267,22 @@ void avx512_attention_block(const AttnRows& a, int64_t j0, float* part, float* s
 // Whether avx512_attention_block takes the 8-bit cache with integer products (a CPU with AVX-512
 // VNNI and VBMI; SPECDEC_INT8_ATTENTION=0 turns it off): on >= 0 sets it first (on such a CPU).
 bool avx512_q8_int_attention(int on);
+#endif
+// The integer attention's value sums on AMX-INT8 tiles (kernels_amx.cpp amx_value_sums), set by
+// ops.cpp before each attention call while the AMX kernels are in use (nullptr: VNNI only); in
+// attention_avx512.cpp.  Its sums are the VNNI kernel's exact int32 sums: results do not change.
+using AmxValueSumsFn = void (*)(const uint8_t* probs, int64_t qb, int64_t Q, const uint8_t* vt, int64_t nch,
+                                int64_t ngroups, int32_t* sums);
+void set_attention_amx(AmxValueSumsFn fn);
+#ifdef SPECDEC_HAVE_AMX
+// For Q queries (rows qb bytes apart from probs: their weight bytes of the block's keys from the
+// first group on, hi bytes, and the lo bytes kAttnBlock + 64 further, both zero past the last
+// key), and the value groups transposed in vt (attention_avx512.cpp transpose_values, nch * 256
+// bytes a group, 64 groups readable): sums[(t * nch + ch) * 128 + h * 64 + k * 16 + lane] =
+// the int32 sum over the groups of weight bytes (h = 0 hi, 1 lo) times value bytes, lane as
+// the VNNI value vectors' (value_tile_i8's acc and lo).
+void amx_value_sums(const uint8_t* probs, int64_t qb, int64_t Q, const uint8_t* vt, int64_t nch, int64_t ngroups,
+                    int32_t* sums);
 #endif
 #ifdef SPECDEC_HAVE_AVX512
 // 16-lane linear and attention kernels; rms_norm and the attention merge are the AVX2 ones (needs

@@ -288,7 +288,74 @@ void amx_quantize_rows(const float* x, int64_t K, int8_t* xq, float* dx, int32_t
     vnni_table()->quantize_rows(x, K, xq, dx, sx, dxs, m0, m1);
 }
 
+// ---- integer attention's value sums (attention_avx512.cpp, kernels.h amx_value_sums) ----------
+// A tile (weights, unsigned): R queries x 64 keys (16 groups of 4) of hi bytes (tile 0) and lo
+// bytes (tile 1), rows qb apart.  B tile (values, signed): 16 groups, each the 64 bytes of one
+// transposed value vector (lane = a column, its 4 bytes the group's 4 keys): AMX's B layout for a
+// 64-deep product over 16 columns.  Two vectors k, k + 1 of a chunk at a time (tiles 2, 3), each
+// with a hi and a lo sum tile (4-7) accumulated over every group of the block, stored once.
+void configure_values(int R) {
+    TileConfig c = tile_config();
+    for (int t : {0, 1, 4, 5, 6, 7}) {
+        c.rows[t] = static_cast<uint8_t>(R);
+        c.colsb[t] = 64;
+    }
+    for (int t : {2, 3}) {
+        c.rows[t] = 16;
+        c.colsb[t] = 64;
+    }
+    load_tile_config(c);
+}
+
+#define SPECDEC_TILE_LOAD_ANY(T, base, stride) \
+    __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #T ::"r"(base), "r"(static_cast<long>(stride)) : "memory")
+#define SPECDEC_TILE_STORE_ANY(T, base, stride) \
+    __asm__ volatile("tilestored %%tmm" #T ", (%0,%1,1)" ::"r"(base), "r"(static_cast<long>(stride)) : "memory")
+// C += A (unsigned) . B (signed)
+#define SPECDEC_TDPBUSD(C, A, B) __asm__ volatile("tdpbusd %%tmm" #B ", %%tmm" #A ", %%tmm" #C ::)
+
 }  // namespace
+
+void amx_value_sums(const uint8_t* probs, int64_t qb, int64_t Q, const uint8_t* vt, int64_t nch, int64_t ngroups,
+                    int32_t* sums) {
+    constexpr int64_t kLo = kAttnBlock + 64;  // the lo bytes after the hi bytes' region
+    const int64_t nchunks = (ngroups + 15) / 16, vstride = nch * 256, sstride = nch * 128 * 4;
+    const int64_t ntiles = (Q + 15) / 16;
+    int configured = 0;
+    for (int64_t i = 0, t0 = 0; i < ntiles; ++i) {
+        const int64_t R = (Q - t0) / (ntiles - i);
+        if (R != configured) {
+            configure_values(static_cast<int>(R));
+            configured = static_cast<int>(R);
+        }
+        const uint8_t* a = probs + t0 * qb;
+        for (int64_t ch = 0; ch < nch; ++ch)
+            for (int k = 0; k < 4; k += 2) {
+                SPECDEC_TILE_ZERO(4);
+                SPECDEC_TILE_ZERO(5);
+                SPECDEC_TILE_ZERO(6);
+                SPECDEC_TILE_ZERO(7);
+                for (int64_t c = 0; c < nchunks; ++c) {
+                    const uint8_t* b = vt + c * 16 * vstride + ch * 256 + k * 64;
+                    SPECDEC_TILE_LOAD_ANY(0, a + 64 * c, qb);
+                    SPECDEC_TILE_LOAD_ANY(1, a + kLo + 64 * c, qb);
+                    SPECDEC_TILE_LOAD_ANY(2, b, vstride);
+                    SPECDEC_TILE_LOAD_ANY(3, b + 64, vstride);
+                    SPECDEC_TDPBUSD(4, 0, 2);
+                    SPECDEC_TDPBUSD(5, 1, 2);
+                    SPECDEC_TDPBUSD(6, 0, 3);
+                    SPECDEC_TDPBUSD(7, 1, 3);
+                }
+                int32_t* s = sums + (t0 * nch + ch) * 128;
+                SPECDEC_TILE_STORE_ANY(4, s + 16 * k, sstride);
+                SPECDEC_TILE_STORE_ANY(5, s + 64 + 16 * k, sstride);
+                SPECDEC_TILE_STORE_ANY(6, s + 16 * (k + 1), sstride);
+                SPECDEC_TILE_STORE_ANY(7, s + 64 + 16 * (k + 1), sstride);
+            }
+        t0 += R;
+    }
+    release_tiles();
+}
 
 const A8Table* amx_table() {
     static const A8Table table = {"amx-int8", amx_quantize_rows, amx_linear_groups, amx_prepare};

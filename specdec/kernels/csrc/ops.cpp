@@ -1153,6 +1153,13 @@ torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tens
     const int64_t ks0 = k_cache.stride(0), ks1 = k_cache.stride(1);
     const int64_t vs0 = v_cache.stride(0), vs1 = v_cache.stride(1), vs2 = v_cache.stride(2);
     const KernelTable* tab = g_table;
+#if defined(SPECDEC_HAVE_AVX512ATTN) && defined(SPECDEC_HAVE_AMX)
+    // the 8-bit cache's value sums on the tile unit while the AMX kernels are in use (the same sums)
+    if (q8)
+        set_attention_amx(tab == avx512_table() && g_amx_enabled.load(std::memory_order_relaxed) && amx_usable()
+                              ? amx_value_sums
+                              : nullptr);
+#endif
     const float fscale = static_cast<float>(scale), fcap = static_cast<float>(softcap);
     // unit u's rows against its block b (b's slot: the prefix's or the sequence's own)
     auto rows_of = [&](const AttnUnit& u, int64_t b) {

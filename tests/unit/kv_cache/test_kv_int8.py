@@ -189,6 +189,38 @@ def test_integer_products_where_the_cpu_has_them() -> None:
     torch.testing.assert_close(on, off, rtol=0, atol=0.05)
 
 
+def test_value_sums_on_the_tile_unit_are_the_vnni_ones_bit_for_bit() -> None:
+    """With AMX the integer attention's value sums of 8 or more queries run on the tile unit:
+    the same exact sums, so the same bits as the VNNI kernel, and a row alone (3 queries, on
+    VNNI) equals that row inside a batch (on the tiles). Blocks of 256 keys, the last partly
+    filled, and head sizes of one and two 64-byte chunks."""
+    from specdec import kernels as K
+
+    if not (K.amx_available() and _integer("avx512")):
+        pytest.skip("needs AMX-INT8 and the integer attention (AVX-512 VNNI + VBMI)")
+    before = _C.isa()
+    try:
+        _C.set_isa("avx512")
+        for h, hkv, d in ((9, 3, 64), (4, 4, 72), (8, 1, 20)):
+            kv = _filled(hkv, 700, d, seed=21 + d)
+            q = torch.randn(16, h, d, generator=torch.Generator().manual_seed(d))
+            start = 650
+            K.set_native_amx(True)
+            tiles = _C.attention(q, kv.k[0, 0], kv.v[0, 0], start, d**-0.5)
+            alone = [
+                _C.attention(q[r : r + 1], kv.k[0, 0], kv.v[0, 0], start + r, d**-0.5)
+                for r in (0, 5, 15)
+            ]
+            K.set_native_amx(False)
+            vnni = _C.attention(q, kv.k[0, 0], kv.v[0, 0], start, d**-0.5)
+            assert torch.equal(tiles, vnni), (h, hkv, d)
+            for r, one in zip((0, 5, 15), alone):
+                assert torch.equal(one[0], tiles[r]), (h, hkv, d, r)
+    finally:
+        K.set_native_amx(True)
+        _C.set_isa(before)
+
+
 def test_close_to_attention_over_the_float_values() -> None:
     """The 8-bit entries cost accuracy, not meaning: the outputs' error is ~1% of their norm
     (1.2% measured with these keys and values; a float16 cache's: 0.04%)."""
