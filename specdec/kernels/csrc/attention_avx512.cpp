@@ -602,6 +602,7 @@ constexpr int kValueTileI8 = 2;
 // ops.cpp has set it (set_attention_amx).
 constexpr int64_t kAmxValueMinQueries = 8;
 std::atomic<AmxValueSumsFn> g_attention_amx{nullptr};
+std::atomic<AmxScoreSumsFn> g_attention_amx_scores{nullptr};
 
 SPECDEC_VNNI void attention_block_q8_int(const AttnRows& a, int64_t j0, float* part, float* scratch) {
     const int64_t D = a.D, G = a.G, R = a.R, Q = R * G, P = attn_part_floats(D);
@@ -624,7 +625,34 @@ SPECDEC_VNNI void attention_block_q8_int(const AttnRows& a, int64_t j0, float* p
         }
     // scores, block by block
     const int64_t sb0 = jmin / kKeyBlock, sb1 = (jmax - 1) / kKeyBlock + 1;
-    for (int64_t sb = sb0; sb < sb1; ++sb) {
+    const AmxScoreSumsFn amx_scores = g_attention_amx_scores.load(std::memory_order_relaxed);
+    if (amx_scores != nullptr && Q >= kAmxValueMinQueries) {
+        // every block's keys transposed (into the values' scratch, free until the value products),
+        // their exact sums on the tile unit into the scores' rows, then score_tile_i8's float steps
+        uint8_t* kall = reinterpret_cast<uint8_t*>(vt);
+        for (int64_t sb = sb0; sb < sb1; ++sb) {
+            const uint8_t* kb = kq + sb * bb;
+            if (sb * kKeyBlock < kend) prefetch_span_l2(vq + sb * bb, bb);
+            if ((sb + 1) * kKeyBlock + kAttnPrefetchKeys <= kend) prefetch_span(kb + kAttnPrefetchKeys / kKeyBlock * bb, bb);
+            transpose_keys(reinterpret_cast<const int8_t*>(kb + kQ8Header), D,
+                           reinterpret_cast<__m512i*>(kall + (sb - sb0) * nch * 1024));
+        }
+        int32_t* si = reinterpret_cast<int32_t*>(s + (sb0 * kKeyBlock - j0));
+        amx_scores(qs, qb, Q, kall, nch, sb1 - sb0, si, kAttnBlock);
+        for (int64_t t = 0; t < Q; ++t) {
+            const QState* st = qstate(qs + t * qb, D);
+            const __m512 qs_scale = _mm512_set1_ps(a.scale * st->qscale);
+            const __m512i corr = _mm512_set1_epi32(st->corr);
+            for (int64_t sb = sb0; sb < sb1; ++sb) {
+                const __m512 ks = _mm512_loadu_ps(reinterpret_cast<const float*>(kq + sb * bb));
+                float* sd = s + t * kAttnBlock + (sb * kKeyBlock - j0);
+                const __m512i acc = _mm512_loadu_si512(sd);
+                const __m512 dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, corr));
+                _mm512_storeu_ps(sd, _mm512_mul_ps(dot, _mm512_mul_ps(ks, qs_scale)));
+            }
+        }
+    }
+    for (int64_t sb = amx_scores != nullptr && Q >= kAmxValueMinQueries ? sb1 : sb0; sb < sb1; ++sb) {
         const uint8_t* kb = kq + sb * bb;
         if (sb * kKeyBlock < kend) prefetch_span_l2(vq + sb * bb, bb);
         if ((sb + 1) * kKeyBlock + kAttnPrefetchKeys <= kend) prefetch_span(kb + kAttnPrefetchKeys / kKeyBlock * bb, bb);
@@ -762,7 +790,10 @@ void avx512_attention_block(const AttnRows& a, int64_t j0, float* part, float* s
 }  // namespace specdec
 
 namespace specdec {
-void set_attention_amx(AmxValueSumsFn fn) { g_attention_amx.store(fn, std::memory_order_relaxed); }
+void set_attention_amx(AmxValueSumsFn values, AmxScoreSumsFn scores) {
+    g_attention_amx.store(values, std::memory_order_relaxed);
+    g_attention_amx_scores.store(scores, std::memory_order_relaxed);
+}
 
 bool avx512_q8_int_attention(int on) {
     if (on >= 0) g_q8_int.store(on != 0 && q8_int_cpu());

@@ -273,7 +273,14 @@ bool avx512_q8_int_attention(int on);
 // attention_avx512.cpp.  Its sums are the VNNI kernel's exact int32 sums: results do not change.
 using AmxValueSumsFn = void (*)(const uint8_t* probs, int64_t qb, int64_t Q, const uint8_t* vt, int64_t nch,
                                 int64_t ngroups, int32_t* sums);
-void set_attention_amx(AmxValueSumsFn fn);
+// The scores' integer sums on the tile unit (kernels_amx.cpp amx_score_sums): Q query states
+// (q8 bytes, signed, zero padded to nch * 64; qb apart) against nblocks blocks of 16 keys
+// transposed as attention_avx512.cpp transpose_keys makes them (unsigned, block b's chunk ch at
+// kt + (b * nch + ch) * 1024): out[t * out_stride + 16 * b + i] = the int32 sum for key i of
+// block b (before the query's correction), as the VNNI score tiles' sums.
+using AmxScoreSumsFn = void (*)(const uint8_t* q8, int64_t qb, int64_t Q, const uint8_t* kt, int64_t nch,
+                                int64_t nblocks, int32_t* out, int64_t out_stride);
+void set_attention_amx(AmxValueSumsFn values, AmxScoreSumsFn scores);
 #ifdef SPECDEC_HAVE_AMX
 // For Q queries (rows qb bytes apart from probs: their weight bytes of the block's keys from the
 // first group on, hi bytes, and the lo bytes kAttnBlock + 64 further, both zero past the last
@@ -283,6 +290,8 @@ void set_attention_amx(AmxValueSumsFn fn);
 // the VNNI value vectors' (value_tile_i8's acc and lo).
 void amx_value_sums(const uint8_t* probs, int64_t qb, int64_t Q, const uint8_t* vt, int64_t nch, int64_t ngroups,
                     int32_t* sums);
+void amx_score_sums(const uint8_t* q8, int64_t qb, int64_t Q, const uint8_t* kt, int64_t nch, int64_t nblocks,
+                    int32_t* out, int64_t out_stride);
 #endif
 #ifdef SPECDEC_HAVE_AVX512
 // 16-lane linear and attention kernels; rms_norm and the attention merge are the AVX2 ones (needs

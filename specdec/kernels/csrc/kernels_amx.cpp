@@ -313,8 +313,56 @@ void configure_values(int R) {
     __asm__ volatile("tilestored %%tmm" #T ", (%0,%1,1)" ::"r"(base), "r"(static_cast<long>(stride)) : "memory")
 // C += A (unsigned) . B (signed)
 #define SPECDEC_TDPBUSD(C, A, B) __asm__ volatile("tdpbusd %%tmm" #B ", %%tmm" #A ", %%tmm" #C ::)
+// The scores' products (query states and transposed keys, amx_score_sums) use the same
+// configuration: A R x 64 bytes (tile 0), B 16 x 64 (tiles 2, 3), sums R x 16 int32 (4-7).
 
 }  // namespace
+
+void amx_score_sums(const uint8_t* q8, int64_t qb, int64_t Q, const uint8_t* kt, int64_t nch, int64_t nblocks,
+                    int32_t* out, int64_t out_stride) {
+    // Row tiles of R rows each (the last one ends at Q, overlapping the one before where R does
+    // not divide Q: its rows are computed twice, the same sums), so one configuration serves.
+    const int64_t ntiles = (Q + 15) / 16, R = (Q + ntiles - 1) / ntiles, ld = out_stride * 4;
+    configure_values(static_cast<int>(R));
+    for (int64_t i = 0; i < ntiles; ++i) {
+        const int64_t t0 = std::min(i * R, Q - R);
+        const uint8_t* a = q8 + t0 * qb;
+        int32_t* o = out + t0 * out_stride;
+        int64_t b = 0;
+        for (; b + 4 <= nblocks; b += 4) {  // four blocks' sums in flight (tiles 4-7)
+            SPECDEC_TILE_ZERO(4);
+            SPECDEC_TILE_ZERO(5);
+            SPECDEC_TILE_ZERO(6);
+            SPECDEC_TILE_ZERO(7);
+            for (int64_t ch = 0; ch < nch; ++ch) {
+                const uint8_t* k = kt + (b * nch + ch) * 1024;
+                SPECDEC_TILE_LOAD_ANY(0, a + 64 * ch, qb);
+                SPECDEC_TILE_LOAD_ANY(2, k, 64);
+                SPECDEC_TILE_LOAD_ANY(3, k + nch * 1024, 64);
+                SPECDEC_TDPBSUD(4, 0, 2);
+                SPECDEC_TDPBSUD(5, 0, 3);
+                SPECDEC_TILE_LOAD_ANY(2, k + 2 * nch * 1024, 64);
+                SPECDEC_TILE_LOAD_ANY(3, k + 3 * nch * 1024, 64);
+                SPECDEC_TDPBSUD(6, 0, 2);
+                SPECDEC_TDPBSUD(7, 0, 3);
+            }
+            SPECDEC_TILE_STORE_ANY(4, o + 16 * b, ld);
+            SPECDEC_TILE_STORE_ANY(5, o + 16 * (b + 1), ld);
+            SPECDEC_TILE_STORE_ANY(6, o + 16 * (b + 2), ld);
+            SPECDEC_TILE_STORE_ANY(7, o + 16 * (b + 3), ld);
+        }
+        for (; b < nblocks; ++b) {
+            SPECDEC_TILE_ZERO(4);
+            for (int64_t ch = 0; ch < nch; ++ch) {
+                SPECDEC_TILE_LOAD_ANY(0, a + 64 * ch, qb);
+                SPECDEC_TILE_LOAD_ANY(2, kt + (b * nch + ch) * 1024, 64);
+                SPECDEC_TDPBSUD(4, 0, 2);
+            }
+            SPECDEC_TILE_STORE_ANY(4, o + 16 * b, ld);
+        }
+    }
+    release_tiles();
+}
 
 void amx_value_sums(const uint8_t* probs, int64_t qb, int64_t Q, const uint8_t* vt, int64_t nch, int64_t ngroups,
                     int32_t* sums) {

@@ -1154,11 +1154,11 @@ torch::Tensor attention_seqs(torch::Tensor q, torch::Tensor k_cache, torch::Tens
     const int64_t vs0 = v_cache.stride(0), vs1 = v_cache.stride(1), vs2 = v_cache.stride(2);
     const KernelTable* tab = g_table;
 #if defined(SPECDEC_HAVE_AVX512ATTN) && defined(SPECDEC_HAVE_AMX)
-    // the 8-bit cache's value sums on the tile unit while the AMX kernels are in use (the same sums)
-    if (q8)
-        set_attention_amx(tab == avx512_table() && g_amx_enabled.load(std::memory_order_relaxed) && amx_usable()
-                              ? amx_value_sums
-                              : nullptr);
+    // the 8-bit cache's integer sums on the tile unit while the AMX kernels are in use (the same sums)
+    if (q8) {
+        const bool on = tab == avx512_table() && g_amx_enabled.load(std::memory_order_relaxed) && amx_usable();
+        set_attention_amx(on ? amx_value_sums : nullptr, on ? amx_score_sums : nullptr);
+    }
 #endif
     const float fscale = static_cast<float>(scale), fcap = static_cast<float>(softcap);
     // unit u's rows against its block b (b's slot: the prefix's or the sequence's own)

@@ -189,10 +189,10 @@ def test_integer_products_where_the_cpu_has_them() -> None:
     torch.testing.assert_close(on, off, rtol=0, atol=0.05)
 
 
-def test_value_sums_on_the_tile_unit_are_the_vnni_ones_bit_for_bit() -> None:
-    """With AMX the integer attention's value sums of 8 or more queries run on the tile unit:
-    the same exact sums, so the same bits as the VNNI kernel, and a row alone (3 queries, on
-    VNNI) equals that row inside a batch (on the tiles). Blocks of 256 keys, the last partly
+def test_integer_sums_on_the_tile_unit_are_the_vnni_ones_bit_for_bit() -> None:
+    """With AMX the integer attention's score and value sums of 8 or more queries run on the
+    tile unit: the same exact sums, so the same bits as the VNNI kernel, and a row alone (3
+    queries, on VNNI) equals that row inside a batch (on the tiles). Blocks of 256 keys, the last partly
     filled, and head sizes of one and two 64-byte chunks."""
     from specdec import kernels as K
 
