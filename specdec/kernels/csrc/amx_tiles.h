@@ -31,6 +31,12 @@ inline void load_tile_config(const TileConfig& c) { __asm__ volatile("ldtilecfg 
 inline void release_tiles() { __asm__ volatile("tilerelease" ::: "memory"); }
 
 #define SPECDEC_TILE_ZERO(T) __asm__ volatile("tilezero %%tmm" #T ::)
+// Tile register T from / to rows `stride` bytes apart at base (a memory clobber: the compiler
+// keeps every other load and store on its side of them).
+#define SPECDEC_TILE_LOADD(T, base, stride) \
+    __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #T ::"r"(base), "r"(static_cast<long>(stride)) : "memory")
+#define SPECDEC_TILE_STORED(T, base, stride) \
+    __asm__ volatile("tilestored %%tmm" #T ", (%0,%1,1)" ::"r"(base), "r"(static_cast<long>(stride)) : "memory")
 
 }  // namespace
 }  // namespace specdec

@@ -307,10 +307,6 @@ void configure_values(int R) {
     load_tile_config(c);
 }
 
-#define SPECDEC_TILE_LOAD_ANY(T, base, stride) \
-    __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #T ::"r"(base), "r"(static_cast<long>(stride)) : "memory")
-#define SPECDEC_TILE_STORE_ANY(T, base, stride) \
-    __asm__ volatile("tilestored %%tmm" #T ", (%0,%1,1)" ::"r"(base), "r"(static_cast<long>(stride)) : "memory")
 // C += A (unsigned) . B (signed)
 #define SPECDEC_TDPBUSD(C, A, B) __asm__ volatile("tdpbusd %%tmm" #B ", %%tmm" #A ", %%tmm" #C ::)
 // The scores' products (query states and transposed keys, amx_score_sums) use the same
@@ -336,29 +332,29 @@ void amx_score_sums(const uint8_t* q8, int64_t qb, int64_t Q, const uint8_t* kt,
             SPECDEC_TILE_ZERO(7);
             for (int64_t ch = 0; ch < nch; ++ch) {
                 const uint8_t* k = kt + (b * nch + ch) * 1024;
-                SPECDEC_TILE_LOAD_ANY(0, a + 64 * ch, qb);
-                SPECDEC_TILE_LOAD_ANY(2, k, 64);
-                SPECDEC_TILE_LOAD_ANY(3, k + nch * 1024, 64);
+                SPECDEC_TILE_LOADD(0, a + 64 * ch, qb);
+                SPECDEC_TILE_LOADD(2, k, 64);
+                SPECDEC_TILE_LOADD(3, k + nch * 1024, 64);
                 SPECDEC_TDPBSUD(4, 0, 2);
                 SPECDEC_TDPBSUD(5, 0, 3);
-                SPECDEC_TILE_LOAD_ANY(2, k + 2 * nch * 1024, 64);
-                SPECDEC_TILE_LOAD_ANY(3, k + 3 * nch * 1024, 64);
+                SPECDEC_TILE_LOADD(2, k + 2 * nch * 1024, 64);
+                SPECDEC_TILE_LOADD(3, k + 3 * nch * 1024, 64);
                 SPECDEC_TDPBSUD(6, 0, 2);
                 SPECDEC_TDPBSUD(7, 0, 3);
             }
-            SPECDEC_TILE_STORE_ANY(4, o + 16 * b, ld);
-            SPECDEC_TILE_STORE_ANY(5, o + 16 * (b + 1), ld);
-            SPECDEC_TILE_STORE_ANY(6, o + 16 * (b + 2), ld);
-            SPECDEC_TILE_STORE_ANY(7, o + 16 * (b + 3), ld);
+            SPECDEC_TILE_STORED(4, o + 16 * b, ld);
+            SPECDEC_TILE_STORED(5, o + 16 * (b + 1), ld);
+            SPECDEC_TILE_STORED(6, o + 16 * (b + 2), ld);
+            SPECDEC_TILE_STORED(7, o + 16 * (b + 3), ld);
         }
         for (; b < nblocks; ++b) {
             SPECDEC_TILE_ZERO(4);
             for (int64_t ch = 0; ch < nch; ++ch) {
-                SPECDEC_TILE_LOAD_ANY(0, a + 64 * ch, qb);
-                SPECDEC_TILE_LOAD_ANY(2, kt + (b * nch + ch) * 1024, 64);
+                SPECDEC_TILE_LOADD(0, a + 64 * ch, qb);
+                SPECDEC_TILE_LOADD(2, kt + (b * nch + ch) * 1024, 64);
                 SPECDEC_TDPBSUD(4, 0, 2);
             }
-            SPECDEC_TILE_STORE_ANY(4, o + 16 * b, ld);
+            SPECDEC_TILE_STORED(4, o + 16 * b, ld);
         }
     }
     release_tiles();
@@ -385,20 +381,20 @@ void amx_value_sums(const uint8_t* probs, int64_t qb, int64_t Q, const uint8_t* 
                 SPECDEC_TILE_ZERO(7);
                 for (int64_t c = 0; c < nchunks; ++c) {
                     const uint8_t* b = vt + c * 16 * vstride + ch * 256 + k * 64;
-                    SPECDEC_TILE_LOAD_ANY(0, a + 64 * c, qb);
-                    SPECDEC_TILE_LOAD_ANY(1, a + kLo + 64 * c, qb);
-                    SPECDEC_TILE_LOAD_ANY(2, b, vstride);
-                    SPECDEC_TILE_LOAD_ANY(3, b + 64, vstride);
+                    SPECDEC_TILE_LOADD(0, a + 64 * c, qb);
+                    SPECDEC_TILE_LOADD(1, a + kLo + 64 * c, qb);
+                    SPECDEC_TILE_LOADD(2, b, vstride);
+                    SPECDEC_TILE_LOADD(3, b + 64, vstride);
                     SPECDEC_TDPBUSD(4, 0, 2);
                     SPECDEC_TDPBUSD(5, 1, 2);
                     SPECDEC_TDPBUSD(6, 0, 3);
                     SPECDEC_TDPBUSD(7, 1, 3);
                 }
                 int32_t* s = sums + (t0 * nch + ch) * 128;
-                SPECDEC_TILE_STORE_ANY(4, s + 16 * k, sstride);
-                SPECDEC_TILE_STORE_ANY(5, s + 64 + 16 * k, sstride);
-                SPECDEC_TILE_STORE_ANY(6, s + 16 * (k + 1), sstride);
-                SPECDEC_TILE_STORE_ANY(7, s + 64 + 16 * (k + 1), sstride);
+                SPECDEC_TILE_STORED(4, s + 16 * k, sstride);
+                SPECDEC_TILE_STORED(5, s + 64 + 16 * k, sstride);
+                SPECDEC_TILE_STORED(6, s + 16 * (k + 1), sstride);
+                SPECDEC_TILE_STORED(7, s + 64 + 16 * (k + 1), sstride);
             }
         t0 += R;
     }

@@ -47,10 +47,6 @@ void configure() {
     load_tile_config(c);
 }
 
-#define SPECDEC_T16_LOAD(T, base, stride) \
-    __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #T ::"r"(base), "r"(static_cast<long>(stride)) : "memory")
-#define SPECDEC_T16_STORE(T, base, stride) \
-    __asm__ volatile("tilestored %%tmm" #T ", (%0,%1,1)" ::"r"(base), "r"(static_cast<long>(stride)) : "memory")
 // C += A . B
 #define SPECDEC_TDPBF16PS(C, A, B) __asm__ volatile("tdpbf16ps %%tmm" #B ", %%tmm" #A ", %%tmm" #C ::)
 
@@ -106,20 +102,20 @@ inline void tile_products(const A& a, const P& prep, const uint16_t* const* xg, 
         const uint16_t* xh0 = xg[0] + b * 2 * kTileElems;
         const uint16_t* xh1 = NG > 1 ? xg[1] + b * 2 * kTileElems : nullptr;
         {
-            SPECDEC_T16_LOAD(4, a(0, b, 0), 64);
-            if constexpr (NW > 1) SPECDEC_T16_LOAD(5, a(1, b, 0), 64);
+            SPECDEC_TILE_LOADD(4, a(0, b, 0), 64);
+            if constexpr (NW > 1) SPECDEC_TILE_LOADD(5, a(1, b, 0), 64);
         }
-        SPECDEC_T16_LOAD(6, xh0, 64);
-        if constexpr (NG > 1) SPECDEC_T16_LOAD(7, xh1, 64);
+        SPECDEC_TILE_LOADD(6, xh0, 64);
+        if constexpr (NG > 1) SPECDEC_TILE_LOADD(7, xh1, 64);
         products<NW, NG>();
-        SPECDEC_T16_LOAD(6, xh0 + kTileElems, 64);
-        if constexpr (NG > 1) SPECDEC_T16_LOAD(7, xh1 + kTileElems, 64);
+        SPECDEC_TILE_LOADD(6, xh0 + kTileElems, 64);
+        if constexpr (NG > 1) SPECDEC_TILE_LOADD(7, xh1 + kTileElems, 64);
         products<NW, NG>();
         if constexpr (QT == QT_F16) {
-            SPECDEC_T16_LOAD(4, a(0, b, 1), 64);
-            if constexpr (NW > 1) SPECDEC_T16_LOAD(5, a(1, b, 1), 64);
-            SPECDEC_T16_LOAD(6, xh0, 64);
-            if constexpr (NG > 1) SPECDEC_T16_LOAD(7, xh1, 64);
+            SPECDEC_TILE_LOADD(4, a(0, b, 1), 64);
+            if constexpr (NW > 1) SPECDEC_TILE_LOADD(5, a(1, b, 1), 64);
+            SPECDEC_TILE_LOADD(6, xh0, 64);
+            if constexpr (NG > 1) SPECDEC_TILE_LOADD(7, xh1, 64);
             products<NW, NG>();
         }
     }
@@ -132,7 +128,7 @@ inline void tile_products(const A& a, const P& prep, const uint16_t* const* xg, 
 // weights have no lo part), so the same numbers.
 #define SPECDEC_W1(T, AREG)                        \
     if constexpr (NW > T) {                        \
-        SPECDEC_T16_LOAD(AREG, a(T, b, 0), 64);    \
+        SPECDEC_TILE_LOADD(AREG, a(T, b, 0), 64);    \
         SPECDEC_TDPBF16PS(T, AREG, 6);             \
         SPECDEC_TDPBF16PS(T, AREG, 7);             \
     }
@@ -140,8 +136,8 @@ template <int NW, class A, class P>
 inline void tile_products1(const A& a, const P& prep, const uint16_t* xg, int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
         prep(b);
-        SPECDEC_T16_LOAD(6, xg + b * 2 * kTileElems, 64);
-        SPECDEC_T16_LOAD(7, xg + b * 2 * kTileElems + kTileElems, 64);
+        SPECDEC_TILE_LOADD(6, xg + b * 2 * kTileElems, 64);
+        SPECDEC_TILE_LOADD(7, xg + b * 2 * kTileElems + kTileElems, 64);
         SPECDEC_W1(0, 4)
         SPECDEC_W1(1, 5)
         SPECDEC_W1(2, 4)
@@ -159,16 +155,16 @@ inline void chunk_pass1(const A& a, const P& prep, const uint16_t* xg, int64_t b
         if constexpr (NW > 2) SPECDEC_TILE_ZERO(2);
         if constexpr (NW > 3) SPECDEC_TILE_ZERO(3);
     } else {
-        SPECDEC_T16_LOAD(0, c, 64);
-        if constexpr (NW > 1) SPECDEC_T16_LOAD(1, c + ngmax * 256, 64);
-        if constexpr (NW > 2) SPECDEC_T16_LOAD(2, c + 2 * ngmax * 256, 64);
-        if constexpr (NW > 3) SPECDEC_T16_LOAD(3, c + 3 * ngmax * 256, 64);
+        SPECDEC_TILE_LOADD(0, c, 64);
+        if constexpr (NW > 1) SPECDEC_TILE_LOADD(1, c + ngmax * 256, 64);
+        if constexpr (NW > 2) SPECDEC_TILE_LOADD(2, c + 2 * ngmax * 256, 64);
+        if constexpr (NW > 3) SPECDEC_TILE_LOADD(3, c + 3 * ngmax * 256, 64);
     }
     tile_products1<NW>(a, prep, xg, b0, b1);
-    SPECDEC_T16_STORE(0, c, 64);
-    if constexpr (NW > 1) SPECDEC_T16_STORE(1, c + ngmax * 256, 64);
-    if constexpr (NW > 2) SPECDEC_T16_STORE(2, c + 2 * ngmax * 256, 64);
-    if constexpr (NW > 3) SPECDEC_T16_STORE(3, c + 3 * ngmax * 256, 64);
+    SPECDEC_TILE_STORED(0, c, 64);
+    if constexpr (NW > 1) SPECDEC_TILE_STORED(1, c + ngmax * 256, 64);
+    if constexpr (NW > 2) SPECDEC_TILE_STORED(2, c + 2 * ngmax * 256, 64);
+    if constexpr (NW > 3) SPECDEC_TILE_STORED(3, c + 3 * ngmax * 256, 64);
 }
 
 // Result tiles in memory (c: per weight tile i and group j, 16 x 16 floats at (i * NGmax + j) * 256).
@@ -181,17 +177,17 @@ inline void load_results(const float* c, int64_t ngmax, bool zero) {
         if constexpr (NW > 1 && NG > 1) SPECDEC_TILE_ZERO(3);
         return;
     }
-    SPECDEC_T16_LOAD(0, c, 64);
-    if constexpr (NG > 1) SPECDEC_T16_LOAD(1, c + 256, 64);
-    if constexpr (NW > 1) SPECDEC_T16_LOAD(2, c + ngmax * 256, 64);
-    if constexpr (NW > 1 && NG > 1) SPECDEC_T16_LOAD(3, c + ngmax * 256 + 256, 64);
+    SPECDEC_TILE_LOADD(0, c, 64);
+    if constexpr (NG > 1) SPECDEC_TILE_LOADD(1, c + 256, 64);
+    if constexpr (NW > 1) SPECDEC_TILE_LOADD(2, c + ngmax * 256, 64);
+    if constexpr (NW > 1 && NG > 1) SPECDEC_TILE_LOADD(3, c + ngmax * 256 + 256, 64);
 }
 template <int NW, int NG>
 inline void store_results(float* c, int64_t ngmax) {
-    SPECDEC_T16_STORE(0, c, 64);
-    if constexpr (NG > 1) SPECDEC_T16_STORE(1, c + 256, 64);
-    if constexpr (NW > 1) SPECDEC_T16_STORE(2, c + ngmax * 256, 64);
-    if constexpr (NW > 1 && NG > 1) SPECDEC_T16_STORE(3, c + ngmax * 256 + 256, 64);
+    SPECDEC_TILE_STORED(0, c, 64);
+    if constexpr (NG > 1) SPECDEC_TILE_STORED(1, c + 256, 64);
+    if constexpr (NW > 1) SPECDEC_TILE_STORED(2, c + ngmax * 256, 64);
+    if constexpr (NW > 1 && NG > 1) SPECDEC_TILE_STORED(3, c + ngmax * 256 + 256, 64);
 }
 
 template <int QT, int NW, int NG, class A, class P>
