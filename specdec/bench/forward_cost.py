@@ -42,7 +42,11 @@ def measure_forward_cost(
     Every repeat writes the same KV positions after the cached context, so the context stays fixed,
     with fresh random tokens: a mixture of experts routes them to other experts each time, as a
     real decode does (repeating one input would find its experts' weights still in the cache).
+    The context's KV is measured as a sequence that has been running a while holds it: in huge
+    pages where the pool backs a long sequence with them, which it does while the model is idle
+    (kv_cache/memory.py), so the timed steps wait for that first.
     """
+    from specdec.kv_cache.memory import settle_huge_pages
     from specdec.model.llama import SeqBatch
 
     ns = sorted(set(ns) | {1})
@@ -57,6 +61,7 @@ def measure_forward_cost(
     with torch.inference_mode():
         prompt = torch.randint(0, vocab, (context,), generator=gen)
         model.forward(prompt, torch.arange(context), SeqBatch([0], [0], [context]), kv)
+        settle_huge_pages()
         runs = warmup + repeats
         inputs = {n: torch.randint(0, vocab, (runs, n), generator=gen) for n in ns}
         used = dict.fromkeys(ns, 0)
