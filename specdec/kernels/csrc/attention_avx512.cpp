@@ -573,16 +573,28 @@ SPECDEC_VNNI inline void value_tile_i8(uint8_t* q, int64_t qb, const __m512i* vt
         if (out[t]) value_out(acc[t], lo[t], qstate(q + t * qb, D)->pscale, out[t], ch * 64, D);
 }
 
+// scale_by_value_scales over keys [j, e) of p (p + j is key j's weight), returning the largest
+// product (>= 0): one pass for both (the same products and the same maximum).
+SPECDEC_VNNI inline float scale_and_max(float* p, const uint8_t* vq, int64_t D, uint64_t j, uint64_t e) {
+    const uint64_t bb = static_cast<uint64_t>(q8_block_bytes(D));
+    __m512 vmax = _mm512_setzero_ps();
+    while (j < e) {
+        const float* vs = reinterpret_cast<const float*>(vq + (j / kKeyBlock) * bb);
+        const uint64_t o = j % kKeyBlock, n = e - j < kKeyBlock - o ? e - j : kKeyBlock - o;
+        const __mmask16 m = first_lanes(static_cast<int64_t>(n));
+        const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, p + j), _mm512_maskz_loadu_ps(m, vs + o));
+        _mm512_mask_storeu_ps(p + j, m, x);
+        vmax = _mm512_max_ps(x, vmax);  // masked lanes are 0, and the weights are >= 0
+        j += n;
+    }
+    return _mm512_reduce_max_ps(vmax);
+}
+
 // Each weight of keys [b, e) (p, already times its value row's scale) as two bytes, hi at
 // pb + j - j0 and lo kProbRegion further (x = p * 255 / largest: floor(x), round((x - hi) * 255));
 // returns the scale (largest / 255).
-SPECDEC_VNNI inline float quantize_probs(const float* p, int64_t j0, int64_t b, int64_t e, uint8_t* pb) {
-    __m512 vmax = _mm512_setzero_ps();
-    for (int64_t j = b; j < e; j += 16) {
-        const __mmask16 m = e - j >= 16 ? __mmask16(0xffff) : first_lanes(e - j);
-        vmax = _mm512_max_ps(_mm512_maskz_loadu_ps(m, p + j - j0), vmax);
-    }
-    const float pmax = _mm512_reduce_max_ps(vmax);
+// pmax: the largest weight of [b, e) (scale_and_max).
+SPECDEC_VNNI inline float quantize_probs(const float* p, int64_t j0, int64_t b, int64_t e, uint8_t* pb, float pmax) {
     const float inv = pmax > 0.0f ? 255.0f / pmax : 0.0f;
     for (int64_t j = b; j < e; j += 16) {
         const __mmask16 m = e - j >= 16 ? __mmask16(0xffff) : first_lanes(e - j);
@@ -707,9 +719,10 @@ SPECDEC_VNNI void attention_block_q8_int(const AttnRows& a, int64_t j0, float* p
             float* rec = part + i * P;
             float* si = s + i * kAttnBlock;
             rec[1] = block_softmax(si + (beg[r] - j0), end[r] - beg[r], a.softcap, rec);
-            scale_by_value_scales(si - j0, vq, D, static_cast<uint64_t>(beg[r]), static_cast<uint64_t>(end[r]));
+            const float pmax =
+                scale_and_max(si - j0, vq, D, static_cast<uint64_t>(beg[r]), static_cast<uint64_t>(end[r]));
             uint8_t* q = qs + i * qb;
-            qstate(q, D)->pscale = quantize_probs(si, j0, beg[r], end[r], qprobs(q, D));
+            qstate(q, D)->pscale = quantize_probs(si, j0, beg[r], end[r], qprobs(q, D), pmax);
         }
     }
     // values: groups of 4 keys covering every row's range
