@@ -169,20 +169,23 @@ class _Collapser:
 
     def __init__(self) -> None:
         self.last_forward = 0.0  # time.monotonic() of the latest forward (note_forward)
+        self._reset()
+        if hasattr(os, "register_at_fork"):
+            # NOTE: a child forked while the thread held the lock would wait on it forever
+            os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        """No thread and nothing queued (at start, and in a forked child, which starts its own)."""
         self._cv = threading.Condition()
         self._queue: deque[tuple[PagedBuffer, int]] = deque()
         self._busy: tuple[PagedBuffer, int] | None = None  # the chunk being collapsed
-        self._pid: int | None = (
-            None  # the process whose thread runs (a forked child starts its own)
-        )
+        self._pid: int | None = None  # the process whose thread runs
 
     def submit(self, buf: PagedBuffer, chunks: list[int]) -> None:
         if not chunks:
             return
         with self._cv:
             if self._pid != os.getpid():
-                self._queue.clear()
-                self._busy = None
                 self._pid = os.getpid()
                 threading.Thread(target=self._run, name="specdec-huge-pages", daemon=True).start()
             self._queue.extend((buf, c) for c in chunks)

@@ -1,6 +1,7 @@
 """KV memory follows use: freed slots give their pages back (checked with mincore, not timing),
 cached prefixes survive other slots' release, and the pool's size follows the machine."""
 
+import os
 import platform
 import re
 import threading
@@ -371,3 +372,44 @@ def test_real_model_kv_follows_use() -> None:
     second = [o.outputs[0].token_ids for o in llm.generate(prompts[::-1], sp, use_tqdm=False)]
     assert second == first[::-1]
     assert kv.resident_bytes() == cached_bytes(kv)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_while_the_collapser_holds_its_lock_collapses_on_its_own() -> None:
+    """A process forked while the collapsing thread held its lock: the child's first chunk
+    neither waits on that lock forever nor on a thread it does not have."""
+    taken, release = threading.Event(), threading.Event()
+
+    def hold() -> None:  # another thread holds the lock, as the collapsing thread would
+        with memory._COLLAPSER._cv:
+            taken.set()
+            release.wait(60)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert taken.wait(10)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: exits 0 only if its own collapser took the chunk and finished
+            code = 1
+            try:  # NOTE: numpy, not torch ops: torch's thread pool is not to be used after a fork
+                buf = PagedBuffer(2 * HUGE_PAGE_SIZE, torch.device("cpu"))
+                data = buf.tensor.numpy()
+                data[:] = 1
+                buf.use_huge_pages([(0, 2 * HUGE_PAGE_SIZE)], [(0, 2 * HUGE_PAGE_SIZE)])
+                code = 0 if settle_huge_pages(20) and bool((data == 1).all()) else 1
+            finally:
+                os._exit(code)
+    finally:
+        release.set()
+        holder.join()
+    deadline = time.time() + 40
+    while time.time() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child hung on the collapser")
