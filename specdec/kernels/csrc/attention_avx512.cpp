@@ -412,19 +412,16 @@ inline int32_t load_i32(const void* p) {
 }
 
 // Per query, its quantised state (q8_query_bytes apart): q8[nch * 64] (zero padded), the weights'
-// hi bytes of the block's 256 keys, their lo bytes (each region kProbRegion bytes, zero padded),
+// hi bytes of the block's 256 keys, their lo bytes (each region kQ8ProbRegion bytes, zero padded),
 // then {scale, 128 * sum of q8, weight scale}.
 inline int64_t q8_chunks(int64_t D) { return (D + 63) / 64; }
-// The hi and lo regions of a query's weight bytes: the block's keys and 64 zero bytes after (a
-// value tile of 64 keys read from any group of the block stays inside its region).
-constexpr int64_t kProbRegion = kAttnBlock + 64;
-inline int64_t q8_query_bytes(int64_t D) { return q8_chunks(D) * 64 + 2 * kProbRegion + 64; }
+inline int64_t q8_query_bytes(int64_t D) { return q8_chunks(D) * 64 + 2 * kQ8ProbRegion + 64; }
 struct QState {
     float qscale;
     int32_t corr;
     float pscale;
 };
-inline QState* qstate(uint8_t* q, int64_t D) { return reinterpret_cast<QState*>(q + q8_chunks(D) * 64 + 2 * kProbRegion); }
+inline QState* qstate(uint8_t* q, int64_t D) { return reinterpret_cast<QState*>(q + q8_chunks(D) * 64 + 2 * kQ8ProbRegion); }
 inline uint8_t* qprobs(uint8_t* q, int64_t D) { return q + q8_chunks(D) * 64; }
 
 SPECDEC_VNNI inline void quantize_query(const float* x, int64_t D, uint8_t* q) {
@@ -558,7 +555,7 @@ SPECDEC_VNNI inline void value_tile_i8(uint8_t* q, int64_t qb, const __m512i* vt
         const __m512i v0 = vv[0], v1 = vv[1], v2 = vv[2], v3 = vv[3];
         for (int t = 0; t < QT; ++t) {
             const uint8_t* pb = qprobs(q + t * qb, D) + 4 * g - j0;
-            const __m512i p = _mm512_set1_epi32(load_i32(pb)), pl = _mm512_set1_epi32(load_i32(pb + kProbRegion));
+            const __m512i p = _mm512_set1_epi32(load_i32(pb)), pl = _mm512_set1_epi32(load_i32(pb + kQ8ProbRegion));
             acc[t][0] = _mm512_dpbusd_epi32(acc[t][0], p, v0);
             acc[t][1] = _mm512_dpbusd_epi32(acc[t][1], p, v1);
             acc[t][2] = _mm512_dpbusd_epi32(acc[t][2], p, v2);
@@ -591,7 +588,7 @@ SPECDEC_VNNI inline float scale_and_max(float* p, const uint8_t* vq, int64_t D, 
 }
 
 // Each weight of keys [b, e) (p, already times its value row's scale) as two bytes, hi at
-// pb + j - j0 and lo kProbRegion further (x = p * 255 / largest: floor(x), round((x - hi) * 255));
+// pb + j - j0 and lo kQ8ProbRegion further (x = p * 255 / largest: floor(x), round((x - hi) * 255));
 // returns the scale (largest / 255).
 // pmax: the largest weight of [b, e) (scale_and_max).
 SPECDEC_VNNI inline float quantize_probs(const float* p, int64_t j0, int64_t b, int64_t e, uint8_t* pb, float pmax) {
@@ -603,16 +600,16 @@ SPECDEC_VNNI inline float quantize_probs(const float* p, int64_t j0, int64_t b, 
         const __m512i lo = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(x, hi), _mm512_set1_ps(255.0f)));
         const __m512i zero = _mm512_setzero_si512();
         _mm_mask_storeu_epi8(pb + j - j0, m, _mm512_cvtusepi32_epi8(_mm512_max_epi32(_mm512_cvtps_epi32(hi), zero)));
-        _mm_mask_storeu_epi8(pb + kProbRegion + j - j0, m, _mm512_cvtusepi32_epi8(_mm512_max_epi32(lo, zero)));
+        _mm_mask_storeu_epi8(pb + kQ8ProbRegion + j - j0, m, _mm512_cvtusepi32_epi8(_mm512_max_epi32(lo, zero)));
     }
     return pmax / 255.0f;
 }
 
 constexpr int kScoreTileI8 = 12;
 constexpr int kValueTileI8 = 2;
-// From this many queries (rows x heads of a kv head) the value sums go to the tile unit when
-// ops.cpp has set it (set_attention_amx).
-constexpr int64_t kAmxValueMinQueries = 8;
+// From this many queries (rows x heads of a kv head) the score and value sums go to the tile unit
+// when ops.cpp has set it (set_attention_amx).
+constexpr int64_t kAmxMinQueries = 8;
 std::atomic<AmxValueSumsFn> g_attention_amx{nullptr};
 std::atomic<AmxScoreSumsFn> g_attention_amx_scores{nullptr};
 
@@ -633,12 +630,12 @@ SPECDEC_VNNI void attention_block_q8_int(const AttnRows& a, int64_t j0, float* p
         for (int64_t g = 0; g < G; ++g) {
             uint8_t* q = qs + (r * G + g) * qb;
             quantize_query(a.q + r * a.q_row_stride + g * a.q_head_stride, D, q);
-            memset(qprobs(q, D), 0, 2 * kProbRegion);
+            memset(qprobs(q, D), 0, 2 * kQ8ProbRegion);
         }
     // scores, block by block
     const int64_t sb0 = jmin / kKeyBlock, sb1 = (jmax - 1) / kKeyBlock + 1;
-    const AmxScoreSumsFn amx_scores = g_attention_amx_scores.load(std::memory_order_relaxed);
-    if (amx_scores != nullptr && Q >= kAmxValueMinQueries) {
+    const AmxScoreSumsFn amx_scores = Q >= kAmxMinQueries ? g_attention_amx_scores.load(std::memory_order_relaxed) : nullptr;
+    if (amx_scores != nullptr) {
         // every block's keys transposed (into the values' scratch, free until the value products),
         // their exact sums on the tile unit into the scores' rows, then score_tile_i8's float steps
         uint8_t* kall = reinterpret_cast<uint8_t*>(vt);
@@ -664,7 +661,7 @@ SPECDEC_VNNI void attention_block_q8_int(const AttnRows& a, int64_t j0, float* p
             }
         }
     }
-    for (int64_t sb = amx_scores != nullptr && Q >= kAmxValueMinQueries ? sb1 : sb0; sb < sb1; ++sb) {
+    for (int64_t sb = amx_scores != nullptr ? sb1 : sb0; sb < sb1; ++sb) {
         const uint8_t* kb = kq + sb * bb;
         if (sb * kKeyBlock < kend) prefetch_span_l2(vq + sb * bb, bb);
         if ((sb + 1) * kKeyBlock + kAttnPrefetchKeys <= kend) prefetch_span(kb + kAttnPrefetchKeys / kKeyBlock * bb, bb);
@@ -730,8 +727,8 @@ SPECDEC_VNNI void attention_block_q8_int(const AttnRows& a, int64_t j0, float* p
     for (int64_t p0 = g0 * 4 + kAttnPrefetchKeys, p1 = kend < g1 * 4 + kAttnPrefetchKeys ? kend : g1 * 4 + kAttnPrefetchKeys;
          p0 < p1; p0 += kKeyBlock)
         prefetch_span(vq + p0 / kKeyBlock * bb, bb);
-    const AmxValueSumsFn amx = g_attention_amx.load(std::memory_order_relaxed);
-    if (amx != nullptr && Q >= kAmxValueMinQueries) {
+    const AmxValueSumsFn amx = Q >= kAmxMinQueries ? g_attention_amx.load(std::memory_order_relaxed) : nullptr;
+    if (amx != nullptr) {
         // the same exact sums on the tile unit, then value_tile_i8's float steps
         transpose_values(vq, g0, g1, D, vt);
         int32_t* sums = reinterpret_cast<int32_t*>(qs + Q * qb);  // Q x nch x 128

@@ -94,6 +94,10 @@ struct AttnRows {
 constexpr int64_t kQ8Header = kKeyBlock * 4;
 inline int64_t q8_block_bytes(int64_t D) { return kQ8Header + kKeyBlock * D; }
 
+// The integer attention's weight bytes per query (attention_avx512.cpp): a hi and a lo region of
+// this many bytes each, the block's keys and 64 zero bytes after (a 64-key tile read from any
+// group of the block stays inside its region).
+constexpr int64_t kQ8ProbRegion = kAttnBlock + 64;
 // A partial's record: m, l, six unused floats, then o[D] (32-byte aligned when the record is),
 // padded to a multiple of 8 floats.
 constexpr int64_t kAttnOut = 8;
@@ -106,10 +110,8 @@ inline int64_t attn_scratch_floats(int64_t R, int64_t G, int64_t D) {
     const int64_t floats = (kKeyBlock + kAttnValueKeys) * ((D + 7) / 8 * 8) + R * G * (kAttnBlock + 2) + 32;
     // integer attention (attention_avx512.cpp): transposed keys and values, scores, query states
     const int64_t nch = (D + 63) / 64, Q = R * G;
-    // (each query's weight bytes: hi and lo regions of kAttnBlock + 64 bytes; AMX value sums:
-    // nch * 512 bytes)
-    const int64_t bytes =
-        64 + nch * (1024 + 16384) + Q * (4 * kAttnBlock + nch * 64 + 2 * (kAttnBlock + 64) + 64 + nch * 512);
+    // (per query: scores, q8, the weight bytes' two regions, its state, AMX value sums)
+    const int64_t bytes = 64 + nch * (1024 + 16384) + Q * (4 * kAttnBlock + nch * 64 + 2 * kQ8ProbRegion + 64 + nch * 512);
     return floats > bytes / 4 + 16 ? floats : bytes / 4 + 16;
 }
 
@@ -283,7 +285,7 @@ using AmxScoreSumsFn = void (*)(const uint8_t* q8, int64_t qb, int64_t Q, const 
 void set_attention_amx(AmxValueSumsFn values, AmxScoreSumsFn scores);
 #ifdef SPECDEC_HAVE_AMX
 // For Q queries (rows qb bytes apart from probs: their weight bytes of the block's keys from the
-// first group on, hi bytes, and the lo bytes kAttnBlock + 64 further, both zero past the last
+// first group on, hi bytes, and the lo bytes kQ8ProbRegion further, both zero past the last
 // key), and the value groups transposed in vt (attention_avx512.cpp transpose_values, nch * 256
 // bytes a group, 64 groups readable): sums[(t * nch + ch) * 128 + h * 64 + k * 16 + lane] =
 // the int32 sum over the groups of weight bytes (h = 0 hi, 1 lo) times value bytes, lane as

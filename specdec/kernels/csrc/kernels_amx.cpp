@@ -362,7 +362,6 @@ void amx_score_sums(const uint8_t* q8, int64_t qb, int64_t Q, const uint8_t* kt,
 
 void amx_value_sums(const uint8_t* probs, int64_t qb, int64_t Q, const uint8_t* vt, int64_t nch, int64_t ngroups,
                     int32_t* sums) {
-    constexpr int64_t kLo = kAttnBlock + 64;  // the lo bytes after the hi bytes' region
     const int64_t nchunks = (ngroups + 15) / 16, vstride = nch * 256, sstride = nch * 128 * 4;
     const int64_t ntiles = (Q + 15) / 16;
     int configured = 0;
@@ -382,7 +381,7 @@ void amx_value_sums(const uint8_t* probs, int64_t qb, int64_t Q, const uint8_t* 
                 for (int64_t c = 0; c < nchunks; ++c) {
                     const uint8_t* b = vt + c * 16 * vstride + ch * 256 + k * 64;
                     SPECDEC_TILE_LOADD(0, a + 64 * c, qb);
-                    SPECDEC_TILE_LOADD(1, a + kLo + 64 * c, qb);
+                    SPECDEC_TILE_LOADD(1, a + kQ8ProbRegion + 64 * c, qb);
                     SPECDEC_TILE_LOADD(2, b, vstride);
                     SPECDEC_TILE_LOADD(3, b + 64, vstride);
                     SPECDEC_TDPBUSD(4, 0, 2);
