@@ -17,9 +17,8 @@ advice when the sequence is gone. The buffer starts on a 2 MiB boundary so that 
 Collapsing copies the chunk into a fresh huge page: ~5 ms a chunk on a 2-core VM, so a
 2,000-token sequence of SmolLM2-135M (44 chunks) took 240 ms and a 4,096-token one of a
 Qwen3-1.7B shape (448 chunks) seconds, in the step that crossed the threshold, stalling every
-stream beside it; collapsed on a thread beside the forwards, it still put ~5 ms into whichever
-steps it ran beside (a stream's longest wait 8.5 decode steps against 5.6-6.9 without huge pages,
-beside a 2,700-token prompt). The chunks are therefore collapsed by one background thread per
+stream beside it; collapsed on a thread beside the forwards, it still took ~5 ms of a core from
+whichever steps it ran beside. The chunks are therefore collapsed by one background thread per
 process, one at a time (the system call releases the GIL), and only while the model is idle: no
 forward for ``QUIET_S`` (``note_forward``, called by the KV pool before each). A busy engine thus
 leaves its chunks advised only, for the system's own collapsing thread (khugepaged) at its pace.
