@@ -161,6 +161,18 @@ constexpr int64_t kA8QtypeBase = 16;
 constexpr int64_t a8_head_bytes(int kind) { return kind == A8_Q4_1 ? 64 : 32; }
 constexpr int64_t a8_tile_bytes(int kind) { return a8_head_bytes(kind) + (kind == A8_Q8 ? 512 : 256); }
 
+// How the VNNI kernels walk a product (kernels_vnni.cpp).  Every output's arithmetic is the same
+// in both walks, so results are bit for bit the same; only the speed differs, by microarchitecture:
+//   A8_WALK_GROUPS: 1-4 rows through group_tile (two 16-row groups a pass, software prefetch),
+//     5-8 rows through ws2_tile (two weight streams), 9-16 rows through ws_tile.  Measured best on
+//     the Intel Xeons (Sapphire Rapids class).
+//   A8_WALK_STATIONARY: every row count through ws_tile, weight-stationary, a block at a time as
+//     two vpdpbusd chains (low and high nibbles) up to 9 rows.  On a Zen 4 EPYC a whole SmolLM2
+//     step ran 1.26-1.43x faster at 1 row and 1.2-1.3x at 2-8 rows than the groups walk.
+// The walk in use is read once per call (ops.cpp: a8_walk, set_a8_walk, SPECDEC_A8_WALK).
+enum A8Walk : int { A8_WALK_GROUPS = 1, A8_WALK_STATIONARY = 2 };
+int a8_walk();
+
 struct A8Table {
     const char* name;
 

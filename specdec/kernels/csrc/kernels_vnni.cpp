@@ -287,12 +287,14 @@ inline void ws_blocks(int64_t b, const int8_t* xt, const float* dxt, const int32
 // and feeds all MR rows; a row's quads, start value and scales come from memory as broadcasts
 // (load ports), so per row and block the vector ALU does 8 vpdpbusd and the rescale (3
 // operations, 4 for Q4_1, + 1 when CH = 2).  Same arithmetic as group_tile.
-template <int KIND, int MR>
+// STATIONARY (kernels.h A8_WALK_STATIONARY): up to 9 rows a block at a time as two chains a row.
+template <int KIND, int MR, bool STATIONARY>
 inline void ws_tile(const int8_t* xt, const float* dxt, const int32_t* osxt, const float* dxst, int64_t nb,
                     const uint8_t* tiles, const float* bias, float* y, int64_t ldy) {
-    // Independent chains: 16 rows x 1 block, or 5-9 rows x 2 blocks (10-18 chains).
-    constexpr int BB = MR >= 10 ? 1 : 2;
-    constexpr int CH = 1;
+    // Independent chains: 10-16 rows x 1 block; 5-9 rows x 2 blocks (10-18 chains) in the groups
+    // walk, 1-9 rows x 1 block x 2 chains (2-18) in the stationary one.
+    constexpr int BB = MR >= 10 || STATIONARY ? 1 : 2;
+    constexpr int CH = STATIONARY && MR <= 9 ? 2 : 1;
     constexpr bool kRegAcc = MR <= 8;
     __m512 racc[kRegAcc ? MR : 1];
     alignas(64) float macc[kRegAcc ? 16 : MR * 16];
@@ -384,17 +386,17 @@ inline void ws2_tile(const int8_t* xt, const float* dxt, const int32_t* osxt, co
     }
 }
 
-template <int KIND, int MR = kWsMinRows>
+template <int KIND, bool STATIONARY, int MR = STATIONARY ? 1 : kWsMinRows>
 inline void ws_rows(int64_t rows, const int8_t* xt, const float* dxt, const int32_t* osxt,
                     const float* dxst, int64_t nb, const uint8_t* tiles, const float* bias, float* y,
                     int64_t ldy) {
     if constexpr (MR < kWsMaxRows) {
         if (rows > MR) {
-            ws_rows<KIND, MR + 1>(rows, xt, dxt, osxt, dxst, nb, tiles, bias, y, ldy);
+            ws_rows<KIND, STATIONARY, MR + 1>(rows, xt, dxt, osxt, dxst, nb, tiles, bias, y, ldy);
             return;
         }
     }
-    ws_tile<KIND, MR>(xt, dxt, osxt, dxst, nb, tiles, bias, y, ldy);
+    ws_tile<KIND, MR, STATIONARY>(xt, dxt, osxt, dxst, nb, tiles, bias, y, ldy);
 }
 
 // The activations of several rows laid out for ws_tile / ws2_tile: row tiles of at most
@@ -449,7 +451,8 @@ void groups_rows(const int8_t* xq, const float* dx, const int32_t* sx, const flo
     const int64_t nb = K / 32;
     int64_t g = g0;
     constexpr int32_t kOffset = KIND == A8_Q8 ? 128 : KIND == A8_Q4_0 ? 8 : 0;
-    if (M < kWsMinRows) {
+    const bool stationary = a8_walk() == A8_WALK_STATIONARY;
+    if (!stationary && M < kWsMinRows) {
         // Few rows (decode, short drafts): two groups per pass share each activation broadcast,
         // and the weights stream from memory at M = 1.
         // Q4_0's kernels take -8 * sum(xq) in place of sum(xq) (group_tile's kStart).
@@ -476,7 +479,7 @@ void groups_rows(const int8_t* xq, const float* dx, const int32_t* sx, const flo
     const WsLayout* lay = static_cast<const WsLayout*>(prep);
     if (lay == nullptr) lay = ws_layout(KIND, xq, dx, sx, dxs, M, K);
     const int64_t ntiles = ws_row_tiles(M);
-    if (M <= kWs2MaxRows) {  // one row tile (ntiles == 1): pairs of groups through ws2_tile
+    if (!stationary && M <= kWs2MaxRows) {  // one row tile (ntiles == 1): pairs of groups through ws2_tile
         const int8_t* xt = lay->xt;
         const float *dxt = lay->dxt, *dxst = lay->dxst;
         const int32_t* osxt = lay->osxt;
@@ -498,8 +501,12 @@ void groups_rows(const int8_t* xq, const float* dx, const int32_t* sx, const flo
         int64_t m0 = 0;
         for (int64_t i = 0; i < ntiles; ++i) {
             const int64_t rows = (M - m0) / (ntiles - i);
-            ws_rows<KIND>(rows, lay->xt + m0 * K, lay->dxt + m0 * nb, lay->osxt + m0 * nb, lay->dxst + m0 * nb,
-                          nb, tiles, bg, y + m0 * N + g * kA8TileRows, N);
+            if (stationary)
+                ws_rows<KIND, true>(rows, lay->xt + m0 * K, lay->dxt + m0 * nb, lay->osxt + m0 * nb,
+                                    lay->dxst + m0 * nb, nb, tiles, bg, y + m0 * N + g * kA8TileRows, N);
+            else
+                ws_rows<KIND, false>(rows, lay->xt + m0 * K, lay->dxt + m0 * nb, lay->osxt + m0 * nb,
+                                     lay->dxst + m0 * nb, nb, tiles, bg, y + m0 * N + g * kA8TileRows, N);
             m0 += rows;
         }
     }
@@ -517,10 +524,10 @@ void linear_a8_groups(int kind, const int8_t* xq, const float* dx, const int32_t
 }
 
 // A8Table::prepare: the block-major layout of ws_layout, once per product (null below
-// kWsMinRows rows, where no layout is used).
+// kWsMinRows rows in the groups walk, where no layout is used).
 const void* prepare_a8(int kind, const int8_t* xq, const float* dx, const int32_t* sx, const float* dxs,
                        int64_t M, int64_t K) {
-    return M < kWsMinRows ? nullptr : ws_layout(kind, xq, dx, sx, dxs, M, K);
+    return a8_walk() == A8_WALK_GROUPS && M < kWsMinRows ? nullptr : ws_layout(kind, xq, dx, sx, dxs, M, K);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@
 #include <mutex>
 #include <cstdlib>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -206,7 +207,34 @@ int64_t grain_for(double item_ns) {
     return std::max<int64_t>(1, static_cast<int64_t>(kMinTaskNs / std::max(item_ns, 1e-3)) + 1);
 }
 
+// The VNNI kernels' walk (kernels.h A8Walk): SPECDEC_A8_WALK=groups|stationary, else by the CPU's
+// vendor (CPUID leaf 0): weight-stationary on AMD, where it was measured faster (Zen 4), the groups
+// walk elsewhere (measured on Intel Xeons).  set_a8_walk changes it at run time (benchmarks and
+// tests; results are the same bits either way).
+int a8_walk_for_cpu() {
+    if (const char* env = std::getenv("SPECDEC_A8_WALK")) {
+        const std::string e(env);
+        if (e == "groups") return A8_WALK_GROUPS;
+        if (e == "stationary") return A8_WALK_STATIONARY;
+    }
+#if defined(__x86_64__)
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid(0, &a, &b, &c, &d)) {
+        char vendor[13] = {};
+        std::memcpy(vendor, &b, 4);
+        std::memcpy(vendor + 4, &d, 4);
+        std::memcpy(vendor + 8, &c, 4);
+        if (std::string(vendor) == "AuthenticAMD") return A8_WALK_STATIONARY;
+    }
+#endif
+    return A8_WALK_GROUPS;
+}
+
+std::atomic<int> g_a8_walk{a8_walk_for_cpu()};
+
 }  // namespace
+
+int a8_walk() { return g_a8_walk.load(std::memory_order_relaxed); }
 
 namespace {
 
@@ -1295,6 +1323,13 @@ void set_amx_min_rows(int64_t rows) {
 #endif
 }
 std::string isa() { return g_table->name; }
+void set_a8_walk(const std::string& walk) {
+    if (walk == "auto") g_a8_walk.store(a8_walk_for_cpu());
+    else if (walk == "groups") g_a8_walk.store(A8_WALK_GROUPS);
+    else if (walk == "stationary") g_a8_walk.store(A8_WALK_STATIONARY);
+    else throw std::invalid_argument("a8 walk must be 'auto', 'groups' or 'stationary', not '" + walk + "'");
+}
+std::string a8_walk_name() { return a8_walk() == A8_WALK_STATIONARY ? "stationary" : "groups"; }
 
 // The 8-bit KV cache's integer attention (kernels.h avx512_q8_int_attention): whether the kernels
 // in use take it, and a switch for benchmarks and tests (it changes results: never mid-request).
@@ -1381,6 +1416,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("set_amx_min_rows", &set_amx_min_rows,
           "Rows from which every format uses AMX-INT8 (0: the measured per-format thresholds)", py::arg("rows"));
     m.def("a8_kernels", &a8_kernels, "Name of the 8-bit activation kernels in use: amx-int8, avx512vnni, avx2 or portable");
+    m.def("set_a8_walk", &set_a8_walk,
+          "How the VNNI kernels walk a product: 'groups', 'stationary' or 'auto' (by CPU; same results, "
+          "process-wide; never while a product runs)", py::arg("walk"));
+    m.def("a8_walk", &a8_walk_name, "The VNNI kernels' walk in use: 'groups' or 'stationary'");
     m.def("kq_kernels", &kq_kernels, "Name of the K-quant 8-bit activation kernels in use: avx512vnni, avx2 or portable");
     m.attr("QT_A8_BASE") = static_cast<int>(kA8QtypeBase);
     m.attr("KEY_BLOCK") = static_cast<int>(kKeyBlock);

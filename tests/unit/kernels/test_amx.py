@@ -2,9 +2,10 @@
 
 The same integer block sums and the same float steps, so every path gives the same bits.  The
 paths are those this CPU and build have ("amx" needs AMX-INT8 and the kernel's tile permission,
-"vnni" AVX-512 VNNI, "portable" always runs); on a machine without AMX the tests run over the
-others.  The AMX path is forced from one row on (its default thresholds send few-row calls to
-VNNI), so that every row count goes through the tiles.
+"vnni" AVX-512 VNNI in its groups walk, "vnni-stationary" in its weight-stationary walk, "portable"
+always runs); on a machine without AMX the tests run over the others.  The AMX path is forced
+from one row on (its default thresholds send few-row calls to VNNI), so that every row count goes
+through the tiles.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ ROWS = (1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33)
 def _paths() -> list[str]:
     paths = ["portable"]
     if K.native_available() and K._C.a8_available():
-        paths.insert(0, "vnni")
+        # the VNNI kernels' two walks of a product (kernels.h A8Walk): the same bits, each chosen
+        # by the CPU's vendor, so both run here whatever this CPU picks
+        paths[:0] = ["vnni", "vnni-stationary"]
         if K.amx_available():
             paths.insert(0, "amx")
     elif K.native_available() and K._C.has_avx2_build() and "avx2" in _avx2_a8():
@@ -58,12 +61,15 @@ def _path(path: str) -> Iterator[None]:
         K.set_native_amx(path == "amx")
         if path == "amx":
             K._C.set_amx_min_rows(1)
+        K._C.set_a8_walk("stationary" if path == "vnni-stationary" else "groups")
     try:
-        expected = {"amx": "amx-int8", "vnni": "avx512vnni", "avx2": "avx2", "portable": "portable"}
-        expected = expected[path]
+        expected = {"amx": "amx-int8", "vnni": "avx512vnni", "vnni-stationary": "avx512vnni"}
+        expected = {**expected, "avx2": "avx2", "portable": "portable"}[path]
         assert K.a8_kernels() == expected
         yield
     finally:
+        if hasattr(K._C, "set_a8_walk"):
+            K._C.set_a8_walk("auto")
         if K.amx_available():
             # NOTE: the setter lives in the AMX unit, built for AMX/AVX-512 CPUs: on an AVX2
             # CPU (AMD EPYC here) even that one line is an illegal instruction
