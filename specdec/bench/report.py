@@ -82,6 +82,8 @@ def collect_environment(
         "native_kernels": kernels.native_isa() if kernels.native_available() else None,
         # what activation_dtype "auto" resolves to for GGUF-quantized weights on this machine
         "int8_activations_fast": kernels.int8_activations_fast(),
+        "a8_kernels": kernels.a8_kernels() if kernels.native_available() else None,
+        "a8_walk": kernels.a8_walk() if kernels.native_available() else None,
         "git_commit": git_commit(),
         "model": model,
         "model_path": model_path,

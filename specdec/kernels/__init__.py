@@ -37,6 +37,7 @@ from specdec.kernels.formats import (
 from specdec.kernels.native import (
     _C,
     a8_kernels,
+    a8_walk,
     amx16_available,
     amx_available,
     cpu_features,
@@ -105,6 +106,7 @@ __all__ += [
     "_dequantize",
     "_kernel_weight",
     "a8_kernels",
+    "a8_walk",
     "amx_available",
     "half_storage",
     "native_module",

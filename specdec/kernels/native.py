@@ -108,6 +108,14 @@ def a8_kernels() -> str | None:
     return _C.a8_kernels() if _C is not None and hasattr(_C, "a8_kernels") else None
 
 
+def a8_walk() -> str | None:
+    """How the VNNI kernels walk a product: 'groups' (Intel) or 'stationary' (AMD).
+
+    The same results either way; ``SPECDEC_A8_WALK`` picks one from the start.
+    """
+    return _C.a8_walk() if _C is not None and hasattr(_C, "a8_walk") else None
+
+
 def native_isa() -> str | None:
     """Which native kernels run: 'avx512', 'avx2' or 'portable' (None without the extension)."""
     return _C.isa() if _C is not None else None

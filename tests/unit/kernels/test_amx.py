@@ -180,3 +180,21 @@ def test_env_turns_amx_off():
     assert out[0] != "amx-int8" and out[1] == "False" and out[2] == "True"
     if K.amx_available() and K.native_isa() == "avx512" and K._C.amx_enabled():
         assert K.a8_kernels() == "amx-int8"
+
+
+def test_walk_named_by_the_environment_and_checked():
+    # SPECDEC_A8_WALK picks the VNNI kernels' walk from the start (what benchmarks compare);
+    # set_a8_walk refuses a name it does not know; the bench reports record the walk in use.
+    _require_native()
+    code = "import specdec.kernels as K; print(K.a8_walk())"
+    for walk in ("groups", "stationary"):
+        env = {**os.environ, "SPECDEC_A8_WALK": walk}
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert out.stdout.strip() == walk, out.stderr[-500:]
+    with pytest.raises(ValueError, match="'auto', 'groups' or 'stationary'"):
+        K._C.set_a8_walk("fast")
+    from specdec.bench.report import collect_environment
+
+    assert collect_environment("m", "p", {})["a8_walk"] == K.a8_walk()
