@@ -164,11 +164,12 @@ constexpr int64_t a8_tile_bytes(int kind) { return a8_head_bytes(kind) + (kind =
 // How the VNNI kernels walk a product (kernels_vnni.cpp).  Every output's arithmetic is the same
 // in both walks, so results are bit for bit the same; only the speed differs, by microarchitecture:
 //   A8_WALK_GROUPS: 1-4 rows through group_tile (two 16-row groups a pass, software prefetch),
-//     5-8 rows through ws2_tile (two weight streams), 9-16 rows through ws_tile.  Measured best on
-//     the Intel Xeons (Sapphire Rapids class).
+//     5-8 rows through ws2_tile (two weight streams), 9-16 rows through ws_tile; K-quants of 1-3
+//     rows (Q6_K: 1-2) two groups a pass.  Measured best on the Intel Xeons (Sapphire Rapids class).
 //   A8_WALK_STATIONARY: every row count through ws_tile, weight-stationary, a block at a time as
-//     two vpdpbusd chains (low and high nibbles) up to 9 rows.  On a Zen 4 EPYC a whole SmolLM2
-//     step ran 1.26-1.43x faster at 1 row and 1.2-1.3x at 2-8 rows than the groups walk.
+//     two vpdpbusd chains (low and high nibbles) up to 9 rows; K-quants one group a pass.  On a
+//     Zen 4 EPYC a whole SmolLM2 step ran 1.21x faster at 1 row and 1.25x at 8 rows than the
+//     groups walk, a Qwen3-1.7B-shaped Q4_K_M step 1.16x at 1 and 3 rows.
 // The walk in use is read once per call (ops.cpp: a8_walk, set_a8_walk, SPECDEC_A8_WALK).
 enum A8Walk : int { A8_WALK_GROUPS = 1, A8_WALK_STATIONARY = 2 };
 int a8_walk();

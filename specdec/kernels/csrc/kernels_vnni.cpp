@@ -792,7 +792,7 @@ void kq_groups(const int8_t* xq, const float* dk, const int16_t* bs16, const int
     constexpr int64_t TB = kq_tile_bytes(FMT);
     const int64_t gs = K / kKqBlock * TB;
     int64_t g = g0;
-    if (M <= (FMT == QT_Q6_K ? 2 : 3))
+    if (a8_walk() == A8_WALK_GROUPS && M <= (FMT == QT_Q6_K ? 2 : 3))
         for (; g + 2 <= g1; g += 2)
             kq_rows<FMT, 2>(xq, dk, bs16, bsm, M, K, w + g * gs, bias ? bias + g * kKqTileRows : nullptr,
                             y + g * kKqTileRows, ldy);

@@ -37,25 +37,36 @@ def _avx2_usable() -> bool:
 
 
 def _isas() -> list[str]:
-    """The kernel tables to compare: AVX-512 (VNNI where the CPU has it), AVX2 and the scalar
-    twins, as far as this CPU and build run them."""
+    """The kernel tables to compare: AVX-512 (VNNI where the CPU has it, in both of its walks of a
+    product: "avx512" the groups walk, "avx512-stationary" the weight-stationary one), AVX2 and
+    the scalar twins, as far as this CPU and build run them."""
     isas = []
     if K.native_available() and K._C.has_avx512_build() and _avx512_usable():
         isas.append("avx512")
+        if K._C.a8_available():
+            isas.append("avx512-stationary")
     if K.native_available() and K._C.has_avx2_build() and _avx2_usable():
         isas.append("avx2")
     return isas + ["portable"]
+
+
+def _set_isa(isa: str) -> None:
+    """Select a table of _isas() (the AVX-512 one with its walk), or "auto" again."""
+    K.set_native_isa(isa.removesuffix("-stationary"))
+    if K.native_available() and hasattr(K._C, "set_a8_walk"):
+        walk = {"avx512": "groups", "avx512-stationary": "stationary"}.get(isa, "auto")
+        K._C.set_a8_walk(walk)
 
 
 @pytest.fixture(params=_isas())
 def native(request):
     if not K.native_available():
         pytest.fail(f"native kernels not built: {K.native_unavailable_reason()}")
-    K.set_native_isa(request.param)
+    _set_isa(request.param)
     try:
         yield K.get_ops("native")
     finally:
-        K.set_native_isa("auto")
+        _set_isa("auto")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,7 +235,7 @@ def _by_isa(a8: bool, qtypes, ms, ks, n: int = 48) -> dict[str, list[torch.Tenso
     """Each table's outputs for random tiles of each format, M rows and K inputs (with a bias)."""
     results: dict[str, list[torch.Tensor]] = {}
     for isa in _isas():
-        K.set_native_isa(isa)
+        _set_isa(isa)
         try:
             ops = K.get_ops("native")
             for k in ks:
@@ -238,7 +249,7 @@ def _by_isa(a8: bool, qtypes, ms, ks, n: int = 48) -> dict[str, list[torch.Tenso
                         x[0, :7] = 1e3  # one block's other codes near zero
                         results.setdefault(isa, []).append(ops.linear(x, w, bias))
         finally:
-            K.set_native_isa("auto")
+            _set_isa("auto")
     return results
 
 
