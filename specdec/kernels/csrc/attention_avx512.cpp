@@ -470,6 +470,13 @@ SPECDEC_VNNI inline __m512i key_vector(const int8_t* kb, int64_t g) {
                             _mm512_set1_epi8(static_cast<char>(0x80)));
 }
 
+// 16 keys' scores from a query's exact sums (acc): (sum - corr) * (key scale * (scale * query
+// scale)), the one float step of every score path (VNNI tiles, AMX sums).
+SPECDEC_VNNI inline __m512 score_out(__m512i acc, const QState* st, __m512 ks, float scale) {
+    const __m512 dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_set1_epi32(st->corr)));
+    return _mm512_mul_ps(dot, _mm512_mul_ps(ks, _mm512_set1_ps(scale * st->qscale)));
+}
+
 // Scores of QT queries (q: their states, qb apart) against one key block (kT, or with Direct
 // the block's entries kb): s[t * ss + i].
 template <int QT, bool Direct = false>
@@ -482,11 +489,7 @@ SPECDEC_VNNI inline void score_tile_i8(uint8_t* q, int64_t qb, const __m512i* kT
         for (int t = 0; t < QT; ++t)
             acc[t] = _mm512_dpbusd_epi32(acc[t], k, _mm512_set1_epi32(load_i32(q + t * qb + 4 * g)));
     }
-    for (int t = 0; t < QT; ++t) {
-        const QState* st = qstate(q + t * qb, D);
-        const __m512 dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[t], _mm512_set1_epi32(st->corr)));
-        _mm512_storeu_ps(s + t * ss, _mm512_mul_ps(dot, _mm512_mul_ps(ks, _mm512_set1_ps(scale * st->qscale))));
-    }
+    for (int t = 0; t < QT; ++t) _mm512_storeu_ps(s + t * ss, score_out(acc[t], qstate(q + t * qb, D), ks, scale));
 }
 
 // Value rows of groups [g0, g1) (4 keys each) of an 8-bit cache head, transposed for vpdpbusd:
@@ -650,14 +653,10 @@ SPECDEC_VNNI void attention_block_q8_int(const AttnRows& a, int64_t j0, float* p
         amx_scores(qs, qb, Q, kall, nch, sb1 - sb0, si, kAttnBlock);
         for (int64_t t = 0; t < Q; ++t) {
             const QState* st = qstate(qs + t * qb, D);
-            const __m512 qs_scale = _mm512_set1_ps(a.scale * st->qscale);
-            const __m512i corr = _mm512_set1_epi32(st->corr);
             for (int64_t sb = sb0; sb < sb1; ++sb) {
                 const __m512 ks = _mm512_loadu_ps(reinterpret_cast<const float*>(kq + sb * bb));
                 float* sd = s + t * kAttnBlock + (sb * kKeyBlock - j0);
-                const __m512i acc = _mm512_loadu_si512(sd);
-                const __m512 dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, corr));
-                _mm512_storeu_ps(sd, _mm512_mul_ps(dot, _mm512_mul_ps(ks, qs_scale)));
+                _mm512_storeu_ps(sd, score_out(_mm512_loadu_si512(sd), st, ks, a.scale));
             }
         }
     }

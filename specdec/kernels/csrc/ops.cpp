@@ -211,12 +211,13 @@ int64_t grain_for(double item_ns) {
 // vendor (CPUID leaf 0): weight-stationary on AMD, where it was measured faster (Zen 4), the groups
 // walk elsewhere (measured on Intel Xeons).  set_a8_walk changes it at run time (benchmarks and
 // tests; results are the same bits either way).
+int a8_walk_named(const std::string& name) {  // 0: not a walk's name
+    return name == "groups" ? A8_WALK_GROUPS : name == "stationary" ? A8_WALK_STATIONARY : 0;
+}
+
 int a8_walk_for_cpu() {
-    if (const char* env = std::getenv("SPECDEC_A8_WALK")) {
-        const std::string e(env);
-        if (e == "groups") return A8_WALK_GROUPS;
-        if (e == "stationary") return A8_WALK_STATIONARY;
-    }
+    if (const char* env = std::getenv("SPECDEC_A8_WALK"))
+        if (const int walk = a8_walk_named(env)) return walk;
 #if defined(__x86_64__)
     unsigned a = 0, b = 0, c = 0, d = 0;
     if (__get_cpuid(0, &a, &b, &c, &d)) {
@@ -1324,10 +1325,9 @@ void set_amx_min_rows(int64_t rows) {
 }
 std::string isa() { return g_table->name; }
 void set_a8_walk(const std::string& walk) {
-    if (walk == "auto") g_a8_walk.store(a8_walk_for_cpu());
-    else if (walk == "groups") g_a8_walk.store(A8_WALK_GROUPS);
-    else if (walk == "stationary") g_a8_walk.store(A8_WALK_STATIONARY);
-    else throw std::invalid_argument("a8 walk must be 'auto', 'groups' or 'stationary', not '" + walk + "'");
+    const int w = walk == "auto" ? a8_walk_for_cpu() : a8_walk_named(walk);
+    if (w == 0) throw std::invalid_argument("a8 walk must be 'auto', 'groups' or 'stationary', not '" + walk + "'");
+    g_a8_walk.store(w);
 }
 std::string a8_walk_name() { return a8_walk() == A8_WALK_STATIONARY ? "stationary" : "groups"; }
 
