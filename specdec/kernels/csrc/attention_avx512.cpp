@@ -25,6 +25,7 @@
 #include "attn_common.h"
 #include "head_chunks.h"
 #include "kernels.h"
+#include "vnni.h"
 
 namespace specdec {
 namespace {
@@ -165,19 +166,19 @@ inline void score_queries(const float* const* qp, int64_t Q, const KV* kb, int64
 }
 
 // Scores of the Q queries against key blocks [sb0, sb1) into s (s[q * ss + j - j0] for key j); a
-// half block widened once when several tiles read it; each block's value rows fetched into L2.
-// NOTE: keys and values are prefetched into L2, not L1: an L1 prefetch holds one of the core's
-// few fill buffers until its line arrives from memory, and with those taken the loads waited (a
-// step at 2,000 cached 1.05-1.12x faster with L2 prefetches at the same distance; Xeon AMX,
-// benchmarks/trees_ab.py).  The float and half caches; the 8-bit cache's kernels gained nothing.
+// half block widened once when several tiles read it; the keys kAttnPrefetchKeys ahead fetched
+// into L2.
+// NOTE: the only prefetches the AVX-512 kernels issue are these keys' (half and float caches) and
+// the 8-bit cache's value blocks into L2 as their keys are scored: the rest (keys into L1, values
+// into L1 or L2 while they are summed) were calls that GCC 12 deleted (prefetch.h's NOTE).  Issued,
+// they paid nothing on a 2-core Zen 4 EPYC (SmolLM2, 200 and 2,000 cached, one and eight rows,
+// each mask alternated in one process: one row 0.93-0.98x, eight rows 0.97-1.06x), so they are
+// gone.
 template <typename KV>
 inline void score_keys(const float* const* qp, int64_t Q, const KV* kt, int64_t sb0, int64_t sb1, int64_t j0,
-                       int64_t kend, int64_t D, __m512 vscale, float* s, int64_t ss, float* kf, const KV* v,
-                       int64_t v_stride) {
+                       int64_t kend, int64_t D, __m512 vscale, float* s, int64_t ss, float* kf) {
     for (int64_t sb = sb0; sb < sb1; ++sb) {
         const KV* kb = kt + sb * D * kKeyBlock;
-        const int64_t vend = (sb + 1) * kKeyBlock < kend ? (sb + 1) * kKeyBlock : kend;
-        if (sb * kKeyBlock < vend) prefetch_values_l2(v, v_stride, D, sb * kKeyBlock, vend);
         if ((sb + 1) * kKeyBlock + kAttnPrefetchKeys <= kend)
             prefetch_span_l2(kb + kAttnPrefetchKeys * D, kKeyBlock * D * int64_t(sizeof(KV)));
         float* sd = s + (sb * kKeyBlock - j0);
@@ -196,7 +197,6 @@ inline void score_keys_q8(const float* const* qp, int64_t Q, const uint8_t* kt, 
     for (int64_t sb = sb0; sb < sb1; ++sb) {
         const uint8_t* kb = kt + sb * bb;
         if (sb * kKeyBlock < kend) prefetch_span_l2(vq + sb * bb, bb);
-        if ((sb + 1) * kKeyBlock + kAttnPrefetchKeys <= kend) prefetch_span(kb + kAttnPrefetchKeys / kKeyBlock * bb, bb);
         const __m512 vs = _mm512_mul_ps(_mm512_loadu_ps(reinterpret_cast<const float*>(kb)), vscale);
         const int8_t* entries = reinterpret_cast<const int8_t*>(kb + kQ8Header);
         float* sd = s + (sb * kKeyBlock - j0);
@@ -356,7 +356,7 @@ void attention_block_kv(const AttnRows& a, int64_t j0, float* part, float* scrat
         score_keys_q8(qp, Q, static_cast<const uint8_t*>(a.kt), sb0, sb1, j0, kend, D, _mm512_set1_ps(a.scale), s,
                       kAttnBlock, kf, static_cast<const uint8_t*>(a.v));
     else
-        score_keys<KV>(qp, Q, kt, sb0, sb1, j0, kend, D, _mm512_set1_ps(a.scale), s, kAttnBlock, kf, v, a.v_stride);
+        score_keys<KV>(qp, Q, kt, sb0, sb1, j0, kend, D, _mm512_set1_ps(a.scale), s, kAttnBlock, kf);
     for (int64_t r = 0; r < R; ++r) {
         if (beg[r] >= end[r]) continue;
         for (int64_t g = 0; g < G; ++g) {
@@ -370,18 +370,13 @@ void attention_block_kv(const AttnRows& a, int64_t j0, float* part, float* scrat
     }
     for (int64_t k0 = jmin, k1; k0 < jmax; k0 = k1) {
         k1 = (k0 / kValueKeys + 1) * kValueKeys < jmax ? (k0 / kValueKeys + 1) * kValueKeys : jmax;
-        const int64_t p1 = k1 + kAttnPrefetchKeys < kend ? k1 + kAttnPrefetchKeys : kend;
-        const int64_t p0 = k0 + kAttnPrefetchKeys;
         if constexpr (std::is_same_v<KV, Q8>) {
             const uint8_t* vq = static_cast<const uint8_t*>(a.v);
-            const int64_t bb = q8_block_bytes(D);
-            if (p0 < p1) prefetch_span(vq + p0 / kKeyBlock * bb, ((p1 - 1) / kKeyBlock - p0 / kKeyBlock + 1) * bb);
             if (active > 1)
                 block_values<float>(a, beg, end, j0, k0, k1, widen_q8_rows(vq, k0, k1, D, vf, Dp), Dp, s, part);
             else
                 block_values_q8(a, beg, end, j0, k0, k1, vq, s, part);
         } else {
-            if (p0 < p1) prefetch_values_l2(v, a.v_stride, D, p0, p1);
             if (widen_v)
                 block_values<float>(a, beg, end, j0, k0, k1,
                                     widen_rows(v + k0 * a.v_stride, a.v_stride, k1 - k0, D, vf, Dp), Dp, s, part);
@@ -487,7 +482,7 @@ SPECDEC_VNNI inline void score_tile_i8(uint8_t* q, int64_t qb, const __m512i* kT
     for (int64_t g = 0; g < D / 4; ++g) {
         const __m512i k = Direct ? key_vector(kb, g) : _mm512_load_si512(kT + g);
         for (int t = 0; t < QT; ++t)
-            acc[t] = _mm512_dpbusd_epi32(acc[t], k, _mm512_set1_epi32(load_i32(q + t * qb + 4 * g)));
+            acc[t] = dpbusd_bcast(acc[t], k, q + t * qb + 4 * g);
     }
     for (int t = 0; t < QT; ++t) _mm512_storeu_ps(s + t * ss, score_out(acc[t], qstate(q + t * qb, D), ks, scale));
 }
@@ -559,14 +554,14 @@ SPECDEC_VNNI inline void value_tile_i8(uint8_t* q, int64_t qb, const __m512i* vt
         for (int t = 0; t < QT; ++t) {
             const uint8_t* pb = qprobs(q + t * qb, D) + 4 * g - j0;
             const __m512i p = _mm512_set1_epi32(load_i32(pb)), pl = _mm512_set1_epi32(load_i32(pb + kQ8ProbRegion));
-            acc[t][0] = _mm512_dpbusd_epi32(acc[t][0], p, v0);
-            acc[t][1] = _mm512_dpbusd_epi32(acc[t][1], p, v1);
-            acc[t][2] = _mm512_dpbusd_epi32(acc[t][2], p, v2);
-            acc[t][3] = _mm512_dpbusd_epi32(acc[t][3], p, v3);
-            lo[t][0] = _mm512_dpbusd_epi32(lo[t][0], pl, v0);
-            lo[t][1] = _mm512_dpbusd_epi32(lo[t][1], pl, v1);
-            lo[t][2] = _mm512_dpbusd_epi32(lo[t][2], pl, v2);
-            lo[t][3] = _mm512_dpbusd_epi32(lo[t][3], pl, v3);
+            acc[t][0] = dpbusd(acc[t][0], p, v0);
+            acc[t][1] = dpbusd(acc[t][1], p, v1);
+            acc[t][2] = dpbusd(acc[t][2], p, v2);
+            acc[t][3] = dpbusd(acc[t][3], p, v3);
+            lo[t][0] = dpbusd(lo[t][0], pl, v0);
+            lo[t][1] = dpbusd(lo[t][1], pl, v1);
+            lo[t][2] = dpbusd(lo[t][2], pl, v2);
+            lo[t][3] = dpbusd(lo[t][3], pl, v3);
         }
     }
     for (int t = 0; t < QT; ++t)
@@ -645,7 +640,6 @@ SPECDEC_VNNI void attention_block_q8_int(const AttnRows& a, int64_t j0, float* p
         for (int64_t sb = sb0; sb < sb1; ++sb) {
             const uint8_t* kb = kq + sb * bb;
             if (sb * kKeyBlock < kend) prefetch_span_l2(vq + sb * bb, bb);
-            if ((sb + 1) * kKeyBlock + kAttnPrefetchKeys <= kend) prefetch_span(kb + kAttnPrefetchKeys / kKeyBlock * bb, bb);
             transpose_keys(reinterpret_cast<const int8_t*>(kb + kQ8Header), D,
                            reinterpret_cast<__m512i*>(kall + (sb - sb0) * nch * 1024));
         }
@@ -663,7 +657,6 @@ SPECDEC_VNNI void attention_block_q8_int(const AttnRows& a, int64_t j0, float* p
     for (int64_t sb = amx_scores != nullptr ? sb1 : sb0; sb < sb1; ++sb) {
         const uint8_t* kb = kq + sb * bb;
         if (sb * kKeyBlock < kend) prefetch_span_l2(vq + sb * bb, bb);
-        if ((sb + 1) * kKeyBlock + kAttnPrefetchKeys <= kend) prefetch_span(kb + kAttnPrefetchKeys / kKeyBlock * bb, bb);
         const int8_t* ke = reinterpret_cast<const int8_t*>(kb + kQ8Header);
         const __m512 ks = _mm512_loadu_ps(reinterpret_cast<const float*>(kb));
         float* sd = s + (sb * kKeyBlock - j0);
@@ -723,9 +716,6 @@ SPECDEC_VNNI void attention_block_q8_int(const AttnRows& a, int64_t j0, float* p
     }
     // values: groups of 4 keys covering every row's range
     const int64_t g0 = jmin / 4, g1 = (jmax + 3) / 4;
-    for (int64_t p0 = g0 * 4 + kAttnPrefetchKeys, p1 = kend < g1 * 4 + kAttnPrefetchKeys ? kend : g1 * 4 + kAttnPrefetchKeys;
-         p0 < p1; p0 += kKeyBlock)
-        prefetch_span(vq + p0 / kKeyBlock * bb, bb);
     const AmxValueSumsFn amx = Q >= kAmxMinQueries ? g_attention_amx.load(std::memory_order_relaxed) : nullptr;
     if (amx != nullptr) {
         // the same exact sums on the tile unit, then value_tile_i8's float steps

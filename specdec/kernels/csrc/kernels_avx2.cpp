@@ -467,18 +467,15 @@ inline void score_queries(const float* const* qp, int64_t Q, const KV* kb, int64
 }
 
 // Scores of the Q queries against key blocks [sb0, sb1) into s (s[q * ss + j - j0] for key j).
-// A half cache is widened once per key block when several tiles read it. Each block's value rows
-// (v, v_stride apart) are fetched into L2 meanwhile.
+// A half cache is widened once per key block when several tiles read it.
+// NOTE: no software prefetch: the calls that stood here (keys into L1, values into L2) and in the
+// value loop were deleted by GCC 12 (prefetch.h's NOTE), so every figure measured with this kernel
+// was without them; they went with the AVX-512 kernels' (attention_avx512.cpp score_keys).
 template <typename KV>
 inline void score_keys(const float* const* qp, int64_t Q, const KV* kt, int64_t sb0, int64_t sb1, int64_t j0,
-                       int64_t kend, int64_t D, __m256 vscale, float* s, int64_t ss, float* kf, const KV* v,
-                       int64_t v_stride) {
+                       int64_t D, __m256 vscale, float* s, int64_t ss, float* kf) {
     for (int64_t sb = sb0; sb < sb1; ++sb) {
         const KV* kb = kt + sb * D * kKeyBlock;
-        const int64_t vend = (sb + 1) * kKeyBlock < kend ? (sb + 1) * kKeyBlock : kend;
-        if (sb * kKeyBlock < vend) prefetch_values_l2(v, v_stride, D, sb * kKeyBlock, vend);
-        if ((sb + 1) * kKeyBlock + kAttnPrefetchKeys <= kend)
-            prefetch_span(kb + kAttnPrefetchKeys * D, kKeyBlock * D * int64_t(sizeof(KV)));
         float* sd = s + (sb * kKeyBlock - j0);
         if (sizeof(KV) == 2 && Q > kScoreTile)
             score_queries<float>(qp, Q, widen(kb, D * kKeyBlock, kf), D, vscale, vscale, sd, ss);
@@ -497,7 +494,6 @@ inline void score_keys_q8(const float* const* qp, int64_t Q, const uint8_t* kt, 
     for (int64_t sb = sb0; sb < sb1; ++sb) {
         const uint8_t* kb = kt + sb * bb;
         if (sb * kKeyBlock < kend) prefetch_span_l2(vq + sb * bb, bb);
-        if ((sb + 1) * kKeyBlock + kAttnPrefetchKeys <= kend) prefetch_span(kb + kAttnPrefetchKeys / kKeyBlock * bb, bb);
         const float* ks = reinterpret_cast<const float*>(kb);
         const __m256 vs0 = _mm256_mul_ps(_mm256_loadu_ps(ks), vscale), vs1 = _mm256_mul_ps(_mm256_loadu_ps(ks + 8), vscale);
         const int8_t* entries = reinterpret_cast<const int8_t*>(kb + kQ8Header);
@@ -647,8 +643,7 @@ void attention_block_kv(const AttnRows& a, int64_t j0, float* part, float* scrat
         score_keys_q8(qp, Q, static_cast<const uint8_t*>(a.kt), sb0, sb1, j0, kend, D, _mm256_set1_ps(a.scale), s,
                       kAttnBlock, kf, static_cast<const uint8_t*>(a.v));
     else
-        score_keys<KV>(qp, Q, kt, sb0, sb1, j0, kend, D, _mm256_set1_ps(a.scale), s, kAttnBlock, kf, v,
-                       a.v_stride);
+        score_keys<KV>(qp, Q, kt, sb0, sb1, j0, D, _mm256_set1_ps(a.scale), s, kAttnBlock, kf);
     for (int64_t r = 0; r < R; ++r) {
         if (beg[r] >= end[r]) continue;
         for (int64_t g = 0; g < G; ++g) {
@@ -675,21 +670,13 @@ void attention_block_kv(const AttnRows& a, int64_t j0, float* part, float* scrat
     }
     for (int64_t k0 = jmin, k1; k0 < jmax; k0 = k1) {
         k1 = (k0 / kValueKeys + 1) * kValueKeys < jmax ? (k0 / kValueKeys + 1) * kValueKeys : jmax;
-        const int64_t p1 = k1 + kAttnPrefetchKeys < kend ? k1 + kAttnPrefetchKeys : kend;
-        const int64_t p0 = k0 + kAttnPrefetchKeys;
         if constexpr (std::is_same_v<KV, Q8>) {
             const uint8_t* vq = static_cast<const uint8_t*>(a.v);
-            const int64_t bb = q8_block_bytes(D);
-            if (p0 < p1) prefetch_span(vq + p0 / kKeyBlock * bb, ((p1 - 1) / kKeyBlock - p0 / kKeyBlock + 1) * bb);
             if (active > 1)
                 block_values<float>(a, beg, end, j0, k0, k1, widen_q8_rows(vq, k0, k1, D, vf, Dp), Dp, s, part);
             else
                 block_values_q8(a, beg, end, j0, k0, k1, vq, s, part);
         } else {
-            if (p0 < p1 && a.v_stride == D)  // rows back to back: one span
-                prefetch_span(v + p0 * D, (p1 - p0) * D * int64_t(sizeof(KV)));
-            else
-                for (int64_t j = p0; j < p1; ++j) prefetch_span(v + j * a.v_stride, D * int64_t(sizeof(KV)));
             if (widen_v)
                 block_values<float>(a, beg, end, j0, k0, k1,
                                     widen_rows(v + k0 * a.v_stride, a.v_stride, k1 - k0, D, vf, Dp), Dp, s, part);

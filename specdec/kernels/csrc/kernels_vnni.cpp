@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "vnni.h"
 
 namespace specdec {
 namespace {
@@ -205,13 +206,6 @@ constexpr int kWsMaxRows = 16;
 constexpr int64_t kWsMinRows = 5;
 // Up to this many rows, pairs of groups go through ws2_tile (two weight streams).
 constexpr int64_t kWs2MaxRows = 8;
-
-// acc += w . broadcast(the 4 int8 at p): vpdpbusd with an embedded broadcast memory operand (GCC
-// emits a separate vpbroadcastd for the intrinsic; the folded form issues measurably faster).
-inline __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t* p) {
-    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const int32_t*>(p)));
-    return acc;
-}
 
 
 // Blocks [b, b + BB) of MR rows against one 16-row group: each (block, row) sum runs as CH

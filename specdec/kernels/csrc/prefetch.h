@@ -13,10 +13,13 @@ namespace specdec {
 
 constexpr int64_t kPrefetchBytes = 8192;
 
-inline void prefetch(const void* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
+// NOTE: asm statements, not _mm_prefetch: GCC 12 finds a function made of the builtin alone free of
+// side effects and deletes the loops that only call it (attn_common.h's prefetch_span compiled to a
+// bare return, so the attention kernels prefetched no key into L1).
+inline void prefetch(const void* p) { __asm__ volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p))); }
 
 // Into L2 only: for bytes needed later in the same call, which would crowd L1 now.
-inline void prefetch_l2(const void* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
+inline void prefetch_l2(const void* p) { __asm__ volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p))); }
 
 // Every cache line of the TB-byte tile kPrefetchBytes ahead of tile.
 template <int64_t TB>
