@@ -14,8 +14,8 @@ namespace specdec {
 constexpr int64_t kPrefetchBytes = 8192;
 
 // NOTE: asm statements, not _mm_prefetch: GCC 12 finds a function made of the builtin alone free of
-// side effects and deletes the loops that only call it (attn_common.h's prefetch_span compiled to a
-// bare return, so the attention kernels prefetched no key into L1).
+// side effects and deletes the loops that only call it (the attention kernels' prefetch_span, such
+// a loop, compiled to a bare return: none of their L1 key or value prefetches was ever issued).
 inline void prefetch(const void* p) { __asm__ volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p))); }
 
 // Into L2 only: for bytes needed later in the same call, which would crowd L1 now.
