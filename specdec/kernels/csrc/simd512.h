@@ -6,6 +6,7 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "prefetch.h"
 #include "tile_store.h"
 
 namespace specdec {
@@ -20,8 +21,6 @@ inline float hsum16(__m512 v) {
 }
 
 inline __mmask16 tail_mask(int64_t r) { return static_cast<__mmask16>((1u << r) - 1u); }
-
-inline void prefetch(const void* p) { __asm__ volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p))); }  // prefetch.h's NOTE
 
 // One step of a tile's FMA chains: acc[m][n] += wv[n] * (inputs k .. k + 15 of row m, at x + m * ldx),
 // every m, n.
