@@ -167,18 +167,23 @@ inline void score_queries(const float* const* qp, int64_t Q, const KV* kb, int64
 
 // Scores of the Q queries against key blocks [sb0, sb1) into s (s[q * ss + j - j0] for key j); a
 // half block widened once when several tiles read it; the keys kAttnPrefetchKeys ahead fetched
-// into L2.
-// NOTE: the only prefetches the AVX-512 kernels issue are these keys' (half and float caches) and
-// the 8-bit cache's value blocks into L2 as their keys are scored: the rest (keys into L1, values
-// into L1 or L2 while they are summed) were calls that GCC 12 deleted (prefetch.h's NOTE).  Issued,
-// they paid nothing on a 2-core Zen 4 EPYC (SmolLM2, 200 and 2,000 cached, one and eight rows,
-// each mask alternated in one process: one row 0.93-0.98x, eight rows 0.97-1.06x), so they are
-// gone.
+// into L2, and with more queries than one tile (v, v_stride apart) each block's value rows too.
+// NOTE: the only prefetches the AVX-512 kernels issue are these and the 8-bit cache's value blocks
+// into L2 as their keys are scored: the rest (keys into L1, values into L1 while they are summed)
+// were calls that GCC 12 deleted (prefetch.h's NOTE).  Issued, they paid nothing on a 2-core
+// Zen 4 EPYC (SmolLM2, 200 and 2,000 cached, one and eight rows, alternated in one process: one
+// row 0.93-0.98x, eight rows 0.94-1.06x).  The value rows into L2 paid at eight rows of a half
+// cache at 2,000 cached (1.03x, 1.04x and 1.07x in three runs; 1.02x at 200) and cost one row
+// 0.94x at 2,000 cached, so they are fetched for several tiles' queries only.
 template <typename KV>
 inline void score_keys(const float* const* qp, int64_t Q, const KV* kt, int64_t sb0, int64_t sb1, int64_t j0,
-                       int64_t kend, int64_t D, __m512 vscale, float* s, int64_t ss, float* kf) {
+                       int64_t kend, int64_t D, __m512 vscale, float* s, int64_t ss, float* kf, const KV* v, int64_t v_stride) {
     for (int64_t sb = sb0; sb < sb1; ++sb) {
         const KV* kb = kt + sb * D * kKeyBlock;
+        if (Q > kScoreTile) {
+            const int64_t vend = (sb + 1) * kKeyBlock < kend ? (sb + 1) * kKeyBlock : kend;
+            for (int64_t j = sb * kKeyBlock; j < vend; ++j) prefetch_span_l2(v + j * v_stride, D * int64_t(sizeof(KV)));
+        }
         if ((sb + 1) * kKeyBlock + kAttnPrefetchKeys <= kend)
             prefetch_span_l2(kb + kAttnPrefetchKeys * D, kKeyBlock * D * int64_t(sizeof(KV)));
         float* sd = s + (sb * kKeyBlock - j0);
@@ -356,7 +361,7 @@ void attention_block_kv(const AttnRows& a, int64_t j0, float* part, float* scrat
         score_keys_q8(qp, Q, static_cast<const uint8_t*>(a.kt), sb0, sb1, j0, kend, D, _mm512_set1_ps(a.scale), s,
                       kAttnBlock, kf, static_cast<const uint8_t*>(a.v));
     else
-        score_keys<KV>(qp, Q, kt, sb0, sb1, j0, kend, D, _mm512_set1_ps(a.scale), s, kAttnBlock, kf);
+        score_keys<KV>(qp, Q, kt, sb0, sb1, j0, kend, D, _mm512_set1_ps(a.scale), s, kAttnBlock, kf, v, a.v_stride);
     for (int64_t r = 0; r < R; ++r) {
         if (beg[r] >= end[r]) continue;
         for (int64_t g = 0; g < G; ++g) {
