@@ -102,6 +102,9 @@ class LlamaModel:
         self.device = device
         self.dtype = dtype
         self.kv_dtype = dtype  # the KV cache's element type (kv_cache_dtype; see set_kv_dtype)
+        # An 8-bit cache's per-layer key offsets [layers, Hkv, D] (measure_key_shift), or None
+        self.key_shift: torch.Tensor | None = None
+        self._key_sums: dict[int, torch.Tensor] | None = None  # measure_key_shift's, while it runs
         self.max_len = max_len
         t = ckpt.tensors
         # NOTE: with 8-bit activations ahead, q8_0/q4_0/q4_1 weights are repacked for them as
@@ -383,6 +386,9 @@ class LlamaModel:
             self._fused = [
                 self.ops.decoder_layer(self.shard_cfg, i, lw) for i, lw in enumerate(self.layers)
             ]
+            if self.key_shift is not None:
+                for i, layer in enumerate(self._fused):
+                    layer.set_key_shift(self.key_shift[i])
         return self._fused
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [R, H] -> [R, V] float32
@@ -483,6 +489,8 @@ class LlamaModel:
         if layer.q_norm is not None:
             q = self.ops.rms_norm(q.reshape(-1, D), layer.q_norm, cfg.rms_norm_eps).view(T, -1, D)
             k = self.ops.rms_norm(k.reshape(-1, D), layer.k_norm, cfg.rms_norm_eps).view(T, -1, D)
+        if self._key_sums is not None:  # measure_key_shift: keys before rotation
+            self._key_sums[i] = k.sum(0, dtype=torch.float32) + self._key_sums.get(i, 0.0)
         rotary = self._rotary[cfg.layer_rope_theta(i)]
         return rotary(q, positions), rotary(k, positions), v
 
@@ -508,10 +516,74 @@ class LlamaModel:
                 "use --kernels native, or float16"
             )
         self.kv_dtype = dtype
+        self.key_shift = None
+        if dtype == torch.int8 and self.tp is None and not self.cfg.attn_logit_softcapping:
+            self.set_key_shift(self.measure_key_shift())
+
+    # measure_key_shift: seeded random tokens read (their keys averaged, the first position left
+    # out: it is often an outlier), and the positions the mean is rotated over
+    KEY_SHIFT_TOKENS = 128
+    KEY_SHIFT_POSITIONS = 1024
+
+    def measure_key_shift(self) -> torch.Tensor:  # [layers, Hkv, D] float32
+        """Per layer and kv head, the vector an 8-bit cache subtracts from every key before it
+        is quantized (kv_cache/pool.py): the keys' mean over the positions a sequence is likely to
+        reach. A query's scores then all move by q . shift, one constant the softmax cancels, and
+        the channels that sit far from zero at every position (common in rotated keys) stop
+        setting each position's scale. Measured once, deterministically: the mean key of
+        ``KEY_SHIFT_TOKENS`` seeded random tokens before rotation, rotated to each of the first
+        ``KEY_SHIFT_POSITIONS`` positions and averaged (slow rotary channels keep their offset,
+        fast ones average out). Not for logit soft-capping (the constant would not cancel) nor
+        tensor parallelism (a rank's forward runs in lockstep with the others'); any shift gives
+        the same attention in exact arithmetic, so it only moves the rounding."""
+        n = min(self.KEY_SHIFT_TOKENS, self.max_len)
+        kv_heads, d = self.shard_cfg.num_kv_heads, self.cfg.head_dim
+        if n < 2:
+            return torch.zeros(len(self.layers), kv_heads, d)
+        gen = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, self.cfg.vocab_size, (n,), generator=gen)
+        kv = KVCache(
+            self.cfg.num_layers,
+            1,
+            kv_heads,
+            n,
+            d,
+            torch.float32,
+            self.device,
+            key_block=self.ops.key_block,
+        )
+        fused, self.use_fused_layers = self.use_fused_layers, False
+        try:
+            with torch.inference_mode():
+                self.forward(ids[:1], torch.arange(1), SeqBatch([0], [0], [1]), kv)  # not counted
+                self._key_sums = {}
+                self.forward(ids[1:], torch.arange(1, n), SeqBatch([0], [1], [n - 1]), kv)
+                sums = self._key_sums
+        finally:
+            self._key_sums, self.use_fused_layers = None, fused
+        shifts = []
+        span = min(self.KEY_SHIFT_POSITIONS, self.max_len)
+        for i in range(len(self.layers)):
+            mean = (sums[i] / (n - 1)).to(self.dtype)  # [Hkv, D]
+            rotary = self._rotary[self.cfg.layer_rope_theta(i)]
+            turned = rotary(mean.expand(span, *mean.shape).contiguous(), torch.arange(span))
+            shifts.append(turned.float().mean(0))
+        return torch.stack(shifts)
+
+    def set_key_shift(self, shift: torch.Tensor | None) -> None:
+        """Use ``shift`` ([layers, Hkv, D] float32, or None) for 8-bit caches: the native layers'
+        writes from now on, and the caches ``make_kv_cache`` makes (a cache made before keeps
+        its own, so call this before making any)."""
+        self.key_shift = shift
+        if self._fused is not None:
+            for i, layer in enumerate(self._fused):
+                layer.set_key_shift(None if shift is None else shift[i])
 
     def make_kv_cache(self, num_slots: int, max_len: int, num_layers: int | None = None) -> KVCache:
+        n = num_layers or self.cfg.num_layers
+        shift = self.key_shift if self.kv_dtype == torch.int8 else None
         return KVCache(
-            num_layers or self.cfg.num_layers,
+            n,
             num_slots,
             self.shard_cfg.num_kv_heads,
             max_len,
@@ -520,6 +592,7 @@ class LlamaModel:
             self.device,
             key_block=self.ops.key_block,
             share_block=self.ops.attn_block if self.use_fused_layers else 0,
+            key_shift=None if shift is None else shift[:n],
         )
 
 

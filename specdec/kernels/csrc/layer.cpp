@@ -219,12 +219,15 @@ class DecoderLayer {
             uint8_t* vc = reinterpret_cast<uint8_t*>(v_cache.data_ptr<int8_t>());
             const int64_t bb = q8_block_bytes(D), blocks = max_len / kKeyBlock;
             std::vector<float> key(static_cast<size_t>(D));
+            const float* shift = key_shift_.has_value() ? key_shift_->data_ptr<float>() : nullptr;
             write([&](int64_t slot, int64_t hd, int64_t pos, const float* ks, const float* c, const float* sn,
                       const float* vs) {
                 const int64_t blk = (hd * blocks + pos / kKeyBlock) * bb, lane = pos % kKeyBlock;
                 uint8_t* kb = kc + slot * k_slot_stride + blk;
                 uint8_t* vb = vc + slot * slot_stride + blk;
                 rotate_head(ks, c, sn, D, key.data());
+                if (shift != nullptr)
+                    for (int64_t d = 0; d < D; ++d) key[d] -= shift[hd * D + d];
                 put_q8(key.data(), D, reinterpret_cast<int8_t*>(kb + kQ8Header) + lane, kKeyBlock,
                        reinterpret_cast<float*>(kb) + lane);
                 put_q8(vs, D, reinterpret_cast<int8_t*>(vb + kQ8Header) + lane * D, 1, reinterpret_cast<float*>(vb) + lane);
@@ -266,6 +269,20 @@ class DecoderLayer {
     // Makes this a mixture-of-experts layer: its feed-forward is moe's (gate_up / down unused).
     void set_moe(std::shared_ptr<MoeFfn> moe) { moe_ = std::move(moe); }
 
+    // The vector [Hkv, D] subtracted from each rotated key before it is quantized into an 8-bit
+    // cache (None: nothing).  A query's scores all move by one constant, so the softmax is the
+    // same; the keys' common offset no longer sets each position's scale (llama.py key_shift).
+    void set_key_shift(c10::optional<torch::Tensor> shift) {
+        if (shift.has_value()) {
+            TORCH_CHECK(shift->scalar_type() == torch::kFloat32 && shift->dim() == 2 && shift->size(0) == Hkv_ &&
+                            shift->size(1) == D_,
+                        "DecoderLayer: key_shift must be float32 [num_kv_heads, head_dim]");
+            key_shift_ = shift->contiguous();
+        } else {
+            key_shift_.reset();
+        }
+    }
+
     // The experts [T, top_k] the rows of the latest forward chose; None for a dense layer.
     c10::optional<torch::Tensor> moe_last_ids() const {
         if (!moe_ || !moe_->last_ids().defined()) return c10::nullopt;
@@ -282,6 +299,7 @@ class DecoderLayer {
     LinearSpec qkv_, o_, gate_up_, down_;
     c10::optional<torch::Tensor> q_norm_, k_norm_, post_attn_out_norm_, post_ffw_norm_;
     std::shared_ptr<MoeFfn> moe_;
+    c10::optional<torch::Tensor> key_shift_;
 };
 
 // Layers 0..n-1 in order, exactly as n calls of DecoderLayer::forward run them (the same ops on
@@ -346,6 +364,7 @@ void bind_decoder_layer(py::module_& m) {
              py::arg("gate_up_parts") = std::vector<int64_t>{},
              py::arg("down_parts") = std::vector<int64_t>{})
         .def("set_moe", &DecoderLayer::set_moe, py::arg("moe"))
+        .def("set_key_shift", &DecoderLayer::set_key_shift, py::arg("shift"))
         .def("moe_last_ids", &DecoderLayer::moe_last_ids)
         .def("forward", &DecoderLayer::forward, py::arg("x"), py::arg("cos"), py::arg("sin"),
              py::arg("k_cache"), py::arg("v_cache"), py::arg("slots"), py::arg("starts"),

@@ -241,6 +241,57 @@ def test_close_to_attention_over_the_float_values() -> None:
 
 
 @pytest.mark.usefixtures("isa")
+def test_a_key_shift_keeps_the_softmax_and_cuts_the_keys_rounding() -> None:
+    """Keys whose few channels sit far from zero at every position (as rotated keys' slow
+    channels do): stored less their mean, attention is the same up to rounding, and the 8-bit
+    keys' rounding costs far less, since the offset no longer sets each position's scale."""
+    length, h, hkv, d = 300, 6, 2, 64
+    gen = torch.Generator().manual_seed(5)
+    offset = torch.zeros(hkv, d)
+    offset[:, [3, 17, 40, 41]] = torch.tensor([25.0, -30.0, 20.0, 35.0])
+    k = torch.randn(length, hkv, d, generator=gen) + offset
+    v = torch.randn(length, hkv, d, generator=gen)
+    q = torch.randn(4, h, d, generator=gen)
+    f32 = KVCache(1, 1, hkv, length, d, torch.float32, CPU, key_block=16)
+    f32.store(0, 0, 0, k, v)
+    want = _C.attention(q, f32.k[0, 0], f32.v[0, 0], length - 4, 0.125)
+    errors = []
+    for shift in (None, k.mean(0)[None]):
+        kv = KVCache(1, 1, hkv, length, d, torch.int8, CPU, key_block=16, key_shift=shift)
+        kv.store(0, 0, 0, k, v)
+        got = _C.attention(q, kv.k[0, 0], kv.v[0, 0], length - 4, 0.125)
+        errors.append(((got - want).norm() / want.norm()).item())
+    plain, shifted = errors
+    assert shifted < 0.5 * plain, errors
+    assert shifted < 0.02, errors
+    # what is stored is the shifted key
+    assert (kv.keys(0, 0)[:, :length] - (k - k.mean(0)).transpose(0, 1)).abs().max() < 0.1
+
+
+def test_a_key_shift_is_for_an_int8_cache_of_its_shape() -> None:
+    with pytest.raises(ValueError, match="key_shift"):
+        KVCache(1, 1, 2, 32, 8, torch.float16, CPU, key_block=16, key_shift=torch.zeros(1, 2, 8))
+    with pytest.raises(ValueError, match="key_shift"):
+        KVCache(1, 1, 2, 32, 8, torch.int8, CPU, key_block=16, key_shift=torch.zeros(1, 3, 8))
+
+
+def test_the_model_measures_its_key_shift_once_and_alike(tiny_llama) -> None:
+    """An int8 cache's model measures its key shift as it loads, from seeded tokens: the same
+    in every process; float caches take none."""
+    a = LLM(str(tiny_llama), kernels="native", kv_cache_dtype="int8").engine.model
+    b = LLM(str(tiny_llama), kernels="native", kv_cache_dtype="int8").engine.model
+    cfg = a.cfg
+    assert a.key_shift is not None
+    assert a.key_shift.shape == (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+    assert torch.isfinite(a.key_shift).all() and a.key_shift.abs().sum() > 0
+    assert torch.equal(a.key_shift, b.key_shift)
+    assert torch.equal(a.make_kv_cache(1, 32).key_shift, a.key_shift)
+    assert torch.equal(a.make_kv_cache(1, 32, num_layers=1).key_shift, a.key_shift[:1])
+    half = LLM(str(tiny_llama), kernels="native", kv_cache_dtype="float16").engine.model
+    assert half.key_shift is None and half.make_kv_cache(1, 32).key_shift is None
+
+
+@pytest.mark.usefixtures("isa")
 def test_row_alone_equals_row_among_n() -> None:
     h, hkv, d, length = 9, 3, 64, 2 * BLOCK + 80
     kv = _filled(hkv, length, d, seed=3)
@@ -318,12 +369,12 @@ def test_attention_rejects_a_bad_int8_cache() -> None:
 
 def test_native_layers_write_what_store_writes(tiny_llama) -> None:
     """The fused native layer stack quantizes in C++ (layer.cpp put_q8), the op-by-op path through
-    KVCache.store: the same bytes, hence the same logits."""
+    KVCache.store: the same bytes, hence the same logits, each less the model's key shift."""
     llm = LLM(str(tiny_llama), kernels="native", kv_cache_dtype="int8")
     model = llm.engine.model
     from specdec.model.llama import SeqBatch
 
-    assert model.use_fused_layers
+    assert model.use_fused_layers and model.key_shift is not None
     ids = torch.tensor([5, 9, 12, 5, 9, 12, 5, 9, 3, 4, 5, 6, 7, 3, 4, 5, 6, 100, 7] * 2)
     results = []
     for fused in (True, False):
