@@ -57,12 +57,14 @@ values row-major): ``k`` and ``v`` are ``int8 [layers, slots, Hkv, ceil(max_len 
 as they are and applies the scales once: to each score (the key's) and to each softmax weight
 (the value's). ``keys`` / ``values`` give the products, float(int8) * scale.
 
-``key_shift`` (``[layers, Hkv, D]`` float32, int8 only; the model measures it, llama.py
-``LlamaModel.key_shift``): a vector subtracted from every key of that layer and head before it is
-quantized. Each query's scores all move by one constant, which the softmax cancels, while the
-keys' common offset (a few channels far from zero at every position) no longer sets each
-position's scale: the 8-bit keys keep more of what differs between positions. ``keys`` gives the
-shifted keys, as attention reads them.
+``key_shift`` and ``key_scale`` (``[layers, Hkv, D]`` float32, int8 only; the model measures
+them, llama.py ``LlamaModel.measure_key_transform``): each key is stored as (key - shift) * scale,
+and attention multiplies each query by ``query_scale`` = 1 / scale first. Each query's scores all
+move by one constant, which the softmax cancels, and q . k is the same product channel by
+channel; what changes is the rounding. The keys' common offset (a few channels far from zero at
+every position) no longer sets each position's scale, and channels where queries are large and
+keys small (or the reverse) are evened out between the two 8-bit operands. ``keys`` gives the
+keys as stored, as attention reads them.
 """
 
 from __future__ import annotations
@@ -95,6 +97,7 @@ class KVCache:
         key_block: int = 0,
         share_block: int = 0,
         key_shift: torch.Tensor | None = None,  # [layers, Hkv, D] float32 (module docstring)
+        key_scale: torch.Tensor | None = None,  # [layers, Hkv, D] float32 (module docstring)
     ) -> None:
         shape = (num_layers, num_slots, num_kv_heads, max_len, head_dim)
         self.key_block = key_block
@@ -103,11 +106,14 @@ class KVCache:
         self.quantized = dtype == torch.int8
         if self.quantized and not key_block:
             raise ValueError("an int8 KV cache needs the native kernels' blocked layout")
-        if key_shift is not None and (
-            not self.quantized or tuple(key_shift.shape) != (num_layers, num_kv_heads, head_dim)
-        ):
-            raise ValueError("key_shift: only an int8 cache takes one, [layers, Hkv, head_dim]")
+        for name, t in (("key_shift", key_shift), ("key_scale", key_scale)):
+            if t is not None and (
+                not self.quantized or tuple(t.shape) != (num_layers, num_kv_heads, head_dim)
+            ):
+                raise ValueError(f"{name}: only an int8 cache takes one, [layers, Hkv, head_dim]")
         self.key_shift = None if key_shift is None else key_shift.to(torch.float32)
+        self.key_scale = None if key_scale is None else key_scale.to(torch.float32)
+        self.query_scale = None if key_scale is None else 1.0 / self.key_scale
         k_shape = v_shape = shape
         if key_block:
             num_blocks = -(-max_len // key_block)
@@ -176,8 +182,11 @@ class KVCache:
     ) -> None:
         pos = torch.arange(start, start + k.shape[0], device=k.device)
         blk, lane = pos // self.key_block, pos % self.key_block
-        if self.key_shift is not None:  # the same float subtraction as layer.cpp's
-            k = k.to(torch.float32) - self.key_shift[layer]
+        k = k.to(torch.float32)
+        if self.key_shift is not None:  # the same float operations as layer.cpp's
+            k = k - self.key_shift[layer]
+        if self.key_scale is not None:
+            k = k * self.key_scale[layer]
         k_scale, k_q = quantize_q8(k)  # [n, Hkv], [n, Hkv, D]
         v_scale, v_q = quantize_q8(v)
         scales, entries = self._q8_parts(self.k[layer, slot], keys=True)
@@ -198,7 +207,7 @@ class KVCache:
 
     def keys(self, layer: int, slot: int) -> torch.Tensor:
         """One slot's keys in the usual layout, ``[Hkv, max_len, D]`` (a copy when blocked; an
-        int8 cache's as the floats attention reads, less any ``key_shift``)."""
+        int8 cache's as the floats attention reads, shifted and scaled as stored)."""
         if self.quantized:
             return self._q8_values(self.k[layer, slot], keys=True)
         return standard_keys(self.k[layer, slot], self.max_len, self.key_block)

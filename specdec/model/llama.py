@@ -102,9 +102,12 @@ class LlamaModel:
         self.device = device
         self.dtype = dtype
         self.kv_dtype = dtype  # the KV cache's element type (kv_cache_dtype; see set_kv_dtype)
-        # An 8-bit cache's per-layer key offsets [layers, Hkv, D] (measure_key_shift), or None
+        # How an 8-bit cache holds keys (measure_key_transform): [layers, Hkv, D] each, or None
         self.key_shift: torch.Tensor | None = None
-        self._key_sums: dict[int, torch.Tensor] | None = None  # measure_key_shift's, while it runs
+        self.key_scale: torch.Tensor | None = None
+        # measure_key_transform's records while it runs: per layer, (sum of the keys before
+        # rotation, the rotated queries, the rotated keys)
+        self._calibration: dict[int, list] | None = None
         self.max_len = max_len
         t = ckpt.tensors
         # NOTE: with 8-bit activations ahead, q8_0/q4_0/q4_1 weights are repacked for them as
@@ -386,9 +389,7 @@ class LlamaModel:
             self._fused = [
                 self.ops.decoder_layer(self.shard_cfg, i, lw) for i, lw in enumerate(self.layers)
             ]
-            if self.key_shift is not None:
-                for i, layer in enumerate(self._fused):
-                    layer.set_key_shift(self.key_shift[i])
+            self._apply_key_transform()
         return self._fused
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [R, H] -> [R, V] float32
@@ -452,6 +453,11 @@ class LlamaModel:
         cfg = self.shard_cfg
         T, D = h.shape[0], cfg.head_dim
         q, k, v = self.qkv(i, layer, h, positions)
+        if (
+            getattr(kv, "query_scale", None) is not None
+        ):  # an 8-bit cache's key transform (measure_key_transform)
+            g = cfg.num_heads // cfg.num_kv_heads
+            q = (q.view(T, -1, g, D) * kv.query_scale[i][:, None]).view(T, -1, D)
         out = torch.empty_like(q)
         offset = 0
         window = cfg.layer_window(i)
@@ -489,10 +495,11 @@ class LlamaModel:
         if layer.q_norm is not None:
             q = self.ops.rms_norm(q.reshape(-1, D), layer.q_norm, cfg.rms_norm_eps).view(T, -1, D)
             k = self.ops.rms_norm(k.reshape(-1, D), layer.k_norm, cfg.rms_norm_eps).view(T, -1, D)
-        if self._key_sums is not None:  # measure_key_shift: keys before rotation
-            self._key_sums[i] = k.sum(0, dtype=torch.float32) + self._key_sums.get(i, 0.0)
         rotary = self._rotary[cfg.layer_rope_theta(i)]
-        return rotary(q, positions), rotary(k, positions), v
+        qr, kr = rotary(q, positions), rotary(k, positions)
+        if self._calibration is not None:  # measure_key_transform
+            self._calibration.setdefault(i, []).append((k.sum(0, dtype=torch.float32), qr, kr))
+        return qr, kr, v
 
     def set_kv_dtype(self, kv_cache_dtype: str) -> None:
         """``"auto"``, ``"float32"``, ``"float16"``, ``"bfloat16"`` or ``"int8"``: the element
@@ -516,72 +523,87 @@ class LlamaModel:
                 "use --kernels native, or float16"
             )
         self.kv_dtype = dtype
-        self.key_shift = None
+        self.key_shift = self.key_scale = None
         if dtype == torch.int8 and self.tp is None and not self.cfg.attn_logit_softcapping:
-            self.set_key_shift(self.measure_key_shift())
+            self.key_shift, self.key_scale = self.measure_key_transform()
+        self._apply_key_transform()
 
-    # measure_key_shift: seeded random tokens read (their keys averaged, the first position left
-    # out: it is often an outlier), and the positions the mean is rotated over
-    KEY_SHIFT_TOKENS = 128
-    KEY_SHIFT_POSITIONS = 1024
+    # measure_key_transform: seeded random tokens read (the first position left out: it is often
+    # an outlier), and the positions the keys' mean is rotated over
+    KEY_TRANSFORM_TOKENS = 128
+    KEY_TRANSFORM_POSITIONS = 1024
 
-    def measure_key_shift(self) -> torch.Tensor:  # [layers, Hkv, D] float32
-        """Per layer and kv head, the vector an 8-bit cache subtracts from every key before it
-        is quantized (kv_cache/pool.py): the keys' mean over the positions a sequence is likely to
-        reach. A query's scores then all move by q . shift, one constant the softmax cancels, and
-        the channels that sit far from zero at every position (common in rotated keys) stop
-        setting each position's scale. Measured once, deterministically: the mean key of
-        ``KEY_SHIFT_TOKENS`` seeded random tokens before rotation, rotated to each of the first
-        ``KEY_SHIFT_POSITIONS`` positions and averaged (slow rotary channels keep their offset,
-        fast ones average out). Not for logit soft-capping (the constant would not cancel) nor
-        tensor parallelism (a rank's forward runs in lockstep with the others'); any shift gives
-        the same attention in exact arithmetic, so it only moves the rounding."""
-        n = min(self.KEY_SHIFT_TOKENS, self.max_len)
-        kv_heads, d = self.shard_cfg.num_kv_heads, self.cfg.head_dim
+    def measure_key_transform(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """How an 8-bit cache holds each layer's keys (kv_cache/pool.py): as (key - shift) *
+        scale, with queries multiplied by 1 / scale; both [layers, Hkv, D] float32. Any such pair
+        gives the same attention in exact arithmetic (each query's scores move by one constant,
+        which the softmax cancels; q . k is the same product channel by channel), so this only
+        chooses where the rounding falls. Measured once, deterministically, on
+        ``KEY_TRANSFORM_TOKENS`` seeded random tokens:
+
+        - shift: the mean key before rotation, rotated to each of the first
+          ``KEY_TRANSFORM_POSITIONS`` positions and averaged. Slow rotary channels keep the offset
+          they carry at every position, which would otherwise set each key's 8-bit scale; fast
+          ones average out.
+        - scale: per channel, the square root of the largest query magnitude over the largest
+          shifted-key magnitude (over the kv head's queries): the two 8-bit operands of each
+          channel's products get even ranges (SmoothQuant's balance), so a channel where queries
+          are large and keys small (or the reverse) no longer costs the other channels their
+          levels.
+
+        Not for logit soft-capping (the constant would not cancel) nor tensor parallelism (a
+        rank's forward runs in lockstep with the others')."""
+        n = min(self.KEY_TRANSFORM_TOKENS, self.max_len)
+        cfg = self.shard_cfg
+        kv_heads, d, layers = cfg.num_kv_heads, cfg.head_dim, len(self.layers)
         if n < 2:
-            return torch.zeros(len(self.layers), kv_heads, d)
+            return torch.zeros(layers, kv_heads, d), torch.ones(layers, kv_heads, d)
         gen = torch.Generator().manual_seed(0)
         ids = torch.randint(0, self.cfg.vocab_size, (n,), generator=gen)
         kv = KVCache(
-            self.cfg.num_layers,
-            1,
-            kv_heads,
-            n,
-            d,
-            torch.float32,
-            self.device,
-            key_block=self.ops.key_block,
+            layers, 1, kv_heads, n, d, torch.float32, self.device, key_block=self.ops.key_block
         )
         fused, self.use_fused_layers = self.use_fused_layers, False
         try:
             with torch.inference_mode():
                 self.forward(ids[:1], torch.arange(1), SeqBatch([0], [0], [1]), kv)  # not counted
-                self._key_sums = {}
+                self._calibration = {}
                 self.forward(ids[1:], torch.arange(1, n), SeqBatch([0], [1], [n - 1]), kv)
-                sums = self._key_sums
+                records = self._calibration
         finally:
-            self._key_sums, self.use_fused_layers = None, fused
-        shifts = []
-        span = min(self.KEY_SHIFT_POSITIONS, self.max_len)
-        for i in range(len(self.layers)):
-            mean = (sums[i] / (n - 1)).to(self.dtype)  # [Hkv, D]
-            rotary = self._rotary[self.cfg.layer_rope_theta(i)]
-            turned = rotary(mean.expand(span, *mean.shape).contiguous(), torch.arange(span))
-            shifts.append(turned.float().mean(0))
-        return torch.stack(shifts)
+            self._calibration, self.use_fused_layers = None, fused
+        span = min(self.KEY_TRANSFORM_POSITIONS, self.max_len)
+        group = cfg.num_heads // kv_heads
+        shifts, scales = [], []
+        with torch.inference_mode():
+            for i in range(layers):
+                ((ksum, q, k),) = records[i]
+                mean = (ksum / (n - 1)).to(self.dtype)  # [Hkv, D]
+                rotary = self._rotary[self.cfg.layer_rope_theta(i)]
+                turned = rotary(mean.expand(span, *mean.shape).contiguous(), torch.arange(span))
+                shift = turned.float().mean(0)
+                qmax = q.float().abs().view(n - 1, kv_heads, group, d).amax((0, 2))  # [Hkv, D]
+                kmax = (k.float() - shift).abs().amax(0)
+                ratio = (qmax.clamp_min(1e-6) / kmax.clamp_min(1e-6)).sqrt()
+                shifts.append(shift)
+                scales.append(ratio.clamp(2.0**-16, 2.0**16))
+        return torch.stack(shifts), torch.stack(scales)
 
-    def set_key_shift(self, shift: torch.Tensor | None) -> None:
-        """Use ``shift`` ([layers, Hkv, D] float32, or None) for 8-bit caches: the native layers'
-        writes from now on, and the caches ``make_kv_cache`` makes (a cache made before keeps
-        its own, so call this before making any)."""
-        self.key_shift = shift
-        if self._fused is not None:
-            for i, layer in enumerate(self._fused):
-                layer.set_key_shift(None if shift is None else shift[i])
+    def _apply_key_transform(self) -> None:
+        """Hand ``key_shift`` / ``key_scale`` to the native layers (their writes from now on; the
+        caches ``make_kv_cache`` makes carry the same)."""
+        if self._fused is None:
+            return
+        for i, layer in enumerate(self._fused):
+            if self.key_shift is None:
+                layer.set_key_transform(None, None, None)
+            else:
+                scale = self.key_scale[i]
+                layer.set_key_transform(self.key_shift[i], scale, 1.0 / scale)
 
     def make_kv_cache(self, num_slots: int, max_len: int, num_layers: int | None = None) -> KVCache:
         n = num_layers or self.cfg.num_layers
-        shift = self.key_shift if self.kv_dtype == torch.int8 else None
+        q8 = self.kv_dtype == torch.int8 and self.key_shift is not None
         return KVCache(
             n,
             num_slots,
@@ -592,7 +614,8 @@ class LlamaModel:
             self.device,
             key_block=self.ops.key_block,
             share_block=self.ops.attn_block if self.use_fused_layers else 0,
-            key_shift=None if shift is None else shift[:n],
+            key_shift=self.key_shift[:n] if q8 else None,
+            key_scale=self.key_scale[:n] if q8 else None,
         )
 
 

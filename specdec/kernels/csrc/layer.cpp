@@ -220,6 +220,7 @@ class DecoderLayer {
             const int64_t bb = q8_block_bytes(D), blocks = max_len / kKeyBlock;
             std::vector<float> key(static_cast<size_t>(D));
             const float* shift = key_shift_.has_value() ? key_shift_->data_ptr<float>() : nullptr;
+            const float* kscale = key_scale_.has_value() ? key_scale_->data_ptr<float>() : nullptr;
             write([&](int64_t slot, int64_t hd, int64_t pos, const float* ks, const float* c, const float* sn,
                       const float* vs) {
                 const int64_t blk = (hd * blocks + pos / kKeyBlock) * bb, lane = pos % kKeyBlock;
@@ -228,6 +229,8 @@ class DecoderLayer {
                 rotate_head(ks, c, sn, D, key.data());
                 if (shift != nullptr)
                     for (int64_t d = 0; d < D; ++d) key[d] -= shift[hd * D + d];
+                if (kscale != nullptr)
+                    for (int64_t d = 0; d < D; ++d) key[d] *= kscale[hd * D + d];
                 put_q8(key.data(), D, reinterpret_cast<int8_t*>(kb + kQ8Header) + lane, kKeyBlock,
                        reinterpret_cast<float*>(kb) + lane);
                 put_q8(vs, D, reinterpret_cast<int8_t*>(vb + kQ8Header) + lane * D, 1, reinterpret_cast<float*>(vb) + lane);
@@ -237,6 +240,14 @@ class DecoderLayer {
                         reinterpret_cast<uint16_t*>(v_cache.data_ptr<at::Half>()));
         } else {
             write_float(k_cache.data_ptr<float>(), v_cache.data_ptr<float>());
+        }
+        if (q8 && query_scale_.has_value()) {  // set_key_transform: the queries' side of the scale
+            const float* qs = query_scale_->data_ptr<float>();
+            const int64_t group = H_ / Hkv_;
+            for (int64_t r = 0; r < T * H_; ++r) {
+                const float* m = qs + ((r % H_) / group) * D;
+                for (int64_t d = 0; d < D; ++d) qrp[r * D + d] *= m[d];
+            }
         }
         torch::Tensor attn = attention_seqs(qr, k_cache, v_cache, slots, starts, counts, scale_, window_, softcap_,
                                             prefix_slots, prefix_lens);
@@ -269,18 +280,28 @@ class DecoderLayer {
     // Makes this a mixture-of-experts layer: its feed-forward is moe's (gate_up / down unused).
     void set_moe(std::shared_ptr<MoeFfn> moe) { moe_ = std::move(moe); }
 
-    // The vector [Hkv, D] subtracted from each rotated key before it is quantized into an 8-bit
-    // cache (None: nothing).  A query's scores all move by one constant, so the softmax is the
-    // same; the keys' common offset no longer sets each position's scale (llama.py key_shift).
-    void set_key_shift(c10::optional<torch::Tensor> shift) {
-        if (shift.has_value()) {
-            TORCH_CHECK(shift->scalar_type() == torch::kFloat32 && shift->dim() == 2 && shift->size(0) == Hkv_ &&
-                            shift->size(1) == D_,
-                        "DecoderLayer: key_shift must be float32 [num_kv_heads, head_dim]");
-            key_shift_ = shift->contiguous();
-        } else {
-            key_shift_.reset();
-        }
+    // How an 8-bit cache holds this layer's keys (llama.py measure_key_transform; None: as they
+    // are): each rotated key becomes (key - shift) * scale before it is quantized, and each rotated
+    // query is multiplied by query_scale (1 / scale), all [Hkv, D] float32.  A query's scores all
+    // move by one constant, which the softmax cancels, and q . k is the same product channel by
+    // channel; the rounding of the 8-bit keys and queries is what changes.
+    void set_key_transform(c10::optional<torch::Tensor> shift, c10::optional<torch::Tensor> scale,
+                           c10::optional<torch::Tensor> query_scale) {
+        auto take = [&](c10::optional<torch::Tensor>& dst, const c10::optional<torch::Tensor>& src) {
+            if (!src.has_value()) {
+                dst.reset();
+                return;
+            }
+            TORCH_CHECK(src->scalar_type() == torch::kFloat32 && src->dim() == 2 && src->size(0) == Hkv_ &&
+                            src->size(1) == D_,
+                        "DecoderLayer: a key transform's tensors must be float32 [num_kv_heads, head_dim]");
+            dst = src->contiguous();
+        };
+        TORCH_CHECK(scale.has_value() == query_scale.has_value(),
+                    "DecoderLayer: a key scale needs its query scale");
+        take(key_shift_, shift);
+        take(key_scale_, scale);
+        take(query_scale_, query_scale);
     }
 
     // The experts [T, top_k] the rows of the latest forward chose; None for a dense layer.
@@ -299,7 +320,7 @@ class DecoderLayer {
     LinearSpec qkv_, o_, gate_up_, down_;
     c10::optional<torch::Tensor> q_norm_, k_norm_, post_attn_out_norm_, post_ffw_norm_;
     std::shared_ptr<MoeFfn> moe_;
-    c10::optional<torch::Tensor> key_shift_;
+    c10::optional<torch::Tensor> key_shift_, key_scale_, query_scale_;
 };
 
 // Layers 0..n-1 in order, exactly as n calls of DecoderLayer::forward run them (the same ops on
@@ -364,7 +385,8 @@ void bind_decoder_layer(py::module_& m) {
              py::arg("gate_up_parts") = std::vector<int64_t>{},
              py::arg("down_parts") = std::vector<int64_t>{})
         .def("set_moe", &DecoderLayer::set_moe, py::arg("moe"))
-        .def("set_key_shift", &DecoderLayer::set_key_shift, py::arg("shift"))
+        .def("set_key_transform", &DecoderLayer::set_key_transform, py::arg("shift"), py::arg("scale"),
+             py::arg("query_scale"))
         .def("moe_last_ids", &DecoderLayer::moe_last_ids)
         .def("forward", &DecoderLayer::forward, py::arg("x"), py::arg("cos"), py::arg("sin"),
              py::arg("k_cache"), py::arg("v_cache"), py::arg("slots"), py::arg("starts"),

@@ -268,27 +268,63 @@ def test_a_key_shift_keeps_the_softmax_and_cuts_the_keys_rounding() -> None:
     assert (kv.keys(0, 0)[:, :length] - (k - k.mean(0)).transpose(0, 1)).abs().max() < 0.1
 
 
-def test_a_key_shift_is_for_an_int8_cache_of_its_shape() -> None:
+@pytest.mark.usefixtures("isa")
+def test_a_key_scale_undone_on_the_queries_evens_the_channels() -> None:
+    """Keys stored as key * scale and queries multiplied by 1 / scale: the same products, and
+    where a few channels carry large queries against small keys the 8-bit rounding (of the
+    queries, on CPUs with integer products, and of the keys) costs less."""
+    length, h, hkv, d = 300, 6, 2, 64
+    gen = torch.Generator().manual_seed(6)
+    big = [5, 6, 50]
+    k = torch.randn(length, hkv, d, generator=gen)
+    k[..., big] *= 0.05
+    v = torch.randn(length, hkv, d, generator=gen)
+    q = 0.3 * torch.randn(4, h, d, generator=gen)
+    q[..., big] *= 40.0
+    f32 = KVCache(1, 1, hkv, length, d, torch.float32, CPU, key_block=16)
+    f32.store(0, 0, 0, k, v)
+    want = _C.attention(q, f32.k[0, 0], f32.v[0, 0], length - 4, 0.125)
+    qmax = q.abs().view(4, hkv, h // hkv, d).amax((0, 2))
+    scale = (qmax / k.abs().amax(0)).sqrt()[None]  # [1, Hkv, D]
+    errors = []
+    for key_scale in (None, scale):
+        kv = KVCache(1, 1, hkv, length, d, torch.int8, CPU, key_block=16, key_scale=key_scale)
+        kv.store(0, 0, 0, k, v)
+        qs = q
+        if key_scale is not None:
+            qs = (q.view(4, hkv, -1, d) * kv.query_scale[0][:, None]).view(4, h, d)
+        got = _C.attention(qs, kv.k[0, 0], kv.v[0, 0], length - 4, 0.125)
+        errors.append(((got - want).norm() / want.norm()).item())
+    plain, scaled = errors
+    assert scaled < 0.6 * plain, errors
+
+
+def test_a_key_transform_is_for_an_int8_cache_of_its_shape() -> None:
     with pytest.raises(ValueError, match="key_shift"):
         KVCache(1, 1, 2, 32, 8, torch.float16, CPU, key_block=16, key_shift=torch.zeros(1, 2, 8))
     with pytest.raises(ValueError, match="key_shift"):
         KVCache(1, 1, 2, 32, 8, torch.int8, CPU, key_block=16, key_shift=torch.zeros(1, 3, 8))
+    with pytest.raises(ValueError, match="key_scale"):
+        KVCache(1, 1, 2, 32, 8, torch.int8, CPU, key_block=16, key_scale=torch.ones(2, 2, 8))
 
 
-def test_the_model_measures_its_key_shift_once_and_alike(tiny_llama) -> None:
-    """An int8 cache's model measures its key shift as it loads, from seeded tokens: the same
-    in every process; float caches take none."""
+def test_the_model_measures_its_key_transform_once_and_alike(tiny_llama) -> None:
+    """An int8 cache's model measures its key shift and scale as it loads, from seeded tokens:
+    the same in every process; float caches take none."""
     a = LLM(str(tiny_llama), kernels="native", kv_cache_dtype="int8").engine.model
     b = LLM(str(tiny_llama), kernels="native", kv_cache_dtype="int8").engine.model
     cfg = a.cfg
-    assert a.key_shift is not None
-    assert a.key_shift.shape == (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
-    assert torch.isfinite(a.key_shift).all() and a.key_shift.abs().sum() > 0
-    assert torch.equal(a.key_shift, b.key_shift)
-    assert torch.equal(a.make_kv_cache(1, 32).key_shift, a.key_shift)
-    assert torch.equal(a.make_kv_cache(1, 32, num_layers=1).key_shift, a.key_shift[:1])
+    for got, other in ((a.key_shift, b.key_shift), (a.key_scale, b.key_scale)):
+        assert got is not None and got.shape == (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+        assert torch.isfinite(got).all() and torch.equal(got, other)
+    assert a.key_shift.abs().sum() > 0 and (a.key_scale > 0).all()
+    assert not torch.equal(a.key_scale, torch.ones_like(a.key_scale))
+    kv = a.make_kv_cache(1, 32)
+    assert torch.equal(kv.key_shift, a.key_shift) and torch.equal(kv.key_scale, a.key_scale)
+    assert torch.equal(a.make_kv_cache(1, 32, num_layers=1).key_scale, a.key_scale[:1])
     half = LLM(str(tiny_llama), kernels="native", kv_cache_dtype="float16").engine.model
-    assert half.key_shift is None and half.make_kv_cache(1, 32).key_shift is None
+    assert half.key_shift is None and half.key_scale is None
+    assert half.make_kv_cache(1, 32).key_shift is None
 
 
 @pytest.mark.usefixtures("isa")
@@ -369,12 +405,12 @@ def test_attention_rejects_a_bad_int8_cache() -> None:
 
 def test_native_layers_write_what_store_writes(tiny_llama) -> None:
     """The fused native layer stack quantizes in C++ (layer.cpp put_q8), the op-by-op path through
-    KVCache.store: the same bytes, hence the same logits, each less the model's key shift."""
+    KVCache.store: the same bytes, hence the same logits, each key shifted and scaled alike."""
     llm = LLM(str(tiny_llama), kernels="native", kv_cache_dtype="int8")
     model = llm.engine.model
     from specdec.model.llama import SeqBatch
 
-    assert model.use_fused_layers and model.key_shift is not None
+    assert model.use_fused_layers and model.key_scale is not None
     ids = torch.tensor([5, 9, 12, 5, 9, 12, 5, 9, 3, 4, 5, 6, 7, 3, 4, 5, 6, 100, 7] * 2)
     results = []
     for fused in (True, False):
