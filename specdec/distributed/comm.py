@@ -104,3 +104,7 @@ class TPGroup:
 
     def send_logits(self, hidden: torch.Tensor) -> None:  # [R, H]
         """Called by the model before each logits computation (see ``send_forward``)."""
+
+    def send_key_transform(self) -> None:
+        """Called by the model before it measures its 8-bit cache's key transform: rank 0's
+        driver has every rank measure its own heads' (the same forward, in lockstep)."""

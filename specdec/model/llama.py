@@ -322,7 +322,7 @@ class LlamaModel:
         state, ``i`` the residual stream entering layer i (layer i - 1's output; vLLM's and
         EAGLE-3's convention for auxiliary hidden states). Under tensor parallelism rank 0
         first sends the inputs to the other ranks, which run the same forward on their shards."""
-        if self.tp is not None:
+        if self.tp is not None and self._calibration is None:  # (measure_key_transform: no)
             self.tp.send_forward(input_ids, positions, batch, kv, capture, num_layers)
         end = 0  # one past the batch's last position
         for slot, start, n in zip(batch.slots, batch.start_pos, batch.num_tokens):
@@ -524,8 +524,19 @@ class LlamaModel:
             )
         self.kv_dtype = dtype
         self.key_shift = self.key_scale = None
-        if dtype == torch.int8 and self.tp is None and not self.cfg.attn_logit_softcapping:
-            self.key_shift, self.key_scale = self.measure_key_transform()
+        # NOTE: under tensor parallelism every rank measures its own heads' in lockstep; rank 0
+        # starts the workers' (their own load leaves it to this command) as it starts its own
+        if dtype == torch.int8 and not self.cfg.attn_logit_softcapping:
+            if self.tp is None or self.tp.rank == 0:
+                if self.tp is not None:
+                    self.tp.send_key_transform()
+                self.key_shift, self.key_scale = self.measure_key_transform()
+        self._apply_key_transform()
+
+    def set_key_transform(self, shift: torch.Tensor | None, scale: torch.Tensor | None) -> None:
+        """The 8-bit cache's key transform (``measure_key_transform``'s pair, or None twice): the
+        native layers' writes from now on and the caches ``make_kv_cache`` makes."""
+        self.key_shift, self.key_scale = shift, scale
         self._apply_key_transform()
 
     # measure_key_transform: seeded random tokens read (the first position left out: it is often
@@ -551,8 +562,9 @@ class LlamaModel:
           are large and keys small (or the reverse) no longer costs the other channels their
           levels.
 
-        Not for logit soft-capping (the constant would not cancel) nor tensor parallelism (a
-        rank's forward runs in lockstep with the others')."""
+        Not for logit soft-capping (the constant would not cancel). Under tensor parallelism each
+        rank measures its own heads, every rank running this in lockstep (its forward sends no
+        inputs: each rank has the same seeded tokens)."""
         n = min(self.KEY_TRANSFORM_TOKENS, self.max_len)
         cfg = self.shard_cfg
         kv_heads, d, layers = cfg.num_kv_heads, cfg.head_dim, len(self.layers)
@@ -566,8 +578,9 @@ class LlamaModel:
         fused, self.use_fused_layers = self.use_fused_layers, False
         try:
             with torch.inference_mode():
-                self.forward(ids[:1], torch.arange(1), SeqBatch([0], [0], [1]), kv)  # not counted
                 self._calibration = {}
+                self.forward(ids[:1], torch.arange(1), SeqBatch([0], [0], [1]), kv)
+                self._calibration = {}  # the first position is not counted
                 self.forward(ids[1:], torch.arange(1, n), SeqBatch([0], [1], [n - 1]), kv)
                 records = self._calibration
         finally:

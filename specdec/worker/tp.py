@@ -106,6 +106,10 @@ class DriverGroup(TPGroup):
         """Hand the rows whose logits rank 0 computes next to every worker."""
         self.workers.send(("logits", None, hidden))
 
+    def send_key_transform(self) -> None:
+        """Have every worker measure its heads' 8-bit key transform beside rank 0."""
+        self.workers.send(("key_transform", None))
+
     def _mirror(self, kv_id: int) -> Callable[[str, tuple], None]:
         workers = self.workers
 
@@ -283,8 +287,8 @@ def _load_shard(load: LoadArgs, group: TPGroup) -> LlamaModel:
 
 
 def _run(model: LlamaModel, kvs: dict[int, KVCache], cmd: tuple) -> None:
-    """One command from rank 0: make a KV cache, mirror a change to one, run a forward, or
-    compute this rank's logits of some rows."""
+    """One command from rank 0: make a KV cache, mirror a change to one, run a forward,
+    compute this rank's logits of some rows, or measure the 8-bit cache's key transform."""
     kind, kv_id, *args = cmd
     if kind == "make_kv":
         num_layers, num_slots, max_len = args[0]
@@ -294,6 +298,8 @@ def _run(model: LlamaModel, kvs: dict[int, KVCache], cmd: tuple) -> None:
         getattr(kvs[kv_id], method)(*margs)
     elif kind == "logits":
         model.compute_logits(args[0])
+    elif kind == "key_transform":
+        model.set_key_transform(*model.measure_key_transform())
     else:
         input_ids, positions, batch, capture, num_layers = args
         model.forward_capture(input_ids, positions, batch, kvs[kv_id], capture, num_layers)

@@ -106,6 +106,22 @@ def test_tp2_with_an_int8_cache_speculates_exactly_and_mirrors_prefixes(tiny_lla
     llm.engine.shutdown()
 
 
+def test_tp2_int8_keys_take_every_ranks_key_transform(tiny_llama) -> None:
+    """Every rank measures its own heads' key transform for the 8-bit cache, in lockstep, as
+    TP 1 measures all of them: with float32 activations (no rounding of the linears' inputs) TP 2's
+    logits stay as close to TP 1's as with a float cache. A rank storing its keys another way
+    rounds them otherwise (~1e-2 of the logits here)."""
+    kw = {"kv_cache_dtype": "int8", "activation_dtype": "float32"}
+    one, two = _llm(str(tiny_llama), 1, **kw), _llm(str(tiny_llama), 2, **kw)
+    heads = one.engine.model.cfg.num_kv_heads // 2
+    assert torch.allclose(
+        two.engine.model.key_shift, one.engine.model.key_shift[:, :heads], rtol=1e-4, atol=1e-5
+    )
+    ids = [5, 17, 33, 2, 9, 100, 7, 64, 5, 17, 33, 2, 9, 100, 7, 64]
+    assert (_logits(one, ids) - _logits(two, ids)).abs().max().item() < 1e-3
+    two.engine.shutdown()
+
+
 def test_tp2_shares_prefixes_exactly(tiny_llama) -> None:
     """Four requests on one 300-token document: each rank reads the shared block of its heads
     where the other slot holds it, and the copies of the rest reach the worker."""
