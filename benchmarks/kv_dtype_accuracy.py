@@ -6,10 +6,12 @@ tokens (its perplexity), the share of positions whose top choice equals the floa
 the mean KL divergence from the float32 cache's next-token distribution. Documents: files given
 with ``--files`` (default: this repository's README.md and engine/scheduler.py, prose and code),
 cut to ``--tokens`` tokens. ``int8-float`` is the 8-bit cache read with float products on a CPU
-that would take integer ones (AVX-512 VNNI + VBMI), to set the two side by side.
+that would take integer ones (AVX-512 VNNI + VBMI), to set the two side by side; ``int8-raw`` is
+the 8-bit cache without its key transform (keys stored as they are: docs/kv-cache.md).
 
     python benchmarks/kv_dtype_accuracy.py --model smollm2-135m --tokens 2000
     python benchmarks/kv_dtype_accuracy.py --dtypes float32 float16 int8-float int8
+    python benchmarks/kv_dtype_accuracy.py --dtypes float32 int8-raw int8 --activation-dtype float32
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ def log_probs(
     # "int8-float": the 8-bit cache with float products (where the CPU would take integer ones)
     integer = _C.int8_attention()
     _C.set_int8_attention(integer and kv_dtype != "int8-float")
-    kv_dtype = "int8" if kv_dtype == "int8-float" else kv_dtype
+    raw = kv_dtype == "int8-raw"
+    kv_dtype = "int8" if kv_dtype in ("int8-float", "int8-raw") else kv_dtype
     model, _ = load_model(
         model_name,
         torch.device("cpu"),
@@ -48,6 +51,8 @@ def log_probs(
         activation_dtype,
         kv_dtype,
     )
+    if raw:
+        model.set_key_transform(None, None)
     out = []
     with torch.inference_mode():
         for ids in docs:
