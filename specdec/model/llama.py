@@ -105,8 +105,8 @@ class LlamaModel:
         # How an 8-bit cache holds keys (measure_key_transform): [layers, Hkv, D] each, or None
         self.key_shift: torch.Tensor | None = None
         self.key_scale: torch.Tensor | None = None
-        # measure_key_transform's records while it runs: per layer, (sum of the keys before
-        # rotation, the rotated queries, the rotated keys)
+        # measure_key_transform's records while it runs: per layer, its (queries, keys) before
+        # rotation
         self._calibration: dict[int, list] | None = None
         self.max_len = max_len
         t = ckpt.tensors
@@ -453,11 +453,10 @@ class LlamaModel:
         cfg = self.shard_cfg
         T, D = h.shape[0], cfg.head_dim
         q, k, v = self.qkv(i, layer, h, positions)
-        if (
-            getattr(kv, "query_scale", None) is not None
-        ):  # an 8-bit cache's key transform (measure_key_transform)
+        query_scale = getattr(kv, "query_scale", None)  # an 8-bit cache's key transform
+        if query_scale is not None:
             g = cfg.num_heads // cfg.num_kv_heads
-            q = (q.view(T, -1, g, D) * kv.query_scale[i][:, None]).view(T, -1, D)
+            q = (q.view(T, -1, g, D) * query_scale[i][:, None]).view(T, -1, D)
         out = torch.empty_like(q)
         offset = 0
         window = cfg.layer_window(i)
@@ -604,10 +603,10 @@ class LlamaModel:
         group, half = cfg.num_heads // kv_heads, d // 2
         shifts, scales = [], []
 
-        def turn(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:  # [..., D] -> [P, ..., D]
-            """``x`` rotated to each of ``pos`` (Rotary's arithmetic, without growing its tables
-            to the positions sampled)."""
-            f = torch.outer(pos.to(torch.float32), rotary.inv_freq.to(torch.float32))
+        def turn(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+            """``x [..., D]`` rotated to each of ``pos`` -> ``[P, ..., D]`` (Rotary's arithmetic,
+            without growing its tables to the positions sampled)."""
+            f = torch.outer(pos.to(torch.float32), inv_freq.to(torch.float32))
             emb = torch.cat([f, f], dim=-1).view(len(pos), *([1] * (x.dim() - 1)), d)
             x = x.float()
             return x * emb.cos() + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * emb.sin()
@@ -615,10 +614,10 @@ class LlamaModel:
         with torch.inference_mode():
             for i in range(layers):
                 ((q, k),) = records[i]  # [n - 1, H, D], [n - 1, Hkv, D] before rotation
-                rotary = self._rotary[self.cfg.layer_rope_theta(i)]
-                shift = turn(k.float().mean(0), mean_pos).mean(0)  # [Hkv, D]
-                qmax = turn(q, stat_pos).abs().view(-1, kv_heads, group, d).amax((0, 2))
-                kmax = (turn(k, stat_pos) - shift).abs().amax((0, 1))
+                inv = self._rotary[self.cfg.layer_rope_theta(i)].inv_freq
+                shift = turn(k.float().mean(0), mean_pos, inv).mean(0)  # [Hkv, D]
+                qmax = turn(q, stat_pos, inv).abs().view(-1, kv_heads, group, d).amax((0, 2))
+                kmax = (turn(k, stat_pos, inv) - shift).abs().amax((0, 1))
                 ratio = (qmax.clamp_min(1e-6) / kmax.clamp_min(1e-6)).sqrt()
                 shifts.append(shift)
                 scales.append(ratio.clamp(2.0**-16, 2.0**16))
