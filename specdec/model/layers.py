@@ -182,10 +182,12 @@ class Rotary:
         rows = max_len if self.device.type != "cpu" else min(max_len, self.FIRST_ROWS)
         self._cos, self._sin = self._tables(rows)
 
+    def _angles(self, positions: torch.Tensor) -> torch.Tensor:  # [P] -> [P, D] float32
+        freqs = torch.outer(positions.to(torch.float32), self.inv_freq)  # [P, D/2]
+        return torch.cat([freqs, freqs], dim=-1)
+
     def _tables(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        pos = torch.arange(rows, dtype=torch.float32)
-        freqs = torch.outer(pos, self.inv_freq)  # [rows, D/2]
-        emb = torch.cat([freqs, freqs], dim=-1)  # [rows, D]
+        emb = self._angles(torch.arange(rows))  # [rows, D]
         return (
             emb.cos().to(device=self.device, dtype=self.dtype),
             emb.sin().to(device=self.device, dtype=self.dtype),
@@ -222,7 +224,18 @@ class Rotary:
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         # x [T, H, D]; positions [T]
         cos, sin = self.at(positions)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [T, 1, D]
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        return _rotate(x, cos.unsqueeze(1), sin.unsqueeze(1))  # cos / sin [T, 1, D]
+
+    def rotate_each(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``x [..., D]`` rotated to each of ``positions [P]``: ``[P, ..., D]`` float32, from
+        the frequencies, without growing the tables to those positions (statistics over a
+        whole context: LlamaModel.measure_key_transform)."""
+        emb = self._angles(positions).view(len(positions), *([1] * (x.dim() - 1)), x.shape[-1])
+        return _rotate(x.float(), emb.cos(), emb.sin())
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Half-split rotation of ``x [..., D]`` by ``cos`` / ``sin`` broadcast against it."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin

@@ -220,17 +220,15 @@ class DecoderLayer {
             const int64_t bb = q8_block_bytes(D), blocks = max_len / kKeyBlock;
             std::vector<float> key(static_cast<size_t>(D));
             const float* shift = key_shift_.has_value() ? key_shift_->data_ptr<float>() : nullptr;
-            const float* kscale = key_scale_.has_value() ? key_scale_->data_ptr<float>() : nullptr;
+            const float* kscale = shift != nullptr ? key_scale_->data_ptr<float>() : nullptr;
             write([&](int64_t slot, int64_t hd, int64_t pos, const float* ks, const float* c, const float* sn,
                       const float* vs) {
                 const int64_t blk = (hd * blocks + pos / kKeyBlock) * bb, lane = pos % kKeyBlock;
                 uint8_t* kb = kc + slot * k_slot_stride + blk;
                 uint8_t* vb = vc + slot * slot_stride + blk;
                 rotate_head(ks, c, sn, D, key.data());
-                if (shift != nullptr)
-                    for (int64_t d = 0; d < D; ++d) key[d] -= shift[hd * D + d];
-                if (kscale != nullptr)
-                    for (int64_t d = 0; d < D; ++d) key[d] *= kscale[hd * D + d];
+                if (shift != nullptr)  // KVCache._store_q8's (k - shift) * scale
+                    for (int64_t d = 0; d < D; ++d) key[d] = (key[d] - shift[hd * D + d]) * kscale[hd * D + d];
                 put_q8(key.data(), D, reinterpret_cast<int8_t*>(kb + kQ8Header) + lane, kKeyBlock,
                        reinterpret_cast<float*>(kb) + lane);
                 put_q8(vs, D, reinterpret_cast<int8_t*>(vb + kQ8Header) + lane * D, 1, reinterpret_cast<float*>(vb) + lane);
@@ -280,28 +278,25 @@ class DecoderLayer {
     // Makes this a mixture-of-experts layer: its feed-forward is moe's (gate_up / down unused).
     void set_moe(std::shared_ptr<MoeFfn> moe) { moe_ = std::move(moe); }
 
-    // How an 8-bit cache holds this layer's keys (llama.py measure_key_transform; None: as they
-    // are): each rotated key becomes (key - shift) * scale before it is quantized, and each rotated
-    // query is multiplied by query_scale (1 / scale), all [Hkv, D] float32.  A query's scores all
-    // move by one constant, which the softmax cancels, and q . k is the same product channel by
-    // channel; the rounding of the 8-bit keys and queries is what changes.
-    void set_key_transform(c10::optional<torch::Tensor> shift, c10::optional<torch::Tensor> scale,
-                           c10::optional<torch::Tensor> query_scale) {
-        auto take = [&](c10::optional<torch::Tensor>& dst, const c10::optional<torch::Tensor>& src) {
-            if (!src.has_value()) {
-                dst.reset();
-                return;
-            }
-            TORCH_CHECK(src->scalar_type() == torch::kFloat32 && src->dim() == 2 && src->size(0) == Hkv_ &&
-                            src->size(1) == D_,
+    // How an 8-bit cache holds this layer's keys (llama.py measure_key_transform; both None: as
+    // they are): each rotated key becomes (key - shift) * scale before it is quantized, and each
+    // rotated query is multiplied by 1 / scale (KVCache.query_scale's division), all [Hkv, D]
+    // float32.  A query's scores all move by one constant, which the softmax cancels, and q . k is
+    // the same product channel by channel; the rounding of the 8-bit keys and queries is what
+    // changes.
+    void set_key_transform(c10::optional<torch::Tensor> shift, c10::optional<torch::Tensor> scale) {
+        TORCH_CHECK(shift.has_value() == scale.has_value(), "DecoderLayer: a key shift needs its scale");
+        if (!shift.has_value()) {
+            key_shift_.reset(), key_scale_.reset(), query_scale_.reset();
+            return;
+        }
+        for (const torch::Tensor* t : {&*shift, &*scale})
+            TORCH_CHECK(t->scalar_type() == torch::kFloat32 && t->dim() == 2 && t->size(0) == Hkv_ &&
+                            t->size(1) == D_,
                         "DecoderLayer: a key transform's tensors must be float32 [num_kv_heads, head_dim]");
-            dst = src->contiguous();
-        };
-        TORCH_CHECK(scale.has_value() == query_scale.has_value(),
-                    "DecoderLayer: a key scale needs its query scale");
-        take(key_shift_, shift);
-        take(key_scale_, scale);
-        take(query_scale_, query_scale);
+        key_shift_ = shift->contiguous();
+        key_scale_ = scale->contiguous();
+        query_scale_ = 1.0 / *key_scale_;
     }
 
     // The experts [T, top_k] the rows of the latest forward chose; None for a dense layer.
@@ -385,8 +380,7 @@ void bind_decoder_layer(py::module_& m) {
              py::arg("gate_up_parts") = std::vector<int64_t>{},
              py::arg("down_parts") = std::vector<int64_t>{})
         .def("set_moe", &DecoderLayer::set_moe, py::arg("moe"))
-        .def("set_key_transform", &DecoderLayer::set_key_transform, py::arg("shift"), py::arg("scale"),
-             py::arg("query_scale"))
+        .def("set_key_transform", &DecoderLayer::set_key_transform, py::arg("shift"), py::arg("scale"))
         .def("moe_last_ids", &DecoderLayer::moe_last_ids)
         .def("forward", &DecoderLayer::forward, py::arg("x"), py::arg("cos"), py::arg("sin"),
              py::arg("k_cache"), py::arg("v_cache"), py::arg("slots"), py::arg("starts"),
