@@ -152,10 +152,11 @@ def test_batch_mixes(isa) -> None:
 
 
 @pytest.mark.parametrize("half", [False, True])
-@pytest.mark.parametrize("h,hkv,d", [(9, 3, 64), (4, 4, 72), (4, 1, 20), (16, 2, 128)])
+@pytest.mark.parametrize("h,hkv,d", [(9, 3, 64), (4, 4, 72), (4, 1, 20), (16, 2, 128), (6, 2, 19)])
 def test_vector_isas_agree_bit_for_bit(half, h, hkv, d) -> None:
     """The AVX-512 attention runs the AVX2 kernel's operations on 16 lanes: the same bits for any
-    row count, head size (a partial vector where d % 16 != 0), window and soft cap."""
+    row count, head size (a partial vector where d % 16 != 0, a partial step of the four chains where
+    d % 4 != 0), window and soft cap."""
     vector = [isa for isa in _isas() if isa != "portable"]
     length = 3 * BLOCK + 40
     k, v = _cache(hkv, length, d, half, seed=9)
