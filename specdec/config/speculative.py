@@ -60,6 +60,9 @@ class SpeculativeConfig:
     suffix_decoding_max_cached_requests: int = SUFFIX_MAX_CACHED_REQUESTS
     suffix_decoding_max_spec_factor: float = SUFFIX_MAX_SPEC_FACTOR
     suffix_decoding_min_token_prob: float = SUFFIX_MIN_TOKEN_PROB
+    # ours: suffix drafts repeat the replacements a response makes to the prompt it copies
+    # (spec_decode/edits.py); False: vLLM's drafts
+    suffix_decoding_edit_rules: bool = True
     # llama.cpp's --draft-min / --draft-p-min, the defaults of every request's
     # speculative_n_min / speculative_p_min (SamplingParams): fewer drafts than draft_min are not
     # verified; drafts whose draft probability q(x) is below draft_p_min are cut (drafters with q)
@@ -120,6 +123,11 @@ class SpeculativeConfig:
         _check_number(
             self.suffix_decoding_min_token_prob, "suffix_decoding_min_token_prob", 0.0, 1.0
         )
+        if not isinstance(self.suffix_decoding_edit_rules, bool):
+            raise ConfigError(
+                "speculative_config.suffix_decoding_edit_rules must be true or false, got "
+                f"{self.suffix_decoding_edit_rules!r}"
+            )
         _check_int(self.draft_min, "draft_min", 0)
         _check_number(self.draft_p_min, "draft_p_min", 0.0, 1.0)
 

@@ -36,6 +36,7 @@ from specdec.config.speculative import (
     SUFFIX_MIN_TOKEN_PROB,
 )
 from specdec.spec_decode.base import DraftInput, DraftOutput, Proposer
+from specdec.spec_decode.edits import EditRules
 from specdec.spec_decode.suffix_tree import State, SuffixTree, _Node, _subtree_size
 
 __all__ = [
@@ -94,6 +95,8 @@ class _RequestState:
     # the tree global_states were matched in (None: none yet). NOTE: a partition emptied by
     # eviction is dropped and a new one may take its salt, with epochs that start over.
     global_tree: Any = None
+    # the replacements the response makes to its prompt (edits.py; None: not made yet)
+    edits: EditRules | None = None
 
 
 @dataclass
@@ -124,6 +127,10 @@ class SuffixProposer(Proposer):
     a partition left empty is dropped. A busy tenant thus pushes others' responses out sooner:
     that reveals how much others generate, never what.
 
+    ``edit_rules``: each draft also carries the replacements the response has been making to the
+    prompt it copies (edits.py): a renamed identifier is drafted renamed at its next occurrence,
+    and a draft rejected partway through a replacement resumes from the prompt after it.
+
     ``native`` chooses the trees: the C++ ones (identical drafts, ~10x cheaper per step: ~5-15 us
     instead of ~35-120 us per request, bench_out/s4/suffix_native_bench.py) or the Python
     reference; None = ``native_wanted()``. Native byte estimates are smaller (72 bytes a node,
@@ -143,12 +150,14 @@ class SuffixProposer(Proposer):
         max_spec_offset: float = 0.0,
         max_global_bytes: int = 256 * 2**20,
         native: bool | None = None,
+        edit_rules: bool = True,
     ) -> None:
         if native is None:
             native = native_wanted()
         elif native and not native_available():
             raise RuntimeError("the native suffix trees are not built (specdec._suffix_native)")
         self.native = native
+        self.edit_rules = edit_rules
         self.num_speculative_tokens = num_speculative_tokens
         self.max_tree_depth = max_tree_depth
         self.max_cached_requests = max_cached_requests
@@ -310,10 +319,30 @@ class SuffixProposer(Proposer):
             state = self._sync(r.req_id, r.token_ids, r.num_prompt_tokens, r.cache_salt)
             cap = min(r.max_num_drafts, self.num_speculative_tokens)
             draft = self._best_draft(state, cap) if cap > 0 else SuffixDraft()
+            if self.edit_rules:
+                draft = self._with_edits(state, r.token_ids, draft, cap)
             self.last_drafts[r.req_id] = draft
             self.last_scores[r.req_id] = draft.score
             drafts.append(draft.token_ids)
         return DraftOutput(drafts, [None] * len(drafts))
+
+    def _with_edits(
+        self, state: _RequestState, token_ids: list[int], draft: SuffixDraft, cap: int
+    ) -> SuffixDraft:
+        """The draft with the replacements the response has been making to its prompt (each
+        new token's probability estimate: the one of the token it replaces)."""
+        if state.edits is None:
+            state.edits = EditRules(token_ids[: state.num_prompt_tokens])
+        state.edits.update(token_ids[state.num_prompt_tokens :])
+        pending = state.edits.pending(cap, guess=len(draft.token_ids) < 2)
+        if pending:
+            return SuffixDraft(pending, [1.0] * len(pending), 0, "edits")
+        if not draft.token_ids or not state.edits.num_rules:
+            return draft
+        tokens, src = state.edits.rewrite(draft.token_ids, cap)
+        if tokens == draft.token_ids:
+            return draft
+        return SuffixDraft(tokens, [draft.probs[k] for k in src], draft.match_len, draft.source)
 
     def _best_draft(self, state: _RequestState, cap: int) -> SuffixDraft:
         g = self._global_for(state)
@@ -385,4 +414,5 @@ def make(cfg, target, load_draft, max_num_seqs: int, max_len: int) -> Proposer:
         max_cached_requests=cfg.suffix_decoding_max_cached_requests,
         max_spec_factor=cfg.suffix_decoding_max_spec_factor,
         min_token_prob=cfg.suffix_decoding_min_token_prob,
+        edit_rules=cfg.suffix_decoding_edit_rules,
     )

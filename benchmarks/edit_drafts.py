@@ -1,0 +1,104 @@
+"""Suffix decoding's drafts on code edits a model would write, with and without the edit rules
+(``specdec/spec_decode/edits.py``), no model run (not a test).
+
+Each edit takes a piece of this repository's source and a change applied to it with a regular
+expression (renames, quotes); the prompt asks for the change and shows the
+piece, and the response is the changed piece: what a model that follows the request writes. The
+suffix proposer then drafts that response step by step as greedy verification would take it (a
+draft is accepted up to its first token that differs from the response, then one token comes
+from the target), and the table gives the response's tokens per verification step. The tokens
+per step are the ceiling of the speedup a drafter gives; the small models that run on a laptop
+copy these prompts without making the change, so this measures the drafter on the responses of
+the models that would.
+
+    .venv/bin/python benchmarks/edit_drafts.py --model smollm2-135m --drafts 8 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from specdec import LLM, SamplingParams
+from specdec.spec_decode.base import DraftInput, DraftRequest, accepted_prefix
+from specdec.spec_decode.suffix import SuffixProposer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _rename(old: str, new: str) -> Callable[[str], str]:
+    return lambda text: re.sub(rf"\b{re.escape(old)}\b", new, text)
+
+
+def _single_quotes(text: str) -> str:
+    return re.sub(r'"([^"\'\n\\]*)"', r"'\1'", text)
+
+
+# (file, start, end, request, change): the piece between the offsets and what is done to it
+EDITS = [
+    ("specdec/engine/fair_share.py", 3000, 6200,
+     "Rename the variable `share` to `portion` everywhere in this Python code.", _rename("share", "portion")),
+    ("specdec/model/layers.py", 5200, 8000,
+     "Rename `inv_freq` to `inverse_frequencies` in this Python code.", _rename("inv_freq", "inverse_frequencies")),
+    ("benchmarks/trees_ab.py", 1200, 4000,
+     "Replace every double-quoted string with a single-quoted one in this Python code.", _single_quotes),
+    ("specdec/kv_cache/memory.py", 2600, 6000,
+     "Rename `nbytes` to `size_in_bytes` in this Python code.", _rename("nbytes", "size_in_bytes")),
+    ("specdec/spec_decode/suffix.py", 9000, 12000,
+     "Rename `state` to `req_state` in this Python code.", _rename("state", "req_state")),
+]  # fmt: skip
+
+
+def steps_to_write(prompt: list[int], response: list[int], drafts: int, edit_rules: bool) -> int:
+    """Verification steps greedy speculative decoding with the suffix proposer takes to write
+    ``response`` after ``prompt``."""
+    proposer = SuffixProposer(drafts, edit_rules=edit_rules)
+    sampling = SamplingParams(temperature=0)
+    i = steps = 0
+    while i < len(response):
+        req = DraftRequest(
+            "r", prompt + response[:i], drafts, sampling, num_prompt_tokens=len(prompt)
+        )
+        draft = proposer.propose(DraftInput([req])).draft_token_ids[0]
+        i += accepted_prefix(draft, response[i:]) + 1
+        steps += 1
+    return steps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m", help="whose tokenizer")
+    ap.add_argument("--drafts", type=int, nargs="+", default=[8, 16])
+    args = ap.parse_args()
+    tok = LLM(args.model, max_model_len=256, max_num_seqs=1).get_tokenizer()
+    print(
+        "| edit | response tokens | drafts a step | tokens a step: suffix | with edit rules | gain |"
+    )
+    print("|---|---|---|---|---|---|")
+    totals: dict[tuple[int, bool], list[int]] = {}
+    for path, start, end, ask, change in EDITS:
+        code = (ROOT / path).read_text()[start:end]
+        edited = change(code)
+        assert edited != code, path
+        prompt = tok.encode(f"{ask} Output only the code.\n\n```python\n{code}\n```\n")
+        response = tok.encode(f"```python\n{edited}\n```", add_special_tokens=False)
+        for k in args.drafts:
+            plain = steps_to_write(prompt, response, k, edit_rules=False)
+            rules = steps_to_write(prompt, response, k, edit_rules=True)
+            for on, s in ((False, plain), (True, rules)):
+                totals.setdefault((k, on), [0, 0])
+                totals[(k, on)][0] += len(response)
+                totals[(k, on)][1] += s
+            n = len(response)
+            print(
+                f"| {path} | {n} | {k} | {n / plain:.2f} | {n / rules:.2f} | {plain / rules:.2f}x |"
+            )
+    for k in args.drafts:
+        (t0, s0), (t1, s1) = totals[(k, False)], totals[(k, True)]
+        print(f"| all | {t0} | {k} | {t0 / s0:.2f} | {t1 / s1:.2f} | {s0 / s1:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
