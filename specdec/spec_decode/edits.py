@@ -49,6 +49,8 @@ class EditRules:
         # rules by their first prompt token: (old, new) -> [times seen, times passed over]
         self._rules: dict[int, dict[tuple[tuple[int, ...], tuple[int, ...]], list[int]]] = {}
         self._num_rules = 0
+        # the same rules' counts by their last old token (what _passed looks up per copied token)
+        self._by_last: dict[int, list[tuple[tuple[int, ...], list[int]]]] = {}
 
     @property
     def num_rules(self) -> int:
@@ -133,23 +135,17 @@ class EditRules:
             if key in by_first:
                 by_first[key][0] += 1
             elif self._num_rules < MAX_RULES:
-                by_first[key] = [1, 0]
+                counts = by_first[key] = [1, 0]
+                self._by_last.setdefault(key[0][-1], []).append((key[0], counts))
                 self._num_rules += 1
 
     def _passed(self, end: int) -> None:
         """The response copied the prompt up to ``end``: a rule whose old tokens end there was
         passed over."""
-        if not self._rules:
-            return
-        for by_first in self._rules.values():
-            for (old, _), counts in by_first.items():
-                n = len(old)
-                if (
-                    end >= n
-                    and self.prompt[end - n] == old[0]
-                    and tuple(self.prompt[end - n : end]) == old
-                ):
-                    counts[1] += 1
+        for old, counts in self._by_last.get(self.prompt[end - 1], ()):
+            n = len(old)
+            if end >= n and tuple(self.prompt[end - n : end]) == old:
+                counts[1] += 1
 
     def pending(self, limit: int, guess: bool = False) -> list[int] | None:
         """Where the response has left its prompt for a rule's new tokens (a draft cut at their
