@@ -2,7 +2,7 @@
 (``specdec/spec_decode/edits.py``), no model run (not a test).
 
 Each edit takes a piece of this repository's source and a change applied to it with a regular
-expression (renames, quotes); the prompt asks for the change and shows the
+expression (renames, quotes, return annotations); the prompt asks for the change and shows the
 piece, and the response is the changed piece: what a model that follows the request writes. The
 suffix proposer then drafts that response step by step as greedy verification would take it (a
 draft is accepted up to its first token that differs from the response, then one token comes
@@ -36,7 +36,16 @@ def _single_quotes(text: str) -> str:
     return re.sub(r'"([^"\'\n\\]*)"', r"'\1'", text)
 
 
-# (file, start, end, request, change): the piece between the offsets and what is done to it
+def _without_none_returns(text: str) -> str:
+    return text.replace(") -> None:", "):")
+
+
+def _none_returns(text: str) -> str:
+    return re.sub(r"^(\s*def [^\n]*\))(:)$", r"\1 -> None\2", text, flags=re.M)
+
+
+# (file, start, end, request, change[, before]): the piece between the offsets (``before`` applied
+# to it first: the prompt's code) and what the response does to it
 EDITS = [
     ("specdec/engine/fair_share.py", 3000, 6200,
      "Rename the variable `share` to `portion` everywhere in this Python code.", _rename("share", "portion")),
@@ -46,6 +55,9 @@ EDITS = [
      "Replace every double-quoted string with a single-quoted one in this Python code.", _single_quotes),
     ("specdec/kv_cache/memory.py", 2600, 6000,
      "Rename `nbytes` to `size_in_bytes` in this Python code.", _rename("nbytes", "size_in_bytes")),
+    ("specdec/kv_cache/memory.py", 6000, 10000,
+     "Add the return annotation `-> None` to every function that returns nothing in this Python code.",
+     _none_returns, _without_none_returns),
     ("specdec/spec_decode/suffix.py", 9000, 12000,
      "Rename `state` to `req_state` in this Python code.", _rename("state", "req_state")),
 ]  # fmt: skip
@@ -78,8 +90,10 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|")
     totals: dict[tuple[int, bool], list[int]] = {}
-    for path, start, end, ask, change in EDITS:
+    for path, start, end, ask, change, *before in EDITS:
         code = (ROOT / path).read_text()[start:end]
+        for f in before:
+            code = f(code)
         edited = change(code)
         assert edited != code, path
         prompt = tok.encode(f"{ask} Output only the code.\n\n```python\n{code}\n```\n")
@@ -91,9 +105,9 @@ def main() -> None:
                 totals.setdefault((k, on), [0, 0])
                 totals[(k, on)][0] += len(response)
                 totals[(k, on)][1] += s
-            n = len(response)
+            n, what = len(response), f"{path} ({ask.split()[0].lower()})"
             print(
-                f"| {path} | {n} | {k} | {n / plain:.2f} | {n / rules:.2f} | {plain / rules:.2f}x |"
+                f"| {what} | {n} | {k} | {n / plain:.2f} | {n / rules:.2f} | {plain / rules:.2f}x |"
             )
     for k in args.drafts:
         (t0, s0), (t1, s1) = totals[(k, False)], totals[(k, True)]
