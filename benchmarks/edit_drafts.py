@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import argparse
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from specdec import LLM, SamplingParams
+from specdec.bench.replay_trace import DrafterTrace, Trace, TraceFile, _one_row_ms
 from specdec.spec_decode.base import DraftInput, DraftRequest, accepted_prefix
 from specdec.spec_decode.suffix import SuffixProposer
 
@@ -63,33 +65,52 @@ EDITS = [
 ]  # fmt: skip
 
 
-def steps_to_write(prompt: list[int], response: list[int], drafts: int, edit_rules: bool) -> int:
-    """Verification steps greedy speculative decoding with the suffix proposer takes to write
-    ``response`` after ``prompt``."""
+def write(prompt: list[int], response: list[int], drafts: int, edit_rules: bool) -> Trace:
+    """Greedy speculative decoding of ``response`` after ``prompt`` with the suffix proposer,
+    every step drafting up to ``drafts``: its steps as ``specdec bench replay`` records them."""
     proposer = SuffixProposer(drafts, edit_rules=edit_rules)
     sampling = SamplingParams(temperature=0)
-    i = steps = 0
+    trace = Trace(list(prompt), output_token_ids=list(response), category="code-edit")
+    i = 0
     while i < len(response):
         req = DraftRequest(
             "r", prompt + response[:i], drafts, sampling, num_prompt_tokens=len(prompt)
         )
+        start = time.perf_counter()
         draft = proposer.propose(DraftInput([req])).draft_token_ids[0]
-        i += accepted_prefix(draft, response[i:]) + 1
-        steps += 1
-    return steps
+        ms = 1000.0 * (time.perf_counter() - start)
+        accepted = accepted_prefix(draft, response[i:])
+        trace.steps.append((i, len(draft), accepted))
+        trace.draft_ms.append(round(ms, 4) if draft else 0.0)
+        trace.model_drafted.append(False)
+        i += accepted + 1
+    return trace
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m", help="whose tokenizer")
     ap.add_argument("--drafts", type=int, nargs="+", default=[8, 16])
+    ap.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help="also save the steps at the largest --drafts as a replay trace (drafters suffix and "
+        "suffix-edits) for `specdec bench replay run --trace FILE --model GGUF`",
+    )
     args = ap.parse_args()
-    tok = LLM(args.model, max_model_len=256, max_num_seqs=1).get_tokenizer()
+    llm = LLM(args.model, max_model_len=256, max_num_seqs=1)
+    tok = llm.get_tokenizer()
     print(
         "| edit | response tokens | drafts a step | tokens a step: suffix | with edit rules | gain |"
     )
     print("|---|---|---|---|---|---|")
     totals: dict[tuple[int, bool], list[int]] = {}
+    k_trace = max(args.drafts)
+    drafters = {
+        name: DrafterTrace("suffix", k_trace, SuffixProposer.free_drafts, True)
+        for name in ("suffix", "suffix-edits")
+    }
     for path, start, end, ask, change, *before in EDITS:
         code = (ROOT / path).read_text()[start:end]
         for f in before:
@@ -99,8 +120,12 @@ def main() -> None:
         prompt = tok.encode(f"{ask} Output only the code.\n\n```python\n{code}\n```\n")
         response = tok.encode(f"```python\n{edited}\n```", add_special_tokens=False)
         for k in args.drafts:
-            plain = steps_to_write(prompt, response, k, edit_rules=False)
-            rules = steps_to_write(prompt, response, k, edit_rules=True)
+            without, with_rules = (write(prompt, response, k, on) for on in (False, True))
+            plain, rules = len(without.steps), len(with_rules.steps)
+            if k == k_trace:
+                for name, t in (("suffix", without), ("suffix-edits", with_rules)):
+                    t.req_id = f"{path}:{start}"
+                    drafters[name].requests.append(t)
             for on, s in ((False, plain), (True, rules)):
                 totals.setdefault((k, on), [0, 0])
                 totals[(k, on)][0] += len(response)
@@ -112,6 +137,11 @@ def main() -> None:
     for k in args.drafts:
         (t0, s0), (t1, s1) = totals[(k, False)], totals[(k, True)]
         print(f"| all | {t0} | {k} | {t0 / s0:.2f} | {t1 / s1:.2f} | {s0 / s1:.2f}x |")
+    if args.trace:
+        longest = max(len(t.output_token_ids) for t in drafters["suffix"].requests)
+        step_ms = _one_row_ms(llm.engine.model)  # the trace's scale for model drafters (none here)
+        TraceFile(args.model, longest, step_ms, drafters).save(args.trace)
+        print(f"trace: {args.trace}")
 
 
 if __name__ == "__main__":
