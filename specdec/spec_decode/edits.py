@@ -31,6 +31,8 @@ WINDOW = 64
 MAX_SPAN = 16
 # Most rules kept per request (the first learnt stay).
 MAX_RULES = 256
+# How sure a guessed one-token change is (pending's estimate, for whoever weighs drafts).
+GUESS_CONFIDENCE = 0.5
 
 
 class EditRules:
@@ -147,19 +149,20 @@ class EditRules:
             if end >= n and tuple(self.prompt[end - n : end]) == old:
                 counts[1] += 1
 
-    def pending(self, limit: int, guess: bool = False) -> list[int] | None:
+    def pending(self, limit: int, guess: bool = False) -> tuple[list[int], float] | None:
         """Where the response has left its prompt for a rule's new tokens (a draft cut at their
         first token leaves a copying drafter lost there): the rest of them, then the prompt after
-        the rule's old tokens, rewritten, up to ``limit`` tokens. With ``guess``, and no rule
-        that fits, the prompt after the one token the response left it at (a change of one
-        token, the commonest edit, before its rule is learnt). None elsewhere."""
+        the rule's old tokens, rewritten, up to ``limit`` tokens, and how sure that is (the
+        rule's seen / (seen + passed over + 1)). With ``guess``, and no rule that fits, the
+        prompt after the one token the response left it at (a change of one token, the
+        commonest edit, before its rule is learnt; GUESS_CONFIDENCE). None elsewhere."""
         lo = self._left_prompt
         if self._pos is not None or lo is None or lo >= len(self.prompt) or limit <= 0:
             return None
         done = tuple(self.output[self._left_out :])
         if len(done) > MAX_SPAN:
             return None
-        best: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+        best: tuple[tuple[int, ...], tuple[int, ...], float] | None = None
         for (old, new), (seen, passed) in self._rules.get(self.prompt[lo], {}).items():
             if (
                 seen > passed
@@ -168,16 +171,16 @@ class EditRules:
                 and tuple(self.prompt[lo : lo + len(old)]) == old
                 and (best is None or len(old) > len(best[0]))
             ):
-                best = (old, new)
+                best = (old, new, seen / (seen + passed + 1))
         if best is None:
             # NOTE: only for a response that has mostly been copying its prompt: elsewhere (a
             # chat that quoted three tokens of its prompt) a guess is a wasted draft
             if not guess or not done or 2 * self.copied < len(self.output):
                 return None
-            best = ((self.prompt[lo],), done)
-        old, new = best
+            best = ((self.prompt[lo],), done, GUESS_CONFIDENCE)
+        old, new, sure = best
         after = self.prompt[lo + len(old) : lo + len(old) + limit + MAX_SPAN].tolist()
-        return (list(new[len(done) :]) + self.rewrite(after, limit)[0])[:limit]
+        return (list(new[len(done) :]) + self.rewrite(after, limit)[0])[:limit], sure
 
     def rewrite(self, draft: Sequence[int], limit: int) -> tuple[list[int], list[int]]:
         """The draft with the rules applied (longest old tokens first), cut to ``limit`` tokens,

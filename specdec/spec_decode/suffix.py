@@ -330,13 +330,16 @@ class SuffixProposer(Proposer):
         self, state: _RequestState, token_ids: list[int], draft: SuffixDraft, cap: int
     ) -> SuffixDraft:
         """The draft with the replacements the response has been making to its prompt (each
-        new token's probability estimate: the one of the token it replaces)."""
+        new token's probability estimate: the one of the token it replaces), or where the
+        response is partway through one, its rest and the prompt after it (every token's
+        estimate: the rule's confidence, EditRules.pending)."""
         if state.edits is None:
             state.edits = EditRules(token_ids[: state.num_prompt_tokens])
         state.edits.update(token_ids[state.num_prompt_tokens :])
         pending = state.edits.pending(cap, guess=len(draft.token_ids) < 2)
-        if pending:
-            return SuffixDraft(pending, [1.0] * len(pending), 0, "edits")
+        if pending is not None and pending[0]:
+            tokens, sure = pending
+            return SuffixDraft(tokens, [sure] * len(tokens), 0, "edits")
         if not draft.token_ids or not state.edits.num_rules:
             return draft
         tokens, src = state.edits.rewrite(draft.token_ids, cap)

@@ -9,7 +9,7 @@ import pytest
 
 from specdec import SamplingParams
 from specdec.spec_decode.base import DraftInput, DraftRequest, accepted_prefix
-from specdec.spec_decode.edits import EditRules
+from specdec.spec_decode.edits import GUESS_CONFIDENCE, EditRules
 from specdec.spec_decode.suffix import SuffixProposer
 
 OLD, NEW = 7, 8  # the token the response renames, and its new name
@@ -83,9 +83,9 @@ def test_partway_through_a_rule_the_draft_finishes_it_and_copies_on() -> None:
     at = response.index(C, response.index(C) + 3)
     rules = EditRules(prompt)
     rules.update(response[: at + 1])  # the first C of the second occurrence written
-    assert rules.pending(6) == [C, C] + prompt[second + 2 : second + 6]
+    assert rules.pending(6) == ([C, C] + prompt[second + 2 : second + 6], 0.5)  # seen once
     rules.update(response[: at + 3])  # all three written: the copy goes on after the old name
-    assert rules.pending(4) == prompt[second + 2 : second + 6]
+    assert rules.pending(4) == (prompt[second + 2 : second + 6], 0.5)
 
 
 def test_a_guess_only_where_the_response_copies_its_prompt() -> None:
@@ -94,7 +94,7 @@ def test_a_guess_only_where_the_response_copies_its_prompt() -> None:
     rules = EditRules(prompt)
     rules.update(prompt[:first] + [NEW])  # a change never seen before
     assert rules.pending(4) is None  # no rule: nothing without a guess
-    assert rules.pending(4, guess=True) == prompt[first + 1 : first + 5]
+    assert rules.pending(4, guess=True) == (prompt[first + 1 : first + 5], GUESS_CONFIDENCE)
     chat = EditRules(prompt)
     chat.update([1, 2, 3, 4, 5, 6] + prompt[10:13] + [NEW])  # three prompt tokens in a chat
     assert chat.pending(4, guess=True) is None
