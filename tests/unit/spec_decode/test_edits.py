@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specdec import SamplingParams
 from specdec.spec_decode.base import DraftInput, DraftRequest, accepted_prefix
@@ -146,3 +148,26 @@ def test_the_config_key_turns_the_rules_off_and_is_checked() -> None:
     assert on.edit_rules is True and off.edit_rules is False
     with pytest.raises(ConfigError, match="suffix_decoding_edit_rules"):
         SpeculativeConfig.from_dict({"method": "suffix", "suffix_decoding_edit_rules": "yes"})
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    prompt=st.lists(st.integers(0, 6), max_size=40),
+    output=st.lists(st.integers(0, 6), max_size=60),
+    draft=st.lists(st.integers(0, 6), max_size=12),
+    limit=st.integers(0, 10),
+)
+def test_any_sequences_give_drafts_within_the_limit(prompt, output, draft, limit) -> None:
+    """Small alphabets make every path happen: leaving and rejoining, rules learnt and passed
+    over, restarts. Nothing raises, and no draft is longer than asked."""
+    rules = EditRules(prompt)
+    for n in range(0, len(output) + 1, 7):
+        rules.update(output[:n])
+    rules.update(output)
+    tokens, src = rules.rewrite(draft, limit)
+    assert len(tokens) == len(src) <= limit and all(0 <= k < len(draft) for k in src)
+    for guess in (False, True):
+        got = rules.pending(limit, guess)
+        assert got is None or (len(got[0]) <= limit and 0.0 < got[1] <= 1.0)
+    rules.update(output[: len(output) // 2])  # shorter: starts over
+    assert rules.output == output[: len(output) // 2]
