@@ -62,13 +62,14 @@ class EditRules:
         """Every rule as (old, new, seen, passed over)."""
         return [(o, n, c[0], c[1]) for d in self._rules.values() for (o, n), c in d.items()]
 
-    def update(self, output: Sequence[int]) -> None:
-        """Follow the response's new tokens (``output``: the whole response so far)."""
+    def update(self, seq: Sequence[int], start: int = 0) -> None:
+        """Follow the response's new tokens (``seq[start:]``: the whole response so far; an
+        offset, so that a drafter passes its prompt + output without copying it every step)."""
         n = len(self.output)
-        if len(output) < n or (n and output[n - 1] != self.output[-1]):
+        if len(seq) - start < n or (n and seq[start + n - 1] != self.output[-1]):
             self.__init__(self.prompt)  # NOTE: not an extension of what was seen: start over
-        for t in output[len(self.output) :]:
-            self.output.append(t)
+        for i in range(start + len(self.output), len(seq)):
+            self.output.append(seq[i])
             self._step()
 
     def _step(self) -> None:

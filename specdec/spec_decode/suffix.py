@@ -335,7 +335,7 @@ class SuffixProposer(Proposer):
         estimate: the rule's confidence, EditRules.pending)."""
         if state.edits is None:
             state.edits = EditRules(token_ids[: state.num_prompt_tokens])
-        state.edits.update(token_ids[state.num_prompt_tokens :])
+        state.edits.update(token_ids, state.num_prompt_tokens)
         pending = state.edits.pending(cap, guess=len(draft.token_ids) < 2)
         if pending is not None and pending[0]:
             tokens, sure = pending

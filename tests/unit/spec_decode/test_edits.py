@@ -171,3 +171,5 @@ def test_any_sequences_give_drafts_within_the_limit(prompt, output, draft, limit
         assert got is None or (len(got[0]) <= limit and 0.0 < got[1] <= 1.0)
     rules.update(output[: len(output) // 2])  # shorter: starts over
     assert rules.output == output[: len(output) // 2]
+    rules.update(prompt + output, len(prompt))  # the same response after an offset
+    assert rules.output == output
