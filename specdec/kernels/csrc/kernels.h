@@ -193,11 +193,16 @@ struct A8Table {
                           const float* bias, float* y, int64_t N, int64_t g0, int64_t g1,
                           const void* prep);
 
-    // Optional (null when a table needs none): lay out the quantized activations once for every
-    // linear_groups call of one product (the tasks of a parallel call share it).  The result
-    // lives in the calling thread's storage until its next prepare; it changes no output.
-    const void* (*prepare)(int kind, const int8_t* xq, const float* dx, const int32_t* sx,
-                           const float* dxs, int64_t M, int64_t K);
+    // Optional (null when a table needs none): the quantized activations laid out once for every
+    // linear_groups call of one product (the tasks of a parallel call share it), in two parts so
+    // that it is built in parallel.  layout_alloc, on the calling thread before the product, gives
+    // the layout for M rows (null: none for these rows); it lives in that thread's storage until
+    // its next layout_alloc.  quantize_layout quantizes rows [m0, m1) of x as quantize_rows does
+    // (the same codes and scales) into what linear_groups reads with that layout: the layout, and
+    // xq / dx / sx / dxs where it reads those too.  It changes no output.
+    const void* (*layout_alloc)(int kind, int64_t M, int64_t K);
+    void (*quantize_layout)(const void* layout, int kind, const float* x, int64_t K, int64_t M, int64_t m0,
+                            int64_t m1, int8_t* xq, float* dx, int32_t* sx, float* dxs);
 };
 
 // ---------------------------------------------------------------------------------------------

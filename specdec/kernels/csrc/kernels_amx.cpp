@@ -276,11 +276,15 @@ void amx_linear_groups(int kind, const int8_t* xq, const float* dx, const int32_
 }
 
 // The VNNI kernels' layout for the rows they take; none for the tile unit's.
-const void* amx_prepare(int kind, const int8_t* xq, const float* dx, const int32_t* sx, const float* dxs,
-                        int64_t M, int64_t K) {
+const void* amx_layout_alloc(int kind, int64_t M, int64_t K) {
     if (M >= min_rows(kind)) return nullptr;
     const A8Table* v = vnni_table();
-    return v->prepare ? v->prepare(kind, xq, dx, sx, dxs, M, K) : nullptr;
+    return v->layout_alloc ? v->layout_alloc(kind, M, K) : nullptr;
+}
+
+void amx_quantize_layout(const void* layout, int kind, const float* x, int64_t K, int64_t M, int64_t m0, int64_t m1,
+                         int8_t* xq, float* dx, int32_t* sx, float* dxs) {
+    vnni_table()->quantize_layout(layout, kind, x, K, M, m0, m1, xq, dx, sx, dxs);
 }
 
 void amx_quantize_rows(const float* x, int64_t K, int8_t* xq, float* dx, int32_t* sx, float* dxs, int64_t m0,
@@ -401,7 +405,8 @@ void amx_value_sums(const uint8_t* probs, int64_t qb, int64_t Q, const uint8_t* 
 }
 
 const A8Table* amx_table() {
-    static const A8Table table = {"amx-int8", amx_quantize_rows, amx_linear_groups, amx_prepare};
+    static const A8Table table = {"amx-int8", amx_quantize_rows, amx_linear_groups, amx_layout_alloc,
+                                   amx_quantize_layout};
     return &table;
 }
 

@@ -222,29 +222,41 @@ void groups_of(const int8_t* xq, const int16_t* xw16, const float* dx, const int
     }
 }
 
-// A8Table::prepare: Q8_0's activation codes widened to int16 once per product (the 4-bit kinds
-// need none); the calling thread's buffer, until its next prepare.
-const void* prepare_a8(int kind, const int8_t* xq, const float* /*dx*/, const int32_t* /*sx*/,
-                       const float* /*dxs*/, int64_t M, int64_t K) {
+// A8Table::layout_alloc / quantize_layout: Q8_0's activation codes widened to int16 once per
+// product (the 4-bit kinds need none); the calling thread's buffer, until its next layout_alloc.
+const void* layout_alloc(int kind, int64_t M, int64_t K) {
     if (kind != A8_Q8) return nullptr;
     thread_local std::vector<int16_t> buf;
     const int64_t n = M * K;
     if (static_cast<int64_t>(buf.size()) < n) buf.resize(static_cast<size_t>(n));
-    int16_t* out = buf.data();
-    for (int64_t i = 0; i < n; i += 16) {  // K % 32 == 0
+    return buf.data();
+}
+
+void widen_rows(const void* layout, const int8_t* xq, int64_t K, int64_t m0, int64_t m1) {
+    int16_t* out = static_cast<int16_t*>(const_cast<void*>(layout));
+    for (int64_t i = m0 * K; i < m1 * K; i += 16) {  // K % 32 == 0
         const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(xq + i));
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_cvtepi8_epi16(c));
     }
-    return out;
 }
 
-// prep: for Q8_0, the activation codes widened to int16 [M, K] (prepare_a8), or null (laid out
-// here then).
+// linear_groups reads the row-major codes and scales as well as the widened codes.
+void quantize_layout(const void* layout, int /*kind*/, const float* x, int64_t K, int64_t /*M*/, int64_t m0,
+                     int64_t m1, int8_t* xq, float* dx, int32_t* sx, float* dxs) {
+    quantize_rows(x, K, xq, dx, sx, dxs, m0, m1);
+    widen_rows(layout, xq, K, m0, m1);
+}
+
+// prep: for Q8_0, the activation codes widened to int16 [M, K] (layout_alloc / layout_rows), or
+// null (laid out here then).
 void linear_groups(int kind, const int8_t* xq, const float* dx, const int32_t* sx, const float* dxs,
                    int64_t M, int64_t K, const uint8_t* w, const float* bias, float* y, int64_t N,
                    int64_t g0, int64_t g1, const void* prep) {
     if (kind == A8_Q8) {
-        if (!prep) prep = prepare_a8(kind, xq, dx, sx, dxs, M, K);
+        if (!prep) {
+            prep = layout_alloc(kind, M, K);
+            widen_rows(prep, xq, K, 0, M);
+        }
         groups_of<A8_Q8>(xq, static_cast<const int16_t*>(prep), dx, sx, dxs, M, K, w, bias, y, N, g0, g1);
     } else if (kind == A8_Q4_0) {
         groups_of<A8_Q4_0>(xq, nullptr, dx, sx, dxs, M, K, w, bias, y, N, g0, g1);
@@ -253,7 +265,7 @@ void linear_groups(int kind, const int8_t* xq, const float* dx, const int32_t* s
     }
 }
 
-const A8Table kTable = {"avx2", quantize_rows, linear_groups, prepare_a8};
+const A8Table kTable = {"avx2", quantize_rows, linear_groups, layout_alloc, quantize_layout};
 
 }  // namespace
 

@@ -327,7 +327,7 @@ int64_t argmax(const float* x, int64_t n) {
 }
 
 const KernelTable kTable = {"portable", linear_rows, rms_norm_rows, argmax, attention_block, attention_merge};
-const A8Table kA8Table = {"portable", a8_quantize_rows, a8_linear_groups, nullptr};
+const A8Table kA8Table = {"portable", a8_quantize_rows, a8_linear_groups, nullptr, nullptr};
 
 }  // namespace
 

@@ -33,34 +33,37 @@
 namespace specdec {
 namespace {
 
+// One block of 32 activations xb -> 32 int8 codes at dst, its scale d = amax / 127 and the sum s
+// of the codes.
+inline void quantize_block(const float* xb, int8_t* dst, float* d_out, int32_t* s_out) {
+    const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+    const __m512 a = _mm512_max_ps(_mm512_and_ps(v0, sign), _mm512_and_ps(v1, sign));
+    const float amax = _mm512_reduce_max_ps(a);
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const __m512 idv = _mm512_set1_ps(id);
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, idv));  // round to nearest even
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, idv));
+    const __m128i c0 = _mm512_cvtsepi32_epi8(q0), c1 = _mm512_cvtsepi32_epi8(q1);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), c0);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16), c1);
+    // The sum of the stored (saturated) codes.
+    const __m512i s0 = _mm512_cvtepi8_epi32(c0), s1 = _mm512_cvtepi8_epi32(c1);
+    *d_out = d;
+    *s_out = _mm512_reduce_add_epi32(_mm512_add_epi32(s0, s1));
+}
+
 // Activation quantization: rows [m0, m1) of x [M, K] -> xq int8 [M, K], per block of 32: dx (the
 // scale amax / 127), sx (sum of the int8 codes) and dxs = dx * sx.
 void quantize_rows(const float* x, int64_t K, int8_t* xq, float* dx, int32_t* sx, float* dxs,
                    int64_t m0, int64_t m1) {
     const int64_t nb = K / 32;
-    const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
     for (int64_t m = m0; m < m1; ++m) {
         for (int64_t b = 0; b < nb; ++b) {
-            const float* xb = x + m * K + b * 32;
-            const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
-            const __m512 a = _mm512_max_ps(_mm512_and_ps(v0, sign), _mm512_and_ps(v1, sign));
-            const float amax = _mm512_reduce_max_ps(a);
-            const float d = amax / 127.0f;
-            const float id = d != 0.0f ? 1.0f / d : 0.0f;
-            const __m512 idv = _mm512_set1_ps(id);
-            const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, idv));  // round to nearest even
-            const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, idv));
-            int8_t* dst = xq + m * K + b * 32;
-            _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtsepi32_epi8(q0));
-            _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16), _mm512_cvtsepi32_epi8(q1));
-            // The sum of the stored (saturated) codes.
-            const __m512i s0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dst)));
-            const __m512i s1 =
-                _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dst + 16)));
-            const int32_t s = _mm512_reduce_add_epi32(_mm512_add_epi32(s0, s1));
-            dx[m * nb + b] = d;
-            sx[m * nb + b] = s;
-            dxs[m * nb + b] = d * static_cast<float>(s);
+            const int64_t i = m * nb + b;
+            quantize_block(x + m * K + b * 32, xq + m * K + b * 32, &dx[i], &sx[i]);
+            dxs[i] = dx[i] * static_cast<float>(sx[i]);
         }
     }
 }
@@ -406,35 +409,54 @@ struct WsLayout {
 
 inline int64_t ws_row_tiles(int64_t M) { return (M + kWsMaxRows - 1) / kWsMaxRows; }
 
-const WsLayout* ws_layout(int kind, const int8_t* xq, const float* dx, const int32_t* sx, const float* dxs,
-                          int64_t M, int64_t K) {
+// The layout's storage for M rows of K inputs: the calling thread's, until its next call.
+const WsLayout* ws_alloc(int64_t M, int64_t K) {
     thread_local std::vector<int8_t> xt_buf;
     thread_local std::vector<float> dxt_buf, dxst_buf;
     thread_local std::vector<int32_t> osxt_buf;
     thread_local WsLayout lay;
     const int64_t nb = K / 32;
-    const int32_t offset = kind == A8_Q8 ? 128 : kind == A8_Q4_0 ? 8 : 0;
     if (static_cast<int64_t>(xt_buf.size()) < M * K) xt_buf.resize(static_cast<size_t>(M * K));
     if (static_cast<int64_t>(dxt_buf.size()) < M * nb) {
         dxt_buf.resize(static_cast<size_t>(M * nb));
         dxst_buf.resize(static_cast<size_t>(M * nb));
         osxt_buf.resize(static_cast<size_t>(M * nb));
     }
-    const int64_t ntiles = ws_row_tiles(M);
-    for (int64_t i = 0, m0 = 0; i < ntiles; ++i) {
-        const int64_t rows = (M - m0) / (ntiles - i);
-        for (int64_t b = 0; b < nb; ++b)
-            for (int64_t r = 0; r < rows; ++r) {
-                const int64_t src = (m0 + r) * nb + b, dst = m0 * nb + b * rows + r;
-                memcpy(xt_buf.data() + dst * 32, xq + (m0 + r) * K + b * 32, 32);
-                dxt_buf[dst] = dx[src];
-                dxst_buf[dst] = dxs[src];
-                osxt_buf[dst] = -offset * sx[src];
-            }
-        m0 += rows;
-    }
     lay = {xt_buf.data(), dxt_buf.data(), osxt_buf.data(), dxst_buf.data()};
     return &lay;
+}
+
+// Rows [m0, m1) of the layout (each row's blocks go to its row tile's block-major places).
+void ws_fill(const WsLayout* lay, int kind, const int8_t* xq, const float* dx, const int32_t* sx,
+             const float* dxs, int64_t M, int64_t K, int64_t m0, int64_t m1) {
+    const int64_t nb = K / 32;
+    const int32_t offset = kind == A8_Q8 ? 128 : kind == A8_Q4_0 ? 8 : 0;
+    int8_t* xt = const_cast<int8_t*>(lay->xt);
+    float* dxt = const_cast<float*>(lay->dxt);
+    float* dxst = const_cast<float*>(lay->dxst);
+    int32_t* osxt = const_cast<int32_t*>(lay->osxt);
+    const int64_t ntiles = ws_row_tiles(M);
+    for (int64_t i = 0, t0 = 0; i < ntiles && t0 < m1; ++i) {
+        const int64_t rows = (M - t0) / (ntiles - i);
+        for (int64_t m = std::max(m0, t0); m < std::min(m1, t0 + rows); ++m) {
+            const int64_t r = m - t0;
+            for (int64_t b = 0; b < nb; ++b) {
+                const int64_t src = m * nb + b, dst = t0 * nb + b * rows + r;
+                memcpy(xt + dst * 32, xq + m * K + b * 32, 32);
+                dxt[dst] = dx[src];
+                dxst[dst] = dxs[src];
+                osxt[dst] = -offset * sx[src];
+            }
+        }
+        t0 += rows;
+    }
+}
+
+const WsLayout* ws_layout(int kind, const int8_t* xq, const float* dx, const int32_t* sx, const float* dxs,
+                          int64_t M, int64_t K) {
+    const WsLayout* lay = ws_alloc(M, K);
+    ws_fill(lay, kind, xq, dx, sx, dxs, M, K, 0, M);
+    return lay;
 }
 
 template <int KIND>
@@ -517,11 +539,37 @@ void linear_a8_groups(int kind, const int8_t* xq, const float* dx, const int32_t
     }
 }
 
-// A8Table::prepare: the block-major layout of ws_layout, once per product (null below
-// kWsMinRows rows in the groups walk, where no layout is used).
-const void* prepare_a8(int kind, const int8_t* xq, const float* dx, const int32_t* sx, const float* dxs,
-                       int64_t M, int64_t K) {
-    return a8_walk() == A8_WALK_GROUPS && M < kWsMinRows ? nullptr : ws_layout(kind, xq, dx, sx, dxs, M, K);
+// A8Table::layout_alloc / quantize_layout: the block-major layout of ws_layout, once per product
+// (null below kWsMinRows rows in the groups walk, where no layout is used).  linear_groups reads
+// only the layout then, so the rows are quantized straight into it, block by block in each row
+// tile's order (quantize_block: quantize_rows' codes and scales).
+const void* layout_alloc(int /*kind*/, int64_t M, int64_t K) {
+    return a8_walk() == A8_WALK_GROUPS && M < kWsMinRows ? nullptr : ws_alloc(M, K);
+}
+
+void quantize_layout(const void* layout, int kind, const float* x, int64_t K, int64_t M, int64_t m0, int64_t m1,
+                     int8_t* /*xq*/, float* /*dx*/, int32_t* /*sx*/, float* /*dxs*/) {
+    const WsLayout* lay = static_cast<const WsLayout*>(layout);
+    const int64_t nb = K / 32;
+    const int32_t offset = kind == A8_Q8 ? 128 : kind == A8_Q4_0 ? 8 : 0;
+    int8_t* xt = const_cast<int8_t*>(lay->xt);
+    float* dxt = const_cast<float*>(lay->dxt);
+    float* dxst = const_cast<float*>(lay->dxst);
+    int32_t* osxt = const_cast<int32_t*>(lay->osxt);
+    const int64_t ntiles = ws_row_tiles(M);
+    for (int64_t i = 0, t0 = 0; i < ntiles && t0 < m1; ++i) {
+        const int64_t rows = (M - t0) / (ntiles - i);
+        const int64_t lo = std::max(m0, t0), hi = std::min(m1, t0 + rows);
+        for (int64_t b = 0; b < nb; ++b)
+            for (int64_t m = lo; m < hi; ++m) {
+                const int64_t dst = t0 * nb + b * rows + (m - t0);
+                int32_t s;
+                quantize_block(x + m * K + b * 32, xt + dst * 32, &dxt[dst], &s);
+                dxst[dst] = dxt[dst] * static_cast<float>(s);
+                osxt[dst] = -offset * s;
+            }
+        t0 += rows;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -937,7 +985,7 @@ const KqTable* vnni_kq_table() {
 }
 
 const A8Table* vnni_table() {
-    static const A8Table table = {"avx512vnni", quantize_rows, linear_a8_groups, prepare_a8};
+    static const A8Table table = {"avx512vnni", quantize_rows, linear_a8_groups, layout_alloc, quantize_layout};
     return &table;
 }
 

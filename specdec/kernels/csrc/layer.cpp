@@ -9,6 +9,7 @@
 // therefore agree bit for bit, which tests/unit/model/test_tiny_model.py checks.
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -21,9 +22,20 @@
 #include "linear_spec.h"
 #include "moe.h"
 #include "ops.h"
+#include "parallel.h"
 
 namespace specdec {
 namespace {
+
+// f(begin, end) over [0, n) rows on the kernels' worker pool, in ranges of at least ~3 us of
+// single-core work (item_ns a row; 0: one range, on the calling thread): the glue between the kernels runs on every core, as the
+// kernels do, not on the calling thread alone while the others wait. Each element's operations
+// are the same whatever the split.
+template <class F>
+void rows_parallel(int64_t n, double item_ns, const F& f) {
+    const int64_t grain = std::max<int64_t>(1, static_cast<int64_t>(3000.0 / std::max(item_ns, 1e-3)) + 1);
+    parallel_range(n, grain, f);
+}
 
 // A float stored into a cache element: as is, or rounded to the nearest half (ties to even, as
 // torch's .to(torch.float16)).
@@ -75,8 +87,10 @@ torch::Tensor add_rows(const torch::Tensor& a, const torch::Tensor& b) {
     const float* ap = a.data_ptr<float>();
     const float* bp = b.data_ptr<float>();
     float* yp = y.data_ptr<float>();
-    const int64_t n = a.numel();
-    for (int64_t i = 0; i < n; ++i) yp[i] = ap[i] + bp[i];
+    const int64_t rows = a.dim() > 1 ? a.size(0) : 1, width = a.numel() / std::max<int64_t>(rows, 1);
+    rows_parallel(rows, 0.3 * static_cast<double>(width), [&](int64_t r0, int64_t r1) {
+        for (int64_t i = r0 * width; i < r1 * width; ++i) yp[i] = ap[i] + bp[i];
+    });
     return y;
 }
 
@@ -188,18 +202,37 @@ class DecoderLayer {
         const int64_t k_slot_stride = k_cache.stride(0), k_head_stride = k_cache.stride(1);
         // Rotate the queries; rotate each key into the cache and put its value there, through
         // store(slot, kv head, position, key row, cos, sin, value row) in the cache's format.
+        // Rows run in parallel: each writes its own positions. With the 8-bit cache's key
+        // transform, each query row is then multiplied by the queries' side of the scale.
+        std::vector<int64_t> row_slot(static_cast<size_t>(T)), row_pos(static_cast<size_t>(T));
+        for (size_t s = 0, t = 0; s < slots.size(); ++s)
+            for (int64_t i = 0; i < counts[s]; ++i, ++t) row_slot[t] = slots[s], row_pos[t] = starts[s] + i;
+        const float* qscale = q8 && query_scale_.has_value() ? query_scale_->data_ptr<float>() : nullptr;
+        // NOTE: two sequences naming one slot (not made by the engine) keep the serial order of
+        // their writes: the later row's wins, as before.
+        std::vector<int64_t> sorted_slots(slots);
+        std::sort(sorted_slots.begin(), sorted_slots.end());
+        const bool distinct = std::adjacent_find(sorted_slots.begin(), sorted_slots.end()) == sorted_slots.end();
+        const double row_ns = distinct ? 3.0 * static_cast<double>((H_ + 2 * Hkv_) * D) : 0.0;  // 0: one range
         auto write = [&](auto store) {
-            int64_t t = 0;
-            for (size_t s = 0; s < slots.size(); ++s) {
-                for (int64_t i = 0; i < counts[s]; ++i, ++t) {
+            rows_parallel(T, row_ns, [&](int64_t t0, int64_t t1) {
+                for (int64_t t = t0; t < t1; ++t) {
                     const float* c = cp + t * D;
                     const float* sn = sp + t * D;
                     for (int64_t hd = 0; hd < H_; ++hd)
                         rotate_head(qp + t * q_stride + hd * D, c, sn, D, qrp + (t * H_ + hd) * D);
                     for (int64_t hd = 0; hd < Hkv_; ++hd)
-                        store(slots[s], hd, starts[s] + i, kp + t * k_stride + hd * D, c, sn, vp + t * v_stride + hd * D);
+                        store(row_slot[t], hd, row_pos[t], kp + t * k_stride + hd * D, c, sn, vp + t * v_stride + hd * D);
+                    if (qscale != nullptr) {  // set_key_transform: the queries' side of the scale
+                        const int64_t group = H_ / Hkv_;
+                        for (int64_t hd = 0; hd < H_; ++hd) {
+                            const float* m = qscale + (hd / group) * D;
+                            float* qh = qrp + (t * H_ + hd) * D;
+                            for (int64_t d = 0; d < D; ++d) qh[d] *= m[d];
+                        }
+                    }
                 }
-            }
+            });
         };
         // A float or half cache: keys rotated straight into it, in its element type.
         auto write_float = [&](auto* kc, auto* vc) {
@@ -218,7 +251,6 @@ class DecoderLayer {
             uint8_t* kc = reinterpret_cast<uint8_t*>(k_cache.data_ptr<int8_t>());
             uint8_t* vc = reinterpret_cast<uint8_t*>(v_cache.data_ptr<int8_t>());
             const int64_t bb = q8_block_bytes(D), blocks = max_len / kKeyBlock;
-            std::vector<float> key(static_cast<size_t>(D));
             const float* shift = key_shift_.has_value() ? key_shift_->data_ptr<float>() : nullptr;
             const float* kscale = shift != nullptr ? key_scale_->data_ptr<float>() : nullptr;
             write([&](int64_t slot, int64_t hd, int64_t pos, const float* ks, const float* c, const float* sn,
@@ -226,6 +258,8 @@ class DecoderLayer {
                 const int64_t blk = (hd * blocks + pos / kKeyBlock) * bb, lane = pos % kKeyBlock;
                 uint8_t* kb = kc + slot * k_slot_stride + blk;
                 uint8_t* vb = vc + slot * slot_stride + blk;
+                thread_local std::vector<float> key;  // each task's own row
+                key.resize(static_cast<size_t>(D));
                 rotate_head(ks, c, sn, D, key.data());
                 if (shift != nullptr)  // KVCache._store_q8's (k - shift) * scale
                     for (int64_t d = 0; d < D; ++d) key[d] = (key[d] - shift[hd * D + d]) * kscale[hd * D + d];
@@ -238,14 +272,6 @@ class DecoderLayer {
                         reinterpret_cast<uint16_t*>(v_cache.data_ptr<at::Half>()));
         } else {
             write_float(k_cache.data_ptr<float>(), v_cache.data_ptr<float>());
-        }
-        if (q8 && query_scale_.has_value()) {  // set_key_transform: the queries' side of the scale
-            const float* qs = query_scale_->data_ptr<float>();
-            const int64_t group = H_ / Hkv_;
-            for (int64_t r = 0; r < T * H_; ++r) {
-                const float* m = qs + ((r % H_) / group) * D;
-                for (int64_t d = 0; d < D; ++d) qrp[r * D + d] *= m[d];
-            }
         }
         torch::Tensor attn = attention_seqs(qr, k_cache, v_cache, slots, starts, counts, scale_, window_, softcap_,
                                             prefix_slots, prefix_lens);
@@ -266,8 +292,10 @@ class DecoderLayer {
             float* ap = act.data_ptr<float>();
             const float* upp = up.data_ptr<float>();
             const int64_t up_stride = up.stride(0);
-            for (int64_t t = 0; t < T; ++t)
-                for (int64_t i = 0; i < I_; ++i) ap[t * I_ + i] *= upp[t * up_stride + i];
+            rows_parallel(T, 0.3 * static_cast<double>(I_), [&](int64_t t0, int64_t t1) {
+                for (int64_t t = t0; t < t1; ++t)
+                    for (int64_t i = 0; i < I_; ++i) ap[t * I_ + i] *= upp[t * up_stride + i];
+            });
         }
         torch::Tensor mlp = down_(act);
         if (reducer != nullptr) mlp = reducer->reduce(mlp);

@@ -290,17 +290,19 @@ torch::Tensor linear_a8(const torch::Tensor& x_in, const torch::Tensor& w, int64
     float* dxs = dxs_buf.data();
     int32_t* sx = sx_buf.data();
     const float* xp = x.data_ptr<float>();
+    // NOTE: laid out once per product, not in every task (at 16 rows x 576 inputs each task's
+    // copy cost a quarter of its time), by the tasks that quantize the rows (on the calling
+    // thread alone, the copy was 4% of a prefill's samples while the other cores waited)
+    const void* prep = tab->layout_alloc ? tab->layout_alloc(static_cast<int>(kind), M, K) : nullptr;
     parallel_range(M, grain_for(K * 0.5), [&](int64_t m0, int64_t m1) {
-        tab->quantize_rows(xp, K, xq, dx, sx, dxs, m0, m1);
+        if (prep) tab->quantize_layout(prep, static_cast<int>(kind), xp, K, M, m0, m1, xq, dx, sx, dxs);
+        else tab->quantize_rows(xp, K, xq, dx, sx, dxs, m0, m1);
     });
     const uint8_t* wp = static_cast<const uint8_t*>(w.data_ptr());
     float* yp = y.data_ptr<float>();
     const int64_t groups = N / kA8TileRows;
     const double tile_ns = a8_tile_bytes(static_cast<int>(kind)) / 15.0 + 2.5 * static_cast<double>(M);
     const int64_t grain = grain_for(tile_ns * nb);
-    // NOTE: laid out once here, not in every task (at 16 rows x 576 inputs each task's copy cost
-    // a quarter of its time)
-    const void* prep = tab->prepare ? tab->prepare(static_cast<int>(kind), xq, dx, sx, dxs, M, K) : nullptr;
     parallel_range(groups, grain, [&](int64_t g0, int64_t g1) {
         tab->linear_groups(static_cast<int>(kind), xq, dx, sx, dxs, M, K, wp, bias_ptr, yp, N, g0, g1, prep);
     });
