@@ -5,8 +5,9 @@
 // same computation with the same arithmetic: the kernels of ops.cpp for linear / rms_norm /
 // attention, ATen for the activation (the op Python calls), and plain loops for the rotary
 // embedding, the KV-cache writes, the residual adds and the gate-times-up product that do exactly
-// torch's elementwise float32 operations (compiled with -ffp-contract=off).  The two forwards
-// therefore agree bit for bit, which tests/unit/model/test_tiny_model.py checks.
+// torch's elementwise float32 operations (compiled with -ffp-contract=off; their rows split over
+// the kernels' threads, rows_parallel).  The two forwards therefore agree bit for bit, which
+// tests/unit/model/test_tiny_model.py checks.
 #include <torch/extension.h>
 
 #include <algorithm>
@@ -28,9 +29,9 @@ namespace specdec {
 namespace {
 
 // f(begin, end) over [0, n) rows on the kernels' worker pool, in ranges of at least ~3 us of
-// single-core work (item_ns a row; 0: one range, on the calling thread): the glue between the kernels runs on every core, as the
-// kernels do, not on the calling thread alone while the others wait. Each element's operations
-// are the same whatever the split.
+// single-core work (item_ns a row; 0: one range, on the calling thread): the glue between the
+// kernels runs on every core, as the kernels do, not on the calling thread alone while the
+// others wait.  Each element's operations are the same whatever the split.
 template <class F>
 void rows_parallel(int64_t n, double item_ns, const F& f) {
     const int64_t grain = std::max<int64_t>(1, static_cast<int64_t>(3000.0 / std::max(item_ns, 1e-3)) + 1);
