@@ -186,8 +186,9 @@ struct A8Table {
                           float* dxs, int64_t m0, int64_t m1);
 
     // y[m * N + n] for all M rows and n in tile groups [g0, g1) (16 rows each) of the repacked
-    // weight w (kind = its A8Kind), + bias[n] when bias is not null.  prep: what prepare
-    // returned for these activations, or null (each call then lays them out itself).
+    // weight w (kind = its A8Kind), + bias[n] when bias is not null.  prep: what
+    // layout_alloc returned for (kind, M, K), filled by quantize_layout (null where it returned
+    // null; xq / dx / sx / dxs hold quantize_rows' output then).
     void (*linear_groups)(int kind, const int8_t* xq, const float* dx, const int32_t* sx,
                           const float* dxs, int64_t M, int64_t K, const uint8_t* w,
                           const float* bias, float* y, int64_t N, int64_t g0, int64_t g1,

@@ -247,16 +247,11 @@ void quantize_layout(const void* layout, int /*kind*/, const float* x, int64_t K
     widen_rows(layout, xq, K, m0, m1);
 }
 
-// prep: for Q8_0, the activation codes widened to int16 [M, K] (layout_alloc / quantize_layout),
-// or null (laid out here then).
+// prep: for Q8_0, the activation codes widened to int16 [M, K] (layout_alloc / quantize_layout).
 void linear_groups(int kind, const int8_t* xq, const float* dx, const int32_t* sx, const float* dxs,
                    int64_t M, int64_t K, const uint8_t* w, const float* bias, float* y, int64_t N,
                    int64_t g0, int64_t g1, const void* prep) {
     if (kind == A8_Q8) {
-        if (!prep) {
-            prep = layout_alloc(kind, M, K);
-            widen_rows(prep, xq, K, 0, M);
-        }
         groups_of<A8_Q8>(xq, static_cast<const int16_t*>(prep), dx, sx, dxs, M, K, w, bias, y, N, g0, g1);
     } else if (kind == A8_Q4_0) {
         groups_of<A8_Q4_0>(xq, nullptr, dx, sx, dxs, M, K, w, bias, y, N, g0, g1);

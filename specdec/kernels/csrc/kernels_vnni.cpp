@@ -399,7 +399,8 @@ inline void ws_rows(int64_t rows, const int8_t* xt, const float* dxt, const int3
 // The activations of several rows laid out for ws_tile / ws2_tile: row tiles of at most
 // kWsMaxRows rows, as even as possible (17 rows: 9 + 8), each block-major (per block of 32, the
 // tile's rows one after another), with the offset-corrected start values -o * sum(xq).  Built once
-// per product in the calling thread's storage and read by every task of it.
+// per product in the calling thread's storage (ws_alloc) by the tasks that quantize the rows
+// (quantize_layout) and read by every task of the product.
 struct WsLayout {
     const int8_t* xt;
     const float* dxt;
@@ -426,56 +427,8 @@ const WsLayout* ws_alloc(int64_t M, int64_t K) {
     return &lay;
 }
 
-// The layout's arrays, writable (its storage is the calling thread's: ws_alloc).
-struct WsOut {
-    int8_t* xt;
-    float* dxt;
-    int32_t* osxt;
-    float* dxst;
-};
-inline WsOut ws_out(const WsLayout* lay) {
-    return {const_cast<int8_t*>(lay->xt), const_cast<float*>(lay->dxt), const_cast<int32_t*>(lay->osxt),
-            const_cast<float*>(lay->dxst)};
-}
-
 // Offset-corrected start values take -offset * sum(xq) (ws_tile's kStart).
 constexpr int32_t ws_offset(int kind) { return kind == A8_Q8 ? 128 : kind == A8_Q4_0 ? 8 : 0; }
-
-// f(dst, m, b) for every block b of rows [m0, m1) of a layout of M rows of K inputs: dst is the
-// block's place (block-major in its row tile), visited in each tile's order.
-template <class F>
-inline void ws_each_block(int64_t M, int64_t K, int64_t m0, int64_t m1, const F& f) {
-    const int64_t nb = K / 32, ntiles = ws_row_tiles(M);
-    for (int64_t i = 0, t0 = 0; i < ntiles && t0 < m1; ++i) {
-        const int64_t rows = (M - t0) / (ntiles - i);
-        const int64_t lo = std::max(m0, t0), hi = std::min(m1, t0 + rows);
-        for (int64_t b = 0; b < nb; ++b)
-            for (int64_t m = lo; m < hi; ++m) f(t0 * nb + b * rows + (m - t0), m, b);
-        t0 += rows;
-    }
-}
-
-// Rows [m0, m1) of the layout from quantize_rows' output.
-void ws_fill(const WsLayout* lay, int kind, const int8_t* xq, const float* dx, const int32_t* sx,
-             const float* dxs, int64_t M, int64_t K, int64_t m0, int64_t m1) {
-    const int64_t nb = K / 32;
-    const int32_t offset = ws_offset(kind);
-    const WsOut o = ws_out(lay);
-    ws_each_block(M, K, m0, m1, [&](int64_t dst, int64_t m, int64_t b) {
-        const int64_t src = m * nb + b;
-        memcpy(o.xt + dst * 32, xq + m * K + b * 32, 32);
-        o.dxt[dst] = dx[src];
-        o.dxst[dst] = dxs[src];
-        o.osxt[dst] = -offset * sx[src];
-    });
-}
-
-const WsLayout* ws_layout(int kind, const int8_t* xq, const float* dx, const int32_t* sx, const float* dxs,
-                          int64_t M, int64_t K) {
-    const WsLayout* lay = ws_alloc(M, K);
-    ws_fill(lay, kind, xq, dx, sx, dxs, M, K, 0, M);
-    return lay;
-}
 
 template <int KIND>
 void groups_rows(const int8_t* xq, const float* dx, const int32_t* sx, const float* dxs, int64_t M,
@@ -510,8 +463,7 @@ void groups_rows(const int8_t* xq, const float* dx, const int32_t* sx, const flo
                                         bias ? bias + g * kA8TileRows : nullptr, y + g * kA8TileRows, N);
         return;
     }
-    const WsLayout* lay = static_cast<const WsLayout*>(prep);
-    if (lay == nullptr) lay = ws_layout(KIND, xq, dx, sx, dxs, M, K);
+    const WsLayout* lay = static_cast<const WsLayout*>(prep);  // layout_alloc's, never null here
     const int64_t ntiles = ws_row_tiles(M);
     if (!stationary && M <= kWs2MaxRows) {  // one row tile (ntiles == 1): pairs of groups through ws2_tile
         const int8_t* xt = lay->xt;
@@ -557,7 +509,7 @@ void linear_a8_groups(int kind, const int8_t* xq, const float* dx, const int32_t
     }
 }
 
-// A8Table::layout_alloc / quantize_layout: the block-major layout of ws_layout, once per product
+// A8Table::layout_alloc / quantize_layout: the block-major layout (WsLayout), once per product
 // (null below kWsMinRows rows in the groups walk, where no layout is used).  linear_groups reads
 // only the layout then, so the rows are quantized straight into it, block by block in each row
 // tile's order (quantize_block: quantize_rows' codes and scales).
@@ -567,14 +519,26 @@ const void* layout_alloc(int /*kind*/, int64_t M, int64_t K) {
 
 void quantize_layout(const void* layout, int kind, const float* x, int64_t K, int64_t M, int64_t m0, int64_t m1,
                      int8_t* /*xq*/, float* /*dx*/, int32_t* /*sx*/, float* /*dxs*/) {
+    const WsLayout* lay = static_cast<const WsLayout*>(layout);
+    int8_t* xt = const_cast<int8_t*>(lay->xt);
+    float* dxt = const_cast<float*>(lay->dxt);
+    float* dxst = const_cast<float*>(lay->dxst);
+    int32_t* osxt = const_cast<int32_t*>(lay->osxt);
     const int32_t offset = ws_offset(kind);
-    const WsOut o = ws_out(static_cast<const WsLayout*>(layout));
-    ws_each_block(M, K, m0, m1, [&](int64_t dst, int64_t m, int64_t b) {
-        int32_t s;
-        quantize_block(x + m * K + b * 32, o.xt + dst * 32, &o.dxt[dst], &s);
-        o.dxst[dst] = o.dxt[dst] * static_cast<float>(s);
-        o.osxt[dst] = -offset * s;
-    });
+    const int64_t nb = K / 32, ntiles = ws_row_tiles(M);
+    for (int64_t i = 0, t0 = 0; i < ntiles && t0 < m1; ++i) {
+        const int64_t rows = (M - t0) / (ntiles - i);
+        const int64_t lo = std::max(m0, t0), hi = std::min(m1, t0 + rows);
+        for (int64_t b = 0; b < nb; ++b)
+            for (int64_t m = lo; m < hi; ++m) {
+                const int64_t dst = t0 * nb + b * rows + (m - t0);  // block-major in its row tile
+                int32_t s;
+                quantize_block(x + m * K + b * 32, xt + dst * 32, &dxt[dst], &s);
+                dxst[dst] = dxt[dst] * static_cast<float>(s);
+                osxt[dst] = -offset * s;
+            }
+        t0 += rows;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

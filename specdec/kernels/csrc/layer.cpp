@@ -28,14 +28,13 @@
 namespace specdec {
 namespace {
 
-// f(begin, end) over [0, n) rows on the kernels' worker pool, in ranges of at least ~3 us of
-// single-core work (item_ns a row; 0: one range, on the calling thread): the glue between the
-// kernels runs on every core, as the kernels do, not on the calling thread alone while the
-// others wait.  Each element's operations are the same whatever the split.
+// f(begin, end) over [0, n) rows on the kernels' worker pool (grain_for: item_ns a row; 0: one
+// range, on the calling thread): the glue between the kernels runs on every core, as the kernels
+// do, not on the calling thread alone while the others wait.  Each element's operations are the
+// same whatever the split.
 template <class F>
 void rows_parallel(int64_t n, double item_ns, const F& f) {
-    const int64_t grain = std::max<int64_t>(1, static_cast<int64_t>(3000.0 / std::max(item_ns, 1e-3)) + 1);
-    parallel_range(n, grain, f);
+    parallel_range(n, grain_for(item_ns), f);
 }
 
 // A float stored into a cache element: as is, or rounded to the nearest half (ties to even, as
@@ -205,25 +204,28 @@ class DecoderLayer {
         // store(slot, kv head, position, key row, cos, sin, value row) in the cache's format.
         // Rows run in parallel: each writes its own positions. With the 8-bit cache's key
         // transform, each query row is then multiplied by the queries' side of the scale.
-        std::vector<int64_t> row_slot(static_cast<size_t>(T)), row_pos(static_cast<size_t>(T));
-        for (size_t s = 0, t = 0; s < slots.size(); ++s)
-            for (int64_t i = 0; i < counts[s]; ++i, ++t) row_slot[t] = slots[s], row_pos[t] = starts[s] + i;
         const float* qscale = q8 && query_scale_.has_value() ? query_scale_->data_ptr<float>() : nullptr;
         // NOTE: two sequences naming one slot (not made by the engine) keep the serial order of
         // their writes: the later row's wins, as before.
-        std::vector<int64_t> sorted_slots(slots);
-        std::sort(sorted_slots.begin(), sorted_slots.end());
-        const bool distinct = std::adjacent_find(sorted_slots.begin(), sorted_slots.end()) == sorted_slots.end();
+        bool distinct = true;
+        if (slots.size() > 1) {
+            std::vector<int64_t> sorted(slots);
+            std::sort(sorted.begin(), sorted.end());
+            distinct = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
+        }
         const double row_ns = distinct ? 3.0 * static_cast<double>((H_ + 2 * Hkv_) * D) : 0.0;  // 0: one range
         auto write = [&](auto store) {
             rows_parallel(T, row_ns, [&](int64_t t0, int64_t t1) {
-                for (int64_t t = t0; t < t1; ++t) {
+                size_t s = 0;  // row t's sequence, and its index i there
+                int64_t i = t0;
+                for (int64_t t = t0; t < t1; ++t, ++i) {
+                    while (i >= counts[s]) i -= counts[s++];
                     const float* c = cp + t * D;
                     const float* sn = sp + t * D;
                     for (int64_t hd = 0; hd < H_; ++hd)
                         rotate_head(qp + t * q_stride + hd * D, c, sn, D, qrp + (t * H_ + hd) * D);
                     for (int64_t hd = 0; hd < Hkv_; ++hd)
-                        store(row_slot[t], hd, row_pos[t], kp + t * k_stride + hd * D, c, sn, vp + t * v_stride + hd * D);
+                        store(slots[s], hd, starts[s] + i, kp + t * k_stride + hd * D, c, sn, vp + t * v_stride + hd * D);
                     if (qscale != nullptr) {  // set_key_transform: the queries' side of the scale
                         const int64_t group = H_ / Hkv_;
                         for (int64_t hd = 0; hd < H_; ++hd) {

@@ -203,9 +203,13 @@ float* scratch(int64_t n) {
 // The per-item cost models below were fitted roughly to single-core timings of the AVX2 kernels.
 constexpr double kMinTaskNs = 3000.0;
 
+}  // namespace
+
 int64_t grain_for(double item_ns) {
     return std::max<int64_t>(1, static_cast<int64_t>(kMinTaskNs / std::max(item_ns, 1e-3)) + 1);
 }
+
+namespace {
 
 // The VNNI kernels' walk (kernels.h A8Walk): SPECDEC_A8_WALK=groups|stationary, else by the CPU's
 // vendor (CPUID leaf 0): weight-stationary on AMD, where it was measured faster (Zen 4), the groups

@@ -22,6 +22,10 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N,
 // call.  The first exception a call throws is rethrown here once all calls have ended.
 void parallel_tasks(int64_t n, const std::function<void(int64_t)>& fn);
 
+// Items per parallel_range task so that a task holds at least ~3 us of single-core work, item_ns
+// an item (0: all items in one task).
+int64_t grain_for(double item_ns);
+
 // RMS norm over the last dimension.
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
 

@@ -177,38 +177,3 @@ def test_bench_takes_the_kv_cache_dtype(tiny_llama, capsys) -> None:
     argv = ["bench", "forward-cost", "--model", str(tiny_llama), "--kv-cache-dtype", "f16"]
     assert main(argv + ["--context", "20", "--ns", "1,2", "--repeats", "1", "--warmup", "0"]) == 0
     assert "KV cache float16" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("isa", _isas())
-@pytest.mark.parametrize("head_dim", [16, 24])
-def test_fused_layers_write_the_half_cache_as_torch_rounds_it(tmp_path, isa, head_dim) -> None:
-    # The native layer rotates each key and rounds keys and values to halves itself, its rows
-    # split over the threads, under every kernel table: the cache must hold exactly the op-by-op
-    # path's torch-rounded entries.
-    from specdec.kv_cache.pool import standard_keys
-    from specdec.model.llama import LlamaModel, SeqBatch
-    from tests.fixtures.models import make_tiny_model
-
-    folder = make_tiny_model(tmp_path / "m", "llama", seed=3, head_dim=head_dim)
-    model = LlamaModel(
-        load_checkpoint(folder), get_ops("native"), torch.device("cpu"), torch.float32,
-        "fp32", 256, "float32",
-    )  # fmt: skip
-    model.set_kv_dtype("float16")
-    gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, 250, (37,), generator=gen)
-    before = _C.isa()
-    _C.set_isa(isa)
-    try:
-        caches = []
-        for fused in (False, True):
-            model.use_fused_layers = fused
-            kv = model.make_kv_cache(2, 256)
-            model.forward(prompt, torch.arange(37), SeqBatch([1], [0], [37]), kv)
-            keys = standard_keys(kv.k, kv.max_len, kv.key_block)
-            caches.append((keys[:, 1, :, :37].clone(), kv.v[:, 1, :, :37].clone()))
-    finally:
-        _C.set_isa(before)
-    (ka, va), (kb, vb) = caches
-    assert ka.dtype == torch.float16 and ka.abs().max() > 0
-    assert torch.equal(ka, kb) and torch.equal(va, vb)
