@@ -176,9 +176,10 @@ inline void score_queries(const float* const* qp, int64_t Q, const KV* kb, int64
 // Scores of the Q queries against key blocks [sb0, sb1) into s (s[q * ss + j - j0] for key j); a
 // half block widened once when several tiles read it; the keys kAttnPrefetchKeys ahead fetched
 // into L2, and with more queries than one tile (v, v_stride apart) each block's value rows too.
-// NOTE: the only prefetches the AVX-512 kernels issue are these and the 8-bit cache's value blocks
-// into L2 as their keys are scored: the rest (keys into L1, values into L1 while they are summed)
-// were calls that GCC 12 deleted (prefetch.h's NOTE).  Issued, they paid nothing on a 2-core
+// NOTE: the only prefetches the AVX-512 kernels issue are these, the 8-bit cache's value blocks
+// into L2 as their keys are scored and its keys ahead the same way (kAttnPrefetchKeys; 8 rows at
+// 2,000 cached 1.08x, attention alone): the rest (keys into L1, values into L1 while they are
+// summed) were calls that GCC 12 deleted (prefetch.h's NOTE).  Issued, they paid nothing on a 2-core
 // Zen 4 EPYC (SmolLM2, 200 and 2,000 cached, one and eight rows, alternated in one process: one
 // row 0.93-0.98x, eight rows 0.94-1.06x).  The value rows into L2 paid at eight rows of a half
 // cache at 2,000 cached (1.03x, 1.04x and 1.07x in three runs; 1.02x at 200) and cost one row
@@ -406,7 +407,7 @@ void attention_block_kv(const AttnRows& a, int64_t j0, float* part, float* scrat
 // rounded to nearest even); a score is the exact int32 dot product of the query's and the key's
 // entries (vpdpbusd: the key bytes offset by 128 as the unsigned operand, the query's sum times
 // 128 taken off) times (the key's scale * (scale * the query's scale)).  The softmax stays in
-// float32 (block_softmax above).  Each weight times its value row's scale, x = w * 255 / (the
+// float32 (softmax_scaled below).  Each weight times its value row's scale, x = w * 255 / (the
 // row's largest in the block), is written as two bytes, hi = floor(x) and lo = round((x - hi) *
 // 255), and the value product is (sum hi * v + (sum lo * v) / 255) * largest / 255 with exact
 // int32 sums: a 16-bit weight (one byte alone cost as much accuracy as the 8-bit query).  Integer sums are exact
@@ -582,27 +583,67 @@ SPECDEC_VNNI inline void value_tile_i8(uint8_t* q, int64_t qb, const __m512i* vt
         if (out[t]) value_out(acc[t], lo[t], qstate(q + t * qb, D)->pscale, out[t], ch * 64, D);
 }
 
-// scale_by_value_scales over keys [j, e) of p (p + j is key j's weight), returning the largest
-// product (>= 0): one pass for both (the same products and the same maximum).
-SPECDEC_VNNI inline float scale_and_max(float* p, const uint8_t* vq, int64_t D, uint64_t j, uint64_t e) {
+// exp(x) for x <= 0, within 1e-7 relative (exp512's accuracy): 2^n e^r with n = round(x / ln 2)
+// and r = x - n ln 2 (two steps, Cody and Waite), e^r by its degree-7 Taylor polynomial
+// (|r| <= ln 2 / 2), and 2^n applied by vscalefps (no exponent arithmetic; the tiniest results
+// come out subnormal).  x below -88 is taken as -88 (e^-88 is below the float
+// weights' resolution); NaN stays NaN.
+SPECDEC_VNNI inline __m512 exp_neg(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-88.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+// The integer attention's softmax of one row's scores s (key j at s + j - j0) over keys [b, e):
+// the soft cap (in place), the maximum m (*m_out), each weight w = exp(s - m), and in s each
+// weight times its value row's scale.  Returns l = the sum of the weights (16 lanes, one lane per
+// key position mod 16, added in key order, then reduced) and *pmax = the largest scaled weight.
+// One pass after the maximum's, in the cache's 16-key blocks; depends only on the row's own keys.
+// NOTE: one pass and exp_neg (12 vector operations to exp512's 19) in place of block_softmax and
+// a pass of its own for the value scales: 16 rows at 2,000 cached 1.07x (attention alone, one
+// thread, 2-core Zen 4 EPYC).
+SPECDEC_VNNI inline float softmax_scaled(float* s, int64_t j0, int64_t b, int64_t e, float softcap, const uint8_t* vq,
+                                         int64_t D, float* m_out, float* pmax) {
+    if (softcap > 0.0f)
+        for (int64_t j = b; j < e; ++j) s[j - j0] = softcap * tanhf(s[j - j0] / softcap);
+    __m512 vm = _mm512_set1_ps(-INFINITY);
+    int64_t i = b;
+    for (; i + 16 <= e; i += 16) vm = _mm512_max_ps(_mm512_loadu_ps(s + i - j0), vm);
+    if (i < e) vm = _mm512_max_ps(_mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), first_lanes(e - i), s + i - j0), vm);
+    const float m = _mm512_reduce_max_ps(vm);
+    *m_out = m;
+    const __m512 vmx = _mm512_set1_ps(m);
     const uint64_t bb = static_cast<uint64_t>(q8_block_bytes(D));
-    __m512 vmax = _mm512_setzero_ps();
-    while (j < e) {
-        const float* vs = reinterpret_cast<const float*>(vq + (j / kKeyBlock) * bb);
-        const uint64_t o = j % kKeyBlock, n = e - j < kKeyBlock - o ? e - j : kKeyBlock - o;
-        const __mmask16 m = first_lanes(static_cast<int64_t>(n));
-        const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, p + j), _mm512_maskz_loadu_ps(m, vs + o));
-        _mm512_mask_storeu_ps(p + j, m, x);
+    __m512 sum = _mm512_setzero_ps(), vmax = _mm512_setzero_ps();
+    for (int64_t jb = b & ~(kKeyBlock - 1); jb < e; jb += kKeyBlock) {
+        const int64_t lo = b > jb ? b - jb : 0, hi = e - jb < kKeyBlock ? e - jb : kKeyBlock;
+        const __mmask16 mask = static_cast<__mmask16>(first_lanes(hi) & ~first_lanes(lo));
+        const __m512 w = _mm512_maskz_mov_ps(mask, exp_neg(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, s + jb - j0), vmx)));
+        sum = _mm512_add_ps(sum, w);
+        const float* vs = reinterpret_cast<const float*>(vq + static_cast<uint64_t>(jb / kKeyBlock) * bb);
+        const __m512 x = _mm512_mul_ps(w, _mm512_maskz_loadu_ps(mask, vs));
+        _mm512_mask_storeu_ps(s + jb - j0, mask, x);
         vmax = _mm512_max_ps(x, vmax);  // masked lanes are 0, and the weights are >= 0
-        j += n;
     }
-    return _mm512_reduce_max_ps(vmax);
+    *pmax = _mm512_reduce_max_ps(vmax);
+    return _mm512_reduce_add_ps(sum);
 }
 
 // Each weight of keys [b, e) (p, already times its value row's scale) as two bytes, hi at
 // pb + j - j0 and lo kQ8ProbRegion further (x = p * 255 / largest: floor(x), round((x - hi) * 255));
 // returns the scale (largest / 255).
-// pmax: the largest weight of [b, e) (scale_and_max).
+// pmax: the largest weight of [b, e) (softmax_scaled).
 SPECDEC_VNNI inline float quantize_probs(const float* p, int64_t j0, int64_t b, int64_t e, uint8_t* pb, float pmax) {
     const float inv = pmax > 0.0f ? 255.0f / pmax : 0.0f;
     for (int64_t j = b; j < e; j += 16) {
@@ -671,6 +712,8 @@ SPECDEC_VNNI void attention_block_q8_int(const AttnRows& a, int64_t j0, float* p
     for (int64_t sb = amx_scores != nullptr ? sb1 : sb0; sb < sb1; ++sb) {
         const uint8_t* kb = kq + sb * bb;
         if (sb * kKeyBlock < kend) prefetch_span_l2(vq + sb * bb, bb);
+        if ((sb + 1) * kKeyBlock + kAttnPrefetchKeys <= kend)
+            prefetch_span_l2(kb + kAttnPrefetchKeys / kKeyBlock * bb, bb);
         const int8_t* ke = reinterpret_cast<const int8_t*>(kb + kQ8Header);
         const __m512 ks = _mm512_loadu_ps(reinterpret_cast<const float*>(kb));
         float* sd = s + (sb * kKeyBlock - j0);
@@ -721,9 +764,8 @@ SPECDEC_VNNI void attention_block_q8_int(const AttnRows& a, int64_t j0, float* p
             const int64_t i = r * G + g;
             float* rec = part + i * P;
             float* si = s + i * kAttnBlock;
-            rec[1] = block_softmax(si + (beg[r] - j0), end[r] - beg[r], a.softcap, rec);
-            const float pmax =
-                scale_and_max(si - j0, vq, D, static_cast<uint64_t>(beg[r]), static_cast<uint64_t>(end[r]));
+            float pmax;
+            rec[1] = softmax_scaled(si, j0, beg[r], end[r], a.softcap, vq, D, rec, &pmax);
             uint8_t* q = qs + i * qb;
             qstate(q, D)->pscale = quantize_probs(si, j0, beg[r], end[r], qprobs(q, D), pmax);
         }
