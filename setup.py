@@ -12,7 +12,10 @@ Project metadata lives in pyproject.toml; this file only adds the C++ extensions
   ``kernels_avx512.cpp`` with AVX-512 F/DQ/BW/VL added, ``kernels_vnni.cpp`` (8-bit activation
   kernels) with VNNI on top, ``kernels_amx.cpp`` (the same kernels on AMX-INT8 tiles) with
   ``-mamx-tile -mamx-int8`` on top of that, ``kernels_amx16.cpp`` (16-bit weights with bf16x2
-  activations on AMX-BF16 tiles) with ``-mavx512bf16 -mamx-tile -mamx-bf16``, and all are linked in; the binding only calls them
+  activations on AMX-BF16 tiles) with ``-mavx512bf16 -mamx-tile -mamx-bf16``,
+  ``kernels_avxvnni.cpp`` (the AVX2 8-bit activation kernels on AVX-VNNI's vpdpbusd) with
+  ``-mavxvnni`` and ``kernels_avx2_vnni_evex.cpp`` (the same code in AVX-512 VNNI's 256-bit form)
+  with AVX-512 F/VL/VNNI, and all are linked in; the binding only calls them
   after CPUID says the CPU has those instructions (and, for AMX, the kernel has granted the
   tile state);
 * ``specdec/spec_decode/csrc/suffix_tree.cpp`` (suffix decoding's trees, a pybind11 module) is
@@ -73,6 +76,20 @@ ISA_UNITS = [
         "kernels_amx16.cpp",
         AVX512_FLAGS + ["-mavx512bf16", "-mamx-tile", "-mamx-bf16"],
         "SPECDEC_HAVE_AMX16",
+    ),
+    # 8-bit activations on 256-bit VNNI (a8_vnni256.h), bit-identical to the AVX2 ones: AVX-VNNI
+    # (GCC >= 11), and the same code in its AVX-512 VL form for CPUs that have that instead.
+    (
+        "AVX-VNNI 8-bit activations",
+        "kernels_avxvnni.cpp",
+        AVX2_FLAGS + ["-mavxvnni"],
+        "SPECDEC_HAVE_AVXVNNI",
+    ),
+    (
+        "AVX2 tables' VNNI (EVEX)",
+        "kernels_avx2_vnni_evex.cpp",
+        AVX2_FLAGS + ["-mavx512f", "-mavx512vl", "-mavx512vnni"],
+        "SPECDEC_HAVE_VNNI256EVEX",
     ),
 ]
 
@@ -200,6 +217,7 @@ def _native_build():
     ext.depends = [
         os.path.join(CSRC, f)
         for f in (
+            "a8_vnni256.h",
             "allreduce.h",
             "amx_tiles.h",
             "attn_common.h",

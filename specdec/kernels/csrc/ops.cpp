@@ -46,6 +46,7 @@ bool cpu_has(const char* feature) {
     if (f == "avx512bw") return __builtin_cpu_supports("avx512bw");
     if (f == "avx512vl") return __builtin_cpu_supports("avx512vl");
     if (f == "avx512vnni") return __builtin_cpu_supports("avx512vnni");
+    if (f == "avxvnni") return __builtin_cpu_supports("avxvnni");
     return false;
 #else
     (void)feature;
@@ -245,9 +246,30 @@ namespace {
 
 bool amx_usable() { return a8_usable() && amx_permitted(); }
 
+// The AVX2 table's 8-bit activation kernels on 256-bit VNNI (a8_vnni256.h) where the CPU has
+// vpdpbusd on ymm registers: AVX-VNNI's VEX form, else AVX-512 VNNI + VL's EVEX form (a CPU with
+// AVX-512 running the AVX2 table).  On by default; SPECDEC_A8_VNNI256=0 or set_a8_vnni256(false)
+// keeps the vpmaddubsw kernels (the same results).
+std::atomic<bool> g_a8_vnni256{[] {
+    const char* env = std::getenv("SPECDEC_A8_VNNI256");
+    return !(env && std::string(env) == "0");
+}()};
+
+const A8Table* vnni256_a8_table() {
+    if (!g_a8_vnni256.load(std::memory_order_relaxed)) return nullptr;
+#if defined(SPECDEC_HAVE_AVXVNNI)
+    if (cpu_has("avxvnni")) return avxvnni_a8_table();
+#endif
+#if defined(SPECDEC_HAVE_VNNI256EVEX)
+    if (cpu_has("avx512f") && cpu_has("avx512vl") && cpu_has("avx512vnni")) return avx2_vnni_evex_a8_table();
+#endif
+    return nullptr;
+}
+
 // The VNNI kernels when the CPU has them and the AVX-512 table is selected (their AMX-INT8 form
 // when the CPU has that too and it is not switched off), else the AVX2 ones when a vector table
-// is selected, else the scalar ones (the same results, much slower).
+// is selected (on 256-bit VNNI where the CPU has it), else the scalar ones (the same results,
+// much slower).
 const A8Table* a8_table() {
 #if defined(SPECDEC_HAVE_VNNI)
 #if defined(SPECDEC_HAVE_AMX)
@@ -257,7 +279,10 @@ const A8Table* a8_table() {
     if (g_table == avx512_table() && a8_usable()) return vnni_table();
 #endif
 #if defined(SPECDEC_HAVE_AVX2A8)
-    if (g_table != portable_table() && avx2_usable()) return avx2_a8_table();
+    if (g_table != portable_table() && avx2_usable()) {
+        const A8Table* v = vnni256_a8_table();
+        return v != nullptr ? v : avx2_a8_table();
+    }
 #endif
     return portable_a8_table();
 }
@@ -1313,7 +1338,7 @@ namespace {
 
 py::dict cpu_features() {
     py::dict d;
-    for (const char* f : {"avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512vnni"})
+    for (const char* f : {"avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512vnni", "avxvnni"})
         d[f] = cpu_has(f);
     return d;
 }
@@ -1322,6 +1347,7 @@ void set_isa(const std::string& isa) { g_table = table_for(isa); }
 void set_amx(bool on) { g_amx_enabled.store(on); }
 bool amx_enabled() { return g_amx_enabled.load(); }
 std::string a8_kernels() { return a8_table()->name; }
+void set_a8_vnni256(bool on) { g_a8_vnni256.store(on); }
 void set_amx_min_rows(int64_t rows) {
 #ifdef SPECDEC_HAVE_AMX
     amx_set_min_rows(rows);
@@ -1421,7 +1447,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("amx_enabled", &amx_enabled, "Whether AMX-INT8 is allowed (SPECDEC_AMX=0 or set_amx(False): not)");
     m.def("set_amx_min_rows", &set_amx_min_rows,
           "Rows from which every format uses AMX-INT8 (0: the measured per-format thresholds)", py::arg("rows"));
-    m.def("a8_kernels", &a8_kernels, "Name of the 8-bit activation kernels in use: amx-int8, avx512vnni, avx2 or portable");
+    m.def("a8_kernels", &a8_kernels,
+          "Name of the 8-bit activation kernels in use: amx-int8, avx512vnni, avx-vnni, avx2-vnni, avx2 or "
+          "portable");
+    m.def("set_a8_vnni256", &set_a8_vnni256,
+          "Let the AVX2 table's 8-bit activation kernels use 256-bit VNNI where the CPU has it (the same "
+          "results; process-wide; SPECDEC_A8_VNNI256=0: not)",
+          py::arg("on"));
     m.def("set_a8_walk", &set_a8_walk,
           "How the VNNI kernels walk a product: 'groups', 'stationary' or 'auto' (by CPU; same results, "
           "process-wide; never while a product runs)", py::arg("walk"));

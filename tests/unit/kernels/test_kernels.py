@@ -473,6 +473,42 @@ def test_a8_kernels_agree_across_isas():
             assert torch.equal(y, first), (qtype, isa)
 
 
+def test_a8_vnni256_kernels_equal_the_vpmaddubsw_ones():
+    # The AVX2 table's 8-bit activation kernels on 256-bit VNNI (AVX-VNNI, or the same code in
+    # AVX-512 VNNI's 256-bit form) take the vpmaddubsw kernels' tiles and float steps: the same
+    # results bit for bit, a row alone and in any batch; the switch picks between them, and
+    # Q8_0 weights take 8-bit activations only with VNNI.
+    _require_native()
+    if "avx2" not in _isas():
+        pytest.skip("no AVX2 CPU or build")
+    feats = K.cpu_features()
+    has256 = feats.get("avxvnni", False) or (
+        feats.get("avx512vnni", False) and feats["avx512f"] and feats["avx512vl"]
+    )
+    named = ("avx-vnni" if feats.get("avxvnni", False) else "avx2-vnni") if has256 else "avx2"
+    ops = K.get_ops("native")
+    ys = {}
+    K.set_native_isa("avx2")
+    try:
+        for on in (True, False):
+            K._C.set_a8_vnni256(on)
+            assert K.a8_kernels() == (named if on else "avx2")
+            assert K.int8_activations_pay("q8_0") == (on and has256)
+            assert K.int8_activations_pay("q4_1")
+            for qtype in QUANT:
+                w = _a8_weight(qtype, 80, 96, seed=7)
+                x = _randn(33, 96, seed=8) * 3
+                single = torch.cat([ops.linear(x[i : i + 1], w, None) for i in range(33)])
+                for m in BATCH_SIZES:
+                    assert torch.equal(ops.linear(x[:m], w, None), single[:m]), (qtype, on, m)
+                ys[qtype, on] = single
+    finally:
+        K._C.set_a8_vnni256(True)
+        K.set_native_isa("auto")
+    for qtype in QUANT:
+        assert torch.equal(ys[qtype, True], ys[qtype, False]), qtype
+
+
 def test_a8_thread_invariant_and_errors():
     _require_native()
     w = _a8_weight("q4_1", 640, 256)
@@ -532,7 +568,8 @@ def test_int8_activations_fast_reflects_cpu():
     assert K.kquant_int8_fast() == (vector and (has_vnni or has_avx2))
     vnni_now = has_vnni and K.native_isa() == "avx512"
     assert K._C.kq_kernels() == ("portable" if not vector else "avx512vnni" if vnni_now else "avx2")
-    expected = "portable" if not vector else ("avx2" if not has_vnni else K.a8_kernels())
+    avx2_a8 = "avx-vnni" if feats.get("avxvnni", False) else "avx2"
+    expected = "portable" if not vector else (avx2_a8 if not has_vnni else K.a8_kernels())
     assert K.a8_kernels() == expected
     try:
         K.set_native_isa("portable")
