@@ -218,6 +218,7 @@ def _native_build():
         os.path.join(CSRC, f)
         for f in (
             "a8_vnni256.h",
+            "kq_vnni256.h",
             "allreduce.h",
             "amx_tiles.h",
             "attn_common.h",

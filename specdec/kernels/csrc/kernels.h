@@ -284,10 +284,13 @@ const A8Table* avx2_a8_table();
 // The AVX2 table's 8-bit activation kernels on AVX-VNNI's vpdpbusd (kernels_avxvnni.cpp,
 // a8_vnni256.h): bit-identical to avx2_a8_table's.
 const A8Table* avxvnni_a8_table();
+// The AVX2 table's K-quant kernels on AVX-VNNI (kq_vnni256.h): bit-identical to avx2_kq_table's.
+const KqTable* avxvnni_kq_table();
 #endif
 #ifdef SPECDEC_HAVE_VNNI256EVEX
 // The same kernels in the EVEX form (AVX-512 VNNI + VL; kernels_avx2_vnni_evex.cpp).
 const A8Table* avx2_vnni_evex_a8_table();
+const KqTable* avx2_vnni_evex_kq_table();
 #endif
 #ifdef SPECDEC_HAVE_AVX2KQ
 // The K-quant 8-bit activation kernels on AVX2 (kernels_avx2_kq.cpp): bit-identical to the VNNI

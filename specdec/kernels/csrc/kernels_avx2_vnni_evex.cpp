@@ -5,4 +5,6 @@
 #define SPECDEC_V256_DPBUSD _mm256_dpbusd_epi32
 #define SPECDEC_V256_NAME "avx2-vnni"
 #define SPECDEC_V256_TABLE avx2_vnni_evex_a8_table
+#define SPECDEC_V256_KQ_TABLE avx2_vnni_evex_kq_table
 #include "a8_vnni256.h"
+#include "kq_vnni256.h"

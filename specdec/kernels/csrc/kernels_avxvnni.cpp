@@ -4,4 +4,6 @@
 #define SPECDEC_V256_DPBUSD _mm256_dpbusd_avx_epi32
 #define SPECDEC_V256_NAME "avx-vnni"
 #define SPECDEC_V256_TABLE avxvnni_a8_table
+#define SPECDEC_V256_KQ_TABLE avxvnni_kq_table
 #include "a8_vnni256.h"
+#include "kq_vnni256.h"

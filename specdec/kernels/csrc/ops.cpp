@@ -338,25 +338,42 @@ torch::Tensor linear_a8(const torch::Tensor& x_in, const torch::Tensor& w, int64
     return y;
 }
 
+// The AVX2 table's K-quant kernels on 256-bit VNNI where a8_table() takes it for the others.
+const KqTable* vnni256_kq_table() {
+#if defined(SPECDEC_HAVE_AVXVNNI)
+    if (vnni256_a8_table() == avxvnni_a8_table()) return avxvnni_kq_table();
+#endif
+#if defined(SPECDEC_HAVE_VNNI256EVEX)
+    if (vnni256_a8_table() == avx2_vnni_evex_a8_table()) return avx2_vnni_evex_kq_table();
+#endif
+    return nullptr;
+}
+
 // K-quant kernels: the VNNI ones when a8_table() would pick VNNI, else the AVX2 ones when a
-// vector table is selected, else their scalar twins (the same results, float path included).
+// vector table is selected (on 256-bit VNNI where a8_table() takes it), else their scalar twins
+// (the same results, float path included).
 const KqTable* kq_table() {
 #if defined(SPECDEC_HAVE_VNNI)
     if (g_table == avx512_table() && a8_usable()) return vnni_kq_table();
 #endif
 #if defined(SPECDEC_HAVE_AVX2KQ)
-    if (g_table != portable_table() && avx2_usable()) return avx2_kq_table();
+    if (g_table != portable_table() && avx2_usable()) {
+        const KqTable* v = vnni256_kq_table();
+        return v != nullptr ? v : avx2_kq_table();
+    }
 #endif
     return portable_kq_table();
 }
 
-// Which K-quant 8-bit activation kernels kq_table() picks: avx512vnni, avx2 or portable.
+// Which K-quant 8-bit activation kernels kq_table() picks: avx512vnni, avx-vnni, avx2-vnni, avx2
+// or portable (the names a8_kernels() gives).
 std::string kq_kernels() {
     const KqTable* t = kq_table();
 #if defined(SPECDEC_HAVE_VNNI)
     if (t == vnni_kq_table()) return "avx512vnni";
 #endif
 #if defined(SPECDEC_HAVE_AVX2KQ)
+    if (t == vnni256_kq_table()) return vnni256_a8_table()->name;
     if (t == avx2_kq_table()) return "avx2";
 #endif
     return "portable";
@@ -1458,7 +1475,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "How the VNNI kernels walk a product: 'groups', 'stationary' or 'auto' (by CPU; same results, "
           "process-wide; never while a product runs)", py::arg("walk"));
     m.def("a8_walk", &a8_walk_name, "The VNNI kernels' walk in use: 'groups' or 'stationary'");
-    m.def("kq_kernels", &kq_kernels, "Name of the K-quant 8-bit activation kernels in use: avx512vnni, avx2 or portable");
+    m.def("kq_kernels", &kq_kernels,
+          "Name of the K-quant 8-bit activation kernels in use: avx512vnni, avx-vnni, avx2-vnni, avx2 or portable");
     m.attr("QT_A8_BASE") = static_cast<int>(kA8QtypeBase);
     m.attr("KEY_BLOCK") = static_cast<int>(kKeyBlock);
     m.def("cpu_features", &cpu_features);

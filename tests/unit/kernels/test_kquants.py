@@ -47,12 +47,25 @@ def _isas() -> list[str]:
             isas.append("avx512-stationary")
     if K.native_available() and K._C.has_avx2_build() and _avx2_usable():
         isas.append("avx2")
+        if _vnni256():  # "avx2" runs on 256-bit VNNI then: the vpmaddubsw kernels too
+            isas.append("avx2-maddubs")
     return isas + ["portable"]
+
+
+def _vnni256() -> bool:
+    """Whether the AVX2 table's 8-bit kernels run on 256-bit VNNI here (AVX-VNNI, or AVX-512
+    VNNI + VL)."""
+    feats = K.cpu_features()
+    return feats.get("avxvnni", False) or all(
+        feats.get(f, False) for f in ("avx512f", "avx512vl", "avx512vnni")
+    )
 
 
 def _set_isa(isa: str) -> None:
     """Select a table of _isas() (the AVX-512 one with its walk), or "auto" again."""
-    K.set_native_isa(isa.removesuffix("-stationary"))
+    K.set_native_isa(isa.removesuffix("-stationary").removesuffix("-maddubs"))
+    if K.native_available():
+        K._C.set_a8_vnni256(isa != "avx2-maddubs")
     if K.native_available() and hasattr(K._C, "set_a8_walk"):
         walk = {"avx512": "groups", "avx512-stationary": "stationary"}.get(isa, "auto")
         K._C.set_a8_walk(walk)
@@ -271,8 +284,14 @@ def test_avx2_equals_scalar_twin(qtype):
     # kernels that do both halves of a tile at once, the others those that do one half at a
     # time) and several K.
     assert K._C.kq_kernels() in ("avx2", "avx512vnni")
-    results = _by_isa(True, (qtype,), (1, 2, 3, 4, 7, 8, 9, 19), (256, 768, 2048), n=32)
-    assert len(results["avx2"]) == len(results["portable"]) == 24
+    _set_isa("avx2")
+    try:  # on 256-bit VNNI where the CPU has it (kq_vnni256.h), else vpmaddubsw
+        vnni = "avx-vnni" if K.cpu_features().get("avxvnni", False) else "avx2-vnni"
+        assert K._C.kq_kernels() == (vnni if _vnni256() else "avx2")
+    finally:
+        _set_isa("auto")
+    results = _by_isa(True, (qtype,), (1, 2, 3, 4, 5, 7, 8, 9, 19), (256, 768, 2048), n=32)
+    assert len(results["avx2"]) == len(results["portable"]) == 27
     for isa, ys in results.items():
         for i, (a, b) in enumerate(zip(ys, results["portable"])):
             assert torch.equal(a, b), (isa, i, (a - b).abs().max().item())
@@ -303,13 +322,14 @@ def test_avx2_extreme_sums_equal_scalar_twin(qtype):
     x[2::4, ::2] = -1.0
     x[3::4, 256:] = -1.0
     ys = {}
-    for isa in ("avx2", "portable"):
-        K.set_native_isa(isa)
+    for isa in [i for i in _isas() if i.startswith("avx2")] + ["portable"]:
+        _set_isa(isa)
         try:
-            ys[isa] = [K.get_ops("native").linear(x[:m], w) for m in (1, 2, 4, 8)]
+            ys[isa] = [K.get_ops("native").linear(x[:m], w) for m in (1, 2, 4, 5, 8)]
         finally:
-            K.set_native_isa("auto")
-    assert all(torch.equal(a, b) for a, b in zip(ys["avx2"], ys["portable"]))
+            _set_isa("auto")
+    for isa, y in ys.items():
+        assert all(torch.equal(a, b) for a, b in zip(y, ys["portable"])), isa
 
 
 @pytest.mark.parametrize("a8", [False, True])
