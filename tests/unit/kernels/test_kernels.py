@@ -568,7 +568,9 @@ def test_int8_activations_fast_reflects_cpu():
     assert K.kquant_int8_fast() == (vector and (has_vnni or has_avx2))
     vnni_now = has_vnni and K.native_isa() == "avx512"
     avx2_a8 = "avx-vnni" if feats.get("avxvnni", False) else "avx2"
-    assert K._C.kq_kernels() == ("portable" if not vector else "avx512vnni" if vnni_now else avx2_a8)
+    assert K._C.kq_kernels() == (
+        "portable" if not vector else "avx512vnni" if vnni_now else avx2_a8
+    )
     expected = "portable" if not vector else (avx2_a8 if not has_vnni else K.a8_kernels())
     assert K.a8_kernels() == expected
     try:
