@@ -222,6 +222,7 @@ def _native_build():
             "allreduce.h",
             "amx_tiles.h",
             "attn_common.h",
+            "avx2_tiles.h",
             "half.h",
             "head_chunks.h",
             "kernels.h",

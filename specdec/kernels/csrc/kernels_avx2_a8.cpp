@@ -18,8 +18,8 @@
 
 #include <vector>
 
+#include "avx2_tiles.h"
 #include "kernels.h"
-#include "prefetch.h"
 
 namespace specdec {
 namespace {
@@ -142,85 +142,30 @@ inline void dot_q8(const uint8_t* quants, const int16_t* const* xw, __m256i* lo,
     dot_q8_half<R>(quants, xw, 1, hi);
 }
 
-inline __m256 f16x8(const uint8_t* p) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
+// A block's integer sums for R activation rows: the 4-bit formats from the codes (dot_q4), Q8_0
+// from the codes widened to int16 once per product (dot_q8, xw16).
+struct Sums {
+    const int8_t* xq;
+    const int16_t* xw16;
+    int64_t K;
 
-// Outputs of tile group g for activation rows [m, m + R): each row's float steps in the twins'
-// order, in the lanes of its two accumulators.
-template <int R, int kind>
-void group_rows(const int8_t* xq, const int16_t* xw16, const float* dx, const int32_t* sx, const float* dxs,
-                int64_t m, int64_t K, const uint8_t* wg, const float* bias, float* y, int64_t N, int64_t g) {
-    constexpr int64_t TB = a8_tile_bytes(kind), H = a8_head_bytes(kind);
-    constexpr int32_t offset = kind == A8_Q8 ? 128 : kind == A8_Q4_0 ? 8 : 0;
-    const int64_t nb = K / 32;
-    __m256 acc_lo[R], acc_hi[R];
-    for (int r = 0; r < R; ++r) acc_lo[r] = acc_hi[r] = _mm256_setzero_ps();
-#pragma GCC unroll 1
-    for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* tile = wg + b * TB;
-        if (m == 0) prefetch_tile<TB>(tile);  // NOTE: later passes find the tile cached
-        const int8_t* xb[R];
-        for (int r = 0; r < R; ++r) xb[r] = xq + (m + r) * K + b * 32;
-        __m256i s_lo[R], s_hi[R];
+    template <int R, int kind>
+    void block(const uint8_t* quants, int64_t m, int64_t b, __m256i* lo, __m256i* hi) const {
         if constexpr (kind == A8_Q8) {
             const int16_t* xw[R];
             for (int r = 0; r < R; ++r) xw[r] = xw16 + (m + r) * K + b * 32;
-            dot_q8<R>(tile + H, xw, s_lo, s_hi);
+            dot_q8<R>(quants, xw, lo, hi);
         } else {
-            dot_q4<R>(tile + H, xb, s_lo, s_hi);
-        }
-        const __m256 d_lo = f16x8(tile), d_hi = f16x8(tile + 16);
-        for (int r = 0; r < R; ++r) {
-            const int64_t blk = (m + r) * nb + b;
-            if constexpr (offset != 0) {
-                const __m256i o = _mm256_set1_epi32(offset * sx[blk]);
-                s_lo[r] = _mm256_sub_epi32(s_lo[r], o);
-                s_hi[r] = _mm256_sub_epi32(s_hi[r], o);
-            }
-            const __m256 dxv = _mm256_set1_ps(dx[blk]);
-            acc_lo[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s_lo[r]), dxv), d_lo, acc_lo[r]);
-            acc_hi[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s_hi[r]), dxv), d_hi, acc_hi[r]);
-            if constexpr (kind == A8_Q4_1) {
-                const __m256 dxs_v = _mm256_set1_ps(dxs[blk]);
-                acc_lo[r] = _mm256_fmadd_ps(f16x8(tile + 32), dxs_v, acc_lo[r]);
-                acc_hi[r] = _mm256_fmadd_ps(f16x8(tile + 48), dxs_v, acc_hi[r]);
-            }
+            const int8_t* xb[R];
+            for (int r = 0; r < R; ++r) xb[r] = xq + (m + r) * K + b * 32;
+            dot_q4<R>(quants, xb, lo, hi);
         }
     }
-    for (int r = 0; r < R; ++r) {
-        float* yr = y + (m + r) * N + g * kA8TileRows;
-        if (bias) {
-            acc_lo[r] = _mm256_add_ps(acc_lo[r], _mm256_loadu_ps(bias + g * kA8TileRows));
-            acc_hi[r] = _mm256_add_ps(acc_hi[r], _mm256_loadu_ps(bias + g * kA8TileRows + 8));
-        }
-        _mm256_storeu_ps(yr, acc_lo[r]);
-        _mm256_storeu_ps(yr + 8, acc_hi[r]);
-    }
-}
+};
 
-// Activation rows go through a tile group four at a time (a row's result does not depend on
-// which rows share its pass: every lane's arithmetic is its own).
-constexpr int64_t kRowsPerPass = 4;
-
-template <int kind>
-void groups_of(const int8_t* xq, const int16_t* xw16, const float* dx, const int32_t* sx, const float* dxs,
-               int64_t M, int64_t K, const uint8_t* w, const float* bias, float* y, int64_t N, int64_t g0,
-               int64_t g1) {
-    const int64_t group_bytes = K / 32 * a8_tile_bytes(kind);
-    for (int64_t g = g0; g < g1; ++g) {
-        const uint8_t* wg = w + g * group_bytes;
-        int64_t m = 0;
-        for (; m + kRowsPerPass <= M; m += kRowsPerPass)
-            group_rows<kRowsPerPass, kind>(xq, xw16, dx, sx, dxs, m, K, wg, bias, y, N, g);
-        switch (M - m) {
-            case 3: group_rows<3, kind>(xq, xw16, dx, sx, dxs, m, K, wg, bias, y, N, g); break;
-            case 2: group_rows<2, kind>(xq, xw16, dx, sx, dxs, m, K, wg, bias, y, N, g); break;
-            case 1: group_rows<1, kind>(xq, xw16, dx, sx, dxs, m, K, wg, bias, y, N, g); break;
-            default: break;
-        }
-    }
-}
+// Activation rows go through a tile group four at a time (avx2_tiles.h group_rows: the float
+// steps in the twins' order).
+constexpr int kRowsPerPass = 4;
 
 // A8Table::layout_alloc / quantize_layout: Q8_0's activation codes widened to int16 once per
 // product (the 4-bit kinds need none); the calling thread's buffer, until its next layout_alloc.
@@ -251,13 +196,10 @@ void quantize_layout(const void* layout, int /*kind*/, const float* x, int64_t K
 void linear_groups(int kind, const int8_t* xq, const float* dx, const int32_t* sx, const float* dxs,
                    int64_t M, int64_t K, const uint8_t* w, const float* bias, float* y, int64_t N,
                    int64_t g0, int64_t g1, const void* prep) {
-    if (kind == A8_Q8) {
-        groups_of<A8_Q8>(xq, static_cast<const int16_t*>(prep), dx, sx, dxs, M, K, w, bias, y, N, g0, g1);
-    } else if (kind == A8_Q4_0) {
-        groups_of<A8_Q4_0>(xq, nullptr, dx, sx, dxs, M, K, w, bias, y, N, g0, g1);
-    } else {
-        groups_of<A8_Q4_1>(xq, nullptr, dx, sx, dxs, M, K, w, bias, y, N, g0, g1);
-    }
+    const Sums sums{xq, static_cast<const int16_t*>(prep), K};
+    if (kind == A8_Q8) avx2_tiles::groups_of<kRowsPerPass, A8_Q8>(sums, dx, sx, dxs, M, K, w, bias, y, N, g0, g1);
+    else if (kind == A8_Q4_0) avx2_tiles::groups_of<kRowsPerPass, A8_Q4_0>(sums, dx, sx, dxs, M, K, w, bias, y, N, g0, g1);
+    else avx2_tiles::groups_of<kRowsPerPass, A8_Q4_1>(sums, dx, sx, dxs, M, K, w, bias, y, N, g0, g1);
 }
 
 const A8Table kTable = {"avx2", quantize_rows, linear_groups, layout_alloc, quantize_layout};

@@ -1,0 +1,104 @@
+// What the AVX2 table's 8-bit activation kernels share, whichever instruction takes their
+// integer sums (kernels_avx2_a8.cpp and kernels_avx2_kq.cpp: vpmaddubsw; a8_vnni256.h and
+// kq_vnni256.h: vpdpbusd): the row passes over a tile group, and for Q8_0 / Q4_0 / Q4_1 tiles
+// the float steps after the sums, so that every form gives the same results by construction.
+// Included by units compiled with the AVX2 flags.
+#pragma once
+
+#include <immintrin.h>
+#include <stdint.h>
+
+#include <type_traits>
+
+#include "kernels.h"
+#include "prefetch.h"
+
+namespace specdec {
+namespace {
+namespace avx2_tiles {
+
+template <int R, class F>
+inline void rest_pass(int64_t n, int64_t m, F& f) {
+    if constexpr (R >= 1) {
+        if (n == R) f(std::integral_constant<int, R>{}, m);
+        else rest_pass<R - 1>(n, m, f);
+    }
+}
+
+// f(std::integral_constant<int, R>{}, m) for activation rows [m, m + R) covering [0, M): passes of
+// Pass rows, then one pass of the rest (a row's result never depends on which rows share its
+// pass: every lane's arithmetic is its own).
+template <int Pass, class F>
+inline void in_passes(int64_t M, F&& f) {
+    int64_t m = 0;
+    for (; m + Pass <= M; m += Pass) f(std::integral_constant<int, Pass>{}, m);
+    rest_pass<Pass - 1>(M - m, m, f);
+}
+
+inline __m256 f16x8(const uint8_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// Outputs of tile group g (tiles wg) for activation rows [m, m + R) of a Q8_0 / Q4_0 / Q4_1
+// product: per block, sums.template block<R, kind>(quants, m, b, s_lo, s_hi) gives each row's
+// exact int32 sums (lanes: rows 0-7 in s_lo, 8-15 in s_hi), then each row's float steps in the
+// twins' order (kernels_portable.cpp), in the lanes of its two accumulators.
+template <int R, int kind, class Sums>
+void group_rows(const Sums& sums, const float* dx, const int32_t* sx, const float* dxs, int64_t m, int64_t K,
+                const uint8_t* wg, const float* bias, float* y, int64_t N, int64_t g) {
+    constexpr int64_t TB = a8_tile_bytes(kind), H = a8_head_bytes(kind);
+    constexpr int32_t offset = kind == A8_Q8 ? 128 : kind == A8_Q4_0 ? 8 : 0;
+    const int64_t nb = K / 32;
+    __m256 acc_lo[R], acc_hi[R];
+    for (int r = 0; r < R; ++r) acc_lo[r] = acc_hi[r] = _mm256_setzero_ps();
+#pragma GCC unroll 1
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* tile = wg + b * TB;
+        if (m == 0) prefetch_tile<TB>(tile);  // NOTE: later passes find the tile cached
+        __m256i s_lo[R], s_hi[R];
+        sums.template block<R, kind>(tile + H, m, b, s_lo, s_hi);
+        const __m256 d_lo = f16x8(tile), d_hi = f16x8(tile + 16);
+        for (int r = 0; r < R; ++r) {
+            const int64_t blk = (m + r) * nb + b;
+            if constexpr (offset != 0) {
+                const __m256i o = _mm256_set1_epi32(offset * sx[blk]);
+                s_lo[r] = _mm256_sub_epi32(s_lo[r], o);
+                s_hi[r] = _mm256_sub_epi32(s_hi[r], o);
+            }
+            const __m256 dxv = _mm256_set1_ps(dx[blk]);
+            acc_lo[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s_lo[r]), dxv), d_lo, acc_lo[r]);
+            acc_hi[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s_hi[r]), dxv), d_hi, acc_hi[r]);
+            if constexpr (kind == A8_Q4_1) {
+                const __m256 dxs_v = _mm256_set1_ps(dxs[blk]);
+                acc_lo[r] = _mm256_fmadd_ps(f16x8(tile + 32), dxs_v, acc_lo[r]);
+                acc_hi[r] = _mm256_fmadd_ps(f16x8(tile + 48), dxs_v, acc_hi[r]);
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        float* yr = y + (m + r) * N + g * kA8TileRows;
+        if (bias) {
+            acc_lo[r] = _mm256_add_ps(acc_lo[r], _mm256_loadu_ps(bias + g * kA8TileRows));
+            acc_hi[r] = _mm256_add_ps(acc_hi[r], _mm256_loadu_ps(bias + g * kA8TileRows + 8));
+        }
+        _mm256_storeu_ps(yr, acc_lo[r]);
+        _mm256_storeu_ps(yr + 8, acc_hi[r]);
+    }
+}
+
+// Tile groups [g0, g1) of a Q8_0 / Q4_0 / Q4_1 weight w for all M rows, Pass rows a pass.
+template <int Pass, int kind, class Sums>
+void groups_of(const Sums& sums, const float* dx, const int32_t* sx, const float* dxs, int64_t M, int64_t K,
+               const uint8_t* w, const float* bias, float* y, int64_t N, int64_t g0, int64_t g1) {
+    const int64_t group_bytes = K / 32 * a8_tile_bytes(kind);
+    for (int64_t g = g0; g < g1; ++g) {
+        const uint8_t* wg = w + g * group_bytes;
+        in_passes<Pass>(M, [&](auto rc, int64_t m) {
+            group_rows<decltype(rc)::value, kind>(sums, dx, sx, dxs, m, K, wg, bias, y, N, g);
+        });
+    }
+}
+
+}  // namespace avx2_tiles
+}  // namespace
+}  // namespace specdec
