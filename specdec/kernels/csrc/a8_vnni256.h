@@ -26,11 +26,8 @@
 namespace specdec {
 namespace {
 
-inline __m256i bcast4(const int8_t* p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
-}
+using avx2_tiles::bcast4;
+
 
 // The int32 dot products of one 4-bit tile's 16 rows with R activation blocks: lo[r] lanes =
 // rows 0-7, hi[r] = rows 8-15 (tile layout: kernels_vnni.cpp; byte (p, j, i) holds input 4p + i

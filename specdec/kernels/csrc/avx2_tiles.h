@@ -7,6 +7,7 @@
 
 #include <immintrin.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <type_traits>
 
@@ -38,6 +39,44 @@ inline void in_passes(int64_t M, F&& f) {
 inline __m256 f16x8(const uint8_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
+
+inline __m256i load32(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// The 4 bytes at p in every 32-bit lane.
+inline __m256i bcast4(const void* p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+// 32 bits -> 32 bytes: byte i is 0x10 where bit i is set (Q5_K's fifth bit).
+inline __m256i bits_to_0x10(const uint8_t* p) {
+    int32_t bits;
+    memcpy(&bits, p, 4);
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(bits), _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
+                                                     0x0303030303030303LL));
+    const __m256i sel = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel), _mm256_set1_epi8(0x10));
+}
+
+// Q6_K: bits 2p, 2p + 1 of every byte of h moved to bits 4-5 (other bits: garbage, masked after).
+template <int P>
+inline __m256i q6_high(__m256i h) {
+    if constexpr (P == 0) return _mm256_slli_epi16(h, 4);
+    if constexpr (P == 1) return _mm256_slli_epi16(h, 2);
+    if constexpr (P == 2) return h;
+    return _mm256_srli_epi16(h, 2);
+}
+
+// A K-quant product's activations (KqTable::quantize_rows' output) and inputs.
+struct KqRows {
+    const int8_t* xq;
+    const float* dk;
+    const int16_t* bs16;
+    const int8_t* bsm;
+    int64_t K;
+};
 
 // Outputs of tile group g (tiles wg) for activation rows [m, m + R) of a Q8_0 / Q4_0 / Q4_1
 // product: per block, sums.template block<R, kind>(quants, m, b, s_lo, s_hi) gives each row's

@@ -24,12 +24,9 @@
 namespace specdec {
 namespace {
 
+using avx2_tiles::bcast4;
 
-inline __m256i bcast4(const int8_t* p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
-}
+
 
 // Rows [m0, m1) of x [M, K] -> xq int8 [M, K] and per block of 32: dx = amax / 127, sx = the sum
 // of the codes, dxs = dx * sx (as a8_quantize_rows in kernels_portable.cpp).

@@ -16,22 +16,19 @@
 
 #include <type_traits>
 
+#include "avx2_tiles.h"
 #include "kernels.h"
 #include "prefetch.h"
 
 namespace specdec {
 namespace {
 
-
-inline __m256i load32(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-
-inline __m256i bcast4(const void* p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
-}
-
-inline __m256 f16x8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+using avx2_tiles::bcast4;
+using avx2_tiles::bits_to_0x10;
+using avx2_tiles::f16x8;
+using avx2_tiles::load32;
+using avx2_tiles::q6_high;
+using Rows = avx2_tiles::KqRows;
 
 // ---- activations: kernels_vnni.cpp's kq_quantize_rows (and the scalar twin) on AVX2.
 
@@ -95,25 +92,7 @@ inline __m256i int8_to_words(const uint8_t* p) {
     return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
 }
 
-// 32 bits -> 32 bytes: byte i is 0x10 where bit i is set (Q5_K's fifth bit).
-inline __m256i bits_to_0x10(const uint8_t* p) {
-    int32_t bits;
-    memcpy(&bits, p, 4);
-    const __m256i spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32(bits), _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
-                                                     0x0303030303030303LL));
-    const __m256i sel = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
-    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel), _mm256_set1_epi8(0x10));
-}
 
-// The rows' activation pointers and per-block values for R rows starting at row m.
-struct Rows {
-    const int8_t* xq;
-    const float* dk;
-    const int16_t* bs16;
-    const int8_t* bsm;
-    int64_t K;
-};
 
 // A tile group's 16 outputs for activation rows [m, m + R): acc[r][h] holds rows 8 h .. 8 h + 7,
 // + bias when given.
@@ -165,14 +144,6 @@ inline void kq4_half_out(const Rows& a, int64_t m, int64_t b, const uint8_t* t, 
     }
 }
 
-// Bits 2p, 2p + 1 of every byte of h moved to bits 4-5 (other bits: garbage, masked after).
-template <int P>
-inline __m256i q6_high(__m256i h) {
-    if constexpr (P == 0) return _mm256_slli_epi16(h, 4);
-    if constexpr (P == 1) return _mm256_slli_epi16(h, 2);
-    if constexpr (P == 2) return h;
-    return _mm256_srli_epi16(h, 2);
-}
 
 // Q6_K: step p's codes for one tile half: packed (4 low bits, two codes a byte) and the high bit
 // pairs of h0 / h1 -> wl (inputs 0-15 of the unit's step) and wh (16-31), 6-bit unsigned.
