@@ -256,14 +256,17 @@ std::atomic<bool> g_a8_vnni256{[] {
 }()};
 
 const A8Table* vnni256_a8_table() {
-    if (!g_a8_vnni256.load(std::memory_order_relaxed)) return nullptr;
+    // NOTE: the CPU's answer found once (a8_table() runs on every linear call)
+    static const A8Table* const for_cpu = [] {
 #if defined(SPECDEC_HAVE_AVXVNNI)
-    if (cpu_has("avxvnni")) return avxvnni_a8_table();
+        if (cpu_has("avxvnni")) return avxvnni_a8_table();
 #endif
 #if defined(SPECDEC_HAVE_VNNI256EVEX)
-    if (cpu_has("avx512f") && cpu_has("avx512vl") && cpu_has("avx512vnni")) return avx2_vnni_evex_a8_table();
+        if (cpu_has("avx512f") && cpu_has("avx512vl") && cpu_has("avx512vnni")) return avx2_vnni_evex_a8_table();
 #endif
-    return nullptr;
+        return static_cast<const A8Table*>(nullptr);
+    }();
+    return g_a8_vnni256.load(std::memory_order_relaxed) ? for_cpu : nullptr;
 }
 
 // The VNNI kernels when the CPU has them and the AVX-512 table is selected (their AMX-INT8 form
