@@ -18,7 +18,6 @@
 
 #include <immintrin.h>
 #include <stdint.h>
-#include <string.h>
 
 #include "avx2_tiles.h"
 #include "kernels.h"
@@ -28,19 +27,15 @@ namespace {
 
 using avx2_tiles::bcast4;
 
-
 // The int32 dot products of one 4-bit tile's 16 rows with R activation blocks: lo[r] lanes =
 // rows 0-7, hi[r] = rows 8-15 (tile layout: kernels_vnni.cpp; byte (p, j, i) holds input 4p + i
 // of row j in its low nibble and input 4(p + 4) + i in its high nibble).
 template <int R>
 inline void dot_q4(const uint8_t* quants, const int8_t* const* xb, __m256i* lo, __m256i* hi) {
-    const __m256i mask = _mm256_set1_epi8(0x0F);
     for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
     for (int p = 0; p < 4; ++p) {
-        const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + p * 64));
-        const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + p * 64 + 32));
-        const __m256i w0l = _mm256_and_si256(w0, mask), w0h = _mm256_and_si256(_mm256_srli_epi16(w0, 4), mask);
-        const __m256i w1l = _mm256_and_si256(w1, mask), w1h = _mm256_and_si256(_mm256_srli_epi16(w1, 4), mask);
+        __m256i w0l, w0h, w1l, w1h;
+        avx2_tiles::q4_codes(quants, p, w0l, w0h, w1l, w1h);
         for (int r = 0; r < R; ++r) {
             const __m256i x_lo = bcast4(xb[r] + 4 * p), x_hi = bcast4(xb[r] + 4 * (p + 4));
             lo[r] = SPECDEC_V256_DPBUSD(lo[r], w0l, x_lo);

@@ -1,7 +1,8 @@
 // What the AVX2 table's 8-bit activation kernels share, whichever instruction takes their
 // integer sums (kernels_avx2_a8.cpp and kernels_avx2_kq.cpp: vpmaddubsw; a8_vnni256.h and
-// kq_vnni256.h: vpdpbusd): the row passes over a tile group, and for Q8_0 / Q4_0 / Q4_1 tiles
-// the float steps after the sums, so that every form gives the same results by construction.
+// kq_vnni256.h: vpdpbusd): for Q8_0 / Q4_0 / Q4_1 tiles the row passes and the float steps after
+// the sums, so that both forms give the same results by construction, and the loads and code
+// unpacking of both the 4-bit and the K-quant tiles.
 // Included by units compiled with the AVX2 flags.
 #pragma once
 
@@ -67,6 +68,44 @@ inline __m256i q6_high(__m256i h) {
     if constexpr (P == 1) return _mm256_slli_epi16(h, 2);
     if constexpr (P == 2) return h;
     return _mm256_srli_epi16(h, 2);
+}
+
+// Q6_K: step p's codes for one tile half: packed (4 low bits, two codes a byte) and the high bit
+// pairs of h0 / h1 -> wl (inputs 0-15 of the unit's step) and wh (16-31), 6-bit unsigned.
+template <int P>
+__attribute__((always_inline)) inline void q6_codes(__m256i packed, __m256i h0, __m256i h1, __m256i& wl, __m256i& wh) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), hi2 = _mm256_set1_epi8(0x30);
+    wl = _mm256_or_si256(_mm256_and_si256(packed, lo4), _mm256_and_si256(q6_high<P>(h0), hi2));
+    wh = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(packed, 4), lo4), _mm256_and_si256(q6_high<P>(h1), hi2));
+}
+
+// Q4_K / Q5_K: the sub-block scales of one tile half h (rows 8h .. 8h + 7), row lanes, one byte
+// per sub-block: sc[0] sub-blocks 0-3, sc[1] 4-7.
+__attribute__((always_inline)) inline void kq4_scales(const uint8_t* t, int h, __m256i (&sc)[2]) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), m6 = _mm256_set1_epi8(0x3F), top = _mm256_set1_epi8(0x30);
+    const __m256i v0 = load32(t + 64 + 32 * h), v2 = load32(t + 192 + 32 * h);
+    sc[0] = _mm256_and_si256(v0, m6);
+    sc[1] = _mm256_or_si256(_mm256_and_si256(v2, lo4), _mm256_and_si256(_mm256_srli_epi32(v0, 2), top));
+}
+
+// Q4_K / Q5_K: the sub-block minimums of tile half h, the same way: mn[0] sub-blocks 0-3, mn[1] 4-7.
+__attribute__((always_inline)) inline void kq4_mins(const uint8_t* t, int h, __m256i (&mn)[2]) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), m6 = _mm256_set1_epi8(0x3F), top = _mm256_set1_epi8(0x30);
+    const __m256i v1 = load32(t + 128 + 32 * h), v2 = load32(t + 192 + 32 * h);
+    mn[0] = _mm256_and_si256(v1, m6);
+    mn[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(v2, 4), lo4), _mm256_and_si256(_mm256_srli_epi32(v1, 2), top));
+}
+
+// A 4-bit Q8_0 / Q4_0 / Q4_1 tile's step p (kernels_vnni.cpp layout: byte (p, j, i) holds input
+// 4p + i of row j in its low nibble and input 4(p + 4) + i in its high nibble): rows 0-7 in w0l /
+// w0h, rows 8-15 in w1l / w1h, low and high nibbles.
+__attribute__((always_inline)) inline void q4_codes(const uint8_t* quants, int p, __m256i& w0l, __m256i& w0h, __m256i& w1l, __m256i& w1h) {
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+    const __m256i w0 = load32(quants + p * 64), w1 = load32(quants + p * 64 + 32);
+    w0l = _mm256_and_si256(w0, mask);
+    w0h = _mm256_and_si256(_mm256_srli_epi16(w0, 4), mask);
+    w1l = _mm256_and_si256(w1, mask);
+    w1h = _mm256_and_si256(_mm256_srli_epi16(w1, 4), mask);
 }
 
 // A K-quant product's activations (KqTable::quantize_rows' output) and inputs.

@@ -26,8 +26,6 @@ namespace {
 
 using avx2_tiles::bcast4;
 
-
-
 // Rows [m0, m1) of x [M, K] -> xq int8 [M, K] and per block of 32: dx = amax / 127, sx = the sum
 // of the codes, dxs = dx * sx (as a8_quantize_rows in kernels_portable.cpp).
 void quantize_rows(const float* x, int64_t K, int8_t* xq, float* dx, int32_t* sx, float* dxs,
@@ -74,16 +72,13 @@ void quantize_rows(const float* x, int64_t K, int8_t* xq, float* dx, int32_t* sx
 // no overflow) and meet vpmaddwd once per block, not once per pair.
 template <int R>
 inline void dot_q4(const uint8_t* quants, const int8_t* const* xb, __m256i* lo, __m256i* hi) {
-    const __m256i mask = _mm256_set1_epi8(0x0F);
     __m256i a_lo[R], a_hi[R];
     for (int r = 0; r < R; ++r) a_lo[r] = a_hi[r] = _mm256_setzero_si256();
     // NOTE: not unrolled: unrolled, GCC kept every pass's operands live and spilled ~400 times
 #pragma GCC unroll 1
     for (int p = 0; p < 4; ++p) {
-        const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + p * 64));
-        const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + p * 64 + 32));
-        const __m256i w0l = _mm256_and_si256(w0, mask), w0h = _mm256_and_si256(_mm256_srli_epi16(w0, 4), mask);
-        const __m256i w1l = _mm256_and_si256(w1, mask), w1h = _mm256_and_si256(_mm256_srli_epi16(w1, 4), mask);
+        __m256i w0l, w0h, w1l, w1h;
+        avx2_tiles::q4_codes(quants, p, w0l, w0h, w1l, w1h);
         for (int r = 0; r < R; ++r) {
             const __m256i x_lo = bcast4(xb[r] + 4 * p), x_hi = bcast4(xb[r] + 4 * (p + 4));
             a_lo[r] = _mm256_add_epi16(a_lo[r], _mm256_add_epi16(_mm256_maddubs_epi16(w0l, x_lo),

@@ -25,9 +25,11 @@ namespace {
 
 using avx2_tiles::bcast4;
 using avx2_tiles::bits_to_0x10;
+using avx2_tiles::kq4_mins;
+using avx2_tiles::kq4_scales;
+using avx2_tiles::q6_codes;
 using avx2_tiles::f16x8;
 using avx2_tiles::load32;
-using avx2_tiles::q6_high;
 using Rows = avx2_tiles::KqRows;
 
 // ---- activations: kernels_vnni.cpp's kq_quantize_rows (and the scalar twin) on AVX2.
@@ -92,8 +94,6 @@ inline __m256i int8_to_words(const uint8_t* p) {
     return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
 }
 
-
-
 // A tile group's 16 outputs for activation rows [m, m + R): acc[r][h] holds rows 8 h .. 8 h + 7,
 // + bias when given.
 template <int R>
@@ -107,27 +107,16 @@ inline void store_rows(const __m256 (&acc)[R][2], int64_t m, const float* bias, 
     }
 }
 
-// Q4_K / Q5_K: the sub-block scales of one tile half h (rows 8h .. 8h + 7), row lanes, one byte
-// per sub-block: sc[0] sub-blocks 0-3, sc[1] 4-7.
-inline void kq4_scales(const uint8_t* t, int h, __m256i (&sc)[2]) {
-    const __m256i lo4 = _mm256_set1_epi8(0x0F), m6 = _mm256_set1_epi8(0x3F), top = _mm256_set1_epi8(0x30);
-    const __m256i v0 = load32(t + 64 + 32 * h), v2 = load32(t + 192 + 32 * h);
-    sc[0] = _mm256_and_si256(v0, m6);
-    sc[1] = _mm256_or_si256(_mm256_and_si256(v2, lo4), _mm256_and_si256(_mm256_srli_epi32(v0, 2), top));
-}
-
 // Q4_K / Q5_K: tile half h's float steps for rows [m, m + R) of block b, in the twins' order:
 // acc[r][h] += S_r x dx x d, then -= mins_r x dx x dmin (S_r = S[r * stride]).
 template <int R>
 inline void kq4_half_out(const Rows& a, int64_t m, int64_t b, const uint8_t* t, int h, const __m256i* S,
                          int stride, __m256 (&acc)[R][2]) {
     const int64_t K = a.K, nb = K / kKqBlock;
-    const __m256i lo4 = _mm256_set1_epi8(0x0F), m6 = _mm256_set1_epi8(0x3F), top = _mm256_set1_epi8(0x30);
     const __m256i ones16 = _mm256_set1_epi16(1);
-    const __m256i v1 = load32(t + 128 + 32 * h), v2 = load32(t + 192 + 32 * h);
-    const __m256i mlo = _mm256_and_si256(v1, m6);
-    const __m256i mhi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(v2, 4), lo4),
-                                        _mm256_and_si256(_mm256_srli_epi32(v1, 2), top));
+    __m256i mn[2];
+    kq4_mins(t, h, mn);
+    const __m256i mlo = mn[0], mhi = mn[1];
     const __m256 d = f16x8(t + 16 * h), dmin = f16x8(t + 32 + 16 * h);
     for (int r = 0; r < R; ++r) {
         const int8_t* bs = a.bsm + (m + r) * (K / 16) + b * 16;  // 8 lo, then 8 hi
@@ -142,16 +131,6 @@ inline void kq4_half_out(const Rows& a, int64_t m, int64_t b, const uint8_t* t, 
         acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(S[r * stride]), dx), d, acc[r][h]);
         acc[r][h] = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(mins), dx), dmin, acc[r][h]);
     }
-}
-
-
-// Q6_K: step p's codes for one tile half: packed (4 low bits, two codes a byte) and the high bit
-// pairs of h0 / h1 -> wl (inputs 0-15 of the unit's step) and wh (16-31), 6-bit unsigned.
-template <int P>
-inline void q6_codes(__m256i packed, __m256i h0, __m256i h1, __m256i& wl, __m256i& wh) {
-    const __m256i lo4 = _mm256_set1_epi8(0x0F), hi2 = _mm256_set1_epi8(0x30);
-    wl = _mm256_or_si256(_mm256_and_si256(packed, lo4), _mm256_and_si256(q6_high<P>(h0), hi2));
-    wh = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(packed, 4), lo4), _mm256_and_si256(q6_high<P>(h1), hi2));
 }
 
 // One 16-row tile group (wg, nb tiles) against activation rows [m, m + R): the tiles in block

@@ -25,20 +25,18 @@ namespace kq256 {
 
 using avx2_tiles::bcast4;
 using avx2_tiles::bits_to_0x10;
+using avx2_tiles::kq4_mins;
+using avx2_tiles::kq4_scales;
+using avx2_tiles::q6_codes;
 using avx2_tiles::f16x8;
 using avx2_tiles::load32;
-using avx2_tiles::q6_high;
 using Rows = avx2_tiles::KqRows;
-
 
 // vpshufb control: byte s (0..3) of every 32-bit lane, zero-extended into the lane.
 inline __m256i byte_to_dword(int s) {
     const uint32_t c = 0x80808000u | static_cast<uint32_t>(s);
     return _mm256_setr_epi32(c, c + 4, c + 8, c + 12, c, c + 4, c + 8, c + 12);
 }
-
-
-
 
 // NOTE: kq4_half and q6_half are always inlined: otherwise what else the unit holds decided
 // whether GCC inlined them (Q4_K, one thread, 6144 x 2048, 8 rows: 1.13-1.19 ms inlined,
@@ -49,10 +47,9 @@ inline __m256i byte_to_dword(int s) {
 template <int FMT, int R>
 __attribute__((always_inline)) inline void kq4_half(const Rows& a, int64_t m, int64_t b, const uint8_t* t, int h, __m256 (&acc)[R][2]) {
     const int64_t K = a.K, nb = K / kKqBlock;
-    const __m256i lo4 = _mm256_set1_epi8(0x0F), m6 = _mm256_set1_epi8(0x3F), top = _mm256_set1_epi8(0x30);
-    const __m256i v0 = load32(t + 64 + 32 * h), v1 = load32(t + 128 + 32 * h), v2 = load32(t + 192 + 32 * h);
-    const __m256i sc[2] = {_mm256_and_si256(v0, m6),
-                           _mm256_or_si256(_mm256_and_si256(v2, lo4), _mm256_and_si256(_mm256_srli_epi32(v0, 2), top))};
+    const __m256i lo4 = _mm256_set1_epi8(0x0F);
+    __m256i sc[2];
+    kq4_scales(t, h, sc);
     __m256i S[R];
     for (int r = 0; r < R; ++r) S[r] = _mm256_setzero_si256();
     for (int s = 0; s < 8; ++s) {
@@ -76,9 +73,9 @@ __attribute__((always_inline)) inline void kq4_half(const Rows& a, int64_t m, in
         const __m256i scs = _mm256_shuffle_epi8(sc[s / 4], byte_to_dword(s % 4));
         for (int r = 0; r < R; ++r) S[r] = _mm256_add_epi32(S[r], _mm256_mullo_epi32(si[r], scs));
     }
-    const __m256i mlo = _mm256_and_si256(v1, m6);
-    const __m256i mhi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(v2, 4), lo4),
-                                        _mm256_and_si256(_mm256_srli_epi32(v1, 2), top));
+    __m256i mn[2];
+    kq4_mins(t, h, mn);
+    const __m256i mlo = mn[0], mhi = mn[1];
     const __m256 d = f16x8(t + 16 * h), dmin = f16x8(t + 32 + 16 * h);
     for (int r = 0; r < R; ++r) {
         const int8_t* bs = a.bsm + (m + r) * (K / 16) + b * 16;  // 8 lo, then 8 hi
@@ -98,7 +95,6 @@ __attribute__((always_inline)) inline void kq4_half(const Rows& a, int64_t m, in
 template <int R>
 __attribute__((always_inline)) inline void q6_half(const Rows& a, int64_t m, int64_t b, const uint8_t* t, int h, __m256 (&acc)[R][2]) {
     const int64_t K = a.K, nb = K / kKqBlock;
-    const __m256i lo4 = _mm256_set1_epi8(0x0F), hi2 = _mm256_set1_epi8(0x30);
     __m256i S[R];
     for (int r = 0; r < R; ++r) S[r] = _mm256_setzero_si256();
     for (int u = 0; u < 8; ++u) {
@@ -109,10 +105,8 @@ __attribute__((always_inline)) inline void q6_half(const Rows& a, int64_t m, int
         for (int r = 0; r < R; ++r) sa[r] = sb[r] = _mm256_setzero_si256();
         auto step = [&](auto pc) {
             constexpr int p = decltype(pc)::value;
-            const __m256i packed = load32(unit + 64 * p + 32 * h);
-            const __m256i wl = _mm256_or_si256(_mm256_and_si256(packed, lo4), _mm256_and_si256(q6_high<p>(h0), hi2));
-            const __m256i wh = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(packed, 4), lo4),
-                                               _mm256_and_si256(q6_high<p>(h1), hi2));
+            __m256i wl, wh;
+            q6_codes<p>(load32(unit + 64 * p + 32 * h), h0, h1, wl, wh);
             for (int r = 0; r < R; ++r) {
                 const int8_t* xs = a.xq + (m + r) * K + b * kKqBlock + 32 * u + 4 * p;
                 sa[r] = SPECDEC_V256_DPBUSD(sa[r], wl, bcast4(xs));
