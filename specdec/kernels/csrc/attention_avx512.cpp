@@ -186,10 +186,11 @@ inline void score_queries(const float* const* qp, int64_t Q, const KV* kb, int64
 // 0.94x at 2,000 cached, so they are fetched for several tiles' queries only.
 template <typename KV>
 inline void score_keys(const float* const* qp, int64_t Q, const KV* kt, int64_t sb0, int64_t sb1, int64_t j0,
-                       int64_t kend, int64_t D, __m512 vscale, float* s, int64_t ss, float* kf, const KV* v, int64_t v_stride) {
+                       int64_t kend, int64_t D, __m512 vscale, float* s, int64_t ss, float* kf, const KV* v, int64_t v_stride,
+                       bool fetch_values) {
     for (int64_t sb = sb0; sb < sb1; ++sb) {
         const KV* kb = kt + sb * D * kKeyBlock;
-        if (Q > kScoreTile) {
+        if (fetch_values) {
             const int64_t vend = (sb + 1) * kKeyBlock < kend ? (sb + 1) * kKeyBlock : kend;
             for (int64_t j = sb * kKeyBlock; j < vend; ++j) prefetch_span_l2(v + j * v_stride, D * int64_t(sizeof(KV)));
         }
@@ -371,7 +372,8 @@ void attention_block_kv(const AttnRows& a, int64_t j0, float* part, float* scrat
         score_keys_q8(qp, Q, static_cast<const uint8_t*>(a.kt), sb0, sb1, j0, kend, D, _mm512_set1_ps(a.scale), s,
                       kAttnBlock, kf, static_cast<const uint8_t*>(a.v));
     else
-        score_keys<KV>(qp, Q, kt, sb0, sb1, j0, kend, D, _mm512_set1_ps(a.scale), s, kAttnBlock, kf, v, a.v_stride);
+        score_keys<KV>(qp, Q, kt, sb0, sb1, j0, kend, D, _mm512_set1_ps(a.scale), s, kAttnBlock, kf, v, a.v_stride,
+                       Q > kScoreTile || widen_v);
     for (int64_t r = 0; r < R; ++r) {
         if (beg[r] >= end[r]) continue;
         for (int64_t g = 0; g < G; ++g) {

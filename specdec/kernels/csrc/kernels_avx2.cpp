@@ -467,15 +467,21 @@ inline void score_queries(const float* const* qp, int64_t Q, const KV* kb, int64
 }
 
 // Scores of the Q queries against key blocks [sb0, sb1) into s (s[q * ss + j - j0] for key j).
-// A half cache is widened once per key block when several tiles read it.
-// NOTE: no software prefetch: the calls that stood here (keys into L1, values into L2) and in the
-// value loop were deleted by GCC 12 (prefetch.h's NOTE), so every figure measured with this kernel
-// was without them; they went with the AVX-512 kernels' (attention_avx512.cpp score_keys).
+// A half cache is widened once per key block when several tiles read it.  The keys
+// kAttnPrefetchKeys ahead are fetched into L2 as the scores are taken, and with fetch_values each
+// block's value rows too (attention_avx512.cpp score_keys: the same fetches, the same reasons).
 template <typename KV>
 inline void score_keys(const float* const* qp, int64_t Q, const KV* kt, int64_t sb0, int64_t sb1, int64_t j0,
-                       int64_t D, __m256 vscale, float* s, int64_t ss, float* kf) {
+                       int64_t kend, int64_t D, __m256 vscale, float* s, int64_t ss, float* kf, const KV* v,
+                       int64_t v_stride, bool fetch_values) {
     for (int64_t sb = sb0; sb < sb1; ++sb) {
         const KV* kb = kt + sb * D * kKeyBlock;
+        if (fetch_values) {
+            const int64_t vend = (sb + 1) * kKeyBlock < kend ? (sb + 1) * kKeyBlock : kend;
+            for (int64_t j = sb * kKeyBlock; j < vend; ++j) prefetch_span_l2(v + j * v_stride, D * int64_t(sizeof(KV)));
+        }
+        if ((sb + 1) * kKeyBlock + kAttnPrefetchKeys <= kend)
+            prefetch_span_l2(kb + kAttnPrefetchKeys * D, kKeyBlock * D * int64_t(sizeof(KV)));
         float* sd = s + (sb * kKeyBlock - j0);
         if (sizeof(KV) == 2 && Q > kScoreTile)
             score_queries<float>(qp, Q, widen(kb, D * kKeyBlock, kf), D, vscale, vscale, sd, ss);
@@ -643,7 +649,8 @@ void attention_block_kv(const AttnRows& a, int64_t j0, float* part, float* scrat
         score_keys_q8(qp, Q, static_cast<const uint8_t*>(a.kt), sb0, sb1, j0, kend, D, _mm256_set1_ps(a.scale), s,
                       kAttnBlock, kf, static_cast<const uint8_t*>(a.v));
     else
-        score_keys<KV>(qp, Q, kt, sb0, sb1, j0, D, _mm256_set1_ps(a.scale), s, kAttnBlock, kf);
+        score_keys<KV>(qp, Q, kt, sb0, sb1, j0, kend, D, _mm256_set1_ps(a.scale), s, kAttnBlock, kf, v, a.v_stride,
+                       Q > kScoreTile || widen_v);
     for (int64_t r = 0; r < R; ++r) {
         if (beg[r] >= end[r]) continue;
         for (int64_t g = 0; g < G; ++g) {
