@@ -492,7 +492,8 @@ inline void score_keys(const float* const* qp, int64_t Q, const KV* kt, int64_t 
 
 // score_keys over an 8-bit cache: a block's entries read in place by one query tile, widened
 // (exactly) once for several; each key's score times (its scale * the attention scale). Each
-// block's values (vq's block of the same positions) are fetched into L2 meanwhile.
+// block's values (vq's block of the same positions) are fetched into L2 meanwhile, and the keys
+// kAttnPrefetchKeys ahead.
 inline void score_keys_q8(const float* const* qp, int64_t Q, const uint8_t* kt, int64_t sb0, int64_t sb1, int64_t j0,
                           int64_t kend, int64_t D, __m256 vscale, float* s, int64_t ss, float* kf,
                           const uint8_t* vq) {
@@ -500,6 +501,8 @@ inline void score_keys_q8(const float* const* qp, int64_t Q, const uint8_t* kt, 
     for (int64_t sb = sb0; sb < sb1; ++sb) {
         const uint8_t* kb = kt + sb * bb;
         if (sb * kKeyBlock < kend) prefetch_span_l2(vq + sb * bb, bb);
+        if ((sb + 1) * kKeyBlock + kAttnPrefetchKeys <= kend)
+            prefetch_span_l2(kb + kAttnPrefetchKeys / kKeyBlock * bb, bb);
         const float* ks = reinterpret_cast<const float*>(kb);
         const __m256 vs0 = _mm256_mul_ps(_mm256_loadu_ps(ks), vscale), vs1 = _mm256_mul_ps(_mm256_loadu_ps(ks + 8), vscale);
         const int8_t* entries = reinterpret_cast<const int8_t*>(kb + kQ8Header);
