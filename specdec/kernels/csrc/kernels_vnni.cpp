@@ -54,6 +54,88 @@ inline void quantize_block(const float* xb, int8_t* dst, float* d_out, int32_t* 
     *s_out = _mm512_reduce_add_epi32(_mm512_add_epi32(s0, s1));
 }
 
+// Lane i of the result = op over the 16 lanes of v[i] (a transposing tree of shuffles: 15
+// operations for 16 vectors where one horizontal reduction each takes 4 and a dependent chain).
+template <typename V, typename Op, typename Sh4, typename Lo, typename Hi>
+inline V reduce16(V* v, Op op, Sh4 sh4, Lo lo, Hi hi) {
+    V w[8], y[4], z[2];
+    for (int i = 0; i < 8; ++i) w[i] = op(sh4(v[i], v[i + 8], 0x44), sh4(v[i], v[i + 8], 0xEE));
+    for (int i = 0; i < 4; ++i) y[i] = op(sh4(w[i], w[i + 4], 0x88), sh4(w[i], w[i + 4], 0xDD));
+    for (int i = 0; i < 2; ++i) z[i] = op(lo(y[i], y[i + 2]), hi(y[i], y[i + 2]));
+    const V r = op(lo(z[0], z[1]), hi(z[0], z[1]));  // 128-bit lanes: rows 0-3, 8-11, 4-7, 12-15
+    return sh4(r, r, 0xD8);
+}
+
+inline __m512 max16(__m512* v) {
+    return reduce16(
+        v, [](__m512 a, __m512 b) { return _mm512_max_ps(a, b); },
+        [](__m512 a, __m512 b, int imm) {
+            switch (imm) {
+                case 0x44: return _mm512_shuffle_f32x4(a, b, 0x44);
+                case 0xEE: return _mm512_shuffle_f32x4(a, b, 0xEE);
+                case 0x88: return _mm512_shuffle_f32x4(a, b, 0x88);
+                case 0xDD: return _mm512_shuffle_f32x4(a, b, 0xDD);
+                default: return _mm512_shuffle_f32x4(a, b, 0xD8);
+            }
+        },
+        [](__m512 a, __m512 b) { return _mm512_unpacklo_ps(a, b); },
+        [](__m512 a, __m512 b) { return _mm512_unpackhi_ps(a, b); });
+}
+
+inline __m512i sum16(__m512i* v) {
+    return reduce16(
+        v, [](__m512i a, __m512i b) { return _mm512_add_epi32(a, b); },
+        [](__m512i a, __m512i b, int imm) {
+            switch (imm) {
+                case 0x44: return _mm512_shuffle_i32x4(a, b, 0x44);
+                case 0xEE: return _mm512_shuffle_i32x4(a, b, 0xEE);
+                case 0x88: return _mm512_shuffle_i32x4(a, b, 0x88);
+                case 0xDD: return _mm512_shuffle_i32x4(a, b, 0xDD);
+                default: return _mm512_shuffle_i32x4(a, b, 0xD8);
+            }
+        },
+        [](__m512i a, __m512i b) { return _mm512_unpacklo_epi32(a, b); },
+        [](__m512i a, __m512i b) { return _mm512_unpackhi_epi32(a, b); });
+}
+
+// quantize_block for n <= 16 blocks at once (block i at xb + i * ldx), their codes one after another
+// at dst (32 bytes each) and d, d * s and -offset * s at d_out / ds_out / os_out [0, n): the same
+// values as quantize_block's (max and the integer sums are exact in any order; the divisions and
+// products are the same IEEE operations in vector lanes).
+inline void quantize_blocks16(const float* xb, int64_t ldx, int64_t n, int32_t offset, int8_t* dst, float* d_out,
+                              float* ds_out, int32_t* os_out) {
+    const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    __m512 a[16];
+    for (int i = 0; i < 16; ++i)
+        a[i] = i < n ? _mm512_max_ps(_mm512_and_ps(_mm512_loadu_ps(xb + i * ldx), sign),
+                                     _mm512_and_ps(_mm512_loadu_ps(xb + i * ldx + 16), sign))
+                     : _mm512_setzero_ps();
+    const __m512 d = _mm512_div_ps(max16(a), _mm512_set1_ps(127.0f));
+    const __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_OQ),
+                                          _mm512_set1_ps(1.0f), d);
+    alignas(64) float ids[16];
+    _mm512_store_ps(ids, id);
+    __m512i sums[16];
+    for (int i = 0; i < 16; ++i) {
+        if (i >= n) {
+            sums[i] = _mm512_setzero_si512();
+            continue;
+        }
+        const __m512 idv = _mm512_set1_ps(ids[i]);
+        const __m128i c0 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + i * ldx), idv)));
+        const __m128i c1 =
+            _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + i * ldx + 16), idv)));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 32 * i), c0);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 32 * i + 16), c1);
+        sums[i] = _mm512_add_epi32(_mm512_cvtepi8_epi32(c0), _mm512_cvtepi8_epi32(c1));
+    }
+    const __m512i sv = sum16(sums);
+    const __mmask16 m = n >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << n) - 1u);
+    _mm512_mask_storeu_ps(d_out, m, d);
+    _mm512_mask_storeu_ps(ds_out, m, _mm512_mul_ps(d, _mm512_cvtepi32_ps(sv)));
+    _mm512_mask_storeu_epi32(os_out, m, _mm512_mullo_epi32(sv, _mm512_set1_epi32(-offset)));
+}
+
 // Activation quantization: rows [m0, m1) of x [M, K] -> xq int8 [M, K], per block of 32: dx (the
 // scale amax / 127), sx (sum of the int8 codes) and dxs = dx * sx.
 void quantize_rows(const float* x, int64_t K, int8_t* xq, float* dx, int32_t* sx, float* dxs,
@@ -529,13 +611,12 @@ void quantize_layout(const void* layout, int kind, const float* x, int64_t K, in
     for (int64_t i = 0, t0 = 0; i < ntiles && t0 < m1; ++i) {
         const int64_t rows = (M - t0) / (ntiles - i);
         const int64_t lo = std::max(m0, t0), hi = std::min(m1, t0 + rows);
+        // block-major in its row tile: rows [lo, hi) of block b one after another from dst
         for (int64_t b = 0; b < nb; ++b)
-            for (int64_t m = lo; m < hi; ++m) {
-                const int64_t dst = t0 * nb + b * rows + (m - t0);  // block-major in its row tile
-                int32_t s;
-                quantize_block(x + m * K + b * 32, xt + dst * 32, &dxt[dst], &s);
-                dxst[dst] = dxt[dst] * static_cast<float>(s);
-                osxt[dst] = -offset * s;
+            for (int64_t m = lo; m < hi; m += 16) {
+                const int64_t dst = t0 * nb + b * rows + (m - t0);
+                quantize_blocks16(x + m * K + b * 32, K, std::min<int64_t>(16, hi - m), offset, xt + dst * 32,
+                                  &dxt[dst], &dxst[dst], &osxt[dst]);
             }
         t0 += rows;
     }
