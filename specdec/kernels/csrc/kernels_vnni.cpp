@@ -98,12 +98,12 @@ inline __m512i sum16(__m512i* v) {
         [](__m512i a, __m512i b) { return _mm512_unpackhi_epi32(a, b); });
 }
 
-// quantize_block for n <= 16 blocks at once (block i at xb + i * ldx), their codes one after another
-// at dst (32 bytes each) and d, d * s and -offset * s at d_out / ds_out / os_out [0, n): the same
+// quantize_block for n <= 16 blocks at once (block i at xb + i * ldx), block i's codes at
+// dst + 32 * i * os and its d, d * s and -offset * s at d_out / ds_out / os_out [i * os]: the same
 // values as quantize_block's (max and the integer sums are exact in any order; the divisions and
 // products are the same IEEE operations in vector lanes).
 inline void quantize_blocks16(const float* xb, int64_t ldx, int64_t n, int32_t offset, int8_t* dst, float* d_out,
-                              float* ds_out, int32_t* os_out) {
+                              float* ds_out, int32_t* os_out, int64_t os = 1) {
     const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
     __m512 a[16];
     for (int i = 0; i < 16; ++i)
@@ -125,15 +125,30 @@ inline void quantize_blocks16(const float* xb, int64_t ldx, int64_t n, int32_t o
         const __m128i c0 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + i * ldx), idv)));
         const __m128i c1 =
             _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + i * ldx + 16), idv)));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 32 * i), c0);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 32 * i + 16), c1);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 32 * i * os), c0);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 32 * i * os + 16), c1);
         sums[i] = _mm512_add_epi32(_mm512_cvtepi8_epi32(c0), _mm512_cvtepi8_epi32(c1));
     }
     const __m512i sv = sum16(sums);
-    const __mmask16 m = n >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << n) - 1u);
-    _mm512_mask_storeu_ps(d_out, m, d);
-    _mm512_mask_storeu_ps(ds_out, m, _mm512_mul_ps(d, _mm512_cvtepi32_ps(sv)));
-    _mm512_mask_storeu_epi32(os_out, m, _mm512_mullo_epi32(sv, _mm512_set1_epi32(-offset)));
+    const __m512 ds = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sv));
+    const __m512i osv = _mm512_mullo_epi32(sv, _mm512_set1_epi32(-offset));
+    if (os == 1) {
+        const __mmask16 m = n >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << n) - 1u);
+        _mm512_mask_storeu_ps(d_out, m, d);
+        _mm512_mask_storeu_ps(ds_out, m, ds);
+        _mm512_mask_storeu_epi32(os_out, m, osv);
+        return;
+    }
+    alignas(64) float dv[16], dsv[16];
+    alignas(64) int32_t ov[16];
+    _mm512_store_ps(dv, d);
+    _mm512_store_ps(dsv, ds);
+    _mm512_store_si512(ov, osv);
+    for (int64_t i = 0; i < n; ++i) {
+        d_out[i * os] = dv[i];
+        ds_out[i * os] = dsv[i];
+        os_out[i * os] = ov[i];
+    }
 }
 
 // Activation quantization: rows [m0, m1) of x [M, K] -> xq int8 [M, K], per block of 32: dx (the
@@ -599,6 +614,9 @@ const void* layout_alloc(int /*kind*/, int64_t M, int64_t K) {
     return a8_walk() == A8_WALK_GROUPS && M < kWsMinRows ? nullptr : ws_alloc(M, K);
 }
 
+// From this many rows in a tile's share, quantize_layout takes 16 rows of a block at a time.
+constexpr int64_t kQuantizeRowsAcross = 8;
+
 void quantize_layout(const void* layout, int kind, const float* x, int64_t K, int64_t M, int64_t m0, int64_t m1,
                      int8_t* /*xq*/, float* /*dx*/, int32_t* /*sx*/, float* /*dxs*/) {
     const WsLayout* lay = static_cast<const WsLayout*>(layout);
@@ -611,13 +629,23 @@ void quantize_layout(const void* layout, int kind, const float* x, int64_t K, in
     for (int64_t i = 0, t0 = 0; i < ntiles && t0 < m1; ++i) {
         const int64_t rows = (M - t0) / (ntiles - i);
         const int64_t lo = std::max(m0, t0), hi = std::min(m1, t0 + rows);
-        // block-major in its row tile: rows [lo, hi) of block b one after another from dst
-        for (int64_t b = 0; b < nb; ++b)
-            for (int64_t m = lo; m < hi; m += 16) {
-                const int64_t dst = t0 * nb + b * rows + (m - t0);
-                quantize_blocks16(x + m * K + b * 32, K, std::min<int64_t>(16, hi - m), offset, xt + dst * 32,
-                                  &dxt[dst], &dxst[dst], &osxt[dst]);
-            }
+        // block-major in its row tile (rows [lo, hi) of block b one after another): 16 rows of a
+        // block at a time, or for a few rows 16 blocks of a row (rows apart in the layout)
+        if (hi - lo >= kQuantizeRowsAcross) {
+            for (int64_t b = 0; b < nb; ++b)
+                for (int64_t m = lo; m < hi; m += 16) {
+                    const int64_t dst = t0 * nb + b * rows + (m - t0);
+                    quantize_blocks16(x + m * K + b * 32, K, std::min<int64_t>(16, hi - m), offset, xt + dst * 32,
+                                      &dxt[dst], &dxst[dst], &osxt[dst]);
+                }
+        } else {
+            for (int64_t m = lo; m < hi; ++m)
+                for (int64_t b = 0; b < nb; b += 16) {
+                    const int64_t dst = t0 * nb + b * rows + (m - t0);
+                    quantize_blocks16(x + m * K + b * 32, 32, std::min<int64_t>(16, nb - b), offset, xt + dst * 32,
+                                      &dxt[dst], &dxst[dst], &osxt[dst], rows);
+                }
+        }
         t0 += rows;
     }
 }
