@@ -26,8 +26,69 @@ namespace {
 
 using avx2_tiles::bcast4;
 
+// Lane i of the result = op over the 8 lanes of v[i] (a transposing tree: 7 operations for 8
+// vectors, where a horizontal reduction each takes 3 and a dependent chain).
+template <typename V, typename Op, typename Perm, typename Lo, typename Hi>
+inline V reduce8(const V* v, Op op, Perm perm, Lo lo, Hi hi) {
+    V w[4], y[2];
+    for (int i = 0; i < 4; ++i) w[i] = op(perm(v[i], v[i + 4], true), perm(v[i], v[i + 4], false));
+    for (int i = 0; i < 2; ++i) y[i] = op(lo(w[i], w[i + 2]), hi(w[i], w[i + 2]));
+    return op(lo(y[0], y[1]), hi(y[0], y[1]));  // 128-bit halves: v[0..3], v[4..7]
+}
+
+// Blocks [b, b + 8) of one row (xb: the first block): their codes, scales, sums and dx * sx, the
+// same values as quantize_rows' block by block (max and the integer sums are exact in any order;
+// the divisions and the product are the same IEEE operations in vector lanes).
+inline void quantize_blocks8(const float* xb, int8_t* xq, float* dx, int32_t* sx, float* dxs) {
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    __m256 a[8];
+    for (int j = 0; j < 8; ++j) {
+        const float* p = xb + 32 * j;
+        a[j] = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(p), abs_mask),
+                                           _mm256_and_ps(_mm256_loadu_ps(p + 8), abs_mask)),
+                             _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(p + 16), abs_mask),
+                                           _mm256_and_ps(_mm256_loadu_ps(p + 24), abs_mask)));
+    }
+    const __m256 amax = reduce8(
+        a, [](__m256 x, __m256 y) { return _mm256_max_ps(x, y); },
+        [](__m256 x, __m256 y, bool low) {
+            return low ? _mm256_permute2f128_ps(x, y, 0x20) : _mm256_permute2f128_ps(x, y, 0x31);
+        },
+        [](__m256 x, __m256 y) { return _mm256_unpacklo_ps(x, y); },
+        [](__m256 x, __m256 y) { return _mm256_unpackhi_ps(x, y); });
+    const __m256 d = _mm256_div_ps(amax, _mm256_set1_ps(127.0f));
+    const __m256 id = _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), d),
+                                    _mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_NEQ_OQ));
+    alignas(32) float ids[8];
+    _mm256_store_ps(ids, id);
+    __m256i s32[8];
+    for (int j = 0; j < 8; ++j) {
+        const float* p = xb + 32 * j;
+        const __m256 idv = _mm256_set1_ps(ids[j]);
+        __m256i q[4];
+        for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p + 8 * i), idv));
+        const __m256i pk = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        const __m256i codes = _mm256_permutevar8x32_epi32(pk, order);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + 32 * j), codes);
+        s32[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, codes), ones16);
+    }
+    const __m256i sums = reduce8(
+        s32, [](__m256i x, __m256i y) { return _mm256_add_epi32(x, y); },
+        [](__m256i x, __m256i y, bool low) {
+            return low ? _mm256_permute2x128_si256(x, y, 0x20) : _mm256_permute2x128_si256(x, y, 0x31);
+        },
+        [](__m256i x, __m256i y) { return _mm256_unpacklo_epi32(x, y); },
+        [](__m256i x, __m256i y) { return _mm256_unpackhi_epi32(x, y); });
+    _mm256_storeu_ps(dx, d);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sx), sums);
+    _mm256_storeu_ps(dxs, _mm256_mul_ps(d, _mm256_cvtepi32_ps(sums)));
+}
+
 // Rows [m0, m1) of x [M, K] -> xq int8 [M, K] and per block of 32: dx = amax / 127, sx = the sum
-// of the codes, dxs = dx * sx (as a8_quantize_rows in kernels_portable.cpp).
+// of the codes, dxs = dx * sx (as a8_quantize_rows in kernels_portable.cpp): 8 blocks at a time
+// (quantize_blocks8), the rest one by one.
 void quantize_rows(const float* x, int64_t K, int8_t* xq, float* dx, int32_t* sx, float* dxs,
                    int64_t m0, int64_t m1) {
     const int64_t nb = K / 32;
@@ -35,7 +96,11 @@ void quantize_rows(const float* x, int64_t K, int8_t* xq, float* dx, int32_t* sx
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
     for (int64_t m = m0; m < m1; ++m) {
-        for (int64_t b = 0; b < nb; ++b) {
+        int64_t b = 0;
+        for (; b + 8 <= nb; b += 8)
+            quantize_blocks8(x + m * K + b * 32, xq + m * K + b * 32, dx + m * nb + b, sx + m * nb + b,
+                             dxs + m * nb + b);
+        for (; b < nb; ++b) {
             const float* xb = x + m * K + b * 32;
             __m256 v[4];
             for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(xb + 8 * i);
