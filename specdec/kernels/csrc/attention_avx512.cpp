@@ -176,7 +176,8 @@ inline void score_queries(const float* const* qp, int64_t Q, const KV* kb, int64
 
 // Scores of the Q queries against key blocks [sb0, sb1) into s (s[q * ss + j - j0] for key j); a
 // half block widened once when several tiles read it; the keys kAttnPrefetchKeys ahead fetched
-// into L2, and with more queries than one tile (v, v_stride apart) each block's value rows too.
+// into L2, and with fetch_values (more queries than one tile, or value rows to be widened) each
+// block's value rows too (v, v_stride apart).
 // NOTE: the only prefetches the AVX-512 kernels issue are these, the 8-bit cache's value blocks
 // into L2 as their keys are scored and its keys ahead the same way (kAttnPrefetchKeys; 8 rows at
 // 2,000 cached 1.08x, attention alone): the rest (keys into L1, values into L1 while they are
@@ -184,7 +185,8 @@ inline void score_queries(const float* const* qp, int64_t Q, const KV* kb, int64
 // Zen 4 EPYC (SmolLM2, 200 and 2,000 cached, one and eight rows, alternated in one process: one
 // row 0.93-0.98x, eight rows 0.94-1.06x).  The value rows into L2 paid at eight rows of a half
 // cache at 2,000 cached (1.03x, 1.04x and 1.07x in three runs; 1.02x at 200) and cost one row
-// 0.94x at 2,000 cached, so they are fetched for several tiles' queries only.
+// 0.94x at 2,000 cached, so they are fetched for several tiles' queries, or where the rows widen
+// them (two rows waited 43% of the kernel's samples on the widening's loads without the fetch).
 template <typename KV>
 inline void score_keys(const float* const* qp, int64_t Q, const KV* kt, int64_t sb0, int64_t sb1, int64_t j0,
                        int64_t kend, int64_t D, __m512 vscale, float* s, int64_t ss, float* kf, const KV* v, int64_t v_stride,
