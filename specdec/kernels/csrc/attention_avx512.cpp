@@ -555,23 +555,20 @@ SPECDEC_VNNI inline void value_out(const __m512i* acc, const __m512i* lo, float 
 }
 
 // out[t][chunk ch's columns] = pscale_t * sum over groups of weight bytes . value bytes, for QT
-// queries (q, qb apart; weight bytes of key j at qprobs + j - j0) and groups [g0, g1); the
-// groups transposed in vt, or with Direct read from the cache (vq) where they are used.
-template <int QT, bool Direct = false>
-SPECDEC_VNNI inline void value_tile_i8(uint8_t* q, int64_t qb, const __m512i* vt, int64_t g0, int64_t g1, int64_t ch,
-                                       int64_t D, int64_t j0, float* const* out, const uint8_t* vq = nullptr) {
-    const int64_t nch = q8_chunks(D);
+// queries (q, qb apart; weight bytes of key j at qprobs + j - j0) and groups [g0, g1), each
+// group's value rows read from the cache (vq) and transposed in registers where they are used.
+// NOTE: every tile transposes its own (were transposed once into scratch for several tiles: at
+// 2,000 cached, attention alone, two threads, one / two / four rows 28-29 / 41-43 / 69-70 -> 25-26 /
+// 37-39 / 66-67 us a layer, eight and more rows the same or 2-3% faster).
+template <int QT>
+SPECDEC_VNNI inline void value_tile_i8(uint8_t* q, int64_t qb, int64_t g0, int64_t g1, int64_t ch, int64_t D,
+                                       int64_t j0, float* const* out, const uint8_t* vq) {
     __m512i acc[QT][4], lo[QT][4];
     for (int t = 0; t < QT; ++t)
         for (int k = 0; k < 4; ++k) acc[t][k] = lo[t][k] = _mm512_setzero_si512();
     for (int64_t g = g0; g < g1; ++g) {
         __m512i vv[4];
-        if constexpr (Direct) {
-            value_vectors(vq, g, ch, D, vv);
-        } else {
-            const __m512i* v = vt + ((g - g0) * nch + ch) * 4;
-            for (int k = 0; k < 4; ++k) vv[k] = _mm512_load_si512(v + k);
-        }
+        value_vectors(vq, g, ch, D, vv);
         const __m512i v0 = vv[0], v1 = vv[1], v2 = vv[2], v3 = vv[3];
         for (int t = 0; t < QT; ++t) {
             const uint8_t* pb = qprobs(q + t * qb, D) + 4 * g - j0;
@@ -801,8 +798,6 @@ SPECDEC_VNNI void attention_block_q8_int(const AttnRows& a, int64_t j0, float* p
         return;
     }
     const int64_t ntiles = (Q + kValueTileI8 - 1) / kValueTileI8;
-    const bool direct = ntiles == 1;  // one tile: the values transposed in registers
-    if (!direct) transpose_values(vq, g0, g1, D, vt);
     float* outs[kValueTileI8];
     for (int64_t ch = 0; ch < nch; ++ch)
         for (int64_t i = 0, t = 0; i < ntiles; ++i) {
@@ -812,17 +807,8 @@ SPECDEC_VNNI void attention_block_q8_int(const AttnRows& a, int64_t j0, float* p
                 outs[k] = beg[r] < end[r] ? part + (t + k) * P + kAttnOut : nullptr;
             }
             uint8_t* q = qs + t * qb;
-            if (direct) {
-                switch (qt) {
-                    case 1: value_tile_i8<1, true>(q, qb, vt, g0, g1, ch, D, j0, outs, vq); break;
-                    default: value_tile_i8<2, true>(q, qb, vt, g0, g1, ch, D, j0, outs, vq); break;
-                }
-            } else {
-                switch (qt) {
-                    case 1: value_tile_i8<1>(q, qb, vt, g0, g1, ch, D, j0, outs); break;
-                    default: value_tile_i8<2>(q, qb, vt, g0, g1, ch, D, j0, outs); break;
-                }
-            }
+            if (qt == 1) value_tile_i8<1>(q, qb, g0, g1, ch, D, j0, outs, vq);
+            else value_tile_i8<2>(q, qb, g0, g1, ch, D, j0, outs, vq);
             t += qt;
         }
 }
