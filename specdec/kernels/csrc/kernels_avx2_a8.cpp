@@ -37,8 +37,9 @@ inline V reduce8(const V* v, Op op, Perm perm, Lo lo, Hi hi) {
 }
 
 // Blocks [b, b + 8) of one row (xb: the first block): their codes, scales, sums and dx * sx, the
-// same values as quantize_rows' block by block (max and the integer sums are exact in any order;
-// the divisions and the product are the same IEEE operations in vector lanes).
+// same values as quantize_rows' block by block for finite inputs (max and the integer sums are
+// exact in any order; the divisions, the test d != 0 and the product are the same IEEE operations
+// in vector lanes).
 inline void quantize_blocks8(const float* xb, int8_t* xq, float* dx, int32_t* sx, float* dxs) {
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -60,7 +61,7 @@ inline void quantize_blocks8(const float* xb, int8_t* xq, float* dx, int32_t* sx
         [](__m256 x, __m256 y) { return _mm256_unpackhi_ps(x, y); });
     const __m256 d = _mm256_div_ps(amax, _mm256_set1_ps(127.0f));
     const __m256 id = _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), d),
-                                    _mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_NEQ_OQ));
+                                    _mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_NEQ_UQ));
     alignas(32) float ids[8];
     _mm256_store_ps(ids, id);
     __m256i s32[8];

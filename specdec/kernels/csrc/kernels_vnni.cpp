@@ -100,8 +100,8 @@ inline __m512i sum16(__m512i* v) {
 
 // quantize_block for n <= 16 blocks at once (block i at xb + i * ldx), block i's codes at
 // dst + 32 * i * os and its d, d * s and -offset * s at d_out / ds_out / os_out [i * os]: the same
-// values as quantize_block's (max and the integer sums are exact in any order; the divisions and
-// products are the same IEEE operations in vector lanes).
+// values as quantize_block's for finite inputs (max and the integer sums are exact in any order;
+// the divisions, the test d != 0 and the products are the same IEEE operations in vector lanes).
 inline void quantize_blocks16(const float* xb, int64_t ldx, int64_t n, int32_t offset, int8_t* dst, float* d_out,
                               float* ds_out, int32_t* os_out, int64_t os = 1) {
     const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
@@ -111,7 +111,7 @@ inline void quantize_blocks16(const float* xb, int64_t ldx, int64_t n, int32_t o
                                      _mm512_and_ps(_mm512_loadu_ps(xb + i * ldx + 16), sign))
                      : _mm512_setzero_ps();
     const __m512 d = _mm512_div_ps(max16(a), _mm512_set1_ps(127.0f));
-    const __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_OQ),
+    const __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_UQ),
                                           _mm512_set1_ps(1.0f), d);
     alignas(64) float ids[16];
     _mm512_store_ps(ids, id);
