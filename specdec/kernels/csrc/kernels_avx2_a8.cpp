@@ -26,14 +26,26 @@ namespace {
 
 using avx2_tiles::bcast4;
 
+// The tree's steps for float and integer lanes (the same shuffles).
+inline __m256 halves(__m256 a, __m256 b, bool low) {
+    return low ? _mm256_permute2f128_ps(a, b, 0x20) : _mm256_permute2f128_ps(a, b, 0x31);
+}
+inline __m256i halves(__m256i a, __m256i b, bool low) {
+    return low ? _mm256_permute2x128_si256(a, b, 0x20) : _mm256_permute2x128_si256(a, b, 0x31);
+}
+inline __m256 unpack_lo(__m256 a, __m256 b) { return _mm256_unpacklo_ps(a, b); }
+inline __m256i unpack_lo(__m256i a, __m256i b) { return _mm256_unpacklo_epi32(a, b); }
+inline __m256 unpack_hi(__m256 a, __m256 b) { return _mm256_unpackhi_ps(a, b); }
+inline __m256i unpack_hi(__m256i a, __m256i b) { return _mm256_unpackhi_epi32(a, b); }
+
 // Lane i of the result = op over the 8 lanes of v[i] (a transposing tree: 7 operations for 8
 // vectors, where a horizontal reduction each takes 3 and a dependent chain).
-template <typename V, typename Op, typename Perm, typename Lo, typename Hi>
-inline V reduce8(const V* v, Op op, Perm perm, Lo lo, Hi hi) {
+template <typename V, typename Op>
+inline V reduce8(const V* v, Op op) {
     V w[4], y[2];
-    for (int i = 0; i < 4; ++i) w[i] = op(perm(v[i], v[i + 4], true), perm(v[i], v[i + 4], false));
-    for (int i = 0; i < 2; ++i) y[i] = op(lo(w[i], w[i + 2]), hi(w[i], w[i + 2]));
-    return op(lo(y[0], y[1]), hi(y[0], y[1]));  // 128-bit halves: v[0..3], v[4..7]
+    for (int i = 0; i < 4; ++i) w[i] = op(halves(v[i], v[i + 4], true), halves(v[i], v[i + 4], false));
+    for (int i = 0; i < 2; ++i) y[i] = op(unpack_lo(w[i], w[i + 2]), unpack_hi(w[i], w[i + 2]));
+    return op(unpack_lo(y[0], y[1]), unpack_hi(y[0], y[1]));  // 128-bit halves: v[0..3], v[4..7]
 }
 
 // Blocks [b, b + 8) of one row (xb: the first block): their codes, scales, sums and dx * sx, the
@@ -52,13 +64,7 @@ inline void quantize_blocks8(const float* xb, int8_t* xq, float* dx, int32_t* sx
                              _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(p + 16), abs_mask),
                                            _mm256_and_ps(_mm256_loadu_ps(p + 24), abs_mask)));
     }
-    const __m256 amax = reduce8(
-        a, [](__m256 x, __m256 y) { return _mm256_max_ps(x, y); },
-        [](__m256 x, __m256 y, bool low) {
-            return low ? _mm256_permute2f128_ps(x, y, 0x20) : _mm256_permute2f128_ps(x, y, 0x31);
-        },
-        [](__m256 x, __m256 y) { return _mm256_unpacklo_ps(x, y); },
-        [](__m256 x, __m256 y) { return _mm256_unpackhi_ps(x, y); });
+    const __m256 amax = reduce8(a, [](__m256 x, __m256 y) { return _mm256_max_ps(x, y); });
     const __m256 d = _mm256_div_ps(amax, _mm256_set1_ps(127.0f));
     const __m256 id = _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), d),
                                     _mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_NEQ_UQ));
@@ -75,13 +81,7 @@ inline void quantize_blocks8(const float* xb, int8_t* xq, float* dx, int32_t* sx
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + 32 * j), codes);
         s32[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, codes), ones16);
     }
-    const __m256i sums = reduce8(
-        s32, [](__m256i x, __m256i y) { return _mm256_add_epi32(x, y); },
-        [](__m256i x, __m256i y, bool low) {
-            return low ? _mm256_permute2x128_si256(x, y, 0x20) : _mm256_permute2x128_si256(x, y, 0x31);
-        },
-        [](__m256i x, __m256i y) { return _mm256_unpacklo_epi32(x, y); },
-        [](__m256i x, __m256i y) { return _mm256_unpackhi_epi32(x, y); });
+    const __m256i sums = reduce8(s32, [](__m256i x, __m256i y) { return _mm256_add_epi32(x, y); });
     _mm256_storeu_ps(dx, d);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(sx), sums);
     _mm256_storeu_ps(dxs, _mm256_mul_ps(d, _mm256_cvtepi32_ps(sums)));

@@ -54,48 +54,24 @@ inline void quantize_block(const float* xb, int8_t* dst, float* d_out, int32_t* 
     *s_out = _mm512_reduce_add_epi32(_mm512_add_epi32(s0, s1));
 }
 
+// The tree's steps for float and integer lanes (the same shuffles).
+template <int IMM> inline __m512 shuf4(__m512 a, __m512 b) { return _mm512_shuffle_f32x4(a, b, IMM); }
+template <int IMM> inline __m512i shuf4(__m512i a, __m512i b) { return _mm512_shuffle_i32x4(a, b, IMM); }
+inline __m512 unpack_lo(__m512 a, __m512 b) { return _mm512_unpacklo_ps(a, b); }
+inline __m512i unpack_lo(__m512i a, __m512i b) { return _mm512_unpacklo_epi32(a, b); }
+inline __m512 unpack_hi(__m512 a, __m512 b) { return _mm512_unpackhi_ps(a, b); }
+inline __m512i unpack_hi(__m512i a, __m512i b) { return _mm512_unpackhi_epi32(a, b); }
+
 // Lane i of the result = op over the 16 lanes of v[i] (a transposing tree of shuffles: 15
 // operations for 16 vectors where one horizontal reduction each takes 4 and a dependent chain).
-template <typename V, typename Op, typename Sh4, typename Lo, typename Hi>
-inline V reduce16(V* v, Op op, Sh4 sh4, Lo lo, Hi hi) {
+template <typename V, typename Op>
+inline V reduce16(const V* v, Op op) {
     V w[8], y[4], z[2];
-    for (int i = 0; i < 8; ++i) w[i] = op(sh4(v[i], v[i + 8], 0x44), sh4(v[i], v[i + 8], 0xEE));
-    for (int i = 0; i < 4; ++i) y[i] = op(sh4(w[i], w[i + 4], 0x88), sh4(w[i], w[i + 4], 0xDD));
-    for (int i = 0; i < 2; ++i) z[i] = op(lo(y[i], y[i + 2]), hi(y[i], y[i + 2]));
-    const V r = op(lo(z[0], z[1]), hi(z[0], z[1]));  // 128-bit lanes: rows 0-3, 8-11, 4-7, 12-15
-    return sh4(r, r, 0xD8);
-}
-
-inline __m512 max16(__m512* v) {
-    return reduce16(
-        v, [](__m512 a, __m512 b) { return _mm512_max_ps(a, b); },
-        [](__m512 a, __m512 b, int imm) {
-            switch (imm) {
-                case 0x44: return _mm512_shuffle_f32x4(a, b, 0x44);
-                case 0xEE: return _mm512_shuffle_f32x4(a, b, 0xEE);
-                case 0x88: return _mm512_shuffle_f32x4(a, b, 0x88);
-                case 0xDD: return _mm512_shuffle_f32x4(a, b, 0xDD);
-                default: return _mm512_shuffle_f32x4(a, b, 0xD8);
-            }
-        },
-        [](__m512 a, __m512 b) { return _mm512_unpacklo_ps(a, b); },
-        [](__m512 a, __m512 b) { return _mm512_unpackhi_ps(a, b); });
-}
-
-inline __m512i sum16(__m512i* v) {
-    return reduce16(
-        v, [](__m512i a, __m512i b) { return _mm512_add_epi32(a, b); },
-        [](__m512i a, __m512i b, int imm) {
-            switch (imm) {
-                case 0x44: return _mm512_shuffle_i32x4(a, b, 0x44);
-                case 0xEE: return _mm512_shuffle_i32x4(a, b, 0xEE);
-                case 0x88: return _mm512_shuffle_i32x4(a, b, 0x88);
-                case 0xDD: return _mm512_shuffle_i32x4(a, b, 0xDD);
-                default: return _mm512_shuffle_i32x4(a, b, 0xD8);
-            }
-        },
-        [](__m512i a, __m512i b) { return _mm512_unpacklo_epi32(a, b); },
-        [](__m512i a, __m512i b) { return _mm512_unpackhi_epi32(a, b); });
+    for (int i = 0; i < 8; ++i) w[i] = op(shuf4<0x44>(v[i], v[i + 8]), shuf4<0xEE>(v[i], v[i + 8]));
+    for (int i = 0; i < 4; ++i) y[i] = op(shuf4<0x88>(w[i], w[i + 4]), shuf4<0xDD>(w[i], w[i + 4]));
+    for (int i = 0; i < 2; ++i) z[i] = op(unpack_lo(y[i], y[i + 2]), unpack_hi(y[i], y[i + 2]));
+    const V r = op(unpack_lo(z[0], z[1]), unpack_hi(z[0], z[1]));  // 128-bit lanes: rows 0-3, 8-11, 4-7, 12-15
+    return shuf4<0xD8>(r, r);
 }
 
 // quantize_block for n <= 16 blocks at once (block i at xb + i * ldx), block i's codes at
@@ -110,7 +86,8 @@ inline void quantize_blocks16(const float* xb, int64_t ldx, int64_t n, int32_t o
         a[i] = i < n ? _mm512_max_ps(_mm512_and_ps(_mm512_loadu_ps(xb + i * ldx), sign),
                                      _mm512_and_ps(_mm512_loadu_ps(xb + i * ldx + 16), sign))
                      : _mm512_setzero_ps();
-    const __m512 d = _mm512_div_ps(max16(a), _mm512_set1_ps(127.0f));
+    const __m512 d = _mm512_div_ps(reduce16(a, [](__m512 x, __m512 y) { return _mm512_max_ps(x, y); }),
+                                   _mm512_set1_ps(127.0f));
     const __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_UQ),
                                           _mm512_set1_ps(1.0f), d);
     alignas(64) float ids[16];
@@ -129,7 +106,7 @@ inline void quantize_blocks16(const float* xb, int64_t ldx, int64_t n, int32_t o
         _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 32 * i * os + 16), c1);
         sums[i] = _mm512_add_epi32(_mm512_cvtepi8_epi32(c0), _mm512_cvtepi8_epi32(c1));
     }
-    const __m512i sv = sum16(sums);
+    const __m512i sv = reduce16(sums, [](__m512i x, __m512i y) { return _mm512_add_epi32(x, y); });
     const __m512 ds = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sv));
     const __m512i osv = _mm512_mullo_epi32(sv, _mm512_set1_epi32(-offset));
     if (os == 1) {
