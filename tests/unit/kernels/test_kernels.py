@@ -437,11 +437,13 @@ def test_a8_linear_matches_quantized_reference(native, qtype, with_bias):
 
 
 @pytest.mark.parametrize("qtype", QUANT)  # K-quants: test_kquants.py
-@pytest.mark.parametrize("k", [64, 32, 96])
+@pytest.mark.parametrize("k", [64, 32, 96, 544])
 def test_a8_linear_batch_invariant(native, qtype, k):
     # 5 tile groups: the two-group tiles and a one-group tail.  From 5 rows on, the VNNI kernel
     # runs rows in tiles of up to 16 (17 rows: 9 + 8; 33: 11 x 3) over two 32-blocks at a time
-    # below 10 rows: k = 32 and 96 (1 and 3 blocks) leave a single-block tail.
+    # below 10 rows: k = 32 and 96 (1 and 3 blocks) leave a single-block tail.  k = 544 (17
+    # blocks): the batch quantizers' 16- and 8-block steps and their tails (a row alone is
+    # quantized block by block).
     w = _a8_weight(qtype, 80, k)
     bias = _randn(80, seed=5)
     x = _randn(40, k)
@@ -461,7 +463,16 @@ def test_a8_kernels_agree_across_isas():
         try:
             ops = K.get_ops("native")
             for qtype in QUANT:
-                for m, k in [(9, 128), (3, 96), (6, 96), (16, 160), (21, 64)]:
+                for m, k in [
+                    (9, 128),
+                    (3, 96),
+                    (6, 96),
+                    (16, 160),
+                    (21, 64),
+                    (1, 544),
+                    (7, 544),
+                    (20, 1024),
+                ]:
                     w = _a8_weight(qtype, 64, k, seed=2)
                     y = ops.linear(_randn(m, k) * 3, w, None)
                     results.setdefault((qtype, m, k), {})[isa] = y
