@@ -24,6 +24,7 @@
 #include "moe.h"
 #include "ops.h"
 #include "parallel.h"
+#include "timeline.h"
 
 namespace specdec {
 namespace {
@@ -145,6 +146,7 @@ class DecoderLayer {
         // NOTE: no op here is differentiated: below autograd, each ATen call skips its autograd and
         // view-tracking dispatch (measured: ~2 us an op, ~15 ops a layer).
         at::AutoDispatchBelowADInplaceOrView below_autograd;
+        Timeline::mark(kMarkLayer);
         const int64_t T = x.size(0), D = D_;
         TORCH_CHECK(slots.size() == starts.size() && slots.size() == counts.size(),
                     "DecoderLayer: slots, starts and counts differ in length");
@@ -276,8 +278,10 @@ class DecoderLayer {
         } else {
             write_float(k_cache.data_ptr<float>(), v_cache.data_ptr<float>());
         }
+        Timeline::mark(kMarkAttention);
         torch::Tensor attn = attention_seqs(qr, k_cache, v_cache, slots, starts, counts, scale_, window_, softcap_,
                                             prefix_slots, prefix_lens);
+        Timeline::mark(kMarkAttentionEnd);
         torch::Tensor o = o_(attn.view({T, nq}));
         if (reducer != nullptr) o = reducer->reduce(o);  // tensor parallel: the ranks' partial sums
         if (post_attn_out_norm_.has_value()) o = rms_norm(o, *post_attn_out_norm_, eps_);

@@ -30,6 +30,7 @@
 #include "kernels.h"
 #include "ops.h"
 #include "parallel.h"
+#include "timeline.h"
 
 namespace specdec {
 namespace {
@@ -916,8 +917,22 @@ void parallel_tasks(int64_t n, const std::function<void(int64_t)>& fn) {
     if (failed) std::rethrow_exception(failed);
 }
 
+namespace {
+torch::Tensor linear_any(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K,
+                         c10::optional<torch::Tensor> bias, const std::vector<int64_t>& parts);
+}  // namespace
+
 torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K,
                      c10::optional<torch::Tensor> bias, const std::vector<int64_t>& parts) {
+    Timeline::mark(kMarkLinear, static_cast<double>(w.nbytes()));
+    torch::Tensor y = linear_any(std::move(x), std::move(w), qtype, N, K, std::move(bias), parts);
+    Timeline::mark(kMarkLinearEnd);
+    return y;
+}
+
+namespace {
+torch::Tensor linear_any(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N, int64_t K,
+                         c10::optional<torch::Tensor> bias, const std::vector<int64_t>& parts) {
     check_float_cpu(x, "linear x");
     TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "specdec native linear: x must be [M, ", K, "], got ",
                 x.sizes());
@@ -977,6 +992,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t qtype, int64_t N,
     });
     return y;
 }
+}  // namespace
 
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
     check_float_cpu(x, "rms_norm x");
@@ -1477,6 +1493,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("set_a8_walk", &set_a8_walk,
           "How the VNNI kernels walk a product: 'groups', 'stationary' or 'auto' (by CPU; same results, "
           "process-wide; never while a product runs)", py::arg("walk"));
+    m.def("set_timeline", [](bool on) { Timeline::on().store(on); },
+          "Whether the native forward records when its layers, linears and attention begin and end "
+          "(benchmarks/layer_timeline.py; off by default)", py::arg("on"));
+    m.def("timeline", &Timeline::take,
+          "The recorded marks, cleared: flat (kind, steady-clock microseconds, bytes) triples; kinds: 0 a layer "
+          "begins, 1 / 2 a linear begins (bytes: its weights) / ends, 3 / 4 a layer's attention begins / ends");
     m.def("a8_walk", &a8_walk_name, "The VNNI kernels' walk in use: 'groups' or 'stationary'");
     m.def("kq_kernels", &kq_kernels,
           "Name of the K-quant 8-bit activation kernels in use: avx512vnni, avx-vnni, avx2-vnni, avx2 or portable");
