@@ -74,8 +74,11 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=1, help="rows a step (1: decode; more: verification)")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--kv-cache-dtype", default="auto")
+    ap.add_argument("--threads", type=int, help="kernel threads (default: torch's)")
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     llm = LLM(
         args.model,
@@ -142,13 +145,15 @@ def main() -> None:
         "context": ctx,
         "n": n,
         "kv_cache_dtype": args.kv_cache_dtype,
+        "threads": torch.get_num_threads(),
         "read_bandwidth_gb_s": gbs,
         "layer_us": span,
         "layer_weight_bytes": layer_bytes,
         "parts": rows,
     }
     print(
-        f"{args.model}, {ctx} cached, {n} row(s) a step, KV {args.kv_cache_dtype}; "
+        f"{args.model}, {ctx} cached, {n} row(s) a step, KV {args.kv_cache_dtype}, "
+        f"{torch.get_num_threads()} thread(s); "
         f"read bandwidth {gbs:.1f} GB/s (torch.sum, 2 threads)"
     )
     print(
