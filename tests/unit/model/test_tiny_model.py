@@ -198,3 +198,30 @@ def test_activation_dtype_choice_and_errors(tiny_llama) -> None:
     assert all(lin.weight.a8 is None for lin in q.linears())
     b = q.compute_logits(q.forward(ids, torch.arange(20), SeqBatch([0], [0], [20]), kv))
     assert not torch.equal(a, b) and (a - b).abs().max().item() < 0.1 * b.abs().max().item()
+
+
+@pytest.mark.parametrize("intermediate", [56, 100])
+def test_fused_silu_of_any_width_equals_python_layers(intermediate: int, tmp_path) -> None:
+    # The native layer's SiLU (layer.cpp silu_mul_row) does ATen's vector steps over each row's
+    # whole steps of two vectors and ATen's scalar step over the rest: widths that leave a rest
+    # on 16 and on 8 lanes (56 = 32 + 24 = 48 + 8; 100 = 96 + 4 = 96 + 4), bit for bit against
+    # the Python layer (F.silu), for a prefill and one-row steps.
+    from tests.fixtures.models import make_tiny_model
+
+    folder = make_tiny_model(
+        tmp_path / "m", "llama", seed=5, num_layers=2, intermediate_size=intermediate
+    )
+    model = LlamaModel(
+        load_checkpoint(folder), get_ops("native"), torch.device("cpu"), torch.float32, "fp32", 64
+    )
+    assert model.use_fused_layers and model.cfg.intermediate_size == intermediate
+    ids = torch.randint(0, 250, (20,), generator=torch.Generator().manual_seed(1))
+    results = []
+    for fused in (False, True):
+        model.use_fused_layers = fused
+        kv = model.make_kv_cache(1, 64)
+        h1 = model.forward(ids[:17], torch.arange(17), SeqBatch([0], [0], [17]), kv)
+        h2 = model.forward(ids[17:18], torch.tensor([17]), SeqBatch([0], [17], [1]), kv)
+        h3 = model.forward(ids[18:], torch.tensor([18, 19]), SeqBatch([0], [18], [2]), kv)
+        results.append(torch.cat([model.compute_logits(h) for h in (h1, h2, h3)]))
+    assert torch.equal(results[0], results[1])
