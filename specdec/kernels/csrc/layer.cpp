@@ -139,15 +139,22 @@ void silu_mul_row8(const float* g, const float* u, float* out, int64_t n) {
 }
 #pragma GCC pop_options
 
+// ATen's own copy of a Sleef function (libtorch_cpu exports them), or nullptr.
+void* aten_symbol(const char* name) {
+    if (void* f = dlsym(RTLD_DEFAULT, name)) return f;
+    void* lib = dlopen("libtorch_cpu.so", RTLD_NOW | RTLD_NOLOAD);  // loaded as a dependency, not global
+    return lib != nullptr ? dlsym(lib, name) : nullptr;
+}
+
 SiluMulRow silu_mul_row() {
     static const SiluMulRow fn = []() -> SiluMulRow {
         const std::string cap = at::get_cpu_capability();
         if (cap == "AVX512") {
-            g_exp16 = reinterpret_cast<SleefExp16>(dlsym(RTLD_DEFAULT, "Sleef_expf16_u10"));
+            g_exp16 = reinterpret_cast<SleefExp16>(aten_symbol("Sleef_expf16_u10"));
             return g_exp16 != nullptr ? silu_mul_row16 : nullptr;
         }
         if (cap == "AVX2") {
-            g_exp8 = reinterpret_cast<SleefExp8>(dlsym(RTLD_DEFAULT, "Sleef_expf8_u10"));
+            g_exp8 = reinterpret_cast<SleefExp8>(aten_symbol("Sleef_expf8_u10"));
             return g_exp8 != nullptr ? silu_mul_row8 : nullptr;
         }
         return nullptr;
