@@ -50,7 +50,7 @@ def parse(marks: list[float]) -> tuple[list[dict], list[tuple[float, float]]]:
         elif kind == LINEAR_END and open_linear is not None:
             part = (us - open_linear[0], open_linear[1])
             open_linear = None
-            if cur is not None and len(cur["linears"]) < 4 and cur["span"] is None:
+            if cur is not None and len(cur["linears"]) < 4:
                 cur["linears"].append(part)
             else:
                 outside.append(part)

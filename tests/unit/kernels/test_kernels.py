@@ -442,8 +442,9 @@ def test_a8_linear_batch_invariant(native, qtype, k):
     # 5 tile groups: the two-group tiles and a one-group tail.  From 5 rows on, the VNNI kernel
     # runs rows in tiles of up to 16 (17 rows: 9 + 8; 33: 11 x 3) over two 32-blocks at a time
     # below 10 rows: k = 32 and 96 (1 and 3 blocks) leave a single-block tail.  k = 544 (17
-    # blocks): the batch quantizers' 16- and 8-block steps and their tails (a row alone is
-    # quantized block by block).
+    # blocks): the batch quantizers' 16- and 8-block steps and their tails (a row alone takes 16
+    # blocks of its row at a time on the weight-stationary walk, one block at a time on the
+    # groups walk; a batch, 16 rows of a block).
     w = _a8_weight(qtype, 80, k)
     bias = _randn(80, seed=5)
     x = _randn(40, k)
