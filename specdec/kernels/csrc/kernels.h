@@ -149,6 +149,23 @@ struct KernelTable {
     // out + r * out_row_stride + g * D.
     void (*attention_merge)(const AttnRows& a, int64_t b0, int64_t b1, const float* part, float* out,
                             int64_t out_row_stride);
+
+    // What a decoder layer writes for each token (layer.cpp), in vector lanes with the same float
+    // operations as layer.cpp's scalar loops, so the same bits; nullptr (the portable table): the
+    // layer runs those loops itself.
+    // One rotary head of D floats: dst[j * stride] = src[j] * cos[j] + rot[j] * sin[j] with
+    // rot = cat(-src[D/2:], src[:D/2]), each product rounded, then the sum.
+    void (*rope_head)(const float* src, const float* cos, const float* sin, int64_t D, float* dst,
+                      int64_t stride);
+    // The same, each result rounded to half (nearest, ties to even): a key into the half cache.
+    void (*rope_head_half)(const float* src, const float* cos, const float* sin, int64_t D, uint16_t* dst,
+                           int64_t stride);
+    // dst[j] = half(src[j]) for j < n (nearest, ties to even).
+    void (*to_half)(const float* src, int64_t n, uint16_t* dst);
+    // One head of D floats into 8-bit entries: scale = max |x| / 127 (NaNs skipped), entry
+    // q[j * q_stride] = round-half-even(x[j] / scale) clamped to [-127, 127] (0 for an all-zero
+    // head), converted as C converts a float to int8 on x86; *scale stored.
+    void (*q8_head)(const float* x, int64_t D, int8_t* q, int64_t q_stride, float* scale);
 };
 
 // 8-bit activation path (kernels_vnni.cpp).  Weight formats it takes (the GGUF format the weight

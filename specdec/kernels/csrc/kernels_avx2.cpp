@@ -764,7 +764,112 @@ int64_t argmax(const float* x, int64_t n) {
     return 0;
 }
 
-const KernelTable kTable = {"avx2", linear_rows, rms_norm_rows, argmax, attention_block, attention_merge};
+// ---- What a decoder layer writes for each token (KernelTable::rope_head and the three after it):
+// layer.cpp's scalar loops on 8 lanes, the same operations element by element (so the same bits),
+// the rest of each run of elements scalar.
+
+// The rotation of one head, each result (8 lanes, or 1) handed to out(j, value): elements [0, h)
+// are src[j] * cos[j] + (-src[j + h]) * sin[j], elements [h, D) src[j] * cos[j] + src[j - h] * sin[j].
+template <class Out8, class Out1>
+inline void rope_lanes(const float* src, const float* cos, const float* sin, int64_t D, const Out8& out8,
+                       const Out1& out1) {
+    const int64_t h = D / 2;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int half = 0; half < 2; ++half) {
+        const int64_t j0 = half * h, j1 = j0 + h, off = half ? -h : h;
+        int64_t j = j0;
+        for (; j + 8 <= j1; j += 8) {
+            __m256 other = _mm256_loadu_ps(src + j + off);
+            if (!half) other = _mm256_xor_ps(other, sign);
+            const __m256 a = _mm256_mul_ps(_mm256_loadu_ps(src + j), _mm256_loadu_ps(cos + j));
+            const __m256 b = _mm256_mul_ps(other, _mm256_loadu_ps(sin + j));
+            out8(j, _mm256_add_ps(a, b));
+        }
+        for (; j < j1; ++j) {
+            const float a = src[j] * cos[j];
+            const float b = (half ? src[j + off] : -src[j + off]) * sin[j];
+            out1(j, a + b);
+        }
+    }
+}
+
+constexpr int kHalfRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+
+void rope_head(const float* src, const float* cos, const float* sin, int64_t D, float* dst, int64_t stride) {
+    if (stride == 1) {
+        rope_lanes(src, cos, sin, D, [&](int64_t j, __m256 v) { _mm256_storeu_ps(dst + j, v); },
+                   [&](int64_t j, float v) { dst[j] = v; });
+        return;
+    }
+    rope_lanes(
+        src, cos, sin, D,
+        [&](int64_t j, __m256 v) {
+            alignas(32) float t[8];
+            _mm256_store_ps(t, v);
+            for (int i = 0; i < 8; ++i) dst[(j + i) * stride] = t[i];
+        },
+        [&](int64_t j, float v) { dst[j * stride] = v; });
+}
+
+void rope_head_half(const float* src, const float* cos, const float* sin, int64_t D, uint16_t* dst,
+                    int64_t stride) {
+    rope_lanes(
+        src, cos, sin, D,
+        [&](int64_t j, __m256 v) {
+            alignas(16) uint16_t t[8];
+            _mm_store_si128(reinterpret_cast<__m128i*>(t), _mm256_cvtps_ph(v, kHalfRound));
+            for (int i = 0; i < 8; ++i) dst[(j + i) * stride] = t[i];
+        },
+        [&](int64_t j, float v) { dst[j * stride] = _cvtss_sh(v, kHalfRound); });
+}
+
+void to_half(const float* src, int64_t n, uint16_t* dst) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), kHalfRound));
+    for (; i < n; ++i) dst[i] = _cvtss_sh(src[i], kHalfRound);
+}
+
+void q8_head(const float* x, int64_t D, int8_t* q, int64_t q_stride, float* scale) {
+    // max |x|: each lane keeps its largest (a NaN never compares greater), then the lanes and the
+    // rest in order; a maximum is the same whatever the order
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 m = _mm256_setzero_ps();
+    int64_t d = 0;
+    for (; d + 8 <= D; d += 8) {
+        const __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + d), abs_mask);
+        m = _mm256_blendv_ps(m, a, _mm256_cmp_ps(a, m, _CMP_GT_OQ));
+    }
+    alignas(32) float lane[8];
+    _mm256_store_ps(lane, m);
+    float amax = 0.0f;
+    for (int i = 0; i < 8; ++i) amax = lane[i] > amax ? lane[i] : amax;
+    for (; d < D; ++d) amax = fabsf(x[d]) > amax ? fabsf(x[d]) : amax;
+    const float sc = amax / 127.0f;
+    const __m256 scv = _mm256_set1_ps(sc), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+    for (d = 0; d + 8 <= D; d += 8) {
+        alignas(32) int32_t t[8];
+        if (sc > 0.0f) {
+            __m256 r = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + d), scv), kHalfRound);
+            r = _mm256_blendv_ps(r, hi, _mm256_cmp_ps(r, hi, _CMP_GT_OQ));
+            r = _mm256_blendv_ps(r, lo, _mm256_cmp_ps(r, lo, _CMP_LT_OQ));
+            // truncating conversion to int32, then its low byte: what (int8_t) of a float compiles to
+            _mm256_store_si256(reinterpret_cast<__m256i*>(t), _mm256_cvttps_epi32(r));
+        } else {
+            _mm256_store_si256(reinterpret_cast<__m256i*>(t), _mm256_setzero_si256());
+        }
+        for (int i = 0; i < 8; ++i) q[(d + i) * q_stride] = static_cast<int8_t>(t[i]);
+    }
+    for (; d < D; ++d) {
+        float r = sc > 0.0f ? nearbyintf(x[d] / sc) : 0.0f;
+        r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
+        q[d * q_stride] = static_cast<int8_t>(r);
+    }
+    memcpy(scale, &sc, sizeof sc);
+}
+
+const KernelTable kTable = {"avx2",          linear_rows, rms_norm_rows,  argmax,  attention_block,
+                            attention_merge, rope_head,   rope_head_half, to_half, q8_head};
 
 }  // namespace
 

@@ -295,14 +295,19 @@ int64_t argmax(const float* x, int64_t n) {
 }  // namespace
 
 const KernelTable* avx512_table() {
-    // NOTE: the attention blocks compute what the AVX2 table's compute, bit for bit, on 16 lanes
+    // The AVX2 table's rms_norm, attention merge and the layer's per-token writes (a head is 64-256
+    // floats: a few vectors either way), with this unit's products and argmax.  NOTE: the attention
+    // blocks compute what the AVX2 table's compute, bit for bit, on 16 lanes.
+    static const KernelTable table = [] {
+        KernelTable t = *avx2_table();
+        t.name = "avx512";
+        t.linear_rows = linear_rows;
+        t.argmax = argmax;
 #ifdef SPECDEC_HAVE_AVX512ATTN
-    static const KernelTable table = {"avx512", linear_rows, avx2_table()->rms_norm_rows, argmax,
-                                      avx512_attention_block, avx2_table()->attention_merge};
-#else
-    static const KernelTable table = {"avx512", linear_rows, avx2_table()->rms_norm_rows, argmax,
-                                      avx2_table()->attention_block, avx2_table()->attention_merge};
+        t.attention_block = avx512_attention_block;
 #endif
+        return t;
+    }();
     return &table;
 }
 

@@ -326,7 +326,9 @@ int64_t argmax(const float* x, int64_t n) {
     return best;
 }
 
-const KernelTable kTable = {"portable", linear_rows, rms_norm_rows, argmax, attention_block, attention_merge};
+// No per-token write kernels: the decoder layer runs its own scalar loops (layer.cpp).
+const KernelTable kTable = {"portable",      linear_rows, rms_norm_rows, argmax, attention_block,
+                            attention_merge, nullptr,     nullptr,       nullptr, nullptr};
 const A8Table kA8Table = {"portable", a8_quantize_rows, a8_linear_groups, nullptr, nullptr};
 
 }  // namespace

@@ -6,7 +6,9 @@
 // attention, ATen for the GELU (the op Python calls), ATen's own SiLU arithmetic (silu_mul_row),
 // and plain loops for the rotary embedding, the KV-cache writes, the residual adds and the
 // gate-times-up product that do exactly torch's elementwise float32 operations (compiled with
-// -ffp-contract=off; their rows split over the kernels' threads, rows_parallel).  The two
+// -ffp-contract=off; their rows split over the kernels' threads, rows_parallel); the rotary
+// embedding and the cache writes in the kernel table's vector forms where it has them (the same
+// operations in lanes: kernels.h rope_head ... q8_head).  The two
 // forwards therefore agree bit for bit, which tests/unit/model/test_tiny_model.py checks.
 #include <dlfcn.h>
 #include <immintrin.h>
@@ -18,6 +20,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -283,6 +286,12 @@ class DecoderLayer {
             distinct = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
         }
         const double row_ns = distinct ? 3.0 * static_cast<double>((H_ + 2 * Hkv_) * D) : 0.0;  // 0: one range
+        // The table's vector forms of the rotation and the cache entries (nullptr: these loops).
+        const KernelTable* kt = active_table();
+        auto rope = [&](const float* src, const float* c, const float* sn, float* dst, int64_t stride) {
+            if (kt->rope_head != nullptr) kt->rope_head(src, c, sn, D, dst, stride);
+            else rotate_head(src, c, sn, D, dst, stride);
+        };
         auto write = [&](auto store) {
             rows_parallel(T, row_ns, [&](int64_t t0, int64_t t1) {
                 size_t s = 0;  // row t's sequence, and its index i there
@@ -292,7 +301,7 @@ class DecoderLayer {
                     const float* c = cp + t * D;
                     const float* sn = sp + t * D;
                     for (int64_t hd = 0; hd < H_; ++hd)
-                        rotate_head(qp + t * q_stride + hd * D, c, sn, D, qrp + (t * H_ + hd) * D);
+                        rope(qp + t * q_stride + hd * D, c, sn, qrp + (t * H_ + hd) * D, 1);
                     for (int64_t hd = 0; hd < Hkv_; ++hd)
                         store(slots[s], hd, starts[s] + i, kp + t * k_stride + hd * D, c, sn, vp + t * v_stride + hd * D);
                     if (qscale != nullptr) {  // set_key_transform: the queries' side of the scale
@@ -314,8 +323,18 @@ class DecoderLayer {
                 auto* kdst = kc + slot * k_slot_stride + hd * k_head_stride + (pos / kKeyBlock) * D * kKeyBlock +
                              pos % kKeyBlock;
                 auto* vdst = vc + slot * slot_stride + hd * head_stride + pos * D;
-                rotate_head(ks, c, sn, D, kdst, kKeyBlock);
-                for (int64_t d = 0; d < D; ++d) put(vdst + d, vs[d]);
+                if constexpr (std::is_same_v<std::remove_pointer_t<decltype(kdst)>, uint16_t>) {
+                    if (kt->rope_head_half != nullptr) {
+                        kt->rope_head_half(ks, c, sn, D, kdst, kKeyBlock);
+                        kt->to_half(vs, D, vdst);
+                    } else {
+                        rotate_head(ks, c, sn, D, kdst, kKeyBlock);
+                        for (int64_t d = 0; d < D; ++d) put(vdst + d, vs[d]);
+                    }
+                } else {
+                    rope(ks, c, sn, kdst, kKeyBlock);
+                    std::memcpy(vdst, vs, sizeof(float) * D);
+                }
             });
         };
         if (q8) {
@@ -332,12 +351,13 @@ class DecoderLayer {
                 uint8_t* vb = vc + slot * slot_stride + blk;
                 thread_local std::vector<float> key;  // each task's own row
                 key.resize(static_cast<size_t>(D));
-                rotate_head(ks, c, sn, D, key.data());
+                rope(ks, c, sn, key.data(), 1);
                 if (shift != nullptr)  // KVCache._store_q8's (k - shift) * scale
                     for (int64_t d = 0; d < D; ++d) key[d] = (key[d] - shift[hd * D + d]) * kscale[hd * D + d];
-                put_q8(key.data(), D, reinterpret_cast<int8_t*>(kb + kQ8Header) + lane, kKeyBlock,
-                       reinterpret_cast<float*>(kb) + lane);
-                put_q8(vs, D, reinterpret_cast<int8_t*>(vb + kQ8Header) + lane * D, 1, reinterpret_cast<float*>(vb) + lane);
+                const auto q8 = kt->q8_head != nullptr ? kt->q8_head : put_q8;
+                q8(key.data(), D, reinterpret_cast<int8_t*>(kb + kQ8Header) + lane, kKeyBlock,
+                   reinterpret_cast<float*>(kb) + lane);
+                q8(vs, D, reinterpret_cast<int8_t*>(vb + kQ8Header) + lane * D, 1, reinterpret_cast<float*>(vb) + lane);
             });
         } else if (half) {
             write_float(reinterpret_cast<uint16_t*>(k_cache.data_ptr<at::Half>()),

@@ -1431,6 +1431,9 @@ bool has_avx512_build() {
 }
 
 }  // namespace
+
+const KernelTable* active_table() { return g_table; }
+
 }  // namespace specdec
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

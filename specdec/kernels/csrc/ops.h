@@ -26,6 +26,9 @@ void parallel_tasks(int64_t n, const std::function<void(int64_t)>& fn);
 // an item (0: all items in one task).
 int64_t grain_for(double item_ns);
 
+// The kernel table set_isa chose (the CPU's best unless a test or SPECDEC_KERNELS_ISA chose another).
+const KernelTable* active_table();
+
 // RMS norm over the last dimension.
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
 

@@ -10,6 +10,7 @@ from specdec.kernels import get_ops
 from specdec.kv_cache.pool import standard_keys
 from specdec.model.llama import LlamaModel, SeqBatch
 from specdec.model.loader import load_checkpoint
+from tests.fixtures.kernels import _isas
 
 
 def _ours(folder, kernels: str = "auto") -> LlamaModel:
@@ -225,3 +226,38 @@ def test_fused_silu_of_any_width_equals_python_layers(intermediate: int, tmp_pat
         h3 = model.forward(ids[18:], torch.tensor([18, 19]), SeqBatch([0], [18], [2]), kv)
         results.append(torch.cat([model.compute_logits(h) for h in (h1, h2, h3)]))
     assert torch.equal(results[0], results[1])
+
+
+@pytest.mark.parametrize("kv_dtype", ["float32", "float16", "int8"])
+@pytest.mark.parametrize("isa", _isas())
+def test_fused_cache_writes_equal_python_layers_on_each_isa(isa: str, kv_dtype: str, tmp_path):
+    # What the native layer writes each token (the rotated queries, the keys and values in the
+    # cache's format) comes from the kernel table's vector forms where it has them (kernels.h
+    # rope_head ... q8_head), else from layer.cpp's own loops (the portable table): on every
+    # table the same bits as the Python layer's torch ops (KVCache.store). Head size 20: a run
+    # of 8 lanes and a rest in each half of the rotation and in each head's 8-bit entries.
+    from tests.fixtures.models import make_tiny_model
+
+    folder = make_tiny_model(tmp_path / "m", "llama", seed=7, hidden_size=80)
+    model = LlamaModel(
+        load_checkpoint(folder), get_ops("native"), torch.device("cpu"), torch.float32, "fp32", 64
+    )
+    model.set_kv_dtype(kv_dtype)
+    assert model.use_fused_layers and model.cfg.head_dim == 20
+    ids = torch.randint(0, 250, (24,), generator=torch.Generator().manual_seed(2))
+    kernels.set_native_isa(isa)
+    try:
+        results = []
+        for fused in (False, True):
+            model.use_fused_layers = fused
+            kv = model.make_kv_cache(2, 64)
+            h1 = model.forward(ids[:19], torch.arange(19), SeqBatch([1], [0], [19]), kv)
+            pos = torch.tensor([19, 0, 1, 2])
+            h2 = model.forward(ids[19:23], pos, SeqBatch([1, 0], [19, 0], [1, 3]), kv)
+            logits = torch.cat([model.compute_logits(h) for h in (h1, h2)])
+            results.append((logits, kv.k.clone(), kv.v.clone()))
+    finally:
+        kernels.set_native_isa("auto")
+    (la, ka, va), (lb, kb, vb) = results
+    assert torch.equal(la, lb) and torch.equal(ka, kb) and torch.equal(va, vb)
+    assert ka.abs().sum() > 0 and va.abs().sum() > 0
