@@ -197,15 +197,18 @@ class NativeOps(KernelOps):
         reducer: Any = None,
         prefix_slots: Sequence[int] = (),
         prefix_lens: Sequence[int] = (),
+        positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """``decoder_layer`` results run in order in one native call: the last one's output, and
-        the input of each layer index in ``capture``. ``rope[i]`` picks layer i's (cos, sin).
-        ``reducer`` (a ``_C.ShmReducer``, tensor parallelism) sums the ranks' o_proj and
-        down_proj outputs inside each layer. ``prefix_slots`` / ``prefix_lens``: shared prefixes
-        (``SeqBatch``), read once for every sequence on the same one."""
+        the input of each layer index in ``capture``. ``rope[i]`` picks layer i's (cos, sin):
+        each token's rows ``[T, D]``, or with ``positions`` (int64 ``[T]``) whole tables
+        ``[rows, D]`` the call reads each token's rows from. ``reducer`` (a ``_C.ShmReducer``,
+        tensor parallelism) sums the ranks' o_proj and down_proj outputs inside each layer.
+        ``prefix_slots`` / ``prefix_lens``: shared prefixes (``SeqBatch``), read once for every
+        sequence on the same one."""
         return self._C.forward_layers(
             layers, x, cos, sin, rope, k_caches, v_caches, slots, starts, counts, capture, reducer,
-            list(prefix_slots), list(prefix_lens),
+            list(prefix_slots), list(prefix_lens), positions,
         )  # fmt: skip
 
     def attention(

@@ -222,12 +222,11 @@ class PackedWeight:
                 self.x2_tiles, _QT_CODE[self.qtype], self.out_features, self.in_features, idx
             )
             return rows16.float()
-        if self._data is None:  # only the tiles: unpack just these rows
-            blocks = _C.unpack_a8(
+        if self._data is None:  # only the (q8_0 / q4_0 / q4_1) tiles: these rows, one native call
+            return _C.dequantize_a8_rows(
                 self.a8, _QT_CODE[self.qtype], self.out_features, self.in_features, idx
             )
-        else:
-            blocks = self._data[idx]
+        blocks = self._data[idx]
         if (
             _C is not None
             and self.qtype in ("q8_0", "q4_0", "q4_1")

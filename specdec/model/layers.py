@@ -210,6 +210,11 @@ class Rotary:
         self.cover(self.max_len)
         return self._sin
 
+    def tables(self, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cos and sin tables ``[rows, D]``, grown to cover positions ``[0, end)`` first."""
+        self.cover(end)
+        return self._cos, self._sin
+
     def at(
         self, positions: torch.Tensor, end: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:

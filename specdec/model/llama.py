@@ -329,7 +329,7 @@ class LlamaModel:
             kv.grow(slot, start + n)  # huge pages for long sequences (kv_cache/pool.py)
             end = max(end, start + n)
         x = self.embed(input_ids)
-        positions = positions.to(self.device)
+        positions = positions.to(self.device, torch.long)
         layers = self.layers[: num_layers or len(self.layers)]
         taken: dict[int, torch.Tensor] = {}
         if self.use_fused_layers:
@@ -340,12 +340,13 @@ class LlamaModel:
                     thetas.index(self.cfg.layer_rope_theta(i)) for i in range(len(self.layers))
                 ]
             want = [i for i in capture if 0 <= i < n]
-            rows = [self._rotary[t].at(positions, end) for t in thetas]  # (cos, sin) per theta
+            # (cos, sin) tables per theta; the native call reads each token's rows from them
+            tables = [self._rotary[t].tables(end) for t in thetas]
             x, got = self._forward_fused(
                 self._fused_layers()[:n],
                 x,
-                [cos for cos, _ in rows],
-                [sin for _, sin in rows],
+                [cos for cos, _ in tables],
+                [sin for _, sin in tables],
                 self._rope_index[:n],
                 kv.k,
                 kv.v,
@@ -356,6 +357,7 @@ class LlamaModel:
                 self.tp.native_reducer if self.tp is not None else None,
                 batch.prefix_slots,
                 batch.prefix_lens,
+                positions,
             )
             taken.update(zip(want, got))
             if self.cfg.num_experts:  # the experts each MoE layer's rows chose (drafts' pricing)

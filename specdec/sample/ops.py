@@ -46,6 +46,19 @@ def argmax_rows(logits: torch.Tensor) -> list[int]:
     return logits.argmax(dim=-1).tolist()
 
 
+def argmax_rows_finite(logits: torch.Tensor) -> tuple[list[int], bool]:
+    """``argmax_rows``, and whether every row's chosen maximum is finite (``logits [R, V]``).
+    On CPU float32 one native call, which returns the indices as a list and checks the maxima
+    itself: no tensor of indices to read back and no read of each chosen logit from Python."""
+    native = kernels.native_module()
+    if native is not None and logits.device.type == "cpu" and logits.dtype == torch.float32:
+        best, finite = native.argmax_finite(logits)
+        return best, finite
+    best = logits.argmax(dim=-1)
+    finite = bool(torch.isfinite(logits.gather(-1, best.unsqueeze(-1))).all())
+    return best.tolist(), finite
+
+
 def apply_penalties(
     logits: torch.Tensor,  # [R, V] float32
     prompt_mask: torch.Tensor,  # [V] bool: token occurs in the prompt

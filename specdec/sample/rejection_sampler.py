@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.sample.logprobs import LogitsAdjust, TokenLogprobs, row_logprobs
-from specdec.sample.ops import argmax_rows, one_thread, processed_logits
+from specdec.sample.ops import argmax_rows_finite, one_thread, processed_logits
 from specdec.sample.random import Purpose, uniform
 from specdec.sample.sampler import NonFiniteLogits, row_probs, sample_row, search_cdf
 from specdec.sampling_params import SamplingParams
@@ -86,7 +86,7 @@ def verify(
 def _greedy(
     logits: torch.Tensor, draft_token_ids: list[int], mask: TokenMask | None = None
 ) -> list[int]:
-    best = argmax_rows(logits)  # [k+1]
+    best, finite = argmax_rows_finite(logits)  # [k+1]
     if mask is not None:
         # NOTE: the row's first maximum is the allowed tokens' first maximum when the grammar
         # allows it (masking only lowers other tokens); only the other rows need the full mask.
@@ -95,7 +95,8 @@ def _greedy(
                 best[r] = _masked_argmax(logits[r], mask, r)
                 if r < len(draft_token_ids) and best[r] != draft_token_ids[r]:
                     break  # later rows are not read
-    if not _finite_at(logits, best):
+        finite = _finite_at(logits, best)  # the rows the mask moved too
+    if not finite:
         raise NonFiniteLogits()
     tokens: list[int] = []
     for i, draft in enumerate(draft_token_ids):

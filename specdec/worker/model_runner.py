@@ -118,6 +118,11 @@ class ModelRunner:
             hidden = list(captured.split(batch.num_tokens))
         if not logit_rows:
             return None, hidden
+        # NOTE: the rows ascend (built in order above); consecutive ones (a lone request, or
+        # requests that all need logits for every fed row) are a view, with no index tensor
+        first, last = logit_rows[0], logit_rows[-1]
+        if last - first + 1 == len(logit_rows):
+            return self.model.compute_logits(final[first : last + 1]), hidden
         return self.model.compute_logits(final[torch.tensor(logit_rows, device=device)]), hidden
 
     def _verify(

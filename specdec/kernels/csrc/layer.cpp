@@ -461,16 +461,42 @@ class DecoderLayer {
 // cos / sin pair; k_caches / v_caches hold every layer's cache along dim 0.  Returns the last
 // layer's output and, for each index in capture, the residual stream entering that layer.  Under
 // tensor parallelism, reducer sums the ranks' o_proj and down_proj outputs inside each layer (every
-// rank runs this same call on its shard, in lockstep).
+// rank runs this same call on its shard, in lockstep).  With positions (int64 [T]), cos / sin are
+// whole tables [rows, D] and each token's rows are copied out here (the same floats as indexing
+// them in Python, without two ATen calls a table per step).
 std::tuple<torch::Tensor, std::vector<torch::Tensor>> forward_layers(
-    const std::vector<DecoderLayer*>& layers, torch::Tensor x, const std::vector<torch::Tensor>& cos,
-    const std::vector<torch::Tensor>& sin, const std::vector<int64_t>& rope, const torch::Tensor& k_caches,
+    const std::vector<DecoderLayer*>& layers, torch::Tensor x, std::vector<torch::Tensor> cos,
+    std::vector<torch::Tensor> sin, const std::vector<int64_t>& rope, const torch::Tensor& k_caches,
     const torch::Tensor& v_caches, const std::vector<int64_t>& slots, const std::vector<int64_t>& starts,
     const std::vector<int64_t>& counts, const std::vector<int64_t>& capture, ShmReducer* reducer,
-    const std::vector<int64_t>& prefix_slots, const std::vector<int64_t>& prefix_lens) {
+    const std::vector<int64_t>& prefix_slots, const std::vector<int64_t>& prefix_lens,
+    const c10::optional<torch::Tensor>& positions) {
     const int64_t n = static_cast<int64_t>(layers.size());
     TORCH_CHECK(static_cast<int64_t>(rope.size()) == n, "forward_layers: one rope index per layer");
     TORCH_CHECK(cos.size() == sin.size(), "forward_layers: as many cos as sin tables");
+    if (positions.has_value()) {
+        const torch::Tensor& pos = *positions;
+        TORCH_CHECK(pos.dim() == 1 && pos.scalar_type() == torch::kLong && pos.is_cpu() && pos.size(0) == x.size(0),
+                    "forward_layers: positions must be int64 [T], one per row of x");
+        const int64_t T = pos.size(0);
+        const auto pp = pos.accessor<int64_t, 1>();
+        for (std::vector<torch::Tensor>* tables : {&cos, &sin}) {
+            for (torch::Tensor& table : *tables) {
+                TORCH_CHECK(table.dim() == 2 && table.is_contiguous() && table.scalar_type() == torch::kFloat32,
+                            "forward_layers: cos / sin tables must be contiguous float32 [rows, head_dim]");
+                const int64_t rows = table.size(0), D = table.size(1);
+                torch::Tensor out = torch::empty({T, D}, table.options());
+                const float* tp = table.data_ptr<float>();
+                float* op = out.data_ptr<float>();
+                for (int64_t t = 0; t < T; ++t) {
+                    TORCH_CHECK(pp[t] >= 0 && pp[t] < rows, "forward_layers: position ", pp[t],
+                                " is outside the rotary table's ", rows, " rows");
+                    std::memcpy(op + t * D, tp + pp[t] * D, sizeof(float) * D);
+                }
+                table = out;
+            }
+        }
+    }
     TORCH_CHECK(k_caches.size(0) >= n && v_caches.size(0) >= n, "forward_layers: a cache per layer");
     for (size_t c = 0; c < capture.size(); ++c)
         TORCH_CHECK(capture[c] >= 0 && capture[c] < n, "forward_layers: capture index out of range");
@@ -495,7 +521,8 @@ void bind_decoder_layer(py::module_& m) {
           py::arg("sin"), py::arg("rope"), py::arg("k_caches"), py::arg("v_caches"), py::arg("slots"),
           py::arg("starts"), py::arg("counts"), py::arg("capture"),
           py::arg("reducer") = static_cast<ShmReducer*>(nullptr), py::arg("prefix_slots") = std::vector<int64_t>{},
-          py::arg("prefix_lens") = std::vector<int64_t>{}, py::call_guard<py::gil_scoped_release>());
+          py::arg("prefix_lens") = std::vector<int64_t>{}, py::arg("positions") = py::none(),
+          py::call_guard<py::gil_scoped_release>());
     py::class_<DecoderLayer>(m, "DecoderLayer")
         .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, int64_t, double,
                       const std::string&, torch::Tensor, torch::Tensor, torch::Tensor, int64_t,

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <map>
 #include <cstring>
 #include <exception>
@@ -24,6 +25,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "half.h"
@@ -1016,19 +1018,41 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
     return y;
 }
 
+namespace {
+// out[r] = the index of row r's first maximum, for the R rows of x [R, V] (float32, contiguous).
+void argmax_into(const torch::Tensor& x, int64_t* out) {
+    const int64_t R = x.size(0), V = x.size(1);
+    const float* xp = x.data_ptr<float>();
+    const KernelTable* tab = g_table;
+    parallel_range(R, grain_for(V * 0.05), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) out[r] = tab->argmax(xp + r * V, V);
+    });
+}
+}  // namespace
+
 torch::Tensor argmax_rows(torch::Tensor x) {
     check_float_cpu(x, "argmax x");
     TORCH_CHECK(x.dim() == 2 && x.size(1) > 0, "specdec native argmax: x must be [R, V] with V > 0");
     x = x.contiguous();
-    const int64_t R = x.size(0), V = x.size(1);
-    auto out = torch::empty({R}, torch::dtype(torch::kLong));
-    const float* xp = x.data_ptr<float>();
-    int64_t* op = out.data_ptr<int64_t>();
-    const KernelTable* tab = g_table;
-    parallel_range(R, grain_for(V * 0.05), [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) op[r] = tab->argmax(xp + r * V, V);
-    });
+    auto out = torch::empty({x.size(0)}, torch::dtype(torch::kLong));
+    argmax_into(x, out.data_ptr<int64_t>());
     return out;
+}
+
+// Each row's first maximum as a list, and whether every row's maximum is finite (a row of NaNs
+// or one holding +inf has no usable argmax): a greedy step's one call, without a tensor of
+// indices to read back and a read of each chosen logit.
+std::tuple<std::vector<int64_t>, bool> argmax_finite(torch::Tensor x) {
+    check_float_cpu(x, "argmax x");
+    TORCH_CHECK(x.dim() == 2 && x.size(1) > 0, "specdec native argmax: x must be [R, V] with V > 0");
+    x = x.contiguous();
+    const int64_t R = x.size(0), V = x.size(1);
+    std::vector<int64_t> best(static_cast<size_t>(R));
+    argmax_into(x, best.data());
+    const float* xp = x.data_ptr<float>();
+    bool finite = true;
+    for (int64_t r = 0; r < R; ++r) finite = finite && std::isfinite(xp[r * V + best[r]]);
+    return {std::move(best), finite};
 }
 
 namespace {
@@ -1445,6 +1469,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("parts") = std::vector<int64_t>{}, nogil);
     m.def("argmax", &argmax_rows, "Index of the first maximum of each row of x [R, V]", py::arg("x"),
           nogil);
+    m.def("argmax_finite", &argmax_finite,
+          "(each row's first maximum as a list, whether every row's maximum is finite) of x [R, V]",
+          py::arg("x"), nogil);
     m.def("rms_norm", &rms_norm, py::arg("x"), py::arg("weight"), py::arg("eps"), nogil);
     m.def("attention", &attention, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"),
           py::arg("start_pos"), py::arg("scale"), py::arg("sliding_window") = 0,
@@ -1464,6 +1491,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("blocks"), py::arg("qtype"), py::arg("K"), nogil);
     m.def("unpack_a8", &unpack_a8, "a8 tiles -> the GGUF block rows (all, or the given ones)", py::arg("a8"),
           py::arg("qtype"), py::arg("n"), py::arg("k"), py::arg("rows") = py::none(), nogil);
+    m.def(
+        "dequantize_a8_rows",
+        [](torch::Tensor a8, int64_t qtype, int64_t n, int64_t k, torch::Tensor rows) {
+            return dequantize_blocks(unpack_a8(std::move(a8), qtype, n, k, rows).contiguous(), qtype, k);
+        },
+        "unpack_a8 then dequantize_blocks in one call: float32 [R, K] of the given rows (an embedding lookup)",
+        py::arg("a8"), py::arg("qtype"), py::arg("n"), py::arg("k"), py::arg("rows"), nogil);
     m.def("repack_kq", &repack_kq, "GGUF Q4_K/Q5_K/Q6_K rows -> the K-quant tiles of kquants.cpp",
           py::arg("w"), py::arg("fmt"), py::arg("n"), py::arg("k"), nogil);
     m.def("repack_kq_cat", &repack_kq_cat, "Several K-quant weights of one K, repacked into one buffer",

@@ -256,6 +256,30 @@ def test_native_argmax_nan_and_inf(native):
     x[2, :] = nan
     x[3, 5], x[3, 69] = inf, inf
     assert native._C.argmax(x).tolist() == [0, 40, 0, 5]
+    # with whether every row's maximum is finite (-inf, NaN and +inf maxima are not)
+    assert native._C.argmax_finite(x) == ([0, 40, 0, 5], False)
+    assert native._C.argmax_finite(x[1:2]) == ([40], True)
+    for r in (0, 2, 3):
+        assert native._C.argmax_finite(x[[1, r]]) == ([40, [0, 40, 0, 5][r]], False)
+
+
+def test_argmax_rows_finite_agrees_with_torch(native):
+    # the greedy step's one native call against the torch path it replaces on the CPU (and
+    # still runs elsewhere): the same indices and the same verdict on non-finite maxima
+    from specdec.sample.ops import argmax_rows_finite
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 1000, generator=g)
+    x[4, 17] = x[4, 900] = 9.0  # a tie: the first wins
+    best, finite = argmax_rows_finite(x)
+    assert best == x.argmax(dim=-1).tolist() and finite
+    assert argmax_rows_finite(x.double()) == (best, True)  # not float32: torch's path
+    x[2, 5] = float("nan")  # never chosen natively (a number is): as before, a finite maximum
+    assert argmax_rows_finite(x) == (native._C.argmax(x).tolist(), True)
+    x[2] = float("nan")  # no number in the row: both paths refuse it
+    assert not argmax_rows_finite(x)[1] and not argmax_rows_finite(x.double())[1]
+    x[2], x[5, 3] = 0.0, float("inf")
+    assert not argmax_rows_finite(x)[1] and not argmax_rows_finite(x.double())[1]
 
 
 # ---------------------------------------------------------------------------------------------

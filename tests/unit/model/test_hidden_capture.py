@@ -58,6 +58,15 @@ def test_forward_layers_checks_its_arguments(tiny_llama) -> None:
     cache = (kv.k, kv.v, [slot], [0], [2])
     out, got = model.ops.forward_layers(layers, *args, [0] * n, *cache, [n - 1, 0])
     assert out.shape == x.shape and torch.equal(got[1], x) and len(got) == 2
+    # whole tables and the positions: the call copies each token's rows out, the same floats
+    tables = (x, [rot.cos], [rot.sin])
+    again, _ = model.ops.forward_layers(layers, *tables, [0] * n, *cache, [], positions=pos)
+    assert torch.equal(again, out)
+    with pytest.raises(RuntimeError, match="outside the rotary table"):
+        far = torch.tensor([0, rot.cos.shape[0]])
+        model.ops.forward_layers(layers, *tables, [0] * n, *cache, [], positions=far)
+    with pytest.raises(RuntimeError, match="one per row of x"):
+        model.ops.forward_layers(layers, *tables, [0] * n, *cache, [], positions=pos[:1])
     with pytest.raises(RuntimeError, match="capture index"):
         model.ops.forward_layers(layers, *args, [0] * n, *cache, [n])
     before = kv.k[:, slot].clone()
