@@ -216,7 +216,9 @@ class PackedWeight:
         """Float32 ``[len(rows), K]`` of the selected output rows (e.g. an embedding lookup)."""
         if self.is_kquant:
             return self._dequantize_kq(rows.reshape(-1).cpu()).to(self.device)
-        idx = rows.reshape(-1).to(self.device)
+        idx = rows if rows.dim() == 1 else rows.reshape(-1)
+        if idx.device != self.device:
+            idx = idx.to(self.device)
         if self.x2_tiles is not None:  # only the tiles: unpack just these rows
             rows16 = _C.unpack_x2(
                 self.x2_tiles, _QT_CODE[self.qtype], self.out_features, self.in_features, idx

@@ -293,7 +293,9 @@ class LlamaModel:
 
     # ---- forward -------------------------------------------------------------------------
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, H]
-        x = self._embed.dequantize_rows(input_ids).to(device=self.device, dtype=self.dtype)
+        x = self._embed.dequantize_rows(input_ids)
+        if x.dtype != self.dtype or x.device != self.device:  # NOTE: no call when they match
+            x = x.to(device=self.device, dtype=self.dtype)
         if self.cfg.is_gemma:
             x = x * torch.tensor(self.cfg.hidden_size**0.5, dtype=self.dtype)
         return x
@@ -399,7 +401,9 @@ class LlamaModel:
         the workers; each rank computes its vocabulary rows, and the group gathers them
         (``TPGroup.gather_logits``)."""
         if self.vocab_range is None:
-            logits = self.lm_head(hidden).float()
+            logits = self.lm_head(hidden)
+            if logits.dtype != torch.float32:
+                logits = logits.float()
         else:
             self.tp.send_logits(hidden)
             part = self.lm_head(hidden).float()  # [R, hi - lo]

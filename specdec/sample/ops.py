@@ -87,7 +87,8 @@ def processed_logits(
 ) -> torch.Tensor:  # [R, V]: penalised logits, divided by the temperature unless greedy
     """The logits every row samples from; top-k, top-p and min-p are the sampler's
     (``specdec.sample.sampler``). Elementwise only, so a row never depends on the others."""
-    logits = logits.float()
+    if logits.dtype != torch.float32:
+        logits = logits.float()
     if sp.has_penalties and prompt_mask is not None and output_counts is not None:
         logits = apply_penalties(logits, prompt_mask, output_counts, sp)
     if sp.is_greedy:

@@ -145,8 +145,9 @@ class ModelRunner:
             if not s.needs_logits:
                 results.append(None)
                 continue
-            rows = logits[row : row + s.num_drafts + 1]
-            row += s.num_drafts + 1
+            end = row + s.num_drafts + 1
+            rows = logits if row == 0 and end == logits.shape[0] else logits[row:end]
+            row = end
             try:
                 results.append(
                     verify(
