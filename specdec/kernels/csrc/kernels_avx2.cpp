@@ -793,7 +793,8 @@ inline void rope_lanes(const float* src, const float* cos, const float* sin, int
     }
 }
 
-constexpr int kHalfRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+// Round to nearest, ties to even (the default MXCSR mode), without raising exceptions.
+constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
 
 void rope_head(const float* src, const float* cos, const float* sin, int64_t D, float* dst, int64_t stride) {
     if (stride == 1) {
@@ -817,17 +818,17 @@ void rope_head_half(const float* src, const float* cos, const float* sin, int64_
         src, cos, sin, D,
         [&](int64_t j, __m256 v) {
             alignas(16) uint16_t t[8];
-            _mm_store_si128(reinterpret_cast<__m128i*>(t), _mm256_cvtps_ph(v, kHalfRound));
+            _mm_store_si128(reinterpret_cast<__m128i*>(t), _mm256_cvtps_ph(v, kNearest));
             for (int i = 0; i < 8; ++i) dst[(j + i) * stride] = t[i];
         },
-        [&](int64_t j, float v) { dst[j * stride] = _cvtss_sh(v, kHalfRound); });
+        [&](int64_t j, float v) { dst[j * stride] = _cvtss_sh(v, kNearest); });
 }
 
 void to_half(const float* src, int64_t n, uint16_t* dst) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), kHalfRound));
-    for (; i < n; ++i) dst[i] = _cvtss_sh(src[i], kHalfRound);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), kNearest));
+    for (; i < n; ++i) dst[i] = _cvtss_sh(src[i], kNearest);
 }
 
 void q8_head(const float* x, int64_t D, int8_t* q, int64_t q_stride, float* scale) {
@@ -850,7 +851,7 @@ void q8_head(const float* x, int64_t D, int8_t* q, int64_t q_stride, float* scal
     for (d = 0; d + 8 <= D; d += 8) {
         alignas(32) int32_t t[8];
         if (sc > 0.0f) {
-            __m256 r = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + d), scv), kHalfRound);
+            __m256 r = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + d), scv), kNearest);
             r = _mm256_blendv_ps(r, hi, _mm256_cmp_ps(r, hi, _CMP_GT_OQ));
             r = _mm256_blendv_ps(r, lo, _mm256_cmp_ps(r, lo, _CMP_LT_OQ));
             // truncating conversion to int32, then its low byte: what (int8_t) of a float compiles to
